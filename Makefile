@@ -1,0 +1,40 @@
+# The two commands a newcomer needs: `make figures` and `make test`.
+# Each creates (or reuses) .venv and installs what it needs.
+#
+# The venv sees system site-packages, so a CUDA torch/triton already installed
+# (a GPU machine) is used as it is. Where no torch is importable, torch==2.13.0
+# (CPU build) is pinned; where no triton is, triton==3.9.0 (its CPU interpreter
+# runs the kernel tests).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install -q --disable-pip-version-check
+
+.PHONY: figures test test-gpu clean-venv
+
+$(PY):
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+
+$(VENV)/.installed-base: pyproject.toml | $(PY)
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed-base
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0
+	$(PY) -c "import triton" 2>/dev/null || $(PIP) triton==3.9.0
+	$(PIP) -e '.[test]'
+	touch $@
+
+figures: $(VENV)/.installed-base
+	$(PY) -m ddbench figures
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest
+
+# On a CUDA machine (no install there): PYTHONPATH=. python3 -m pytest -m gpu
+test-gpu:
+	PYTHONPATH=. $(PYTHON) -m pytest -m gpu
+
+clean-venv:
+	rm -rf $(VENV)

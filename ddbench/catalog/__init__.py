@@ -1,0 +1,15 @@
+"""The catalog: models, GPUs and host links as plain frozen dataclasses.
+
+Nothing here imports anything heavier than the standard library, so the
+simulator, the planner and the kernels can all share these specs.
+"""
+
+from ddbench.catalog.gpus import GPUS, GPUSpec, get_gpu
+from ddbench.catalog.links import LINKS, LinkSpec, get_link
+from ddbench.catalog.models import MODELS, ModelSpec, get_model, model_from_hf_config
+
+__all__ = [
+    "GPUS", "GPUSpec", "get_gpu",
+    "LINKS", "LinkSpec", "get_link",
+    "MODELS", "ModelSpec", "get_model", "model_from_hf_config",
+]

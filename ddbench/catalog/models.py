@@ -1,0 +1,156 @@
+"""Model shapes, from the public Hugging Face config.json of each model.
+
+`get_model` also accepts a path to any config.json (or to a folder holding one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from ddbench.errors import DDBenchError, unknown
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    rope_theta: float = 500000.0
+    max_position: int = 131072
+    dtype_bytes: int = 2  # bf16 weights, activations and KV
+    source: str = ""
+
+    @property
+    def gqa_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def kv_bytes_per_token_layer(self) -> int:
+        """K and V of one token in one layer: 2 * H_kv * d * dtype_bytes."""
+        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over all layers: 2 * L * H_kv * d * dtype_bytes."""
+        return self.num_layers * self.kv_bytes_per_token_layer
+
+    @property
+    def params_per_layer(self) -> int:
+        """q, k, v, o projections (+ qkv bias), gated MLP (3 * h * I), two RMSNorms."""
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        attn = self.hidden * (q + 2 * kv) + q * self.hidden
+        if self.qkv_bias:
+            attn += q + 2 * kv
+        return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
+
+    @property
+    def params(self) -> int:
+        """All parameters: embedding, layers, final norm and (untied) LM head."""
+        embed = self.vocab * self.hidden
+        head = 0 if self.tie_embeddings else self.vocab * self.hidden
+        return embed + self.num_layers * self.params_per_layer + self.hidden + head
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * self.dtype_bytes
+
+    def linear_flops_per_token(self) -> int:
+        """Dense FLOPs of one token through all linear layers and the LM head (2 per MAC)."""
+        return 2 * (self.num_layers * (self.params_per_layer - 2 * self.hidden) + self.vocab * self.hidden)
+
+
+def _llama3_8b(name: str, **kw) -> ModelSpec:
+    base = dict(num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, hidden=4096,
+                intermediate=14336, vocab=128256)
+    base.update(kw)
+    return ModelSpec(name=name, **base)
+
+
+def _qwen25(size: str, layers: int, heads: int, kv_heads: int, hidden: int, inter: int) -> ModelSpec:
+    return ModelSpec(name=f"qwen2.5-{size.lower()}", num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+                     head_dim=hidden // heads, hidden=hidden, intermediate=inter, vocab=152064,
+                     qkv_bias=True, rope_theta=1000000.0, max_position=131072,
+                     source=f"Qwen/Qwen2.5-{size}-Instruct config.json")
+
+
+MODELS: dict[str, ModelSpec] = {m.name: m for m in [
+    _llama3_8b("llama-3-8b", max_position=8192, source="meta-llama/Meta-Llama-3-8B config.json"),
+    _llama3_8b("llama-3.1-8b", source="meta-llama/Llama-3.1-8B config.json"),
+    _llama3_8b("llama-3-8b-instruct-gradient-1048k", rope_theta=3580165449.0, max_position=1048576,
+               source="gradientai/Llama-3-8B-Instruct-Gradient-1048k config.json"),
+    _qwen25("7B", 28, 28, 4, 3584, 18944),
+    _qwen25("14B", 48, 40, 8, 5120, 13824),
+    _qwen25("32B", 64, 40, 8, 5120, 27648),
+    ModelSpec(name="llama-3-70b", num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
+              hidden=8192, intermediate=28672, vocab=128256, max_position=8192,
+              source="meta-llama/Meta-Llama-3-70B config.json"),
+]}
+
+_ALIASES = {"llama3-8b": "llama-3-8b", "llama-3.1-8b-instruct": "llama-3.1-8b",
+            "gradient-1048k": "llama-3-8b-instruct-gradient-1048k",
+            "qwen2.5-7b-instruct": "qwen2.5-7b", "qwen2.5-14b-instruct": "qwen2.5-14b",
+            "qwen2.5-32b-instruct": "qwen2.5-32b", "llama-3-70b-instruct": "llama-3-70b"}
+
+
+def _int_field(cfg: dict, key: str, path: str, default=None) -> int:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise DDBenchError(f"malformed config.json {path}: '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def model_from_hf_config(path: str) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face config.json (a file, or a folder holding one)."""
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        with open(file, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except OSError as exc:
+        raise DDBenchError(f"cannot read config.json {file}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DDBenchError(f"malformed config.json {file}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise DDBenchError(f"malformed config.json {file}: top level is not an object")
+    layers = _int_field(cfg, "num_hidden_layers", file)
+    heads = _int_field(cfg, "num_attention_heads", file)
+    hidden = _int_field(cfg, "hidden_size", file)
+    kv_heads = _int_field(cfg, "num_key_value_heads", file, heads)
+    head_dim = _int_field(cfg, "head_dim", file, hidden // heads if hidden % heads == 0 else None)
+    if heads % kv_heads:
+        raise DDBenchError(f"malformed config.json {file}: {heads} heads not divisible by {kv_heads} kv heads")
+    model_type = str(cfg.get("model_type", ""))
+    theta = cfg.get("rope_theta", 10000.0)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise DDBenchError(f"malformed config.json {file}: 'rope_theta' must be a positive number")
+    name = os.path.basename(os.path.dirname(os.path.abspath(file))) or "custom"
+    return ModelSpec(
+        name=name, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        hidden=hidden, intermediate=_int_field(cfg, "intermediate_size", file),
+        vocab=_int_field(cfg, "vocab_size", file),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=bool(cfg.get("attention_bias", model_type.startswith("qwen2"))),
+        rope_theta=float(theta),
+        max_position=_int_field(cfg, "max_position_embeddings", file, 131072),
+        source=file,
+    )
+
+
+def get_model(name: str) -> ModelSpec:
+    """A catalog model by name (case-insensitive), or a path to a config.json."""
+    key = name.lower()
+    key = _ALIASES.get(key, key)
+    if key in MODELS:
+        return MODELS[key]
+    if os.sep in name or name.endswith(".json") or os.path.exists(name):
+        return model_from_hf_config(name)
+    raise unknown("model", name, list(MODELS) + ["<path to config.json>"])

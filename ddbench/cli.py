@@ -1,0 +1,53 @@
+"""The `ddbench` command line. Each subcommand lives in ddbench/commands/<name>.py
+and exposes `register(subparsers)`; GPU commands import `kernels` lazily.
+
+Errors a user can cause print one line and exit 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ddbench.errors import DDBenchError
+
+# Subcommand modules under ddbench/commands, in --help order.
+COMMANDS = ("plan",)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line and exits 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="ddbench",
+        description="DualDecoder replay: sparse-KV kernels, simulator and capacity planning.",
+        epilog="example: ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --system all",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f"ddbench.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except DDBenchError as exc:
+        print(f"ddbench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ddbench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,234 @@
+"""GPU memory model of every design in the registry.
+
+For a model, a GPU, a design and a workload (context, batch, sparse budget,
+chunk size, rank...) it gives GPU bytes by category and the largest batch that
+fits. Every term follows from the mechanism; its formula is in the docstring of
+the function that computes it. Notation: L layers, H query heads, H_kv KV
+heads, d head dim, h hidden, I intermediate, V vocab, e = 2 bytes (bf16),
+S context tokens, b batch, B sparse budget in tokens, C chunk size, r rank.
+
+Where ShadowKV fixes a shape, we follow its public implementation
+(ShadowKVCache_CPU): per-layer K and V buffers of B + 128 + (outlier + local)
+chunks x C tokens, U [L, b, S, r], SV [L, b, H_kv, d, r], landmarks
+[L, b, H_kv, S/C, d] bf16 with an int64 chunk index, and scoring buffers
+[b, H_kv, G, S/C] bf16.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from ddbench.catalog.gpus import GPUSpec
+from ddbench.catalog.models import ModelSpec
+from ddbench.errors import DDBenchError
+from ddbench.systems import SystemSpec
+
+CATEGORIES = ("weights", "resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers",
+              "activations", "runtime_overhead")
+INDEX_BYTES = 8      # int64 chunk index kept beside each landmark (ShadowKV's k_landmark_idx)
+FP32 = 4
+MAX_BATCH_SEARCH = 1 << 20
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the memory model needs to know about the requests being served."""
+    context: int                 # prompt tokens per request, S
+    batch: int = 1               # concurrent decoding requests, b
+    budget: int = 2048           # sparse budget in tokens, B (ShadowKV default)
+    chunk: int = 8               # tokens per chunk, C (ShadowKV default)
+    rank: int = 160              # low-rank key rank, r (ShadowKV default)
+    local_chunks: int = 4        # most recent chunks kept exact on the GPU (ShadowKV default)
+    gen_tokens: int = 128        # generated-token slots kept on the GPU (ShadowKV's +128)
+    outliers_per_1k: int = 24    # ShadowKV outlier chunks per 1024 tokens of budget
+    quant_group: int = 64        # SpeCache/KIVI group size
+    quant_residual: int = 64     # SpeCache/KIVI newest tokens kept in 16 bits
+    lowrank_layers: int = 0      # DualDecoder adaptive key reconstruction: layers with low-rank K
+    prefill_chunk: int = 8192    # tokens per chunked-prefill pass running beside decode
+
+    def validate(self, model: ModelSpec) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            minimum = 0 if f.name in ("gen_tokens", "lowrank_layers", "local_chunks", "outliers_per_1k",
+                                      "quant_residual", "batch") else 1
+            if not isinstance(value, int) or value < minimum:
+                raise DDBenchError(f"{f.name} must be an integer >= {minimum}, got {value!r}")
+        if self.budget > self.context:
+            raise DDBenchError(f"sparse budget {self.budget} is larger than the context {self.context}")
+        if self.budget % self.chunk:
+            raise DDBenchError(f"sparse budget {self.budget} is not a multiple of the chunk size {self.chunk}")
+        if self.lowrank_layers > model.num_layers:
+            raise DDBenchError(f"lowrank_layers {self.lowrank_layers} exceeds the model's {model.num_layers} layers")
+        if self.rank > model.num_kv_heads * model.head_dim:
+            raise DDBenchError(f"rank {self.rank} exceeds H_kv*d = {model.num_kv_heads * model.head_dim}")
+
+    @property
+    def outlier_chunks(self) -> int:
+        return self.outliers_per_1k * self.budget // 1024
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    system: str
+    model: str
+    gpu: str
+    context: int
+    batch: int
+    weights: int
+    resident_kv: int
+    landmarks: int
+    aux_residency: int
+    sparse_kv_buffers: int
+    activations: int
+    runtime_overhead: int
+    capacity: int
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, c) for c in CATEGORIES)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["total"] = self.total
+        return d
+
+
+def weights_bytes(model: ModelSpec) -> int:
+    """All parameters in bf16: e * (V*h [embedding] + L*layer + h + V*h [untied head])."""
+    return model.weight_bytes
+
+
+def resident_kv_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+    """Exact 16-bit KV kept in HBM for all layers.
+
+    full-kv:          b * (S + gen) * L * 2 * H_kv * d * e
+    landmark designs: b * (local_chunks * C + gen) * L * 2 * H_kv * d * e  (recent window + new tokens)
+    quantized copy:   b * residual * L * 2 * H_kv * d * e                   (KIVI's 16-bit residual)
+    """
+    if sys.kv_on_gpu:
+        tokens = w.context + w.gen_tokens
+    elif sys.quant_bits:
+        tokens = w.quant_residual
+    elif sys.landmarks:
+        tokens = w.local_chunks * w.chunk + w.gen_tokens
+    else:
+        tokens = 0
+    return w.batch * tokens * m.kv_bytes_per_token
+
+
+def landmark_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+    """Chunk-mean post-RoPE keys plus their chunk index, every layer and KV head:
+    b * L * H_kv * ceil(S / C) * (d * e + 8)."""
+    if not sys.landmarks:
+        return 0
+    chunks = math.ceil(w.context / w.chunk)
+    return w.batch * m.num_layers * m.num_kv_heads * chunks * (m.head_dim * m.dtype_bytes + INDEX_BYTES)
+
+
+def lowrank_layer_count(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+    return {"none": 0, "all": m.num_layers, "adaptive": w.lowrank_layers}[sys.lowrank_keys]
+
+
+def aux_residency_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+    """KV-cache-auxiliary residency: state kept only to make sparse retrieval fast.
+
+    low-rank K (per low-rank layer): U = b * S * r * e  plus  SV = b * H_kv * d * r * e
+    outliers:  b * L * (outliers_per_1k * B / 1024) * C * 2 * H_kv * d * e
+    quantized KV copy (q bits, group g, per layer and KV head, KIVI layout):
+        packed K and V:  2 * S * d * q / 8
+        K scale+zero per channel per g tokens:  ceil(S / g) * d * 2 * e
+        V scale+zero per token per g channels:  S * ceil(d / g) * 2 * e
+    """
+    total = 0
+    n_lr = lowrank_layer_count(sys, m, w)
+    total += w.batch * n_lr * (w.context * w.rank + m.num_kv_heads * m.head_dim * w.rank) * m.dtype_bytes
+    if sys.outliers:
+        total += w.batch * w.outlier_chunks * w.chunk * m.kv_bytes_per_token
+    if sys.quant_bits:
+        s, d, g, e = w.context + w.gen_tokens, m.head_dim, w.quant_group, m.dtype_bytes
+        per_head = (2 * s * d * sys.quant_bits) // 8 + math.ceil(s / g) * d * 2 * e + s * math.ceil(d / g) * 2 * e
+        total += w.batch * m.num_layers * m.num_kv_heads * per_head
+    return total
+
+
+def sparse_buffer_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+    """GPU buffers that receive the selected 16-bit KV:
+    b * layers * sets * B * 2 * H_kv * d * e, where layers = L, or 2 for the ping-pong buffer,
+    and sets = 2 where the current and the speculative selection are held at once."""
+    if sys.kv_on_gpu:
+        return 0
+    layers = 2 if sys.buffer_layers == "pingpong" else m.num_layers
+    return w.batch * layers * sys.buffer_sets * w.budget * m.kv_bytes_per_token_layer
+
+
+def _token_live_bytes(m: ModelSpec) -> int:
+    """Largest live set of one token inside a layer: residual stream plus the widest stage,
+    attention (q, k, v, output) or MLP (gate, up, activation)."""
+    e = m.dtype_bytes
+    attn = (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+    mlp = 3 * m.intermediate
+    return e * (m.hidden + max(attn, mlp))
+
+
+def activation_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+    """Transient memory of one decode step plus one chunked prefill beside it.
+
+    decode, T = b * tokens_per_step (b for a two-pass design, which runs one token at a time):
+        T * (token live set + V * (e + 4))       [bf16 and fp32 logits]
+      + T * H * ceil(S / C) * 2 * e              [landmark scores + softmax, bf16]
+      + T * H * (S + gen) * 2 * e                [token-level scores against a quantized copy]
+    prefill, P = min(prefill_chunk, S) tokens of one request:
+        P * token live set + V * (e + 4)
+      + S * H_kv * d * 4 * 2 where keys are factorised (fp32 key matrix and U of the SVD)
+    """
+    e = m.dtype_bytes
+    t = w.batch * (1 if sys.two_pass else sys.tokens_per_step)
+    logits = m.vocab * (e + FP32)
+    decode = t * (_token_live_bytes(m) + logits)
+    if sys.landmarks:
+        decode += t * m.num_heads * math.ceil(w.context / w.chunk) * 2 * e
+    if sys.quant_bits:
+        decode += t * m.num_heads * (w.context + w.gen_tokens) * 2 * e
+    prefill = min(w.prefill_chunk, w.context) * _token_live_bytes(m) + logits
+    if lowrank_layer_count(sys, m, w):
+        prefill += w.context * m.num_kv_heads * m.head_dim * FP32 * 2
+    return decode + prefill
+
+
+def memory_breakdown(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> MemoryBreakdown:
+    """GPU bytes by category for `w.batch` requests of `w.context` tokens."""
+    w.validate(m)
+    return MemoryBreakdown(
+        system=sys.name, model=m.name, gpu=gpu.name, context=w.context, batch=w.batch,
+        weights=weights_bytes(m),
+        resident_kv=resident_kv_bytes(sys, m, w),
+        landmarks=landmark_bytes(sys, m, w),
+        aux_residency=aux_residency_bytes(sys, m, w),
+        sparse_kv_buffers=sparse_buffer_bytes(sys, m, w),
+        activations=activation_bytes(sys, m, w),
+        runtime_overhead=gpu.runtime_overhead_bytes,
+        capacity=gpu.hbm_bytes,
+    )
+
+
+def max_batch(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> int:
+    """Largest batch whose breakdown fits in the GPU (0 if not even one request fits)."""
+    from dataclasses import replace
+
+    def fits(b: int) -> bool:
+        return memory_breakdown(sys, m, gpu, replace(w, batch=b)).fits
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi < MAX_BATCH_SEARCH and fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

@@ -1,0 +1,83 @@
+"""The registry of serving designs, shared by name by the memory model, the
+simulator and the engine.
+
+Each design is a frozen set of mechanism switches. The memory model
+(`ddbench.memory`) and the cost models read these switches; no code branches on
+a design's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddbench.errors import unknown
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str
+    description: str
+    kv_on_gpu: bool = False          # full-kv: the whole context's KV stays in HBM
+    landmarks: bool = False          # chunk-mean keys (+ chunk index) resident for selection
+    lowrank_keys: str = "none"       # "none" | "all" | "adaptive" (some layers; see Workload.lowrank_layers)
+    outliers: bool = False           # ShadowKV's exact outlier chunks resident in HBM
+    quant_bits: int = 0              # SpeCache: resident 1/2-bit KV copy used for scoring
+    buffer_layers: str = "all"       # sparse KV buffer per layer ("all") or two-layer ping-pong ("pingpong")
+    buffer_sets: int = 1             # budget-sized sets per buffered layer (current + speculative = 2)
+    tokens_per_step: int = 1         # 2 = dual-token step (output token + speculative token)
+    two_pass: bool = False           # speculative token decoded in a second pass (ablation)
+    fetch: str = "kv"                # what crosses the link for a selected chunk: "kv" or "values"
+    prefetch: str = "none"           # "none" | "next-step" (SpeCache) | "layer-ahead" (i+2, DualDecoder)
+    urgent_priority: bool = False    # misses served before prefetches
+    gather: str = "gpu"              # "gpu" (kernel reads pinned host memory) | "cpu" (index_select + copy)
+    reuse: bool = False              # keep previous step's chunks, fetch only the misses
+    paper: bool = True               # False for our extensions and for "ideal"
+
+
+SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in [
+    SystemSpec("full-kv", "vLLM-like: the whole KV cache in GPU memory", kv_on_gpu=True, fetch="none"),
+    SystemSpec("shadowkv", "ShadowKV: low-rank pre-RoPE K + landmarks + outliers on GPU; values of"
+               " missed chunks fetched on the critical path, reusing the previous selection",
+               landmarks=True, lowrank_keys="all", outliers=True, fetch="values", reuse=True),
+    SystemSpec("specache", "SpeCache: 2-bit KV copy on GPU for scoring; top-k 16-bit KV fetched;"
+               " speculative token prefetches the next step", quant_bits=2, buffer_sets=2,
+               tokens_per_step=2, prefetch="next-step"),
+    SystemSpec("dualdecoder", "DualDecoder: landmarks only; dual-token step; prefetch of layer i+2"
+               " after layer i's attention; urgent misses first; two-layer ping-pong; GPU gather",
+               landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
+               prefetch="layer-ahead", urgent_priority=True),
+    SystemSpec("dualdecoder-per-layer", "DualDecoder ablation: per-layer sparse KV buffers instead of ping-pong",
+               landmarks=True, lowrank_keys="adaptive", tokens_per_step=2, prefetch="layer-ahead",
+               urgent_priority=True),
+    SystemSpec("dualdecoder-fifo", "DualDecoder ablation: misses queue behind prefetches (no priority)",
+               landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
+               prefetch="layer-ahead"),
+    SystemSpec("dualdecoder-cpu-gather", "DualDecoder ablation: CPU index_select into pinned staging + one copy",
+               landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
+               prefetch="layer-ahead", urgent_priority=True, gather="cpu"),
+    SystemSpec("dualdecoder-two-pass", "DualDecoder ablation: the speculative token in a second decoding pass",
+               landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
+               two_pass=True, prefetch="layer-ahead", urgent_priority=True),
+    SystemSpec("ideal", "Paper Figure 2's bound: weights, activations and a sparse KV working set;"
+               " no context-sized residency at all", fetch="kv", paper=False),
+]}
+
+# What `--system all` means: the four designs the paper compares.
+MAIN_SYSTEMS = ("full-kv", "shadowkv", "specache", "dualdecoder")
+
+
+def get_system(name: str) -> SystemSpec:
+    key = name.lower()
+    if key not in SYSTEMS:
+        raise unknown("design", name, SYSTEMS)
+    return SYSTEMS[key]
+
+
+def resolve_systems(names: str) -> list[SystemSpec]:
+    """'all' -> the paper's four designs; 'every' -> the whole registry; else a comma list."""
+    key = names.strip().lower()
+    if key == "all":
+        return [SYSTEMS[n] for n in MAIN_SYSTEMS]
+    if key == "every":
+        return list(SYSTEMS.values())
+    return [get_system(n.strip()) for n in key.split(",") if n.strip()]
