@@ -1,0 +1,66 @@
+"""The experiment registry: one entry per paper figure.
+
+An experiment computes a table (pandas DataFrame) and a list of comparisons
+against the paper's reported numbers, and draws itself on a matplotlib figure.
+`ddbench figures` runs them all; see ddbench/commands/figures.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ddbench.errors import unknown
+
+
+@dataclass(frozen=True)
+class Comparison:
+    paper_id: str      # key into traces/paper/reported.json
+    ours: float        # our replayed value, in the paper number's unit
+    note: str          # one line: what we computed, and why it differs if it does
+
+
+@dataclass
+class FigureResult:
+    data: "object"                       # pandas.DataFrame, the figure's CSV
+    setup: str                           # one line: the setup we replayed
+    comparisons: list[Comparison] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    id: str
+    title: str
+    compute: Callable[[], FigureResult]
+    draw: Callable[[FigureResult, "object"], None]   # (result, matplotlib Figure)
+
+
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def register(id: str, title: str, draw: Callable):
+    """Decorator for a compute function: registers Experiment(id, title, fn, draw)."""
+    def wrap(fn):
+        if id in EXPERIMENTS:
+            raise ValueError(f"experiment {id} registered twice")
+        EXPERIMENTS[id] = Experiment(id, title, fn, draw)
+        return fn
+    return wrap
+
+
+def load_all() -> dict[str, Experiment]:
+    """Import every experiment module (each registers itself) and return the registry."""
+    from ddbench.experiments import memory_figures  # noqa: F401
+    return EXPERIMENTS
+
+
+def select(ids: str | None) -> list[Experiment]:
+    exps = load_all()
+    if not ids:
+        return list(exps.values())
+    chosen = []
+    for key in (s.strip() for s in ids.split(",") if s.strip()):
+        if key not in exps:
+            raise unknown("figure", key, exps)
+        chosen.append(exps[key])
+    return chosen

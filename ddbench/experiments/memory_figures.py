@@ -1,0 +1,321 @@
+"""The paper's memory experiments, replayed from the memory model:
+Figure 2 (max batch), Figures 4/5 (auxiliary residency), Figure 14 (memory at a
+fixed batch) and Figure 15 (memory against context).
+
+The paper does not state the context, budget or GPU model behind Figures 2, 4, 5
+and 14; we use 128K tokens, ShadowKV's defaults (budget 2048, chunk 8, rank 160)
+and an H100 80GB, and say so in every setup line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+
+from ddbench.catalog import get_gpu, get_model
+from ddbench.experiments import Comparison, FigureResult, register
+from ddbench.memory import CATEGORIES, Workload, max_batch, memory_breakdown
+from ddbench.plotting import CATEGORY_COLORS, PAPER_MARK, SYSTEM_COLORS
+from ddbench.systems import get_system
+from ddbench.units import GB, fmt_tokens
+
+GPU = "h100-80gb"
+CONTEXT = 128 * 1024
+MODELS = {"8B": "llama-3-8b", "14B": "qwen2.5-14b", "32B": "qwen2.5-32b"}
+SPARSE = ("shadowkv", "specache", "dualdecoder")
+W = Workload(context=CONTEXT)  # the defaults every figure uses
+
+
+def _setup(extra: str = "") -> str:
+    w = Workload(context=CONTEXT)
+    return (f"{GPU}, context {fmt_tokens(CONTEXT)}, budget {w.budget}, chunk {w.chunk}, rank {w.rank}"
+            + (f", {extra}" if extra else ""))
+
+
+def _bd(system: str, size: str, batch: int, context: int = CONTEXT):
+    return memory_breakdown(get_system(system), get_model(MODELS[size]), get_gpu(GPU),
+                            Workload(context=context, batch=batch))
+
+
+def _max(system: str, size: str, context: int = CONTEXT) -> int:
+    return max_batch(get_system(system), get_model(MODELS[size]), get_gpu(GPU), Workload(context=context))
+
+
+# ---------------------------------------------------------------- Figure 2
+def _draw_fig2(res: FigureResult, fig) -> None:
+    df = res.data
+    ax = fig.add_subplot()
+    systems = list(dict.fromkeys(df["system"]))
+    sizes = list(dict.fromkeys(df["model_size"]))
+    width = 0.8 / len(systems)
+    for i, sys in enumerate(systems):
+        sub = df[df["system"] == sys].set_index("model_size").loc[sizes]
+        xs = [j + (i - (len(systems) - 1) / 2) * width for j in range(len(sizes))]
+        bars = ax.bar(xs, sub["max_batch"], width, label=sys, color=SYSTEM_COLORS.get(sys))
+        ax.bar_label(bars, fontsize=6, padding=1)
+        for x, v in zip(xs, sub["paper_max_batch"]):
+            if pd.notna(v):
+                ax.plot([x], [v], **PAPER_MARK)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(sizes)), sizes)
+    ax.set_ylabel("max batch (log)")
+    ax.set_title("Fig. 2: maximum decoding batch per design (bars: replay, *: paper)")
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    ax.legend(uniq.values(), uniq.keys(), fontsize=7, ncol=3)
+
+
+@register("fig02", "Maximum request batch per design and model (paper Figure 2)", _draw_fig2)
+def fig02() -> FigureResult:
+    paper = {("full-kv", "8B"): 4, ("shadowkv", "8B"): 24, ("ideal", "8B"): 120, ("shadowkv", "32B"): 4}
+    rows = []
+    for size in MODELS:
+        for sys in ("full-kv", "shadowkv", "specache", "dualdecoder", "ideal"):
+            rows.append({"model_size": size, "model": MODELS[size], "system": sys,
+                         "max_batch": _max(sys, size), "paper_max_batch": paper.get((sys, size))})
+    df = pd.DataFrame(rows)
+    get = lambda s, z: int(df[(df.system == s) & (df.model_size == z)].max_batch.iloc[0])  # noqa: E731
+
+    full = _bd("full-kv", "8B", 4)
+    kv4 = full.resident_kv
+    rest = full.capacity - full.weights - kv4
+    cmp = [
+        Comparison("fig2.full-kv.8b.max_batch", get("full-kv", "8B"),
+                   f"4 requests need {kv4 / GB:.2f} GB of KV + {full.weights / GB:.2f} GB of weights, leaving "
+                   f"{rest / GB:.2f} GB of {full.capacity / GB:.2f} GB for activations ({full.activations / GB:.2f} GB: "
+                   f"{fmt_tokens(W.prefill_chunk)}-token chunked prefill + logits) and the CUDA context ({full.runtime_overhead / GB:.2f} GB); "
+                   f"4 fit only if both take under {rest / GB:.2f} GB; with exactly 80 GiB: "
+                   f"{_max_at_80gib('full-kv', '8B')}"),
+        Comparison("fig2.shadowkv.8b.max_batch", get("shadowkv", "8B"),
+                   f"ShadowKV's per-request state at 128K: {_per_req('shadowkv', '8B') / GB:.2f} GB "
+                   f"(U, landmarks, outliers, per-layer K/V buffers of {_shadowkv_buffer_tokens()} tokens); "
+                   "with exactly 80 GiB: "
+                   f"{_max_at_80gib('shadowkv', '8B')}"),
+        Comparison("fig2.ideal.8b.max_batch", get("ideal", "8B"),
+                   "our 'ideal' keeps weights, activations and a 2048-token sparse KV buffer for all layers "
+                   f"({_per_req('ideal', '8B') / GB:.3f} GB/request); the paper's 120 implies "
+                   f"{(full.capacity - full.weights) / 120 / GB:.2f} GB/request, an accounting it does not state"),
+        Comparison("fig2.shadowkv.32b.max_batch", get("shadowkv", "32B"),
+                   f"Qwen2.5-32B weights take {get_model(MODELS['32B']).weight_bytes / GB:.1f} GB; "
+                   f"ShadowKV's state is {_per_req('shadowkv', '32B') / GB:.2f} GB per request; with exactly 80 GiB: "
+                   f"{_max_at_80gib('shadowkv', '32B')}"),
+        Comparison("fig2.shadowkv.32b.share_of_ideal", round(get("shadowkv", "32B") / get("ideal", "32B"), 3),
+                   f"{get('shadowkv', '32B')} / {get('ideal', '32B')} under our 'ideal'"),
+    ]
+    return FigureResult(df, _setup("designs at their largest batch that fits"), cmp)
+
+
+def _shadowkv_buffer_tokens() -> int:
+    """ShadowKV's per-layer K/V buffer: budget + generated slots + (outlier + local) chunks."""
+    return W.budget + W.gen_tokens + (W.outlier_chunks + W.local_chunks) * W.chunk
+
+
+def _bytes_per_token(system: str, size: str, *categories: str) -> float:
+    """Bytes per context token of the given categories, for one request."""
+    a, b = _bd(system, size, 1, CONTEXT), _bd(system, size, 1, 2 * CONTEXT)
+    return sum(getattr(b, c) - getattr(a, c) for c in categories) / CONTEXT
+
+
+def _max_at_80gib(system: str, size: str) -> int:
+    """Max batch if the GPU had exactly 80 GiB, a common reading of '80 GB'."""
+    gpu = replace(get_gpu(GPU), hbm_bytes=80 * 1024 ** 3)
+    return max_batch(get_system(system), get_model(MODELS[size]), gpu, Workload(context=CONTEXT))
+
+
+def _per_req(system: str, size: str, context: int = CONTEXT) -> float:
+    """Bytes one more request adds (difference between batch 2 and batch 1)."""
+    return _bd(system, size, 2, context).total - _bd(system, size, 1, context).total
+
+
+# ---------------------------------------------------------------- Figures 4 and 5
+def _draw_breakdown(res: FigureResult, fig) -> None:
+    df = res.data
+    ax = fig.add_subplot()
+    labels = [f"{r.system}\n{r.model_size} b={r.batch}" for r in df.itertuples()]
+    bottom = [0.0] * len(df)
+    for cat in CATEGORIES:
+        vals = list(df[f"{cat}_gb"])
+        ax.bar(range(len(df)), vals, bottom=bottom, label=cat.replace("_", " "), color=CATEGORY_COLORS[cat])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    cap = get_gpu(GPU).hbm_bytes / GB
+    ax.axhline(cap, color="black", lw=0.8, ls="--")
+    ax.text(len(df) - 0.5, cap, f"{GPU} {cap:.1f} GB", ha="right", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(df)), labels, fontsize=6)
+    ax.set_ylabel("GPU memory (GB)")
+    ax.set_title(res.setup.split(";")[0])
+    ax.legend(fontsize=6, ncol=4, loc="upper left")
+
+
+def _breakdown_rows(pairs) -> pd.DataFrame:
+    rows = []
+    for sys, size in pairs:
+        b = _max(sys, size)
+        bd = _bd(sys, size, max(b, 1))
+        row = {"system": sys, "model_size": size, "model": MODELS[size], "batch": b}
+        row.update({f"{c}_gb": getattr(bd, c) / GB for c in CATEGORIES})
+        row.update({"total_gb": bd.total / GB, "capacity_gb": bd.capacity / GB,
+                    "aux_share": bd.aux_residency / bd.capacity,
+                    "landmarks_plus_aux_share": (bd.landmarks + bd.aux_residency) / bd.capacity,
+                    "landmarks_plus_aux_over_sparse_kv":
+                        (bd.landmarks + bd.aux_residency) / bd.sparse_kv_buffers if bd.sparse_kv_buffers else None})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@register("fig04", "GPU memory breakdown of an 8B serving workload (paper Figure 4)", _draw_breakdown)
+def fig04() -> FigureResult:
+    df = _breakdown_rows([(s, "8B") for s in SPARSE])
+    sk = df[df.system == "shadowkv"].iloc[0]
+    base = df[df.system.isin(["shadowkv", "specache"])]
+    top = base.loc[base.landmarks_plus_aux_share.idxmax()]
+    cmp = [
+        Comparison("fig4.landmarks_plus_aux.max_share", round(float(top.landmarks_plus_aux_share), 3),
+                   f"largest of ShadowKV and SpeCache at their max batch: {top.system} b={top.batch} (a static "
+                   "breakdown at the max batch; the paper's figure is a timeline)"),
+        Comparison("fig4.landmarks_plus_aux.over_sparse_kv", round(float(sk.landmarks_plus_aux_over_sparse_kv), 2),
+                   "ShadowKV: (landmarks + U + SV + outliers) / its 2048-token per-layer K/V buffers"),
+    ]
+    return FigureResult(df, "Fig. 4: 8B memory at each design's max batch; " + _setup(), cmp)
+
+
+def _draw_fig5(res: FigureResult, fig) -> None:
+    df = res.data
+    ax = fig.add_subplot()
+    for sys, sub in df.groupby("system", sort=False):
+        ax.plot(sub["model_size"], 100 * sub["aux_share"], marker="o", label=f"{sys}: aux residency",
+                color=SYSTEM_COLORS.get(sys))
+        ax.plot(sub["model_size"], 100 * sub["landmarks_plus_aux_share"], marker="s", ls="--",
+                label=f"{sys}: + landmarks", color=SYSTEM_COLORS.get(sys), alpha=0.6)
+    ax.axhline(30, color="black", lw=0.8, ls=":")
+    ax.text(0, 31, "paper: aux >= 30% everywhere", fontsize=7)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("share of GPU memory (%)")
+    ax.set_title("Fig. 5: auxiliary residency across model sizes (each design at its max batch)")
+    ax.legend(fontsize=6)
+
+
+@register("fig05", "Share of GPU memory held by KV-cache-auxiliary residency (paper Figure 5)", _draw_fig5)
+def fig05() -> FigureResult:
+    df = _breakdown_rows([(s, z) for s in ("shadowkv", "specache") for z in MODELS])
+    low = df.loc[df.aux_share.idxmin()]
+    weights = get_model(MODELS[low.model_size]).weight_bytes / get_gpu(GPU).hbm_bytes
+    cmp = [Comparison("fig5.aux.min_share", round(float(low.aux_share), 3),
+                      f"lowest over ShadowKV and SpeCache at 8B/14B/32B: {low.system} {low.model_size} "
+                      f"b={low.batch}, where the weights alone take {weights:.0%} of the GPU; at 8B the "
+                      f"lowest is {df[df.model_size == '8B'].aux_share.min():.0%}")]
+    return FigureResult(df, _setup("each design at its max batch"), cmp)
+
+
+# ---------------------------------------------------------------- Figure 14
+def _draw_fig14(res: FigureResult, fig) -> None:
+    df = res.data
+    axes = fig.subplots(1, df.model_size.nunique(), sharey=True)
+    for ax, (size, sub) in zip(axes, df.groupby("model_size", sort=False)):
+        bottom = [0.0] * len(sub)
+        for cat in CATEGORIES:
+            vals = list(sub[f"{cat}_gb"])
+            ax.bar(range(len(sub)), vals, bottom=bottom, color=CATEGORY_COLORS[cat],
+                   label=cat.replace("_", " "))
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        for i, v in enumerate(sub["paper_total_gb"]):
+            if pd.notna(v):
+                ax.plot([i], [v], **PAPER_MARK)
+        ax.axhline(get_gpu(GPU).hbm_bytes / GB, color="black", lw=0.8, ls="--")
+        ax.set_xticks(range(len(sub)), sub["system"], rotation=30, fontsize=7)
+        ax.set_title(f"{size}, batch {sub.batch.iloc[0]}")
+    axes[0].set_ylabel("GPU memory (GB)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(dict(zip(labels, handles)).values(), dict(zip(labels, handles)).keys(), fontsize=6,
+               loc="outside lower center", ncol=4)
+    fig.suptitle("Fig. 14: memory at the same batch (*: paper); dashed: GPU capacity", fontsize=9)
+
+
+@register("fig14", "Memory footprint at batch 12/6/4 for 8B/14B/32B (paper Figure 14)", _draw_fig14)
+def fig14() -> FigureResult:
+    batches = {"8B": 12, "14B": 6, "32B": 4}
+    paper = {("shadowkv", "8B"): 47.5, ("specache", "8B"): 79.0, ("dualdecoder", "8B"): 30.0}
+    rows = []
+    for size, b in batches.items():
+        for sys in SPARSE:
+            bd = _bd(sys, size, b)
+            row = {"model_size": size, "model": MODELS[size], "batch": b, "system": sys}
+            row.update({f"{c}_gb": getattr(bd, c) / GB for c in CATEGORIES})
+            row.update({"total_gb": bd.total / GB, "fits": bd.fits, "paper_total_gb": paper.get((sys, size))})
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    tot = df.set_index(["system", "model_size"]).total_gb
+    saving = {(base, z): 1 - tot["dualdecoder", z] / tot[base, z] for base in ("shadowkv", "specache") for z in batches}
+    cmp = [Comparison(f"fig14.{s}.8b.b12.total_gb", round(float(tot[s, "8B"]), 1), _fig14_note(s, df, paper))
+           for s in SPARSE]
+    for base in ("shadowkv", "specache"):
+        best = max(batches, key=lambda z: saving[base, z])
+        cmp.append(Comparison(f"fig14.max_saving_vs_{base}", round(float(saving[base, best]), 3),
+                              f"largest at {best}: {tot['dualdecoder', best]:.1f} vs {tot[base, best]:.1f} GB"))
+    low = min(saving["shadowkv", "32B"], saving["specache", "32B"])
+    cmp.append(Comparison("fig14.32b.b4.min_saving", round(float(low), 3),
+                          f"32B b=4: DualDecoder {tot['dualdecoder', '32B']:.1f} GB vs ShadowKV "
+                          f"{tot['shadowkv', '32B']:.1f} and SpeCache {tot['specache', '32B']:.1f} GB "
+                          f"(capacity {get_gpu(GPU).hbm_bytes / GB:.1f} GB)"))
+    return FigureResult(df, _setup("batch 12/6/4 for 8B/14B/32B"), cmp)
+
+
+def _fig14_note(system: str, df: pd.DataFrame, paper: dict) -> str:
+    r = df[(df.system == system) & (df.model_size == "8B")].iloc[0]
+    parts = ", ".join(f"{c.replace('_', ' ')} {r[f'{c}_gb']:.1f}" for c in CATEGORIES if r[f"{c}_gb"] >= 0.05)
+    fixed = r.weights_gb + r.runtime_overhead_gb
+    implied = (paper[system, "8B"] - fixed) / r.batch
+    ours = (r.total_gb - fixed) / r.batch
+    return (f"ours: {parts} GB; per request beyond weights and runtime overhead: {ours:.2f} GB here, "
+            f"{implied:.2f} GB implied by the paper")
+
+
+# ---------------------------------------------------------------- Figure 15
+FIG15_CONTEXTS = (64 * 1024, 128 * 1024, 256 * 1024, 512 * 1024)
+FIG15_BATCH = 1
+
+
+def _draw_fig15(res: FigureResult, fig) -> None:
+    df = res.data
+    ax = fig.add_subplot()
+    for sys, sub in df.groupby("system", sort=False):
+        ok = sub[sub.fits]
+        ax.plot([fmt_tokens(c) for c in ok.context], ok.total_gb, marker="o", label=sys, color=SYSTEM_COLORS.get(sys))
+        oom = sub[~sub.fits]
+        if len(oom):
+            ax.plot([fmt_tokens(c) for c in oom.context], [get_gpu(GPU).hbm_bytes / GB] * len(oom), marker="x",
+                    ls="none", color=SYSTEM_COLORS.get(sys), markersize=8)
+    ax.axhline(get_gpu(GPU).hbm_bytes / GB, color="black", lw=0.8, ls="--")
+    ax.set_xlabel("context")
+    ax.set_ylabel("GPU memory (GB)")
+    ax.set_title(f"Fig. 15: memory against context, 8B, batch {FIG15_BATCH} (x: OOM)")
+    ax.legend(fontsize=7)
+
+
+@register("fig15", "Memory footprint against context length, 64K to 512K (paper Figure 15)", _draw_fig15)
+def fig15() -> FigureResult:
+    rows = []
+    for sys in ("full-kv",) + SPARSE:
+        for ctx in FIG15_CONTEXTS:
+            bd = _bd(sys, "8B", FIG15_BATCH, ctx)
+            rows.append({"system": sys, "context": ctx, "batch": FIG15_BATCH, "total_gb": bd.total / GB,
+                         "fits": bd.fits} | {f"{c}_gb": getattr(bd, c) / GB for c in CATEGORIES})
+    df = pd.DataFrame(rows)
+    tot = df.set_index(["system", "context"]).total_gb
+    lo, hi = FIG15_CONTEXTS[0], FIG15_CONTEXTS[-1]
+    grow = lambda s: float(tot[s, hi] - tot[s, lo])  # noqa: E731
+    sk = df[(df.system == "shadowkv") & (df.context == hi)].iloc[0]
+    full_fits = bool(df[(df.system == "full-kv") & (df.context == hi)].fits.iloc[0])
+    cmp = [
+        Comparison("fig15.dualdecoder.64k_to_512k.growth_gb", round(grow("dualdecoder"), 2),
+                   f"{fmt_tokens(hi - lo)} more tokens of landmarks at "
+                   f"{_bytes_per_token('dualdecoder', '8B', 'landmarks'):,.0f} B/token (chunk-mean keys + int64 index)"),
+        Comparison("fig15.shadowkv.64k_to_512k.growth_gb", round(grow("shadowkv"), 2),
+                   f"U + landmarks grow {_bytes_per_token('shadowkv', '8B', 'landmarks', 'aux_residency'):,.0f} "
+                   f"B/token, plus the prefill SVD workspace; at {fmt_tokens(hi)} ShadowKV holds "
+                   f"{sk.total_gb:.1f} GB; full-kv at 512K {'fits' if full_fits else 'is OOM'}"),
+    ]
+    w = Workload(context=lo)
+    return FigureResult(df, f"llama-3-8b on {GPU}, batch {FIG15_BATCH} (the paper's +3.7 GB matches one request), "
+                        f"contexts {', '.join(fmt_tokens(c) for c in FIG15_CONTEXTS)}, budget {w.budget}, "
+                        f"chunk {w.chunk}, rank {w.rank}", cmp)
