@@ -1,0 +1,95 @@
+"""Catalog shapes against hand-computed values from the public config.json files."""
+
+import json
+
+import pytest
+
+from ddbench.catalog import GPUS, LINKS, MODELS, get_gpu, get_link, get_model, model_from_hf_config
+from ddbench.errors import DDBenchError
+
+
+@pytest.mark.parametrize("name, kv_bytes", [
+    # 2 (K,V) * L * H_kv * d * 2 bytes
+    ("llama-3-8b", 2 * 32 * 8 * 128 * 2),          # 131,072
+    ("llama-3.1-8b", 131072),
+    ("llama-3-8b-instruct-gradient-1048k", 131072),
+    ("qwen2.5-7b", 2 * 28 * 4 * 128 * 2),          # 57,344
+    ("qwen2.5-14b", 2 * 48 * 8 * 128 * 2),         # 196,608
+    ("qwen2.5-32b", 2 * 64 * 8 * 128 * 2),         # 262,144
+    ("llama-3-70b", 2 * 80 * 8 * 128 * 2),         # 327,680
+])
+def test_kv_bytes_per_token(name, kv_bytes):
+    assert get_model(name).kv_bytes_per_token == kv_bytes
+
+
+@pytest.mark.parametrize("name, params", [
+    ("llama-3-8b", 8_030_261_248),     # the published parameter count of Meta-Llama-3-8B
+    ("llama-3-70b", 70_553_706_496),   # and of Meta-Llama-3-70B
+    ("qwen2.5-7b", 7_615_616_512),     # Qwen2.5-7B (qkv bias, untied head)
+])
+def test_parameter_counts(name, params):
+    assert get_model(name).params == params
+
+
+def test_llama_layer_params_by_hand():
+    m = get_model("llama-3-8b")
+    attn = 4096 * (4096 + 2 * 1024) + 4096 * 4096
+    mlp = 3 * 4096 * 14336
+    assert m.params_per_layer == attn + mlp + 2 * 4096
+
+
+def test_every_gpu_and_link_is_complete():
+    for g in GPUS.values():
+        assert g.hbm_bytes > 10e9 and g.hbm_gbps > 500 and g.bf16_tflops > 100
+        assert g.default_link in LINKS, g.name
+        assert g.source
+    assert get_link("pcie5").achievable_gbps == 55.4 and get_link("pcie5").measured
+    for name in ("pcie4", "pcie6", "nvlink-c2c"):
+        link = get_link(name)
+        assert not link.measured and link.achievable_gbps < link.nominal_gbps
+    assert get_gpu("h200").hbm_bytes == 150_109_880_320  # cudaMemGetInfo on our H200
+
+
+def test_aliases_and_case():
+    assert get_model("Llama-3-8B") is MODELS["llama-3-8b"]
+    assert get_gpu("H100") is GPUS["h100-80gb"]
+    assert get_link("PCIe-5") is LINKS["pcie5"]
+
+
+@pytest.mark.parametrize("getter, name, kind", [(get_model, "gpt-9", "model"), (get_gpu, "tpu", "GPU"),
+                                                 (get_link, "usb", "link")])
+def test_unknown_names_list_known_ones(getter, name, kind):
+    with pytest.raises(DDBenchError, match=f"unknown {kind} '{name}'; known: .*"):
+        getter(name)
+
+
+def _llama_config(**over):
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256, "rope_theta": 500000.0,
+           "max_position_embeddings": 8192, "tie_word_embeddings": False}
+    cfg.update(over)
+    return cfg
+
+
+def test_hf_config_matches_catalog(tmp_path):
+    folder = tmp_path / "Meta-Llama-3-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_llama_config()))
+    m = get_model(str(folder))
+    ref = get_model("llama-3-8b")
+    assert m.name == "Meta-Llama-3-8B"
+    assert (m.params, m.kv_bytes_per_token, m.head_dim) == (ref.params, ref.kv_bytes_per_token, ref.head_dim)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not valid JSON"),
+    (json.dumps([1, 2]), "top level is not an object"),
+    (json.dumps(_llama_config(num_hidden_layers=None)), "'num_hidden_layers' must be a positive integer"),
+    (json.dumps(_llama_config(num_key_value_heads=5)), "not divisible"),
+    (json.dumps(_llama_config(rope_theta="big")), "'rope_theta' must be a positive number"),
+])
+def test_malformed_hf_config(tmp_path, text, message):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(DDBenchError, match=message):
+        model_from_hf_config(str(path))

@@ -1,0 +1,101 @@
+"""The CLI through a subprocess: output, --json, and every error path (one line, exit 2)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ddbench(*args, cwd=ROOT):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "ddbench", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=120)
+
+
+def test_plan_table():
+    r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k", "--system", "all")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("llama-3-8b on h100-80gb") and "context 128K" in lines[0]
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert set(rows) == {"full-kv", "shadowkv", "specache", "dualdecoder"}
+    assert rows["full-kv"][1] == "3" and rows["dualdecoder"][1] == "59"
+
+
+@pytest.mark.parametrize("context", ["131072", "128k", "128K"])
+def test_plan_json_and_context_forms(context):
+    r = ddbench("plan", "--model", "qwen2.5-14b", "--gpu", "h200", "--context", context, "--system",
+                "shadowkv,dualdecoder", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["context"] == 131072 and [s["system"] for s in out["systems"]] == ["shadowkv", "dualdecoder"]
+    for s in out["systems"]:
+        assert s["fits"] and s["bytes"]["total"] <= out["capacity_bytes"]
+        assert s["bytes"]["total"] == sum(v for k, v in s["bytes"].items() if k != "total")
+
+
+def test_plan_one_million_and_fixed_batch():
+    r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "1m", "--batch", "64", "--json")
+    out = json.loads(r.stdout)
+    assert out["context"] == 1048576
+    full = next(s for s in out["systems"] if s["system"] == "full-kv")
+    assert full["max_batch"] == 0 and not full["fits"] and full["breakdown_batch"] == 64
+
+
+def test_plan_hf_config(tmp_path):
+    cfg = {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
+           "intermediate_size": 18944, "vocab_size": 152064, "model_type": "qwen2"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = ddbench("plan", "--model", str(tmp_path / "config.json"), "--gpu", "a100-80gb", "--context", "64k")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "gpt-9", "--gpu", "h100", "--context", "128k"], "unknown model 'gpt-9'; known: "),
+    (["--model", "llama-3-8b", "--gpu", "tpu", "--context", "128k"], "unknown GPU 'tpu'; known: a100-40gb"),
+    (["--model", "llama-3-8b", "--gpu", "h100", "--context", "128k", "--system", "vllm"],
+     "unknown design 'vllm'; known: "),
+    (["--model", "llama-3-8b", "--gpu", "h100", "--context", "lots"], "cannot parse context 'lots'"),
+    (["--model", "llama-3-8b", "--gpu", "h100", "--context", "0"], "context must be positive"),
+    (["--model", "llama-3-8b", "--gpu", "h100", "--context=-4k"], "context must be positive"),
+    (["--model", "llama-3-8b", "--gpu", "h100", "--context", "1k"], "sparse budget 2048 is larger than the context"),
+    (["--model", "llama-3-8b", "--gpu", "h100", "--context", "8k", "--budget", "16k"], "larger than the context"),
+    (["--model", "llama-3-8b", "--gpu", "h100", "--context", "8k", "--batch", "0"], "--batch must be at least 1"),
+    (["--gpu", "h100", "--context", "8k"], "required: --model"),
+])
+def test_plan_errors(args, message):
+    r = ddbench("plan", *args)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("text", ["{", '{"num_hidden_layers": "many"}', "[]"])
+def test_malformed_config_json(tmp_path, text):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    r = ddbench("plan", "--model", str(path), "--gpu", "h100", "--context", "128k")
+    assert r.returncode == 2 and "malformed config.json" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_missing_config_json():
+    r = ddbench("plan", "--model", "/nonexistent/config.json", "--gpu", "h100", "--context", "128k")
+    assert r.returncode == 2 and "cannot read config.json" in r.stderr
+
+
+def test_help_has_examples():
+    for cmd in (["--help"], ["plan", "--help"], ["figures", "--help"]):
+        r = ddbench(*cmd)
+        assert r.returncode == 0 and "example" in r.stdout
+
+
+def test_unknown_figure_id(tmp_path):
+    r = ddbench("figures", "--only", "fig99", "--out", str(tmp_path))
+    assert r.returncode == 2 and "unknown figure 'fig99'; known: fig02" in r.stderr
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,69 @@
+"""`ddbench figures`: every figure's files, every paper number compared, the index table."""
+
+import os
+
+import pandas as pd
+import pytest
+
+from ddbench.commands.figures import run
+from ddbench.errors import DDBenchError
+from ddbench.experiments import load_all
+from ddbench.paper import load_reported, reported
+
+
+class Args:
+    def __init__(self, out, only=None):
+        self.out, self.only = out, only
+
+
+@pytest.fixture(scope="module")
+def figures_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("figs")
+    assert run(Args(str(out))) == 0
+    return out
+
+
+def test_every_figure_written(figures_dir):
+    for exp in load_all():
+        for ext in ("png", "pdf"):
+            path = figures_dir / f"{exp}.{ext}"
+            assert path.stat().st_size > 5000, path
+        assert len(pd.read_csv(figures_dir / f"{exp}.csv")) >= 3
+    assert not [f for f in os.listdir(figures_dir) if f.startswith(".tmp-")]
+
+
+def test_issue_figures_present():
+    assert {"fig02", "fig04", "fig05", "fig14", "fig15"} <= set(load_all())
+
+
+def test_every_paper_number_is_compared(figures_dir):
+    text = (figures_dir / "README.md").read_text()
+    for rep in reported().values():
+        assert rep.quote.replace("|", "/") in text, rep.id
+    compared = {c.paper_id for e in load_all().values() for c in e.compute().comparisons}
+    assert compared == set(reported())
+
+
+def test_fig02_csv_matches_memory_model(figures_dir):
+    df = pd.read_csv(figures_dir / "fig02.csv")
+    row = df[(df.system == "shadowkv") & (df.model_size == "8B")].iloc[0]
+    assert row.max_batch == 23 and row.paper_max_batch == 24
+
+
+def test_fig15_dualdecoder_grows_by_landmarks_only(figures_dir):
+    df = pd.read_csv(figures_dir / "fig15.csv")
+    dd = df[df.system == "dualdecoder"].set_index("context")
+    growth = dd.total_gb.iloc[-1] - dd.total_gb.iloc[0]
+    assert growth == pytest.approx(448 * 1024 * 8448 / 1e9, rel=0.02)
+    full = df[df.system == "full-kv"].set_index("context")
+    assert not full.fits.iloc[-1] and full.fits.iloc[0]
+
+
+def test_malformed_reported_file(tmp_path):
+    bad = tmp_path / "reported.json"
+    bad.write_text('{"schema": 7, "numbers": []}')
+    with pytest.raises(DDBenchError, match="expected schema 1"):
+        load_reported(str(bad))
+    bad.write_text('{"schema": 1, "numbers": [{"id": "x"}]}')
+    with pytest.raises(DDBenchError, match="entry 0 is malformed"):
+        load_reported(str(bad))
