@@ -1,0 +1,278 @@
+"""Calibration bundles: the contract between `ddbench calibrate` (GPU) and the cost model (CPU).
+
+A bundle is a folder `traces/calibration/<gpu>/` holding
+
+    bundle.json       schema_version, the catalog GPU name, provenance, and per section its
+                      file, row count and whether it is complete
+    link.csv          link bandwidth by method, direction, transfer size and chunk size
+    linear.csv        latency of every linear layer of the catalog models, keyed by shape (k, n, m)
+    kernels.csv       latency of decode kernels (attention, selection, key rebuild...) keyed by shape
+    interference.csv  urgent-versus-background transfers, and a GEMM beside a background gather
+    ceilings.csv      HBM copy bandwidth and the dense bf16 GEMM rate measured in the same run
+    engine.csv        per-layer costs of the decode-step engine, where the engine exists
+
+Every number is a measurement with its unit in the column name. Only the standard library is
+used here: the simulator (no torch) and the GPU side (no simpy) both import this module.
+
+Writing (`BundleWriter`) is incremental and resumable: each finished measurement is appended
+and its CSV rewritten atomically, so an interrupted `ddbench calibrate` loses at most the
+measurement in flight, and a rerun skips every row already present.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+
+from ddbench.errors import DDBenchError
+from ddbench.io import write_json, write_text
+
+SCHEMA_VERSION = 1
+DEFAULT_ROOT = os.path.join("traces", "calibration")
+
+# section -> (file, key columns, numeric columns that must be > 0, other columns)
+SECTIONS: dict[str, dict] = {
+    "link": {
+        "file": "link.csv",
+        "key": ["method", "direction", "transfer_bytes", "chunk_bytes", "blocks"],
+        "positive": ["latency_ms", "gbps"],
+        "other": [],
+    },
+    "linear": {
+        "file": "linear.csv",
+        "key": ["model", "layer", "k", "n", "m_tokens"],
+        "positive": ["latency_ms", "tflops"],
+        "other": [],
+    },
+    "kernels": {
+        "file": "kernels.csv",
+        "key": ["kernel", "batch", "q_tokens", "kv_tokens", "num_heads", "num_kv_heads", "head_dim", "param"],
+        "positive": ["latency_ms", "hbm_floor_ms"],
+        "other": [],
+    },
+    "interference": {
+        "file": "interference.csv",
+        "key": ["background", "background_blocks", "urgent", "urgent_stream"],
+        "positive": ["urgent_alone_ms", "urgent_ms", "urgent_slowdown", "gemm_alone_ms", "gemm_ms",
+                     "gemm_slowdown"],
+        "other": [],
+    },
+    "ceilings": {
+        "file": "ceilings.csv",
+        "key": ["name"],
+        "positive": ["value"],
+        "other": ["unit"],
+    },
+    "engine": {
+        "file": "engine.csv",
+        "key": ["system", "model", "batch", "context", "layer"],
+        "positive": ["compute_ms"],
+        "other": ["exposed_transfer_ms", "urgent_bytes", "prefetch_bytes"],
+    },
+}
+STRING_COLUMNS = {"method", "direction", "model", "layer", "kernel", "background", "urgent", "urgent_stream",
+                  "name", "unit", "system"}
+PROVENANCE_KEYS = ("gpu", "device_name", "driver", "cuda", "torch", "triton", "git_sha", "date", "command", "host")
+
+
+def columns(section: str) -> list[str]:
+    s = SECTIONS[section]
+    return s["key"] + s["positive"] + s["other"]
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else "nan"
+    return str(value)
+
+
+def _render_csv(section: str, rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    cols = columns(section)
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([_fmt(r[c]) for c in cols])
+    return buf.getvalue()
+
+
+def _row_key(section: str, row: dict) -> tuple:
+    return tuple(str(row[c]) for c in SECTIONS[section]["key"])
+
+
+# --------------------------------------------------------------------------- loading
+
+class Bundle:
+    """A validated calibration bundle: rows per section plus provenance."""
+
+    def __init__(self, path: str, meta: dict, rows: dict[str, list[dict]]):
+        self.path = path
+        self.meta = meta
+        self.rows = rows
+        self.gpu = meta["gpu"]
+        self.provenance = meta["provenance"]
+
+    def complete(self, section: str) -> bool:
+        return bool(self.meta["sections"].get(section, {}).get("complete"))
+
+    def describe(self) -> str:
+        p = self.provenance
+        return (f"calibration bundle {self.path} measured on {p.get('device_name')} "
+                f"({p.get('date')}, git {str(p.get('git_sha'))[:10]})")
+
+
+def _bad(path: str, why: str) -> DDBenchError:
+    return DDBenchError(f"malformed calibration bundle {path}: {why}")
+
+
+def _parse_csv(path: str, section: str, file: str) -> list[dict]:
+    want = columns(section)
+    try:
+        with open(file, encoding="utf-8", newline="") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header != want:
+                raise _bad(path, f"{os.path.basename(file)} has columns {header}, expected {want}")
+            rows = []
+            for lineno, rec in enumerate(reader, start=2):
+                if len(rec) != len(want):
+                    raise _bad(path, f"{os.path.basename(file)} line {lineno} has {len(rec)} fields, expected {len(want)}")
+                row = {}
+                for c, v in zip(want, rec):
+                    if c in STRING_COLUMNS:
+                        row[c] = v
+                        continue
+                    try:
+                        x = float(v)
+                    except ValueError:
+                        raise _bad(path, f"{os.path.basename(file)} line {lineno}: {c}={v!r} is not a number") from None
+                    if c in SECTIONS[section]["positive"] and not (x > 0 and math.isfinite(x)):
+                        raise _bad(path, f"{os.path.basename(file)} line {lineno}: {c}={v!r} must be positive")
+                    row[c] = int(x) if x.is_integer() and c in SECTIONS[section]["key"] else x
+                rows.append(row)
+    except OSError as exc:
+        raise _bad(path, f"cannot read {os.path.basename(file)}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise _bad(path, f"{os.path.basename(file)} is not UTF-8 text") from None
+    return rows
+
+
+def load_bundle(path: str) -> Bundle:
+    """Load and validate a bundle folder; any defect is a one-line DDBenchError."""
+    meta_file = os.path.join(path, "bundle.json")
+    try:
+        with open(meta_file, encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except FileNotFoundError:
+        raise DDBenchError(f"no calibration bundle at {path} (bundle.json missing)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _bad(path, f"bundle.json is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise _bad(path, "bundle.json top level is not an object")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise _bad(path, f"schema_version {version!r}, this ddbench reads {SCHEMA_VERSION}")
+    for key in ("gpu", "provenance", "sections"):
+        if key not in meta:
+            raise _bad(path, f"bundle.json lacks '{key}'")
+    if not isinstance(meta["sections"], dict) or not isinstance(meta["provenance"], dict):
+        raise _bad(path, "bundle.json 'sections' and 'provenance' must be objects")
+    missing = [k for k in PROVENANCE_KEYS if k not in meta["provenance"]]
+    if missing:
+        raise _bad(path, f"provenance lacks {', '.join(missing)}")
+    rows: dict[str, list[dict]] = {}
+    for section, info in meta["sections"].items():
+        if section not in SECTIONS:
+            raise _bad(path, f"unknown section '{section}'")
+        file = os.path.join(path, SECTIONS[section]["file"])
+        rows[section] = _parse_csv(path, section, file) if os.path.exists(file) else []
+        if info.get("complete") and not rows[section] and section != "engine":
+            raise _bad(path, f"section '{section}' is marked complete but has no rows")
+    for section in SECTIONS:
+        rows.setdefault(section, [])
+    return Bundle(path, meta, rows)
+
+
+def bundle_dir(gpu: str, root: str = DEFAULT_ROOT) -> str:
+    return os.path.join(root, gpu)
+
+
+def find_bundle(gpu: str, root: str = DEFAULT_ROOT) -> str | None:
+    """The bundle folder for a catalog GPU name, or None where none was measured."""
+    path = bundle_dir(gpu, root)
+    return path if os.path.exists(os.path.join(path, "bundle.json")) else None
+
+
+def available_bundles(root: str = DEFAULT_ROOT) -> list[str]:
+    if not os.path.isdir(root):
+        return []
+    return sorted(d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "bundle.json")))
+
+
+# --------------------------------------------------------------------------- writing
+
+class BundleWriter:
+    """Incremental, resumable writer. Rows already present are skipped by key (`have`)."""
+
+    def __init__(self, path: str, gpu: str, provenance: dict, fresh: bool = False):
+        self.path = path
+        self.gpu = gpu
+        self.rows: dict[str, list[dict]] = {s: [] for s in SECTIONS}
+        self.keys: dict[str, set] = {s: set() for s in SECTIONS}
+        self.sections: dict[str, dict] = {}
+        self.resumed = 0
+        if not fresh and os.path.exists(os.path.join(path, "bundle.json")):
+            old = load_bundle(path)
+            old_dev = old.provenance.get("device_name")
+            if old.gpu != gpu or old_dev != provenance.get("device_name"):
+                raise DDBenchError(f"{path} holds a bundle of {old_dev} ({old.gpu}); this GPU is "
+                                   f"{provenance.get('device_name')} ({gpu}): use --fresh or another --out")
+            for s, rows in old.rows.items():
+                for r in rows:
+                    self.rows[s].append(r)
+                    self.keys[s].add(_row_key(s, r))
+                    self.resumed += 1
+            self.sections = {s: dict(v) for s, v in old.meta["sections"].items()}
+            runs = list(old.provenance.get("runs", []))
+            runs.append({k: provenance.get(k) for k in ("date", "git_sha", "command")})
+            provenance = dict(provenance, runs=runs)
+        else:
+            provenance = dict(provenance, runs=[{k: provenance.get(k) for k in ("date", "git_sha", "command")}])
+        self.provenance = provenance
+        os.makedirs(path, exist_ok=True)
+        self._write_meta()
+
+    def have(self, section: str, **key) -> bool:
+        return tuple(str(key[c]) for c in SECTIONS[section]["key"]) in self.keys[section]
+
+    def add(self, section: str, row: dict) -> None:
+        cols = columns(section)
+        missing = [c for c in cols if c not in row]
+        if missing:
+            raise ValueError(f"{section} row lacks {missing}")
+        k = _row_key(section, row)
+        if k in self.keys[section]:
+            return
+        self.rows[section].append({c: row[c] for c in cols})
+        self.keys[section].add(k)
+        self.sections.setdefault(section, {"file": SECTIONS[section]["file"], "complete": False})
+        self.sections[section]["rows"] = len(self.rows[section])
+        write_text(os.path.join(self.path, SECTIONS[section]["file"]), _render_csv(section, self.rows[section]))
+        self._write_meta()
+
+    def complete(self, section: str, note: str = "") -> None:
+        info = self.sections.setdefault(section, {"file": SECTIONS[section]["file"]})
+        info["complete"] = True
+        info["rows"] = len(self.rows[section])
+        if note:
+            info["note"] = note
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        write_json(os.path.join(self.path, "bundle.json"), {
+            "schema_version": SCHEMA_VERSION, "gpu": self.gpu,
+            "units": "latency in ms, bandwidth in GB/s (1e9 B/s), sizes in bytes, rates in TFLOP/s",
+            "provenance": self.provenance, "sections": self.sections})
