@@ -142,9 +142,10 @@ def _draw_breakdown(res: FigureResult, fig) -> None:
     ax.axhline(cap, color="black", lw=0.8, ls="--")
     ax.text(len(df) - 0.5, cap, f"{GPU} {cap:.1f} GB", ha="right", va="bottom", fontsize=7)
     ax.set_xticks(range(len(df)), labels, fontsize=6)
+    ax.set_ylim(0, cap * 1.3)
     ax.set_ylabel("GPU memory (GB)")
     ax.set_title(res.setup.split(";")[0])
-    ax.legend(fontsize=6, ncol=4, loc="upper left")
+    ax.legend(fontsize=6, ncol=4, loc="upper center")
 
 
 def _breakdown_rows(pairs) -> pd.DataFrame:
