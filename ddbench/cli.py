@@ -13,7 +13,7 @@ import sys
 from ddbench.errors import DDBenchError
 
 # Subcommand modules under ddbench/commands, in --help order.
-COMMANDS = ("plan", "figures", "calibrate")
+COMMANDS = ("plan", "figures", "calibrate", "bench")
 
 
 class OneLineParser(argparse.ArgumentParser):

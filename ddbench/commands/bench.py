@@ -1,0 +1,69 @@
+"""`ddbench bench`: microbenchmarks on the local CUDA GPU.
+
+Targets:
+  kernels   the Triton kernels (gather, dual-token attention, selection, key rebuild, SpeCache
+            scoring) against their floors measured in the same run; writes
+            traces/kernels/<gpu>/kernels.csv with provenance columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import sys
+
+from ddbench.errors import DDBenchError
+from ddbench.io import atomic_path
+
+TARGETS = ("kernels",)
+PROVENANCE = ("gpu", "driver", "cuda", "torch", "triton", "git_sha", "date_utc", "command")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="GPU microbenchmarks (needs CUDA)", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", choices=TARGETS, help="what to benchmark")
+    p.add_argument("--out", default="traces/kernels", help="output folder (default traces/kernels)")
+    p.add_argument("--quick", action="store_true", help="fewer batch sizes (a smoke run)")
+    p.set_defaults(func=run)
+
+
+def _need_cuda():
+    try:
+        import torch
+    except ImportError as exc:
+        raise DDBenchError("bench needs torch with CUDA; torch is not installed") from exc
+    if not torch.cuda.is_available():
+        raise DDBenchError("bench needs a CUDA GPU; none is visible to torch")
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        raise DDBenchError("bench needs triton; it is not installed") from exc
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def write_csv(path: str, rows: list[dict], prov: dict) -> None:
+    from kernels.bench import COLUMNS
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=["schema"] + COLUMNS + list(PROVENANCE))
+            w.writeheader()
+            for r in rows:
+                w.writerow({"schema": 1, **r, **{k: prov[k] for k in PROVENANCE}})
+
+
+def run(args) -> int:
+    _need_cuda()
+    from kernels.bench import run_all
+    from kernels.timing import provenance
+    prov = provenance("ddbench " + " ".join(sys.argv[1:]) if sys.argv[1:] else "ddbench bench kernels")
+    rows, _ = run_all(quick=args.quick)
+    path = os.path.join(args.out, slug(prov["gpu"]), "kernels.csv")
+    write_csv(path, rows, prov)
+    print(f"wrote {path} ({len(rows)} rows)")
+    return 0

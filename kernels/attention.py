@@ -1,0 +1,177 @@
+"""Dual-token sparse decode attention (DualDecoder §5.2), GQA, with a split-K path.
+
+    dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, block_n=64) -> o [B, nq, Hq, d]
+        q       [B, nq, Hq, d]  nq = 1 (single token) or 2 (T_i, then speculative T'_{i+1})
+        k_buf   [B, H, S, d]    per request: lengths[b] context tokens (gathered sparse chunks,
+        v_buf   [B, H, S, d]    outliers, local window, in any order), then the nq new tokens'
+                                K/V at lengths[b] .. lengths[b]+nq-1
+        lengths [B] int32       context tokens per request (excluding the new ones)
+        Query t sees key s iff s < lengths[b] + t + 1: T_i never sees T'.
+        splits: KV splits per (b, h) (flash-decoding); None picks one from the SM count.
+    dual_sparse_attention_ref(q, k_buf, v_buf, lengths) -> o    torch twin (fp32 math)
+
+One program owns one (request, KV head, split): all nq * (Hq/H) query rows of the group share
+each K/V tile read from HBM, so two query tokens cost about the bytes of one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ddbench.errors import DDBenchError
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attn_kernel(q, k, v, lengths, o, po, pml,
+                 s_qb, s_qt, s_qh, s_kb, s_kh, s_kt, s_ob, s_ot, s_oh,
+                 H, G, NQ, n_split, split_len, scale_log2,
+                 D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 SPLIT: tl.constexpr):
+    bh = tl.program_id(0)
+    sp = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    r = tl.arange(0, BLOCK_M)
+    t = r // GP
+    g = r % GP
+    rv = (t < NQ) & (g < G)
+    dd = tl.arange(0, D)
+    qt = tl.load(q + b * s_qb + t[:, None] * s_qt + (h * G + g)[:, None] * s_qh + dd[None, :],
+                 mask=rv[:, None], other=0.0)
+    L0 = tl.load(lengths + b)
+    start = sp * split_len
+    end = tl.minimum(start + split_len, L0 + NQ)
+    limit = L0 + t + 1
+    m = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    kb = k + b.to(tl.int64) * s_kb + h * s_kh
+    vb = v + b.to(tl.int64) * s_kb + h * s_kh
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nv = n < end
+        kt = tl.load(kb + n[None, :] * s_kt + dd[:, None], mask=nv[None, :], other=0.0)
+        s = tl.dot(qt, kt) * scale_log2
+        s = tl.where((n[None, :] < limit[:, None]) & nv[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        vt = tl.load(vb + n[:, None] * s_kt + dd[None, :], mask=nv[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m = m_new
+    if SPLIT:
+        base = (bh * n_split + sp) * BLOCK_M
+        tl.store(po + (base + r)[:, None] * D + dd[None, :], acc)
+        tl.store(pml + 2 * (base + r), m)
+        tl.store(pml + 2 * (base + r) + 1, l)
+    else:
+        out = acc / l[:, None]
+        tl.store(o + b * s_ob + t[:, None] * s_ot + (h * G + g)[:, None] * s_oh + dd[None, :],
+                 out.to(o.dtype.element_ty), mask=rv[:, None])
+
+
+@triton.jit
+def _combine_kernel(po, pml, o, s_ob, s_ot, s_oh, H, G, n_split,
+                    D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr):
+    bh = tl.program_id(0)
+    i = tl.program_id(1)  # valid row: token t = i // G, head g = i % G
+    b = bh // H
+    h = bh % H
+    t = i // G
+    g = i % G
+    r = t * GP + g
+    s = tl.arange(0, SP)
+    sv = s < n_split
+    base = (bh * n_split + s) * BLOCK_M + r
+    m = tl.load(pml + 2 * base, mask=sv, other=-1.0e30)
+    l = tl.load(pml + 2 * base + 1, mask=sv, other=0.0)
+    mm = tl.max(m, 0)
+    w = tl.exp2(m - mm)
+    dd = tl.arange(0, D)
+    acc = tl.load(po + base[:, None] * D + dd[None, :], mask=sv[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(o + b * s_ob + t * s_ot + (h * G + g) * s_oh + dd, out.to(o.dtype.element_ty))
+
+
+def _sm_count(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def auto_splits(batch: int, kv_heads: int, capacity: int, device) -> int:
+    """Enough (b, h, split) programs for ~4 waves of the SMs, each split at least 256 tokens."""
+    want = triton.cdiv(4 * _sm_count(device), batch * kv_heads)
+    return max(1, min(want, capacity // 256))
+
+
+def _check(q, k_buf, v_buf, lengths):
+    if q.dim() != 4 or k_buf.dim() != 4 or k_buf.shape != v_buf.shape:
+        raise DDBenchError("need q [B, nq, Hq, d] and k_buf, v_buf [B, H, S, d] of equal shape")
+    B, nq, Hq, d = q.shape
+    if k_buf.shape[0] != B or k_buf.shape[3] != d or Hq % k_buf.shape[1]:
+        raise DDBenchError(f"q {tuple(q.shape)} does not match KV buffers {tuple(k_buf.shape)} (GQA needs H | Hq)")
+    if nq not in (1, 2):
+        raise DDBenchError(f"nq must be 1 or 2 query tokens, got {nq}")
+    if d & (d - 1) or k_buf.stride(3) != 1 or v_buf.stride() != k_buf.stride() or q.stride(3) != 1:
+        raise DDBenchError("head_dim must be a power of two with unit stride; k_buf and v_buf equal strides")
+    if lengths.shape != (B,):
+        raise DDBenchError(f"lengths must be [B={B}]")
+    return B, nq, Hq, d, k_buf.shape[1]
+
+
+def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, block_n=64, num_warps=4, num_stages=3):
+    """See module docstring. Caller guarantees lengths[b] + nq <= S."""
+    B, nq, Hq, d, H = _check(q, k_buf, v_buf, lengths)
+    G = Hq // H
+    GP = triton.next_power_of_2(G)
+    BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
+    S = k_buf.shape[2]
+    lengths = lengths.to(device=q.device, dtype=torch.int32)
+    n_split = auto_splits(B, H, S, q.device) if splits is None else int(splits)
+    n_split = max(1, min(n_split, triton.cdiv(S, block_n)))
+    split_len = triton.cdiv(triton.cdiv(S, n_split), block_n) * block_n
+    n_split = triton.cdiv(S, split_len)
+    o = torch.empty_like(q) if out is None else out
+    if o.shape != q.shape or o.stride(3) != 1:
+        raise DDBenchError(f"out must be shaped like q {tuple(q.shape)}")
+    scale = LOG2E / math.sqrt(d)
+    if n_split > 1:
+        po = torch.empty(B * H * n_split * BLOCK_M * d, device=q.device, dtype=torch.float32)
+        pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
+    else:
+        po = pml = o
+    _attn_kernel[(B * H, n_split)](q, k_buf, v_buf, lengths, o, po, pml,
+                                   q.stride(0), q.stride(1), q.stride(2), *k_buf.stride()[:3],
+                                   o.stride(0), o.stride(1), o.stride(2),
+                                   H, G, nq, n_split, split_len, scale,
+                                   D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT=n_split > 1,
+                                   num_warps=num_warps, num_stages=num_stages)
+    if n_split > 1:
+        _combine_kernel[(B * H, nq * G)](po, pml, o, o.stride(0), o.stride(1), o.stride(2), H, G, n_split,
+                                         D=d, GP=GP, BLOCK_M=BLOCK_M, SP=triton.next_power_of_2(n_split),
+                                         num_warps=4)
+    return o
+
+
+def dual_sparse_attention_ref(q, k_buf, v_buf, lengths):
+    """Torch twin in fp32, one request at a time."""
+    B, nq, Hq, d, H = _check(q, k_buf, v_buf, lengths)
+    out = torch.empty_like(q)
+    for b in range(B):
+        L0 = int(lengths[b])
+        k = k_buf[b, :, :L0 + nq].float().repeat_interleave(Hq // H, 0)  # [Hq, S, d]
+        v = v_buf[b, :, :L0 + nq].float().repeat_interleave(Hq // H, 0)
+        s = torch.einsum("thd,hsd->hts", q[b].float(), k) / math.sqrt(d)
+        pos = torch.arange(L0 + nq, device=q.device)
+        mask = pos[None, :] < (L0 + 1 + torch.arange(nq, device=q.device))[:, None]  # [nq, S]
+        s = s.masked_fill(~mask, float("-inf"))
+        out[b] = torch.einsum("hts,hsd->thd", s.softmax(-1), v).to(q.dtype)
+    return out

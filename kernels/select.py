@@ -1,0 +1,116 @@
+"""Chunk selection: score queries against landmarks, softmax, max over the GQA group, top-k.
+
+    score_chunks(q, lm, *, out=None, scratch=None) -> probs [B, nq, H, N] fp32
+        q [B, nq, Hq, d] (nq = 1, or 2: output token and speculative token, each scored alone);
+        lm [B, H, N, d]. probs[b, t, h, n] = max over the group's heads of softmax_n(q . lm / sqrt(d)).
+    select_chunks(q, lm, budget_chunks) -> idx [B, nq, H, k] int32, ascending chunk ids
+        (k = budget_chunks, e.g. 2048 tokens / 8 = 256). Top-k by torch.topk over the kernel's probs.
+    score_chunks_ref / select_chunks_ref                   torch twins
+    index_overlap(a, b)  (from kernels.indexsets)          per (layer, head) overlap of two index sets
+
+The Triton kernel owns one (request, KV head): it streams the landmarks once for every query
+row of the group (both tokens), keeps raw scores in a small fp32 scratch, then normalises.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ddbench.errors import DDBenchError
+from kernels.indexsets import index_overlap  # noqa: F401  (re-exported)
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _score_kernel(q, lm, scratch, out, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
+                  H, G, NQ, scale_log2,
+                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    r = tl.arange(0, BLOCK_M)
+    t = r // GP
+    g = r % GP
+    rv = (t < NQ) & (g < G)
+    dd = tl.arange(0, D)
+    qt = tl.load(q + b * s_qb + t[:, None] * s_qt + (h * G + g)[:, None] * s_qh + dd[None, :],
+                 mask=rv[:, None], other=0.0)
+    lb = lm + b.to(tl.int64) * s_lb + h * s_lh
+    sb = scratch + bh.to(tl.int64) * BLOCK_M * N
+    m = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    for n0 in range(0, N, BLOCK_N):  # pass 1: raw scores to scratch, online max / sum per row
+        n = n0 + tl.arange(0, BLOCK_N)
+        nv = n < N
+        kt = tl.load(lb + n[None, :].to(tl.int64) * s_ln + dd[:, None], mask=nv[None, :], other=0.0)
+        s = tl.dot(qt, kt) * scale_log2
+        s = tl.where(nv[None, :], s, float("-inf"))
+        tl.store(sb + r[:, None] * N + n[None, :], s, mask=nv[None, :])
+        m_new = tl.maximum(m, tl.max(s, 1))
+        l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
+        m = m_new
+    tl.debug_barrier()
+    inv = 1.0 / l
+    ob = out + (b * NQ * H + h).to(tl.int64) * N
+    for n0 in range(0, N, BLOCK_N):  # pass 2: probabilities, max over the group, per token
+        n = n0 + tl.arange(0, BLOCK_N)
+        nv = n < N
+        s = tl.load(sb + r[:, None] * N + n[None, :], mask=nv[None, :], other=float("-inf"))
+        p = tl.exp2(s - m[:, None]) * inv[:, None]
+        for tt in tl.static_range(2):
+            if tt < NQ:
+                best = tl.max(tl.where(rv[:, None] & (t[:, None] == tt), p, 0.0), 0)
+                tl.store(ob + tt * H * N + n, best, mask=nv)
+
+
+def _check(q, lm):
+    if q.dim() != 4 or lm.dim() != 4 or q.shape[0] != lm.shape[0] or q.shape[3] != lm.shape[3]:
+        raise DDBenchError(f"need q [B, nq, Hq, d] and landmarks [B, H, N, d], got {tuple(q.shape)}, {tuple(lm.shape)}")
+    B, nq, Hq, d = q.shape
+    H = lm.shape[1]
+    if Hq % H or nq not in (1, 2) or d & (d - 1) or q.stride(3) != 1 or lm.stride(3) != 1:
+        raise DDBenchError("GQA needs H | Hq, nq in (1, 2), power-of-two head_dim with unit stride")
+    return B, nq, Hq, d, H, lm.shape[2]
+
+
+def score_chunks(q, lm, *, out=None, block_n=64, scratch=None):
+    B, nq, Hq, d, H, N = _check(q, lm)
+    G = Hq // H
+    GP = triton.next_power_of_2(G)
+    BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
+    if scratch is None or scratch.numel() < B * H * BLOCK_M * N:
+        scratch = torch.empty(B * H * BLOCK_M * N, device=q.device, dtype=torch.float32)
+    if out is None:
+        out = torch.empty(B, nq, H, N, device=q.device, dtype=torch.float32)
+    if out.shape != (B, nq, H, N) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise DDBenchError(f"out must be a contiguous fp32 [B, nq, H, N] = {(B, nq, H, N)} tensor")
+    _score_kernel[(B * H,)](q, lm, scratch, out, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
+                            H, G, nq, LOG2E / math.sqrt(d),
+                            D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4)
+    return out
+
+
+def score_chunks_ref(q, lm):
+    B, nq, Hq, d, H, N = _check(q, lm)
+    s = torch.einsum("bthd,bhnd->bthn", q.float(), lm.float().repeat_interleave(Hq // H, 1)) / math.sqrt(d)
+    return s.softmax(-1).view(B, nq, H, Hq // H, N).amax(3)
+
+
+def _topk(probs, budget_chunks):
+    N = probs.shape[-1]
+    if not 0 < budget_chunks <= N:
+        raise DDBenchError(f"budget of {budget_chunks} chunks must be within 1..{N} landmarks")
+    return probs.topk(budget_chunks, dim=-1).indices.sort(dim=-1).values.to(torch.int32)
+
+
+def select_chunks(q, lm, budget_chunks: int, **kw):
+    return _topk(score_chunks(q, lm, **kw), budget_chunks)
+
+
+def select_chunks_ref(q, lm, budget_chunks: int):
+    return _topk(score_chunks_ref(q, lm), budget_chunks)

@@ -1,0 +1,93 @@
+"""Timing and provenance for the kernel benchmarks.
+
+time_cuda(fns, inner=..., reps=...) -> median ms per call: CUDA events around CUDA-graph replays
+    of `fns` (a list of callables, e.g. one per rotated input set so repeats do not hit in L2).
+time_host(fn, reps) -> median ms per call with a host clock and device syncs (for CPU-side work).
+provenance(command) -> dict: gpu, driver, torch, triton, git sha, date, command.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+
+
+def time_cuda(fns, *, inner: int = 5, reps: int = 20, warmup: int = 3, graph: bool = True) -> float:
+    fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
+
+    def body():
+        for _ in range(inner):
+            for f in fns:
+                f()
+
+    for _ in range(warmup):
+        for f in fns:
+            f()
+    torch.cuda.synchronize()
+    run = body
+    if graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for f in fns:
+                f()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        run = g.replay
+        run()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) / (inner * len(fns)))
+    return statistics.median(ts)
+
+
+def time_host(fn, reps: int = 5, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def _cmd(args) -> str:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def provenance(command: str) -> dict:
+    import triton
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sha = os.environ.get("DDBENCH_GIT_SHA") or _cmd(["git", "-C", root, "rev-parse", "HEAD"]) or "unknown"
+    driver = _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "driver": driver[0] if driver else "unknown",
+        "cuda": torch.version.cuda or "",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "git_sha": sha,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": command,
+    }
