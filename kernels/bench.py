@@ -61,7 +61,10 @@ def bench_gather(rows: Rows, dev, quick: bool):
     H, N, n, C, d = 8, 2048, 256, 8, 128  # 2048-token budget of 4 KiB chunks per (request, head)
     batches = (1, 8) if quick else (1, 8, 32)
     host = alloc_host_kv(1, max(batches), H, N, C, d)
-    host.view(torch.int16).random_(-16000, 16000)  # finite bf16 bit patterns
+    tile = torch.empty(128 * MiB, dtype=torch.int16).random_(-16000, 16000)  # finite bf16 bit patterns
+    words = host.view(torch.int16).view(-1)
+    for s in range(0, words.numel(), tile.numel()):  # repeat a 256 MiB random tile (fast fill)
+        words[s:s + tile.numel()] = tile[:words.numel() - s]
     flat = host.view(-1)
     for B in batches:
         hkv = host[:, :B]
