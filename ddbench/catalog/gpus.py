@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddbench.errors import unknown
+from ddbench.catalog.lookup import lookup
 
 MIB = 1024 ** 2
 
@@ -55,8 +55,4 @@ _ALIASES = {"h100": "h100-80gb", "h100-sxm": "h100-80gb", "h100-sxm-80gb": "h100
 
 
 def get_gpu(name: str) -> GPUSpec:
-    key = name.lower()
-    key = _ALIASES.get(key, key)
-    if key not in GPUS:
-        raise unknown("GPU", name, GPUS)
-    return GPUS[key]
+    return lookup("GPU", name, GPUS, _ALIASES)

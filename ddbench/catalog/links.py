@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddbench.errors import unknown
+from ddbench.catalog.lookup import lookup
 
 PCIE5_MEASURED_GBPS = 55.4
 PCIE5_NOMINAL_GBPS = 63.0  # 32 GT/s x 16 lanes x 128/130 / 8
@@ -49,8 +49,4 @@ _ALIASES = {"pcie-4": "pcie4", "pcie-5": "pcie5", "pcie-6": "pcie6", "c2c": "nvl
 
 
 def get_link(name: str) -> LinkSpec:
-    key = name.lower()
-    key = _ALIASES.get(key, key)
-    if key not in LINKS:
-        raise unknown("link", name, LINKS)
-    return LINKS[key]
+    return lookup("link", name, LINKS, _ALIASES)
