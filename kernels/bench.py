@@ -49,7 +49,8 @@ def ceilings(dev) -> dict:
     n = 1 << 30
     a = torch.empty(n, dtype=torch.uint8, device=dev).random_(0, 255)
     b = torch.empty_like(a)
-    hbm = 2 * n / time_cuda(lambda: b.copy_(a), inner=2, reps=10) / 1e6
+    # no graph: a D2D memcpy node in a CUDA graph runs on a copy engine (~2.7 TB/s here), not on the SMs
+    hbm = 2 * n / time_cuda(lambda: b.copy_(a), inner=5, reps=10, graph=False) / 1e6
     del a, b
     h = torch.empty(n, dtype=torch.uint8, pin_memory=True).random_(0, 255)
     d = torch.empty(n, dtype=torch.uint8, device=dev)
@@ -79,7 +80,7 @@ def bench_gather(rows: Rows, dev, quick: bool):
         gather_uva(hkv, 0, idx, k_out, v_out)
         kr, vr = torch.empty_like(k_out), torch.empty_like(v_out)
         gather_ref(hkv, 0, idx, kr, vr)
-        ok = torch.equal(k_out, kr) and torch.equal(v_out, vr)
+        ok = torch.equal(k_out.view(torch.int16), kr.view(torch.int16)) and torch.equal(v_out.view(torch.int16), vr.view(torch.int16))
         del kr, vr
         t = time_cuda(lambda: gather_uva(hkv, 0, idx, k_out, v_out), inner=2, reps=10)
         rows.add("gather", "uva_persistent_32", B, shape, nbytes, t, t_big, "one_big_copy", f"equal_to_ref={ok}")
@@ -103,6 +104,11 @@ def bench_gather(rows: Rows, dev, quick: bool):
         t = time_cuda(lambda: gather_uva(hkv, 0, idx, k_out, v_out, prev=(prev_idx, pk, pv)), inner=2, reps=10)
         rows.add("gather", "uva_reuse_prev", B, shape, nbytes, t, t_big * miss, "one_big_copy",
                  f"miss_fraction={miss:.3f}; floor: big copy of the misses; incl. reuse_plan")
+        if B == 8:
+            t = time_cuda(lambda: gather_uva(hkv, 0, idx, k_out, v_out, prev=(prev_idx, pk, pv), programs=132),
+                          inner=2, reps=10)
+            rows.add("gather", "uva_reuse_prev_132", B, shape, nbytes, t, t_big * miss, "one_big_copy",
+                     f"miss_fraction={miss:.3f}; 132 programs")
         # Figure 19 baselines
         idx_cpu = idx.cpu()
         staging = torch.empty(B * H * n, 2 * C * d, dtype=torch.bfloat16, pin_memory=True)
@@ -176,6 +182,9 @@ def bench_select(rows: Rows, dev, hbm_gbps, quick: bool):
             rows.add("select", f"score_nq{nq}", B, shape, lm_bytes, t, floor, notes="floor: landmark read")
             t = time_cuda(lambda: select_chunks(q, lm, k, scratch=scratch), inner=3, reps=15)
             rows.add("select", f"score_topk{k}_nq{nq}", B, shape, lm_bytes, t, floor, f"score_nq{nq}")
+            for sp in (1, 4, 16):
+                t = time_cuda(lambda: score_chunks(q, lm, scratch=scratch, splits=sp), inner=3, reps=15)
+                rows.add("select", f"score_nq{nq}_splits{sp}", B, shape, lm_bytes, t, floor, f"score_nq{nq}")
         del lm, scratch
     B, T = 8, 32768
     kk = _rand_bf16(B, H, T, d)
@@ -198,6 +207,11 @@ def bench_rebuild(rows: Rows, dev, hbm_gbps, quick: bool):
         t = time_cuda(lambda: rebuild_keys(U, SV, idx, k_out, chunk=C), inner=3, reps=15)
         rows.add("rebuild", f"lowrank_r{R}_rope", B, f"T={T} n={n * C} tokens", nbytes, t, nbytes / hbm_gbps / 1e6,
                  notes=f"gflop={flops / 1e9:.1f}")
+        for bc, rb, nw in ((4, 32, 4), (16, 32, 4), (16, 32, 8), (8, 64, 4), (16, 64, 8)):
+            t = time_cuda(lambda: rebuild_keys(U, SV, idx, k_out, chunk=C, block_chunks=bc, rank_block=rb,
+                                               num_warps=nw), inner=3, reps=15)
+            rows.add("rebuild", f"lowrank_bc{bc}_rb{rb}_w{nw}", B, f"T={T} n={n * C} tokens", nbytes, t,
+                     nbytes / hbm_gbps / 1e6, f"lowrank_r{R}_rope")
         del U, SV, k_out
 
 

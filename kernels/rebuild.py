@@ -61,6 +61,10 @@ def _rebuild_kernel(U, SV, idx, inv_freq, k_out, n_sel, R, H,
         x1 += tl.dot(u, s1)
         x2 += tl.dot(u, s2)
     ang = tok.to(tl.float32)[:, None] * tl.load(inv_freq + hd)[None, :]
+    # Cody-Waite reduction to [-pi, pi] (angles reach ~1e5 rad at long contexts, where cos/sin
+    # would take their slow path): 6.28125 has 8 significant bits, so k * 6.28125 is exact.
+    kk = tl.floor(ang * 0.15915494309189535 + 0.5)
+    ang = (ang - kk * 6.28125) - kk * 1.9353071795864769e-3
     cos = tl.cos(ang)
     sin = tl.sin(ang)
     dst = k_out + b.to(tl.int64) * s_ob + h * s_oh + (slot_offset + j * C + rr % C).to(tl.int64)[:, None] * s_ot + hd[None, :]
@@ -83,14 +87,15 @@ def _check(U, SV, idx, k_out, chunk, slot_offset):
     return B, T, R, H, d
 
 
-def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=8, rank_block=32):
+def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=8, rank_block=32,
+                 num_warps=4):
     B, T, R, H, d = _check(U, SV, idx, k_out, chunk, slot_offset)
     n = idx.shape[2]
     idx = idx.to(device=U.device, dtype=torch.int32).contiguous()
     inv = rope_inv_freq(d, rope_theta, U.device)
     _rebuild_kernel[(B * H, triton.cdiv(n, block_chunks))](
         U, SV, idx, inv, k_out, n, R, H, U.stride(0), U.stride(1), SV.stride(0), SV.stride(1), SV.stride(2),
-        *k_out.stride()[:3], slot_offset, C=chunk, D=d, BC=block_chunks, RB=rank_block, num_warps=4)
+        *k_out.stride()[:3], slot_offset, C=chunk, D=d, BC=block_chunks, RB=rank_block, num_warps=num_warps)
     return k_out
 
 

@@ -8,8 +8,9 @@
     score_chunks_ref / select_chunks_ref                   torch twins
     index_overlap(a, b)  (from kernels.indexsets)          per (layer, head) overlap of two index sets
 
-The Triton kernel owns one (request, KV head): it streams the landmarks once for every query
-row of the group (both tokens), keeps raw scores in a small fp32 scratch, then normalises.
+Two Triton passes over (request, KV head, landmark split) programs: pass 1 streams the landmarks
+once for every query row of the group (both tokens), writes raw fp32 scores of the valid rows to
+scratch and the split's row max/sum; pass 2 combines the splits' max/sum and normalises.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _score_kernel(q, lm, scratch, out, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
-                  H, G, NQ, scale_log2,
-                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
+                 H, G, NQ, n_split, split_len, scale_log2,
+                 D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Raw scores of one (request, KV head, split) to scratch; that split's row max and sum."""
     bh = tl.program_id(0)
+    sp = tl.program_id(1)
     b = bh // H
     h = bh % H
     r = tl.arange(0, BLOCK_M)
@@ -44,28 +47,56 @@ def _score_kernel(q, lm, scratch, out, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
     sb = scratch + bh.to(tl.int64) * BLOCK_M * N
     m = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
-    for n0 in range(0, N, BLOCK_N):  # pass 1: raw scores to scratch, online max / sum per row
+    end = tl.minimum(sp * split_len + split_len, N)
+    for n0 in range(sp * split_len, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        nv = n < N
+        nv = n < end
         kt = tl.load(lb + n[None, :].to(tl.int64) * s_ln + dd[:, None], mask=nv[None, :], other=0.0)
         s = tl.dot(qt, kt) * scale_log2
         s = tl.where(nv[None, :], s, float("-inf"))
-        tl.store(sb + r[:, None] * N + n[None, :], s, mask=nv[None, :])
+        tl.store(sb + r[:, None] * N + n[None, :], s, mask=rv[:, None] & nv[None, :])
         m_new = tl.maximum(m, tl.max(s, 1))
         l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
         m = m_new
-    tl.debug_barrier()
-    inv = 1.0 / l
+    base = (bh * n_split + sp) * BLOCK_M + r
+    tl.store(pml + 2 * base, m)
+    tl.store(pml + 2 * base + 1, l)
+
+
+@triton.jit
+def _score_pass2(scratch, pml, out, N, H, G, NQ, n_split, split_len,
+                 GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SP: tl.constexpr):
+    """Softmax with the global row max and sum, then the max over the group, for one split."""
+    bh = tl.program_id(0)
+    sp = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    r = tl.arange(0, BLOCK_M)
+    t = r // GP
+    g = r % GP
+    rv = (t < NQ) & (g < G)
+    ss = tl.arange(0, SP)
+    pidx = (bh * n_split + ss)[:, None] * BLOCK_M + r[None, :]
+    pm = tl.load(pml + 2 * pidx, mask=(ss < n_split)[:, None], other=-1.0e30)
+    pl = tl.load(pml + 2 * pidx + 1, mask=(ss < n_split)[:, None], other=0.0)
+    m = tl.max(pm, 0)
+    inv = 1.0 / tl.sum(pl * tl.exp2(pm - m[None, :]), 0)
+    sb = scratch + bh.to(tl.int64) * BLOCK_M * N
     ob = out + (b * NQ * H + h).to(tl.int64) * N
-    for n0 in range(0, N, BLOCK_N):  # pass 2: probabilities, max over the group, per token
+    end = tl.minimum(sp * split_len + split_len, N)
+    for n0 in range(sp * split_len, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        nv = n < N
-        s = tl.load(sb + r[:, None] * N + n[None, :], mask=nv[None, :], other=float("-inf"))
+        nv = n < end
+        s = tl.load(sb + r[:, None] * N + n[None, :], mask=rv[:, None] & nv[None, :], other=float("-inf"))
         p = tl.exp2(s - m[:, None]) * inv[:, None]
         for tt in tl.static_range(2):
             if tt < NQ:
                 best = tl.max(tl.where(rv[:, None] & (t[:, None] == tt), p, 0.0), 0)
                 tl.store(ob + tt * H * N + n, best, mask=nv)
+
+
+def _sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def _check(q, lm):
@@ -78,20 +109,29 @@ def _check(q, lm):
     return B, nq, Hq, d, H, lm.shape[2]
 
 
-def score_chunks(q, lm, *, out=None, block_n=64, scratch=None):
+def score_chunks(q, lm, *, out=None, block_n=64, splits=None, scratch=None):
+    """splits: landmark splits per (request, head); None gives ~4 waves of programs, >= 1024 chunks each."""
     B, nq, Hq, d, H, N = _check(q, lm)
     G = Hq // H
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
+    if splits is None:
+        splits = max(1, min(triton.cdiv(4 * _sm_count(q.device), B * H), N // 1024))
+    split_len = triton.cdiv(triton.cdiv(N, splits), block_n) * block_n
+    n_split = triton.cdiv(N, split_len)
     if scratch is None or scratch.numel() < B * H * BLOCK_M * N:
         scratch = torch.empty(B * H * BLOCK_M * N, device=q.device, dtype=torch.float32)
     if out is None:
         out = torch.empty(B, nq, H, N, device=q.device, dtype=torch.float32)
     if out.shape != (B, nq, H, N) or out.dtype != torch.float32 or not out.is_contiguous():
         raise DDBenchError(f"out must be a contiguous fp32 [B, nq, H, N] = {(B, nq, H, N)} tensor")
-    _score_kernel[(B * H,)](q, lm, scratch, out, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
-                            H, G, nq, LOG2E / math.sqrt(d),
-                            D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4)
+    pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
+    grid = (B * H, n_split)
+    _score_pass1[grid](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
+                       H, G, nq, n_split, split_len, LOG2E / math.sqrt(d),
+                       D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4)
+    _score_pass2[grid](scratch, pml, out, N, H, G, nq, n_split, split_len,
+                       GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SP=triton.next_power_of_2(n_split), num_warps=4)
     return out
 
 

@@ -46,7 +46,7 @@ def quantize_keys_2bit(k: torch.Tensor, group: int = 64) -> QuantKeys:
 
 def _unpack(codes: torch.Tensor, dtype) -> torch.Tensor:
     B, H, T4, d = codes.shape
-    shifts = torch.tensor([0, 2, 4, 6], device=codes.device, dtype=torch.uint8).view(1, 1, 1, 4, 1)
+    shifts = torch.arange(0, 8, 2, device=codes.device, dtype=torch.uint8).view(1, 1, 1, 4, 1)
     return ((codes[:, :, :, None] >> shifts) & 3).to(dtype).view(B, H, T4 * 4, d)
 
 

@@ -20,15 +20,15 @@ def _check_landmarks(B, H, T, d, dtype, dev, seed):
     assert torch.allclose(out.float(), build_landmarks_ref(k, 8).float(), atol=1e-2, rtol=1e-2)
 
 
-def _check_selection(B, nq, Hq, H, N, d, k, dtype, dev, seed, block_n):
+def _check_selection(B, nq, Hq, H, N, d, k, dtype, dev, seed, block_n, splits=None):
     g = torch.Generator().manual_seed(seed)
     q = _randn(B, nq, Hq, d, dtype=dtype, dev=dev, g=g)
     lm = _randn(B, H, N, d, dtype=dtype, dev=dev, g=g)
     out = torch.full((B, nq, H, N), float("nan"), device=dev)
-    score_chunks(q, lm, out=out, block_n=block_n)
+    score_chunks(q, lm, out=out, block_n=block_n, splits=splits)
     ref = score_chunks_ref(q, lm)
     assert torch.allclose(out, ref, atol=1e-3 * float(ref.max()), rtol=1e-2)
-    idx = select_chunks(q, lm, k, block_n=block_n)
+    idx = select_chunks(q, lm, k, block_n=block_n, splits=splits)
     assert idx.shape == (B, nq, H, k) and idx.dtype == torch.int32
     assert (idx.diff(dim=-1) > 0).all()  # sorted, distinct
     chosen = torch.zeros_like(ref, dtype=torch.bool).scatter_(-1, idx.long(), True)
@@ -47,7 +47,7 @@ def test_landmarks_cpu():
 @pytest.mark.parametrize("nq", [1, 2])
 @pytest.mark.parametrize("Hq,H", [(8, 2), (10, 2)])
 def test_selection_cpu(nq, Hq, H):
-    _check_selection(2, nq, Hq, H, 75, 32, 12, torch.float16, "cpu", seed=nq * 10 + Hq, block_n=16)
+    _check_selection(2, nq, Hq, H, 75, 32, 12, torch.float16, "cpu", seed=nq * 10 + Hq, block_n=16, splits=3)
 
 
 def test_selection_rejects_budget_over_landmarks():
@@ -63,4 +63,5 @@ def test_landmarks_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("nq", [1, 2])
 def test_selection_gpu(nq):
-    _check_selection(4, nq, 32, 8, 4096, 128, 256, torch.bfloat16, "cuda", seed=nq, block_n=64)
+    for splits in (1, 5, None):
+        _check_selection(4, nq, 32, 8, 4096, 128, 256, torch.bfloat16, "cuda", seed=nq, block_n=64, splits=splits)
