@@ -1,0 +1,196 @@
+"""`ddbench simulate`: replay a design on a model, GPU and link with the calibrated simulator.
+
+Serving mode (default): Poisson arrivals, continuous batching with admission by GPU memory,
+chunked prefill (TTFT) and per-step decode on the calibrated cost model. Writes
+requests.csv (TTFT, TPOT, completion per request), steps.csv, memory.csv and summary.json
+into --out, and with --trace a Chrome/Perfetto trace.json.
+
+Timeline mode (--batch N): a per-layer timeline of N requests for --steps batch steps:
+overlap, stalls, link use, buffer occupancy; writes steps.csv, layers.csv, summary.json.
+
+The cost model uses the GPU's calibration bundle in traces/calibration/, else a measured
+bundle scaled by the catalog's HBM and FLOP ratios, else a roofline; every output says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import time
+
+from ddbench.catalog import get_gpu, get_link, get_model
+from ddbench.errors import DDBenchError
+from ddbench.io import write_json, write_text
+from ddbench.memory import Workload
+from ddbench.systems import resolve_systems
+from ddbench.units import GB, parse_tokens
+
+EXAMPLE = """examples:
+  ddbench simulate --model qwen2.5-32b --gpu h200 --system dualdecoder --context 128k --rate 0.05 --requests 200
+  ddbench simulate --model llama-3-8b --gpu h100-80gb --link pcie5 --system all --context uniform:64k:128k \\
+      --output exp:256 --rate 0.2 --requests 500 --seed 7 --out sim-out --trace
+  ddbench simulate --model llama-3-8b --gpu h200 --system dualdecoder --context 128k --batch 32 --steps 20 --trace"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="serving or per-layer timeline simulation of a design",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="catalog name or path to a config.json")
+    p.add_argument("--gpu", required=True, help="catalog GPU name")
+    p.add_argument("--link", help="host link (default: the GPU's usual link)")
+    p.add_argument("--system", default="dualdecoder", help="design, comma list, 'all' or 'every'")
+    p.add_argument("--context", default="128k", help="prompt tokens: 128k, uniform:64k:128k or exp:MEAN")
+    p.add_argument("--output", default="256", help="output tokens per request: 256, uniform:LO:HI or exp:MEAN")
+    p.add_argument("--rate", type=float, default=0.05, help="Poisson arrival rate, requests/s (default 0.05)")
+    p.add_argument("--requests", type=int, default=100, help="number of requests (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for arrivals and drawn lengths (default 0)")
+    p.add_argument("--batch", type=int, help="timeline mode: simulate this batch per layer instead of serving")
+    p.add_argument("--steps", type=int, default=12, help="timeline mode: batch steps (default 12; 2 warm-up)")
+    p.add_argument("--max-batch", type=int, help="serving: cap on concurrent requests (default: memory only)")
+    p.add_argument("--hit-rate", help="prediction hit rate: a number, or an accuracy CSV (default: the model's"
+                                      " traces/accuracy/<model>.csv, else 0.88)")
+    p.add_argument("--budget", default="2048", help="sparse budget in tokens (default 2048)")
+    p.add_argument("--chunk", type=int, default=8, help="tokens per chunk (default 8)")
+    p.add_argument("--rank", type=int, default=160, help="low-rank key rank (default 160)")
+    p.add_argument("--lowrank-layers", type=int, default=0, help="DualDecoder layers with low-rank keys (default 0)")
+    p.add_argument("--prefill-chunk", type=int, default=8192, help="chunked-prefill tokens per pass (default 8192)")
+    p.add_argument("--calibration", default="traces/calibration", help="bundle root (default traces/calibration)")
+    p.add_argument("--roofline", action="store_true", help="ignore calibration bundles; pure roofline")
+    p.add_argument("--out", default="sim-out", help="output folder (default sim-out)")
+    p.add_argument("--trace", action="store_true", help="also write a Chrome/Perfetto trace.json")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def _csv(rows: list[dict], notes: list[str]) -> str:
+    buf = io.StringIO()
+    for n in notes:
+        buf.write(f"# cost model: {n}\n")
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return buf.getvalue()
+
+
+def run(args) -> int:
+    from sim import profile
+    from sim.setup import cost_model
+
+    model, gpu = get_model(args.model), get_gpu(args.gpu)
+    link = get_link(args.link or gpu.default_link)
+    systems = resolve_systems(args.system)
+    if not systems:
+        raise DDBenchError("--system names no design")
+    hit, reuse, hit_note = profile.resolve(args.hit_rate, model.name, model.num_layers)
+    base_ctx = 131072 if ":" in args.context else parse_tokens(args.context)
+    w = Workload(context=base_ctx, budget=parse_tokens(args.budget, "budget"), chunk=args.chunk, rank=args.rank,
+                 lowrank_layers=args.lowrank_layers, prefill_chunk=args.prefill_chunk)
+    w.validate(model)
+    if args.batch is not None and args.batch < 1:
+        raise DDBenchError(f"--batch must be at least 1, got {args.batch}")
+    if args.steps < 1:
+        raise DDBenchError(f"--steps must be at least 1, got {args.steps}")
+    multi = len(systems) > 1
+    summaries = {}
+    for sysx in systems:
+        cm = cost_model(model.name if os.sep not in args.model else args.model, gpu.name, link.name,
+                        args.calibration, args.roofline)
+        out = os.path.join(args.out, sysx.name) if multi else args.out
+        t0 = time.perf_counter()
+        if args.batch is not None:
+            summary = _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out)
+        else:
+            summary = _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out)
+        summary["wall_s"] = time.perf_counter() - t0
+        summary["hit_rates"] = hit_note
+        summary["cost_model"] = list(cm.notes)
+        write_json(os.path.join(out, "summary.json"), summary)
+        summaries[sysx.name] = summary
+    if args.json:
+        print(json.dumps(summaries, indent=1))
+    else:
+        for name, s in summaries.items():
+            print(_render(name, s))
+        print("cost model: " + "; ".join(next(iter(summaries.values()))["cost_model"]))
+        print(f"hit rates: {hit_note}")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _render(name: str, s: dict) -> str:
+    if s["mode"] == "timeline":
+        return (f"{name}: batch {s['batch']} step {s['step_ms']:.2f} ms, {s['tokens_per_s']:.1f} tokens/s,"
+                f" stall {s['stall_ms_per_step']:.2f} ms/step, link {100 * s['link_utilisation']:.0f}%,"
+                f" buffers peak {s['peak_buffer_bytes'] / GB:.2f} GB")
+    return (f"{name}: {s['completed']}/{s['requests']} done ({s['rejected']} rejected), {s['tokens_per_s']:.2f} tokens/s,"
+            f" completion P50 {s['completion_p50_s']:.1f} s P99 {s['completion_p99_s']:.1f} s,"
+            f" TTFT P50 {s['ttft_p50_s']:.2f} s, TPOT P50 {1e3 * s['tpot_p50_s']:.1f} ms,"
+            f" mean batch {s['mean_batch']:.1f}, link {100 * s['link_utilisation']:.0f}%,"
+            f" peak memory {s['peak_memory_bytes'] / GB:.1f} of {s['capacity_bytes'] / GB:.1f} GB")
+
+
+def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
+    from sim.serving import draw_requests, run_serving
+    from sim.trace import counter_events, trace_json
+
+    reqs = draw_requests(args.requests, args.rate, args.context, args.output, args.seed)
+    res = run_serving(sysx, model, gpu, cm, w, reqs, hit, reuse, args.max_batch)
+    rows = [{"id": r.rid, "arrival_s": r.arrival, "context": r.context, "output_tokens": r.output,
+             "rejected": int(r.rejected), "admitted_s": r.admitted, "ttft_s": r.ttft, "tpot_s": r.tpot,
+             "completion_s": r.latency, "finished_at_s": r.completion} for r in res.requests]
+    write_text(os.path.join(out, "requests.csv"), _csv(rows, cm.notes))
+    write_text(os.path.join(out, "steps.csv"), _csv(res.segments, cm.notes))
+    write_text(os.path.join(out, "memory.csv"), _csv(res.memory, cm.notes))
+    summary = {"mode": "serving", "system": sysx.name, "model": model.name, "gpu": gpu.name, "link": link.name,
+               "rate": args.rate, "seed": args.seed, "context": args.context, "output": args.output,
+               **res.summary(), "peak_memory_by_category": res.peak_by_category}
+    if args.trace:
+        from sim.plan import step_plan
+        from sim.timeline import run_timeline
+        from sim.trace import timeline_events
+        b = max(1, round(summary["mean_batch"])) if summary["mean_batch"] else 1
+        ctx = sum(r.context for r in reqs) / len(reqs)
+        tl = run_timeline(step_plan(sysx, model, cm, w, b, ctx, hit, reuse), steps=3, warmup=0, record=True)
+        events = timeline_events(tl.events, pid=1)
+        events += counter_events(res.segments, "start_s", ["batch"], "batch", pid=2)
+        events += counter_events(res.memory, "time_s", ["total"], "memory GB", pid=2, scale=1e-9)
+        write_json(os.path.join(out, "trace.json"), trace_json(events, cm.notes + [
+            f"pid 1: per-layer timeline of 3 batch steps at the run's mean batch {b}; pid 2: serving counters"]))
+    return summary
+
+
+def _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
+    from dataclasses import replace
+
+    from ddbench.memory import memory_breakdown
+    from sim.aggregate import aggregate_step
+    from sim.plan import step_plan
+    from sim.timeline import run_timeline
+    from sim.trace import timeline_events, trace_json
+
+    ctx = parse_tokens(args.context)
+    bd = memory_breakdown(sysx, model, gpu, replace(w, context=ctx, batch=args.batch))
+    plan = step_plan(sysx, model, cm, w, args.batch, ctx, hit, reuse)
+    tl = run_timeline(plan, steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace)
+    agg = aggregate_step(plan)
+    steps = [{"step": i, "step_s": s, "stall_s": st} for i, (s, st) in enumerate(zip(tl.step_s, tl.stall_s))]
+    layers = [{"layer": i, "pre_s": plan.pre[i], "rebuild_s": plan.mid[i], "attention_s": plan.att[i],
+               "post_s": plan.post[i], "prefetch_bytes": plan.pf_bytes[i], "urgent_bytes": plan.ur_bytes[i],
+               "stall_s_per_step": tl.layer_stall_s[i] / max(1, len(tl.step_s) - tl.warmup),
+               "hit_rate": hit[i], "lowrank_keys": int(i in plan.lowrank)} for i in range(plan.layers)]
+    write_text(os.path.join(out, "steps.csv"), _csv(steps, cm.notes))
+    write_text(os.path.join(out, "layers.csv"), _csv(layers, cm.notes))
+    if args.trace:
+        write_json(os.path.join(out, "trace.json"), trace_json(timeline_events(tl.events), cm.notes))
+    step = tl.steady_step_s
+    return {"mode": "timeline", "system": sysx.name, "model": model.name, "gpu": gpu.name, "link": link.name,
+            "batch": args.batch, "context": ctx, "steps": args.steps, "step_ms": step * 1e3,
+            "tokens_per_s": args.batch / step, "aggregate_step_ms": agg.step_s * 1e3,
+            "stall_ms_per_step": sum(tl.stall_s[tl.warmup:]) / max(1, len(tl.stall_s) - tl.warmup) * 1e3,
+            "link_utilisation": tl.link_util, "h2d_bytes_per_step": plan.h2d_bytes,
+            "peak_buffer_bytes": tl.peak_buffer_bytes, "reserved_buffer_bytes": tl.reserved_buffer_bytes,
+            "memory_bytes": bd.as_dict(), "fits": bd.fits}

@@ -1,0 +1,307 @@
+"""The cost model: how long each piece of a decode step takes, on a GPU and a link.
+
+Sources, in order of preference, and every output says which one was used (`CostModel.notes`):
+1. a calibration bundle measured on this GPU (traces/calibration/<gpu>/);
+2. a bundle measured on another GPU, scaled op by op by the catalog's HBM and FLOP ratios:
+   t_target = t_measured * roofline_target(op) / roofline_source(op), where
+   roofline(op) = max(FLOPs / datasheet bf16 rate, bytes / datasheet HBM bandwidth);
+3. no bundle at all: a pure roofline from the catalog (datasheet FLOP/s and HBM, link achievable rate).
+
+Link rates come from the bundle's link table for the bundle's own link (PCIe 5 on the H200); for
+another link they are scaled by the catalog's achievable rate over the bundle's big-copy rate.
+Time is in seconds throughout. No torch here.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+from ddbench.calibration import Bundle
+from ddbench.catalog.gpus import GPUSpec, get_gpu
+from ddbench.catalog.links import LinkSpec
+from ddbench.catalog.models import ModelSpec
+
+E = 2  # bf16 bytes
+
+
+def _interp(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise-linear interpolation, clamped at both ends."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    j = bisect.bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _fit_affine(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares y = a + b x with a >= 0 and b > 0 (x bytes, y seconds)."""
+    n = len(points)
+    if n == 1:
+        x, y = points[0]
+        return 0.0, y / x
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    b = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx else 0.0
+    a = my - b * mx
+    if b <= 0 or a < 0:  # fall back to a proportional fit through the origin
+        a = 0.0
+        b = sum(p[1] for p in points) / sum(p[0] for p in points)
+    return a, b
+
+
+@dataclass(frozen=True)
+class LinkRates:
+    """What the link model needs, per direction (work is measured in seconds at full rate)."""
+    h2d_gbps: float          # large-transfer rate of the method used for sparse KV (GB/s)
+    h2d_t0_s: float          # fixed cost per transfer (launch + ramp)
+    d2h_gbps: float          # copy engine, device to host
+    d2h_t0_s: float
+    bidir_factor: float      # per-direction share of the rate when both directions are busy
+    urgent_slowdown: float   # urgent transfer time with a background transfer beside it / alone
+    compute_slowdown: float  # decode GEMM time with a background gather beside it / with a copy-engine one
+    cpu_gather_gbps: float   # host CPU index_select stage of the CPU-gather ablation (0 = unused)
+    chunk_bytes: int         # contiguous run of one transfer
+    method: str              # uva_gather | cpu_gather | copy_engine
+
+
+class CostModel:
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, link: LinkSpec, bundle: Bundle | None = None):
+        self.model, self.gpu, self.link, self.bundle = model, gpu, link, bundle
+        self.notes: list[str] = []
+        self._cache: dict = {}
+        if bundle is None:
+            self.source_gpu = gpu
+            self.peak_flops = gpu.bf16_tflops * 1e12
+            self.hbm = (gpu.measured_hbm_gbps or gpu.hbm_gbps) * 1e9
+            self.notes.append(f"ROOFLINE: no calibration bundle; compute = max(FLOPs / {gpu.bf16_tflops} TFLOP/s,"
+                              f" bytes / {self.hbm / 1e9:.0f} GB/s) from the catalog; link at the catalog's"
+                              f" achievable {link.achievable_gbps} GB/s")
+            self.scaled = False
+        else:
+            self.source_gpu = get_gpu(bundle.gpu)
+            ceil = {r["name"]: r["value"] for r in bundle.rows["ceilings"]}
+            self.peak_flops = ceil.get("bf16_gemm_tflops", self.source_gpu.bf16_tflops) * 1e12
+            self.hbm = ceil.get("hbm_d2d_copy_gbps", self.source_gpu.hbm_gbps) * 1e9
+            self.scaled = self.source_gpu.name != gpu.name
+            self.notes.append(f"measured: {bundle.describe()}")
+            if self.scaled:
+                self.notes.append(
+                    f"SCALED: no bundle for {gpu.name}; times of the {self.source_gpu.name} bundle scaled per op by"
+                    f" the catalog's roofline ratio (HBM {gpu.hbm_gbps:.0f} vs {self.source_gpu.hbm_gbps:.0f} GB/s,"
+                    f" bf16 {gpu.bf16_tflops:.0f} vs {self.source_gpu.bf16_tflops:.0f} TFLOP/s)")
+            self._build_tables(bundle)
+
+    # ------------------------------------------------------------------ tables
+    def _build_tables(self, b: Bundle) -> None:
+        self.linear_tab: dict[tuple[int, int], tuple[list, list]] = {}
+        by_shape: dict[tuple[int, int], dict[int, float]] = {}
+        for r in b.rows["linear"]:
+            by_shape.setdefault((int(r["k"]), int(r["n"])), {})[int(r["m_tokens"])] = r["latency_ms"] / 1e3
+        for shape, pts in by_shape.items():
+            ms = sorted(pts)
+            self.linear_tab[shape] = (ms, [pts[m] for m in ms])
+        self.kernel_fits: dict = {}
+        groups: dict = {}
+        for r in b.rows["kernels"]:
+            cfg = (int(r["num_heads"]), int(r["num_kv_heads"]), int(r["head_dim"]))
+            key = (r["kernel"], int(r["q_tokens"]) if r["kernel"] != "sdpa_prefill" else 0)
+            x = self._kernel_x(r["kernel"], int(r["batch"]), int(r["q_tokens"]), int(r["kv_tokens"]), *cfg,
+                               int(r["param"]))
+            groups.setdefault(key + (cfg,), []).append((x, r["latency_ms"] / 1e3))
+            groups.setdefault(key + (None,), []).append((x, r["latency_ms"] / 1e3))
+        for key, pts in groups.items():
+            if key[0] == "sdpa_prefill":
+                rates = sorted(x / y for x, y in pts)
+                self.kernel_fits[key] = (0.0, 1.0 / rates[len(rates) // 2])  # seconds per FLOP
+            else:
+                self.kernel_fits[key] = _fit_affine(pts)
+
+    @staticmethod
+    def _kernel_x(kernel, batch, q, kv, hq, hk, d, param) -> float:
+        """The variable a kernel's time is fitted against: bytes read (decode kernels) or FLOPs (prefill)."""
+        if kernel == "sdpa_decode":
+            return 2 * batch * hk * kv * d * E
+        if kernel == "select_landmarks":
+            return batch * hk * (kv // max(param, 1)) * d * E
+        if kernel == "lowrank_rebuild":
+            return (batch * kv * param + param * hk * d + batch * kv * hk * d) * E
+        if kernel == "sdpa_prefill":
+            return 4.0 * batch * q * kv * hq * d
+        raise KeyError(kernel)
+
+    # ------------------------------------------------------------------ scaling
+    def _roof(self, flops: float, nbytes: float, spec: GPUSpec) -> float:
+        return max(flops / (spec.bf16_tflops * 1e12), nbytes / (spec.hbm_gbps * 1e9))
+
+    def _scale(self, t: float, flops: float, nbytes: float) -> float:
+        if not self.scaled:
+            return t
+        return t * self._roof(flops, nbytes, self.gpu) / self._roof(flops, nbytes, self.source_gpu)
+
+    def _roofline(self, flops: float, nbytes: float) -> float:
+        return max(flops / self.peak_flops, nbytes / self.hbm)
+
+    # ------------------------------------------------------------------ ops (seconds)
+    def linear_s(self, k: int, n: int, m: int) -> float:
+        key = ("lin", k, n, m)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        flops, nbytes = 2.0 * m * k * n, (k * n + m * k + m * n) * E
+        tab = self.linear_tab.get((k, n)) if self.bundle else None
+        if tab is None:
+            t = self._roofline(flops, nbytes)
+            if self.bundle:
+                self._note(f"ROOFLINE: linear {k}x{n} not in the bundle; roofline at the bundle's measured ceilings")
+        else:
+            ms, ts = tab
+            t = ts[-1] * m / ms[-1] if m > ms[-1] else _interp(ms, ts, m)
+            t = self._scale(t, flops, nbytes)
+        self._cache[key] = t
+        return t
+
+    def _kernel(self, kernel: str, q: int, x: float, flops: float, nbytes: float) -> float:
+        m = self.model
+        cfg = (m.num_heads, m.num_kv_heads, m.head_dim)
+        fit = None
+        if self.bundle:
+            fit = self.kernel_fits.get((kernel, q, cfg)) or self.kernel_fits.get((kernel, q, None))
+            if fit is not None and (kernel, q, cfg) not in self.kernel_fits:
+                self._note(f"{kernel} (q={q}) fitted on other head configurations of the bundle")
+        if fit is None:
+            if self.bundle:
+                self._note(f"ROOFLINE: {kernel} q={q} has no rows in the bundle")
+            return self._roofline(flops, nbytes)
+        a, b = fit
+        return self._scale(a + b * x, flops, nbytes)
+
+    def attention_decode_s(self, batch: int, q: int, kv_tokens: int) -> float:
+        """Decode attention of `q` new tokens per request over kv_tokens cached tokens (one layer, whole batch)."""
+        m = self.model
+        nbytes = 2 * batch * m.num_kv_heads * kv_tokens * m.head_dim * E
+        flops = 4.0 * batch * q * kv_tokens * m.num_heads * m.head_dim
+        return self._kernel("sdpa_decode", q, nbytes, flops, nbytes)
+
+    def select_s(self, batch: int, q: int, context: int, chunk: int) -> float:
+        """Score q query rows per request against ceil(S/C) landmarks, group max, top-k (one layer)."""
+        m = self.model
+        nbytes = batch * m.num_kv_heads * math.ceil(context / chunk) * m.head_dim * E
+        flops = 2.0 * batch * q * m.num_heads * math.ceil(context / chunk) * m.head_dim
+        return self._kernel("select_landmarks", q, nbytes, flops, nbytes)
+
+    def rebuild_s(self, batch: int, tokens: int, rank: int) -> float:
+        """Low-rank key rebuild U[rows] @ SV for `tokens` selected rows per request (one layer)."""
+        m = self.model
+        nbytes = (batch * tokens * rank + rank * m.num_kv_heads * m.head_dim
+                  + batch * tokens * m.num_kv_heads * m.head_dim) * E
+        flops = 2.0 * batch * tokens * rank * m.num_kv_heads * m.head_dim
+        return self._kernel("lowrank_rebuild", 1, nbytes, flops, nbytes)
+
+    def quant_scan_s(self, batch: int, q: int, context: int, bits: int, group: int) -> float:
+        """Scoring against a resident `bits`-bit key copy: HBM-bound read of it (roofline, always)."""
+        m = self.model
+        nbytes = batch * m.num_kv_heads * context * (m.head_dim * bits / 8 + 2 * E * m.head_dim / group)
+        flops = 2.0 * batch * q * m.num_heads * context * m.head_dim
+        self._note("ROOFLINE: SpeCache's quantized-key scoring is costed at the HBM roofline (no kernel measured)")
+        return self._roofline(flops, nbytes)
+
+    def prefill_attention_s(self, q_tokens: int, prefix: int) -> float:
+        """Causal attention of a prefill chunk of q tokens after `prefix` cached tokens (one layer)."""
+        m = self.model
+        flops = 4.0 * q_tokens * (prefix + q_tokens / 2) * m.num_heads * m.head_dim
+        nbytes = 2 * (prefix + q_tokens) * m.num_kv_heads * m.head_dim * E
+        return self._kernel("sdpa_prefill", 0, flops, flops, nbytes)
+
+    def svd_s(self, tokens: int, rank: int) -> float:
+        """Prefill SVD of the pre-RoPE keys [S, H_kv*d] to rank r (randomized: about 6 S n r FLOPs; roofline)."""
+        n = self.model.num_kv_heads * self.model.head_dim
+        self._note("ROOFLINE: the prefill SVD of the low-rank designs is costed at the FLOP roofline")
+        return self._roofline(6.0 * tokens * n * rank, tokens * n * E * 3)
+
+    # ------------------------------------------------------------------ link
+    def link_rates(self, gather: str, chunk_bytes: int) -> LinkRates:
+        key = ("link", gather, chunk_bytes)
+        if key in self._cache:
+            return self._cache[key]
+        link = self.link
+        if self.bundle is None:
+            r = LinkRates(link.achievable_gbps, 0.0, link.achievable_gbps, 0.0,
+                          link.bidir_total_gbps / (2 * link.achievable_gbps), 1.0, 1.0,
+                          0.0 if gather == "gpu" else link.achievable_gbps, chunk_bytes,
+                          "uva_gather" if gather == "gpu" else "cpu_gather")
+            if gather != "gpu":
+                self._note("ROOFLINE: CPU gather stage assumed as fast as the link (no bundle)")
+            self._cache[key] = r
+            return r
+        rows = self.bundle.rows["link"]
+
+        def pick(method, direction, **kw):
+            return [r for r in rows if r["method"] == method and r["direction"] == direction
+                    and all(r[k] == v for k, v in kw.items())]
+
+        ce = sorted(pick("copy_engine", "h2d"), key=lambda r: r["transfer_bytes"])
+        big = ce[-1]
+        big_gbps = big["gbps"]
+        # copy engine: fixed cost and rate from its two largest transfers
+        t0_ce, s_ce = _fit_affine([(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in ce[-3:]])
+        d2h = sorted(pick("copy_engine", "d2h"), key=lambda r: r["transfer_bytes"])
+        t0_d2h, s_d2h = _fit_affine([(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in d2h[-3:]])
+        bid = sorted(pick("copy_engine", "bidir"), key=lambda r: r["transfer_bytes"])
+        bidir_factor = bid[-1]["gbps"] / (2 * big_gbps) if bid else link.bidir_total_gbps / (2 * link.achievable_gbps)
+        scale = 1.0
+        if link.name != "pcie5" or self.bundle.provenance.get("pcie", "5").split(",")[0].strip() != "5":
+            scale = link.achievable_gbps / big_gbps
+            self._note(f"SCALED link: {link.name} rates = bundle rates x {scale:.3f}"
+                       f" (catalog achievable {link.achievable_gbps} GB/s / measured {big_gbps:.1f} GB/s)")
+        inter = self.bundle.rows["interference"]
+
+        def inter_val(bg, blocks, ug, col):
+            vals = sorted(r[col] for r in inter if r["background"] == bg and r["background_blocks"] == blocks
+                          and r["urgent"] == ug and (col.startswith("gemm") or r["urgent_stream"] == "high"))
+            return vals[len(vals) // 2] if vals else None
+        if gather == "gpu":
+            g = [r for r in pick("uva_gather", "h2d", blocks=32)]
+            xs = sorted({r["chunk_bytes"] for r in g})
+            # fixed cost from the chunk size measured at two transfer sizes
+            t0 = 0.0
+            for c in xs:
+                pts = [(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in g if r["chunk_bytes"] == c]
+                if len(pts) >= 2:
+                    t0 = _fit_affine(pts)[0]
+            rates = []
+            for c in xs:
+                r = max((r for r in g if r["chunk_bytes"] == c), key=lambda r: r["transfer_bytes"])
+                rates.append(r["transfer_bytes"] / (r["latency_ms"] / 1e3 - t0) / 1e9)
+            lx = [math.log2(c) for c in xs]
+            h2d = _interp(lx, rates, math.log2(chunk_bytes)) * scale
+            us = inter_val("uva_gather", 32, "uva_gather", "urgent_slowdown")
+            gs_bg = inter_val("uva_gather", 32, "uva_gather", "gemm_ms")
+            gs_ce = inter_val("copy_engine", 0, "uva_gather", "gemm_ms")
+            comp = max(1.0, gs_bg / gs_ce) if gs_bg and gs_ce else 1.0
+            r = LinkRates(h2d, t0, 1 / s_d2h / 1e9 * scale, t0_d2h, bidir_factor, max(1.0, us or 1.0), comp,
+                          0.0, chunk_bytes, "uva_gather")
+        else:
+            g = pick("cpu_gather", "h2d")
+            xs = sorted({r["chunk_bytes"] for r in g})
+            cpu_rates = []
+            for c in xs:
+                r = max((r for r in g if r["chunk_bytes"] == c), key=lambda r: r["transfer_bytes"])
+                t_cpu = r["latency_ms"] / 1e3 - (t0_ce + s_ce * r["transfer_bytes"])
+                cpu_rates.append(r["transfer_bytes"] / max(t_cpu, 1e-9) / 1e9)
+            lx = [math.log2(c) for c in xs]
+            cpu = _interp(lx, cpu_rates, math.log2(chunk_bytes))
+            us = inter_val("copy_engine", 0, "copy_engine", "urgent_slowdown")
+            r = LinkRates(1 / s_ce / 1e9 * scale, t0_ce, 1 / s_d2h / 1e9 * scale, t0_d2h, bidir_factor,
+                          max(1.0, us or 1.0), 1.0, cpu, chunk_bytes, "cpu_gather")
+            self._note("host CPU gather rate is this host's measurement (not scaled)")
+        self._cache[key] = r
+        return r
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)

@@ -1,0 +1,168 @@
+"""What one decode step of a design does, layer by layer: the shared input of both simulator modes.
+
+`step_plan(...)` reads only the design's switches (never its name) and the cost model, and
+returns per-layer compute times and link work. Both the per-layer timeline (sim/timeline.py)
+and the per-step aggregate (sim/aggregate.py) are built on it.
+
+Per layer i of a step, for a batch of b requests:
+  pre[i]   qkv projection (M = b * q tokens) + selection (landmark scoring, or a scan of the
+           quantized key copy); the true index of layer i is known at its end
+  mid[i]   low-rank key rebuild where layer i keeps low-rank keys (overlaps the urgent fetch)
+  att[i]   attention over the sparse working set (or the whole context where KV stays on the GPU)
+  post[i]  output projection and gated MLP
+  link     prefetch bytes (the predicted selection, budget B per request) and urgent bytes
+           (misses = (1 - hit rate) * B, or with reuse and no prefetch (1 - reuse rate) * B) of
+           K+V, or of V alone where keys are rebuilt from the low-rank copy; D2H of the new
+           token's KV for designs that offload it
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddbench.catalog.models import ModelSpec
+from ddbench.memory import Workload
+from ddbench.systems import SystemSpec
+from sim.costmodel import E, CostModel, LinkRates
+
+
+@dataclass
+class StepPlan:
+    system: SystemSpec
+    batch: int
+    context: float                    # mean context per request
+    q_tokens: int                     # query rows per request per pass
+    passes: int                       # 2 for the two-pass ablation
+    pre: list[float]
+    mid: list[float]
+    att: list[float]
+    post: list[float]
+    lm_s: float
+    pf_bytes: list[float]
+    ur_bytes: list[float]
+    d2h_bytes: list[float]
+    pf_work: list[float]              # link seconds at full rate (fixed cost included)
+    ur_work: list[float]
+    d2h_work: list[float]
+    cpu_pf_work: list[float]          # host CPU gather seconds (CPU-gather ablation), else 0
+    cpu_ur_work: list[float]
+    slot_bytes: float                 # one layer's sparse KV buffer for the batch
+    slots: int                        # 2 (ping-pong) or L
+    rates: LinkRates | None
+    lowrank: frozenset = field(default_factory=frozenset)
+
+    @property
+    def layers(self) -> int:
+        return len(self.pre)
+
+    @property
+    def compute_s(self) -> float:
+        return sum(self.pre) + sum(self.mid) + sum(self.att) + sum(self.post) + self.lm_s
+
+    @property
+    def h2d_bytes(self) -> float:
+        return sum(self.pf_bytes) + sum(self.ur_bytes)
+
+
+def lowrank_layers(sys: SystemSpec, m: ModelSpec, w: Workload, hit: list[float]) -> frozenset:
+    """Layers with low-rank keys: all, none, or (adaptive) the w.lowrank_layers layers that predict worst."""
+    if sys.lowrank_keys == "all":
+        return frozenset(range(m.num_layers))
+    if sys.lowrank_keys == "adaptive" and w.lowrank_layers:
+        order = sorted(range(m.num_layers), key=lambda i: (hit[i], i))
+        return frozenset(order[:w.lowrank_layers])
+    return frozenset()
+
+
+def attended_tokens(sys: SystemSpec, w: Workload, context: float) -> float:
+    """Tokens each new query attends over."""
+    if sys.kv_on_gpu:
+        return context + w.gen_tokens / 2
+    extra = w.quant_residual if sys.quant_bits else w.local_chunks * w.chunk + w.gen_tokens // 2
+    if sys.outliers:
+        extra += w.outlier_chunks * w.chunk
+    return w.budget + extra
+
+
+def step_plan(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: int, context: float,
+              hit: list[float], reuse: list[float]) -> StepPlan:
+    L = m.num_layers
+    passes = 2 if sys.two_pass else 1
+    q = 1 if sys.two_pass else sys.tokens_per_step
+    mt = batch * q
+    qd, kvd = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    lin_pre = cm.linear_s(m.hidden, qd + 2 * kvd, mt)
+    lin_post = cm.linear_s(qd, m.hidden, mt) + cm.linear_s(m.hidden, 2 * m.intermediate, mt) \
+        + cm.linear_s(m.intermediate, m.hidden, mt)
+    ctx_i = max(1, int(round(context)))
+    if sys.landmarks:
+        sel = cm.select_s(batch, q, ctx_i, w.chunk)
+    elif sys.quant_bits:
+        sel = cm.quant_scan_s(batch, q, ctx_i, sys.quant_bits, w.quant_group)
+    else:
+        sel = 0.0
+    att = cm.attention_decode_s(batch, q, max(1, int(round(attended_tokens(sys, w, context)))))
+    lr = lowrank_layers(sys, m, w, hit)
+    reb = cm.rebuild_s(batch, w.budget, w.rank) if lr else 0.0
+    kvl = m.kv_bytes_per_token_layer
+    offload = not sys.kv_on_gpu and sys.fetch != "none"
+    rates = None
+    pf_b, ur_b, d2h_b = [0.0] * L, [0.0] * L, [0.0] * L
+    pf_w, ur_w, d2h_w, cpu_pf, cpu_ur = [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L
+    if offload:
+        values_only_all = sys.fetch == "values"
+        chunk_bytes = (1 if values_only_all else 2) * w.chunk * m.head_dim * E
+        rates = cm.link_rates(sys.gather, chunk_bytes)
+        rates_v = cm.link_rates(sys.gather, w.chunk * m.head_dim * E) if lr and not values_only_all else rates
+        for i in range(L):
+            values_only = values_only_all or i in lr
+            f = kvl / 2 if values_only else kvl
+            r = rates_v if values_only else rates
+            full = batch * w.budget * f
+            if sys.prefetch == "none":
+                pf_b[i] = 0.0
+                ur_b[i] = full * ((1.0 - reuse[i]) if sys.reuse else 1.0)
+            else:
+                pf_b[i] = full
+                ur_b[i] = full * (1.0 - hit[i])
+            for b_, wl, cl in ((pf_b[i], pf_w, cpu_pf), (ur_b[i], ur_w, cpu_ur)):
+                if b_ > 0:
+                    wl[i] = r.h2d_t0_s + b_ / (r.h2d_gbps * 1e9)
+                    if r.cpu_gather_gbps:
+                        cl[i] = b_ / (r.cpu_gather_gbps * 1e9)
+            d2h_b[i] = batch * kvl  # the output token's K and V go to host memory
+            d2h_w[i] = rates.d2h_t0_s + d2h_b[i] / (rates.d2h_gbps * 1e9)
+    pre = [passes * (lin_pre + sel)] * L
+    mid = [passes * reb if i in lr else 0.0 for i in range(L)]
+    lm = passes * cm.linear_s(m.hidden, m.vocab, mt)
+    slots = 2 if sys.buffer_layers == "pingpong" else L
+    slot_bytes = 0.0 if sys.kv_on_gpu else batch * sys.buffer_sets * w.budget * kvl
+    return StepPlan(sys, batch, context, q, passes, pre, mid, [passes * att] * L, [passes * lin_post] * L, lm,
+                    pf_b, ur_b, d2h_b, pf_w, ur_w, d2h_w, cpu_pf, cpu_ur, slot_bytes, slots, rates, lr)
+
+
+def prefill_chunk_s(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, tokens: int, prefix: int,
+                    last: bool, context: int) -> tuple[float, float]:
+    """(GPU seconds, D2H seconds) of one chunked-prefill pass of `tokens` after `prefix` tokens.
+
+    GPU: the four linear layers at M = tokens and causal attention for every layer, the LM head
+    on the last chunk, and the low-rank SVD of every low-rank layer on the last chunk.
+    D2H: the chunk's K and V of all layers copied to host memory (offloading designs)."""
+    qd, kvd = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    lin = (cm.linear_s(m.hidden, qd + 2 * kvd, tokens) + cm.linear_s(qd, m.hidden, tokens)
+           + cm.linear_s(m.hidden, 2 * m.intermediate, tokens) + cm.linear_s(m.intermediate, m.hidden, tokens))
+    gpu = m.num_layers * (lin + cm.prefill_attention_s(tokens, prefix))
+    if last:
+        gpu += cm.linear_s(m.hidden, m.vocab, 1)
+        n_lr = {"none": 0, "all": m.num_layers, "adaptive": w.lowrank_layers}[sys.lowrank_keys]
+        if n_lr:
+            gpu += n_lr * cm.svd_s(context, w.rank)
+    d2h = 0.0
+    if not sys.kv_on_gpu and sys.fetch != "none":
+        r = cm.link_rates(sys.gather, 2 * w.chunk * m.head_dim * E)
+        d2h = r.d2h_t0_s + tokens * m.kv_bytes_per_token / (r.d2h_gbps * 1e9)
+    return gpu, d2h
+
+
+def hit_rate_note(hit: list[float]) -> str:
+    return f"hit rate mean {sum(hit) / len(hit):.3f} (min {min(hit):.3f}, max {max(hit):.3f})"

@@ -1,0 +1,347 @@
+"""Serving mode: Poisson arrivals, continuous batching with admission by GPU memory, chunked prefill.
+
+One SimPy process serves the GPU. Each of its events stands for a stretch of identical batch
+steps: the batch is fixed between an admission, the end of a prefill and a completion, so the
+engine computes how many steps fit before the next such change (or the next arrival that could
+be admitted) and advances time by that many step times at once. Every step still counts: each
+request gets one token per step, and per-request times are exact at step boundaries.
+
+- Admission: FIFO; a request enters only while GPU memory allows. Memory uses ddbench.memory:
+  weights and runtime overhead once, per-request bytes (resident KV, landmarks, auxiliary
+  residency, sparse KV buffers) for each request's own context, and the activations of the
+  batch at its largest context. A request that cannot fit even alone is rejected.
+- Prefill: admitted requests are prefilled in chunks of `prefill_chunk` tokens, one chunk per
+  iteration beside the decode step of the running batch (its GPU time adds to the step; its KV
+  copy to host runs on the D2H direction). The first token comes out of the last chunk: TTFT.
+- Decode: step time from `sim.aggregate` on the same StepPlan as the timeline, evaluated at the
+  batch's mean context at the start of each stretch (contexts grow by one token per step).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import simpy
+
+from ddbench.catalog.gpus import GPUSpec
+from ddbench.catalog.models import ModelSpec
+from ddbench.errors import DDBenchError
+from ddbench.memory import CATEGORIES, Workload, activation_bytes, memory_breakdown
+from ddbench.systems import SystemSpec
+from ddbench.units import parse_tokens
+from sim.aggregate import aggregate_step
+from sim.costmodel import CostModel
+from sim.plan import prefill_chunk_s, step_plan
+from sim.resources import MemoryLedger
+
+PER_REQUEST = ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers")
+
+
+@dataclass
+class Request:
+    rid: int
+    arrival: float
+    context: int
+    output: int
+    admitted: float = math.nan
+    first_token: float = math.nan
+    completion: float = math.nan
+    generated: int = 0
+    prefilled: int = 0
+    rejected: bool = False
+    mem: dict = field(default_factory=dict)
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> float:
+        return (self.completion - self.first_token) / (self.output - 1) if self.output > 1 else math.nan
+
+    @property
+    def latency(self) -> float:
+        return self.completion - self.arrival
+
+
+def parse_dist(spec: str, what: str):
+    """'128k' (fixed), 'uniform:64k:128k', or 'exp:MEAN' (exponential, at least 1) -> sampler(rng)."""
+    s = str(spec).strip().lower()
+    if s.startswith("uniform:"):
+        parts = s.split(":")
+        if len(parts) != 3:
+            raise DDBenchError(f"cannot parse {what} '{spec}': use uniform:LO:HI")
+        lo, hi = parse_tokens(parts[1], what), parse_tokens(parts[2], what)
+        if lo > hi:
+            raise DDBenchError(f"{what} '{spec}': LO is larger than HI")
+        return lambda rng: rng.randint(lo, hi)
+    if s.startswith("exp:"):
+        mean = parse_tokens(s[4:], what)
+        return lambda rng: max(1, int(round(rng.expovariate(1.0 / mean))))
+    value = parse_tokens(s, what)
+    return lambda rng: value
+
+
+def draw_requests(n: int, rate: float, context: str, output: str, seed: int) -> list[Request]:
+    if n < 1:
+        raise DDBenchError(f"--requests must be at least 1, got {n}")
+    if not rate > 0:
+        raise DDBenchError(f"--rate must be positive (requests/s), got {rate}")
+    ctx, out = parse_dist(context, "context"), parse_dist(output, "output")
+    rng = random.Random(seed)
+    t, reqs = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        reqs.append(Request(i, t, ctx(rng), out(rng)))
+    return reqs
+
+
+@dataclass
+class ServingResult:
+    requests: list[Request]
+    segments: list[dict]          # one row per event: start, steps, batch, step time, link use, memory
+    memory: list[dict]            # memory by category whenever it changed
+    peak_memory: float
+    peak_by_category: dict
+    capacity: int
+    sim_end: float
+    decode_steps: int
+    in_system_integral: float     # integral of the number of requests in the system over time
+    link_busy_s: float
+    h2d_bytes: float
+    notes: list[str]
+
+    def summary(self) -> dict:
+        done = [r for r in self.requests if not r.rejected]
+        lat = sorted(r.latency for r in done)
+        tokens = sum(r.output for r in done)
+        t0 = min(r.arrival for r in self.requests)
+        span = max(r.completion for r in done) - t0 if done else 0.0
+        steps = [s for s in self.segments if s["batch"] > 0]
+        wsum = sum(s["steps"] for s in steps)
+
+        def pct(xs, p):
+            if not xs:
+                return math.nan
+            k = min(len(xs) - 1, max(0, math.ceil(p / 100 * len(xs)) - 1))
+            return xs[k]
+        tp = sorted(r.tpot for r in done if r.output > 1)
+        tt = sorted(r.ttft for r in done)
+        return {
+            "requests": len(self.requests), "completed": len(done),
+            "rejected": sum(r.rejected for r in self.requests),
+            "output_tokens": tokens,
+            "tokens_per_s": tokens / span if span else math.nan,
+            "completion_p50_s": pct(lat, 50), "completion_p99_s": pct(lat, 99),
+            "ttft_p50_s": pct(tt, 50), "ttft_p99_s": pct(tt, 99),
+            "tpot_p50_s": pct(tp, 50), "tpot_p99_s": pct(tp, 99),
+            "mean_batch": sum(s["batch"] * s["steps"] for s in steps) / wsum if wsum else 0.0,
+            "decode_steps": self.decode_steps,
+            "link_utilisation": self.link_busy_s / self.sim_end if self.sim_end else 0.0,
+            "h2d_bytes": self.h2d_bytes,
+            "peak_memory_bytes": self.peak_memory,
+            "capacity_bytes": self.capacity,
+            "makespan_s": span,
+        }
+
+
+class _Model:
+    """Memoized per-request bytes, activations and step times of one scenario."""
+
+    def __init__(self, sys, m, gpu, cm, w, hit, reuse):
+        self.sys, self.m, self.gpu, self.cm, self.w, self.hit, self.reuse = sys, m, gpu, cm, w, hit, reuse
+        self._req, self._act, self._step, self._pre = {}, {}, {}, {}
+
+    def per_request(self, ctx: int) -> dict:
+        v = self._req.get(ctx)
+        if v is None:
+            bd = memory_breakdown(self.sys, self.m, self.gpu, replace(self.w, context=ctx, batch=1))
+            v = {c: getattr(bd, c) for c in PER_REQUEST}
+            self._req[ctx] = v
+        return v
+
+    def activations(self, batch: int, ctx: int) -> int:
+        key = (batch, ctx)
+        v = self._act.get(key)
+        if v is None:
+            v = activation_bytes(self.sys, self.m, replace(self.w, context=ctx, batch=batch))
+            self._act[key] = v
+        return v
+
+    def step(self, batch: int, ctx: float):
+        key = (batch, int(ctx))
+        v = self._step.get(key)
+        if v is None:
+            plan = step_plan(self.sys, self.m, self.cm, self.w, batch, int(ctx), self.hit, self.reuse)
+            v = aggregate_step(plan)
+            self._step[key] = v
+        return v
+
+    def prefill(self, tokens: int, prefix: int, last: bool, ctx: int):
+        key = (tokens, prefix, last, ctx if last else 0)
+        v = self._pre.get(key)
+        if v is None:
+            v = prefill_chunk_s(self.sys, self.m, self.cm, self.w, tokens, prefix, last, ctx)
+            self._pre[key] = v
+        return v
+
+
+def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: Workload,
+                requests: list[Request], hit: list[float], reuse: list[float],
+                max_batch: int | None = None) -> ServingResult:
+    for r in requests:
+        if r.context < w.budget and not sys.kv_on_gpu:
+            raise DDBenchError(f"request {r.rid}: context {r.context} is smaller than the sparse budget {w.budget}")
+    env = simpy.Environment()
+    mdl = _Model(sys, m, gpu, cm, w, hit, reuse)
+    static = {"weights": m.weight_bytes, "runtime_overhead": gpu.runtime_overhead_bytes}
+    ledger = MemoryLedger(gpu.hbm_bytes, static)
+    waiting: deque = deque()
+    prefill: deque = deque()
+    decoding: list[Request] = []
+    segments: list[dict] = []
+    memory_rows: list[dict] = []
+    state = {"wake": None, "act": 0.0, "in_sys": 0, "last_t": 0.0, "integral": 0.0, "busy": 0.0,
+             "h2d": 0.0, "steps": 0, "arrived": 0}
+    reqs = sorted(requests, key=lambda r: r.arrival)
+
+    def count(delta):
+        now = env.now
+        state["integral"] += state["in_sys"] * (now - state["last_t"])
+        state["last_t"] = now
+        state["in_sys"] += delta
+
+    def arrivals():
+        for r in reqs:
+            if r.arrival > env.now:
+                yield env.timeout(r.arrival - env.now)
+            waiting.append(r)
+            state["arrived"] += 1
+            count(+1)
+            if state["wake"] is not None and not state["wake"].triggered:
+                state["wake"].succeed()
+
+    def active():
+        return list(prefill) + decoding
+
+    def need(extra: Request | None) -> float:
+        """Bytes the batch would hold with `extra` admitted."""
+        batch = active() + ([extra] if extra else [])
+        if not batch:
+            return ledger.total
+        per = sum(sum(mdl.per_request(r.context).values()) for r in ([extra] if extra else []))
+        cmax = max(r.context for r in batch)
+        return ledger.total - state["act"] + per + mdl.activations(len(batch), cmax)
+
+    def set_activations():
+        batch = active()
+        new = mdl.activations(len(batch), max(r.context for r in batch)) if batch else 0.0
+        ledger.free("activations", state["act"]) if state["act"] else None
+        ledger.alloc("activations", new)
+        state["act"] = new
+
+    def snapshot():
+        memory_rows.append({"time_s": env.now, **{c: ledger.by_cat.get(c, 0.0) for c in CATEGORIES},
+                            "total": ledger.total})
+
+    def admit():
+        changed = False
+        while waiting:
+            r = waiting[0]
+            if max_batch is not None and len(active()) >= max_batch:
+                break
+            if need(r) <= ledger.capacity:
+                waiting.popleft()
+                r.admitted = env.now
+                r.mem = mdl.per_request(r.context)
+                for c, v in r.mem.items():
+                    ledger.alloc(c, v)
+                prefill.append(r)
+                set_activations()
+                changed = True
+            elif not active():
+                waiting.popleft()  # cannot fit even alone
+                r.rejected = True
+                count(-1)
+            else:
+                break
+        if changed:
+            snapshot()
+
+    def finish(r: Request):
+        r.completion = env.now
+        for c, v in r.mem.items():
+            ledger.free(c, v)
+        count(-1)
+
+    def engine():
+        snapshot()
+        while True:
+            admit()
+            if not prefill and not decoding:
+                if state["arrived"] == len(reqs) and not waiting:
+                    return
+                state["wake"] = env.event()
+                yield state["wake"]
+                state["wake"] = None
+                continue
+            b = len(decoding)
+            dec = mdl.step(b, sum(r.context + r.generated for r in decoding) / b) if b else None
+            t_start = env.now
+            if prefill:
+                r = prefill[0]
+                chunk = min(w.prefill_chunk, r.context - r.prefilled)
+                last = r.prefilled + chunk >= r.context
+                gpu_s, d2h_s = mdl.prefill(chunk, r.prefilled, last, r.context)
+                t = max((dec.step_s if dec else 0.0) + gpu_s, d2h_s)
+                steps = 1
+                yield env.timeout(t)
+                r.prefilled += chunk
+                prefill_tokens = chunk
+            else:
+                t = dec.step_s
+                steps = min(x.output - x.generated for x in decoding)
+                nxt = reqs[state["arrived"]] if state["arrived"] < len(reqs) else None
+                if waiting:
+                    nxt = None  # the queue head waits for memory: nothing changes before a completion
+                if nxt is not None and need(nxt) <= ledger.capacity and \
+                        (max_batch is None or len(active()) < max_batch):
+                    steps = max(1, min(steps, math.ceil((nxt.arrival - env.now) / t - 1e-12)))
+                yield env.timeout(steps * t)
+                prefill_tokens = 0
+            if dec:
+                state["steps"] += steps
+                state["busy"] += dec.link_s * steps
+                state["h2d"] += dec.h2d_bytes * steps
+            segments.append({"start_s": t_start, "steps": steps, "batch": b, "step_s": t,
+                             "prefill_tokens": prefill_tokens,
+                             "link_util": (dec.link_s / t) if dec else 0.0,
+                             "memory_bytes": ledger.total})
+            for x in decoding:
+                x.generated += steps
+            done = [x for x in decoding if x.generated >= x.output]
+            if done:
+                decoding[:] = [x for x in decoding if x.generated < x.output]
+                for x in done:
+                    finish(x)
+            if prefill and prefill[0].prefilled >= prefill[0].context:
+                r = prefill.popleft()
+                r.first_token = env.now
+                r.generated = 1
+                if r.generated >= r.output:
+                    finish(r)
+                else:
+                    decoding.append(r)
+            if done or not decoding or (prefill_tokens and not prefill):
+                set_activations()
+                snapshot()
+
+    env.process(arrivals())
+    proc = env.process(engine())
+    env.run(until=proc)
+    count(0)
+    return ServingResult(reqs, segments, memory_rows, ledger.peak, ledger.peak_by_cat, ledger.capacity,
+                         env.now, state["steps"], state["integral"], state["busy"], state["h2d"], list(cm.notes))

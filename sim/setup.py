@@ -1,0 +1,24 @@
+"""Build a cost model from catalog names: the GPU's own bundle, else a measured bundle scaled to it,
+else a pure roofline. The choice is written into `CostModel.notes` and so into every output."""
+
+from __future__ import annotations
+
+from ddbench.calibration import DEFAULT_ROOT, available_bundles, find_bundle, load_bundle
+from ddbench.catalog import get_gpu, get_link, get_model
+from sim.costmodel import CostModel
+
+PREFERRED_SOURCE = "h200"
+
+
+def cost_model(model: str, gpu: str, link: str | None = None, root: str = DEFAULT_ROOT,
+               roofline: bool = False) -> CostModel:
+    m, g = get_model(model), get_gpu(gpu)
+    lk = get_link(link or g.default_link)
+    if roofline:
+        return CostModel(m, g, lk, None)
+    path = find_bundle(g.name, root)
+    if path is None:
+        have = available_bundles(root)
+        if have:
+            path = find_bundle(PREFERRED_SOURCE if PREFERRED_SOURCE in have else have[0], root)
+    return CostModel(m, g, lk, load_bundle(path) if path else None)
