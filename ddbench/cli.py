@@ -13,7 +13,7 @@ import sys
 from ddbench.errors import DDBenchError
 
 # Subcommand modules under ddbench/commands, in --help order.
-COMMANDS = ("plan", "figures", "calibrate", "bench")
+COMMANDS = ("plan", "figures", "calibrate", "bench", "simulate")
 
 
 class OneLineParser(argparse.ArgumentParser):
