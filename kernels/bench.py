@@ -207,7 +207,7 @@ def bench_rebuild(rows: Rows, dev, hbm_gbps, quick: bool):
         t = time_cuda(lambda: rebuild_keys(U, SV, idx, k_out, chunk=C), inner=3, reps=15)
         rows.add("rebuild", f"lowrank_r{R}_rope", B, f"T={T} n={n * C} tokens", nbytes, t, nbytes / hbm_gbps / 1e6,
                  notes=f"gflop={flops / 1e9:.1f}")
-        for bc, rb, nw in ((4, 32, 4), (16, 32, 4), (16, 32, 8), (8, 64, 4), (16, 64, 8)):
+        for bc, rb, nw in ((8, 32, 4), (16, 32, 4), (16, 32, 8), (8, 64, 4), (16, 64, 8)):
             t = time_cuda(lambda: rebuild_keys(U, SV, idx, k_out, chunk=C, block_chunks=bc, rank_block=rb,
                                                num_warps=nw), inner=3, reps=15)
             rows.add("rebuild", f"lowrank_bc{bc}_rb{rb}_w{nw}", B, f"T={T} n={n * C} tokens", nbytes, t,

@@ -87,7 +87,7 @@ def _check(U, SV, idx, k_out, chunk, slot_offset):
     return B, T, R, H, d
 
 
-def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=8, rank_block=32,
+def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=4, rank_block=32,
                  num_warps=4):
     B, T, R, H, d = _check(U, SV, idx, k_out, chunk, slot_offset)
     n = idx.shape[2]
