@@ -1,0 +1,44 @@
+"""The per-layer timeline and the per-step aggregate agree in steady state."""
+
+import pytest
+
+from ddbench.catalog import get_model
+from ddbench.memory import Workload
+from ddbench.systems import SYSTEMS
+from sim.aggregate import aggregate_step
+from sim.plan import step_plan
+from sim.setup import cost_model
+from sim.timeline import run_timeline
+
+CASES = [  # (design, batch): compute-bound, critical-path fetch, and link-bound regimes
+    ("full-kv", 1), ("full-kv", 4), ("shadowkv", 4), ("shadowkv", 32), ("ideal", 8),
+    ("dualdecoder", 32), ("dualdecoder", 64), ("dualdecoder-fifo", 32), ("dualdecoder-cpu-gather", 32),
+    ("dualdecoder-two-pass", 32), ("specache", 32), ("dualdecoder-per-layer", 48),
+]
+
+
+@pytest.mark.parametrize("system,batch", CASES)
+def test_timeline_and_aggregate_agree(system, batch):
+    m = get_model("llama-3-8b")
+    cm = cost_model("llama-3-8b", "h200")
+    hit = [0.80 + 0.003 * i for i in range(m.num_layers)]
+    plan = step_plan(SYSTEMS[system], m, cm, Workload(context=131072), batch, 131072, hit, hit)
+    tl = run_timeline(plan, steps=7, warmup=3)
+    steady = tl.step_s[3:]
+    assert max(steady) - min(steady) <= 0.01 * max(steady)  # the timeline reached a steady state
+    assert aggregate_step(plan).step_s == pytest.approx(tl.steady_step_s, rel=0.03)
+
+
+def test_serving_step_times_come_from_the_aggregate():
+    from ddbench.catalog import get_gpu
+    from sim.serving import draw_requests, run_serving
+    m = get_model("llama-3-8b")
+    cm = cost_model("llama-3-8b", "h200")
+    w = Workload(context=131072)
+    hit = [0.88] * m.num_layers
+    reqs = draw_requests(40, 1000.0, "32k", "64", 5)  # all arrive at once: a steady decode batch
+    res = run_serving(SYSTEMS["dualdecoder"], m, get_gpu("h200"), cm, w, reqs, hit, hit)
+    seg = max((s for s in res.segments if s["prefill_tokens"] == 0), key=lambda s: s["steps"])
+    plan = step_plan(SYSTEMS["dualdecoder"], m, cm, w, seg["batch"], 32768 + 32, hit, hit)
+    tl = run_timeline(plan, steps=6, warmup=2)
+    assert seg["step_s"] == pytest.approx(tl.steady_step_s, rel=0.05)

@@ -1,0 +1,157 @@
+"""Honesty tests of the simulator: bytes, memory, determinism, Little's law, link-bound throughput."""
+
+import math
+import sys
+
+import pytest
+
+from ddbench.catalog import get_gpu, get_link, get_model
+from ddbench.memory import Workload
+from ddbench.systems import SYSTEMS
+from sim.aggregate import aggregate_step
+from sim.costmodel import CostModel
+from sim.plan import step_plan
+from sim.serving import draw_requests, run_serving
+from sim.setup import cost_model
+from sim.timeline import run_timeline
+
+M8 = get_model("llama-3-8b")
+W = Workload(context=131072)
+HIT = [0.88] * M8.num_layers
+
+
+def _plan(system, batch, cm=None, hit=HIT, ctx=131072):
+    cm = cm or cost_model("llama-3-8b", "h200")
+    return step_plan(SYSTEMS[system], M8, cm, W, batch, ctx, hit, hit)
+
+
+def test_sim_imports_no_torch():
+    import subprocess
+    code = ("import sys, sim.serving, sim.timeline, sim.setup, ddbench.commands.simulate;"
+            "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','triton','kernels')]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("system", [s for s in SYSTEMS if SYSTEMS[s].fetch != "none"])
+def test_bytes_moved_equal_bytes_planned(system):
+    hit = [0.5 + 0.015 * i for i in range(M8.num_layers)]
+    plan = _plan(system, 8, hit=hit)
+    steps = 5
+    tl = run_timeline(plan, steps=steps, warmup=1)
+    assert tl.h2d_bytes_planned > 0
+    assert tl.h2d_bytes_moved == pytest.approx(tl.h2d_bytes_planned, rel=1e-12)
+    # and what was planned is what the design's switches say: per step, prefetch + urgent
+    per_step = plan.h2d_bytes
+    issued_steps = steps + (1 if SYSTEMS[system].prefetch != "none" else 0)
+    lo, hi = steps * per_step, issued_steps * per_step
+    assert lo - 1 <= tl.h2d_bytes_planned <= hi + 1
+    assert tl.d2h_bytes_moved == pytest.approx(steps * sum(plan.d2h_bytes))
+
+
+def test_fetched_bytes_follow_the_mechanism():
+    b, B, kvl = 4, W.budget, M8.kv_bytes_per_token_layer
+    dd = _plan("dualdecoder", b)
+    assert dd.pf_bytes[0] == b * B * kvl and dd.ur_bytes[0] == pytest.approx(b * B * kvl * 0.12)
+    sk = _plan("shadowkv", b)
+    assert sk.pf_bytes[0] == 0 and sk.ur_bytes[0] == pytest.approx(b * B * kvl / 2 * 0.12)  # values of misses
+    assert sum(_plan("full-kv", b).pf_bytes + _plan("full-kv", b).ur_bytes) == 0
+
+
+def test_buffer_occupancy_within_reservation():
+    for system in ("dualdecoder", "dualdecoder-per-layer", "specache"):
+        tl = run_timeline(_plan(system, 8), steps=4, warmup=1)
+        assert 0 < tl.peak_buffer_bytes <= tl.reserved_buffer_bytes
+    pp = run_timeline(_plan("dualdecoder", 8), steps=4, warmup=1)
+    assert pp.reserved_buffer_bytes == 2 * 8 * W.budget * M8.kv_bytes_per_token_layer
+
+
+def _serve(system="dualdecoder", n=150, rate=2.0, seed=3, link=None, model="llama-3-8b", ctx="uniform:32k:128k",
+           out="exp:128"):
+    m = get_model(model)
+    cm = cost_model(model, "h200", link)
+    reqs = draw_requests(n, rate, ctx, out, seed)
+    return run_serving(SYSTEMS[system], m, get_gpu("h200"), cm, Workload(context=131072), reqs,
+                       [0.88] * m.num_layers, [0.88] * m.num_layers)
+
+
+@pytest.mark.parametrize("system", ["dualdecoder", "shadowkv", "full-kv", "specache"])
+def test_memory_never_exceeds_capacity(system):
+    res = _serve(system, n=120, rate=5.0)
+    assert res.peak_memory <= res.capacity
+    assert all(row["total"] <= res.capacity for row in res.memory)
+    assert max(s["batch"] for s in res.segments) > 1  # memory, not a trivial load, limited the batch
+
+
+def test_same_seed_same_result_and_other_seed_differs():
+    a, b, c = _serve(seed=11, n=80), _serve(seed=11, n=80), _serve(seed=12, n=80)
+    key = lambda r: [(x.arrival, x.context, x.output, x.first_token, x.completion) for x in r.requests]
+    assert key(a) == key(b) and a.summary() == b.summary()
+    assert key(a) != key(c)
+
+
+def test_littles_law_long_run():
+    res = _serve(n=600, rate=0.4, ctx="32k", out="exp:64", model="qwen2.5-7b")
+    done = [r for r in res.requests if not r.rejected]
+    assert len(done) == 600
+    horizon = res.sim_end
+    lam = len(done) / horizon
+    mean_w = sum(r.latency for r in done) / len(done)
+    mean_l = res.in_system_integral / horizon
+    assert mean_l == pytest.approx(lam * mean_w, rel=1e-6)
+    assert mean_l > 0.5  # a loaded system, not an empty one
+
+
+def test_link_bound_throughput_is_bandwidth_over_bytes_per_token():
+    cm = cost_model("llama-3-8b", "h200")
+    b = 64
+    plan = _plan("dualdecoder", b, cm=cm)
+    tl = run_timeline(plan, steps=6, warmup=2)
+    assert tl.link_util > 0.98                       # link-bound
+    r = plan.rates
+    bytes_per_token = plan.h2d_bytes / b             # per request per step (one output token)
+    fixed = sum(1 for x in plan.pf_work + plan.ur_work if x > 0) * r.h2d_t0_s
+    beta = r.bidir_factor
+    d2h_loss = min(sum(plan.d2h_work) / beta, 1e9) * (1 - beta)
+    expected = b / (plan.h2d_bytes / (r.h2d_gbps * 1e9) + fixed + d2h_loss)
+    assert b / tl.steady_step_s == pytest.approx(expected, rel=0.02)
+    # the bandwidth over bytes per token, with the fixed per-transfer costs left out, bounds it from above
+    assert b / tl.steady_step_s <= r.h2d_gbps * 1e9 / bytes_per_token
+
+
+def test_halving_link_bandwidth_changes_latency():
+    m = get_model("llama-3-8b")
+    cm5 = cost_model("llama-3-8b", "h200", "pcie5")
+    cm4 = cost_model("llama-3-8b", "h200", "pcie4")
+    assert get_link("pcie4").achievable_gbps == pytest.approx(get_link("pcie5").achievable_gbps / 2, rel=0.01)
+    t5 = run_timeline(_plan("dualdecoder", 32, cm=cm5), steps=5).steady_step_s
+    t4 = run_timeline(_plan("dualdecoder", 32, cm=cm4), steps=5).steady_step_s
+    assert t4 / t5 == pytest.approx(2.0, rel=0.05)
+    s5 = _serve(n=60, rate=0.5, ctx="32k", out="256", link="pcie5").summary()
+    s4 = _serve(n=60, rate=0.5, ctx="32k", out="256", link="pcie4").summary()
+    assert s4["tpot_p50_s"] > 1.5 * s5["tpot_p50_s"]
+    assert s4["completion_p50_s"] > s5["completion_p50_s"]
+    assert m.num_layers == 32
+
+
+def test_priority_beats_fifo_on_misses():
+    hit = [0.67] * M8.num_layers  # the paper's Figure 18: a 33% miss rate
+    cm = cost_model("llama-3-8b", "h200")
+    pr = run_timeline(step_plan(SYSTEMS["dualdecoder"], M8, cm, W, 8, 131072, hit, hit), steps=5)
+    ff = run_timeline(step_plan(SYSTEMS["dualdecoder-fifo"], M8, cm, W, 8, 131072, hit, hit), steps=5)
+    assert sum(ff.stall_s[2:]) > sum(pr.stall_s[2:])
+
+
+def test_roofline_and_scaled_outputs_say_so():
+    m, lk = get_model("llama-3-8b"), get_link("pcie5")
+    roof = CostModel(m, get_gpu("h100-80gb"), lk, None)
+    assert any(n.startswith("ROOFLINE") for n in roof.notes)
+    scaled = cost_model("llama-3-8b", "h100-80gb")
+    assert any(n.startswith("SCALED") for n in scaled.notes)
+    own = cost_model("llama-3-8b", "h200")
+    assert not any(n.startswith(("SCALED", "ROOFLINE")) for n in own.notes)
+    # HBM-bound decode attention scales with the HBM ratio (4800 / 3350)
+    a_h200 = own.attention_decode_s(32, 1, 131072)
+    a_h100 = scaled.attention_decode_s(32, 1, 131072)
+    assert a_h100 / a_h200 == pytest.approx(4800 / 3350, rel=1e-6)
+    assert math.isfinite(aggregate_step(_plan("dualdecoder", 4, cm=roof)).step_s)
