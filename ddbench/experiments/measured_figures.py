@@ -1,0 +1,119 @@
+"""Paper figures replayed from measurements on our H200 (committed traces):
+Figure 17 (dual-token against two passes: attention from the kernel benchmark,
+linear layers from the calibration bundle) and Figure 19 (GPU gather against
+CPU gather)."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+
+from ddbench.calibration import bundle_dir, load_bundle
+from ddbench.experiments import Comparison, FigureResult, register
+from ddbench.traces import kernel_bench, provenance
+
+LINEAR_LAYERS = ("qkv", "o", "gate_up", "down")
+LINEAR_MODEL = "llama-3-8b"
+
+
+# ---------------------------------------------------------------- Figure 17
+def _draw_fig17(res: FigureResult, fig) -> None:
+    df = res.data
+    ax_a, ax_b = fig.subplots(1, 2)
+    for part, ax, title in (("attention", ax_a, "(a) attention, 2048 sparse tokens"),
+                            ("linear", ax_b, f"(b) linear layers, {LINEAR_MODEL}")):
+        sub = df[df.part == part]
+        for variant, style in (("single", ":"), ("dual", "-"), ("two_pass", "--")):
+            s = sub[sub.variant == variant]
+            ax.plot(s.batch, 1000 * s.latency_ms, ls=style, marker="o", label=variant.replace("_", " "))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch (requests)")
+        ax.set_title(title)
+    ax_a.set_ylabel("latency (us)")
+    ax_a.legend(fontsize=7)
+    fig.suptitle("Fig. 17: dual-token step against two passes, measured on H200", fontsize=9)
+
+
+@register("fig17", "Dual-token against two-pass attention and linear layers, H200 (paper Figure 17)", _draw_fig17)
+def fig17() -> FigureResult:
+    k = kernel_bench()
+    att = k[k.kernel == "attention"]
+    rows = []
+    names = {"single_token": "single", "dual_token": "dual", "two_pass": "two_pass"}
+    for r in att[att.variant.isin(names)].itertuples():
+        rows.append({"part": "attention", "batch": int(r.batch), "variant": names[r.variant],
+                     "latency_ms": r.latency_ms})
+    lin = pd.DataFrame(load_bundle(bundle_dir("h200")).rows["linear"])
+    lin = lin[(lin.model == LINEAR_MODEL) & lin.layer.isin(LINEAR_LAYERS)]
+    per_m = lin.groupby("m_tokens").latency_ms.sum()
+    for b in sorted(int(m) for m in per_m.index):
+        if 2 * b in per_m.index:
+            rows += [{"part": "linear", "batch": b, "variant": "single", "latency_ms": per_m[b]},
+                     {"part": "linear", "batch": b, "variant": "dual", "latency_ms": per_m[2 * b]},
+                     {"part": "linear", "batch": b, "variant": "two_pass", "latency_ms": 2 * per_m[b]}]
+    df = pd.DataFrame(rows).sort_values(["part", "variant", "batch"], ignore_index=True)
+    a = df[df.part == "attention"].pivot(index="batch", columns="variant", values="latency_ms")
+    b0 = int(a.index.min())
+    savings = 1 - a.dual / a.two_pass
+    cmp = [
+        Comparison("fig17a.dual_ms", round(float(a.dual[b0]), 4),
+                   f"our smallest measured batch ({b0}); {', '.join(f'B={b}: {v:.4f}' for b, v in a.dual.items())} ms. "
+                   "The paper does not state its batch"),
+        Comparison("fig17a.two_pass_ms", round(float(a.two_pass[b0]), 4),
+                   f"B={b0}; two launches of the single-token kernel"),
+        Comparison("fig17a.saving", round(float(savings.min()), 3),
+                   f"smallest over batches {', '.join(map(str, a.index))}: "
+                   f"{', '.join(f'{s:.1%}' for s in savings)}"),
+    ]
+    setup = (f"attention: Llama-3-8B heads (32/8, d=128), {provenance(k)}; linear: qkv+o+gate_up+down with "
+             "M=B (single), M=2B (dual) and 2 x M=B (two passes), calibration bundle traces/calibration/h200")
+    return FigureResult(df, setup, cmp)
+
+
+# ---------------------------------------------------------------- Figure 19
+GATHER_VARIANTS = {"uva_persistent_32": "GPU gather (UVA, 32 programs)",
+                   "cpu_index_select_staging": "CPU gather (index_select + one copy)",
+                   "memcpy_per_chunk": "one cudaMemcpyAsync per chunk",
+                   "one_big_copy": "one contiguous copy (ceiling)"}
+
+
+def _draw_fig19(res: FigureResult, fig) -> None:
+    df = res.data
+    ax = fig.add_subplot()
+    for variant, label in GATHER_VARIANTS.items():
+        s = df[df.variant == variant]
+        ax.plot(s.mib, s.latency_ms, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("KV moved per call (MiB), 4 KiB chunks")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("Fig. 19: KV retrieval latency by gather method, measured on H200")
+    ax.legend(fontsize=7)
+
+
+@register("fig19", "KV retrieval latency, GPU gather against CPU gather, H200 (paper Figure 19)", _draw_fig19)
+def fig19() -> FigureResult:
+    k = kernel_bench()
+    g = k[(k.kernel == "gather") & k.variant.isin(GATHER_VARIANTS)].copy()
+    g["mib"] = g["bytes"] / 2 ** 20
+    g["gbps"] = g["bytes"] / g.latency_ms / 1e6
+    df = g[["variant", "batch", "bytes", "mib", "latency_ms", "gbps"]].sort_values(["variant", "bytes"],
+                                                                                   ignore_index=True)
+    by = df.pivot_table(index="mib", columns="variant", values="latency_ms")
+    top = by.dropna(subset=["uva_persistent_32", "cpu_index_select_staging"]).index.max()
+    gpu_ms, cpu_ms = by.loc[top, "uva_persistent_32"], by.loc[top, "cpu_index_select_staging"]
+    cmp = [
+        Comparison("fig19.gpu_gather_ms", round(float(gpu_ms), 2),
+                   f"{top:.0f} MiB per call, our largest (the paper's bytes per call are not stated; "
+                   f"its 3.25 ms would move {3.25 * top / gpu_ms:.0f} MiB at our GPU-gather rate)"),
+        Comparison("fig19.cpu_gather_ms", round(float(cpu_ms), 2),
+                   f"{top:.0f} MiB; the H200 machine's 16 host cores gather at {top * 2 ** 20 / cpu_ms / 1e6:.1f} GB/s, "
+                   f"the paper's CPU gather is {49.5 / 3.25:.0f}x slower than its GPU gather, ours "
+                   f"{cpu_ms / gpu_ms:.1f}x"),
+        Comparison("fig19.reduction", round(float(1 - gpu_ms / cpu_ms), 3),
+                   "reductions by size: " + ", ".join(
+                       f"{m:.0f} MiB {1 - r.uva_persistent_32 / r.cpu_index_select_staging:.0%}"
+                       for m, r in by.dropna(subset=["uva_persistent_32", "cpu_index_select_staging"]).iterrows())),
+    ]
+    return FigureResult(df, f"4 KiB chunks (one chunk of one KV head, K+V), {provenance(k)}", cmp)
