@@ -1,0 +1,518 @@
+"""The decode-step engine: one real layer stack, every design's pipeline chosen by its registry
+switches (ddbench.systems.SystemSpec), never by its name.
+
+    Engine(model, system, cfg, weights, device, host_kv=None, ref=False)
+    engine.step() -> next tokens [B, nq] (the first call of a prediction design is the pre-decoding
+        step: one token, every chunk fetched on demand, its selection seeds the prediction and its
+        output seeds T'_2 = T_2)
+    engine.records   per-layer dicts of the last recorded step (compute_ms, exposed_ms, urgent/prefetch bytes)
+
+Per layer of a sparse design, on the compute stream: RMSNorm, QKV, RoPE; selection (landmark
+scores, or 2-bit token scores reduced to chunks) and top-k; the true index of token 0, the
+prediction of token 1 (kept for the next step). Transfers (see transfer.py):
+  layer-ahead prefetch (dualdecoder): after layer i's attention, the predicted chunks of layer i+2
+      (wrapping into the next step) are gathered into the buffer that layer i just released; the
+      transfer waits on that buffer's last-reader event.
+  urgent misses: true - predicted, planned on the device and fetched into the slots of the wrong
+      predictions, on the high-priority stream (or behind the prefetches: FIFO), after the layer's
+      own prefetch (same slots) and after the plan.
+  next-step prefetch (specache): the speculative token's chunks for the same layer of the next
+      step, into that layer's second buffer set.
+  reuse (shadowkv): the previous step's buffer supplies hits; misses cross PCIe on the critical path.
+Attention waits on the events of all of its layer's transfers; no global synchronisation.
+Keys of low-rank layers are rebuilt (U @ SV + RoPE) and only values cross the link.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ddbench.errors import DDBenchError
+from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope, rope_tables
+from kernels.engine.transfer import Sched, gather_slots, gather_slots_ref, perturb, plan_misses
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    context: int                      # offloaded (selectable) context tokens, a multiple of chunk
+    batch: int
+    budget: int = 2048                # sparse budget in tokens
+    chunk: int = 8
+    local: int = 32                   # GPU-resident recent window (ShadowKV's 4 local chunks)
+    gen_slots: int = 64               # GPU slots for generated tokens' K/V
+    rank: int = 160
+    outlier_chunks: int = 48          # ShadowKV: 24 per 1024 tokens of budget
+    miss_rate: float | None = 0.174   # forced miss rate (None: the model's own prediction)
+    host_layers: int | None = None    # physical host KV layers; logical layer l reads l % host_layers
+    lowrank_layers: tuple = ()        # adaptive key rebuild layers (lowrank_keys == "adaptive")
+    prefetch_programs: int = 32
+    urgent_programs: int = 64
+    transfers: bool = True            # False: compute only, no host reads (exposed-transfer baseline)
+    seed: int = 0
+
+
+@dataclass
+class _Ops:
+    score: object
+    attention: object
+    gather: object
+    slots: object
+    rebuild: object
+    spec_scores: object
+
+
+def _ops(ref: bool) -> _Ops:
+    from kernels import attention, gather, rebuild, select, specache
+    if ref:
+        return _Ops(select.score_chunks_ref, attention.dual_sparse_attention_ref, gather.gather_ref,
+                    gather_slots_ref, rebuild.rebuild_keys_ref, specache.specache_scores_ref)
+    return _Ops(select.score_chunks, attention.dual_sparse_attention, gather.gather_uva, gather_slots,
+                rebuild.rebuild_keys, specache.specache_scores)
+
+
+@dataclass
+class StepStats:
+    prefetch_items: list = field(default_factory=list)   # ints (items of one chunk-head)
+    urgent_counts: list = field(default_factory=list)    # device int tensors or ints
+    urgent_layer: list = field(default_factory=list)
+    prefetch_layer: list = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, model, system, cfg: EngineConfig, weights: Weights, device, *,
+                 host_kv: torch.Tensor | None = None, ref: bool = False, log: bool = False,
+                 debug: bool = False, timing: bool = False):
+        self.m, self.sys, self.cfg, self.w = model, system, cfg, weights
+        self.dev = torch.device(device)
+        self.ops = _ops(ref)
+        self.ref = ref
+        self.debug = [] if debug else None
+        self.timing = timing and self.dev.type == "cuda"
+        s = system
+        if cfg.context % cfg.chunk or cfg.budget % cfg.chunk or cfg.budget > cfg.context:
+            raise DDBenchError("context and budget must be multiples of the chunk; budget <= context")
+        if s.gather == "cpu" and ref:
+            raise DDBenchError("the CPU-gather ablation needs CUDA (pinned staging + async copies)")
+        self.L, self.B, self.Hq, self.H, self.d = model.num_layers, cfg.batch, model.num_heads, model.num_kv_heads, model.head_dim
+        self.C, self.N, self.kc = cfg.chunk, cfg.context // cfg.chunk, cfg.budget // cfg.chunk
+        self.nq = s.tokens_per_step
+        self.split = s.two_pass
+        self.prefetch = s.prefetch if (cfg.transfers and not s.kv_on_gpu) else "none"
+        self.sched = Sched(self.dev, urgent_priority=s.urgent_priority, log=log)
+        self.gen = torch.Generator(device=self.dev).manual_seed(cfg.seed + 1)
+        self.g = 0                       # generated tokens persisted so far
+        self.steps = 0
+        dt = torch.bfloat16 if self.dev.type == "cuda" else weights.embed.dtype
+        self.dt = dt
+        L, B, H, d, C = self.L, self.B, self.H, self.d, self.C
+        g0 = torch.Generator(device=self.dev).manual_seed(cfg.seed)
+        self.tokens = torch.randint(0, model.vocab, (B, 1), device=self.dev, generator=g0)
+        self.pending = self.tokens.clone()   # T'_2 before any pre-decoding (compute-only runs)
+        if s.kv_on_gpu:
+            S = cfg.context + cfg.gen_slots + 2
+            self.kv_k = torch.empty(L, B, H, S, d, device=self.dev, dtype=dt).normal_(generator=g0)
+            self.kv_v = torch.empty(L, B, H, S, d, device=self.dev, dtype=dt).normal_(generator=g0)
+            return
+        # ---- sparse designs ----
+        self.host = host_kv
+        if host_kv is not None:
+            if tuple(host_kv.shape[1:]) != (B, H, self.N, 2, C, d):
+                raise DDBenchError(f"host_kv shape {tuple(host_kv.shape)} does not match the engine")
+            self.hl = host_kv.shape[0]
+        elif cfg.transfers:
+            raise DDBenchError("a sparse design needs host_kv")
+        self.out_rows = cfg.outlier_chunks * C if s.outliers else 0
+        self.R0 = self.out_rows + cfg.local
+        self.Rcap = self.R0 + cfg.gen_slots
+        self.recent_k = torch.empty(L, B, H, self.Rcap, d, device=self.dev, dtype=dt).normal_(generator=g0)
+        self.recent_v = torch.empty(L, B, H, self.Rcap, d, device=self.dev, dtype=dt).normal_(generator=g0)
+        self.S = self.kc * C + -(-(self.Rcap + 2) // C) * C
+        if s.landmarks:
+            self.lm = torch.empty(L, B, H, self.N, d, device=self.dev, dtype=dt).normal_(generator=g0)
+        if s.quant_bits:
+            from kernels.specache import QuantKeys
+            T = cfg.context
+            self.qk = [QuantKeys(torch.randint(0, 256, (B, H, T // 4, d), device=self.dev, dtype=torch.uint8, generator=g0),
+                                 torch.rand(B, H, T // 64, d, device=self.dev, generator=g0).to(dt) * 0.5,
+                                 torch.randn(B, H, T // 64, d, device=self.dev, generator=g0).to(dt) * 0.5, 64)
+                       for _ in range(L)]
+        self.lowrank = [False] * L
+        if s.lowrank_keys == "all":
+            self.lowrank = [True] * L
+        elif s.lowrank_keys == "adaptive":
+            for i in cfg.lowrank_layers:
+                self.lowrank[i] = True
+        self.U, self.SV = {}, {}
+        for i in range(L):
+            if self.lowrank[i]:
+                self.U[i] = torch.randn(B, cfg.context, cfg.rank, device=self.dev, generator=g0).to(dt)
+                self.SV[i] = (torch.randn(B, H, cfg.rank, d, device=self.dev, generator=g0) / math.sqrt(cfg.rank)).to(dt)
+        # buffers: ping-pong (2 uses in flight), per layer (x sets), or per layer + a spare (reuse)
+        if s.buffer_layers == "pingpong":
+            nbuf = 2
+        else:
+            nbuf = L * s.buffer_sets + (1 if s.reuse else 0)
+        self.kbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]
+        self.vbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]
+        self.free_ev = [None] * nbuf     # last reader (attention) of each buffer
+        self.ready_ev = {}               # use id -> [events] of transfers into that use's buffer
+        self.layer_buf = list(range(L))  # reuse: current buffer of each layer (swapped with the spare)
+        self.spare = nbuf - 1
+        self.pred = None                 # [L, B, H, k] prediction for this step (chunks prefetched)
+        self.pred_new = torch.zeros(L, B, H, self.kc, device=self.dev, dtype=torch.int32)
+        self.prev_true = None            # reuse: previous step's selection per layer
+        self.prev_ok = [False] * L
+        self.prefetched = {}             # use id -> prediction tensor that was prefetched
+        self.use = 0                     # global layer-use counter (ping-pong parity)
+        if s.gather == "cpu":
+            self._cpu_init()
+
+    # ------------------------------------------------------------------ helpers
+    def _hl(self, i):
+        return i % self.hl
+
+    def _item_bytes(self, i, values_only):
+        return self.C * self.d * self.dt.itemsize * (1 if values_only else 2)
+
+    def _buf_of_use(self, u):
+        """Buffer id of a layer use (u = step*L + layer)."""
+        s = self.sys
+        if s.buffer_layers == "pingpong":
+            return u % 2
+        layer, step = u % self.L, u // self.L
+        if s.reuse:
+            return self.layer_buf[layer]
+        return layer * s.buffer_sets + (step % s.buffer_sets)
+
+    def _map(self, fn, x):
+        """Apply fn per token (two-pass ablation) or to both tokens at once (dual-token)."""
+        if self.split and x.shape[1] > 1:
+            return torch.cat([fn(x[:, t:t + 1]) for t in range(x.shape[1])], 1)
+        return fn(x)
+
+    def _lin(self, x, w):
+        return self._map(lambda t: t @ w, x)
+
+    # ------------------------------------------------------------------ transfers
+    def _issue_prefetch(self, u, pred):
+        """Gather `pred` [B, H, k] for layer use u into its buffer, after that buffer's last reader."""
+        layer = u % self.L
+        b = self._buf_of_use(u)
+        vo = self.lowrank[layer]
+        kb = None if vo else self.kbuf[b]
+
+        def go():
+            with nvtx_range(f"prefetch L{layer}"):
+                if self.sys.gather == "cpu":
+                    self._cpu_gather_full(layer, pred, kb, self.vbuf[b])
+                else:
+                    self.ops.gather(self.host, self._hl(layer), pred, kb, self.vbuf[b],
+                                    programs=self.cfg.prefetch_programs)
+        ev, _ = self.sched.run("prefetch", "prefetch", go, waits=[self.free_ev[b]], layer=layer, buf=b, use=u)
+        self.ready_ev.setdefault(u, []).append(ev)
+        self.prefetched[u] = pred
+        self.stats.prefetch_items.append(pred.numel())
+        self.stats.prefetch_layer.append((layer, vo))
+
+    # ------------------------------------------------------------------ one step
+    def step(self):
+        s = self.sys
+        predecode = (self.prefetch != "none" and self.pred is None) and self.steps == 0
+        nq = 1 if (predecode or s.kv_on_gpu) else self.nq
+        self.stats = StepStats()
+        self.rec = [] if self.timing else None
+        if self.timing:
+            self.ev_step0 = self.sched.timing_event()
+        if nq < self.tokens.shape[1]:
+            toks = self.tokens[:, :nq]
+        elif nq > self.tokens.shape[1]:  # T'_{i+1} seeded with the pre-decoded T_2
+            toks = torch.cat([self.tokens, self.pending], 1)
+        else:
+            toks = self.tokens
+        ctx_pos = self.cfg.context + (0 if s.kv_on_gpu else self.cfg.local) + self.g
+        pos = torch.arange(ctx_pos, ctx_pos + nq, device=self.dev)
+        self.cos, self.sin = rope_tables(pos, self.d, self.m.rope_theta)
+        x = self.w.embed[toks]                                   # [B, nq, h]
+        if self.prefetch == "layer-ahead" and not predecode:
+            for u in (self.use, self.use + 1):                  # first step after pre-decode
+                if u not in self.prefetched and u % self.L < self.L:
+                    self._issue_prefetch(u, self.pred[u % self.L])
+        for i in range(self.L):
+            with nvtx_range(f"layer {i}"):
+                x = self._layer(i, x, nq, predecode)
+        with nvtx_range("lm_head"):
+            h = rmsnorm(x, self.w.norm)
+            logits = self._map(lambda t: (t @ self.w.lm_head.T).float(), h)
+            nxt = logits.argmax(-1)                              # [B, nq]
+        if self.timing:
+            self.ev_step1 = self.sched.timing_event()
+        if predecode:
+            self.pending = nxt[:, :1]                            # T_2 -> T'_2; input T_1 kept
+            self.pred, self.pred_new = self.pred_new, torch.zeros_like(self.pred_new)
+        else:
+            self.g += 1
+            if self.g >= self.cfg.gen_slots - 2:
+                self.g = 0                                       # reuse the generated-token slots
+            self.tokens = nxt[:, :self.nq] if not s.kv_on_gpu else nxt[:, :1]
+            if self.nq == 2 and self.prefetch != "none":
+                self.pred, self.pred_new = self.pred_new, self.pred
+        self.steps += 1
+        return nxt
+
+    def _layer(self, i, x, nq, predecode):
+        s, w = self.sys, self.w
+        B, Hq, H, d = self.B, self.Hq, self.H, self.d
+        if self.timing:
+            t0 = self.sched.timing_event()
+        with nvtx_range("qkv"):
+            hn = self._map(lambda t: rmsnorm(t, w.ln1[i]), x)
+            qkv = self._lin(hn, w.wqkv[i])
+            q = qkv[..., :Hq * d].view(B, nq, Hq, d)
+            k = qkv[..., Hq * d:(Hq + H) * d].view(B, nq, H, d)
+            v = qkv[..., (Hq + H) * d:].reshape(B, nq, H, d)
+            q, k = rope(q, self.cos, self.sin), rope(k, self.cos, self.sin)
+        if s.kv_on_gpu:
+            o, pre, post = self._full_attention(i, q, k, v, nq)
+        else:
+            o, pre, post = self._sparse_attention(i, q, k, v, nq, predecode)
+        with nvtx_range("o_proj+mlp"):
+            x = x + self._lin(o.reshape(B, nq, Hq * d), w.wo[i])
+            h2 = self._map(lambda t: rmsnorm(t, w.ln2[i]), x)
+            gu = self._lin(h2, w.wgu[i])
+            I = gu.shape[-1] // 2
+            a = torch.nn.functional.silu(gu[..., :I]) * gu[..., I:]
+            x = x + self._lin(a, w.wdown[i])
+        if self.timing:
+            self.rec.append((i, t0, pre, post))
+        return x
+
+    def _attn(self, q, kb, vb, lengths):
+        if self.split and q.shape[1] > 1:
+            o0 = self.ops.attention(q[:, :1].contiguous(), kb, vb, lengths)
+            o1 = self.ops.attention(q[:, 1:].contiguous(), kb, vb, lengths + 1)
+            return torch.cat([o0, o1], 1)
+        return self.ops.attention(q, kb, vb, lengths)
+
+    def _full_attention(self, i, q, k, v, nq):
+        p = self.cfg.context + self.g
+        kb, vb = self.kv_k[i], self.kv_v[i]
+        kb[:, :, p:p + nq] = k.transpose(1, 2)
+        vb[:, :, p:p + nq] = v.transpose(1, 2)
+        lengths = torch.full((self.B,), p, device=self.dev, dtype=torch.int32)
+        pre = self.sched.timing_event() if self.timing else None
+        with nvtx_range("attention"):
+            o = self._attn(q, kb, vb, lengths)
+        return o, pre, pre
+
+    def _select(self, i, q):
+        s = self.sys
+        with nvtx_range("select"):
+            if s.landmarks:
+                probs = self._map(lambda t: self.ops.score(t.contiguous(), self.lm[i]), q)
+            else:
+                tok = self._map(lambda t: self.ops.spec_scores(t.contiguous(), self.qk[i]), q)  # [B, nq, H, T]
+                probs = tok.view(*tok.shape[:3], self.N, self.C).amax(-1)
+            return probs.topk(self.kc, dim=-1).indices.sort(-1).values.to(torch.int32)  # [B, nq, H, k]
+
+    def _sparse_attention(self, i, q, k, v, nq, predecode):
+        s, cfg = self.sys, self.cfg
+        u = self.use
+        sel = self._select(i, q)
+        true = sel[:, 0].contiguous()
+        if nq == 2:
+            self.pred_new[i] = sel[:, 1]
+        elif predecode:
+            self.pred_new[i] = true                               # pre-decoding seeds the prediction
+        have_pred = self.prefetch != "none" and not predecode
+        base = self.pred[i] if have_pred else (self.prev_true[i] if (s.reuse and self.prev_ok[i]) else None)
+        if cfg.miss_rate is not None and base is not None:
+            true = perturb(base, cfg.miss_rate, self.N, self.gen)  # forced miss rate (timing runs)
+        b = self._buf_of_use(u)
+        kb, vb = self.kbuf[b], self.vbuf[b]
+        vo = self.lowrank[i]
+        waits = []
+        assembled = true
+        if not cfg.transfers:
+            pass
+        elif have_pred:
+            if s.prefetch == "next-step" and u not in self.prefetched:
+                raise DDBenchError("internal: no prefetch for this layer use")
+            with nvtx_range("plan_misses"):
+                plan = plan_misses(self.pred[i], true)
+            ev_plan, _ = self.sched.run("compute", "plan", lambda: None, layer=i)
+            pre_ev = self.ready_ev.get(u, [])
+            kk = None if vo else kb
+
+            def urgent():
+                with nvtx_range(f"urgent L{i}"):
+                    if s.gather == "cpu":
+                        self._cpu_gather_misses(i, plan, kk, vb)
+                    else:
+                        self.ops.slots(self.host, self._hl(i), plan, kk, vb, programs=cfg.urgent_programs)
+            ev_u, _ = self.sched.run("urgent", "urgent", urgent, waits=[ev_plan] + pre_ev, layer=i, buf=b, use=u)
+            waits = pre_ev + [ev_u]
+            assembled = plan.assembled
+            self.stats.urgent_counts.append(plan.count)
+            self.stats.urgent_layer.append((i, vo))
+        elif s.reuse and self.prev_ok[i]:
+            # ShadowKV: misses against the previous step's selection, on the critical path
+            old = self.layer_buf[i]
+            nb = self.spare
+            kC = self.kc * self.C
+            kb, vb = self.kbuf[nb], self.vbuf[nb]
+
+            def fetch():
+                with nvtx_range(f"fetch L{i}"):
+                    src = self.ops.gather(self.host, self._hl(i), true, None if vo else kb, vb,
+                                          prev=(self.prev_true[i], None if vo else self.kbuf[old][:, :, :kC], self.vbuf[old][:, :, :kC]))
+                    return src
+            ev, src = self.sched.run("compute", "fetch", fetch, waits=[self.free_ev[nb]], layer=i, buf=nb, use=u)
+            self.layer_buf[i], self.spare = nb, old
+            b = nb
+            waits = [ev]
+            if src is None:  # torch twin returns nothing: count on the host
+                from kernels.indexsets import reuse_plan
+                src = reuse_plan(self.prev_true[i], true)
+            self.stats.urgent_counts.append((src < 0).sum())
+            self.stats.urgent_layer.append((i, vo))
+        else:
+            # no prediction yet (pre-decoding) or nothing to reuse: every chunk on demand
+            kk = None if vo else kb
+            if s.reuse:
+                nb = self.layer_buf[i]
+                b, kb, vb = nb, self.kbuf[nb], self.vbuf[nb]
+                kk = None if vo else kb
+
+            def fetch_all():
+                with nvtx_range(f"fetch L{i}"):
+                    if s.gather == "cpu":
+                        self._cpu_gather_full(i, true, kk, vb)
+                    else:
+                        self.ops.gather(self.host, self._hl(i), true, kk, vb, programs=cfg.urgent_programs)
+            ev, _ = self.sched.run("urgent", "fetch", fetch_all, waits=[self.free_ev[b]], layer=i, buf=b, use=u)
+            waits = [ev]
+            self.stats.urgent_counts.append(true.numel())
+            self.stats.urgent_layer.append((i, vo))
+        if s.reuse:
+            if self.prev_true is None:
+                self.prev_true = torch.zeros(self.L, *true.shape, device=self.dev, dtype=torch.int32)
+            self.prev_true[i] = true
+            self.prev_ok[i] = True
+        C, kC = self.C, self.kc * self.C
+        with nvtx_range("assemble"):
+            if vo:
+                self.ops.rebuild(self.U[i], self.SV[i], assembled, kb, chunk=C, rope_theta=self.m.rope_theta)
+            R = self.R0 + self.g
+            kb[:, :, kC:kC + R] = self.recent_k[i, :, :, :R]
+            vb[:, :, kC:kC + R] = self.recent_v[i, :, :, :R]
+            kb[:, :, kC + R:kC + R + nq] = k.transpose(1, 2)
+            vb[:, :, kC + R:kC + R + nq] = v.transpose(1, 2)
+            lengths = torch.full((self.B,), kC + R, device=self.dev, dtype=torch.int32)
+        pre = self.sched.timing_event() if self.timing else None
+        ev_wait, _ = self.sched.run("compute", "wait", lambda: None, waits=waits, layer=i, buf=b, use=u)
+        post = self.sched.timing_event() if self.timing else None
+        with nvtx_range("attention"):
+            o = self._attn(q, kb, vb, lengths)
+        ev_attn, _ = self.sched.run("compute", "attention", lambda: None, layer=i, buf=b, use=u)
+        self.free_ev[b] = ev_attn
+        self.ready_ev.pop(u, None)
+        self.prefetched.pop(u, None)
+        if self.debug is not None:
+            self.debug.append(dict(layer=i, q=q.clone(), k=k.clone(), v=v.clone(), true=true.clone(),
+                                   assembled=assembled.clone(), out=o.clone(), R=R, nq=nq,
+                                   recent_k=self.recent_k[i, :, :, :R].clone(), recent_v=self.recent_v[i, :, :, :R].clone(),
+                                   lowrank=vo, step=self.steps, kb=kb.clone(), vb=vb.clone()))
+        self.recent_k[i, :, :, self.R0 + self.g] = k[:, 0]        # persist the true token's K/V
+        self.recent_v[i, :, :, self.R0 + self.g] = v[:, 0]
+        self.use += 1
+        if self.prefetch == "layer-ahead" and not predecode:
+            nu = u + 2
+            layer2 = nu % self.L
+            pred = self.pred[layer2] if layer2 == i + 2 else self.pred_new[layer2]
+            self._issue_prefetch(nu, pred)
+        elif self.prefetch == "layer-ahead" and predecode and i >= self.L - 2:
+            self._issue_prefetch(u + 2, self.pred_new[(u + 2) % self.L])
+        if self.prefetch == "next-step" and (nq == 2 or predecode):
+            self._issue_prefetch(u + self.L, self.pred_new[i])   # same layer, next step, other set
+        return o, pre, post
+
+    # ------------------------------------------------------------------ CPU-gather ablation
+    def _cpu_init(self):
+        n = self.B * self.H * self.kc
+        row = 2 * self.C * self.d
+        self.stage = [torch.empty(n, row, dtype=self.dt, pin_memory=True) for _ in range(2)]
+        self.stage_ev = [None, None]
+        self.dstage = [torch.empty(n, row, dtype=self.dt, device=self.dev) for _ in range(2)]
+        self.idx_host = torch.empty(3, n, dtype=torch.int32, pin_memory=True)
+        self.n_host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+        self.si = 0
+
+    def _cpu_stage(self):
+        j = self.si
+        self.si ^= 1
+        if self.stage_ev[j] is not None:
+            self.stage_ev[j].synchronize()          # the host waits until that staging copy is done
+        return j
+
+    def _cpu_gather_full(self, layer, idx, kb, vb):
+        """index_select on the CPU into pinned staging, one H2D copy, split on the GPU (this stream)."""
+        ih = self.idx_host[0, :idx.numel()].view(idx.shape)
+        ih.copy_(idx, non_blocking=True)
+        torch.cuda.current_stream().synchronize()   # the host needs the index
+        j = self._cpu_stage()
+        from kernels.gather import gather_cpu_staging
+        gather_cpu_staging(self.host, self._hl(layer), ih, self.stage[j], self.dstage[j],
+                           kb, vb if kb is not None else vb)
+        e = torch.cuda.Event()
+        e.record()
+        self.stage_ev[j] = e
+
+    def _cpu_gather_misses(self, layer, plan, kb, vb):
+        n = plan.bh.numel()
+        self.idx_host[0, :n].copy_(plan.bh, non_blocking=True)
+        self.idx_host[1, :n].copy_(plan.chunk, non_blocking=True)
+        self.idx_host[2, :n].copy_(plan.slot, non_blocking=True)
+        self.n_host.copy_(plan.count, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        c = int(self.n_host[0])
+        if c == 0:
+            return
+        bh, ch, sl = (self.idx_host[r, :c].long() for r in range(3))
+        j = self._cpu_stage()
+        src = self.host[self._hl(layer)].view(self.B * self.H * self.N, -1)
+        torch.index_select(src, 0, bh * self.N + ch, out=self.stage[j][:c])
+        dst = self.dstage[j][:c]
+        dst.copy_(self.stage[j][:c], non_blocking=True)
+        dv = dst.view(c, 2, self.C, self.d)
+        bhd, sld = bh.to(self.dev, non_blocking=True), sl.to(self.dev, non_blocking=True)
+        b, h = bhd // self.H, bhd % self.H
+        tok = sld[:, None] * self.C + torch.arange(self.C, device=self.dev)
+        vb[b[:, None], h[:, None], tok] = dv[:, 1]
+        if kb is not None:
+            kb[b[:, None], h[:, None], tok] = dv[:, 0]
+        e = torch.cuda.Event()
+        e.record()
+        self.stage_ev[j] = e
+
+    # ------------------------------------------------------------------ results
+    def step_bytes(self):
+        """(prefetch_bytes, urgent_bytes) of the last step (syncs on the urgent counts)."""
+        pf = sum(n * self._item_bytes(l, vo) for n, (l, vo) in zip(self.stats.prefetch_items, self.stats.prefetch_layer))
+        ur = 0
+        for c, (l, vo) in zip(self.stats.urgent_counts, self.stats.urgent_layer):
+            ur += int(c) * self._item_bytes(l, vo)
+        return pf, ur
+
+    def layer_records(self):
+        """Per-layer compute and exposed-transfer ms of the last step (needs timing=True; syncs)."""
+        torch.cuda.synchronize()
+        out = []
+        ends = [r[1] for r in self.rec[1:]] + [self.ev_step1]
+        for (i, t0, pre, post), t1 in zip(self.rec, ends):
+            exposed = pre.elapsed_time(post) if pre is not post else 0.0
+            total = t0.elapsed_time(t1)
+            out.append(dict(layer=i, compute_ms=total - exposed, exposed_ms=exposed))
+        return out

@@ -1,0 +1,198 @@
+"""Decode-step engine on the CPU (torch reference path, tiny model): miss correction equals the
+true selection, the event schedule guards both buffer hazards, and the transfer helpers."""
+
+import pytest
+import torch
+
+from ddbench.catalog.models import ModelSpec
+from ddbench.systems import SYSTEMS
+from kernels.attention import dual_sparse_attention_ref
+from kernels.engine.engine import Engine, EngineConfig
+from kernels.engine.model import Weights
+from kernels.engine.transfer import gather_slots, gather_slots_ref, perturb, plan_misses
+from kernels.gather import gather_ref
+from kernels.layout import alloc_host_kv
+from kernels.rebuild import rebuild_keys_ref
+
+TINY = ModelSpec("tiny", 3, 4, 2, 32, 64, 96, 101)   # 3 layers: the ping-pong parity wraps across steps
+SPARSE = [n for n, s in SYSTEMS.items() if not s.kv_on_gpu and s.gather == "gpu" and n != "ideal"]
+
+
+def _engine(name, miss_rate=0.33, lowrank=(1,), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    host = alloc_host_kv(3, 2, 2, 32, 8, 32, dtype=torch.float32)
+    host.copy_(torch.randn(host.shape, generator=g))
+    w = Weights.random(TINY, "cpu", seed, dtype=torch.float32)
+    cfg = EngineConfig(context=256, batch=2, budget=64, local=8, gen_slots=8, rank=16, outlier_chunks=2,
+                       miss_rate=miss_rate, lowrank_layers=lowrank, seed=seed)
+    return Engine(TINY, SYSTEMS[name], cfg, w, "cpu", host_kv=host, ref=True, debug=True, log=True), host
+
+
+def reference_output(e, rec, host):
+    """Attention over the true selection, built independently: sorted true chunks gathered by the
+    twin into NaN-poisoned buffers, resident window and new tokens appended."""
+    B, H, d, C = e.B, e.H, e.d, e.C
+    true = rec["true"].sort(-1).values
+    kC = true.shape[-1] * C
+    S = kC + rec["R"] + rec["nq"]
+    kb = torch.full((B, H, S, d), float("nan"), dtype=e.dt)
+    vb = torch.full_like(kb, float("nan"))
+    layer = rec["layer"]
+    gather_ref(host, layer % host.shape[0], true, None if rec["lowrank"] else kb, vb)
+    if rec["lowrank"]:
+        rebuild_keys_ref(e.U[layer], e.SV[layer], true, kb, chunk=C, rope_theta=TINY.rope_theta)
+    R = rec["R"]
+    kb[:, :, kC:kC + R], vb[:, :, kC:kC + R] = rec["recent_k"], rec["recent_v"]
+    kb[:, :, kC + R:], vb[:, :, kC + R:] = rec["k"].transpose(1, 2), rec["v"].transpose(1, 2)
+    return dual_sparse_attention_ref(rec["q"], kb, vb, torch.full((B,), kC + R, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("name", SPARSE)
+@pytest.mark.parametrize("miss_rate", [0.33, None])
+def test_attention_equals_true_selection(name, miss_rate):
+    e, host = _engine(name, miss_rate)
+    for _ in range(4):
+        e.step()
+    assert len(e.debug) == 4 * TINY.num_layers
+    misses = 0
+    for rec in e.debug:
+        ref = reference_output(e, rec, host)
+        assert not ref.isnan().any()
+        torch.testing.assert_close(rec["out"], ref, rtol=1e-4, atol=1e-5)
+        assert torch.equal(rec["assembled"].sort(-1).values, rec["true"].sort(-1).values)
+    pf, ur = e.step_bytes()
+    misses = ur
+    if SYSTEMS[name].prefetch != "none" or SYSTEMS[name].reuse:
+        assert misses > 0   # the correction path really ran
+
+
+def test_prediction_designs_agree_token_for_token():
+    outs = {}
+    for name in ("dualdecoder", "dualdecoder-fifo", "dualdecoder-per-layer", "dualdecoder-two-pass"):
+        e, _ = _engine(name, miss_rate=None)
+        outs[name] = [e.step()[:, 0].tolist() for _ in range(5)]   # output tokens T_{i+1}
+    base = outs["dualdecoder"]
+    assert base[0] == base[1]   # the pre-decoded T_2 is produced again by the first dual step
+    for name in ("dualdecoder-fifo", "dualdecoder-per-layer", "dualdecoder-two-pass"):
+        assert outs[name] == base
+
+
+def _hazards(log):
+    """Check the event schedule: every attention waits (directly or through other events) on all
+    transfers into its layer use, and every transfer into a buffer waits on that buffer's last
+    reader. Ops on the compute stream are ordered by the stream itself."""
+    deps = {}
+
+    def reaches(ev, target):
+        seen, todo = set(), [ev]
+        while todo:
+            x = todo.pop()
+            if x == target:
+                return True
+            if x not in seen:
+                seen.add(x)
+                todo.extend(deps.get(x, ()))
+        return False
+
+    last_reader, transfers = {}, {}
+    for ent in log:
+        deps[ent["event"]] = list(ent["waits"])
+        if ent["op"] in ("prefetch", "urgent", "fetch"):
+            b = ent["buf"]
+            if ent["stream"] != "compute":
+                transfers.setdefault(ent["use"], []).append(ent["event"])
+                if b in last_reader:
+                    assert reaches(ent["event"], last_reader[b]), f"WAR hazard: {ent} does not wait for {last_reader[b]}"
+        elif ent["op"] == "wait":
+            missing = [t for t in transfers.pop(ent["use"], []) if not reaches(ent["event"], t)]
+            assert not missing, f"RAW hazard at use {ent['use']}: {missing}"
+        elif ent["op"] == "attention":
+            last_reader[ent["buf"]] = ent["event"]
+
+
+@pytest.mark.parametrize("name", ["dualdecoder", "dualdecoder-fifo", "dualdecoder-per-layer", "specache"])
+def test_schedule_guards_hazards(name):
+    e, _ = _engine(name)
+    for _ in range(3):
+        e.step()
+    log = e.sched.log
+    _hazards(log)
+    s = SYSTEMS[name]
+    urg = [x for x in log if x["op"] == "urgent"]
+    assert urg and all(x["stream"] == ("urgent" if s.urgent_priority else "prefetch") for x in urg)
+    if s.buffer_layers == "pingpong":
+        assert {x["buf"] for x in log if "buf" in x} == {0, 1}
+    if s.prefetch == "layer-ahead":
+        # the prefetch of use u+2 is issued right after the attention of use u (after pre-decoding)
+        order = [(x["op"], x.get("use")) for x in log if x["op"] in ("attention", "prefetch")]
+        for j, (op, u) in enumerate(order):
+            if op == "prefetch" and u >= 2 + TINY.num_layers:
+                assert order[j - 1] == ("attention", u - 2)
+        # the urgent fetch of a layer waits for that layer's own prefetch (it overwrites its slots)
+        pre = {x["use"]: x["event"] for x in log if x["op"] == "prefetch"}
+        for x in urg:
+            assert pre[x["use"]] in x["waits"]
+
+
+def test_hazard_check_can_fail():
+    e, _ = _engine("dualdecoder")
+    e.step(); e.step()
+    log = [dict(x) for x in e.sched.log]
+    bad = [dict(x) for x in log]
+    for x in bad:
+        if x["op"] == "prefetch" and x["use"] > 6:
+            x["waits"] = []
+            break
+    with pytest.raises(AssertionError, match="WAR"):
+        _hazards(bad)
+    bad = [dict(x) for x in log]
+    for x in bad:
+        if x["op"] == "wait" and x["use"] > 3:
+            x["waits"] = x["waits"][:-1]   # drop the urgent fetch
+            break
+    with pytest.raises(AssertionError, match="RAW"):
+        _hazards(bad)
+
+
+def test_plan_misses_fills_wrong_slots():
+    g = torch.Generator().manual_seed(3)
+    B, H, N, k = 3, 4, 64, 16
+    pred = torch.rand(B, H, N, generator=g).argsort(-1)[..., :k].sort(-1).values.int()
+    true = perturb(pred, 0.25, N, g)
+    plan = plan_misses(pred, true)
+    assert int(plan.count) == B * H * 4
+    buf = pred.clone()
+    n = int(plan.count)
+    flat = buf.view(B * H, k)
+    flat[plan.bh[:n].long(), plan.slot[:n].long()] = plan.chunk[:n]
+    assert torch.equal(buf.sort(-1).values, true.sort(-1).values)
+    assert torch.equal(plan.assembled, buf)
+    same = plan_misses(pred, pred)
+    assert int(same.count) == 0 and torch.equal(same.assembled, pred)
+
+
+def test_perturb_exact_rate():
+    g = torch.Generator().manual_seed(5)
+    base = torch.rand(2, 3, 100, generator=g).argsort(-1)[..., :20].sort(-1).values.int()
+    p = perturb(base, 0.33, 100, g)
+    assert p.shape == base.shape and (p.diff(dim=-1) > 0).all() and int(p.max()) < 100
+    kept = (p[..., :, None] == base[..., None, :]).any(-1).sum(-1)
+    assert (kept == 20 - round(0.33 * 20)).all()
+
+
+@pytest.mark.parametrize("values_only", [False, True])
+def test_gather_slots_kernel_matches_twin(values_only):
+    g = torch.Generator().manual_seed(7)
+    host = alloc_host_kv(2, 2, 3, 16, 8, 16, dtype=torch.float16)
+    host.copy_(torch.randn(host.shape, generator=g).half())
+    pred = torch.rand(2, 3, 16, generator=g).argsort(-1)[..., :6].sort(-1).values.int()
+    plan = plan_misses(pred, perturb(pred, 0.5, 16, g))
+    outs = []
+    for fn in (gather_slots, gather_slots_ref):
+        kb = torch.full((2, 3, 56, 16), float("nan"), dtype=torch.float16)
+        vb = kb.clone()
+        fn(host, 1, plan, None if values_only else kb, vb, programs=3)
+        outs.append((kb, vb))
+    assert torch.equal(outs[0][1].nan_to_num(7), outs[1][1].nan_to_num(7))
+    assert torch.equal(outs[0][0].nan_to_num(7), outs[1][0].nan_to_num(7))
+    assert (~outs[0][1].isnan()).sum() == int(plan.count) * 8 * 16   # misses only, nothing else
