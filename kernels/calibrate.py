@@ -14,7 +14,8 @@ Sections:
   linear        qkv, o, gate_up, down and LM head of every catalog model, m tokens in a sweep
   kernels       torch SDPA decode over a sparse budget (1 and 2 queries), full-context decode
                 attention, prefill attention, landmark selection (score + group max + top-k),
-                low-rank key rebuild (U[rows] @ SV)
+                low-rank key rebuild (U[rows] @ SV); and the Triton kernels of kernels/ that the
+                landmark designs run: dual/single-token sparse attention, selection, key rebuild
   interference  an urgent 2 MiB transfer while a 256 MiB background transfer is in flight, by
                 method and stream priority, and a decode GEMM beside the background
 """
@@ -459,8 +460,72 @@ class Calibrator:
                                        "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": 0}, meas)
             torch.cuda.empty_cache()
             self.log(f"  kernels: heads {hq}/{hk}x{d} done ({len(self.w.rows['kernels'])} rows)")
-        self.finish("kernels", "torch SDPA (enable_gqa, no mask), torch matmul/softmax/topk selection and"
-                               " gather+matmul key rebuild; the Triton kernels of kernels/ replace these when they land")
+        self.triton_kernels(configs, hbm)
+        self.finish("kernels", "sdpa_decode/sdpa_prefill: torch SDPA (enable_gqa, no mask); select_landmarks:"
+                               " torch matmul/softmax/topk; lowrank_rebuild: torch gather+matmul (CUDA events"
+                               " around eager calls). triton_attention (q_tokens 1 = single, 2 = dual-token),"
+                               " triton_select (kernels/select.py score + torch.topk) and triton_rebuild"
+                               " (kernels/rebuild.py, + RoPE): the Triton kernels of kernels/, CUDA-graph"
+                               " replays (kernels/timing.py), input sets rotated over >= 256 MiB against L2")
+
+    def triton_kernels(self, configs: dict, hbm: float) -> None:
+        """The Triton kernels of kernels/ that the landmark designs run: dual/single-token sparse
+        attention over the gathered budget, chunk selection, low-rank key rebuild (+ RoPE)."""
+        from kernels.attention import dual_sparse_attention
+        from kernels.rebuild import rebuild_keys
+        from kernels.select import select_chunks
+        from kernels.timing import time_cuda
+
+        def n_sets(nbytes):
+            return int(min(8, max(1, -(-256 * MiB // max(1, nbytes)))))
+
+        # the head configurations of the paper's 8B and 32B/14B models first (a short budget measures those)
+        order = sorted(configs, key=lambda c: (c not in ((32, 8, 128), (40, 8, 128)), c))
+        for hq, hk, d in order:
+            for kvt in [1024, 2048, 4096]:
+                for b in [1, 8, 32, 64, 128]:
+                    for qt in [1, 2]:
+                        def meas():
+                            kv_bytes = 2 * b * hk * (kvt + qt) * d * 2
+                            sets = [(_rand_bf16(b, qt, hq, d), _rand_bf16(b, hk, kvt + qt, d),
+                                     _rand_bf16(b, hk, kvt + qt, d)) for _ in range(n_sets(kv_bytes))]
+                            lengths = torch.full((b,), kvt, device="cuda", dtype=torch.int32)
+                            ms = time_cuda([lambda s=s: dual_sparse_attention(s[0], s[1], s[2], lengths)
+                                            for s in sets], inner=3, reps=10)
+                            return {"latency_ms": ms, "hbm_floor_ms": kv_bytes / hbm * 1e3}
+                        self.point("kernels", {"kernel": "triton_attention", "batch": b, "q_tokens": qt,
+                                               "kv_tokens": kvt, "num_heads": hq, "num_kv_heads": hk,
+                                               "head_dim": d, "param": 0}, meas)
+            torch.cuda.empty_cache()
+            for ctx in [32768, 131072]:
+                for b in [1, 8, 32]:
+                    for qt in [1, 2]:
+                        def meas():
+                            nch = ctx // 8
+                            lm_bytes = b * hk * nch * d * 2
+                            sets = [(_rand_bf16(b, qt, hq, d), _rand_bf16(b, hk, nch, d))
+                                    for _ in range(n_sets(lm_bytes))]
+                            ms = time_cuda([lambda s=s: select_chunks(s[0], s[1], 2048 // 8) for s in sets],
+                                           inner=3, reps=10)
+                            return {"latency_ms": ms, "hbm_floor_ms": lm_bytes / hbm * 1e3}
+                        self.point("kernels", {"kernel": "triton_select", "batch": b, "q_tokens": qt,
+                                               "kv_tokens": ctx, "num_heads": hq, "num_kv_heads": hk,
+                                               "head_dim": d, "param": 8}, meas)
+            torch.cuda.empty_cache()
+            for b in [1, 8, 32]:
+                def meas():
+                    ctx, r, n, c = 32768, 160, 2048 // 8, 8
+                    u = _rand_bf16(b, ctx, r) / r ** 0.5
+                    sv = _rand_bf16(b, hk, r, d)
+                    idx = torch.rand(b, hk, ctx // c, device="cuda").argsort(-1)[..., :n].sort(-1).values.int()
+                    k_out = torch.empty(b, hk, n * c, d, device="cuda", dtype=torch.bfloat16)
+                    ms = time_cuda(lambda: rebuild_keys(u, sv, idx, k_out, chunk=c), inner=3, reps=10)
+                    floor = (b * hk * n * c * r + b * hk * r * d + b * hk * n * c * d) * 2 / hbm * 1e3
+                    return {"latency_ms": ms, "hbm_floor_ms": floor}
+                self.point("kernels", {"kernel": "triton_rebuild", "batch": b, "q_tokens": 1, "kv_tokens": 2048,
+                                       "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": 160}, meas)
+            torch.cuda.empty_cache()
+            self.log(f"  kernels (Triton): heads {hq}/{hk}x{d} done ({len(self.w.rows['kernels'])} rows)")
 
     # -- interference
     def interference(self):
