@@ -124,12 +124,14 @@ class CostModel:
     @staticmethod
     def _kernel_x(kernel, batch, q, kv, hq, hk, d, param) -> float:
         """The variable a kernel's time is fitted against: bytes read (decode kernels) or FLOPs (prefill)."""
-        if kernel == "sdpa_decode":
+        if kernel in ("sdpa_decode", "triton_attention"):
             return 2 * batch * hk * kv * d * E
-        if kernel == "select_landmarks":
+        if kernel in ("select_landmarks", "triton_select"):
             return batch * hk * (kv // max(param, 1)) * d * E
         if kernel == "lowrank_rebuild":
             return (batch * kv * param + param * hk * d + batch * kv * hk * d) * E
+        if kernel == "triton_rebuild":  # U's rows are read once per KV head; SV is per request
+            return (batch * hk * kv * param + batch * hk * param * d + batch * hk * kv * d) * E
         if kernel == "sdpa_prefill":
             return 4.0 * batch * q * kv * hq * d
         raise KeyError(kernel)
@@ -165,6 +167,19 @@ class CostModel:
         self._cache[key] = t
         return t
 
+    def _has(self, kernel: str) -> bool:
+        return any(k[0] == kernel for k in getattr(self, "kernel_fits", {}))
+
+    def _pick(self, triton: str, torch_name: str, use_triton: bool) -> str:
+        """The Triton kernel where the design runs it and the bundle has it, else the torch one."""
+        if not use_triton:
+            return torch_name
+        if self.bundle is not None and self._has(triton):
+            return triton
+        if self.bundle is not None:
+            self._note(f"{triton} has no rows in the bundle: costed with {torch_name} instead")
+        return torch_name
+
     def _kernel(self, kernel: str, q: int, x: float, flops: float, nbytes: float) -> float:
         m = self.model
         cfg = (m.num_heads, m.num_kv_heads, m.head_dim)
@@ -180,27 +195,36 @@ class CostModel:
         a, b = fit
         return self._scale(a + b * x, flops, nbytes)
 
-    def attention_decode_s(self, batch: int, q: int, kv_tokens: int) -> float:
-        """Decode attention of `q` new tokens per request over kv_tokens cached tokens (one layer, whole batch)."""
+    def attention_decode_s(self, batch: int, q: int, kv_tokens: int, triton: bool = False) -> float:
+        """Decode attention of `q` new tokens per request over kv_tokens cached tokens (one layer, whole batch).
+
+        triton: the sparse path's Triton kernel (kernels/attention.py; q = 2 is the dual-token
+        kernel, which reads each K/V tile once for both tokens), else torch SDPA."""
         m = self.model
         nbytes = 2 * batch * m.num_kv_heads * kv_tokens * m.head_dim * E
         flops = 4.0 * batch * q * kv_tokens * m.num_heads * m.head_dim
-        return self._kernel("sdpa_decode", q, nbytes, flops, nbytes)
+        x = nbytes
+        return self._kernel(self._pick("triton_attention", "sdpa_decode", triton), q, x, flops, nbytes)
 
-    def select_s(self, batch: int, q: int, context: int, chunk: int) -> float:
+    def select_s(self, batch: int, q: int, context: int, chunk: int, triton: bool = False) -> float:
         """Score q query rows per request against ceil(S/C) landmarks, group max, top-k (one layer)."""
         m = self.model
         nbytes = batch * m.num_kv_heads * math.ceil(context / chunk) * m.head_dim * E
         flops = 2.0 * batch * q * m.num_heads * math.ceil(context / chunk) * m.head_dim
-        return self._kernel("select_landmarks", q, nbytes, flops, nbytes)
+        return self._kernel(self._pick("triton_select", "select_landmarks", triton), q, nbytes, flops, nbytes)
 
-    def rebuild_s(self, batch: int, tokens: int, rank: int) -> float:
+    def rebuild_s(self, batch: int, tokens: int, rank: int, triton: bool = False) -> float:
         """Low-rank key rebuild U[rows] @ SV for `tokens` selected rows per request (one layer)."""
         m = self.model
-        nbytes = (batch * tokens * rank + rank * m.num_kv_heads * m.head_dim
-                  + batch * tokens * m.num_kv_heads * m.head_dim) * E
-        flops = 2.0 * batch * tokens * rank * m.num_kv_heads * m.head_dim
-        return self._kernel("lowrank_rebuild", 1, nbytes, flops, nbytes)
+        kernel = self._pick("triton_rebuild", "lowrank_rebuild", triton)
+        hk, d = m.num_kv_heads, m.head_dim
+        if kernel == "triton_rebuild":
+            x = (batch * hk * tokens * rank + batch * hk * rank * d + batch * hk * tokens * d) * E
+        else:
+            x = (batch * tokens * rank + rank * hk * d + batch * tokens * hk * d) * E
+        nbytes = (batch * tokens * rank + rank * hk * d + batch * tokens * hk * d) * E
+        flops = 2.0 * batch * tokens * rank * hk * d
+        return self._kernel(kernel, 1, x, flops, nbytes)
 
     def quant_scan_s(self, batch: int, q: int, context: int, bits: int, group: int) -> float:
         """Scoring against a resident `bits`-bit key copy: HBM-bound read of it (roofline, always)."""

@@ -95,15 +95,21 @@ def step_plan(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: 
     lin_post = cm.linear_s(qd, m.hidden, mt) + cm.linear_s(m.hidden, 2 * m.intermediate, mt) \
         + cm.linear_s(m.intermediate, m.hidden, mt)
     ctx_i = max(1, int(round(context)))
+    # DualDecoder's designs (landmarks + a dual-token step) run the Triton kernels of kernels/:
+    # selection, dual-token (or, two-pass, single-token) sparse attention, key rebuild. The others
+    # are costed with torch (SDPA decode, matmul/softmax/topk selection, gather + matmul rebuild),
+    # standing in for their own implementations (ShadowKV: flash-attn and fused CUDA kernels)
+    tri = sys.landmarks and sys.tokens_per_step == 2
     if sys.landmarks:
-        sel = cm.select_s(batch, q, ctx_i, w.chunk)
+        sel = cm.select_s(batch, q, ctx_i, w.chunk, triton=tri)
     elif sys.quant_bits:
         sel = cm.quant_scan_s(batch, q, ctx_i, sys.quant_bits, w.quant_group)
     else:
         sel = 0.0
-    att = cm.attention_decode_s(batch, q, max(1, int(round(attended_tokens(sys, w, context)))))
+    att = cm.attention_decode_s(batch, q, max(1, int(round(attended_tokens(sys, w, context)))),
+                                triton=tri and not sys.kv_on_gpu)
     lr = lowrank_layers(sys, m, w, hit)
-    reb = cm.rebuild_s(batch, w.budget, w.rank) if lr else 0.0
+    reb = cm.rebuild_s(batch, w.budget, w.rank, triton=tri) if lr else 0.0
     kvl = m.kv_bytes_per_token_layer
     offload = not sys.kv_on_gpu and sys.fetch != "none"
     rates = None

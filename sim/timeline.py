@@ -15,12 +15,13 @@ Shows overlap, stalls and buffer occupancy. The schedule follows the design's sw
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import simpy
 
 from sim.plan import StepPlan
-from sim.resources import FluidServer, duplex_link
+from sim.resources import FluidGroup, FluidServer, Job, duplex_link
 
 
 @dataclass
@@ -49,135 +50,164 @@ class TimelineResult:
 
 
 def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool = False) -> TimelineResult:
+    """`steps` batch steps of `plan`. The GPU stream is a SimPy process that yields once per step;
+    within the step its segments are placed in order in closed form, and the link (a FluidGroup) is
+    advanced lazily to each submission and each wait, so queueing on the link is simulated exactly."""
     env = simpy.Environment()
     sysx = plan.system
     L = plan.layers
-    events: list = [] if record else None
+    events: list | None = [] if record else None
     link_rec: list | None = [] if record else None
     offload = plan.rates is not None
     if offload:
-        h2d, d2h = duplex_link(env, plan.rates, sysx.urgent_priority, link_rec)
-        cpu = FluidServer(env, "host_cpu", sysx.urgent_priority, 1.0, 0.0, 1.0, link_rec) \
+        h2d, d2h = duplex_link(plan.rates, sysx.urgent_priority, link_rec)
+        cpu = FluidServer("host_cpu", sysx.urgent_priority, 1.0, 0.0, 1.0, link_rec) \
             if any(plan.cpu_pf_work) or any(plan.cpu_ur_work) else None
         slow = plan.rates.compute_slowdown if plan.rates.method == "uva_gather" else 1.0
+        group = FluidGroup([h2d, d2h, cpu])
     else:
-        h2d = d2h = cpu = None
+        h2d = d2h = cpu = group = None
         slow = 1.0
     planned = [0.0]
     occupancy = [0.0]
     peak_occ = [0.0]
     filled: set = set()
+    set_bytes = plan.slot_bytes / max(1, sysx.buffer_sets)
 
     def fill(layer_key):
         if layer_key not in filled:
             filled.add(layer_key)
             occupancy[0] += set_bytes
-            peak_occ[0] = max(peak_occ[0], occupancy[0])
+            if occupancy[0] > peak_occ[0]:
+                peak_occ[0] = occupancy[0]
 
     def release(layer_key):
         if layer_key in filled:
             filled.discard(layer_key)
             occupancy[0] -= set_bytes
 
-    def transfer(nbytes, work, cpu_work, urgent, tag):
+    def transfer(t, nbytes, work, cpu_work, urgent, tag):
         planned[0] += nbytes
         if cpu is None or cpu_work <= 0:
-            return h2d.submit(work, nbytes, urgent, tag)
-        done = env.event()
+            return group.submit(h2d, t, work, nbytes, urgent, tag)
+        # the host CPU stage (index_select) hands the job to the copy engine when it ends
+        link_job = Job(work, nbytes, urgent, t, tag)
 
-        def to_link(_e):
-            h2d.submit(work, nbytes, urgent, tag).callbacks.append(lambda _x: done.succeed())
-        cpu.submit(cpu_work, 0.0, urgent, tag).callbacks.append(to_link)
-        return done
+        def to_link(tc):
+            if work <= 0:
+                link_job.t_done = tc
+                return
+            link_job.t_submit = tc
+            was_busy = h2d.busy
+            h2d._add(link_job)
+            h2d._rerate()
+            if not was_busy and h2d.peer.busy:
+                h2d.peer._rerate()
+        group.submit(cpu, t, cpu_work, 0.0, urgent, tag, then=to_link)
+        return link_job
 
     pf_done: dict = {}
     window: list = []
-    set_bytes = plan.slot_bytes / max(1, sysx.buffer_sets)
     step_s, stall_s = [], []
     layer_stall = [0.0] * L
+    pre, mid, att, post = plan.pre, plan.mid, plan.att, plan.post
+    pf_bytes, pf_work, cpu_pf = plan.pf_bytes, plan.pf_work, plan.cpu_pf_work
+    ur_bytes, ur_work, cpu_ur = plan.ur_bytes, plan.ur_work, plan.cpu_ur_work
+    layer_ahead, next_step = sysx.prefetch == "layer-ahead", sysx.prefetch == "next-step"
+    urgent_prio = sysx.urgent_priority
 
-    def prefetch(step, layer):
-        if plan.pf_bytes[layer] > 0:
+    def prefetch(t, step, layer):
+        if pf_bytes[layer] > 0:
             fill((step, layer))
-            pf_done[(step, layer)] = transfer(plan.pf_bytes[layer], plan.pf_work[layer], plan.cpu_pf_work[layer],
-                                              False, "prefetch")
+            pf_done[(step, layer)] = transfer(t, pf_bytes[layer], pf_work[layer], cpu_pf[layer], False, "prefetch")
 
-    def comp(dur):
-        """Compute of `dur` seconds alone; it runs at 1/slow speed while the gather backlog lasts."""
-        if slow == 1.0 or not h2d.busy:
+    def comp(t, dur):
+        """Compute of `dur` seconds alone starting at t; it runs at 1/slow speed while the gather backlog lasts."""
+        if slow == 1.0:
+            return dur
+        group.advance_to(t)
+        if not (h2d.qu or h2d.qb):
             return dur
         busy = h2d.backlog_s()
         return dur * slow if dur * slow <= busy else busy + (dur - busy / slow)
 
-    def seg(name, start, i):
-        if record:
-            events.append(("gpu", name.format(i=i, p=i - 1), start, env.now))
+    def seg(name, start, end, i):
+        events.append(("gpu", name.format(i=i, p=i - 1), start, end))
 
     def proc():
+        t = env.now
         # the pre-decoding step (paper §5.2) leaves the first prefetches issued
-        if sysx.prefetch == "layer-ahead":
-            prefetch(0, 0)
+        if layer_ahead:
+            prefetch(t, 0, 0)
             if L > 1:
-                prefetch(0, 1)
-        elif sysx.prefetch == "next-step":
+                prefetch(t, 0, 1)
+        elif next_step:
             for i in range(L):
-                prefetch(0, i)
+                prefetch(t, 0, i)
         for s in range(steps):
-            t_step = env.now
+            t_step = t
             stall = 0.0
-            pending = plan.pre[0]
+            pending = pre[0]
             for i in range(L):
-                t = env.now
-                yield env.timeout(comp(pending))
-                seg("L{p} post + L{i} qkv/select" if i else "L{i} qkv/select", t, i)
-                u_ev = None
-                if offload and plan.ur_bytes[i] > 0:
+                t0 = t
+                t += comp(t, pending)
+                if record:
+                    seg("L{p} post + L{i} qkv/select" if i else "L{i} qkv/select", t0, t, i)
+                u_job = None
+                if offload and ur_bytes[i] > 0:
                     fill((s, i))
-                    u_ev = transfer(plan.ur_bytes[i], plan.ur_work[i], plan.cpu_ur_work[i],
-                                    sysx.urgent_priority, "urgent")
-                if sysx.prefetch == "next-step":
-                    prefetch(s + 1, i)
-                if plan.mid[i]:
-                    t = env.now
-                    yield env.timeout(comp(plan.mid[i]))
-                    seg("L{i} key rebuild", t, i)
-                t_ready = env.now
-                ev = pf_done.pop((s, i), None)
-                if ev is not None and not ev.processed:
-                    yield ev
-                if u_ev is not None and not u_ev.processed:
-                    yield u_ev
-                if env.now > t_ready:
-                    stall += env.now - t_ready
-                    layer_stall[i] += env.now - t_ready if s >= warmup else 0.0
+                    u_job = transfer(t, ur_bytes[i], ur_work[i], cpu_ur[i], urgent_prio, "urgent")
+                if next_step:
+                    prefetch(t, s + 1, i)
+                if mid[i]:
+                    t0 = t
+                    t += comp(t, mid[i])
                     if record:
-                        events.append(("gpu", f"L{i} stall", t_ready, env.now))
-                t = env.now
-                yield env.timeout(comp(plan.att[i]))
-                seg("L{i} attention", t, i)
+                        seg("L{i} key rebuild", t0, t, i)
+                t_ready = t
+                job = pf_done.pop((s, i), None)
+                if job is not None:
+                    t = max(t, group.finish_time(job))
+                if u_job is not None:
+                    t = max(t, group.finish_time(u_job))
+                if t > t_ready:
+                    stall += t - t_ready
+                    if s >= warmup:
+                        layer_stall[i] += t - t_ready
+                    if record:
+                        events.append(("gpu", f"L{i} stall", t_ready, t))
+                t0 = t
+                t += comp(t, att[i])
+                if record:
+                    seg("L{i} attention", t0, t, i)
                 release((s, i))
-                if sysx.prefetch == "layer-ahead":
+                if layer_ahead:
                     j = i + 2
-                    prefetch(s + j // L, j % L)
-                pending = plan.post[i] + (plan.pre[i + 1] if i + 1 < L else 0.0)
-            t = env.now
-            yield env.timeout(comp(pending + plan.lm_s))
-            seg("L{i} post + LM head", t, L - 1)
+                    prefetch(t, s + j // L, j % L)
+                pending = post[i] + (pre[i + 1] if i + 1 < L else 0.0)
+            t0 = t
+            t += comp(t, pending + plan.lm_s)
+            if record:
+                seg("L{i} post + LM head", t0, t, L - 1)
+            yield env.timeout(t - env.now)
             if offload and sum(plan.d2h_bytes):
                 # the step's new K and V (every layer) go to host memory in one copy at the step's end
-                d2h.submit(sum(plan.d2h_work), sum(plan.d2h_bytes), False, "kv out")
-            step_s.append(env.now - t_step)
+                group.submit(d2h, t, sum(plan.d2h_work), sum(plan.d2h_bytes), False, "kv out")
+            step_s.append(t - t_step)
             stall_s.append(stall)
             if h2d is not None:
-                h2d._advance()
-                window.append((env.now, h2d.busy_s))
+                group.advance_to(t)
+                window.append((t, h2d.busy_s))
 
     env.process(proc())
     env.run()
-    # env.run() also drains the prefetches issued for the step after the last one
+    end = env.now
+    if group is not None:
+        group.advance_to(math.inf)  # drain the prefetches issued for the step after the last one
+        end = max(end, group.t)
     w0 = warmup - 1 if 0 < warmup <= len(window) else None
     t0, b0 = (window[w0] if w0 is not None else (0.0, 0.0))
-    t1, b1 = window[-1] if window else (env.now, 0.0)
+    t1, b1 = window[-1] if window else (end, 0.0)
     return TimelineResult(
         step_s=step_s, stall_s=stall_s, layer_stall_s=layer_stall,
         h2d_bytes_planned=planned[0],
