@@ -155,3 +155,36 @@ def test_roofline_and_scaled_outputs_say_so():
     a_h100 = scaled.attention_decode_s(32, 1, 131072)
     assert a_h100 / a_h200 == pytest.approx(4800 / 3350, rel=1e-6)
     assert math.isfinite(aggregate_step(_plan("dualdecoder", 4, cm=roof)).step_s)
+
+
+@pytest.mark.parametrize("system", ["dualdecoder", "shadowkv", "specache", "full-kv", "dualdecoder-fifo"])
+def test_serving_step_interpolation_matches_exact_step(system):
+    """Serving mode interpolates the step between exact evaluations on a context grid; it stays
+    within 1e-4 of the exact aggregate at contexts off the grid."""
+    import random
+
+    from sim.serving import STEP_GRID, _Model
+    cm = cost_model("llama-3-8b", "h200")
+    hit = [0.5 + 0.4 * i / M8.num_layers for i in range(M8.num_layers)]
+    mdl = _Model(SYSTEMS[system], M8, get_gpu("h200"), cm, W, hit, hit)
+    rng = random.Random(5)
+    for _ in range(40):
+        b, ctx = rng.randint(1, 96), rng.uniform(4096, 200000)
+        assert ctx % STEP_GRID  # off the grid
+        exact = aggregate_step(step_plan(SYSTEMS[system], M8, cm, W, b, ctx, hit, hit))
+        got = mdl.step(b, ctx)
+        assert got.step_s == pytest.approx(exact.step_s, rel=1e-4)
+        assert got.link_s == pytest.approx(exact.link_s, rel=1e-4, abs=1e-12)
+
+
+def test_triton_kernels_cost_dualdecoder_designs_only():
+    """DualDecoder's designs are costed with the measured Triton kernels (the dual-token attention
+    reads K/V once for both tokens: about the single-token time); SpeCache's two queries with SDPA."""
+    cm = cost_model("llama-3-8b", "h200")
+    assert cm.attention_decode_s(32, 2, 2100, triton=True) < 1.1 * cm.attention_decode_s(32, 1, 2100, triton=True)
+    assert cm.attention_decode_s(32, 2, 2100) > 2 * cm.attention_decode_s(32, 2, 2100, triton=True)
+    from sim.plan import attended_tokens
+    for system, triton in (("dualdecoder", True), ("specache", False), ("shadowkv", False)):
+        p = _plan(system, 32, cm=cm)
+        kv = round(attended_tokens(SYSTEMS[system], W, 131072))
+        assert p.att[0] == cm.attention_decode_s(32, p.q_tokens, kv, triton=triton)
