@@ -143,7 +143,8 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
         peak = torch.cuda.max_memory_allocated()
     except torch.cuda.OutOfMemoryError:
         row["status"] = "oom"
-        del e
+    if row["status"] == "oom":
+        e = None
         gc.collect()
         torch.cuda.empty_cache()
         return row
@@ -192,7 +193,7 @@ def plan_points(model, quick, host_gib):
         pts.append((d, K, 16, 0.33, True, 64))
     pts.append(("dualdecoder-two-pass", K, 16, 0.33, False, 64))
     # main designs across contexts, batches up to each design's max (or the host's)
-    for c in (32768, 65536, 131072):
+    for c in (131072, 65536, 32768):
         for n in ("dualdecoder", "shadowkv", "full-kv", "specache"):
             top = mb[(n, c)]
             if not SYSTEMS[n].kv_on_gpu:
@@ -215,9 +216,15 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=230.0, help="stop starting new points after this many seconds")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default="traces/engine")
+    ap.add_argument("--resume", action="store_true", help="skip points already in <out>/<gpu>/rows.jsonl")
     ap.add_argument("--profile", action="store_true", help="also write a torch.profiler trace of one step")
     a = ap.parse_args(argv)
     return run(a)
+
+
+def _append(path, obj):
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(obj) + "\n")
 
 
 def run(a):
@@ -237,20 +244,62 @@ def run(a):
     weights = Weights.random(model, "cuda", seed=0)
     torch.cuda.synchronize()
     rows, layers = [], []
+    done = {}
+    jl = os.path.join(out, "rows.jsonl")
+    cur = os.path.join(out, "current.json")
+    os.makedirs(out, exist_ok=True)
+    if a.resume and os.path.exists(jl):
+        with open(jl, encoding="utf-8") as fh:
+            for line in fh:
+                r = json.loads(line)
+                done[r["key"]] = r
+        if os.path.exists(cur):   # the point that was running when the last process died
+            with open(cur, encoding="utf-8") as fh:
+                k = json.load(fh)["key"]
+            if k not in done:
+                d0 = json.loads(k)
+                done[k] = dict(key=k, row=dict(design=d0[0], context=d0[1], batch=d0[2], miss_rate=d0[3],
+                                               transfers=int(d0[4]), urgent_programs=d0[5], status="crashed"), layers=[])
+                _append(jl, done[k])
     pts = plan_points(model, a.quick, a.host_gib)
     for j, (d, c, B, m, x, up) in enumerate(pts):
+        key = json.dumps([d, c, B, m, x, up])
+        if key in done:
+            rows.append(done[key]["row"])
+            layers.extend(done[key]["layers"])
+            continue
         if time.perf_counter() - t_start > a.budget_s:
             rows.append(dict(design=d, context=c, batch=B, miss_rate=m, transfers=int(x), urgent_programs=up,
                              status="skipped-time"))
             continue
-        r = run_point(model, weights, flat, d, c, B, miss_rate=m, transfers=x, steps=a.steps,
-                      urgent_programs=up, record_layers=layers, log=lambda s: print(s, flush=True))
-        if r["status"] != "ok":
-            print(f"  {d} ctx={c} B={B}: {r['status']}", flush=True)
-        rows.append(r)
+        with open(cur, "w", encoding="utf-8") as fh:
+            json.dump(dict(key=key), fh)
+        b = B
+        for _ in range(4):   # a batch that does not fit in this engine's real allocations: step down
+            lay = []
+            try:
+                r = run_point(model, weights, flat, d, c, b, miss_rate=m, transfers=x,
+                              steps=a.steps if b <= 64 else max(2, a.steps - 1),
+                              urgent_programs=up, record_layers=lay, log=lambda t: print(t, flush=True))
+            except Exception:  # noqa: BLE001 - reported in the row and the log, then the process goes on or dies
+                import traceback
+                print(f"  {d} ctx={c} B={b}: ERROR\n" + traceback.format_exc(limit=6), flush=True)
+                r = dict(design=d, context=c, batch=b, miss_rate=m, transfers=int(x), urgent_programs=up, status="error")
+                torch.cuda.synchronize()
+            if r["status"] != "oom" or b <= 1:
+                break
+            print(f"  {d} ctx={c} B={b}: oom in this engine, stepping down", flush=True)
+            rows.append(r)
+            _append(jl, dict(key=key + f"#oom{b}", row=r, layers=[]))
+            b = max(1, int(b * 0.8))
+        if r["status"] not in ("ok", "oom"):
+            print(f"  {d} ctx={c} B={b}: {r['status']}", flush=True)
         if r.get("step_ms"):
             r["floor_link_ms"] = r["link_mib"] * 2**20 / (cg * 1e9) * 1e3
             r["link_util"] = r["link_gbps"] / cg
+        rows.append(r)
+        layers.extend(lay)
+        _append(jl, dict(key=key, row=r, layers=lay))
     summary = dict(schema=1, provenance=prov, copy_h2d_gbps=cg, thin_gather_gbps=gg, host_gib=a.host_gib,
                    pin_s=t_pin, fill_s=t_fill, wall_s=time.perf_counter() - t_start)
     write(out, rows, layers, summary)
