@@ -234,6 +234,7 @@ def run(a):
     prov = provenance("python -m kernels.engine.bench " + " ".join(sys.argv[1:]))
     model = get_model("llama-3-8b")
     out = os.path.join(a.out, slug(prov["gpu"]))
+    os.makedirs(out, exist_ok=True)
     print(f"[engine] {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}", flush=True)
     cg = copy_gbps()
     flat, t_pin, t_fill = alloc_host(a.host_gib)
@@ -243,6 +244,9 @@ def run(a):
     print(f"[engine] thin gather (32 blocks) alone: {gg:.1f} GB/s", flush=True)
     weights = Weights.random(model, "cuda", seed=0)
     torch.cuda.synchronize()
+    from ddbench.io import write_json
+    write_json(os.path.join(out, "meta.json"), dict(provenance=prov, copy_h2d_gbps=cg, thin_gather_gbps=gg,
+                                                    host_gib=a.host_gib, pin_s=t_pin, fill_s=t_fill))
     rows, layers = [], []
     done = {}
     jl = os.path.join(out, "rows.jsonl")
@@ -389,6 +393,23 @@ def ratios(rows, cg):
         own[str(c)] = best
     res["own_max_batch"] = own
     return res
+
+
+def rebuild(folder):
+    """Write engine.csv, layers.csv and summary.json from rows.jsonl + meta.json (a run cut short)."""
+    with open(os.path.join(folder, "meta.json"), encoding="utf-8") as fh:
+        meta = json.load(fh)
+    rows, layers, seen = [], [], {}
+    with open(os.path.join(folder, "rows.jsonl"), encoding="utf-8") as fh:
+        for line in fh:
+            r = json.loads(line)
+            seen[r["key"]] = r
+    for r in seen.values():
+        rows.append(r["row"])
+        layers.extend(r["layers"])
+    meta["schema"] = 1
+    write(folder, rows, layers, meta)
+    return rows
 
 
 if __name__ == "__main__":
