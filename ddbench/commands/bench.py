@@ -1,6 +1,8 @@
 """`ddbench bench`: microbenchmarks on the local CUDA GPU.
 
 Targets:
+  engine    the decode-step engine (kernels/engine): every design at Llama-3-8B shapes, 32K-128K;
+            writes traces/engine/<gpu>/ (python -m kernels.engine.bench --help for its options)
   kernels   the Triton kernels (gather, dual-token attention, selection, key rebuild, SpeCache
             scoring) against their floors measured in the same run; writes
             traces/kernels/<gpu>/kernels.csv with provenance columns.
@@ -17,7 +19,7 @@ import sys
 from ddbench.errors import DDBenchError
 from ddbench.io import atomic_path
 
-TARGETS = ("kernels",)
+TARGETS = ("kernels", "engine")
 PROVENANCE = ("gpu", "driver", "cuda", "torch", "triton", "git_sha", "date_utc", "command")
 
 
@@ -59,6 +61,10 @@ def write_csv(path: str, rows: list[dict], prov: dict) -> None:
 
 def run(args) -> int:
     _need_cuda()
+    if args.target == "engine":
+        from kernels.engine.bench import main as engine_main
+        out = "traces/engine" if args.out == "traces/kernels" else args.out
+        return engine_main(["--out", out] + (["--quick"] if args.quick else []))
     from kernels.bench import run_all
     from kernels.timing import provenance
     prov = provenance("ddbench " + " ".join(sys.argv[1:]) if sys.argv[1:] else "ddbench bench kernels")
