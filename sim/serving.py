@@ -210,7 +210,10 @@ class _Model:
 
 def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: Workload,
                 requests: list[Request], hit: list[float], reuse: list[float],
-                max_batch: int | None = None) -> ServingResult:
+                max_batch: int | None = None, prefill_here: bool = True) -> ServingResult:
+    """prefill_here=False: prefill runs on other GPUs (disaggregated, as in DistServe): an admitted
+    request joins the decode batch at once with its first token, its prompt's KV already in place
+    (TTFT is then the wait for memory alone); memory is accounted as before."""
     for r in requests:
         if r.context < w.budget and not sys.kv_on_gpu:
             raise DDBenchError(f"request {r.rid}: context {r.context} is smaller than the sparse budget {w.budget}")
@@ -295,8 +298,12 @@ def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: W
                 r.mem = mdl.per_request(r.context)
                 for c, v in r.mem.items():
                     ledger.alloc(c, v)
-                prefill.append(r)
                 activate(r.context)
+                if prefill_here:
+                    prefill.append(r)
+                else:
+                    r.prefilled = r.context
+                    start_decoding(r)
                 set_activations()
                 changed = True
             elif not n_active():
@@ -307,6 +314,18 @@ def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: W
                 break
         if changed:
             snapshot()
+
+    def start_decoding(r: Request):
+        """r has its first token now: it joins the decode batch (or is done)."""
+        r.first_token = env.now
+        r.generated = 1
+        if r.generated >= r.output:
+            finish(r)
+            return
+        off = dec["G"] - 1
+        heapq.heappush(dec_heap, (off + r.output, r.rid, r, off))
+        dec["n"] += 1
+        dec["sum"] += r.context - off
 
     def finish(r: Request):
         r.completion = env.now
@@ -371,15 +390,7 @@ def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: W
                 done = True
             if prefill and prefill[0].prefilled >= prefill[0].context:
                 r = prefill.popleft()
-                r.first_token = env.now
-                r.generated = 1
-                if r.generated >= r.output:
-                    finish(r)
-                else:
-                    off = G - 1
-                    heapq.heappush(dec_heap, (off + r.output, r.rid, r, off))
-                    dec["n"] += 1
-                    dec["sum"] += r.context - off
+                start_decoding(r)
             if done or not dec["n"] or (prefill_tokens and not prefill):
                 set_activations()
                 snapshot()

@@ -188,3 +188,21 @@ def test_triton_kernels_cost_dualdecoder_designs_only():
         p = _plan(system, 32, cm=cm)
         kv = round(attended_tokens(SYSTEMS[system], W, 131072))
         assert p.att[0] == cm.attention_decode_s(32, p.q_tokens, kv, triton=triton)
+
+
+def test_prefill_elsewhere_joins_decode_at_once():
+    """Disaggregated prefill: a request that finds memory free has its first token at arrival
+    (TTFT 0), one that waits has TTFT = its wait for memory; Little's law and capacity still hold."""
+    m = get_model("qwen2.5-32b")
+    reqs = draw_requests(80, 0.6, "128k", "64", 4)
+    res = run_serving(SYSTEMS["shadowkv"], m, get_gpu("h100-80gb"), cost_model("qwen2.5-32b", "h100-80gb"),
+                      Workload(context=131072), reqs, [0.88] * m.num_layers, [0.88] * m.num_layers,
+                      prefill_here=False)
+    done = [r for r in res.requests if not r.rejected]
+    assert len(done) == 80
+    assert all(r.ttft == pytest.approx(r.admitted - r.arrival, abs=1e-12) for r in done)
+    assert min(r.ttft for r in done) == 0.0 and max(r.ttft for r in done) > 0.0  # some waited for memory
+    assert all(row["total"] <= res.capacity for row in res.memory)
+    assert all(s["prefill_tokens"] == 0 for s in res.segments)
+    lam, mean_w = len(done) / res.sim_end, sum(r.latency for r in done) / len(done)
+    assert res.in_system_integral / res.sim_end == pytest.approx(lam * mean_w, rel=1e-6)

@@ -57,6 +57,8 @@ def register(sub) -> None:
     p.add_argument("--rank", type=int, default=160, help="low-rank key rank (default 160)")
     p.add_argument("--lowrank-layers", type=int, default=0, help="DualDecoder layers with low-rank keys (default 0)")
     p.add_argument("--prefill-chunk", type=int, default=8192, help="chunked-prefill tokens per pass (default 8192)")
+    p.add_argument("--prefill-elsewhere", action="store_true",
+                   help="serving: prefill runs on other GPUs (disaggregated); requests join decoding on admission")
     p.add_argument("--calibration", default="traces/calibration", help="bundle root (default traces/calibration)")
     p.add_argument("--roofline", action="store_true", help="ignore calibration bundles; pure roofline")
     p.add_argument("--out", default="sim-out", help="output folder (default sim-out)")
@@ -138,7 +140,8 @@ def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
     from sim.trace import counter_events, trace_json
 
     reqs = draw_requests(args.requests, args.rate, args.context, args.output, args.seed)
-    res = run_serving(sysx, model, gpu, cm, w, reqs, hit, reuse, args.max_batch)
+    res = run_serving(sysx, model, gpu, cm, w, reqs, hit, reuse, args.max_batch,
+                      prefill_here=not getattr(args, "prefill_elsewhere", False))
     rows = [{"id": r.rid, "arrival_s": r.arrival, "context": r.context, "output_tokens": r.output,
              "rejected": int(r.rejected), "admitted_s": r.admitted, "ttft_s": r.ttft, "tpot_s": r.tpot,
              "completion_s": r.latency, "finished_at_s": r.completion} for r in res.requests]
@@ -147,6 +150,7 @@ def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
     write_text(os.path.join(out, "memory.csv"), _csv(res.memory, cm.notes))
     summary = {"mode": "serving", "system": sysx.name, "model": model.name, "gpu": gpu.name, "link": link.name,
                "rate": args.rate, "seed": args.seed, "context": args.context, "output": args.output,
+               "prefill": "elsewhere" if getattr(args, "prefill_elsewhere", False) else "this GPU",
                **res.summary(), "peak_memory_by_category": res.peak_by_category}
     if args.trace:
         from sim.plan import step_plan
