@@ -1,7 +1,9 @@
 """`ddbench calibrate`: measure this GPU and write a calibration bundle.
 
 Runs the link, linear-layer, kernel and interference microbenchmarks on the local CUDA GPU
-and writes traces/calibration/<gpu>/ (see ddbench/calibration.py for the schema). Every
+and writes traces/calibration/<gpu>/ (see ddbench/calibration.py for the schema). The kernels
+section times torch SDPA/selection/rebuild and the Triton kernels of kernels/ (dual- and
+single-token sparse attention, selection, key rebuild) that DualDecoder's designs are costed with. Every
 finished measurement is written at once; an interrupted run resumes where it stopped.
 """
 
