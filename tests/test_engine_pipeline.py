@@ -94,9 +94,16 @@ def _hazards(log):
                 todo.extend(deps.get(x, ()))
         return False
 
-    last_reader, transfers = {}, {}
+    last_reader, transfers, layer_compute = {}, {}, set()
     for ent in log:
         deps[ent["event"]] = list(ent["waits"])
+        if ent["stream"] == "compute" and ent["op"] in ("select", "plan"):
+            layer_compute.add(ent["event"])   # recorded after this layer's index exists
+        if ent["op"] in ("urgent", "fetch") and ent["stream"] != "compute":
+            # the index it reads was computed on the compute stream during this very layer
+            assert any(w in layer_compute for w in ent["waits"]), f"index hazard: {ent} reads an index it may outrun"
+        if ent["op"] == "attention":
+            layer_compute.clear()
         if ent["op"] in ("prefetch", "urgent", "fetch"):
             b = ent["buf"]
             if ent["stream"] != "compute":
@@ -151,6 +158,15 @@ def test_hazard_check_can_fail():
             x["waits"] = x["waits"][:-1]   # drop the urgent fetch
             break
     with pytest.raises(AssertionError, match="RAW"):
+        _hazards(bad)
+    bad = [dict(x) for x in log]
+    for x in bad:
+        if x["op"] == "fetch" and x["stream"] != "compute":   # pre-decoding: the on-demand fetch of `true`
+            x["waits"] = [w for w in x["waits"] if not w.startswith("select")]
+            break
+    else:
+        raise AssertionError("no side-stream fetch in the log")
+    with pytest.raises(AssertionError, match="index hazard"):
         _hazards(bad)
 
 

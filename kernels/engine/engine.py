@@ -392,7 +392,10 @@ class Engine:
                         self._cpu_gather_full(i, true, kk, vb)
                     else:
                         self.ops.gather(self.host, self._hl(i), true, kk, vb, programs=cfg.urgent_programs)
-            ev, _ = self.sched.run("urgent", "fetch", fetch_all, waits=[self.free_ev[b]], layer=i, buf=b, use=u)
+            # the side stream must also wait for `true`, computed just now on the compute stream
+            ev_sel, _ = self.sched.run("compute", "select", lambda: None, layer=i)
+            ev, _ = self.sched.run("urgent", "fetch", fetch_all, waits=[self.free_ev[b], ev_sel], layer=i, buf=b,
+                                   use=u)
             waits = [ev]
             self.stats.urgent_counts.append(true.numel())
             self.stats.urgent_layer.append((i, vo))
