@@ -1,5 +1,5 @@
 """Readers for measured traces committed under traces/ (no torch): the kernel
-benchmark CSVs written by `ddbench bench kernels`. Bad or missing files raise
+benchmark CSVs written by `ddbench bench kernels` and the engine sweep of `ddbench bench engine`. Bad or missing files raise
 DDBenchError with one line."""
 
 from __future__ import annotations
@@ -26,6 +26,25 @@ def kernel_bench(gpu_dir: str = "nvidia-h200"):
         raise DDBenchError(f"{path}: missing columns {', '.join(missing)}")
     if (df.latency_ms <= 0).any():
         raise DDBenchError(f"{path}: non-positive latency_ms")
+    return df
+
+
+ENGINE_COLUMNS = ("schema", "design", "context", "batch", "miss_rate", "transfers", "urgent_programs", "status",
+                  "step_ms", "link_gbps", "gpu", "git_sha", "date_utc")
+
+
+def engine_bench(gpu_dir: str = "nvidia-h200"):
+    """traces/engine/<gpu_dir>/engine.csv (the decode-step engine sweep) as a DataFrame, columns checked."""
+    import pandas as pd
+
+    path = os.path.join(ROOT, "engine", gpu_dir, "engine.csv")
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise DDBenchError(f"cannot read engine measurements {path}: {exc}") from None
+    missing = [c for c in ENGINE_COLUMNS if c not in df.columns]
+    if missing:
+        raise DDBenchError(f"{path}: missing columns {', '.join(missing)}")
     return df
 
 
