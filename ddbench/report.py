@@ -10,7 +10,7 @@ def fmt_value(value: float, unit: str) -> str:
         return f"{100 * value:.1f}%"
     if float(value).is_integer():
         return str(int(value))
-    return f"{value:.2f}".rstrip("0").rstrip(".")
+    return f"{value:.4g}"
 
 
 def render_index(results, paper: dict[str, Reported]) -> str:
