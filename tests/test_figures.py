@@ -67,3 +67,14 @@ def test_malformed_reported_file(tmp_path):
     bad.write_text('{"schema": 1, "numbers": [{"id": "x"}]}')
     with pytest.raises(DDBenchError, match="entry 0 is malformed"):
         load_reported(str(bad))
+
+
+def test_trace_readers_reject_bad_files(tmp_path, monkeypatch):
+    import ddbench.traces as traces
+    monkeypatch.setattr(traces, "ROOT", str(tmp_path))
+    with pytest.raises(DDBenchError, match="cannot read kernel benchmarks"):
+        traces.kernel_bench()
+    (tmp_path / "engine" / "x").mkdir(parents=True)
+    (tmp_path / "engine" / "x" / "engine.csv").write_text("design,context\ndualdecoder,1\n")
+    with pytest.raises(DDBenchError, match="missing columns schema"):
+        traces.engine_bench("x")
