@@ -17,7 +17,7 @@ chunks x C tokens, U [L, b, S, r], SV [L, b, H_kv, d, r], landmarks
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from ddbench.catalog.gpus import GPUSpec
 from ddbench.catalog.models import ModelSpec
@@ -218,8 +218,6 @@ def memory_breakdown(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -
 
 def max_batch(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> int:
     """Largest batch whose breakdown fits in the GPU (0 if not even one request fits)."""
-    from dataclasses import replace
-
     def fits(b: int) -> bool:
         return memory_breakdown(sys, m, gpu, replace(w, batch=b)).fits
 

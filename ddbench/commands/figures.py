@@ -30,7 +30,7 @@ def run(args) -> int:
     from ddbench.experiments import select
     from ddbench.io import atomic_path, write_text
     from ddbench.paper import reported
-    from ddbench.plotting import new_figure
+    from ddbench.plotting import new_figure, plt
     from ddbench.report import render_index
 
     experiments = select(args.only)
@@ -51,7 +51,6 @@ def run(args) -> int:
         with atomic_path(stem + ".png") as png, atomic_path(stem + ".pdf") as pdf:
             fig.savefig(png, metadata={"Software": None})
             fig.savefig(pdf, metadata={"CreationDate": None, "Producer": None})
-        import matplotlib.pyplot as plt
         plt.close(fig)
         results.append((exp, res))
         print(f"[{i}/{len(experiments)}] {exp.id}: {exp.title} ({time.perf_counter() - t0:.1f} s)",

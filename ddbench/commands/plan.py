@@ -11,6 +11,7 @@ import json
 from dataclasses import replace
 
 from ddbench.catalog import get_gpu, get_model
+from ddbench.errors import DDBenchError
 from ddbench.memory import CATEGORIES, Workload, max_batch, memory_breakdown
 from ddbench.systems import resolve_systems
 from ddbench.units import GB, fmt_tokens, parse_tokens
@@ -50,7 +51,6 @@ def plan(args) -> dict:
                         lowrank_layers=args.lowrank_layers)
     workload.validate(model)
     if args.batch is not None and args.batch < 1:
-        from ddbench.errors import DDBenchError
         raise DDBenchError(f"--batch must be at least 1, got {args.batch}")
     rows = []
     for sys in systems:
