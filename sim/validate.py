@@ -39,6 +39,7 @@ import sys
 from dataclasses import replace
 
 from ddbench.errors import DDBenchError
+from ddbench.traces import load_engine
 
 ENGINE_DIR = os.path.join("traces", "engine", "nvidia-h200")
 OUT_CSV = os.path.join("traces", "validation", "h200-engine.csv")
@@ -47,60 +48,6 @@ LINK_BOUND = 0.75      # share of the measured gather rate the engine's link mus
 COMPUTE_BOUND = 0.5    # share of the engine step the simulated GPU work must reach
 STEPS, WARMUP = 6, 2
 MIB = 2 ** 20
-
-REQUIRED = {"design": str, "context": int, "batch": int, "miss_rate": str, "transfers": int,
-            "urgent_programs": int, "status": str, "step_ms": float, "prefetch_mib": float,
-            "urgent_mib": float, "link_mib": float, "link_gbps": float, "exposed_ms": float}
-
-
-def load_engine(path: str):
-    """engine.csv as a DataFrame, checked: the columns the replay needs, their types, known designs."""
-    import pandas as pd
-    from ddbench.systems import SYSTEMS
-    name = os.path.basename(path)
-    try:
-        df = pd.read_csv(path, comment="#", dtype={"miss_rate": str})
-    except FileNotFoundError:
-        raise DDBenchError(f"{path}: no such file (run the engine sweep, kernels/engine/bench.py)") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise DDBenchError(f"{path}: not a CSV ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    missing = sorted(set(REQUIRED) - set(df.columns))
-    if missing:
-        raise DDBenchError(f"{name}: missing column(s) {', '.join(missing)}")
-    if df.empty:
-        raise DDBenchError(f"{name}: no rows")
-    for col, typ in REQUIRED.items():
-        if typ is str:
-            if df[col].isna().any():
-                raise DDBenchError(f"{name}: empty {col} in row {int(df[col].isna().idxmax()) + 1}")
-            df[col] = df[col].astype(str).str.strip()
-            continue
-        num = pd.to_numeric(df[col], errors="coerce")
-        bad = num.isna() & (df.status == "ok") if col not in ("context", "batch", "transfers", "urgent_programs") \
-            else num.isna()
-        if bad.any():
-            i = int(bad.idxmax())
-            raise DDBenchError(f"{name}: {col} is not a number in row {i + 1}: {df[col][i]!r}")
-        if typ is int:
-            if ((num % 1) != 0).any() or (num < 0).any():
-                raise DDBenchError(f"{name}: {col} must be a non-negative integer")
-            num = num.astype(int)
-        df[col] = num
-    for r in df.itertuples():
-        if r.design not in SYSTEMS:
-            raise DDBenchError(f"{name}: unknown design {r.design!r} in row {r.Index + 1}")
-        if r.miss_rate != "none":
-            try:
-                v = float(r.miss_rate)
-            except ValueError:
-                raise DDBenchError(f"{name}: miss_rate {r.miss_rate!r} in row {r.Index + 1} is neither a number"
-                                   " nor 'none'") from None
-            if not 0.0 <= v <= 1.0:
-                raise DDBenchError(f"{name}: miss_rate {v} in row {r.Index + 1} is outside [0, 1]")
-        if r.status == "ok" and (r.step_ms <= 0 or r.batch < 1 or r.context < 1):
-            raise DDBenchError(f"{name}: row {r.Index + 1} has a non-positive step, batch or context")
-    return df
-
 
 def load_meta(engine_dir: str) -> dict:
     path = os.path.join(engine_dir, "meta.json")

@@ -76,5 +76,5 @@ def test_trace_readers_reject_bad_files(tmp_path, monkeypatch):
         traces.kernel_bench()
     (tmp_path / "engine" / "x").mkdir(parents=True)
     (tmp_path / "engine" / "x" / "engine.csv").write_text("design,context\ndualdecoder,1\n")
-    with pytest.raises(DDBenchError, match="missing columns schema"):
+    with pytest.raises(DDBenchError, match=r"missing column\(s\) batch"):
         traces.engine_bench("x")
