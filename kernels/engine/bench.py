@@ -128,17 +128,16 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
         e.step()                                  # pre-decoding step (prediction designs) or warm-up
         e.step()                                  # warm-up
         e.timing = True
-        ends, pfs, urs = [], [], []
+        ends, kept = [], []
         e.step()
         ends.append(e.ev_step1)
-        for _ in range(steps):
+        for _ in range(steps):                   # back to back: no host sync inside the timed steps
             e.step()
             ends.append(e.ev_step1)
-            pf, ur = e.step_bytes()              # syncs on the miss counts (after the step is queued)
-            pfs.append(pf)
-            urs.append(ur)
+            kept.append(e.stats)
         torch.cuda.synchronize()
         times = [a.elapsed_time(b) for a, b in zip(ends[:-1], ends[1:])]
+        pfs, urs = zip(*(e.step_bytes(st) for st in kept))   # miss counts read after the timed steps
         layers = e.layer_records()
         peak = torch.cuda.max_memory_allocated()
     except torch.cuda.OutOfMemoryError:

@@ -501,11 +501,12 @@ class Engine:
         self.stage_ev[j] = e
 
     # ------------------------------------------------------------------ results
-    def step_bytes(self):
-        """(prefetch_bytes, urgent_bytes) of the last step (syncs on the urgent counts)."""
-        pf = sum(n * self._item_bytes(l, vo) for n, (l, vo) in zip(self.stats.prefetch_items, self.stats.prefetch_layer))
+    def step_bytes(self, stats=None):
+        """(prefetch_bytes, urgent_bytes) of the last step, or of a kept `stats` (syncs on the urgent counts)."""
+        stats = self.stats if stats is None else stats
+        pf = sum(n * self._item_bytes(l, vo) for n, (l, vo) in zip(stats.prefetch_items, stats.prefetch_layer))
         ur = 0
-        for c, (l, vo) in zip(self.stats.urgent_counts, self.stats.urgent_layer):
+        for c, (l, vo) in zip(stats.urgent_counts, stats.urgent_layer):
             ur += int(c) * self._item_bytes(l, vo)
         return pf, ur
 
