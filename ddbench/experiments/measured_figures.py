@@ -158,10 +158,10 @@ def fig18e() -> FigureResult:
                    f"engine, batch {b}, link {gbps.priority[b]:.1f} GB/s; compute only {step['compute only'][b]:.1f} ms"),
         Comparison("fig18.8b.fifo_ms", round(float(step.fifo[b]), 1),
                    f"engine, batch {b}, link {gbps.fifo[b]:.1f} GB/s; FIFO / priority {ratios}. Under FIFO the misses"
-                   " of layer i+1 queue behind the prefetch of layer i+2, the compute stream stalls, and the next"
-                   " prefetch (issued after attention) starts late, so the link idles; the simulator's fig18"
-                   " puts FIFO within 2% of priority, which this measurement contradicts at batch 16. At small"
-                   " batch this Python engine is launch-bound"),
+                   " of layer i+1 queue behind the prefetch of layer i+2; the simulator, which models that bubble"
+                   " (one attention of idle link per layer), puts FIFO about 1% behind (fig18, validation), so"
+                   " most of the measured gap is not explained yet. At small batch this Python engine is"
+                   " launch-bound"),
     ]
     setup = (f"decode-step engine, Llama-3-8B (32 layers), {F18E_CTX // 1024}K, budget 2048, forced {F18E_MISS:.0%} "
              f"misses, urgent gather 64 programs, prefetch 32; {provenance(engine_bench())}")
