@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ddbench.errors import DDBenchError
+from kernels.grouprows import group_rows, load_group_queries
 
 LOG2E = 1.4426950408889634
 
@@ -33,17 +34,9 @@ def _attn_kernel(q, k, v, lengths, o, po, pml,
                  H, G, NQ, n_split, split_len, scale_log2,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  SPLIT: tl.constexpr):
-    bh = tl.program_id(0)
-    sp = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    r = tl.arange(0, BLOCK_M)
-    t = r // GP
-    g = r % GP
-    rv = (t < NQ) & (g < G)
+    bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
+    qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
     dd = tl.arange(0, D)
-    qt = tl.load(q + b * s_qb + t[:, None] * s_qt + (h * G + g)[:, None] * s_qh + dd[None, :],
-                 mask=rv[:, None], other=0.0)
     L0 = tl.load(lengths + b)
     start = sp * split_len
     end = tl.minimum(start + split_len, L0 + NQ)

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ddbench.errors import DDBenchError
+from kernels.grouprows import group_rows, load_group_queries
 from kernels.indexsets import index_overlap  # noqa: F401  (re-exported)
 
 LOG2E = 1.4426950408889634
@@ -32,17 +33,9 @@ def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
                  H, G, NQ, n_split, split_len, scale_log2,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Raw scores of one (request, KV head, split) to scratch; that split's row max and sum."""
-    bh = tl.program_id(0)
-    sp = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    r = tl.arange(0, BLOCK_M)
-    t = r // GP
-    g = r % GP
-    rv = (t < NQ) & (g < G)
+    bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
+    qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
     dd = tl.arange(0, D)
-    qt = tl.load(q + b * s_qb + t[:, None] * s_qt + (h * G + g)[:, None] * s_qh + dd[None, :],
-                 mask=rv[:, None], other=0.0)
     lb = lm + b.to(tl.int64) * s_lb + h * s_lh
     sb = scratch + bh.to(tl.int64) * BLOCK_M * N
     m = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -67,14 +60,7 @@ def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
 def _score_pass2(scratch, pml, out, N, H, G, NQ, n_split, split_len,
                  GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SP: tl.constexpr):
     """Softmax with the global row max and sum, then the max over the group, for one split."""
-    bh = tl.program_id(0)
-    sp = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    r = tl.arange(0, BLOCK_M)
-    t = r // GP
-    g = r % GP
-    rv = (t < NQ) & (g < G)
+    bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     ss = tl.arange(0, SP)
     pidx = (bh * n_split + ss)[:, None] * BLOCK_M + r[None, :]
     pm = tl.load(pml + 2 * pidx, mask=(ss < n_split)[:, None], other=-1.0e30)
