@@ -31,7 +31,6 @@ class SystemSpec:
     urgent_priority: bool = False    # misses served before prefetches
     gather: str = "gpu"              # "gpu" (kernel reads pinned host memory) | "cpu" (index_select + copy)
     reuse: bool = False              # keep previous step's chunks, fetch only the misses
-    paper: bool = True               # False for our extensions and for "ideal"
 
 
 SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in [
@@ -59,7 +58,7 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in [
                landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
                two_pass=True, prefetch="layer-ahead", urgent_priority=True),
     SystemSpec("ideal", "Paper Figure 2's bound: weights, activations and a sparse KV working set;"
-               " no context-sized residency at all", fetch="kv", paper=False),
+               " no context-sized residency at all", fetch="kv"),
 ]}
 
 # What `--system all` means: the four designs the paper compares.

@@ -7,7 +7,6 @@ import re
 from ddbench.errors import DDBenchError
 
 GB = 1e9
-GIB = 1024 ** 3
 _SUFFIX = {"": 1, "k": 1024, "m": 1024 ** 2}
 
 

@@ -25,10 +25,6 @@ class GPUSpec:
     measured_hbm_gbps: float | None = None     # device-to-device copy (read+write) where measured
     source: str = ""
 
-    @property
-    def hbm_gib(self) -> float:
-        return self.hbm_bytes / 1024 ** 3
-
 
 GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     GPUSpec("a100-40gb", 40960 * MIB, 1555.0, 312.0, "pcie4",

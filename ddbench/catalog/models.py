@@ -30,10 +30,6 @@ class ModelSpec:
     source: str = ""
 
     @property
-    def gqa_group(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
     def kv_bytes_per_token_layer(self) -> int:
         """K and V of one token in one layer: 2 * H_kv * d * dtype_bytes."""
         return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
@@ -63,10 +59,6 @@ class ModelSpec:
     @property
     def weight_bytes(self) -> int:
         return self.params * self.dtype_bytes
-
-    def linear_flops_per_token(self) -> int:
-        """Dense FLOPs of one token through all linear layers and the LM head (2 per MAC)."""
-        return 2 * (self.num_layers * (self.params_per_layer - 2 * self.hidden) + self.vocab * self.hidden)
 
 
 def _llama3_8b(name: str, **kw) -> ModelSpec:
