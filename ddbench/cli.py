@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 
 # Subcommand modules under ddbench/commands, in --help order.
 COMMANDS = ("plan", "figures", "calibrate", "bench", "simulate")
@@ -29,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="DualDecoder replay: sparse-KV kernels, simulator and capacity planning.",
         epilog="example: ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --system all",
     )
+    parser.add_argument("--data", metavar="DIR",
+                        help="data root holding the traces (default: the installed package's; env DDBENCH_DATA)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     for name in COMMANDS:
@@ -39,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.data is not None:
+        os.environ["DDBENCH_DATA"] = args.data
     try:
         return int(args.func(args) or 0)
     except DDBenchError as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddbench.paper import Reported
+from ddbench.core.paper import Reported
 
 
 def fmt_value(value: float, unit: str) -> str:

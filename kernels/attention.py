@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 from kernels.grouprows import group_rows, load_group_queries
 
 LOG2E = 1.4426950408889634

@@ -1,6 +1,6 @@
 """GPU measurements behind `ddbench calibrate` (imported lazily; needs torch, triton and CUDA).
 
-Each measurement is one row of a section of the calibration bundle (ddbench/calibration.py),
+Each measurement is one row of a section of the calibration bundle (ddbench/core/calibration.py),
 written as soon as it is taken; a row already in the bundle is not measured again, so an
 interrupted run resumes. Timing: CUDA events around the region, warm-up first, the median of
 several repeats, random data (never zeros).
@@ -34,9 +34,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ddbench.calibration import SECTIONS, BundleWriter, bundle_dir
-from ddbench.catalog import MODELS
-from ddbench.errors import DDBenchError
+from ddbench.core.calibration import SECTIONS, BundleWriter, bundle_dir
+from ddbench.core.catalog import MODELS
+from ddbench.core.catalog.gpus import catalog_gpu_name
+from ddbench.core.errors import DDBenchError
+from ddbench.core.paths import traces_dir
 
 MiB = 1 << 20
 
@@ -118,24 +120,6 @@ def _rand_bf16(*shape, device="cuda", pin=False):
 
 
 # ----------------------------------------------------------------------------- provenance
-
-def catalog_gpu_name(device_name: str, total_bytes: int) -> str:
-    n = device_name.upper()
-    gib = total_bytes / 1024 ** 3
-    if "GH200" in n:
-        return "gh200"
-    if "H200" in n:
-        return "h200"
-    if "H100" in n:
-        return "h100-pcie-80gb" if "PCIE" in n else "h100-80gb"
-    if "A100" in n:
-        return "a100-40gb" if gib < 60 else "a100-80gb"
-    if "L40S" in n:
-        return "l40s"
-    if "B200" in n:
-        return "b200"
-    return "".join(ch if ch.isalnum() else "-" for ch in device_name.lower()).strip("-")
-
 
 def _cmd(args: list[str]) -> str:
     try:
@@ -645,4 +629,4 @@ def run_calibration(out_root: str, gpu: str | None, sections: list[str], budget_
 
 
 if __name__ == "__main__":  # pragma: no cover - convenience
-    print(run_calibration("traces/calibration", None, list(ALL_SECTIONS), 600, False, " ".join(sys.argv)))
+    print(run_calibration(str(traces_dir("calibration")), None, list(ALL_SECTIONS), 600, False, " ".join(sys.argv)))

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 from kernels.indexsets import reuse_plan
 from kernels.layout import check_host_kv
 

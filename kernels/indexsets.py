@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 
 
 def reuse_plan(prev_idx: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 
 
 @triton.jit

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 
 
 def alloc_host_kv(layers: int, batch: int, kv_heads: int, n_chunks: int, chunk: int, head_dim: int,

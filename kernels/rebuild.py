@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 
 
 def rope_inv_freq(d: int, theta: float, device=None) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 from kernels.grouprows import group_rows, load_group_queries
 from kernels.indexsets import index_overlap  # noqa: F401  (re-exported)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 
 
 @dataclass(frozen=True)

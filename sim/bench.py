@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-from ddbench.catalog import get_gpu, get_model
-from ddbench.memory import Workload
-from ddbench.systems import SYSTEMS
+from ddbench.core.catalog import get_gpu, get_model
+from ddbench.core.memory import Workload
+from ddbench.core.systems import SYSTEMS
 from sim.aggregate import aggregate_step
 from sim.plan import step_plan
 from sim.serving import draw_requests, run_serving

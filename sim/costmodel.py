@@ -18,10 +18,10 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from ddbench.calibration import Bundle
-from ddbench.catalog.gpus import GPUSpec, get_gpu
-from ddbench.catalog.links import LinkSpec
-from ddbench.catalog.models import ModelSpec
+from ddbench.core.calibration import Bundle
+from ddbench.core.catalog.gpus import GPUSpec, get_gpu
+from ddbench.core.catalog.links import LinkSpec
+from ddbench.core.catalog.models import ModelSpec
 
 E = 2  # bf16 bytes
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddbench.catalog.models import ModelSpec
-from ddbench.memory import Workload
-from ddbench.systems import SystemSpec
+from ddbench.core.catalog.models import ModelSpec
+from ddbench.core.memory import Workload
+from ddbench.core.systems import SystemSpec
 from sim.costmodel import E, CostModel, LinkRates
 
 

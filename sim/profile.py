@@ -12,9 +12,9 @@ from __future__ import annotations
 import csv
 import os
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
+from ddbench.core.paths import traces_dir
 
-ACCURACY_DIR = os.path.join("traces", "accuracy")
 
 
 def constant(rate: float, layers: int) -> list[float]:
@@ -55,7 +55,7 @@ def load_profile(path: str, layers: int) -> tuple[list[float], list[float], str]
 def resolve(spec: str | float | None, model_name: str, layers: int, default: float = 0.88):
     """`spec`: None (the model's profile in traces/accuracy/ if present, else `default`), a number, or a CSV path."""
     if spec is None:
-        path = os.path.join(ACCURACY_DIR, f"{model_name}.csv")
+        path = str(traces_dir("accuracy", f"{model_name}.csv"))
         if os.path.exists(path):
             return load_profile(path, layers)
         h = constant(default, layers)

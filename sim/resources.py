@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 
 EPS = 1e-15
 INF = math.inf

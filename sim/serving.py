@@ -6,7 +6,7 @@ engine computes how many steps fit before the next such change (or the next arri
 be admitted) and advances time by that many step times at once. Every step still counts: each
 request gets one token per step, and per-request times are exact at step boundaries.
 
-- Admission: FIFO; a request enters only while GPU memory allows. Memory uses ddbench.memory:
+- Admission: FIFO; a request enters only while GPU memory allows. Memory uses ddbench.core.memory:
   weights and runtime overhead once, per-request bytes (resident KV, landmarks, auxiliary
   residency, sparse KV buffers) for each request's own context, and the activations of the
   batch at its largest context. A request that cannot fit even alone is rejected.
@@ -27,12 +27,12 @@ from dataclasses import dataclass, field, replace
 
 import simpy
 
-from ddbench.catalog.gpus import GPUSpec
-from ddbench.catalog.models import ModelSpec
-from ddbench.errors import DDBenchError
-from ddbench.memory import CATEGORIES, Workload, activation_bytes, memory_breakdown
-from ddbench.systems import SystemSpec
-from ddbench.units import parse_tokens
+from ddbench.core.catalog.gpus import GPUSpec
+from ddbench.core.catalog.models import ModelSpec
+from ddbench.core.errors import DDBenchError
+from ddbench.core.memory import CATEGORIES, Workload, activation_bytes, memory_breakdown
+from ddbench.core.systems import SystemSpec
+from ddbench.core.units import parse_tokens
 from sim.aggregate import AggStep, aggregate_step
 from sim.costmodel import CostModel
 from sim.plan import prefill_chunk_s, step_plan

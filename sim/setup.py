@@ -3,14 +3,15 @@ else a pure roofline. The choice is written into `CostModel.notes` and so into e
 
 from __future__ import annotations
 
-from ddbench.calibration import DEFAULT_ROOT, available_bundles, find_bundle, load_bundle
-from ddbench.catalog import get_gpu, get_link, get_model
+from ddbench.core.calibration import available_bundles, find_bundle, load_bundle
+from ddbench.core.errors import DDBenchError
+from ddbench.core.catalog import get_gpu, get_link, get_model
 from sim.costmodel import CostModel
 
 PREFERRED_SOURCE = "h200"
 
 
-def cost_model(model: str, gpu: str, link: str | None = None, root: str = DEFAULT_ROOT,
+def cost_model(model: str, gpu: str, link: str | None = None, root: str | None = None,
                roofline: bool = False) -> CostModel:
     m, g = get_model(model), get_gpu(gpu)
     lk = get_link(link or g.default_link)
@@ -19,6 +20,8 @@ def cost_model(model: str, gpu: str, link: str | None = None, root: str = DEFAUL
     path = find_bundle(g.name, root)
     if path is None:
         have = available_bundles(root)
-        if have:
-            path = find_bundle(PREFERRED_SOURCE if PREFERRED_SOURCE in have else have[0], root)
-    return CostModel(m, g, lk, load_bundle(path) if path else None)
+        if not have:
+            raise DDBenchError(f"no calibration bundle under {root or 'the data root'}; measure one with"
+                               f" `ddbench calibrate`, point --calibration at one, or pass --roofline")
+        path = find_bundle(PREFERRED_SOURCE if PREFERRED_SOURCE in have else have[0], root)
+    return CostModel(m, g, lk, load_bundle(path))

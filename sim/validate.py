@@ -1,6 +1,6 @@
 """Validate the simulator against the decode-step engine measured on the H200.
 
-    python -m sim.validate [--engine traces/engine/nvidia-h200] [--out traces/validation/h200-engine.csv]
+    python -m sim.validate [--engine traces/engine/h200] [--out traces/validation/h200-engine.csv]
 
 Every engine point of `engine.csv` (kernels/engine/bench.py) is replayed in the simulator's per-layer
 timeline mode (sim/timeline.py) with the same design (by its registry switches), model
@@ -38,12 +38,12 @@ import statistics
 import sys
 from dataclasses import replace
 
-from ddbench.errors import DDBenchError
-from ddbench.traces import load_engine
+from ddbench.core.errors import DDBenchError
+from ddbench.core.paths import traces_dir
+from ddbench.core.traces import load_engine
 
-ENGINE_DIR = os.path.join("traces", "engine", "nvidia-h200")
-OUT_CSV = os.path.join("traces", "validation", "h200-engine.csv")
 MODEL, GPU, LINK = "llama-3-8b", "h200", "pcie5"
+ENGINE_REL = "traces/engine/h200"    # under the data root; named so in outputs
 LINK_BOUND = 0.75      # share of the measured gather rate the engine's link must sustain
 COMPUTE_BOUND = 0.5    # share of the engine step the simulated GPU work must reach
 STEPS, WARMUP = 6, 2
@@ -72,9 +72,9 @@ def effective_miss(rate: float, budget: int, chunk: int) -> float:
 
 def replay_plan(design: str, context: int, batch: int, miss: float, transfers: bool, cm=None):
     """The simulator's plan of one engine point."""
-    from ddbench.catalog import get_model
-    from ddbench.memory import Workload
-    from ddbench.systems import get_system
+    from ddbench.core.catalog import get_model
+    from ddbench.core.memory import Workload
+    from ddbench.core.systems import get_system
     from sim.plan import step_plan
     from sim.setup import cost_model
     m = get_model(MODEL)
@@ -96,11 +96,12 @@ def classify(link_gbps: float, thin_gbps: float, gpu_ms: float, engine_ms: float
     return "launch-bound"
 
 
-def validate(engine_dir: str = ENGINE_DIR):
+def validate(engine_dir: str | None = None):
     """(table of replayed points, list of (row, reason) skipped, meta, cost-model notes)."""
     import pandas as pd
-    from ddbench.memory import Workload
-    from ddbench.systems import get_system
+    from ddbench.core.memory import Workload
+    engine_dir = engine_dir or str(traces_dir("engine", GPU))
+    from ddbench.core.systems import get_system
     from sim.setup import cost_model
     from sim.timeline import run_timeline
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
@@ -237,9 +238,10 @@ def report(summary: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", default=ENGINE_DIR, help="engine trace folder (engine.csv, meta.json)")
-    ap.add_argument("--out", default=OUT_CSV)
+    ap.add_argument("--engine", help="engine trace folder (engine.csv, meta.json; default the data root's engine/h200)")
+    ap.add_argument("--out", help="output CSV (default the data root's validation/h200-engine.csv)")
     a = ap.parse_args(argv)
+    a.out = a.out or str(traces_dir("validation", "h200-engine.csv"))
     try:
         t, skipped, meta, notes = validate(a.engine)
     except DDBenchError as e:

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from ddbench.calibration import SCHEMA_VERSION, BundleWriter, load_bundle
-from ddbench.errors import DDBenchError
+from ddbench.core.calibration import SCHEMA_VERSION, BundleWriter, load_bundle
+from ddbench.core.errors import DDBenchError
 
 PROV = {"gpu": "testgpu", "device_name": "Test GPU", "driver": "1", "cuda": "1", "torch": "x", "triton": "y",
         "git_sha": "abc", "date": "2026-01-01", "command": "pytest", "host": "h"}

@@ -9,7 +9,7 @@ def test_calibrate_ceilings_resume(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from ddbench.calibration import load_bundle
+    from ddbench.core.calibration import load_bundle
     from kernels.calibrate import run_calibration
 
     r1 = run_calibration(str(tmp_path), "testgpu", ["ceilings"], 120, False, "pytest", log=lambda m: None)

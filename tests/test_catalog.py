@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from ddbench.catalog import GPUS, LINKS, MODELS, get_gpu, get_link, get_model, model_from_hf_config
-from ddbench.errors import DDBenchError
+from ddbench.core.catalog import GPUS, LINKS, MODELS, get_gpu, get_link, get_model, model_from_hf_config
+from ddbench.core.errors import DDBenchError
 
 
 @pytest.mark.parametrize("name, kv_bytes", [

@@ -4,8 +4,8 @@ true selection, the event schedule guards both buffer hazards, and the transfer 
 import pytest
 import torch
 
-from ddbench.catalog.models import ModelSpec
-from ddbench.systems import SYSTEMS
+from ddbench.core.catalog.models import ModelSpec
+from ddbench.core.systems import SYSTEMS
 from kernels.attention import dual_sparse_attention_ref
 from kernels.engine.engine import Engine, EngineConfig
 from kernels.engine.model import Weights

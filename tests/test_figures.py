@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from ddbench.commands.figures import run
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 from ddbench.experiments import load_all
-from ddbench.paper import load_reported, reported
+from ddbench.core.paper import load_reported, reported
 
 
 class Args:
@@ -70,8 +70,8 @@ def test_malformed_reported_file(tmp_path):
 
 
 def test_trace_readers_reject_bad_files(tmp_path, monkeypatch):
-    import ddbench.traces as traces
-    monkeypatch.setattr(traces, "ROOT", str(tmp_path))
+    import ddbench.core.traces as traces
+    monkeypatch.setenv("DDBENCH_DATA", str(tmp_path))
     with pytest.raises(DDBenchError, match="cannot read kernel benchmarks"):
         traces.kernel_bench()
     (tmp_path / "engine" / "x").mkdir(parents=True)

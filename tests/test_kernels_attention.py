@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 from kernels.attention import dual_sparse_attention, dual_sparse_attention_ref
 
 

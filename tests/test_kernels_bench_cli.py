@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from ddbench.commands.bench import slug
+from ddbench.core.catalog.gpus import catalog_gpu_name
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
@@ -16,5 +16,9 @@ def test_bench_without_cuda_fails_in_one_line():
     assert p.stderr.strip().count("\n") == 0 and "CUDA" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_gpu_folder_slug():
-    assert slug("NVIDIA H200") == "nvidia-h200"
+def test_one_gpu_folder_rule():
+    """Every trace folder is named by the catalog GPU name the driver's device name maps to."""
+    assert catalog_gpu_name("NVIDIA H200", 150_109_880_320) == "h200"
+    assert catalog_gpu_name("NVIDIA H100 80GB HBM3", 85 * 2**30) == "h100-80gb"
+    assert catalog_gpu_name("NVIDIA A100-SXM4-40GB", 40 * 2**30) == "a100-40gb"
+    assert catalog_gpu_name("Some New GPU", 1) == "some-new-gpu"

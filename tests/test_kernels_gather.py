@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 from kernels.gather import gather_cpu_staging, gather_per_chunk, gather_ref, gather_uva
 from kernels.indexsets import index_overlap, reuse_plan
 from kernels.layout import alloc_host_kv

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 from kernels.landmarks import build_landmarks, build_landmarks_ref
 from kernels.select import score_chunks, score_chunks_ref, select_chunks
 

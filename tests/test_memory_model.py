@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from ddbench.catalog import get_gpu, get_model
-from ddbench.errors import DDBenchError
-from ddbench.memory import CATEGORIES, Workload, max_batch, memory_breakdown
-from ddbench.systems import SYSTEMS, get_system
+from ddbench.core.catalog import get_gpu, get_model
+from ddbench.core.errors import DDBenchError
+from ddbench.core.memory import CATEGORIES, Workload, max_batch, memory_breakdown
+from ddbench.core.systems import SYSTEMS, get_system
 
 K128 = 131072
 

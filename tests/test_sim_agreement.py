@@ -2,9 +2,9 @@
 
 import pytest
 
-from ddbench.catalog import get_model
-from ddbench.memory import Workload
-from ddbench.systems import SYSTEMS
+from ddbench.core.catalog import get_model
+from ddbench.core.memory import Workload
+from ddbench.core.systems import SYSTEMS
 from sim.aggregate import aggregate_step
 from sim.plan import step_plan
 from sim.setup import cost_model
@@ -30,7 +30,7 @@ def test_timeline_and_aggregate_agree(system, batch):
 
 
 def test_serving_step_times_come_from_the_aggregate():
-    from ddbench.catalog import get_gpu
+    from ddbench.core.catalog import get_gpu
     from sim.serving import draw_requests, run_serving
     m = get_model("llama-3-8b")
     cm = cost_model("llama-3-8b", "h200")

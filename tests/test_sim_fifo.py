@@ -1,7 +1,7 @@
 """FIFO misses must be able to stall the pipeline: on a saturated link, the misses of layer i+1 queue
 behind the whole prefetch of layer i+2, and the prefetch of layer i+3 waits for layer i+1's attention
 to release its ping-pong buffer, so the link idles while that attention runs (a bubble per layer).
-The engine point of traces/engine/nvidia-h200 (Llama-3-8B, 128K, batch 16, 33% misses)."""
+The engine point of traces/engine/h200 (Llama-3-8B, 128K, batch 16, 33% misses)."""
 
 from dataclasses import replace
 

@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from ddbench.catalog import get_gpu, get_model
+from ddbench.core.catalog import get_gpu, get_model
 from ddbench.experiments import sim_figures as sf
-from ddbench.memory import Workload, max_batch
-from ddbench.systems import get_system
+from ddbench.core.memory import Workload, max_batch
+from ddbench.core.systems import get_system
 
 
 @pytest.fixture(scope="module")

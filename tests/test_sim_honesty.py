@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from ddbench.catalog import get_gpu, get_link, get_model
-from ddbench.memory import Workload
-from ddbench.systems import SYSTEMS
+from ddbench.core.catalog import get_gpu, get_link, get_model
+from ddbench.core.memory import Workload
+from ddbench.core.systems import SYSTEMS
 from sim.aggregate import aggregate_step
 from sim.costmodel import CostModel
 from sim.plan import step_plan

@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import re
 import sys
 
-from ddbench.errors import DDBenchError
-from ddbench.io import atomic_path
+from ddbench.core.catalog.gpus import catalog_gpu_name
+from ddbench.core.errors import DDBenchError
+from ddbench.core.paths import traces_dir
+from ddbench.core.io import atomic_path
 
 TARGETS = ("kernels", "engine")
 PROVENANCE = ("gpu", "driver", "cuda", "torch", "triton", "git_sha", "date_utc", "command")
@@ -27,7 +28,7 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="GPU microbenchmarks (needs CUDA)", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", choices=TARGETS, help="what to benchmark")
-    p.add_argument("--out", default="traces/kernels", help="output folder (default traces/kernels)")
+    p.add_argument("--out", help="output root (default: the data root's kernels/ or engine/)")
     p.add_argument("--quick", action="store_true", help="fewer batch sizes (a smoke run)")
     p.set_defaults(func=run)
 
@@ -45,10 +46,6 @@ def _need_cuda():
         raise DDBenchError("bench needs triton; it is not installed") from exc
 
 
-def slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
 def write_csv(path: str, rows: list[dict], prov: dict) -> None:
     from kernels.bench import COLUMNS
     with atomic_path(path) as tmp:
@@ -63,13 +60,15 @@ def run(args) -> int:
     _need_cuda()
     if args.target == "engine":
         from kernels.engine.bench import main as engine_main
-        out = "traces/engine" if args.out == "traces/kernels" else args.out
+        out = args.out or str(traces_dir("engine"))
         return engine_main(["--out", out] + (["--quick"] if args.quick else []))
     from kernels.bench import run_all
     from kernels.timing import provenance
     prov = provenance("ddbench " + " ".join(sys.argv[1:]) if sys.argv[1:] else "ddbench bench kernels")
     rows, _ = run_all(quick=args.quick)
-    path = os.path.join(args.out, slug(prov["gpu"]), "kernels.csv")
+    import torch
+    gpu = catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory)
+    path = os.path.join(args.out or str(traces_dir("kernels")), gpu, "kernels.csv")
     write_csv(path, rows, prov)
     print(f"wrote {path} ({len(rows)} rows)")
     return 0

@@ -1,7 +1,7 @@
 """`ddbench calibrate`: measure this GPU and write a calibration bundle.
 
 Runs the link, linear-layer, kernel and interference microbenchmarks on the local CUDA GPU
-and writes traces/calibration/<gpu>/ (see ddbench/calibration.py for the schema). The kernels
+and writes traces/calibration/<gpu>/ (see ddbench/core/calibration.py for the schema). The kernels
 section times torch SDPA/selection/rebuild and the Triton kernels of kernels/ (dual- and
 single-token sparse attention, selection, key rebuild) that DualDecoder's designs are costed with. Every
 finished measurement is written at once; an interrupted run resumes where it stopped.
@@ -13,8 +13,8 @@ import argparse
 import os
 import sys
 
-from ddbench.calibration import DEFAULT_ROOT
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
+from ddbench.core.paths import traces_dir
 
 EXAMPLE = """examples:
   ddbench calibrate                         # every section, into traces/calibration/<this gpu>/
@@ -27,7 +27,7 @@ SECTION_NAMES = ("ceilings", "link", "linear", "kernels", "interference", "engin
 def register(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this GPU: link, linear layers, kernels, interference",
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=DEFAULT_ROOT, help=f"bundle root (default {DEFAULT_ROOT})")
+    p.add_argument("--out", help="bundle root (default: the data root's calibration/)")
     p.add_argument("--gpu", help="catalog GPU name for the bundle folder (default: from the device name)")
     p.add_argument("--sections", default="all", help=f"'all' or a comma list of {', '.join(SECTION_NAMES)}")
     p.add_argument("--budget-s", type=float, default=1800.0,
@@ -57,7 +57,7 @@ def run(args) -> int:
     command = "ddbench " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith(("ddbench", "__main__.py")) \
         else "ddbench calibrate " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                              if k not in ("func", "command") and v not in (None, False))
-    result = run_calibration(os.path.normpath(args.out), args.gpu, sections, args.budget_s, args.fresh, command,
+    result = run_calibration(os.path.normpath(args.out or str(traces_dir("calibration"))), args.gpu, sections, args.budget_s, args.fresh, command,
                              log=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"wrote {result['path']}: {result['measured']} measured, {result['skipped']} already present, "
           f"{len(result['errors'])} failed; rows {result['rows']}")

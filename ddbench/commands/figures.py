@@ -28,8 +28,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ddbench.experiments import select
-    from ddbench.io import atomic_path, write_text
-    from ddbench.paper import reported
+    from ddbench.core.io import atomic_path, write_text
+    from ddbench.core.paper import reported
     from ddbench.plotting import new_figure, plt
     from ddbench.report import render_index
 

@@ -10,11 +10,11 @@ import argparse
 import json
 from dataclasses import replace
 
-from ddbench.catalog import get_gpu, get_model
-from ddbench.errors import DDBenchError
-from ddbench.memory import CATEGORIES, Workload, max_batch, memory_breakdown
-from ddbench.systems import resolve_systems
-from ddbench.units import GB, fmt_tokens, parse_tokens
+from ddbench.core.catalog import get_gpu, get_model
+from ddbench.core.errors import DDBenchError
+from ddbench.core.memory import CATEGORIES, Workload, max_batch, memory_breakdown
+from ddbench.core.systems import resolve_systems
+from ddbench.core.units import GB, fmt_tokens, parse_tokens
 
 EXAMPLE = """examples:
   ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --system all

@@ -21,12 +21,12 @@ import json
 import os
 import time
 
-from ddbench.catalog import get_gpu, get_link, get_model
-from ddbench.errors import DDBenchError
-from ddbench.io import write_json, write_text
-from ddbench.memory import Workload
-from ddbench.systems import resolve_systems
-from ddbench.units import GB, parse_tokens
+from ddbench.core.catalog import get_gpu, get_link, get_model
+from ddbench.core.errors import DDBenchError
+from ddbench.core.io import write_json, write_text
+from ddbench.core.memory import Workload
+from ddbench.core.systems import resolve_systems
+from ddbench.core.units import GB, parse_tokens
 
 EXAMPLE = """examples:
   ddbench simulate --model qwen2.5-32b --gpu h200 --system dualdecoder --context 128k --rate 0.05 --requests 200
@@ -59,7 +59,7 @@ def register(sub) -> None:
     p.add_argument("--prefill-chunk", type=int, default=8192, help="chunked-prefill tokens per pass (default 8192)")
     p.add_argument("--prefill-elsewhere", action="store_true",
                    help="serving: prefill runs on other GPUs (disaggregated); requests join decoding on admission")
-    p.add_argument("--calibration", default="traces/calibration", help="bundle root (default traces/calibration)")
+    p.add_argument("--calibration", help="bundle root (default: the data root's calibration/)")
     p.add_argument("--roofline", action="store_true", help="ignore calibration bundles; pure roofline")
     p.add_argument("--out", default="sim-out", help="output folder (default sim-out)")
     p.add_argument("--trace", action="store_true", help="also write a Chrome/Perfetto trace.json")
@@ -170,7 +170,7 @@ def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
 def _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
     from dataclasses import replace
 
-    from ddbench.memory import memory_breakdown
+    from ddbench.core.memory import memory_breakdown
     from sim.aggregate import aggregate_step
     from sim.plan import step_plan
     from sim.timeline import run_timeline

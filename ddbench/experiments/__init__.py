@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ddbench.errors import unknown
+from ddbench.core.errors import unknown
 
 
 @dataclass(frozen=True)

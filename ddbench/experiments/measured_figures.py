@@ -10,9 +10,9 @@ import os
 
 import pandas as pd
 
-from ddbench.calibration import bundle_dir, load_bundle
+from ddbench.core.calibration import bundle_dir, load_bundle
 from ddbench.experiments import Comparison, FigureResult, register
-from ddbench.traces import engine_bench, kernel_bench, provenance
+from ddbench.core.traces import engine_bench, kernel_bench, provenance
 
 LINEAR_LAYERS = ("qkv", "o", "gate_up", "down")
 LINEAR_MODEL = "llama-3-8b"

@@ -13,12 +13,12 @@ from dataclasses import replace
 
 import pandas as pd
 
-from ddbench.catalog import get_gpu, get_model
+from ddbench.core.catalog import get_gpu, get_model
 from ddbench.experiments import Comparison, FigureResult, register
-from ddbench.memory import CATEGORIES, Workload, max_batch, memory_breakdown
+from ddbench.core.memory import CATEGORIES, Workload, max_batch, memory_breakdown
 from ddbench.plotting import CATEGORY_COLORS, PAPER_MARK, SYSTEM_COLORS
-from ddbench.systems import get_system
-from ddbench.units import GB, fmt_tokens
+from ddbench.core.systems import get_system
+from ddbench.core.units import GB, fmt_tokens
 
 GPU = "h100-80gb"
 CONTEXT = 128 * 1024

@@ -18,12 +18,12 @@ from functools import lru_cache
 import pandas as pd
 from matplotlib.ticker import ScalarFormatter
 
-from ddbench.catalog import get_gpu, get_model
+from ddbench.core.catalog import get_gpu, get_model
 from ddbench.experiments import Comparison, FigureResult, register
-from ddbench.memory import Workload, max_batch
+from ddbench.core.memory import Workload, max_batch
 from ddbench.plotting import PAPER_MARK, SYSTEM_COLORS
-from ddbench.systems import get_system
-from ddbench.units import fmt_tokens
+from ddbench.core.systems import get_system
+from ddbench.core.units import fmt_tokens
 
 GPU = "h100-80gb"
 LINK = "pcie5"
@@ -48,7 +48,7 @@ def _hit(model: str):
 
 
 def _paper(pid: str) -> float:
-    from ddbench.paper import reported
+    from ddbench.core.paper import reported
     return reported()[pid].value
 
 

@@ -35,7 +35,7 @@ def validation() -> FigureResult:
     t, skipped, meta, _ = v.validate()
     s = v.summarize(t, skipped, meta)
     lb = s["link_bound"]
-    setup = (f"{v.MODEL} on {v.GPU} + {v.LINK}, the engine sweep of {v.ENGINE_DIR} ({s['points']} points replayed,"
+    setup = (f"{v.MODEL} on {v.GPU} + {v.LINK}, the engine sweep of {v.ENGINE_REL} ({s['points']} points replayed,"
              f" {len(skipped)} skipped), {s['rule']}; link-bound: sim / engine median"
              f" {lb['median_sim_over_engine']:.3f}, worst |error| {lb['worst_abs_error']:.1%};"
              f" link bytes equal at {s['link_bytes']['exact']} of {s['link_bytes']['points_with_transfers']} points")

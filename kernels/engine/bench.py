@@ -25,21 +25,17 @@ import time
 
 import torch
 
-from ddbench.catalog import get_model
-from ddbench.catalog.gpus import get_gpu
-from ddbench.memory import Workload, max_batch
-from ddbench.systems import SYSTEMS
+from ddbench.core.catalog import get_model
+from ddbench.core.catalog.gpus import catalog_gpu_name, get_gpu
+from ddbench.core.paths import traces_dir
+from ddbench.core.memory import Workload, max_batch
+from ddbench.core.systems import SYSTEMS
 
 GIB = 1 << 30
 COLUMNS = ["design", "context", "batch", "miss_rate", "transfers", "urgent_programs", "host_layers", "status",
            "step_ms", "step_ms_min", "step_ms_max", "tok_s", "peak_gib", "prefetch_mib", "urgent_mib", "link_mib",
            "link_gbps", "link_util", "floor_link_ms", "exposed_ms", "exposed_share", "compute_ms",
            "model_max_batch", "steps"]
-
-
-def slug(name: str) -> str:
-    import re
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def copy_gbps(nbytes=GIB, reps=5):
@@ -214,7 +210,7 @@ def main(argv=None):
     ap.add_argument("--host-gib", type=float, default=56.0)
     ap.add_argument("--budget-s", type=float, default=230.0, help="stop starting new points after this many seconds")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", default="traces/engine")
+    ap.add_argument("--out", help="output root (default: the data root's engine/)")
     ap.add_argument("--resume", action="store_true", help="skip points already in <out>/<gpu>/rows.jsonl")
     ap.add_argument("--profile", action="store_true", help="also write a torch.profiler trace of one step")
     a = ap.parse_args(argv)
@@ -232,7 +228,8 @@ def run(a):
     t_start = time.perf_counter()
     prov = provenance("python -m kernels.engine.bench " + " ".join(sys.argv[1:]))
     model = get_model("llama-3-8b")
-    out = os.path.join(a.out, slug(prov["gpu"]))
+    out = os.path.join(a.out or str(traces_dir("engine")),
+                       catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory))
     os.makedirs(out, exist_ok=True)
     print(f"[engine] {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}", flush=True)
     cg = copy_gbps()
@@ -243,7 +240,7 @@ def run(a):
     print(f"[engine] thin gather (32 blocks) alone: {gg:.1f} GB/s", flush=True)
     weights = Weights.random(model, "cuda", seed=0)
     torch.cuda.synchronize()
-    from ddbench.io import write_json
+    from ddbench.core.io import write_json
     write_json(os.path.join(out, "meta.json"), dict(provenance=prov, copy_h2d_gbps=cg, thin_gather_gbps=gg,
                                                     host_gib=a.host_gib, pin_s=t_pin, fill_s=t_fill))
     rows, layers = [], []
@@ -325,7 +322,7 @@ def profile_one(model, weights, flat, out):
 
 
 def write(out, rows, layers, summary):
-    from ddbench.io import atomic_path, write_json
+    from ddbench.core.io import atomic_path, write_json
     prov = summary["provenance"]
     pcols = list(prov)
     os.makedirs(out, exist_ok=True)

@@ -1,5 +1,5 @@
 """The decode-step engine: one real layer stack, every design's pipeline chosen by its registry
-switches (ddbench.systems.SystemSpec), never by its name.
+switches (ddbench.core.systems.SystemSpec), never by its name.
 
     Engine(model, system, cfg, weights, device, host_kv=None, ref=False)
     engine.step() -> next tokens [B, nq] (the first call of a prediction design is the pre-decoding
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope, rope_tables
 from kernels.engine.transfer import Sched, gather_slots, gather_slots_ref, perturb, plan_misses
 

@@ -9,8 +9,8 @@ import sys
 
 import torch
 
-from ddbench.catalog.models import ModelSpec
-from ddbench.systems import SYSTEMS
+from ddbench.core.catalog.models import ModelSpec
+from ddbench.core.systems import SYSTEMS
 
 SMALL = ModelSpec("gpu-small", 3, 32, 8, 128, 1024, 2048, 1000)
 

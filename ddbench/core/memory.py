@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
-from ddbench.catalog.gpus import GPUSpec
-from ddbench.catalog.models import ModelSpec
-from ddbench.errors import DDBenchError
-from ddbench.systems import SystemSpec
+from ddbench.core.catalog.gpus import GPUSpec
+from ddbench.core.catalog.models import ModelSpec
+from ddbench.core.errors import DDBenchError
+from ddbench.core.systems import SystemSpec
 
 CATEGORIES = ("weights", "resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers",
               "activations", "runtime_overhead")

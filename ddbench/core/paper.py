@@ -7,11 +7,10 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
+from ddbench.core.paths import traces_dir
 
 SCHEMA = 1
-REPORTED_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "traces", "paper", "reported.json")
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,8 @@ class Reported:
     quote: str
 
 
-def load_reported(path: str = REPORTED_PATH) -> dict[str, Reported]:
+def load_reported(path: str | None = None) -> dict[str, Reported]:
+    path = str(path or traces_dir("paper", "reported.json"))
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)

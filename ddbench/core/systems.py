@@ -2,7 +2,7 @@
 simulator and the engine.
 
 Each design is a frozen set of mechanism switches. The memory model
-(`ddbench.memory`) and the cost models read these switches; no code branches on
+(`ddbench.core.memory`) and the cost models read these switches; no code branches on
 a design's name.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddbench.errors import unknown
+from ddbench.core.errors import unknown
 
 
 @dataclass(frozen=True)

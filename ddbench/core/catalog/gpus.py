@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddbench.catalog.lookup import lookup
+from ddbench.core.catalog.lookup import lookup
 
 MIB = 1024 ** 2
 
@@ -52,3 +52,23 @@ _ALIASES = {"h100": "h100-80gb", "h100-sxm": "h100-80gb", "h100-sxm-80gb": "h100
 
 def get_gpu(name: str) -> GPUSpec:
     return lookup("GPU", name, GPUS, _ALIASES)
+
+
+def catalog_gpu_name(device_name: str, total_bytes: int) -> str:
+    """The catalog name of a GPU as the driver names it; the one rule for trace folders
+    (traces/<kind>/<catalog name>/). Unknown devices get a slug of their name."""
+    n = device_name.upper()
+    gib = total_bytes / 1024 ** 3
+    if "GH200" in n:
+        return "gh200"
+    if "H200" in n:
+        return "h200"
+    if "H100" in n:
+        return "h100-pcie-80gb" if "PCIE" in n else "h100-80gb"
+    if "A100" in n:
+        return "a100-40gb" if gib < 60 else "a100-80gb"
+    if "L40S" in n:
+        return "l40s"
+    if "B200" in n:
+        return "b200"
+    return "".join(ch if ch.isalnum() else "-" for ch in device_name.lower()).strip("-")

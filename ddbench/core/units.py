@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
 
 GB = 1e9
 _SUFFIX = {"": 1, "k": 1024, "m": 1024 ** 2}

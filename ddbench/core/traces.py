@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 
-from ddbench.errors import DDBenchError
+from ddbench.core.errors import DDBenchError
+from ddbench.core.paths import traces_dir
 
-ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "traces")
 KERNEL_COLUMNS = ("schema", "kernel", "variant", "batch", "bytes", "latency_ms", "gpu", "git_sha", "date_utc")
 ENGINE_PROVENANCE = ("gpu", "git_sha", "date_utc")
 
@@ -26,18 +26,18 @@ def _read(what: str, path: str, columns: tuple[str, ...]):
     return df
 
 
-def kernel_bench(gpu_dir: str = "nvidia-h200"):
+def kernel_bench(gpu_dir: str = "h200"):
     """traces/kernels/<gpu_dir>/kernels.csv as a DataFrame, columns and latencies checked."""
-    path = os.path.join(ROOT, "kernels", gpu_dir, "kernels.csv")
+    path = str(traces_dir("kernels", gpu_dir, "kernels.csv"))
     df = _read("kernel benchmarks", path, KERNEL_COLUMNS)
     if (df.latency_ms <= 0).any():
         raise DDBenchError(f"{path}: non-positive latency_ms")
     return df
 
 
-def engine_bench(gpu_dir: str = "nvidia-h200"):
+def engine_bench(gpu_dir: str = "h200"):
     """traces/engine/<gpu_dir>/engine.csv (the decode-step engine sweep), checked, with its provenance."""
-    path = os.path.join(ROOT, "engine", gpu_dir, "engine.csv")
+    path = str(traces_dir("engine", gpu_dir, "engine.csv"))
     df = load_engine(path)
     missing = [c for c in ENGINE_PROVENANCE if c not in df.columns]
     if missing:
@@ -54,7 +54,7 @@ def load_engine(path: str):
     """An engine sweep's engine.csv as a DataFrame, checked: the columns a replay needs, their
     types, known designs, miss rates in [0, 1] or 'none'."""
     import pandas as pd
-    from ddbench.systems import SYSTEMS
+    from ddbench.core.systems import SYSTEMS
     name = os.path.basename(path)
     try:
         df = pd.read_csv(path, comment="#", dtype={"miss_rate": str})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddbench.catalog.lookup import lookup
+from ddbench.core.catalog.lookup import lookup
 
 PCIE5_MEASURED_GBPS = 55.4
 PCIE5_NOMINAL_GBPS = 63.0  # 32 GT/s x 16 lanes x 128/130 / 8

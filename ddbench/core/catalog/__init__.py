@@ -4,9 +4,9 @@ Nothing here imports anything heavier than the standard library, so the
 simulator, the planner and the kernels can all share these specs.
 """
 
-from ddbench.catalog.gpus import GPUS, GPUSpec, get_gpu
-from ddbench.catalog.links import LINKS, LinkSpec, get_link
-from ddbench.catalog.models import MODELS, ModelSpec, get_model, model_from_hf_config
+from ddbench.core.catalog.gpus import GPUS, GPUSpec, get_gpu
+from ddbench.core.catalog.links import LINKS, LinkSpec, get_link
+from ddbench.core.catalog.models import MODELS, ModelSpec, get_model, model_from_hf_config
 
 __all__ = [
     "GPUS", "GPUSpec", "get_gpu",

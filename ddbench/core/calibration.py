@@ -27,11 +27,11 @@ import json
 import math
 import os
 
-from ddbench.errors import DDBenchError
-from ddbench.io import write_json, write_text
+from ddbench.core.errors import DDBenchError
+from ddbench.core.paths import traces_dir
+from ddbench.core.io import write_json, write_text
 
 SCHEMA_VERSION = 1
-DEFAULT_ROOT = os.path.join("traces", "calibration")
 
 # section -> (file, key columns, numeric columns that must be > 0, other columns)
 SECTIONS: dict[str, dict] = {
@@ -196,17 +196,20 @@ def load_bundle(path: str) -> Bundle:
     return Bundle(path, meta, rows)
 
 
-def bundle_dir(gpu: str, root: str = DEFAULT_ROOT) -> str:
+def bundle_dir(gpu: str, root: str | None = None) -> str:
+    root = str(root or traces_dir("calibration"))
     return os.path.join(root, gpu)
 
 
-def find_bundle(gpu: str, root: str = DEFAULT_ROOT) -> str | None:
+def find_bundle(gpu: str, root: str | None = None) -> str | None:
     """The bundle folder for a catalog GPU name, or None where none was measured."""
+    root = str(root or traces_dir("calibration"))
     path = bundle_dir(gpu, root)
     return path if os.path.exists(os.path.join(path, "bundle.json")) else None
 
 
-def available_bundles(root: str = DEFAULT_ROOT) -> list[str]:
+def available_bundles(root: str | None = None) -> list[str]:
+    root = str(root or traces_dir("calibration"))
     if not os.path.isdir(root):
         return []
     return sorted(d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "bundle.json")))

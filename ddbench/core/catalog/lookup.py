@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddbench.errors import unknown
+from ddbench.core.errors import unknown
 
 
 def lookup(kind: str, name: str, table: dict, aliases: dict):

@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from ddbench.errors import DDBenchError, unknown
+from ddbench.core.errors import DDBenchError, unknown
 
 
 @dataclass(frozen=True)
