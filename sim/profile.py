@@ -1,20 +1,83 @@
-"""Per-layer hit rates: an accuracy profile from traces/accuracy/<model>.csv, or a constant.
+"""Per-layer hit and reuse rates: a measured accuracy profile (traces/accuracy/<model>.csv), or a constant.
 
-The profile is a CSV with a `layer` column (0-based) and a `hit_rate` column: the fraction of the
-true selection that the prediction (speculative token) already holds. An optional
-`reuse_hit_rate` column gives the fraction held by the previous step's selection (ShadowKV's
-reuse); without it the reuse rate equals the hit rate. Several rows per layer (datasets,
-contexts) are averaged. Extra columns are ignored.
+The profile is what `ddbench profile --layer-accuracy` writes: one row per (layer, context_tokens,
+task, init, temperature) with, among others,
+  layer           0-based
+  hit_rate        share of step t+1's true chunk selection that the speculative token at step t
+                  predicted (DualDecoder's prefetch)
+  reuse_hit_rate  share that step t's own selection already holds (ShadowKV's reuse); optional,
+                  without it the reuse rate equals the hit rate
+  n               observations behind the row (optional; rows are weighted by it when present)
+  context_tokens, task, init, temperature   the axes the rows can be filtered on (each optional)
+  model, layers   provenance (optional): the model measured and its layer count
+Lines starting with '#' are skipped; extra columns are ignored. A malformed file raises
+DDBenchError with one line naming the file, the line and the field.
+
+Which rows are used (`Select`, written into the note that ends up in every output):
+  init         't2' by default: the first speculative token is the pre-decoded T2 (§4.1)
+  temperature  0.6 by default: the output token is sampled at 0.6 (ShadowKV's own benchmark
+               setting; the speculative token is the argmax). Under greedy decoding with the T2
+               start the speculative token is the next output token by construction and every
+               hit is 1.0, so temperature 0 would say nothing
+  context, task  None by default: all, averaged (n-weighted)
+A column the file does not have is not filtered on, and the note says so; a filter value the file
+has no rows for is an error that lists what it has.
+
+A profile measured on a model with a different layer count is applied to another model only when
+named explicitly (`resolve(PATH, ...)`, `ddbench simulate --hit-rate PATH`): layer j of the target
+takes the source layer at the same relative depth, floor((j + 0.5) * L / L'), and the note says
+"measured on <model> (<L> layers), mapped by relative depth onto <target> (<L'> layers)". The
+default lookup (traces/accuracy/<model>.csv for the simulated model) refuses a profile whose layer
+count differs from the model's.
+
+The low-rank-key layer set (§5.3: layers whose prediction accuracy is consistently low) comes from
+the profile's summary JSON (`lowrank_from_summary`), or from a threshold on the per-layer hit rates
+(`lowrank_by_threshold`).
 """
 
 from __future__ import annotations
 
 import csv
+import json
+import math
 import os
+from dataclasses import dataclass
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 
+PAPER_HIT = 0.88          # the paper's average KV prediction accuracy (§4.1)
+DEFAULT_INIT = "t2"
+DEFAULT_TEMPERATURE = 0.6
+
+
+@dataclass(frozen=True)
+class Select:
+    """Which profile rows to average. None: every value the file has."""
+    init: str | None = DEFAULT_INIT
+    temperature: float | None = DEFAULT_TEMPERATURE
+    context: int | None = None
+    task: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    path: str
+    model: str                # the model measured (provenance column `model`, else the file name)
+    layers: int               # its layer count
+    hit: tuple                # per layer of the measured model
+    reuse: tuple
+    token_acc: float | None   # n-weighted mean over the rows used, if the file has token_acc
+    rows: int                 # rows used
+    selection: str            # which rows, in words
+
+    @property
+    def hit_mean(self) -> float:
+        return sum(self.hit) / len(self.hit)
+
+    @property
+    def reuse_mean(self) -> float:
+        return sum(self.reuse) / len(self.reuse)
 
 
 def constant(rate: float, layers: int) -> list[float]:
@@ -23,41 +86,194 @@ def constant(rate: float, layers: int) -> list[float]:
     return [float(rate)] * layers
 
 
-def load_profile(path: str, layers: int) -> tuple[list[float], list[float], str]:
-    """(hit, reuse, description) per layer from a profile CSV."""
+# ---------------------------------------------------------------- reading
+def _rows(path: str):
+    """(header, [(line number, row)]) of a CSV, '#' lines and blank lines skipped."""
     try:
         with open(path, encoding="utf-8", newline="") as fh:
-            rows = list(csv.DictReader(fh))
+            lines = [(i, ln) for i, ln in enumerate(fh, start=1) if ln.strip() and not ln.startswith("#")]
     except OSError as exc:
         raise DDBenchError(f"cannot read accuracy profile {path}: {exc.strerror}") from None
-    if not rows or "layer" not in rows[0] or "hit_rate" not in rows[0]:
-        raise DDBenchError(f"malformed accuracy profile {path}: needs columns 'layer' and 'hit_rate'")
+    except UnicodeDecodeError:
+        raise DDBenchError(f"malformed accuracy profile {path}: not UTF-8 text") from None
+    if not lines:
+        raise DDBenchError(f"malformed accuracy profile {path}: no header line")
+    parsed = list(csv.reader(ln for _, ln in lines))
+    if len(parsed) != len(lines):   # a quoted newline: fall back to csv's own count
+        raise DDBenchError(f"malformed accuracy profile {path}: a quoted field spans lines")
+    header = [h.strip() for h in parsed[0]]
+    out = []
+    for (no, _), cells in zip(lines[1:], parsed[1:]):
+        if len(cells) != len(header):
+            raise DDBenchError(f"malformed accuracy profile {path}: line {no} has {len(cells)} fields,"
+                               f" the header {len(header)}")
+        out.append((no, dict(zip(header, cells))))
+    return lines[0][0], header, out
+
+
+def _num(path: str, no: int, row: dict, field: str, lo: float | None = None, hi: float | None = None) -> float:
+    raw = row[field]
+    try:
+        v = float(raw)
+    except ValueError:
+        raise DDBenchError(f"malformed accuracy profile {path}: line {no}, field {field}: {raw!r} is not a number") \
+            from None
+    if not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f"[{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
+        raise DDBenchError(f"malformed accuracy profile {path}: line {no}, field {field}: {raw!r} is not within {rng}")
+    return v
+
+
+def _describe(sel: Select, header: list[str], contexts: list, tasks: list) -> str:
+    parts = []
+    for col, val, what in (("init", sel.init, "init"), ("temperature", sel.temperature, "temperature")):
+        if col not in header:
+            parts.append(f"no {what} column")
+        elif val is None:
+            parts.append(f"every {what}")
+        else:
+            parts.append(f"{what} {val:g}" if isinstance(val, float) else f"{what} {val}")
+    ctx = "/".join(str(c) for c in contexts)
+    parts.append(f"context {sel.context}" if sel.context is not None else
+                 (f"contexts {ctx} averaged" if len(contexts) > 1 else f"context {ctx}") if contexts else
+                 "no context column")
+    parts.append(f"task {sel.task}" if sel.task is not None else
+                 (f"tasks {', '.join(tasks)} averaged" if len(tasks) > 1 else f"task {tasks[0]}") if tasks else
+                 "no task column")
+    return ", ".join(parts)
+
+
+def read_profile(path: str, sel: Select = Select()) -> Profile:
+    """The per-layer n-weighted means of the rows `sel` picks."""
+    path = str(path)
+    hdr_no, header, rows = _rows(path)
+    for f in ("layer", "hit_rate"):
+        if f not in header:
+            raise DDBenchError(f"malformed accuracy profile {path}: line {hdr_no}, field {f}: missing from the header")
+    if not rows:
+        raise DDBenchError(f"malformed accuracy profile {path}: no data rows")
+    has = set(header)
+
+    def keep(no, r) -> bool:
+        if sel.init is not None and "init" in has and r["init"].strip() != sel.init:
+            return False
+        if sel.temperature is not None and "temperature" in has:
+            if abs(_num(path, no, r, "temperature", 0.0) - sel.temperature) > 1e-9:
+                return False
+        if sel.context is not None and "context_tokens" in has:
+            if int(_num(path, no, r, "context_tokens", 1.0)) != int(sel.context):
+                return False
+        if sel.task is not None and "task" in has and r["task"].strip() != sel.task:
+            return False
+        return True
+
+    used = [(no, r) for no, r in rows if keep(no, r)]
+    if not used:
+        for col, val in (("init", sel.init), ("temperature", sel.temperature), ("context_tokens", sel.context),
+                         ("task", sel.task)):
+            if val is not None and col in has and not any(_match_one(col, val, r[col]) for _, r in rows):
+                vals = sorted({r[col].strip() for _, r in rows})
+                raise DDBenchError(f"accuracy profile {path} has no rows for {col} {val} (it has {', '.join(vals)})")
+        raise DDBenchError(f"accuracy profile {path} has no rows for this combination: {sel}")
+
+    model = None
+    if "model" in has:
+        names = {r["model"].strip() for _, r in rows if r["model"].strip()}
+        if len(names) > 1:
+            raise DDBenchError(f"malformed accuracy profile {path}: field model: several models ({', '.join(sorted(names))})")
+        model = names.pop() if names else None
+    model = model or os.path.basename(path).removesuffix(".csv")
+
     acc: dict[int, list] = {}
-    for n, r in enumerate(rows, start=2):
-        try:
-            layer = int(r["layer"])
-            hit = float(r["hit_rate"])
-            reuse = float(r["reuse_hit_rate"]) if r.get("reuse_hit_rate") not in (None, "") else hit
-        except (TypeError, ValueError):
-            raise DDBenchError(f"malformed accuracy profile {path}: line {n} is not numeric") from None
-        if not (0 <= layer < layers) or not (0 <= hit <= 1) or not (0 <= reuse <= 1):
-            raise DDBenchError(f"malformed accuracy profile {path}: line {n} out of range (layer < {layers},"
-                               f" rates in [0, 1])")
-        acc.setdefault(layer, []).append((hit, reuse))
-    missing = [i for i in range(layers) if i not in acc]
+    tok = [0.0, 0.0]
+    for no, r in used:
+        layer = _num(path, no, r, "layer", 0.0)
+        if layer != int(layer):
+            raise DDBenchError(f"malformed accuracy profile {path}: line {no}, field layer: {r['layer']!r} is not an integer")
+        hit = _num(path, no, r, "hit_rate", 0.0, 1.0)
+        reuse = _num(path, no, r, "reuse_hit_rate", 0.0, 1.0) if r.get("reuse_hit_rate", "").strip() else hit
+        n = _num(path, no, r, "n", 0.0) if "n" in has else 1.0
+        acc.setdefault(int(layer), []).append((hit, reuse, n))
+        if "token_acc" in has and r["token_acc"].strip():
+            tok[0] += n * _num(path, no, r, "token_acc", 0.0, 1.0)
+            tok[1] += n
+    if "layers" in has:
+        counts = {int(_num(path, no, r, "layers", 1.0)) for no, r in rows}
+        if len(counts) > 1:
+            raise DDBenchError(f"malformed accuracy profile {path}: field layers: several values {sorted(counts)}")
+        L = counts.pop()
+    else:
+        L = max(acc) + 1
+    bad = [i for i in acc if i >= L]
+    if bad:
+        raise DDBenchError(f"malformed accuracy profile {path}: field layer: layer {bad[0]} but the model has {L} layers")
+    missing = [i for i in range(L) if i not in acc]
     if missing:
-        raise DDBenchError(f"malformed accuracy profile {path}: no rows for layers {missing[:8]}")
-    hit = [sum(h for h, _ in acc[i]) / len(acc[i]) for i in range(layers)]
-    reuse = [sum(u for _, u in acc[i]) / len(acc[i]) for i in range(layers)]
-    return hit, reuse, f"accuracy profile {path}"
+        raise DDBenchError(f"malformed accuracy profile {path}: field layer: no rows for layers {missing[:8]}"
+                           f" (with {_describe(sel, header, [], [])})")
+
+    def mean(i, k):
+        w = sum(x[2] for x in acc[i])
+        if w <= 0:
+            return sum(x[k] for x in acc[i]) / len(acc[i])
+        return sum(x[k] * x[2] for x in acc[i]) / w
+    contexts = sorted({int(float(r["context_tokens"])) for _, r in used}) if "context_tokens" in has else []
+    tasks = sorted({r["task"].strip() for _, r in used}) if "task" in has else []
+    return Profile(path, model, L, tuple(mean(i, 0) for i in range(L)), tuple(mean(i, 1) for i in range(L)),
+                   tok[0] / tok[1] if tok[1] else None, len(used), _describe(sel, header, contexts, tasks))
 
 
-def resolve(spec: str | float | None, model_name: str, layers: int, default: float = 0.88):
-    """`spec`: None (the model's profile in traces/accuracy/ if present, else `default`), a number, or a CSV path."""
+def _match_one(col: str, val, raw: str) -> bool:
+    raw = raw.strip()
+    if col in ("temperature", "context_tokens"):
+        try:
+            return abs(float(raw) - float(val)) <= 1e-9
+        except ValueError:
+            return False
+    return raw == str(val)
+
+
+# ---------------------------------------------------------------- applying to a simulated model
+def map_depth(values, target_layers: int) -> list[float]:
+    """Per-layer values of an L-layer model onto an L'-layer one: target layer j takes the source layer
+    at the same relative depth, floor((j + 0.5) * L / L')."""
+    L = len(values)
+    return [float(values[min(L - 1, int((j + 0.5) * L / target_layers))]) for j in range(target_layers)]
+
+
+def apply(prof: Profile, target: str, target_layers: int, explicit: bool) -> tuple[list[float], list[float], str]:
+    """(hit, reuse, note) of `prof` for a `target_layers`-layer model; a different layer count needs `explicit`."""
+    head = f"accuracy profile {prof.path}: measured on {prof.model} ({prof.layers} layers)"
+    tail = (f"; {prof.selection}; hit mean {prof.hit_mean:.3f} (min {min(prof.hit):.3f}, max {max(prof.hit):.3f}),"
+            f" reuse mean {prof.reuse_mean:.3f}")
+    if prof.layers == target_layers:
+        same = prof.model.lower() == target.lower()
+        return list(prof.hit), list(prof.reuse), head + ("" if same else f", applied to {target}") + tail
+    if not explicit:
+        raise DDBenchError(f"accuracy profile {prof.path} was measured on {prof.model} ({prof.layers} layers) but"
+                           f" {target} has {target_layers}; name it with --hit-rate PATH to map it by relative depth")
+    return (map_depth(prof.hit, target_layers), map_depth(prof.reuse, target_layers),
+            head + f", mapped by relative depth onto {target} ({target_layers} layers)" + tail)
+
+
+def load_profile(path: str, layers: int, sel: Select = Select(), target: str | None = None):
+    """(hit, reuse, note) per layer of a `layers`-layer model from a profile CSV named explicitly."""
+    prof = read_profile(path, sel)
+    return apply(prof, target or prof.model, layers, explicit=True)
+
+
+def default_path(model_name: str) -> str:
+    return str(traces_dir("accuracy", f"{model_name}.csv"))
+
+
+def resolve(spec: str | float | None, model_name: str, layers: int, default: float = PAPER_HIT,
+            sel: Select = Select()):
+    """(hit, reuse, note) per layer. `spec`: None (the model's own traces/accuracy/<model>.csv if present,
+    else `default`), a number, or a CSV path (mapped by relative depth where the layer counts differ)."""
     if spec is None:
-        path = str(traces_dir("accuracy", f"{model_name}.csv"))
+        path = default_path(model_name)
         if os.path.exists(path):
-            return load_profile(path, layers)
+            return apply(read_profile(path, sel), model_name, layers, explicit=False)
         h = constant(default, layers)
         return h, h, (f"constant hit rate {default} (no traces/accuracy/{model_name}.csv; the paper's"
                       f" average KV prediction accuracy, §4.1)")
@@ -65,7 +281,57 @@ def resolve(spec: str | float | None, model_name: str, layers: int, default: flo
         h = constant(float(spec), layers)
         return h, h, f"constant hit rate {float(spec)}"
     try:
-        h = constant(float(spec), layers)
-        return h, h, f"constant hit rate {float(spec)}"
+        rate = float(spec)
     except ValueError:
-        return load_profile(spec, layers)
+        return load_profile(spec, layers, sel, target=model_name)
+    h = constant(rate, layers)
+    return h, h, f"constant hit rate {rate}"
+
+
+# ---------------------------------------------------------------- low-rank key layers (§5.3)
+def summary_path(csv_path: str) -> str:
+    return str(csv_path)[:-4] + ".summary.json" if str(csv_path).endswith(".csv") else str(csv_path)
+
+
+def lowrank_by_threshold(hit, threshold: float) -> frozenset:
+    """§5.3's rule on per-layer hit rates: the layers whose prediction accuracy is below `threshold`."""
+    return frozenset(i for i, h in enumerate(hit) if h < threshold)
+
+
+def lowrank_from_summary(path: str, target_layers: int | None = None, target: str | None = None,
+                         explicit: bool = True) -> tuple[frozenset, str]:
+    """(layer set, note): the low-rank-key layers the profile's summary picked by §5.3's rule, mapped by
+    relative depth onto a `target_layers`-layer model where the counts differ (a target layer keeps
+    low-rank keys where its source layer does)."""
+    path = summary_path(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except OSError as exc:
+        raise DDBenchError(f"cannot read accuracy summary {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise DDBenchError(f"malformed accuracy summary {path}: line {exc.lineno}: {exc.msg}") from None
+    lr = doc.get("lowrank") if isinstance(doc, dict) else None
+    if not isinstance(lr, dict) or not isinstance(lr.get("layers"), list):
+        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank.layers: missing or not a list")
+    L = doc.get("layers")
+    if not isinstance(L, int) or L < 1:
+        raise DDBenchError(f"malformed accuracy summary {path}: field layers: {L!r} is not a layer count")
+    try:
+        layers = sorted(int(x) for x in lr["layers"])
+    except (TypeError, ValueError):
+        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank.layers: not integers") from None
+    if any(not 0 <= x < L for x in layers):
+        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank.layers: outside 0..{L - 1}")
+    model = str(doc.get("model") or os.path.basename(path).removesuffix(".summary.json"))
+    rule = lr.get("rule") or (f"hit rate below {lr['threshold']}" if "threshold" in lr else "§5.3 rule")
+    note = f"low-rank key layers from {path} ({rule}): measured on {model} ({L} layers)"
+    if target_layers is None or target_layers == L:
+        return frozenset(layers), note + f": {layers}"
+    if not explicit:
+        raise DDBenchError(f"accuracy summary {path} was measured on {model} ({L} layers) but {target or 'the model'}"
+                           f" has {target_layers}; name it explicitly to map it by relative depth")
+    src = set(layers)
+    mapped = sorted(j for j in range(target_layers) if min(L - 1, int((j + 0.5) * L / target_layers)) in src)
+    return frozenset(mapped), note + (f" {layers}, mapped by relative depth onto {target or 'the target'}"
+                                      f" ({target_layers} layers): {mapped}")
