@@ -17,55 +17,18 @@ chunks x C tokens, U [L, b, S, r], SV [L, b, H_kv, d, r], landmarks
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 
 from ddbench.core.catalog.gpus import GPUSpec
 from ddbench.core.catalog.models import ModelSpec
-from ddbench.core.errors import DDBenchError
 from ddbench.core.systems import SystemSpec
+from ddbench.core.workload import Workload  # noqa: F401  (the one Workload; re-exported here)
 
 CATEGORIES = ("weights", "resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers",
               "activations", "runtime_overhead")
 INDEX_BYTES = 8      # int64 chunk index kept beside each landmark (ShadowKV's k_landmark_idx)
 FP32 = 4
 MAX_BATCH_SEARCH = 1 << 20
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the memory model needs to know about the requests being served."""
-    context: int                 # prompt tokens per request, S
-    batch: int = 1               # concurrent decoding requests, b
-    budget: int = 2048           # sparse budget in tokens, B (ShadowKV default)
-    chunk: int = 8               # tokens per chunk, C (ShadowKV default)
-    rank: int = 160              # low-rank key rank, r (ShadowKV default)
-    local_chunks: int = 4        # most recent chunks kept exact on the GPU (ShadowKV default)
-    gen_tokens: int = 128        # generated-token slots kept on the GPU (ShadowKV's +128)
-    outliers_per_1k: int = 24    # ShadowKV outlier chunks per 1024 tokens of budget
-    quant_group: int = 64        # SpeCache/KIVI group size
-    quant_residual: int = 64     # SpeCache/KIVI newest tokens kept in 16 bits
-    lowrank_layers: int = 0      # DualDecoder adaptive key reconstruction: layers with low-rank K
-    prefill_chunk: int = 8192    # tokens per chunked-prefill pass running beside decode
-
-    def validate(self, model: ModelSpec) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            minimum = 0 if f.name in ("gen_tokens", "lowrank_layers", "local_chunks", "outliers_per_1k",
-                                      "quant_residual", "batch") else 1
-            if not isinstance(value, int) or value < minimum:
-                raise DDBenchError(f"{f.name} must be an integer >= {minimum}, got {value!r}")
-        if self.budget > self.context:
-            raise DDBenchError(f"sparse budget {self.budget} is larger than the context {self.context}")
-        if self.budget % self.chunk:
-            raise DDBenchError(f"sparse budget {self.budget} is not a multiple of the chunk size {self.chunk}")
-        if self.lowrank_layers > model.num_layers:
-            raise DDBenchError(f"lowrank_layers {self.lowrank_layers} exceeds the model's {model.num_layers} layers")
-        if self.rank > model.num_kv_heads * model.head_dim:
-            raise DDBenchError(f"rank {self.rank} exceeds H_kv*d = {model.num_kv_heads * model.head_dim}")
-
-    @property
-    def outlier_chunks(self) -> int:
-        return self.outliers_per_1k * self.budget // 1024
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,126 @@
+"""The one `Workload`: what the memory model, the simulator and the engine know about the requests.
+
+Every field carries its CLI help in its metadata (as Vidur's configs do), so the commands do not
+restate flags or defaults:
+
+    from ddbench.core.workload import Workload, add_workload_args, workload_from_args
+
+    add_workload_args(parser)                              # --context, --batch, --budget, --chunk, ...
+    add_workload_args(parser, exclude=("context",))        # a command that parses --context itself
+    w = workload_from_args(args, model)                    # validated Workload (DDBenchError on bad input)
+    w = workload_from_args(args, model, context=131072)    # fields the command parsed itself
+
+Flags are the field names with '-' for '_'. Token-valued fields (context, budget, ...) accept 128k /
+1m forms. A flag left out on the command line takes the field's default. Only the standard library
+is used here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, dataclass, field, fields
+
+from ddbench.core.errors import DDBenchError
+from ddbench.core.units import parse_tokens
+
+
+def _f(default, help: str, tokens: bool = False, minimum: int = 1, cli: bool = True):
+    """A Workload field with its CLI help, whether it parses 128k forms, and its smallest legal value."""
+    meta = {"help": help, "tokens": tokens, "minimum": minimum, "cli": cli}
+    if default is MISSING:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the memory model, the simulator and the engine need to know about the requests served."""
+    context: int = _f(MISSING, "prompt tokens per request, S: 131072, 128k or 1m", tokens=True)
+    batch: int = _f(1, "concurrent decoding requests, b", minimum=0)
+    budget: int = _f(2048, "sparse budget in tokens, B (ShadowKV's default)", tokens=True)
+    chunk: int = _f(8, "tokens per chunk, C (ShadowKV's default)")
+    rank: int = _f(160, "low-rank key rank, r (ShadowKV's default)")
+    local_chunks: int = _f(4, "most recent chunks kept exact on the GPU (ShadowKV's default)", minimum=0)
+    gen_tokens: int = _f(128, "generated-token slots kept on the GPU (ShadowKV's +128)", minimum=0)
+    outliers_per_1k: int = _f(24, "ShadowKV outlier chunks per 1024 tokens of budget", minimum=0)
+    quant_group: int = _f(64, "SpeCache/KIVI quantization group size")
+    quant_residual: int = _f(64, "SpeCache/KIVI newest tokens kept in 16 bits", minimum=0)
+    lowrank_layers: int = _f(0, "DualDecoder layers with low-rank keys (adaptive key reconstruction)", minimum=0)
+    prefill_chunk: int = _f(8192, "tokens per chunked-prefill pass running beside decode", tokens=True)
+
+    def validate(self, model) -> None:
+        """DDBenchError (one line) for a value no design can serve on `model`."""
+        for f in fields(self):
+            value, minimum = getattr(self, f.name), f.metadata["minimum"]
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise DDBenchError(f"{f.name} must be an integer >= {minimum}, got {value!r}")
+        if self.budget > self.context:
+            raise DDBenchError(f"sparse budget {self.budget} is larger than the context {self.context}")
+        if self.budget % self.chunk:
+            raise DDBenchError(f"sparse budget {self.budget} is not a multiple of the chunk size {self.chunk}")
+        if self.lowrank_layers > model.num_layers:
+            raise DDBenchError(f"lowrank_layers {self.lowrank_layers} exceeds the model's {model.num_layers} layers")
+        if self.rank > model.num_kv_heads * model.head_dim:
+            raise DDBenchError(f"rank {self.rank} exceeds H_kv*d = {model.num_kv_heads * model.head_dim}")
+
+    @property
+    def outlier_chunks(self) -> int:
+        return self.outliers_per_1k * self.budget // 1024
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _int_arg(name: str, tokens: bool):
+    def parse(text: str) -> int:
+        if tokens:
+            try:
+                return parse_tokens(text, name.replace("_", " "))
+            except DDBenchError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag(name)} must be an integer, got {text!r}") from None
+    parse.__name__ = name
+    return parse
+
+
+def add_workload_args(parser: argparse.ArgumentParser, exclude=(), required=("context",),
+                      group_title: str | None = "workload") -> None:
+    """Add one flag per Workload field (except `exclude`) to `parser`, help and default from the field.
+
+    A required field without a default (context) is a required flag unless listed in `exclude`.
+    Defaults are not stored on the namespace (argparse.SUPPRESS): `workload_from_args` fills
+    them in from the dataclass, so a default lives in one place."""
+    target = parser.add_argument_group(group_title) if group_title else parser
+    for f in fields(Workload):
+        if f.name in exclude or not f.metadata["cli"]:
+            continue
+        has_default = f.default is not MISSING
+        help_ = f.metadata["help"] + (f" (default {f.default})" if has_default else "")
+        target.add_argument(flag(f.name), dest=f"workload_{f.name}", type=_int_arg(f.name, f.metadata["tokens"]),
+                            default=argparse.SUPPRESS, required=not has_default and f.name in required,
+                            metavar="N", help=help_)
+
+
+def workload_from_args(args: argparse.Namespace, model=None, **override) -> Workload:
+    """The Workload the command line asked for: flags given, else `override`, else the field defaults.
+    Validated against `model` where one is given (DDBenchError, one line)."""
+    values = {}
+    for f in fields(Workload):
+        key = f"workload_{f.name}"
+        if hasattr(args, key):
+            values[f.name] = getattr(args, key)
+        elif f.name in override:
+            values[f.name] = override[f.name]
+    unknown = set(override) - {f.name for f in fields(Workload)}
+    if unknown:
+        raise TypeError(f"not Workload fields: {sorted(unknown)}")
+    if "context" not in values:
+        raise DDBenchError("a context is required (--context)")
+    w = Workload(**values)
+    if model is not None:
+        w.validate(model)
+    return w
