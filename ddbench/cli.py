@@ -14,7 +14,7 @@ import sys
 from ddbench.core.errors import DDBenchError
 
 # Subcommand modules under ddbench/commands, in --help order.
-COMMANDS = ("plan", "figures", "calibrate", "bench", "simulate")
+COMMANDS = ("plan", "figures", "calibrate", "bench", "simulate", "profile")
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -1,0 +1,108 @@
+"""`ddbench profile --layer-accuracy`: measure, on a real model, how well DualDecoder's speculative
+token predicts the next step's chunk selection (hit), how much of it the previous step already
+holds (ShadowKV's reuse), and task accuracy under dense, sparse and low-rank-key attention.
+
+Writes traces/accuracy/<model>.csv (per layer), <model>.steps.csv (per step) and
+<model>.summary.json; the schema is in ddbench/profile/trace.py. Needs the profile extra:
+pip install -e '.[profile]'. Uses CUDA when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ddbench.core.errors import DDBenchError
+from ddbench.core.units import parse_tokens
+
+EXAMPLE = """examples:
+  ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --steps 64
+  ddbench profile --layer-accuracy --model ~/models/Meta-Llama-3-8B-Instruct --context 32k,64k \\
+      --tasks single,multikey,multivalue,vt --budget 1024,2048 --temperature 0,0.6,1.0 --device cuda"""
+
+
+def _list(text: str, conv, what: str) -> tuple:
+    try:
+        items = tuple(conv(x.strip()) for x in str(text).split(",") if x.strip())
+    except (ValueError, DDBenchError):
+        raise DDBenchError(f"cannot parse --{what} {text!r}") from None
+    if not items:
+        raise DDBenchError(f"--{what} is empty")
+    return items
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="per-layer KV-prediction accuracy of a real model (torch, transformers)",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layer-accuracy", action="store_true", help="the profile to run (the only one so far)")
+    p.add_argument("--model", required=True, help="Hugging Face folder (config.json + safetensors) or a .gguf file")
+    p.add_argument("--context", default="4k", help="prompt tokens, comma list (default 4k)")
+    p.add_argument("--tasks", default="single,multikey,vt",
+                   help="comma list of single, multikey, multivalue, vt (default single,multikey,vt)")
+    p.add_argument("--steps", type=int, default=64, help="measured dual-token decode steps per run (default 64)")
+    p.add_argument("--budget", default="1024,2048",
+                   help="sparse budgets in tokens, comma list; those at or above a context are skipped there"
+                        " (default 1024,2048)")
+    p.add_argument("--chunk", type=int, default=8, help="tokens per chunk (default 8)")
+    p.add_argument("--init", default="both", choices=("t2", "random", "both"),
+                   help="first speculative token: T2 from a pre-decoding step, a random token, or both (default)")
+    p.add_argument("--temperature", default="0,0.6,1.0", help="output-token sampling temperatures (default 0,0.6,1.0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus cut-off for the output token (default 1.0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of prompts and sampling (default 0)")
+    p.add_argument("--samples", type=int, default=1, help="prompts per (context, task) (default 1)")
+    p.add_argument("--rank", type=int, default=160, help="ShadowKV low-rank key rank (default 160)")
+    p.add_argument("--lowrank-threshold", type=float, default=0.8,
+                   help="layers with a mean hit rate below this get low-rank keys (§5.3; default 0.8)")
+    p.add_argument("--no-quality", action="store_true", help="skip the task-accuracy evaluation")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda when present")
+    p.add_argument("--out", help="output folder (default: the package's traces/accuracy/)")
+    p.add_argument("--allow-extrapolation", action="store_true",
+                   help="allow contexts beyond the model's max_position_embeddings")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def _temperature(x: str) -> float:
+    return float(x)
+
+
+def run(args) -> int:
+    if not args.layer_accuracy:
+        raise DDBenchError("choose what to profile: --layer-accuracy")
+    from ddbench.profile.model import require
+    require()
+    from ddbench.profile.run import ProfileConfig, command_line
+    from ddbench.profile.run import run as run_profile
+
+    cfg = ProfileConfig(
+        model=args.model, contexts=_list(args.context, parse_tokens, "context"),
+        tasks=_list(args.tasks, str, "tasks"), steps=args.steps,
+        budgets=_list(args.budget, lambda x: parse_tokens(x, "budget"), "budget"), chunk=args.chunk,
+        inits=("t2", "random") if args.init == "both" else (args.init,),
+        temperatures=_list(args.temperature, _temperature, "temperature"), top_p=args.top_p, seed=args.seed,
+        samples=args.samples, rank=args.rank, lowrank_threshold=args.lowrank_threshold,
+        quality=not args.no_quality, device=args.device, out=args.out,
+        allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, command=command_line())
+    result = run_profile(cfg)
+    print(render(result))
+    return 0
+
+
+def render(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"{s['model']}: {s['shape']['layers']} layers, {s['shape']['kv_heads']} KV heads, on {s['shape']['device']},"
+             f" {s['runtime_s']:.0f} s"]
+    lines.append("init    temp   hit    reuse  union  new_pred  token_acc  n")
+    for r in s["by_init_temperature"]:
+        lines.append(f"{r['init']:<7} {r['temperature']:<5}  {r['hit_rate']:.3f}  {r['reuse_hit_rate']:.3f}  "
+                     f"{r['union_hit_rate']:.3f}  {r['new_pred_share']:.3f}     {r['token_acc']:.3f}      {r['n']}")
+    hits = [r["hit_rate"] for r in s["per_layer"]["rows"]]
+    reuse = [r["reuse_hit_rate"] for r in s["per_layer"]["rows"]]
+    lines.append(f"per layer ({s['per_layer']['basis']}): hit {min(hits):.3f}-{max(hits):.3f},"
+                 f" reuse {min(reuse):.3f}-{max(reuse):.3f}")
+    lw = s["lowrank_layers"]
+    lines.append(f"low-rank layers (hit < {lw['threshold']}): {lw['layers'] or 'none'}")
+    for r in s["task_accuracy"]:
+        b = f" budget {r['budget_tokens']}" if r["budget_tokens"] else ""
+        lines.append(f"task {r['task']} @ {r['context_tokens']}{b} {r['method']}: {r['correct']}/{r['total']}")
+    lines += [f"wrote {p}" for p in result["files"].values()]
+    return "\n".join(lines)

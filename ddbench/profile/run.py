@@ -1,0 +1,291 @@
+"""The `ddbench profile --layer-accuracy` sweep: load once, prefill once per prompt, measure, write.
+
+    ProfileConfig           every knob of the command (frozen)
+    validate(cfg, model_cfg) -> {context: [budgets]}   bad input -> DDBenchError before any work
+    run(cfg) -> dict        the sweep; writes traces (ddbench/profile/trace.py) at the very end
+
+Per prompt (context x task x sample): one chunked dense prefill; exact landmarks of every layer;
+for every init and temperature one dual-token run (ddbench/profile/decode.py) whose captured
+queries are scored for every budget (ddbench/profile/selection.py, metrics.py); then the task
+accuracy of dense, sparse exact top-k and low-rank-key attention (ddbench/profile/quality.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import shlex
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+from ddbench.core.errors import DDBenchError
+from ddbench.profile import model as model_mod
+from ddbench.profile.selection import LOCAL_TOKENS, Geometry
+from ddbench.profile.tasks import TASKS
+
+METHODS = ("dense", "sparse", "lowrank")
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    model: str
+    contexts: tuple = (4096,)
+    tasks: tuple = ("single", "multikey", "vt")
+    steps: int = 64
+    budgets: tuple = (1024, 2048)
+    chunk: int = 8
+    local: int = LOCAL_TOKENS
+    inits: tuple = ("t2", "random")
+    temperatures: tuple = (0.0, 0.6, 1.0)
+    top_p: float = 1.0
+    seed: int = 0
+    samples: int = 1
+    rank: int = 160
+    lowrank_threshold: float = 0.8
+    quality: bool = True
+    device: str = "auto"
+    out: str | None = None
+    allow_extrapolation: bool = False
+    progress: bool = True
+    command: str = ""
+
+
+def validate(cfg: ProfileConfig, max_positions: int) -> dict:
+    if cfg.steps < 1:
+        raise DDBenchError(f"--steps must be at least 1, got {cfg.steps}")
+    if cfg.samples < 1:
+        raise DDBenchError(f"--samples must be at least 1, got {cfg.samples}")
+    if not cfg.tasks or any(t not in TASKS for t in cfg.tasks):
+        raise DDBenchError(f"unknown task in {','.join(cfg.tasks)}: choose from {', '.join(TASKS)}")
+    if not cfg.inits or any(i not in ("t2", "random") for i in cfg.inits):
+        raise DDBenchError("--init must be t2, random or both")
+    if any(t < 0 for t in cfg.temperatures) or not cfg.temperatures:
+        raise DDBenchError("--temperature values must be >= 0")
+    if not 0 < cfg.top_p <= 1:
+        raise DDBenchError(f"--top-p must be in (0, 1], got {cfg.top_p}")
+    if not 0 <= cfg.lowrank_threshold <= 1:
+        raise DDBenchError(f"--lowrank-threshold must be in [0, 1], got {cfg.lowrank_threshold}")
+    if cfg.rank < 1:
+        raise DDBenchError(f"--rank must be positive, got {cfg.rank}")
+    plan = {}
+    for c in cfg.contexts:
+        need = c + cfg.steps + 16
+        if need > max_positions and not cfg.allow_extrapolation:
+            raise DDBenchError(f"context {c} plus {cfg.steps} decode steps exceeds the model's max_position_embeddings"
+                               f" of {max_positions} (largest context: {max_positions - cfg.steps - 16});"
+                               f" --allow-extrapolation to run anyway")
+        ok = [b for b in cfg.budgets if b < c]
+        if not ok:
+            raise DDBenchError(f"budget {min(cfg.budgets)} is at or above the context of {c} tokens")
+        for b in ok:
+            Geometry(c, b, cfg.chunk, cfg.local).validate()
+        plan[c] = ok
+    return plan
+
+
+def _is_oom(exc) -> bool:
+    import torch
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    msg = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
+
+
+def largest_fit(loaded, context: int, steps: int, prefill_fn) -> int:
+    """Largest of context/2, context/4, ... (>= 256) whose prefill plus a decode fits, else 0."""
+    from transformers import DynamicCache
+    c = context // 2
+    while c >= 256:
+        try:
+            cache = DynamicCache(config=loaded.model.config)
+            prefill_fn(loaded.model, [0] * c, cache)
+            del cache
+            return c
+        except Exception as exc:  # noqa: BLE001
+            if not _is_oom(exc):
+                raise
+        c //= 2
+    return 0
+
+
+def _git_sha() -> str:
+    from ddbench.core.paths import repo_root
+    root = repo_root()
+    if root is None:
+        return "unknown"
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _mean(acc):
+    return {k: (v / acc["n"] if k != "n" else v) for k, v in acc.items()}
+
+
+def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
+    t_start = time.perf_counter()
+    _, gguf_file, _, _, mcfg = model_mod.inspect(cfg.model)
+    budget_plan = validate(cfg, int(mcfg.max_position_embeddings))
+    out_dir = cfg.out
+    if out_dir is None:
+        from ddbench.core.paths import traces_dir
+        out_dir = str(traces_dir("accuracy"))
+
+    import torch
+    import transformers
+    from tqdm import tqdm
+    from transformers import DynamicCache
+
+    from ddbench.profile import decode, quality, selection, trace
+    from ddbench.profile.attention import SparsePlan, install
+    from ddbench.profile.lowrank import lowrank_keys
+    from ddbench.profile.metrics import overlaps
+    from ddbench.profile.tasks import make_prompt
+
+    prefill_fn = prefill_fn or decode.prefill
+    quiet = not cfg.progress
+    torch.manual_seed(cfg.seed)
+    with tqdm(total=1, desc="load", disable=quiet, file=sys.stderr) as bar:
+        loaded = model_mod.load(cfg.model, cfg.device)
+        bar.update(1)
+    model, tok = loaded.model, loaded.tokenizer
+    probe = install(model)
+    vocab = int(model.config.vocab_size)
+
+    groups = defaultdict(lambda: defaultdict(float))   # (layer, c, task, init, temp, budget) -> sums
+    step_rows, task_acc = [], defaultdict(lambda: [0, 0])
+    runs = [(i, t) for i in cfg.inits for t in cfg.temperatures]
+    for c in cfg.contexts:
+        budgets = budget_plan[c]
+        geo = Geometry(c, budgets[0], cfg.chunk, cfg.local)
+        S = geo.selectable
+        for task in cfg.tasks:
+            for s in range(cfg.samples):
+                prompt = make_prompt(tok, task, c, cfg.seed + s)
+                cache = DynamicCache(config=model.config)
+                try:
+                    with tqdm(total=c, desc=f"prefill {task} {c}", unit="tok", disable=quiet, file=sys.stderr) as bar:
+                        first = prefill_fn(model, prompt.ids, cache, bar=bar)
+                    lm = selection.landmarks(cache, geo)
+                    total = len(runs) * (cfg.steps + 1)
+                    with tqdm(total=total, desc=f"steps {task} {c}", disable=quiet, file=sys.stderr) as bar:
+                        for init, temp in runs:
+                            seed = cfg.seed * 1_000_003 + s * 1009 + int(round(temp * 1000))
+                            r = decode.dual_run(model, probe, cache, c, first, steps=cfg.steps, init=init,
+                                                temperature=temp, top_p=cfg.top_p, seed=seed, vocab=vocab, bar=bar)
+                            acc_t = torch.tensor(r.token_acc, dtype=torch.float32)
+                            for b in budgets:
+                                k = b // cfg.chunk
+                                sel = torch.stack([torch.stack([
+                                    selection.select(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l], k)[0]
+                                    for l in range(loaded.layers)]) for t in range(cfg.steps + 1)])
+                                # sel [steps+1, L, 2, H, k]
+                                m = overlaps(sel[1:, :, 0], sel[:-1, :, 1], sel[:-1, :, 0], geo.n_chunks)
+                                for l in range(loaded.layers):
+                                    g = groups[(l, c, task, init, temp, b)]
+                                    for name, v in m.items():
+                                        g[name] += float(v[:, l].sum())
+                                    g["token_acc"] += float(acc_t.sum()) * loaded.kv_heads
+                                    g["n"] += v[:, l].numel()
+                                for t in range(cfg.steps):
+                                    step_rows.append({"context_tokens": c, "task": task, "sample": s, "init": init,
+                                                      "temperature": temp, "budget_tokens": b, "step": t,
+                                                      **{n: float(v[t].mean()) for n, v in m.items()},
+                                                      "token_acc": int(r.token_acc[t]),
+                                                      "output_token": r.out_tokens[t + 1],
+                                                      "spec_token": r.spec_tokens[t]})
+                    if cfg.quality:
+                        ok, _ = quality.answer(model, probe, tok, cache, prompt, first, None)
+                        task_acc[(c, task, None, "dense")][0] += ok
+                        task_acc[(c, task, None, "dense")][1] += 1
+                        lk = lowrank_keys(model, cache, S, cfg.rank)
+                        for b in budgets:
+                            for method, keys in (("sparse", None), ("lowrank", lk)):
+                                plan = SparsePlan(landmarks=lm, budget_chunks=b // cfg.chunk, chunk=cfg.chunk,
+                                                  resident_from=S, keys=keys)
+                                ok, _ = quality.answer(model, probe, tok, cache, prompt, first, plan)
+                                task_acc[(c, task, b, method)][0] += ok
+                                task_acc[(c, task, b, method)][1] += 1
+                except DDBenchError:
+                    raise
+                except Exception as exc:  # noqa: BLE001
+                    if not _is_oom(exc):
+                        raise
+                    del cache
+                    fit = largest_fit(loaded, c, cfg.steps, prefill_fn)
+                    raise DDBenchError(f"out of memory at context {c} on {loaded.device}; the largest context that fits"
+                                       f" is {fit} tokens" if fit else
+                                       f"out of memory at context {c} on {loaded.device}; not even 256 tokens fit") from None
+                del cache
+
+    rows = []
+    for (l, c, task, init, temp, b), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3],
+                                                                                  kv[0][4], kv[0][5], kv[0][0])):
+        mm = _mean(g)
+        rows.append({"layer": l, "context_tokens": c, "task": task, "init": init, "temperature": temp,
+                     "top_p": cfg.top_p, "budget_tokens": b, "chunk_tokens": cfg.chunk, "local_tokens": cfg.local,
+                     **{n: mm[n] for n in trace.RATES}, "token_acc": mm["token_acc"], "n": int(g["n"])})
+    runtime = time.perf_counter() - t_start
+    provenance = {"model": loaded.name, "layers": loaded.layers, "model_sha256": loaded.sha256, "transformers_version": transformers.__version__,
+                  "torch_version": torch.__version__, "git_sha": _git_sha(),
+                  "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+                  "command": cfg.command}
+    summary = summarize(cfg, loaded, rows, task_acc, provenance, runtime)
+    files = trace.write(out_dir, loaded.name, rows, step_rows, summary, provenance)
+    return {"summary": summary, "files": files, "rows": rows}
+
+
+def _agg(rows, keys, cols=("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share", "token_acc")):
+    acc = defaultdict(lambda: defaultdict(float))
+    for r in rows:
+        g = acc[tuple(r[k] for k in keys)]
+        for c in cols:
+            g[c] += r[c] * r["n"]
+        g["n"] += r["n"]
+    out = []
+    for key in sorted(acc):
+        g = acc[key]
+        out.append({**dict(zip(keys, key)), **{c: round(g[c] / g["n"], 6) for c in cols}, "n": int(g["n"])})
+    return out
+
+
+def summarize(cfg, loaded, rows, task_acc, provenance, runtime) -> dict:
+    from ddbench.profile.trace import SCHEMA
+    basis_rows = [r for r in rows if r["init"] == "t2" and r["temperature"] > 0]
+    basis = "init t2, temperature > 0 (sampled output), all contexts, tasks and budgets"
+    if not basis_rows:
+        basis_rows, basis = rows, "all rows (no sampled t2 run in this sweep)"
+    per_layer = _agg(basis_rows, ("layer",), ("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share"))
+    low = [r["layer"] for r in per_layer if r["hit_rate"] < cfg.lowrank_threshold]
+    cfg_d = {k: v for k, v in asdict(cfg).items() if k not in ("progress", "command", "out")}
+    return {
+        "schema": SCHEMA, "model": loaded.name, "provenance": provenance,
+        "shape": {"model_type": loaded.model_type, "layers": loaded.layers, "q_heads": loaded.q_heads,
+                  "kv_heads": loaded.kv_heads, "head_dim": loaded.head_dim, "max_positions": loaded.max_positions,
+                  "device": loaded.device, "dtype": loaded.dtype},
+        "config": cfg_d, "runtime_s": round(runtime, 1),
+        "selection": {"rule": "kernels.select.select_chunks_ref over kernels.landmarks.build_landmarks_ref",
+                      "local_tokens": cfg.local, "sink_tokens": 0,
+                      "scored": "selectable chunks only; the local window and generated tokens are always resident"},
+        "per_layer": {"basis": basis, "rows": per_layer},
+        "by_init_temperature": _agg(rows, ("init", "temperature")),
+        "by_context_budget": _agg([r for r in rows if r["temperature"] > 0], ("context_tokens", "budget_tokens", "init"),
+                                  ("hit_rate", "reuse_hit_rate", "token_acc")),
+        "lowrank_layers": {"rule": "§5.3: layers whose mean hit rate is below the threshold",
+                           "threshold": cfg.lowrank_threshold, "basis": basis, "layers": low},
+        "task_accuracy": [{"context_tokens": c, "task": t, "budget_tokens": b, "method": m,
+                           **({"rank": cfg.rank} if m == "lowrank" else {}),
+                           "correct": v[0], "total": v[1], "accuracy": round(v[0] / v[1], 4)}
+                          for (c, t, b, m), v in sorted(task_acc.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                                          kv[0][2] or 0,
+                                                                                          METHODS.index(kv[0][3])))],
+    }
+
+
+def command_line() -> str:
+    return "ddbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+

@@ -1,0 +1,94 @@
+"""Accuracy-profile traces: schema and atomic writing (traces/accuracy/).
+
+Three files per model, all written only after the whole sweep succeeded (each to a temporary
+file in the target folder, then renamed), so a failed run leaves none of them half-written.
+
+`<model>.csv`, schema 1: one row per (layer, context_tokens, task, init, temperature, budget_tokens),
+averaged over every measured (step, KV head) sample of that group (and over --samples prompts).
+    layer            0-based decoder layer
+    context_tokens   prompt tokens
+    task             single | multikey | multivalue | vt (ddbench/profile/tasks.py)
+    init             t2 (first speculative token = the real T2 from a pre-decoding step) | random
+    temperature      sampling temperature of the output token (0 = greedy); the speculative token
+                     is always the argmax at the speculative position
+    top_p            nucleus cut-off of the output token's sampling (1 = none)
+    budget_tokens    sparse budget in tokens (k = budget_tokens / chunk_tokens chunks per KV head)
+    chunk_tokens     tokens per chunk (landmark = mean of the chunk's post-RoPE keys)
+    local_tokens     always-resident recent prompt tokens (plus generated tokens), not scored
+    hit_rate         mean |pred ∩ true| / |true|   pred = step t's speculative-token selection
+    reuse_hit_rate   mean |prev ∩ true| / |true|   prev = step t's output-token selection
+    union_hit_rate   mean |(pred ∪ prev) ∩ true| / |true|
+    new_pred_share   mean |pred \\ prev| / |true|
+    token_acc        share of steps whose speculative token equals the next output token
+    n                (step, KV head) samples averaged (steps x kv_heads x samples)
+    model, layers (the model's layer count), model_sha256 (first 16 hex of the weights file(s)), transformers_version,
+    torch_version, git_sha, date (UTC ISO), command                     provenance, same on every row
+where true = step t+1's selection from its output token's post-RoPE query. sim/profile.py reads
+`layer`, `hit_rate`, `reuse_hit_rate` and averages all rows of a layer: filter rows first
+(e.g. init == t2, temperature > 0) if the greedy rows (hit 1.0 by construction) should not count.
+
+`<model>.steps.csv`, schema 1: one row per measured step of each run, means over layers and KV heads:
+    context_tokens, task, sample, init, temperature, budget_tokens, step (0-based transition t->t+1),
+    hit_rate, reuse_hit_rate, union_hit_rate, new_pred_share, token_acc (0/1), output_token,
+    spec_token (ids of x_{t+1} and s_t)
+
+`<model>.summary.json`, schema 1:
+    schema, model, provenance{...}, config{...}, runtime_s
+    per_layer            {basis, rows: [{layer, hit_rate, reuse_hit_rate, union_hit_rate, new_pred_share, n}]}
+                         basis: init t2 and temperature > 0 (sampled output, the deployed start), all
+                         contexts, tasks and budgets; falls back to all rows when there are none
+    by_init_temperature  [{init, temperature, hit_rate, reuse_hit_rate, union_hit_rate,
+                           new_pred_share, token_acc, n}]  (all layers, contexts, tasks, budgets)
+    by_context_budget    [{context_tokens, budget_tokens, init, hit_rate, reuse_hit_rate, token_acc, n}]
+                         (temperature > 0)
+    lowrank_layers       {rule, threshold, basis, layers}: §5.3's adaptive key reconstruction set,
+                         the layers whose per_layer hit_rate is below threshold
+    task_accuracy        [{context_tokens, task, budget_tokens (null for dense), method
+                           (dense | sparse | lowrank), rank (lowrank only), correct, total, accuracy}]
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+
+from ddbench.core.io import write_json, write_text
+
+SCHEMA = 1
+ROW_COLUMNS = ["layer", "context_tokens", "task", "init", "temperature", "top_p", "budget_tokens", "chunk_tokens",
+               "local_tokens", "hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share", "token_acc", "n"]
+PROVENANCE = ["model", "layers", "model_sha256", "transformers_version", "torch_version", "git_sha", "date", "command"]
+STEP_COLUMNS = ["context_tokens", "task", "sample", "init", "temperature", "budget_tokens", "step", "hit_rate",
+                "reuse_hit_rate", "union_hit_rate", "new_pred_share", "token_acc", "output_token", "spec_token"]
+RATES = ("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share")
+
+
+def _fmt(v):
+    return f"{v:.6f}" if isinstance(v, float) else v
+
+
+def _csv(columns, rows) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: _fmt(r[c]) for c in columns})
+    return buf.getvalue()
+
+
+def paths(out_dir: str, model: str) -> dict:
+    return {"csv": os.path.join(out_dir, f"{model}.csv"),
+            "steps": os.path.join(out_dir, f"{model}.steps.csv"),
+            "summary": os.path.join(out_dir, f"{model}.summary.json")}
+
+
+def write(out_dir: str, model: str, rows: list, step_rows: list, summary: dict, provenance: dict) -> dict:
+    """Render everything first, then write the three files atomically; returns their paths."""
+    p = paths(out_dir, model)
+    main = _csv(ROW_COLUMNS + PROVENANCE, [r | provenance for r in rows])
+    steps = _csv(STEP_COLUMNS, step_rows)
+    write_text(p["csv"], main)
+    write_text(p["steps"], steps)
+    write_json(p["summary"], summary)
+    return p
