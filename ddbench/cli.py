@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from ddbench.core.errors import DDBenchError
@@ -39,7 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, frame):
+    """SIGTERM unwinds like Ctrl-C, so run folders and atomic files are cleaned up."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread
+        pass
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.data is not None:

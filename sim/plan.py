@@ -95,11 +95,11 @@ def step_plan(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: 
     lin_post = cm.linear_s(qd, m.hidden, mt) + cm.linear_s(m.hidden, 2 * m.intermediate, mt) \
         + cm.linear_s(m.intermediate, m.hidden, mt)
     ctx_i = max(1, int(round(context)))
-    # DualDecoder's designs (landmarks + a dual-token step) run the Triton kernels of kernels/:
-    # selection, dual-token (or, two-pass, single-token) sparse attention, key rebuild. The others
-    # are costed with torch (SDPA decode, matmul/softmax/topk selection, gather + matmul rebuild),
-    # standing in for their own implementations (ShadowKV: flash-attn and fused CUDA kernels)
-    tri = sys.landmarks and sys.tokens_per_step == 2
+    # the design's `kernels` switch: "triton" runs the Triton kernels of kernels/ (selection,
+    # dual-token or single-token sparse attention, key rebuild); "torch" is costed with torch (SDPA
+    # decode, matmul/softmax/topk selection, gather + matmul rebuild), standing in for a design's own
+    # implementation (ShadowKV: flash-attn and fused CUDA kernels)
+    tri = sys.kernels == "triton"
     if sys.landmarks:
         sel = cm.select_s(batch, q, ctx_i, w.chunk, triton=tri)
     elif sys.quant_bits:

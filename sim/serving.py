@@ -25,6 +25,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import simpy
 
 from ddbench.core.catalog.gpus import GPUSpec
@@ -90,8 +91,8 @@ def parse_dist(spec: str, what: str):
 def draw_requests(n: int, rate: float, context: str, output: str, seed: int) -> list[Request]:
     if n < 1:
         raise DDBenchError(f"--requests must be at least 1, got {n}")
-    if not rate > 0:
-        raise DDBenchError(f"--rate must be positive (requests/s), got {rate}")
+    if not (rate > 0 and math.isfinite(rate)):
+        raise DDBenchError(f"--rate must be positive and finite (requests/s), got {rate}")
     ctx, out = parse_dist(context, "context"), parse_dist(output, "output")
     rng = random.Random(seed)
     t, reqs = 0.0, []
@@ -117,29 +118,35 @@ class ServingResult:
     notes: list[str]
 
     def summary(self) -> dict:
+        """Tokens/s, percentiles of completion, TTFT and TPOT, mean batch, link use, peak memory.
+        A number that does not exist (nothing completed, no request with two tokens) is None, and
+        `reasons` says why; `status` is "ok", or "nothing-fits" where every request was rejected."""
         done = [r for r in self.requests if not r.rejected]
-        lat = sorted(r.latency for r in done)
         tokens = sum(r.output for r in done)
         t0 = min(r.arrival for r in self.requests)
         span = max(r.completion for r in done) - t0 if done else 0.0
         steps = [s for s in self.segments if s["batch"] > 0]
         wsum = sum(s["steps"] for s in steps)
-
-        def pct(xs, p):
-            if not xs:
-                return math.nan
-            k = min(len(xs) - 1, max(0, math.ceil(p / 100 * len(xs)) - 1))
-            return xs[k]
-        tp = sorted(r.tpot for r in done if r.output > 1)
-        tt = sorted(r.ttft for r in done)
+        lat = [r.latency for r in done]
+        tp = [r.tpot for r in done if r.output > 1]
+        tt = [r.ttft for r in done]
+        reasons = {}
+        if not done:
+            why = "no request fits in GPU memory" if self.requests else "no requests"
+            for k in ("tokens_per_s", "completion_p50_s", "completion_p99_s", "ttft_p50_s", "ttft_p99_s",
+                      "tpot_p50_s", "tpot_p99_s"):
+                reasons[k] = why
+        elif not tp:
+            reasons["tpot_p50_s"] = reasons["tpot_p99_s"] = "every completed request has one output token"
         return {
+            "status": "ok" if done else "nothing-fits",
             "requests": len(self.requests), "completed": len(done),
             "rejected": sum(r.rejected for r in self.requests),
             "output_tokens": tokens,
-            "tokens_per_s": tokens / span if span else math.nan,
-            "completion_p50_s": pct(lat, 50), "completion_p99_s": pct(lat, 99),
-            "ttft_p50_s": pct(tt, 50), "ttft_p99_s": pct(tt, 99),
-            "tpot_p50_s": pct(tp, 50), "tpot_p99_s": pct(tp, 99),
+            "tokens_per_s": tokens / span if span > 0 else None,
+            "completion_p50_s": percentile(lat, 50), "completion_p99_s": percentile(lat, 99),
+            "ttft_p50_s": percentile(tt, 50), "ttft_p99_s": percentile(tt, 99),
+            "tpot_p50_s": percentile(tp, 50), "tpot_p99_s": percentile(tp, 99),
             "mean_batch": sum(s["batch"] * s["steps"] for s in steps) / wsum if wsum else 0.0,
             "decode_steps": self.decode_steps,
             "link_utilisation": self.link_busy_s / self.sim_end if self.sim_end else 0.0,
@@ -147,7 +154,16 @@ class ServingResult:
             "peak_memory_bytes": self.peak_memory,
             "capacity_bytes": self.capacity,
             "makespan_s": span,
+            "reasons": reasons,
         }
+
+
+def percentile(xs, p: float) -> float | None:
+    """The p-th percentile by nearest rank (the smallest x with at least p% of the values <= x:
+    numpy's 'inverted_cdf'); None for no values."""
+    if len(xs) == 0:
+        return None
+    return float(np.percentile(np.asarray(xs, dtype=float), p, method="inverted_cdf"))
 
 
 class _Model:
@@ -210,10 +226,16 @@ class _Model:
 
 def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: Workload,
                 requests: list[Request], hit: list[float], reuse: list[float],
-                max_batch: int | None = None, prefill_here: bool = True) -> ServingResult:
+                max_batch: int | None = None, prefill_here: bool = True, progress=None) -> ServingResult:
     """prefill_here=False: prefill runs on other GPUs (disaggregated, as in DistServe): an admitted
     request joins the decode batch at once with its first token, its prompt's KV already in place
-    (TTFT is then the wait for memory alone); memory is accounted as before."""
+    (TTFT is then the wait for memory alone); memory is accounted as before.
+    progress: called with 1 whenever a request completes or is rejected (a progress bar)."""
+    if not requests:
+        raise DDBenchError("no requests to serve")
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+        raise DDBenchError(f"--max-batch must be at least 1, got {max_batch}")
+    tick = progress or (lambda n: None)
     for r in requests:
         if r.context < w.budget and not sys.kv_on_gpu:
             raise DDBenchError(f"request {r.rid}: context {r.context} is smaller than the sparse budget {w.budget}")
@@ -310,6 +332,7 @@ def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: W
                 waiting.popleft()  # cannot fit even alone
                 r.rejected = True
                 count(-1)
+                tick(1)
             else:
                 break
         if changed:
@@ -333,6 +356,7 @@ def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: W
             ledger.free(c, v)
         deactivate(r.context)
         count(-1)
+        tick(1)
 
     def engine():
         snapshot()

@@ -2,8 +2,12 @@
 
 import csv
 import json
+import os
+import signal
+import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,22 +47,123 @@ def test_simulate_timeline_mode(tmp_path):
     assert len(layers) == 32 and float(layers[0]["urgent_bytes"]) > 0
 
 
+def _strict_json(text):
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def _leftovers(folder):
+    """Temporary run folders or files left in `folder`."""
+    return [n for n in os.listdir(folder) if ".tmp-" in n or ".old-" in n or n.startswith(".tmp")]
+
+
+BASE = ["simulate", "--model", "llama-3-8b", "--gpu", "h200", "--requests", "2"]
+
+
 @pytest.mark.parametrize("args, msg", [
     (["--system", "nonesuch"], "unknown design"),
+    (["--system", ""], "names no design"),
+    (["--system", " , "], "names no design"),
     (["--rate", "0"], "--rate must be positive"),
+    (["--rate", "inf"], "--rate must be positive and finite"),
+    (["--rate", "nan"], "--rate must be positive and finite"),
+    (["--requests", "0"], "--requests must be at least 1"),
+    (["--max-batch", "0"], "--max-batch must be at least 1"),
+    (["--batch", "0"], "--batch must be at least 1"),
+    (["--batch", "2", "--steps", "0"], "--steps must be at least 1"),
+    (["--chunk", "0"], "chunk must be an integer >= 1"),
+    (["--budget", "0"], "budget must be positive"),
     (["--context", "1k"], "larger than the context"),
+    (["--context", "uniform:1k"], "use uniform:LO:HI"),
     (["--hit-rate", "1.5"], "hit rate must be within"),
     (["--calibration", "BROKEN"], "malformed calibration bundle"),
+    (["--out", ""], "--out is empty"),
+    (["--out", "/proc/x"], "cannot write --out /proc/x"),
+    (["--out", "FILE/x"], "is not a folder"),
 ])
 def test_simulate_errors_are_one_line(tmp_path, args, msg):
     broken = tmp_path / "BROKEN" / "h200"
     broken.mkdir(parents=True)
     (broken / "bundle.json").write_text("{nope")
-    base = ["simulate", "--model", "llama-3-8b", "--gpu", "h200", "--requests", "2", "--out", str(tmp_path / "o")]
-    p = _run(*base, *[a if a != "BROKEN" else str(tmp_path / "BROKEN") for a in args])
-    assert p.returncode == 2
+    (tmp_path / "FILE").write_text("a file")
+    args = [str(tmp_path / a) if a in ("BROKEN", "FILE/x") else a for a in args]
+    before = sorted(os.listdir(tmp_path))
+    p = _run(*BASE, "--out", str(tmp_path / "o"), *args, cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
     assert msg in p.stderr and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
-    assert not (tmp_path / "o" / "summary.json").exists()
+    assert p.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == before  # nothing left behind, not even a temporary folder
+
+
+def test_nonempty_out_is_refused_and_force_replaces_it_whole(tmp_path):
+    out = tmp_path / "o"
+    assert _run(*BASE, "--out", str(out)).returncode == 0
+    assert (out / "requests.csv").exists()
+    p = _run(*BASE, "--batch", "2", "--steps", "2", "--out", str(out))
+    assert p.returncode == 2 and "is not empty; pass --force" in p.stderr and p.stderr.count("\n") == 1
+    assert (out / "requests.csv").exists() and not (out / "layers.csv").exists()
+    p = _run(*BASE, "--batch", "2", "--steps", "2", "--out", str(out), "--force")
+    assert p.returncode == 0, p.stderr
+    assert sorted(os.listdir(out)) == ["layers.csv", "steps.csv", "summary.json"]  # the serving set is gone
+    assert _leftovers(tmp_path) == []
+
+
+def test_serving_where_nothing_fits_says_so(tmp_path):
+    """full-kv at 1M tokens on the H200: no request fits; no throughput, no NaN, exit 3."""
+    p = _run("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--system", "full-kv", "--context", "1m",
+             "--requests", "3", "--out", str(tmp_path / "o"), "--json")
+    assert p.returncode == 3, p.stderr
+    s = _strict_json(p.stdout)["full-kv"]
+    assert s["status"] == "nothing-fits" and s["completed"] == 0 and s["rejected"] == 3
+    assert s["tokens_per_s"] is None and "fits" in s["reasons"]["tokens_per_s"]
+    assert _strict_json((tmp_path / "o" / "summary.json").read_text()) == s
+    p = _run("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--system", "full-kv,dualdecoder",
+             "--context", "1m", "--requests", "3", "--out", str(tmp_path / "o2"))
+    assert p.returncode == 0, p.stderr  # one design fits: a result, and the other says it fits nothing
+    line = next(x for x in p.stdout.splitlines() if x.startswith("full-kv:"))
+    assert "NOTHING FITS" in line and "tokens/s" not in line
+    assert "tokens/s" in next(x for x in p.stdout.splitlines() if x.startswith("dualdecoder:"))
+
+
+def test_timeline_batch_that_does_not_fit_reports_no_throughput(tmp_path):
+    p = _run("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--batch", "4096",
+             "--out", str(tmp_path / "o"))
+    assert p.returncode == 3
+    first = p.stdout.splitlines()[0]
+    assert "does not fit" in first and "tokens/s" not in first and "buffers" not in first
+    s = _strict_json((tmp_path / "o" / "summary.json").read_text())
+    assert s["status"] == "does-not-fit" and not s["fits"] and s["tokens_per_s"] is None
+    assert s["memory_bytes"]["total"] > s["memory_bytes"]["capacity"]
+
+
+def test_files_follow_the_umask(tmp_path):
+    out = tmp_path / "o"
+    p = subprocess.run([sys.executable, "-m", "ddbench", *BASE, "--system", "dualdecoder,shadowkv", "--out", str(out)],
+                       capture_output=True, text=True, preexec_fn=lambda: os.umask(0o027))
+    assert p.returncode == 0, p.stderr
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o750
+    assert stat.S_IMODE(os.stat(out / "shadowkv").st_mode) == 0o750
+    assert {stat.S_IMODE(os.stat(f).st_mode) for f in out.rglob("*") if f.is_file()} == {0o640}
+
+
+def test_interrupt_leaves_no_partial_set(tmp_path):
+    """Ctrl-C in the middle of a nine-design run: exit 130, no --out, no temporary folder."""
+    out = tmp_path / "o"
+    p = subprocess.Popen([sys.executable, "-m", "ddbench", "simulate", "--model", "llama-3-8b", "--gpu", "h200",
+                          "--system", "every", "--context", "uniform:16k:64k", "--rate", "5", "--requests", "3000",
+                          "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # wait until the run folder holds a finished design
+        tmp = [d for d in tmp_path.iterdir() if ".tmp-" in d.name]
+        if tmp and any((d / "summary.json").exists() for d in tmp[0].iterdir()):
+            break
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_calibrate_without_gpu_is_one_line_error():

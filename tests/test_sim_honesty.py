@@ -206,3 +206,34 @@ def test_prefill_elsewhere_joins_decode_at_once():
     assert all(s["prefill_tokens"] == 0 for s in res.segments)
     lam, mean_w = len(done) / res.sim_end, sum(r.latency for r in done) / len(done)
     assert res.in_system_integral / res.sim_end == pytest.approx(lam * mean_w, rel=1e-6)
+
+
+def test_serving_percentiles_match_numpy_on_random_runs():
+    """Every percentile in the serving summary is numpy's nearest-rank percentile of the per-request
+    values, on runs with random seeds, loads and request counts (odd and even, small and large)."""
+    import random
+
+    import numpy as np
+    rng = random.Random(2024)
+    for _ in range(4):
+        n = rng.choice([7, 10, 33, 101])
+        res = _serve("dualdecoder", n=n, rate=rng.uniform(0.2, 3.0), seed=rng.randrange(10**6), ctx="uniform:16k:64k",
+                     out="exp:64")
+        s = res.summary()
+        done = [r for r in res.requests if not r.rejected]
+        values = {"completion": [r.latency for r in done], "ttft": [r.ttft for r in done],
+                  "tpot": [r.tpot for r in done if r.output > 1]}
+        for key, xs in values.items():
+            assert len(set(xs)) > 3
+            for p in (50, 99):
+                want = float(np.percentile(xs, p, method="inverted_cdf"))
+                assert s[f"{key}_p{p}_s"] == want, (key, p, n)
+                # nearest rank: a value of the sample with at least p% of the sample at or below it
+                assert sum(x <= want for x in xs) >= p / 100 * len(xs) > sum(x < want for x in xs)
+
+
+def test_percentile_of_nothing_is_none():
+    from sim.serving import percentile
+    assert percentile([], 50) is None
+    xs = [3.0, 1.0, 2.0, 10.0]
+    assert [percentile(xs, p) for p in (1, 25, 26, 50, 51, 75, 76, 100)] == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 10.0, 10.0]

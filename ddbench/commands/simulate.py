@@ -15,24 +15,29 @@ bundle scaled by the catalog's HBM and FLOP ratios, else a roofline; every outpu
 from __future__ import annotations
 
 import argparse
-import csv
 import io
-import json
+import math
 import os
+import sys
 import time
 
 from ddbench.core.catalog import get_gpu, get_link, get_model
 from ddbench.core.errors import DDBenchError
-from ddbench.core.io import write_json, write_text
-from ddbench.core.memory import Workload
+from ddbench.core.io import dumps_json, run_folder, write_json, write_text
 from ddbench.core.systems import resolve_systems
 from ddbench.core.units import GB, parse_tokens
+from ddbench.core.workload import add_workload_args, workload_from_args
 
 EXAMPLE = """examples:
   ddbench simulate --model qwen2.5-32b --gpu h200 --system dualdecoder --context 128k --rate 0.05 --requests 200
   ddbench simulate --model llama-3-8b --gpu h100-80gb --link pcie5 --system all --context uniform:64k:128k \\
-      --output exp:256 --rate 0.2 --requests 500 --seed 7 --out sim-out --trace
-  ddbench simulate --model llama-3-8b --gpu h200 --system dualdecoder --context 128k --batch 32 --steps 20 --trace"""
+      --output exp:256 --rate 0.2 --requests 500 --seed 7 --out sim-out --force --trace
+  ddbench simulate --model llama-3-8b --gpu h200 --system dualdecoder --context 128k --batch 32 --steps 20 --trace
+
+exit status: 0 when the run is written (a design that does not fit says so in its line and in
+summary.json's "status"), 2 for bad input, 3 when no design fits at all (the folder is still written)."""
+
+NO_FIT = 3
 
 
 def register(sub) -> None:
@@ -52,85 +57,118 @@ def register(sub) -> None:
     p.add_argument("--max-batch", type=int, help="serving: cap on concurrent requests (default: memory only)")
     p.add_argument("--hit-rate", help="prediction hit rate: a number, or an accuracy CSV (default: the model's"
                                       " traces/accuracy/<model>.csv, else 0.88)")
-    p.add_argument("--budget", default="2048", help="sparse budget in tokens (default 2048)")
-    p.add_argument("--chunk", type=int, default=8, help="tokens per chunk (default 8)")
-    p.add_argument("--rank", type=int, default=160, help="low-rank key rank (default 160)")
-    p.add_argument("--lowrank-layers", type=int, default=0, help="DualDecoder layers with low-rank keys (default 0)")
-    p.add_argument("--prefill-chunk", type=int, default=8192, help="chunked-prefill tokens per pass (default 8192)")
     p.add_argument("--prefill-elsewhere", action="store_true",
                    help="serving: prefill runs on other GPUs (disaggregated); requests join decoding on admission")
     p.add_argument("--calibration", help="bundle root (default: the data root's calibration/)")
     p.add_argument("--roofline", action="store_true", help="ignore calibration bundles; pure roofline")
-    p.add_argument("--out", default="sim-out", help="output folder (default sim-out)")
+    p.add_argument("--out", default="sim-out", help="output folder (default sim-out); written whole or not at all")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.add_argument("--trace", action="store_true", help="also write a Chrome/Perfetto trace.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_workload_args(p, exclude=("context", "batch"), group_title="workload (the memory model's knobs)")
     p.set_defaults(func=run)
 
 
 def _csv(rows: list[dict], notes: list[str]) -> str:
+    import pandas as pd
+
     buf = io.StringIO()
     for n in notes:
         buf.write(f"# cost model: {n}\n")
     if rows:
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
+        pd.DataFrame(rows).to_csv(buf, index=False, lineterminator="\n")
     return buf.getvalue()
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    """A tqdm bar on stderr (only where stderr is a terminal), or None."""
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="req", leave=False, disable=None, file=sys.stderr)
+
+
+def _check(args) -> None:
+    """Reject bad numbers before any work: one line each."""
+    if args.batch is not None and args.batch < 1:
+        raise DDBenchError(f"--batch must be at least 1, got {args.batch}")
+    if args.steps < 1:
+        raise DDBenchError(f"--steps must be at least 1, got {args.steps}")
+    if args.requests < 1:
+        raise DDBenchError(f"--requests must be at least 1, got {args.requests}")
+    if not (args.rate > 0 and math.isfinite(args.rate)):
+        raise DDBenchError(f"--rate must be positive and finite (requests/s), got {args.rate}")
+    if args.max_batch is not None and args.max_batch < 1:
+        raise DDBenchError(f"--max-batch must be at least 1, got {args.max_batch}")
 
 
 def run(args) -> int:
     from sim import profile
     from sim.setup import cost_model
 
+    _check(args)
     model, gpu = get_model(args.model), get_gpu(args.gpu)
     link = get_link(args.link or gpu.default_link)
     systems = resolve_systems(args.system)
     if not systems:
-        raise DDBenchError("--system names no design")
+        raise DDBenchError(f"--system {args.system!r} names no design")
     hit, reuse, hit_note = profile.resolve(args.hit_rate, model.name, model.num_layers)
     base_ctx = 131072 if ":" in args.context else parse_tokens(args.context)
-    w = Workload(context=base_ctx, budget=parse_tokens(args.budget, "budget"), chunk=args.chunk, rank=args.rank,
-                 lowrank_layers=args.lowrank_layers, prefill_chunk=args.prefill_chunk)
-    w.validate(model)
-    if args.batch is not None and args.batch < 1:
-        raise DDBenchError(f"--batch must be at least 1, got {args.batch}")
-    if args.steps < 1:
-        raise DDBenchError(f"--steps must be at least 1, got {args.steps}")
+    w = workload_from_args(args, model, context=base_ctx)
+    cm = cost_model(model.name if os.sep not in args.model else args.model, gpu.name, link.name,
+                    args.calibration, args.roofline)
     multi = len(systems) > 1
     summaries = {}
-    for sysx in systems:
-        cm = cost_model(model.name if os.sep not in args.model else args.model, gpu.name, link.name,
-                        args.calibration, args.roofline)
-        out = os.path.join(args.out, sysx.name) if multi else args.out
-        t0 = time.perf_counter()
-        if args.batch is not None:
-            summary = _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out)
-        else:
-            summary = _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out)
-        summary["wall_s"] = time.perf_counter() - t0
-        summary["hit_rates"] = hit_note
-        summary["cost_model"] = list(cm.notes)
-        write_json(os.path.join(out, "summary.json"), summary)
-        summaries[sysx.name] = summary
+    with run_folder(args.out, args.force) as folder:
+        bar = None
+        if multi:
+            from tqdm import tqdm
+            bar = tqdm(systems, desc="designs", unit="design", leave=False, disable=None, file=sys.stderr)
+        for sysx in (bar if bar is not None else systems):
+            out = os.path.join(folder, sysx.name) if multi else folder
+            t0 = time.perf_counter()
+            if args.batch is not None:
+                summary = _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out)
+            else:
+                summary = _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out)
+            summary["wall_s"] = time.perf_counter() - t0
+            summary["hit_rates"] = hit_note
+            summary["cost_model"] = list(cm.notes)
+            write_json(os.path.join(out, "summary.json"), summary)
+            summaries[sysx.name] = summary
+        if bar is not None:
+            bar.close()
     if args.json:
-        print(json.dumps(summaries, indent=1))
+        print(dumps_json(summaries))
     else:
         for name, s in summaries.items():
             print(_render(name, s))
-        print("cost model: " + "; ".join(next(iter(summaries.values()))["cost_model"]))
+        print("cost model: " + "; ".join(cm.notes))
         print(f"hit rates: {hit_note}")
         print(f"wrote {args.out}")
-    return 0
+    return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
+
+
+def _num(x, fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
 
 
 def _render(name: str, s: dict) -> str:
     if s["mode"] == "timeline":
+        if s["status"] != "ok":
+            return f"{name}: {s['reason']}; no throughput reported"
         return (f"{name}: batch {s['batch']} step {s['step_ms']:.2f} ms, {s['tokens_per_s']:.1f} tokens/s,"
                 f" stall {s['stall_ms_per_step']:.2f} ms/step, link {100 * s['link_utilisation']:.0f}%,"
                 f" buffers peak {s['peak_buffer_bytes'] / GB:.2f} GB")
-    return (f"{name}: {s['completed']}/{s['requests']} done ({s['rejected']} rejected), {s['tokens_per_s']:.2f} tokens/s,"
-            f" completion P50 {s['completion_p50_s']:.1f} s P99 {s['completion_p99_s']:.1f} s,"
-            f" TTFT P50 {s['ttft_p50_s']:.2f} s, TPOT P50 {1e3 * s['tpot_p50_s']:.1f} ms,"
+    if s["status"] != "ok":
+        return (f"{name}: NOTHING FITS: {s['rejected']}/{s['requests']} requests rejected"
+                f" (a single request needs more than the {s['capacity_bytes'] / GB:.1f} GB of GPU memory);"
+                f" no throughput reported")
+    return (f"{name}: {s['completed']}/{s['requests']} done ({s['rejected']} rejected),"
+            f" {_num(s['tokens_per_s'], '.2f')} tokens/s,"
+            f" completion P50 {_num(s['completion_p50_s'], '.1f')} s P99 {_num(s['completion_p99_s'], '.1f')} s,"
+            f" TTFT P50 {_num(s['ttft_p50_s'], '.2f')} s,"
+            f" TPOT P50 {_num(None if s['tpot_p50_s'] is None else 1e3 * s['tpot_p50_s'], '.1f')} ms,"
             f" mean batch {s['mean_batch']:.1f}, link {100 * s['link_utilisation']:.0f}%,"
             f" peak memory {s['peak_memory_bytes'] / GB:.1f} of {s['capacity_bytes'] / GB:.1f} GB")
 
@@ -140,8 +178,13 @@ def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
     from sim.trace import counter_events, trace_json
 
     reqs = draw_requests(args.requests, args.rate, args.context, args.output, args.seed)
-    res = run_serving(sysx, model, gpu, cm, w, reqs, hit, reuse, args.max_batch,
-                      prefill_here=not getattr(args, "prefill_elsewhere", False))
+    bar = _progress(len(reqs), sysx.name, len(reqs) >= 200)
+    try:
+        res = run_serving(sysx, model, gpu, cm, w, reqs, hit, reuse, args.max_batch,
+                          prefill_here=not args.prefill_elsewhere, progress=bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
     rows = [{"id": r.rid, "arrival_s": r.arrival, "context": r.context, "output_tokens": r.output,
              "rejected": int(r.rejected), "admitted_s": r.admitted, "ttft_s": r.ttft, "tpot_s": r.tpot,
              "completion_s": r.latency, "finished_at_s": r.completion} for r in res.requests]
@@ -150,20 +193,23 @@ def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
     write_text(os.path.join(out, "memory.csv"), _csv(res.memory, cm.notes))
     summary = {"mode": "serving", "system": sysx.name, "model": model.name, "gpu": gpu.name, "link": link.name,
                "rate": args.rate, "seed": args.seed, "context": args.context, "output": args.output,
-               "prefill": "elsewhere" if getattr(args, "prefill_elsewhere", False) else "this GPU",
+               "prefill": "elsewhere" if args.prefill_elsewhere else "this GPU",
                **res.summary(), "peak_memory_by_category": res.peak_by_category}
     if args.trace:
-        from sim.plan import step_plan
-        from sim.timeline import run_timeline
-        from sim.trace import timeline_events
-        b = max(1, round(summary["mean_batch"])) if summary["mean_batch"] else 1
-        ctx = sum(r.context for r in reqs) / len(reqs)
-        tl = run_timeline(step_plan(sysx, model, cm, w, b, ctx, hit, reuse), steps=3, warmup=0, record=True)
-        events = timeline_events(tl.events, pid=1)
+        events = []
+        notes = ["pid 2: serving counters"]
+        if summary["status"] == "ok":
+            from sim.plan import step_plan
+            from sim.timeline import run_timeline
+            from sim.trace import timeline_events
+            b = max(1, round(summary["mean_batch"]))
+            ctx = sum(r.context for r in reqs) / len(reqs)
+            tl = run_timeline(step_plan(sysx, model, cm, w, b, ctx, hit, reuse), steps=3, warmup=0, record=True)
+            events = timeline_events(tl.events, pid=1)
+            notes = [f"pid 1: per-layer timeline of 3 batch steps at the run's mean batch {b}; pid 2: serving counters"]
         events += counter_events(res.segments, "start_s", ["batch"], "batch", pid=2)
         events += counter_events(res.memory, "time_s", ["total"], "memory GB", pid=2, scale=1e-9)
-        write_json(os.path.join(out, "trace.json"), trace_json(events, cm.notes + [
-            f"pid 1: per-layer timeline of 3 batch steps at the run's mean batch {b}; pid 2: serving counters"]))
+        write_json(os.path.join(out, "trace.json"), trace_json(events, cm.notes + notes))
     return summary
 
 
@@ -178,6 +224,14 @@ def _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
 
     ctx = parse_tokens(args.context)
     bd = memory_breakdown(sysx, model, gpu, replace(w, context=ctx, batch=args.batch))
+    head = {"mode": "timeline", "system": sysx.name, "model": model.name, "gpu": gpu.name, "link": link.name,
+            "batch": args.batch, "context": ctx, "steps": args.steps, "memory_bytes": bd.as_dict(), "fits": bd.fits}
+    if not bd.fits:
+        reason = (f"batch {args.batch} does not fit: it needs {bd.total / GB:.1f} GB of the GPU's"
+                  f" {bd.capacity / GB:.1f} GB")
+        os.makedirs(out, exist_ok=True)
+        return {**head, "status": "does-not-fit", "reason": reason, "step_ms": None, "tokens_per_s": None,
+                "reasons": {"step_ms": reason, "tokens_per_s": reason}}
     plan = step_plan(sysx, model, cm, w, args.batch, ctx, hit, reuse)
     tl = run_timeline(plan, steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace)
     agg = aggregate_step(plan)
@@ -191,10 +245,8 @@ def _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
     if args.trace:
         write_json(os.path.join(out, "trace.json"), trace_json(timeline_events(tl.events), cm.notes))
     step = tl.steady_step_s
-    return {"mode": "timeline", "system": sysx.name, "model": model.name, "gpu": gpu.name, "link": link.name,
-            "batch": args.batch, "context": ctx, "steps": args.steps, "step_ms": step * 1e3,
+    return {**head, "status": "ok", "step_ms": step * 1e3,
             "tokens_per_s": args.batch / step, "aggregate_step_ms": agg.step_s * 1e3,
             "stall_ms_per_step": sum(tl.stall_s[tl.warmup:]) / max(1, len(tl.stall_s) - tl.warmup) * 1e3,
             "link_utilisation": tl.link_util, "h2d_bytes_per_step": plan.h2d_bytes,
-            "peak_buffer_bytes": tl.peak_buffer_bytes, "reserved_buffer_bytes": tl.reserved_buffer_bytes,
-            "memory_bytes": bd.as_dict(), "fits": bd.fits}
+            "peak_buffer_bytes": tl.peak_buffer_bytes, "reserved_buffer_bytes": tl.reserved_buffer_bytes}

@@ -95,6 +95,11 @@ def run_folder(out: str, force: bool = False, what: str = "--out"):
     if _occupied(path) and not force:
         raise DDBenchError(f"{what} {out} is not empty; pass --force to replace it, or choose another folder")
     parent, name = os.path.split(path)
+    above = parent
+    while not os.path.exists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise DDBenchError(f"cannot write {what} {out}: {above} is not a folder")
     try:
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)

@@ -31,6 +31,8 @@ class SystemSpec:
     urgent_priority: bool = False    # misses served before prefetches
     gather: str = "gpu"              # "gpu" (kernel reads pinned host memory) | "cpu" (index_select + copy)
     reuse: bool = False              # keep previous step's chunks, fetch only the misses
+    kernels: str = "torch"           # decode kernels: "torch" (SDPA, matmul/top-k selection, gather + matmul
+                                     # rebuild) or "triton" (kernels/: selection, sparse attention, rebuild)
 
 
 SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in [
@@ -44,19 +46,19 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in [
     SystemSpec("dualdecoder", "DualDecoder: landmarks only; dual-token step; prefetch of layer i+2"
                " after layer i's attention; urgent misses first; two-layer ping-pong; GPU gather",
                landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
-               prefetch="layer-ahead", urgent_priority=True),
+               prefetch="layer-ahead", urgent_priority=True, kernels="triton"),
     SystemSpec("dualdecoder-per-layer", "DualDecoder ablation: per-layer sparse KV buffers instead of ping-pong",
                landmarks=True, lowrank_keys="adaptive", tokens_per_step=2, prefetch="layer-ahead",
-               urgent_priority=True),
+               urgent_priority=True, kernels="triton"),
     SystemSpec("dualdecoder-fifo", "DualDecoder ablation: misses queue behind prefetches (no priority)",
                landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
-               prefetch="layer-ahead"),
+               prefetch="layer-ahead", kernels="triton"),
     SystemSpec("dualdecoder-cpu-gather", "DualDecoder ablation: CPU index_select into pinned staging + one copy",
                landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
-               prefetch="layer-ahead", urgent_priority=True, gather="cpu"),
+               prefetch="layer-ahead", urgent_priority=True, gather="cpu", kernels="triton"),
     SystemSpec("dualdecoder-two-pass", "DualDecoder ablation: the speculative token in a second decoding pass",
                landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
-               two_pass=True, prefetch="layer-ahead", urgent_priority=True),
+               two_pass=True, prefetch="layer-ahead", urgent_priority=True, kernels="triton"),
     SystemSpec("ideal", "Paper Figure 2's bound: weights, activations and a sparse KV working set;"
                " no context-sized residency at all", fetch="kv"),
 ]}
