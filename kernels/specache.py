@@ -5,8 +5,19 @@
     dequantize_keys(qk) -> [B, H, T, d]
     specache_scores(q, qk) -> probs [B, nq, H, T] fp32: max over the GQA group of softmax_t(q . k~_t / sqrt(d))
     specache_scores_ref(q, qk)                          twin: dequantize in fp32, then the same softmax/max
-Torch implementation (the issue allows it when measured): scores are q.zero + (q*scale).code per
-group, so the codes are unpacked once in the query dtype and never rescaled element-wise.
+    specache_scores_triton(q, qk, *, chunk=0, splits=None) -> the same [B, nq, H, T] (chunk=0), or the
+        max over each chunk of `chunk` tokens, [B, nq, H, T/chunk] (what the engine's top-k needs)
+    specache_chunk_scores_ref(q, qk, chunk)             twin of the chunk form
+`specache_scores` (torch): scores are q.zero + (q*scale).code per group, so the codes are unpacked
+once in the query dtype and never rescaled element-wise.
+
+The Triton kernel runs two passes over (request, KV head, group split) programs, each reading the
+2-bit codes and the group's scale and zero once: pass 1 keeps each query row's running max and sum
+of exp (online softmax) and writes them per split; pass 2 combines the splits, recomputes the
+scores, normalises, takes the max over the GQA group and writes it. Per group of 64 tokens the
+query rows are rescaled once (q * scale, and q . zero), then 4 fp16 dots against the 4 token
+phases of the packed bytes (codes 0..3 are exact in fp16; the dots accumulate in fp32). Nothing
+per token goes to memory between the passes: the bytes are the codes twice plus the output.
 """
 
 from __future__ import annotations
@@ -15,8 +26,13 @@ import math
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
+from kernels.grouprows import group_rows, load_group_queries
+
+LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
@@ -81,3 +97,119 @@ def specache_scores_ref(q: torch.Tensor, qk: QuantKeys) -> torch.Tensor:
     k = dequantize_keys(qk).repeat_interleave(Hq // H, 1)  # [B, Hq, T, d]
     s = torch.einsum("bthd,bhsd->bths", q.float(), k) / math.sqrt(d)
     return _group_softmax_max(s, B, nq, H, Hq // H)
+
+
+def specache_chunk_scores_ref(q: torch.Tensor, qk: QuantKeys, chunk: int) -> torch.Tensor:
+    s = specache_scores_ref(q, qk)
+    return s.view(*s.shape[:3], -1, chunk).amax(-1)
+
+
+@triton.jit
+def _spec_kernel(q, codes, scale, zero, pml, out, n_groups, s_qb, s_qt, s_qh, s_cb, s_ch, s_ct,
+                 s_sb, s_sh, s_sg, H, G, NQ, n_split, split_groups, scale_log2, T_out,
+                 D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
+                 PASS: tl.constexpr, SP: tl.constexpr, CHUNK: tl.constexpr):
+    bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
+    qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D).to(tl.float32)
+    dd = tl.arange(0, D)
+    R4: tl.constexpr = GROUP // 4
+    rr = tl.arange(0, R4)
+    cb = codes + b.to(tl.int64) * s_cb + h.to(tl.int64) * s_ch
+    zb = b.to(tl.int64) * s_sb + h.to(tl.int64) * s_sh
+    base = (bh * n_split + sp) * BLOCK_M + r
+    if PASS == 2:
+        ss = tl.arange(0, SP)
+        pidx = (bh * n_split + ss)[:, None] * BLOCK_M + r[None, :]
+        pm = tl.load(pml + 2 * pidx, mask=(ss < n_split)[:, None], other=-1.0e30)
+        pl = tl.load(pml + 2 * pidx + 1, mask=(ss < n_split)[:, None], other=0.0)
+        m = tl.max(pm, 0)
+        inv = 1.0 / tl.sum(pl * tl.exp2(pm - m[None, :]), 0)
+        ob = out + (b * NQ * H + h).to(tl.int64) * T_out
+    else:
+        m = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+    g0 = sp * split_groups
+    g1 = tl.minimum(g0 + split_groups, n_groups)
+    for gi in range(g0, g1):
+        sc = tl.load(scale + zb + gi * s_sg + dd).to(tl.float32)
+        ze = tl.load(zero + zb + gi * s_sg + dd).to(tl.float32)
+        qs = (qt * sc[None, :]).to(tl.float16)
+        qz = tl.sum(qt * ze[None, :], 1)
+        c = tl.load(cb + (gi * R4 + rr)[:, None].to(tl.int64) * s_ct + dd[None, :])
+        if PASS == 1:
+            for j in tl.static_range(4):
+                cj = ((c >> (2 * j)) & 3).to(tl.float16)
+                s = (tl.dot(qs, tl.trans(cj)) + qz[:, None]) * scale_log2
+                m_new = tl.maximum(m, tl.max(s, 1))
+                l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
+                m = m_new
+        else:
+            cm0 = tl.zeros([R4], tl.float32)
+            cm1 = tl.zeros([R4], tl.float32)
+            for j in tl.static_range(4):
+                cj = ((c >> (2 * j)) & 3).to(tl.float16)
+                s = (tl.dot(qs, tl.trans(cj)) + qz[:, None]) * scale_log2
+                p = tl.exp2(s - m[:, None]) * inv[:, None]
+                b0 = tl.max(tl.where(rv[:, None] & (t[:, None] == 0), p, 0.0), 0)
+                b1 = tl.max(tl.where(rv[:, None] & (t[:, None] == 1), p, 0.0), 0)
+                if CHUNK == 0:
+                    tok = gi * GROUP + 4 * rr + j
+                    tl.store(ob + tok, b0)
+                    if NQ == 2:
+                        tl.store(ob + H * T_out + tok, b1)
+                else:
+                    cm0 = tl.maximum(cm0, b0)
+                    cm1 = tl.maximum(cm1, b1)
+            if CHUNK != 0:
+                PER: tl.constexpr = CHUNK // 4
+                NC: tl.constexpr = R4 // PER
+                c0 = tl.max(tl.reshape(cm0, [NC, PER]), 1)
+                c1 = tl.max(tl.reshape(cm1, [NC, PER]), 1)
+                ch = gi * NC + tl.arange(0, NC)
+                tl.store(ob + ch, c0)
+                if NQ == 2:
+                    tl.store(ob + H * T_out + ch, c1)
+    if PASS == 1:
+        tl.store(pml + 2 * base, m)
+        tl.store(pml + 2 * base + 1, l)
+
+
+def _sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, splits: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    B, nq, Hq, d = q.shape
+    H = qk.codes.shape[1]
+    if (Hq % H or qk.codes.shape[0] != B or qk.codes.shape[3] != d or nq not in (1, 2) or d & (d - 1)
+            or q.stride(3) != 1 or qk.group % 16 or qk.group < 64):
+        raise DDBenchError("q does not match the quantized keys (nq 1 or 2, power-of-two head_dim, group >= 64)")
+    if chunk and (chunk % 4 or qk.group % chunk):
+        raise DDBenchError(f"chunk {chunk} must be a multiple of 4 dividing the group {qk.group}")
+    codes = qk.codes if qk.codes.stride(3) == 1 else qk.codes.contiguous()
+    sc, ze = qk.scale, qk.zero
+    if sc.stride() != ze.stride() or sc.stride(3) != 1:
+        sc, ze = sc.contiguous(), ze.contiguous()
+    G = Hq // H
+    GP = triton.next_power_of_2(G)
+    BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
+    ng = qk.tokens // qk.group
+    if splits is None:
+        splits = max(1, min(triton.cdiv(8 * _sm_count(q.device), B * H), ng // 4))
+    split_groups = triton.cdiv(ng, splits)
+    n_split = triton.cdiv(ng, split_groups)
+    T_out = qk.tokens // chunk if chunk else qk.tokens
+    if out is None:
+        out = torch.empty(B, nq, H, T_out, device=q.device, dtype=torch.float32)
+    if out.shape != (B, nq, H, T_out) or not out.is_contiguous() or out.dtype != torch.float32:
+        raise DDBenchError(f"out must be a contiguous fp32 {(B, nq, H, T_out)} tensor")
+    pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
+    args = (q, codes, sc, ze, pml, out, ng, q.stride(0), q.stride(1), q.stride(2), *codes.stride()[:3],
+            *sc.stride()[:3], H, G, nq, n_split, split_groups, LOG2E / math.sqrt(d), T_out)
+    kw = dict(D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group, SP=triton.next_power_of_2(n_split), CHUNK=chunk,
+              num_warps=4)
+    grid = (B * H, n_split)
+    _spec_kernel[grid](*args, PASS=1, **kw)
+    _spec_kernel[grid](*args, PASS=2, **kw)
+    return out

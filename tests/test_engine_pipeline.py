@@ -23,8 +23,8 @@ def _engine(name, miss_rate=0.33, lowrank=(1,), seed=0):
     host = alloc_host_kv(3, 2, 2, 32, 8, 32, dtype=torch.float32)
     host.copy_(torch.randn(host.shape, generator=g))
     w = Weights.random(TINY, "cpu", seed, dtype=torch.float32)
-    cfg = EngineConfig(context=256, batch=2, budget=64, local=8, gen_slots=8, rank=16, outlier_chunks=2,
-                       miss_rate=miss_rate, lowrank_layers=lowrank, seed=seed)
+    cfg = EngineConfig.of(context=256, batch=2, budget=64, local_chunks=1, gen_tokens=8, rank=16, outliers_per_1k=32,
+                          miss_rate=miss_rate, lowrank_layers=lowrank, seed=seed)
     return Engine(TINY, SYSTEMS[name], cfg, w, "cpu", host_kv=host, ref=True, debug=True, log=True), host
 
 
@@ -34,15 +34,15 @@ def reference_output(e, rec, host):
     B, H, d, C = e.B, e.H, e.d, e.C
     true = rec["true"].sort(-1).values
     kC = true.shape[-1] * C
-    S = kC + rec["R"] + rec["nq"]
+    S = kC + e.R0 + int(rec["g"]) + rec["nq"]
     kb = torch.full((B, H, S, d), float("nan"), dtype=e.dt)
     vb = torch.full_like(kb, float("nan"))
     layer = rec["layer"]
     gather_ref(host, layer % host.shape[0], true, None if rec["lowrank"] else kb, vb)
     if rec["lowrank"]:
         rebuild_keys_ref(e.U[layer], e.SV[layer], true, kb, chunk=C, rope_theta=TINY.rope_theta)
-    R = rec["R"]
-    kb[:, :, kC:kC + R], vb[:, :, kC:kC + R] = rec["recent_k"], rec["recent_v"]
+    R = e.R0 + int(rec["g"])          # the device's count of generated tokens (graphs: no host mirror)
+    kb[:, :, kC:kC + R], vb[:, :, kC:kC + R] = rec["recent_k"][:, :, :R], rec["recent_v"][:, :, :R]
     kb[:, :, kC + R:], vb[:, :, kC + R:] = rec["k"].transpose(1, 2), rec["v"].transpose(1, 2)
     return dual_sparse_attention_ref(rec["q"], kb, vb, torch.full((B,), kC + R, dtype=torch.int32))
 

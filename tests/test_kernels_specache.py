@@ -28,3 +28,42 @@ def test_specache_cpu(nq):
 @pytest.mark.gpu
 def test_specache_gpu():
     _check(2, 2, 32, 8, 8192, 128, "cuda", seed=9)
+
+
+def _check_triton(B, nq, Hq, H, T, d, chunk, dev, seed, splits=None):
+    """The Triton kernel against the dequantize-in-fp32 twin: fresh random inputs, NaN-poisoned output."""
+    from kernels.specache import specache_chunk_scores_ref, specache_scores_triton
+    g = torch.Generator().manual_seed(seed)
+    k = (torch.randn(B, H, T, d, generator=g) * (1 + torch.rand(1, H, 1, d, generator=g))).to(dev)
+    q = torch.randn(B, nq, Hq, d, generator=g).to(dev)
+    qk = quantize_keys_2bit(k, group=64)
+    n = T // chunk if chunk else T
+    out = torch.full((B, nq, H, n), float("nan"), device=dev)
+    got = specache_scores_triton(q, qk, chunk=chunk, out=out, splits=splits)
+    ref = specache_chunk_scores_ref(q, qk, chunk) if chunk else specache_scores_ref(q, qk)
+    assert got.data_ptr() == out.data_ptr() and not got.isnan().any()   # every element written
+    # fp16 dot operands (q * scale): about 1e-3 of the largest probability
+    assert torch.allclose(got, ref, atol=3e-3 * float(ref.max()), rtol=1e-2)
+    # the top chunks agree where the scores are not tied within that tolerance
+    if chunk:
+        top = ref.topk(4, -1).indices
+        assert (got.gather(-1, top) >= ref.gather(-1, top) - 3e-3 * float(ref.max())).all()
+
+
+@pytest.mark.parametrize("nq,chunk,splits", [(1, 0, 1), (2, 0, 3), (2, 8, None), (1, 8, 2)])
+def test_specache_triton_cpu(nq, chunk, splits):
+    _check_triton(2, nq, 8, 2, 384, 32, chunk, "cpu", seed=11 + nq + chunk, splits=splits)
+
+
+def test_specache_triton_rejects_bad_chunk():
+    from ddbench.core.errors import DDBenchError
+    from kernels.specache import specache_scores_triton
+    qk = quantize_keys_2bit(torch.randn(1, 2, 128, 32))
+    with pytest.raises(DDBenchError):
+        specache_scores_triton(torch.randn(1, 1, 4, 32), qk, chunk=6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [0, 8])
+def test_specache_triton_gpu(chunk):
+    _check_triton(3, 2, 32, 8, 8192, 128, chunk, "cuda", seed=21 + chunk)

@@ -26,32 +26,70 @@ Keys of low-rank layers are rebuilt (U @ SV + RoPE) and only values cross the li
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.memory import Workload
 from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope, rope_tables
 from kernels.engine.transfer import Sched, gather_slots, gather_slots_ref, perturb, plan_misses
 
 
+_WORKLOAD_FIELDS = {f.name for f in fields(Workload)}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    context: int                      # offloaded (selectable) context tokens, a multiple of chunk
-    batch: int
-    budget: int = 2048                # sparse budget in tokens
-    chunk: int = 8
-    local: int = 32                   # GPU-resident recent window (ShadowKV's 4 local chunks)
-    gen_slots: int = 64               # GPU slots for generated tokens' K/V
-    rank: int = 160
-    outlier_chunks: int = 48          # ShadowKV: 24 per 1024 tokens of budget
+    """One engine point: the shared core `Workload` (context, batch, budget, chunk, rank, local chunks,
+    generated-token slots, outliers per 1K of budget: ddbench/core/memory.py, defaults there) plus the
+    engine-only knobs below. `EngineConfig.of(context=..., batch=..., budget=..., miss_rate=...)` splits
+    keyword arguments between the two."""
+    workload: Workload
     miss_rate: float | None = 0.174   # forced miss rate (None: the model's own prediction)
     host_layers: int | None = None    # physical host KV layers; logical layer l reads l % host_layers
-    lowrank_layers: tuple = ()        # adaptive key rebuild layers (lowrank_keys == "adaptive")
+    lowrank_layer_ids: tuple = ()     # which layers rebuild keys (Workload only counts them; engine-only)
     prefetch_programs: int = 32
     urgent_programs: int = 64
     transfers: bool = True            # False: compute only, no host reads (exposed-transfer baseline)
     seed: int = 0
+
+    @staticmethod
+    def of(**kw) -> "EngineConfig":
+        wl = {k: kw.pop(k) for k in list(kw) if k in _WORKLOAD_FIELDS}
+        if "lowrank_layers" in wl and not isinstance(wl["lowrank_layers"], int):   # a tuple of layer ids
+            kw["lowrank_layer_ids"] = tuple(wl.pop("lowrank_layers"))
+            wl["lowrank_layers"] = len(kw["lowrank_layer_ids"])
+        return EngineConfig(workload=Workload(**wl), **kw)
+
+    # the workload's fields, as the engine uses them
+    context = property(lambda self: self.workload.context)
+    batch = property(lambda self: self.workload.batch)
+    budget = property(lambda self: self.workload.budget)
+    chunk = property(lambda self: self.workload.chunk)
+    rank = property(lambda self: self.workload.rank)
+    local = property(lambda self: self.workload.local_chunks * self.workload.chunk)
+    gen_slots = property(lambda self: self.workload.gen_tokens)
+    outlier_chunks = property(lambda self: self.workload.outliers_per_1k * self.workload.budget // 1024)
+
+    @property
+    def lowrank_layers(self) -> tuple:
+        return self.lowrank_layer_ids or tuple(range(self.workload.lowrank_layers))
+
+    def validate(self, model) -> None:
+        """One-line DDBenchError for a configuration the engine cannot run."""
+        w = self.workload
+        if not isinstance(w.batch, int) or w.batch < 1:
+            raise DDBenchError(f"batch must be an integer >= 1, got {w.batch!r}")
+        if not isinstance(w.chunk, int) or w.chunk < 1 or w.context % w.chunk:
+            raise DDBenchError(f"chunk {w.chunk} does not divide the context {w.context}")
+        w.validate(model)
+        if w.gen_tokens < 4:
+            raise DDBenchError(f"gen_tokens must be >= 4 for the engine, got {w.gen_tokens}")
+        if self.miss_rate is not None and not 0.0 <= self.miss_rate <= 1.0:
+            raise DDBenchError(f"miss rate must be within 0..1, got {self.miss_rate}")
+        if any(not 0 <= i < model.num_layers for i in self.lowrank_layers):
+            raise DDBenchError(f"low-rank layer ids {self.lowrank_layers} outside 0..{model.num_layers - 1}")
 
 
 @dataclass
@@ -68,9 +106,9 @@ def _ops(ref: bool) -> _Ops:
     from kernels import attention, gather, rebuild, select, specache
     if ref:
         return _Ops(select.score_chunks_ref, attention.dual_sparse_attention_ref, gather.gather_ref,
-                    gather_slots_ref, rebuild.rebuild_keys_ref, specache.specache_scores_ref)
+                    gather_slots_ref, rebuild.rebuild_keys_ref, specache.specache_chunk_scores_ref)
     return _Ops(select.score_chunks, attention.dual_sparse_attention, gather.gather_uva, gather_slots,
-                rebuild.rebuild_keys, specache.specache_scores)
+                rebuild.rebuild_keys, lambda q, qk, chunk: specache.specache_scores_triton(q, qk, chunk=chunk))
 
 
 @dataclass
@@ -91,9 +129,10 @@ class Engine:
         self.ref = ref
         self.debug = [] if debug else None
         self.timing = timing and self.dev.type == "cuda"
+        self.graph = None                # CUDA graph of `graph_steps` whole steps (capture())
+        self.capturing = False
         s = system
-        if cfg.context % cfg.chunk or cfg.budget % cfg.chunk or cfg.budget > cfg.context:
-            raise DDBenchError("context and budget must be multiples of the chunk; budget <= context")
+        cfg.validate(model)
         if s.gather == "cpu" and ref:
             raise DDBenchError("the CPU-gather ablation needs CUDA (pinned staging + async copies)")
         self.L, self.B, self.Hq, self.H, self.d = model.num_layers, cfg.batch, model.num_heads, model.num_kv_heads, model.head_dim
@@ -103,7 +142,9 @@ class Engine:
         self.prefetch = s.prefetch if (cfg.transfers and not s.kv_on_gpu) else "none"
         self.sched = Sched(self.dev, urgent_priority=s.urgent_priority, log=log)
         self.gen = torch.Generator(device=self.dev).manual_seed(cfg.seed + 1)
-        self.g = 0                       # generated tokens persisted so far
+        self.g = 0                       # generated tokens persisted so far (host mirror, eager only)
+        self.g_dev = torch.zeros(1, device=self.dev, dtype=torch.int64)   # the same on the device (graphs)
+        self.ar = torch.arange(4, device=self.dev)
         self.steps = 0
         dt = torch.bfloat16 if self.dev.type == "cuda" else weights.embed.dtype
         self.dt = dt
@@ -159,8 +200,8 @@ class Engine:
         self.vbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]
         self.free_ev = [None] * nbuf     # last reader (attention) of each buffer
         self.ready_ev = {}               # use id -> [events] of transfers into that use's buffer
-        self.layer_buf = list(range(L))  # reuse: current buffer of each layer (swapped with the spare)
-        self.spare = nbuf - 1
+        self.layer_buf = list(range(L))  # reuse: the buffer of each layer (fixed)
+        self.spare = nbuf - 1            # reuse: the previous selection is copied here, then gathered back
         self.pred = None                 # [L, B, H, k] prediction for this step (chunks prefetched)
         self.pred_new = torch.zeros(L, B, H, self.kc, device=self.dev, dtype=torch.int32)
         self.prev_true = None            # reuse: previous step's selection per layer
@@ -232,8 +273,8 @@ class Engine:
             toks = torch.cat([self.tokens, self.pending], 1)
         else:
             toks = self.tokens
-        ctx_pos = self.cfg.context + (0 if s.kv_on_gpu else self.cfg.local) + self.g
-        pos = torch.arange(ctx_pos, ctx_pos + nq, device=self.dev)
+        ctx_pos = self.cfg.context + (0 if s.kv_on_gpu else self.cfg.local)
+        pos = self.g_dev + (ctx_pos + self.ar[:nq])                 # device positions: no host value of g
         self.cos, self.sin = rope_tables(pos, self.d, self.m.rope_theta)
         x = self.w.embed[toks]                                   # [B, nq, h]
         if self.prefetch == "layer-ahead" and not predecode:
@@ -256,11 +297,58 @@ class Engine:
             self.g += 1
             if self.g >= self.cfg.gen_slots - 2:
                 self.g = 0                                       # reuse the generated-token slots
-            self.tokens = nxt[:, :self.nq] if not s.kv_on_gpu else nxt[:, :1]
+            self.g_dev.add_(1).remainder_(self.cfg.gen_slots - 2)
+            new = nxt[:, :self.nq] if not s.kv_on_gpu else nxt[:, :1]
+            if new.shape == self.tokens.shape:
+                self.tokens.copy_(new)                           # static input of a captured step
+            else:
+                self.tokens = new.clone()
             if self.nq == 2 and self.prefetch != "none":
                 self.pred, self.pred_new = self.pred_new, self.pred
         self.steps += 1
         return nxt
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def capture(self, steps: int = 2):
+        """Capture `steps` whole steps (both streams, events, selection, gathers, attention) into one
+        CUDA graph; replay() then runs them with no host work. Call after the pre-decoding step and
+        one warm-up step. `steps` is even so that the prediction buffers' swap and every buffer
+        parity come back to where they started. The prefetches that a step issues for the next
+        step's first layers are joined at the graph's end: they overlap within the graph, not across
+        replays. The CPU-gather ablation needs the host inside a step and cannot be captured."""
+        if self.dev.type != "cuda" or self.ref:
+            raise DDBenchError("CUDA graphs need the CUDA path")
+        if self.sys.gather == "cpu" and self.prefetch != "none":
+            raise DDBenchError("the CPU-gather ablation cannot be captured (the host gathers inside the step)")
+        if steps % 2:
+            raise DDBenchError("capture an even number of steps")
+        torch.cuda.synchronize()
+        # every earlier event has completed: forget them (a capture may not wait on outside events)
+        self.free_ev = [None] * len(getattr(self, "free_ev", []))
+        self.ready_ev = {u: [] for u in getattr(self, "ready_ev", {})}
+        timing, self.timing = self.timing, False
+        g = torch.cuda.CUDAGraph()
+        self.capturing = True
+        self.sched.capturing = True
+        self.out = None
+        try:
+            with torch.cuda.graph(g):
+                for _ in range(steps):
+                    self.out = self.step()
+                self.sched.join()
+        finally:
+            self.capturing = False
+            self.sched.capturing = False
+            self.timing = timing
+        self.graph, self.graph_steps = g, steps
+        self.free_ev = [None] * len(getattr(self, "free_ev", []))
+        self.ready_ev = {u: [] for u in getattr(self, "ready_ev", {})}
+        return g
+
+    def replay(self):
+        """Run the captured steps; returns the last step's tokens (a static graph output)."""
+        self.graph.replay()
+        return self.out
 
     def _layer(self, i, x, nq, predecode):
         s, w = self.sys, self.w
@@ -297,11 +385,12 @@ class Engine:
         return self.ops.attention(q, kb, vb, lengths)
 
     def _full_attention(self, i, q, k, v, nq):
-        p = self.cfg.context + self.g
+        p = self.g_dev + self.cfg.context                        # device position of the new token(s)
         kb, vb = self.kv_k[i], self.kv_v[i]
-        kb[:, :, p:p + nq] = k.transpose(1, 2)
-        vb[:, :, p:p + nq] = v.transpose(1, 2)
-        lengths = torch.full((self.B,), p, device=self.dev, dtype=torch.int32)
+        at = p + self.ar[:nq]
+        kb.index_copy_(2, at, k.transpose(1, 2))
+        vb.index_copy_(2, at, v.transpose(1, 2))
+        lengths = p.to(torch.int32).expand(self.B)
         pre = self.sched.timing_event() if self.timing else None
         with nvtx_range("attention"):
             o = self._attn(q, kb, vb, lengths)
@@ -313,8 +402,7 @@ class Engine:
             if s.landmarks:
                 probs = self._map(lambda t: self.ops.score(t.contiguous(), self.lm[i]), q)
             else:
-                tok = self._map(lambda t: self.ops.spec_scores(t.contiguous(), self.qk[i]), q)  # [B, nq, H, T]
-                probs = tok.view(*tok.shape[:3], self.N, self.C).amax(-1)
+                probs = self._map(lambda t: self.ops.spec_scores(t.contiguous(), self.qk[i], self.C), q)  # [B, nq, H, N]
             return probs.topk(self.kc, dim=-1).indices.sort(-1).values.to(torch.int32)  # [B, nq, H, k]
 
     def _sparse_attention(self, i, q, k, v, nq, predecode):
@@ -329,7 +417,8 @@ class Engine:
         have_pred = self.prefetch != "none" and not predecode
         base = self.pred[i] if have_pred else (self.prev_true[i] if (s.reuse and self.prev_ok[i]) else None)
         if cfg.miss_rate is not None and base is not None:
-            true = perturb(base, cfg.miss_rate, self.N, self.gen)  # forced miss rate (timing runs)
+            # forced miss rate (timing runs); inside a capture the default generator (graph-safe) draws
+            true = perturb(base, cfg.miss_rate, self.N, None if self.capturing else self.gen)
         b = self._buf_of_use(u)
         kb, vb = self.kbuf[b], self.vbuf[b]
         vo = self.lowrank[i]
@@ -358,20 +447,25 @@ class Engine:
             self.stats.urgent_counts.append(plan.count)
             self.stats.urgent_layer.append((i, vo))
         elif s.reuse and self.prev_ok[i]:
-            # ShadowKV: misses against the previous step's selection, on the critical path
-            old = self.layer_buf[i]
-            nb = self.spare
+            # ShadowKV: misses against the previous step's selection, on the critical path. The
+            # previous selection's rows are copied into the one spare buffer, then gathered back
+            # (hits from the spare, misses from the host) into this layer's own buffer: every
+            # layer keeps its buffer, so a captured step replays with the same addresses.
+            b = self.layer_buf[i]
+            sp = self.spare
             kC = self.kc * self.C
-            kb, vb = self.kbuf[nb], self.vbuf[nb]
+            kb, vb = self.kbuf[b], self.vbuf[b]
+            pk = None if vo else self.kbuf[sp][:, :, :kC]
+            pv = self.vbuf[sp][:, :, :kC]
 
             def fetch():
                 with nvtx_range(f"fetch L{i}"):
-                    src = self.ops.gather(self.host, self._hl(i), true, None if vo else kb, vb,
-                                          prev=(self.prev_true[i], None if vo else self.kbuf[old][:, :, :kC], self.vbuf[old][:, :, :kC]))
-                    return src
-            ev, src = self.sched.run("compute", "fetch", fetch, waits=[self.free_ev[nb]], layer=i, buf=nb, use=u)
-            self.layer_buf[i], self.spare = nb, old
-            b = nb
+                    pv.copy_(vb[:, :, :kC])
+                    if pk is not None:
+                        pk.copy_(kb[:, :, :kC])
+                    return self.ops.gather(self.host, self._hl(i), true, None if vo else kb, vb,
+                                           prev=(self.prev_true[i], pk, pv))
+            ev, src = self.sched.run("compute", "fetch", fetch, waits=[self.free_ev[b]], layer=i, buf=b, use=u)
             waits = [ev]
             if src is None:  # torch twin returns nothing: count on the host
                 from kernels.indexsets import reuse_plan
@@ -408,12 +502,17 @@ class Engine:
         with nvtx_range("assemble"):
             if vo:
                 self.ops.rebuild(self.U[i], self.SV[i], assembled, kb, chunk=C, rope_theta=self.m.rope_theta)
+            # the resident window and generated tokens: the whole slot range is copied (its used
+            # length R0 + g lives on the device), then the new token(s) go right after the used part
             R = self.R0 + self.g
-            kb[:, :, kC:kC + R] = self.recent_k[i, :, :, :R]
-            vb[:, :, kC:kC + R] = self.recent_v[i, :, :, :R]
-            kb[:, :, kC + R:kC + R + nq] = k.transpose(1, 2)
-            vb[:, :, kC + R:kC + R + nq] = v.transpose(1, 2)
-            lengths = torch.full((self.B,), kC + R, device=self.dev, dtype=torch.int32)
+            Rc = self.Rcap
+            kb[:, :, kC:kC + Rc] = self.recent_k[i]
+            vb[:, :, kC:kC + Rc] = self.recent_v[i]
+            p = self.g_dev + (kC + self.R0)
+            at = p + self.ar[:nq]
+            kb.index_copy_(2, at, k.transpose(1, 2))
+            vb.index_copy_(2, at, v.transpose(1, 2))
+            lengths = p.to(torch.int32).expand(self.B)
         pre = self.sched.timing_event() if self.timing else None
         ev_wait, _ = self.sched.run("compute", "wait", lambda: None, waits=waits, layer=i, buf=b, use=u)
         post = self.sched.timing_event() if self.timing else None
@@ -425,11 +524,12 @@ class Engine:
         self.prefetched.pop(u, None)
         if self.debug is not None:
             self.debug.append(dict(layer=i, q=q.clone(), k=k.clone(), v=v.clone(), true=true.clone(),
-                                   assembled=assembled.clone(), out=o.clone(), R=R, nq=nq,
-                                   recent_k=self.recent_k[i, :, :, :R].clone(), recent_v=self.recent_v[i, :, :, :R].clone(),
+                                   assembled=assembled.clone(), out=o.clone(), R=R, g=self.g_dev.clone(), nq=nq,
+                                   recent_k=self.recent_k[i].clone(), recent_v=self.recent_v[i].clone(),
                                    lowrank=vo, step=self.steps, kb=kb.clone(), vb=vb.clone()))
-        self.recent_k[i, :, :, self.R0 + self.g] = k[:, 0]        # persist the true token's K/V
-        self.recent_v[i, :, :, self.R0 + self.g] = v[:, 0]
+        at = self.g_dev + self.R0                                 # persist the true token's K/V
+        self.recent_k[i].index_copy_(2, at, k[:, :1].transpose(1, 2))
+        self.recent_v[i].index_copy_(2, at, v[:, :1].transpose(1, 2))
         self.use += 1
         if self.prefetch == "layer-ahead" and not predecode:
             nu = u + 2

@@ -24,8 +24,8 @@ def build(name, miss_rate=0.33, B=3, ctx=8192, budget=512, seed=0, lowrank=(1,),
     tmp = torch.empty(host.shape, device="cuda", dtype=host.dtype).normal_(generator=g)
     host.copy_(tmp)
     w = Weights.random(SMALL, "cuda", seed)
-    cfg = EngineConfig(context=ctx, batch=B, budget=budget, local=32, gen_slots=16, rank=32, outlier_chunks=8,
-                       miss_rate=miss_rate, lowrank_layers=lowrank, seed=seed, prefetch_programs=8, urgent_programs=16)
+    cfg = EngineConfig.of(context=ctx, batch=B, budget=budget, local_chunks=4, gen_tokens=16, rank=32, outliers_per_1k=16,
+                          miss_rate=miss_rate, lowrank_layers=lowrank, seed=seed, prefetch_programs=8, urgent_programs=16)
     return Engine(SMALL, SYSTEMS[name], cfg, w, "cuda", host_kv=host, debug=debug), host
 
 
@@ -36,15 +36,15 @@ def reference_output(e, rec, host):
     B, H, d, C = e.B, e.H, e.d, e.C
     true = rec["true"].sort(-1).values
     kC = true.shape[-1] * C
-    S = kC + rec["R"] + rec["nq"]
+    S = kC + e.R0 + int(rec["g"]) + rec["nq"]
     kb = torch.full((B, H, S, d), float("nan"), dtype=e.dt, device=e.dev)
     vb = torch.full_like(kb, float("nan"))
     layer = rec["layer"]
     gather_ref(host, layer % host.shape[0], true, None if rec["lowrank"] else kb, vb)
     if rec["lowrank"]:
         rebuild_keys_ref(e.U[layer], e.SV[layer], true, kb, chunk=C, rope_theta=e.m.rope_theta)
-    R = rec["R"]
-    kb[:, :, kC:kC + R], vb[:, :, kC:kC + R] = rec["recent_k"], rec["recent_v"]
+    R = e.R0 + int(rec["g"])          # the device's count of generated tokens (graphs: no host mirror)
+    kb[:, :, kC:kC + R], vb[:, :, kC:kC + R] = rec["recent_k"][:, :, :R], rec["recent_v"][:, :, :R]
     kb[:, :, kC + R:], vb[:, :, kC + R:] = rec["k"].transpose(1, 2), rec["v"].transpose(1, 2)
     return dual_sparse_attention_ref(rec["q"], kb, vb, torch.full((B,), kC + R, dtype=torch.int32, device=e.dev))
 

@@ -137,8 +137,15 @@ def perturb(base: torch.Tensor, miss_rate: float, n_chunks: int, gen: torch.Gene
 class Sched:
     """CUDA streams and events, or an in-order CPU stand-in; records a hazard log when `log` is set.
 
-    Streams: 'compute' (the current stream), 'prefetch' (low priority), 'urgent' (high priority,
-    or the prefetch stream itself when `urgent_priority` is off: FIFO behind the prefetches).
+    Streams: 'compute' (whatever stream is current: the capture stream inside a CUDA graph),
+    'prefetch' (low priority), 'urgent' (high priority, or the prefetch stream itself when
+    `urgent_priority` is off: FIFO behind the prefetches). The side streams are created with their
+    priority, so kernels captured from them keep it as their graph nodes' priority.
+
+    Every side-stream op first waits on an event recorded on the compute stream at its issue (a
+    fork): it never runs ahead of the compute work issued before it (the indices it reads), and
+    inside a capture every side stream joins the graph this way. `join()` makes the compute stream
+    wait for every side stream used since the last join (a capture must end joined).
     """
 
     def __init__(self, device, urgent_priority: bool = True, log: bool = False):
@@ -146,12 +153,29 @@ class Sched:
         self.log = [] if log else None
         if self.cuda:
             lo, hi = 0, -10  # torch clamps to the device's range (0 .. -5 on Hopper)
-            self.streams = {"compute": torch.cuda.current_stream(), "prefetch": torch.cuda.Stream(priority=lo)}
+            self.streams = {"compute": None, "prefetch": torch.cuda.Stream(priority=lo)}
             self.streams["urgent"] = torch.cuda.Stream(priority=hi) if urgent_priority else self.streams["prefetch"]
         else:
             self.streams = {"compute": None, "prefetch": None, "urgent": None}
         self.alias = {"urgent": "urgent" if urgent_priority else "prefetch"}
         self._n = 0
+        self.capturing = False
+        self.used = set()
+
+    def stream(self, sname):
+        st = self.streams[sname]
+        return torch.cuda.current_stream() if st is None else st
+
+    def join(self):
+        """The compute stream waits for every side stream used since the last join."""
+        if not self.cuda:
+            return
+        cur = torch.cuda.current_stream()
+        for sname in sorted(self.used):
+            e = torch.cuda.Event()
+            e.record(self.streams[sname])
+            cur.wait_event(e)
+        self.used.clear()
 
     def name(self, s):
         return self.alias.get(s, s)
@@ -164,7 +188,12 @@ class Sched:
         ev = _Ev(f"{op}#{self._n}")
         self._n += 1
         if self.cuda:
-            st = self.streams[sname]
+            st = self.stream(sname)
+            if sname != "compute":
+                fork = torch.cuda.Event()
+                fork.record(torch.cuda.current_stream())
+                st.wait_event(fork)
+                self.used.add(sname)
             for w in waits:
                 if w is not None:
                     st.wait_event(w.ev)
@@ -182,7 +211,7 @@ class Sched:
         if not self.cuda:
             return None
         e = torch.cuda.Event(enable_timing=True)
-        e.record(self.streams[self.name(stream)])
+        e.record(self.stream(self.name(stream)))
         return e
 
 
