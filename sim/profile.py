@@ -20,6 +20,10 @@ Which rows are used (`Select`, written into the note that ends up in every outpu
                start the speculative token is the next output token by construction and every
                hit is 1.0, so temperature 0 would say nothing
   context, task  None by default: all, averaged (n-weighted)
+  budget       the smallest budget_tokens measured by default: a short profiled context (4K) with a
+               large budget selects a large share of all chunks (2048 of 4096 tokens is half), which
+               inflates both rates; the smallest budget is the closest to the share that budget 2048
+               selects at 128K (1.6%). The note gives the budget and the share of the context
 A column the file does not have is not filtered on, and the note says so; a filter value the file
 has no rows for is an error that lists what it has.
 
@@ -31,8 +35,9 @@ default lookup (traces/accuracy/<model>.csv for the simulated model) refuses a p
 count differs from the model's.
 
 The low-rank-key layer set (§5.3: layers whose prediction accuracy is consistently low) comes from
-the profile's summary JSON (`lowrank_from_summary`), or from a threshold on the per-layer hit rates
-(`lowrank_by_threshold`).
+the profile's summary JSON (`lowrank_from_summary`: its `lowrank_layers` {rule, threshold, basis,
+layers} and `shape.layers`, see ddbench/profile/trace.py), or from a threshold on the per-layer hit
+rates (`lowrank_by_threshold`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from ddbench.core.paths import traces_dir
 PAPER_HIT = 0.88          # the paper's average KV prediction accuracy (§4.1)
 DEFAULT_INIT = "t2"
 DEFAULT_TEMPERATURE = 0.6
+SMALLEST = -1             # Select.budget: the smallest budget the profile measured
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class Select:
     temperature: float | None = DEFAULT_TEMPERATURE
     context: int | None = None
     task: str | None = None
+    budget: int | None = SMALLEST     # SMALLEST: the smallest budget_tokens the file has; None: all
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,7 @@ def _num(path: str, no: int, row: dict, field: str, lo: float | None = None, hi:
     return v
 
 
-def _describe(sel: Select, header: list[str], contexts: list, tasks: list) -> str:
+def _describe(sel: Select, header: list[str], contexts: list, tasks: list, budgets: list = ()) -> str:
     parts = []
     for col, val, what in (("init", sel.init, "init"), ("temperature", sel.temperature, "temperature")):
         if col not in header:
@@ -140,6 +147,12 @@ def _describe(sel: Select, header: list[str], contexts: list, tasks: list) -> st
     parts.append(f"task {sel.task}" if sel.task is not None else
                  (f"tasks {', '.join(tasks)} averaged" if len(tasks) > 1 else f"task {tasks[0]}") if tasks else
                  "no task column")
+    if budgets:
+        share = "/".join(f"{b / c:.0%}" for c in contexts for b in budgets) if contexts else ""
+        parts.append(f"budget {'/'.join(map(str, budgets))}" + (f" ({share} of the context)" if share else "")
+                     + (" (the smallest measured)" if sel.budget == SMALLEST else ""))
+    elif "budget_tokens" not in header:
+        parts.append("no budget column")
     return ", ".join(parts)
 
 
@@ -168,9 +181,14 @@ def read_profile(path: str, sel: Select = Select()) -> Profile:
         return True
 
     used = [(no, r) for no, r in rows if keep(no, r)]
+    budget = sel.budget
+    if "budget_tokens" in has and used and budget is not None:
+        if budget == SMALLEST:
+            budget = min(int(_num(path, no, r, "budget_tokens", 1.0)) for no, r in used)
+        used = [(no, r) for no, r in used if int(_num(path, no, r, "budget_tokens", 1.0)) == budget]
     if not used:
         for col, val in (("init", sel.init), ("temperature", sel.temperature), ("context_tokens", sel.context),
-                         ("task", sel.task)):
+                         ("task", sel.task), ("budget_tokens", budget)):
             if val is not None and col in has and not any(_match_one(col, val, r[col]) for _, r in rows):
                 vals = sorted({r[col].strip() for _, r in rows})
                 raise DDBenchError(f"accuracy profile {path} has no rows for {col} {val} (it has {', '.join(vals)})")
@@ -219,8 +237,10 @@ def read_profile(path: str, sel: Select = Select()) -> Profile:
         return sum(x[k] * x[2] for x in acc[i]) / w
     contexts = sorted({int(float(r["context_tokens"])) for _, r in used}) if "context_tokens" in has else []
     tasks = sorted({r["task"].strip() for _, r in used}) if "task" in has else []
+    budgets = sorted({int(float(r["budget_tokens"])) for _, r in used}) if "budget_tokens" in has else []
     return Profile(path, model, L, tuple(mean(i, 0) for i in range(L)), tuple(mean(i, 1) for i in range(L)),
-                   tok[0] / tok[1] if tok[1] else None, len(used), _describe(sel, header, contexts, tasks))
+                   tok[0] / tok[1] if tok[1] else None, len(used),
+                   _describe(sel, header, contexts, tasks, budgets))
 
 
 def _match_one(col: str, val, raw: str) -> bool:
@@ -311,20 +331,21 @@ def lowrank_from_summary(path: str, target_layers: int | None = None, target: st
         raise DDBenchError(f"cannot read accuracy summary {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise DDBenchError(f"malformed accuracy summary {path}: line {exc.lineno}: {exc.msg}") from None
-    lr = doc.get("lowrank") if isinstance(doc, dict) else None
+    lr = doc.get("lowrank_layers") if isinstance(doc, dict) else None
     if not isinstance(lr, dict) or not isinstance(lr.get("layers"), list):
-        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank.layers: missing or not a list")
-    L = doc.get("layers")
+        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank_layers.layers: missing or not a list")
+    L = (doc.get("shape") or {}).get("layers") if isinstance(doc.get("shape"), dict) else None
     if not isinstance(L, int) or L < 1:
-        raise DDBenchError(f"malformed accuracy summary {path}: field layers: {L!r} is not a layer count")
+        raise DDBenchError(f"malformed accuracy summary {path}: field shape.layers: {L!r} is not a layer count")
     try:
         layers = sorted(int(x) for x in lr["layers"])
     except (TypeError, ValueError):
-        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank.layers: not integers") from None
+        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank_layers.layers: not integers") from None
     if any(not 0 <= x < L for x in layers):
-        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank.layers: outside 0..{L - 1}")
+        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank_layers.layers: outside 0..{L - 1}")
     model = str(doc.get("model") or os.path.basename(path).removesuffix(".summary.json"))
-    rule = lr.get("rule") or (f"hit rate below {lr['threshold']}" if "threshold" in lr else "§5.3 rule")
+    rule = str(lr.get("rule") or "§5.3 rule") + (f", threshold {lr['threshold']}" if "threshold" in lr else "") \
+        + (f"; basis {lr['basis']}" if lr.get("basis") else "")
     note = f"low-rank key layers from {path} ({rule}): measured on {model} ({L} layers)"
     if target_layers is None or target_layers == L:
         return frozenset(layers), note + f": {layers}"

@@ -8,14 +8,18 @@ import pytest
 from ddbench.core.errors import DDBenchError
 from sim import profile as P
 
+# the profiler's schema (ddbench/profile/trace.py, schema 1)
 COLUMNS = ["layer", "context_tokens", "task", "init", "temperature", "top_p", "budget_tokens", "chunk_tokens",
-           "hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share", "token_acc", "n",
-           "model", "layers", "git_sha"]
+           "local_tokens", "hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share", "token_acc", "n",
+           "model", "model_sha256", "transformers_version", "torch_version", "git_sha", "date", "command"]
+PROV = {"model_sha256": "0123456789abcdef", "transformers_version": "5.0", "torch_version": "2.13.0",
+        "git_sha": "abc123", "date": "2026-11-30T00:00:00+00:00", "command": "ddbench profile --layer-accuracy"}
 
 
-def rates(layer, layers, init, temp, task):
-    """A made-up but structured profile: deeper layers predict better, random init and heat worse."""
-    base = 0.6 + 0.3 * layer / (layers - 1)
+def rates(layer, layers, init, temp, task, budget=1024):
+    """A made-up but structured profile: deeper layers predict better, random init, heat and a smaller
+    budget worse."""
+    base = 0.6 + 0.3 * layer / (layers - 1) + (0.05 if budget > 1024 else 0.0)
     hit = base - (0.2 if init == "random" else 0.0) - (0.0 if temp == 0.0 else 0.1 * temp) - (0.02 if task == "b" else 0)
     if init == "t2" and temp == 0.0:
         hit = 1.0
@@ -23,20 +27,21 @@ def rates(layer, layers, init, temp, task):
 
 
 def write_profile(path, model="tiny-llama", layers=6, inits=("t2", "random"), temps=(0.0, 0.6, 1.0),
-                  contexts=(2048, 4096), tasks=("a", "b"), n=64, extra=None):
+                  contexts=(2048, 4096), tasks=("a", "b"), budgets=(1024, 1536), n=64, extra=None):
     rows = []
     for ctx in contexts:
         for task in tasks:
             for init in inits:
                 for t in temps:
-                    for layer in range(layers):
-                        hit, reuse = rates(layer, layers, init, t, task)
-                        rows.append({"layer": layer, "context_tokens": ctx, "task": task, "init": init,
-                                     "temperature": t, "top_p": 0.95, "budget_tokens": 256, "chunk_tokens": 8,
-                                     "hit_rate": hit, "reuse_hit_rate": reuse,
-                                     "union_hit_rate": max(hit, reuse), "new_pred_share": 0.1,
-                                     "token_acc": 0.5, "n": n * (2 if ctx == 4096 else 1), "model": model,
-                                     "layers": layers, "git_sha": "abc123"})
+                    for b in budgets:
+                        for layer in range(layers):
+                            hit, reuse = rates(layer, layers, init, t, task, b)
+                            rows.append({"layer": layer, "context_tokens": ctx, "task": task, "init": init,
+                                         "temperature": t, "top_p": 1.0, "budget_tokens": b, "chunk_tokens": 8,
+                                         "local_tokens": 64, "hit_rate": hit, "reuse_hit_rate": reuse,
+                                         "union_hit_rate": max(hit, reuse), "new_pred_share": 0.1,
+                                         "token_acc": 0.5, "n": n * (2 if ctx == 4096 else 1), "model": model,
+                                         **PROV})
     if extra:
         rows += extra
     with open(path, "w", newline="") as fh:
@@ -55,6 +60,11 @@ def test_default_selection_is_t2_at_temperature_06(tmp_path):
         assert h == pytest.approx(0.6 + 0.3 * i / 5 - 0.06 - 0.01)
     assert "init t2" in prof.selection and "temperature 0.6" in prof.selection
     assert "tasks a, b averaged" in prof.selection and "contexts 2048/4096 averaged" in prof.selection
+    assert "budget 1024 (50%/25% of the context) (the smallest measured)" in prof.selection
+    wide = P.read_profile(tmp_path / "m.csv", P.Select(budget=1536))
+    assert wide.hit[0] == pytest.approx(prof.hit[0] + 0.05)
+    every = P.read_profile(tmp_path / "m.csv", P.Select(budget=None))
+    assert every.hit[0] == pytest.approx(prof.hit[0] + 0.025) and "budget 1024/1536" in every.selection
 
 
 def test_filters_change_the_rates(tmp_path):
@@ -72,10 +82,10 @@ def test_rows_weighted_by_n(tmp_path):
     path = write_profile(tmp_path / "m.csv", tasks=("a",), contexts=(4096,))
     extra_path = tmp_path / "w.csv"
     # the same profile plus one heavy row for layer 0 at a different rate
-    extra = [{"layer": 0, "context_tokens": 4096, "task": "a", "init": "t2", "temperature": 0.6, "top_p": 0.95,
-              "budget_tokens": 256, "chunk_tokens": 8, "hit_rate": 0.0, "reuse_hit_rate": 0.0,
+    extra = [{"layer": 0, "context_tokens": 4096, "task": "a", "init": "t2", "temperature": 0.6, "top_p": 1.0,
+              "budget_tokens": 1024, "chunk_tokens": 8, "local_tokens": 64, "hit_rate": 0.0, "reuse_hit_rate": 0.0,
               "union_hit_rate": 0.0, "new_pred_share": 0.0, "token_acc": 0.0, "n": 384, "model": "tiny-llama",
-              "layers": 6, "git_sha": "abc123"}]
+              **PROV}]
     write_profile(extra_path, tasks=("a",), contexts=(4096,), extra=extra)
     base = P.read_profile(path).hit[0]
     assert P.read_profile(extra_path).hit[0] == pytest.approx(base * 128 / (128 + 384))
@@ -165,28 +175,29 @@ def test_missing_column_and_missing_layer(tmp_path):
     path.write_text("# comment\nlayer,reuse_hit_rate\n0,0.5\n")
     with pytest.raises(DDBenchError, match=r"line 2, field hit_rate: missing from the header"):
         P.read_profile(path)
-    path.write_text("layer,hit_rate,layers\n0,0.5,3\n2,0.5,3\n")
+    path.write_text("layer,hit_rate\n0,0.5\n2,0.5\n")
     with pytest.raises(DDBenchError, match=r"no rows for layers \[1\]"):
         P.read_profile(path)
 
 
 def write_summary(path, model="SmolLM2-135M-Instruct", layers=30, lowrank=(0, 1, 7)):
-    path.write_text(json.dumps({"model": model, "layers": layers,
-                                "lowrank": {"rule": "hit rate below 0.7", "threshold": 0.7,
-                                            "layers": list(lowrank)}}))
+    path.write_text(json.dumps({"schema": 1, "model": model, "shape": {"layers": layers},
+                                "lowrank_layers": {"rule": "§5.3: layers whose mean hit rate is below the threshold",
+                                                   "threshold": 0.7, "basis": "init t2, temperature > 0",
+                                                   "layers": list(lowrank)}}))
     return path
 
 
 def test_lowrank_from_summary(tmp_path):
     write_summary(tmp_path / "smol.summary.json")
     same, note = P.lowrank_from_summary(str(tmp_path / "smol.csv"), 30)
-    assert same == {0, 1, 7} and "hit rate below 0.7" in note
+    assert same == {0, 1, 7} and "below the threshold, threshold 0.7; basis init t2" in note
     mapped, note = P.lowrank_from_summary(str(tmp_path / "smol.csv"), 60, target="m60")
     assert mapped == {0, 1, 2, 3, 14, 15} and "mapped by relative depth onto m60 (60 layers)" in note
     with pytest.raises(DDBenchError, match="60"):
         P.lowrank_from_summary(str(tmp_path / "smol.csv"), 60, explicit=False)
-    (tmp_path / "bad.summary.json").write_text('{"layers": 30, "lowrank": {"layers": [31]}}')
-    with pytest.raises(DDBenchError, match=r"bad.summary.json: field lowrank.layers: outside 0..29"):
+    (tmp_path / "bad.summary.json").write_text('{"shape": {"layers": 30}, "lowrank_layers": {"layers": [31]}}')
+    with pytest.raises(DDBenchError, match=r"bad.summary.json: field lowrank_layers.layers: outside 0..29"):
         P.lowrank_from_summary(str(tmp_path / "bad.csv"), 30)
 
 

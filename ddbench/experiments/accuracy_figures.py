@@ -1,0 +1,562 @@
+"""The paper's accuracy experiments, replayed from measured accuracy profiles
+(traces/accuracy/<model>.csv, .summary.json, .steps.csv, written by `ddbench profile --layer-accuracy`;
+schema in ddbench/profile/trace.py), and the simulator's sensitivity to them:
+
+  fig07        (a) token against KV prediction accuracy over decode steps; (b) T2 against random
+               initialisation of the first speculative token
+  fig16        KV prediction accuracy by model, context and task (and per layer, with §5.3's low-rank set)
+  table1       task accuracy: dense, sparse exact top-k (what DualDecoder computes once misses are
+               fetched), low-rank-key selection (ShadowKV's), per task and budget
+  sensitivity  DualDecoder/ShadowKV throughput at Figure 12's setting (Qwen2.5-32B, h100-80gb + PCIe 5,
+               128K, budget 2048, each at its largest batch) against DualDecoder's hit rate and ShadowKV's
+               reuse rate, with the measured rates and the paper's 0.88 marked
+
+Rates are read with sim/profile.py's selection: first speculative token T2, output token sampled at
+temperature 0.6 (the speculative token is the argmax; greedy with T2 makes every hit 1.0 by
+construction), the smallest measured budget, every context and task averaged (n-weighted). Every
+figure names the model measured, its layer count and context; the paper's numbers come from its
+own models at up to 128K, and ours are never labelled as theirs. No trace: a one-line DDBenchError
+that names the figure and the command that writes the trace.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from functools import lru_cache
+
+import pandas as pd
+
+from ddbench.core.errors import DDBenchError
+from ddbench.core.paths import traces_dir
+from ddbench.core.units import fmt_tokens
+from ddbench.experiments import Comparison, FigureResult, register
+from ddbench.plotting import PAPER_MARK, SYSTEM_COLORS
+
+PROFILE_CMD = "ddbench profile --layer-accuracy --model PATH"
+# the paper's tasks (RULER) against the nearest synthetic task the profiler builds (ddbench/profile/tasks.py)
+TABLE1_TASKS = {"niah-1": "single", "niah-2": "multikey", "niah-3": "multivalue", "qa-2": None}
+TABLE1_SYSTEMS = {"shadowkv": "lowrank", "dualdecoder": "sparse"}
+
+# Figure 12's setting (ddbench/experiments/sim_figures.py)
+SENS_MODEL, SENS_GPU, SENS_LINK, SENS_CTX = "qwen2.5-32b", "h100-80gb", "pcie5", 128 * 1024
+SENS_GRID = tuple(round(0.1 * i, 1) for i in range(11))      # 0.0 .. 1.0 for both axes
+
+
+# ---------------------------------------------------------------- reading the traces
+def _models() -> tuple:
+    folder = traces_dir("accuracy")
+    return tuple(sorted(os.path.basename(p)[:-4] for p in glob.glob(os.path.join(str(folder), "*.csv"))
+                        if not p.endswith(".steps.csv")))
+
+
+def _need(fig: str) -> tuple:
+    models = _models()
+    if not models:
+        raise DDBenchError(f"{fig}: no accuracy profile in {traces_dir('accuracy')} (<model>.csv); write one with"
+                           f" `{PROFILE_CMD}`")
+    return models
+
+
+def _path(model: str, kind: str) -> str:
+    suffix = {"csv": ".csv", "summary": ".summary.json", "steps": ".steps.csv"}[kind]
+    return str(traces_dir("accuracy", model + suffix))
+
+
+def _summary(model: str) -> dict:
+    return _summary_at(_path(model, "summary"))
+
+
+@lru_cache(maxsize=None)
+def _summary_at(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except OSError as exc:
+        raise DDBenchError(f"cannot read accuracy summary {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise DDBenchError(f"malformed accuracy summary {path}: line {exc.lineno}: {exc.msg}") from None
+    for key in ("model", "shape", "task_accuracy", "lowrank_layers"):
+        if not isinstance(doc, dict) or key not in doc:
+            raise DDBenchError(f"malformed accuracy summary {path}: field {key}: missing")
+    return doc
+
+
+def _profile(model: str, init: str = "t2", temperature: float = 0.6, context=None, task=None):
+    return _profile_at(_path(model, "csv"), init, temperature, context, task)
+
+
+@lru_cache(maxsize=None)
+def _profile_at(path: str, init, temperature, context, task):
+    from sim.profile import Select, read_profile
+    return read_profile(path, Select(init=init, temperature=temperature, context=context, task=task))
+
+
+def _rows(model: str) -> pd.DataFrame:
+    _profile(model)   # validates the file line by line first (one-line errors naming line and field)
+    return _rows_at(_path(model, "csv"))
+
+
+@lru_cache(maxsize=None)
+def _rows_at(path: str) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path, comment="#")
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise DDBenchError(f"cannot read accuracy profile {path}: {str(exc).splitlines()[0]}") from None
+
+
+def _steps(model: str) -> pd.DataFrame:
+    return _steps_at(_path(model, "steps"))
+
+
+@lru_cache(maxsize=None)
+def _steps_at(path: str) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path, comment="#")
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise DDBenchError(f"cannot read accuracy steps {path}: {str(exc).splitlines()[0]}") from None
+    need = ("context_tokens", "task", "init", "temperature", "budget_tokens", "step", "hit_rate", "token_acc")
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise DDBenchError(f"malformed accuracy steps {path}: line 1, field {missing[0]}: missing from the header")
+    for c in ("hit_rate", "token_acc", "temperature", "step", "budget_tokens", "context_tokens"):
+        v = pd.to_numeric(df[c], errors="coerce")
+        bad = v.isna()
+        if c in ("hit_rate", "token_acc"):
+            bad |= (v < 0) | (v > 1)
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            raise DDBenchError(f"malformed accuracy steps {path}: line {i + 2}, field {c}: {str(df[c].iloc[i])!r} is not"
+                               f" {'a rate in [0, 1]' if c in ('hit_rate', 'token_acc') else 'a number'}")
+    return df
+
+
+def _layers(model: str) -> int:
+    return int(_summary(model)["shape"]["layers"])
+
+
+def _who(model: str) -> str:
+    """'<model> (<L> layers)': how every figure names what was measured."""
+    return f"{model} ({_layers(model)} layers)"
+
+
+def _ctx(model: str) -> str:
+    return "/".join(fmt_tokens(int(c)) for c in sorted(_rows(model).context_tokens.unique()))
+
+
+def _paper(pid: str) -> float:
+    from ddbench.core.paper import reported
+    return reported()[pid].value
+
+
+def _caveat(model: str) -> str:
+    return (f"measured on {_who(model)} at {_ctx(model)} tokens; the paper's numbers are from its own models at up to"
+            f" 128K, not this model")
+
+
+# ---------------------------------------------------------------- Figure 7
+def _draw_fig7(res: FigureResult, fig) -> None:
+    df = res.data
+    fig.set_size_inches(7.6, 3.4)
+    a, b = fig.subplots(1, 2, width_ratios=[1.5, 1])
+    s = df[df.panel == "a"]
+    for model, sub in s.groupby("model", sort=False):
+        a.plot(sub.step, 100 * sub.kv_accuracy, color=SYSTEM_COLORS["dualdecoder"], lw=1.2,
+               label=f"KV prediction (mean {100 * sub.kv_accuracy.mean():.1f}%)")
+        a.plot(sub.step, 100 * sub.token_accuracy, color="#9467bd", lw=0.8, marker=".", ms=3,
+               label=f"token prediction (mean {100 * sub.token_accuracy.mean():.1f}%)")
+    a.axhline(100 * _paper("fig7a.kv_accuracy.mean"), color="black", ls="--", lw=0.8)
+    a.text(0, 100 * _paper("fig7a.kv_accuracy.mean") + 1, "paper: KV prediction 88% on average (its models)",
+           fontsize=6)
+    a.set_ylim(0, 105)
+    a.set_xlabel("decode step")
+    a.set_ylabel("accuracy (%)")
+    first = s.iloc[0]
+    a.set_title(f"(a) {first.model}, {fmt_tokens(int(first.context_tokens))}, T2 start, temperature "
+                f"{first.temperature:g}", fontsize=7)
+    a.legend(fontsize=6, loc="lower right")
+    p = df[df.panel == "b"]
+    temps = sorted(p.temperature.unique())
+    width = 0.38
+    for k, (init, color) in enumerate((("t2", SYSTEM_COLORS["dualdecoder"]), ("random", "#bcbd22"))):
+        sub = p[p.init == init].set_index("temperature").reindex(temps)
+        xs = [i + (k - 0.5) * width for i in range(len(temps))]
+        bars = b.bar(xs, 100 * sub.kv_accuracy, width, color=color, label=f"{init} start")
+        b.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
+    box = dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5)
+    right = len(temps) - 0.5
+    b.axhline(100 * _paper("fig7b.random_init.kv_accuracy.mean"), color="black", ls=":", lw=0.8)
+    b.text(right, 100 * _paper("fig7b.random_init.kv_accuracy.mean"), "paper: random 56%", fontsize=6,
+           ha="right", va="center", bbox=box)
+    b.axhline(100 * _paper("fig7a.kv_accuracy.mean"), color="black", ls="--", lw=0.8)
+    b.text(right, 100 * _paper("fig7a.kv_accuracy.mean"), "paper: T2 88%", fontsize=6, ha="right", va="center",
+           bbox=box)
+    b.set_xticks(range(len(temps)), [f"T={t:g}" + (" (greedy)" if t == 0 else "") for t in temps], fontsize=7)
+    b.set_xlim(-0.5, right)
+    b.set_ylim(0, 118)
+    b.set_title("(b) first speculative token: T2 or random", fontsize=7)
+    b.legend(fontsize=6, loc="upper right", ncol=2)
+    fig.suptitle(f"Fig. 7: KV prediction accuracy measured on {_who(first.model)}, not the paper's models",
+                 fontsize=8)
+
+
+@register("fig07", "Token against KV prediction accuracy over decode steps; T2 against random start (paper Figure 7)",
+          _draw_fig7)
+def fig07() -> FigureResult:
+    model = _need("fig07")[0]
+    prof = _profile(model)
+    budget = int(prof.selection.split("budget ")[1].split()[0]) if "budget " in prof.selection else None
+    st = _steps(model)
+    sel = st[(st.init == "t2") & ((st.temperature - 0.6).abs() < 1e-9)]
+    if budget is not None:
+        sel = sel[sel.budget_tokens == budget]
+    if sel.empty:
+        raise DDBenchError(f"fig07: {_path(model, 'steps')} has no rows at init t2, temperature 0.6"
+                           f"{f', budget {budget}' if budget else ''}")
+    per = sel.groupby("step").agg(kv_accuracy=("hit_rate", "mean"), token_accuracy=("token_acc", "mean"),
+                                  runs=("hit_rate", "size")).reset_index()
+    rows = [{"panel": "a", "model": model, "layers": _layers(model),
+             "context_tokens": int(sel.context_tokens.max()) if sel.context_tokens.nunique() == 1 else -1,
+             "budget_tokens": budget, "init": "t2", "temperature": 0.6, "step": int(r.step),
+             "kv_accuracy": r.kv_accuracy, "token_accuracy": r.token_accuracy, "runs": int(r.runs)}
+            for r in per.itertuples()]
+    df0 = _rows(model)
+    inits = [i for i in ("t2", "random") if i in set(df0.init)]
+    for t in sorted(df0.temperature.unique()):
+        for init in inits:
+            p = _profile(model, init, float(t))
+            rows.append({"panel": "b", "model": model, "layers": _layers(model),
+                         "context_tokens": int(df0.context_tokens.max()) if df0.context_tokens.nunique() == 1 else -1,
+                         "budget_tokens": budget, "init": init, "temperature": float(t), "step": None,
+                         "kv_accuracy": p.hit_mean, "token_accuracy": p.token_acc, "runs": p.rows})
+    df = pd.DataFrame(rows)
+    tok = per.token_accuracy.mean()
+    cmp = [Comparison("fig7a.kv_accuracy.mean", round(prof.hit_mean, 3),
+                      f"{_caveat(model)}; {prof.selection}; mean over {_layers(model)} layers and "
+                      f"{int(per.step.max()) + 1} steps; token prediction accuracy {tok:.1%} over the same steps "
+                      f"(KV prediction is higher, as in the paper)")]
+    if "random" in inits:
+        rnd = _profile(model, "random", 0.6)
+        cmp.append(Comparison("fig7b.random_init.kv_accuracy.mean", round(rnd.hit_mean, 3),
+                              f"{_caveat(model)}; random first speculative token, {rnd.selection}; T2 start "
+                              f"{prof.hit_mean:.1%} (drop {prof.hit_mean - rnd.hit_mean:+.1%}; the paper's drop is"
+                              f" {_paper('fig7b.random_init.kv_accuracy.mean') - _paper('fig7a.kv_accuracy.mean'):+.0%})"))
+    setup = f"{_caveat(model)}; {prof.selection}; panel (b) per temperature, same selection otherwise"
+    return FigureResult(df, setup, cmp)
+
+
+# ---------------------------------------------------------------- Figure 16
+def _draw_fig16(res: FigureResult, fig) -> None:
+    df = res.data
+    fig.set_size_inches(7.6, 3.4)
+    a, b = fig.subplots(1, 2, width_ratios=[1.3, 1])
+    bars = df[df.kind == "task"]
+    groups = list(dict.fromkeys(zip(bars.model, bars.context_tokens)))
+    tasks = list(dict.fromkeys(bars.task))
+    width = 0.8 / max(1, len(tasks))
+    cmap = ["#2ca02c", "#98df8a", "#1f77b4", "#aec7e8", "#ff7f0e"]
+    for k, task in enumerate(tasks):
+        xs, ys = [], []
+        for i, g in enumerate(groups):
+            r = bars[(bars.model == g[0]) & (bars.context_tokens == g[1]) & (bars.task == task)]
+            if len(r):
+                xs.append(i + (k - (len(tasks) - 1) / 2) * width)
+                ys.append(100 * r.hit_rate.iloc[0])
+        h = a.bar(xs, ys, width, label=task, color=cmap[k % len(cmap)])
+        a.bar_label(h, fmt="%.0f", fontsize=6, padding=1)
+    a.axhline(100 * _paper("fig16.ruler.128k.min_accuracy"), color="black", ls="--", lw=0.8)
+    a.text(-0.4, 100 * _paper("fig16.ruler.128k.min_accuracy") + 1.5, "paper: >= 82.6% (RULER 128K, its models)",
+           fontsize=6)
+    a.set_xticks(range(len(groups)), [f"{m}\n{fmt_tokens(int(c))}" for m, c in groups], fontsize=6)
+    a.set_ylim(0, 125)
+    a.set_ylabel("KV prediction accuracy (%)")
+    a.set_title("(a) by model, context and task", fontsize=7)
+    a.legend(fontsize=6, ncol=len(tasks), loc="upper center")
+    lay = df[df.kind == "layer"]
+    for model, sub in lay.groupby("model", sort=False):
+        b.plot(sub.layer, 100 * sub.hit_rate, marker="o", ms=2.5, lw=1, color=SYSTEM_COLORS["dualdecoder"],
+               label=f"{model}: hit")
+        b.plot(sub.layer, 100 * sub.reuse_hit_rate, lw=1, ls="--", color=SYSTEM_COLORS["shadowkv"],
+               label=f"{model}: reuse (step t's own selection)")
+        low = sub[sub.lowrank == 1]
+        b.plot(low.layer, 100 * low.hit_rate, ls="none", marker="o", mfc="none", mec="red", ms=6,
+               label=f"§5.3 low-rank layers ({len(low)})")
+    b.set_ylim(0, 105)
+    b.set_xlabel("layer")
+    b.set_title("(b) per layer", fontsize=7)
+    b.legend(fontsize=5.5, loc="lower right")
+    fig.suptitle("Fig. 16: KV prediction accuracy measured on "
+                 + ", ".join(f"{m} ({int(n)} layers)" for m, n in dict(zip(df.model, df.layers)).items())
+                 + ", not the paper's models", fontsize=8)
+
+
+@register("fig16", "KV prediction accuracy by model and context (paper Figure 16)", _draw_fig16)
+def fig16() -> FigureResult:
+    models = _need("fig16")
+    rows = []
+    worst = None
+    for model in models:
+        df0 = _rows(model)
+        full = _profile(model)
+        low = set(_summary(model)["lowrank_layers"].get("layers", []))
+        for ctx in sorted(df0.context_tokens.unique()):
+            for task in sorted(df0.task.unique()):
+                p = _profile(model, context=int(ctx), task=str(task))
+                rows.append({"kind": "task", "model": model, "layers": _layers(model), "context_tokens": int(ctx),
+                             "task": task, "layer": None, "hit_rate": p.hit_mean, "reuse_hit_rate": p.reuse_mean,
+                             "lowrank": None})
+                if worst is None or p.hit_mean < worst[0]:
+                    worst = (p.hit_mean, model, int(ctx), task)
+        for i, (h, r) in enumerate(zip(full.hit, full.reuse)):
+            rows.append({"kind": "layer", "model": model, "layers": _layers(model), "context_tokens": None,
+                         "task": "all", "layer": i, "hit_rate": h, "reuse_hit_rate": r, "lowrank": int(i in low)})
+    df = pd.DataFrame(rows)
+    m0 = models[0]
+    lr = _summary(m0)["lowrank_layers"]
+    where = f"lowest over {len(df[df.kind == 'task'])} (model, context, task) means: {worst[1]} {fmt_tokens(worst[2])} {worst[3]}"
+    cmp = [Comparison("fig16.ruler.128k.min_accuracy", round(worst[0], 3),
+                      f"{_caveat(worst[1])}; {where}; {_profile(worst[1]).selection.split(', context')[0]}; the paper"
+                      f" tracks NIAH-1/2 of RULER at 128K"),
+           Comparison("fig16.ruler.128k.miss_share", round(1 - worst[0], 3),
+                      f"1 - the lowest mean above ({where}); {_caveat(worst[1])}")]
+    setup = (f"{_caveat(m0)}; {_profile(m0).selection}; panel (b): per-layer means over every context and task, with"
+             f" §5.3's low-rank set from the summary (threshold {lr.get('threshold')}, basis {lr.get('basis')})")
+    return FigureResult(df, setup, cmp)
+
+
+# ---------------------------------------------------------------- Table 1
+def _table1_frame(model: str) -> pd.DataFrame:
+    rows = []
+    for r in _summary(model)["task_accuracy"]:
+        try:
+            rows.append({"model": model, "context_tokens": int(r["context_tokens"]), "task": str(r["task"]),
+                         "method": str(r["method"]),
+                         "budget_tokens": None if r.get("budget_tokens") is None else int(r["budget_tokens"]),
+                         "correct": int(r["correct"]), "total": int(r["total"]), "accuracy": float(r["accuracy"])})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DDBenchError(f"malformed accuracy summary {_path(model, 'summary')}: field task_accuracy:"
+                               f" {exc}") from None
+    if not rows:
+        raise DDBenchError(f"table1: {_path(model, 'summary')} has no task accuracy (profile without --no-quality)")
+    return pd.DataFrame(rows)
+
+
+def _draw_table1(res: FigureResult, fig) -> None:
+    df = res.data
+    ours = df[df.source == "ours"]
+    n_ours = ours.groupby(["context_tokens", "task"]).ngroups
+    fig.set_size_inches(7.5, 2.2 + 0.22 * n_ours)
+    a, b = fig.subplots(2, 1, height_ratios=[n_ours + 1.5, 6.5])
+    for ax in (a, b):
+        ax.axis("off")
+    cols = [("dense", None)] + [(m, int(bud)) for bud in sorted(ours.budget_tokens.dropna().unique())
+                                for m in ("sparse", "lowrank")]
+    head = ["context", "task"] + ["dense" if m == "dense" else f"{'exact top-k' if m == 'sparse' else 'low-rank K'}"
+                                  f" {bud}" for m, bud in cols]
+    cells = []
+    for (ctx, task), sub in ours.groupby(["context_tokens", "task"], sort=True):
+        line = [fmt_tokens(int(ctx)), task]
+        for m, bud in cols:
+            r = sub[(sub.method == m) & ((sub.budget_tokens == bud) if bud else sub.budget_tokens.isna())]
+            line.append(f"{r.accuracy.iloc[0]:.2f} ({int(r.correct.iloc[0])}/{int(r.total.iloc[0])})" if len(r) else "-")
+        cells.append(line)
+    t = a.table(cellText=cells, colLabels=head, loc="upper center", cellLoc="center")
+    t.auto_set_font_size(False)
+    t.set_fontsize(6.5)
+    t.scale(1, 1.25)
+    model = ours.model.iloc[0]
+    a.set_title(f"ours: {_who(model)}, task accuracy (exact match of the answer); sparse attention over the budget"
+                f" in tokens", fontsize=7)
+    pap = df[df.source == "paper"]
+    pcells = []
+    for task in dict.fromkeys(pap.task):
+        line = [task]
+        for ctx in ("64K", "128K"):
+            for sysn in ("shadowkv", "dualdecoder"):
+                r = pap[(pap.task == task) & (pap.context == ctx) & (pap.method == sysn)]
+                line.append(f"{r.accuracy.iloc[0]:.2f}" if len(r) else "-")
+        pcells.append(line)
+    t2 = b.table(cellText=pcells, colLabels=["task", "64K ShadowKV", "64K DualDecoder", "128K ShadowKV",
+                                             "128K DualDecoder"], loc="upper center", cellLoc="center")
+    t2.auto_set_font_size(False)
+    t2.set_fontsize(6.5)
+    t2.scale(1, 1.2)
+    b.set_title("paper (Table 1): Llama-3-8B-Instruct-Gradient-1048k, budget 1024, RULER; its Avg row is not the"
+                " mean of its column", fontsize=7)
+    fig.suptitle("Table 1: dense against sparse exact top-k (DualDecoder) against low-rank-key selection (ShadowKV)",
+                 fontsize=8)
+
+
+@register("table1", "Task accuracy: dense, sparse exact top-k, low-rank-key selection (paper Table 1)", _draw_table1)
+def table1() -> FigureResult:
+    model = _need("table1")[0]
+    ours = _table1_frame(model)
+    ours["source"] = "ours"
+    ours["context"] = ours.context_tokens.map(lambda c: fmt_tokens(int(c)))
+    from ddbench.core.paper import reported
+    rep = reported()
+    prow = []
+    for task in list(TABLE1_TASKS) + ["avg"]:
+        for ctx in ("64k", "128k"):
+            for sysn in ("shadowkv", "dualdecoder"):
+                pid = f"table1.{task}.{ctx}.{sysn}"
+                if pid in rep:
+                    prow.append({"source": "paper", "model": "Llama-3-8B-Instruct-Gradient-1048k", "task": task,
+                                 "context": ctx.upper(), "method": sysn, "budget_tokens": 1024,
+                                 "accuracy": rep[pid].value, "paper_id": pid})
+    df = pd.concat([ours, pd.DataFrame(prow)], ignore_index=True)
+    top = int(ours.context_tokens.max())
+    budgets = sorted(ours.budget_tokens.dropna().unique())
+    bud = 1024 if 1024 in budgets else int(budgets[0])
+    at = ours[(ours.context_tokens == top)]
+    cmp = []
+    if bud == 1024 and "table1.budget_tokens" in rep:
+        cmp.append(Comparison("table1.budget_tokens", bud, f"budget of the sparse runs compared below; also measured:"
+                                                           f" {', '.join(str(int(b)) for b in budgets if b != bud) or 'none'}"))
+    dense = {r.task: r for r in at[at.method == "dense"].itertuples()}
+    for ptask, task in TABLE1_TASKS.items():
+        for sysn, method in TABLE1_SYSTEMS.items():
+            r = at[(at.task == task) & (at.method == method) & (at.budget_tokens == bud)] if task else at.iloc[:0]
+            for ctx in ("64k", "128k"):
+                pid = f"table1.{ptask}.{ctx}.{sysn}"
+                if pid not in rep or r.empty:
+                    continue
+                x = r.iloc[0]
+                d = dense.get(task)
+                cmp.append(Comparison(pid, round(float(x.accuracy), 3),
+                                      f"ours: synthetic '{task}' task at {fmt_tokens(top)} (the paper: {ptask} at"
+                                      f" {ctx.upper()}), {'low-rank keys (rank ' + str(_summary(model)['config'].get('rank', '?')) + ')' if method == 'lowrank' else 'exact top-k'}"
+                                      f" selection, budget {bud}: {int(x.correct)}/{int(x.total)} correct"
+                                      + (f"; dense {int(d.correct)}/{int(d.total)}" if d is not None else "")
+                                      + f"; {_who(model)}"))
+    mapped = [t for t in TABLE1_TASKS.values() if t and t in set(at.task)]
+    for sysn, method in TABLE1_SYSTEMS.items():
+        sub = at[(at.method == method) & (at.budget_tokens == bud)]
+        if sub.empty:
+            continue
+        for ctx in ("64k", "128k"):
+            pid = f"table1.avg.{ctx}.{sysn}"
+            if pid in rep:
+                cmp.append(Comparison(pid, round(float(sub.accuracy.mean()), 3),
+                                      f"mean over our {len(sub)} tasks ({', '.join(sub.task)}) at {fmt_tokens(top)},"
+                                      f" budget {bud}; {_who(model)}"))
+    setup = (f"{_caveat(model)}; task accuracy from {_path(model, 'summary')} (dense, sparse exact top-k and low-rank"
+             f" keys over budgets {', '.join(str(int(b)) for b in budgets)}); paper tasks mapped to ours: "
+             + ", ".join(f"{p} -> {t or 'none'}" for p, t in TABLE1_TASKS.items()) + f" (profiled: {', '.join(sorted(set(at.task)))})")
+    del mapped
+    return FigureResult(df, setup, cmp)
+
+
+# ---------------------------------------------------------------- sensitivity at Figure 12's setting
+@lru_cache(maxsize=None)
+def _sens_cm():
+    from sim.setup import cost_model
+    return cost_model(SENS_MODEL, SENS_GPU, SENS_LINK)
+
+
+def _sens_batch(system: str) -> int:
+    from ddbench.core.catalog import get_gpu, get_model
+    from ddbench.core.memory import Workload, max_batch
+    from ddbench.core.systems import get_system
+    return max_batch(get_system(system), get_model(SENS_MODEL), get_gpu(SENS_GPU), Workload(context=SENS_CTX))
+
+
+def sens_tokens_per_s(system: str, hit, reuse, mode: str = "aggregate") -> float:
+    """Decode tokens/s of `system` at Figure 12's 128K setting and its largest batch, with per-layer (or
+    constant) hit and reuse rates; `mode`: the closed-form aggregate step, or the per-layer timeline."""
+    from ddbench.core.catalog import get_model
+    from ddbench.core.memory import Workload
+    from ddbench.core.systems import get_system
+    from sim.plan import step_plan
+    m = get_model(SENS_MODEL)
+    L = m.num_layers
+    h = [float(hit)] * L if isinstance(hit, (int, float)) else list(hit)
+    r = [float(reuse)] * L if isinstance(reuse, (int, float)) else list(reuse)
+    b = _sens_batch(system)
+    plan = step_plan(get_system(system), m, _sens_cm(), Workload(context=SENS_CTX), b, SENS_CTX, h, r)
+    if mode == "timeline":
+        from sim.timeline import run_timeline
+        return b / run_timeline(plan, steps=6, warmup=2).steady_step_s
+    from sim.aggregate import aggregate_step
+    return b / aggregate_step(plan).step_s
+
+
+def _draw_sens(res: FigureResult, fig) -> None:
+    import numpy as np
+    df = res.data
+    grid = df[df.kind == "grid"]
+    hs, rs = sorted(grid.hit_rate.unique()), sorted(grid.reuse_rate.unique())
+    z = grid.pivot(index="hit_rate", columns="reuse_rate", values="ratio").loc[hs, rs].to_numpy()
+    fig.set_size_inches(6.6, 4.6)
+    ax = fig.add_subplot()
+    lim = max(abs(math.log2(float(np.nanmin(z)))), abs(math.log2(float(np.nanmax(z)))))
+    from matplotlib.colors import TwoSlopeNorm
+    mesh = ax.pcolormesh(rs, hs, np.log2(z), shading="nearest", cmap="RdBu", norm=TwoSlopeNorm(0, -lim, lim))
+    cb = fig.colorbar(mesh, ax=ax)
+    ticks = [t for t in (-2, -1, 0, 1, 2, 3) if -lim <= t <= lim]
+    cb.set_ticks(ticks, labels=[f"{2 ** t:g}x" for t in ticks])
+    cb.set_label("DualDecoder / ShadowKV tokens/s", fontsize=7)
+    cs = ax.contour(rs, hs, z, levels=[1.0], colors="black", linewidths=1.5)
+    ax.clabel(cs, fmt={1.0: "1.0: verdict flips"}, fontsize=6)
+    more = ax.contour(rs, hs, z, levels=[0.5, 1.5, 2.0, 3.0], colors="grey", linewidths=0.5)
+    ax.clabel(more, fmt="%.1fx", fontsize=5)
+    pp = df[df.kind == "paper"].iloc[0]
+    ax.plot([pp.reuse_rate], [pp.hit_rate], **{**PAPER_MARK, "label": f"paper's assumed 0.88: {pp.ratio:.2f}x"})
+    for r in df[df.kind == "measured"].itertuples():
+        ax.plot([r.reuse_rate], [r.hit_rate], marker="o", mfc="yellow", mec="black", ls="none", ms=7,
+                label=f"{r.source}: hit {r.hit_rate:.2f}, reuse {r.reuse_rate:.2f}: {r.ratio:.2f}x")
+    ax.set_xlabel("ShadowKV reuse rate (share of step t+1's selection held from step t)", fontsize=7)
+    ax.set_ylabel("DualDecoder hit rate", fontsize=7)
+    ax.set_title("Sensitivity at Fig. 12's setting: Qwen2.5-32B, h100-80gb + PCIe 5, 128K, budget 2048,"
+                 f" batch {int(pp.dd_batch)} vs {int(pp.sk_batch)}", fontsize=7)
+    fig.legend(fontsize=6, loc="outside lower center", ncol=1, frameon=False)
+
+
+@register("sensitivity", "DualDecoder/ShadowKV throughput against hit and reuse rate at Figure 12's setting",
+          _draw_sens)
+def sensitivity() -> FigureResult:
+    from ddbench.core.catalog import get_model
+    from sim.profile import load_profile
+    model = _need("sensitivity")[0]
+    prof = _profile(model)
+    # separable: DualDecoder's step depends on its hit rate only, ShadowKV's (no prefetch, reuse) on
+    # its reuse rate only, so the grid costs len(SENS_GRID) evaluations of each
+    dd = {h: sens_tokens_per_s("dualdecoder", h, h) for h in SENS_GRID}
+    sk = {r: sens_tokens_per_s("shadowkv", r, r) for r in SENS_GRID}
+    bdd, bsk = _sens_batch("dualdecoder"), _sens_batch("shadowkv")
+    rows = [{"kind": "grid", "source": "aggregate step", "hit_rate": h, "reuse_rate": r,
+             "dualdecoder_tokens_per_s": dd[h], "shadowkv_tokens_per_s": sk[r], "ratio": dd[h] / sk[r],
+             "dd_batch": bdd, "sk_batch": bsk} for h in SENS_GRID for r in SENS_GRID]
+
+    def point(kind, source, h, r, hl=None, rl=None):
+        out = {}
+        for mode in ("aggregate", "timeline"):
+            a = sens_tokens_per_s("dualdecoder", hl or h, hl or h, mode)
+            b = sens_tokens_per_s("shadowkv", rl or r, rl or r, mode)
+            out[mode] = (a, b)
+        a, b = out["timeline"]
+        return {"kind": kind, "source": source, "hit_rate": h, "reuse_rate": r, "dualdecoder_tokens_per_s": a,
+                "shadowkv_tokens_per_s": b, "ratio": a / b, "ratio_aggregate": out["aggregate"][0] / out["aggregate"][1],
+                "dd_batch": bdd, "sk_batch": bsk}
+    paper = point("paper", "paper's assumed rate (§4.1)", 0.88, 0.88)
+    label = f"{model} ({prof.layers} layers) at {_ctx(model)}: that model's rates, not Qwen2.5-32B's"
+    meas = point("measured", f"measured on {label}: layer means", prof.hit_mean, prof.reuse_mean)
+    L = get_model(SENS_MODEL).num_layers
+    h_map, r_map, map_note = load_profile(_path(model, "csv"), L, target=SENS_MODEL)
+    mapped = point("measured", f"measured on {label}: per layer, mapped by depth", prof.hit_mean, prof.reuse_mean,
+                   h_map, r_map)
+    mapped["kind"] = "measured-per-layer"
+    df = pd.DataFrame(rows + [paper, meas, mapped])
+    # where the verdict flips at the measured reuse rate: the hit rate below which DualDecoder loses
+    sk_meas = meas["shadowkv_tokens_per_s"]
+    flip = [h for h in SENS_GRID if dd[h] / sk_meas >= 1.0]
+    setup = (f"{SENS_MODEL} on {SENS_GPU} + {SENS_LINK}, context {fmt_tokens(SENS_CTX)}, budget 2048, DualDecoder batch"
+             f" {bdd}, ShadowKV batch {bsk} (each its largest that fits); grid {len(SENS_GRID)}x{len(SENS_GRID)} from"
+             f" the aggregate step, marked points from the per-layer timeline (as Figure 12); paper point 0.88/0.88:"
+             f" {paper['ratio']:.2f}x; measured {meas['source']} (hit {prof.hit_mean:.3f}, reuse {prof.reuse_mean:.3f},"
+             f" {prof.selection}): {meas['ratio']:.2f}x; per layer ({map_note.split(': ', 1)[1].split(';')[0]}):"
+             f" {mapped['ratio']:.2f}x; at the measured reuse rate DualDecoder wins for hit >= "
+             f"{min(flip) if flip else 'none on the grid'}")
+    return FigureResult(df, setup, [])
