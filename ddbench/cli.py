@@ -15,7 +15,7 @@ import sys
 from ddbench.core.errors import DDBenchError
 
 # Subcommand modules under ddbench/commands, in --help order.
-COMMANDS = ("plan", "figures", "calibrate", "bench", "simulate", "profile")
+COMMANDS = ("plan", "sweep", "figures", "calibrate", "bench", "simulate", "profile")
 
 
 class OneLineParser(argparse.ArgumentParser):

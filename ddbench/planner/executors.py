@@ -38,7 +38,8 @@ def _bar(total: int, desc: str, quiet: bool):
 
 
 def run_tasks(fn, items: list, on_result, executor: str = "local", workers: int | None = None,
-              address: str | None = None, desc: str = "points", quiet: bool = False) -> None:
+              address: str | None = None, desc: str = "points", quiet: bool = False) -> dict:
+    """-> {"startup_s": seconds spent starting or connecting to Ray (0 for the local pool)}."""
     workers = workers or default_workers()
     if workers < 1:
         raise DDBenchError(f"--workers must be at least 1, got {workers}")
@@ -54,7 +55,7 @@ def run_tasks(fn, items: list, on_result, executor: str = "local", workers: int 
             for i, it in enumerate(items):
                 on_result(i, fn(it))
                 bar.update(1)
-            return
+            return {"startup_s": 0.0}
         with ProcessPoolExecutor(max_workers=min(workers, len(items))) as pool:
             futs = {pool.submit(fn, it): i for i, it in enumerate(items)}
             pending = set(futs)
@@ -68,6 +69,7 @@ def run_tasks(fn, items: list, on_result, executor: str = "local", workers: int 
                 for f in pending:
                     f.cancel()
                 raise
+        return {"startup_s": 0.0}
     finally:
         bar.close()
 
@@ -106,6 +108,8 @@ def _run_ray(fn, items, on_result, workers, address, desc, quiet) -> None:
     ray = import_ray()
     if address is not None:
         check_ray_address(address)
+    import time
+    t0 = time.perf_counter()
     started = False
     if not ray.is_initialized():
         kw = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
@@ -118,6 +122,7 @@ def _run_ray(fn, items, on_result, workers, address, desc, quiet) -> None:
         except ConnectionError as exc:
             raise DDBenchError(f"cannot connect to a Ray cluster at {address}: {exc}; {RAY_HINT}") from None
         started = True
+    startup = time.perf_counter() - t0
     bar = _bar(len(items), desc + " (ray)", quiet)
     try:
         remote = ray.remote(num_cpus=1)(fn)
@@ -132,6 +137,7 @@ def _run_ray(fn, items, on_result, workers, address, desc, quiet) -> None:
             for ref in done:
                 on_result(pending.pop(ref), ray.get(ref))
                 bar.update(1)
+        return {"startup_s": startup}
     finally:
         bar.close()
         if started:

@@ -76,8 +76,8 @@ def violations(row: dict, slos: list[SLO]) -> list[str]:
     """The terms a run row misses (a NaN value misses)."""
     bad = []
     for s in slos:
-        v = row.get(s.column, math.nan)
-        if not (v <= s.limit_s):
+        v = row.get(s.column)
+        if v is None or not (v <= s.limit_s):
             bad.append(s.text)
     return bad
 

@@ -1,0 +1,118 @@
+"""Running a sweep: one row per point, a resumable store, and the tidy table.
+
+Each finished point is appended at once to `<out>/points.jsonl` (key = hash of the point's
+parameters), so an interrupted sweep resumes where it stopped and a changed spec reuses every
+point it shares with the old one. At the end the rows of the spec's points, in grid order, are
+written atomically as `results.parquet` and `results.csv` (units in the column names), with a
+summary plot `summary.png` and the validated spec as `spec.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from ddbench.planner.spec import GRID_FIELDS, point_key, scenario_of
+
+RENAME = {"budget": "budget_tokens", "chunk": "chunk_tokens"}
+
+
+def sweep_point(p: dict) -> dict:
+    """Run one point (in a worker) -> its row: the point's parameters, then the run's results."""
+    from ddbench.planner.scenario import binding, capacity, run_point
+    sc = scenario_of(p)
+    res = run_point(sc, float(p["rate"]), int(p["seed"]))
+    cap = capacity(sc, int(p["seed"]))
+    row = {"key": point_key(p)}
+    for k in GRID_FIELDS:
+        if k not in ("rate", "seed"):
+            row[RENAME.get(k, k)] = p[k]
+    row["requests_per_run"] = p["requests"]
+    row["max_batch_cap"] = p["max_batch"]
+    row.update(res)
+    row["max_batch_fit"] = cap["max_batch"]
+    row["binding"] = binding(sc, res, int(p["seed"])) if res["completed"] else "memory"
+    row["worker_pid"] = os.getpid()
+    return row
+
+
+def read_store(path: str) -> dict:
+    """key -> row of every complete line of a points.jsonl (a torn last line is ignored)."""
+    done = {}
+    if not os.path.exists(path):
+        return done
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and "key" in row:
+                done[row["key"]] = row
+    return done
+
+
+class Store:
+    def __init__(self, path: str):
+        self.path = path
+        self.fh = None
+
+    def append(self, row: dict) -> None:
+        if self.fh is None:
+            self.fh = open(self.path, "a", encoding="utf-8")
+        self.fh.write(json.dumps(row, allow_nan=False) + "\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+
+
+def write_table(rows: list[dict], out: str) -> None:
+    import pandas as pd
+    from ddbench.core.io import atomic_path
+    df = pd.DataFrame(rows)
+    with atomic_path(os.path.join(out, "results.parquet")) as tmp:
+        df.to_parquet(tmp, index=False)
+    with atomic_path(os.path.join(out, "results.csv")) as tmp:
+        df.to_csv(tmp, index=False)
+
+
+def summary_plot(rows: list[dict], spec: dict, path: str) -> None:
+    """P99 completion and tokens/s against the rate, one line per combination of the other varying
+    fields (first seed only; at most 12 lines, the legend says how many were left out)."""
+    from ddbench.core.io import atomic_path
+    from ddbench.plotting import new_figure, plt
+    g = spec["grid"]
+    vary = [k for k in GRID_FIELDS if len(g[k]) > 1 and k not in ("rate", "seed")]
+    seed0 = g["seed"][0]
+    lines: dict = {}
+    for r in rows:
+        if r["seed"] != seed0:
+            continue
+        label = ", ".join(f"{r[RENAME.get(k, k)]}" for k in vary) or r["system"]
+        lines.setdefault(label, []).append(r)
+    fig = new_figure(8.0, 3.4)
+    ax1, ax2 = fig.subplots(1, 2)
+    shown = list(lines)[:12]
+    for label in shown:
+        pts = sorted(lines[label], key=lambda r: r["rate_req_per_s"])
+        x = [r["rate_req_per_s"] for r in pts]
+        ax1.plot(x, [r["completion_p99_s"] if r["completion_p99_s"] is not None else math.nan for r in pts],
+                 marker="o", ms=2.5, lw=0.8, label=label)
+        ax2.plot(x, [r["tokens_per_s"] if r["tokens_per_s"] is not None else math.nan for r in pts],
+                 marker="o", ms=2.5, lw=0.8, label=label)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.set_xlabel("arrival rate (requests/s)")
+    ax1.set_yscale("log")
+    ax1.set_ylabel("P99 completion (s)")
+    ax2.set_ylabel("tokens/s")
+    extra = f" (+{len(lines) - len(shown)} not drawn)" if len(lines) > len(shown) else ""
+    ax1.legend(fontsize=6, title=(", ".join(vary) or "system") + extra, title_fontsize=6)
+    fig.suptitle(f"sweep {spec.get('name') or ''}: {len(rows)} points, {spec['requests']} requests per run"
+                 f" (seed {seed0})", fontsize=8)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
