@@ -11,8 +11,9 @@ A bundle is a folder `traces/calibration/<gpu>/` holding
     ceilings.csv      HBM copy bandwidth and the dense bf16 GEMM rate measured in the same run
     engine.csv        per-layer costs of the decode-step engine, where the engine exists
 
-Every number is a measurement with its unit in the column name. Only the standard library is
-used here: the simulator (no torch) and the GPU side (no simpy) both import this module.
+Every number is a measurement with its unit in the column name. Loading validates bundle.json and
+every row against the typed schemas of ddbench/core/schemas.py (pydantic); no torch, no simpy: the
+simulator and the GPU side both import this module.
 
 Writing (`BundleWriter`) is incremental and resumable: each finished measurement is appended
 and its CSV rewritten atomically, so an interrupted `ddbench calibrate` loses at most the
@@ -30,6 +31,7 @@ import os
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.io import write_json, write_text
+from ddbench.core.schemas import PROVENANCE_KEYS  # noqa: F401  (re-exported)
 
 SCHEMA_VERSION = 1
 
@@ -75,7 +77,6 @@ SECTIONS: dict[str, dict] = {
 }
 STRING_COLUMNS = {"method", "direction", "model", "layer", "kernel", "background", "urgent", "urgent_stream",
                   "name", "unit", "system"}
-PROVENANCE_KEYS = ("gpu", "device_name", "driver", "cuda", "torch", "triton", "git_sha", "date", "command", "host")
 
 
 def columns(section: str) -> list[str]:
@@ -129,39 +130,17 @@ def _bad(path: str, why: str) -> DDBenchError:
 
 
 def _parse_csv(path: str, section: str, file: str) -> list[dict]:
-    want = columns(section)
-    try:
-        with open(file, encoding="utf-8", newline="") as fh:
-            reader = csv.reader(fh)
-            header = next(reader, None)
-            if header != want:
-                raise _bad(path, f"{os.path.basename(file)} has columns {header}, expected {want}")
-            rows = []
-            for lineno, rec in enumerate(reader, start=2):
-                if len(rec) != len(want):
-                    raise _bad(path, f"{os.path.basename(file)} line {lineno} has {len(rec)} fields, expected {len(want)}")
-                row = {}
-                for c, v in zip(want, rec):
-                    if c in STRING_COLUMNS:
-                        row[c] = v
-                        continue
-                    try:
-                        x = float(v)
-                    except ValueError:
-                        raise _bad(path, f"{os.path.basename(file)} line {lineno}: {c}={v!r} is not a number") from None
-                    if c in SECTIONS[section]["positive"] and not (x > 0 and math.isfinite(x)):
-                        raise _bad(path, f"{os.path.basename(file)} line {lineno}: {c}={v!r} must be positive")
-                    row[c] = int(x) if x.is_integer() and c in SECTIONS[section]["key"] else x
-                rows.append(row)
-    except OSError as exc:
-        raise _bad(path, f"cannot read {os.path.basename(file)}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise _bad(path, f"{os.path.basename(file)} is not UTF-8 text") from None
-    return rows
+    """The section's rows, each validated against its schema (ddbench.core.schemas)."""
+    from ddbench.core.schemas import calibration_row_model, read_csv
+    rows = read_csv(file, calibration_row_model(section), what="malformed calibration bundle file",
+                    columns=columns(section), comment="\0", allow_empty=True)
+    return [r.model_dump() for r in rows]
 
 
 def load_bundle(path: str) -> Bundle:
-    """Load and validate a bundle folder; any defect is a one-line DDBenchError."""
+    """Load and validate a bundle folder (bundle.json against schemas.BundleMeta, every section's
+    rows against its schema); any defect is a one-line DDBenchError naming file, line and field."""
+    from ddbench.core.schemas import BundleMeta, validate
     meta_file = os.path.join(path, "bundle.json")
     try:
         with open(meta_file, encoding="utf-8") as fh:
@@ -170,23 +149,16 @@ def load_bundle(path: str) -> Bundle:
         raise DDBenchError(f"no calibration bundle at {path} (bundle.json missing)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _bad(path, f"bundle.json is not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise _bad(path, f"cannot read bundle.json: {exc.strerror}") from None
     if not isinstance(meta, dict):
         raise _bad(path, "bundle.json top level is not an object")
-    version = meta.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise _bad(path, f"schema_version {version!r}, this ddbench reads {SCHEMA_VERSION}")
-    for key in ("gpu", "provenance", "sections"):
-        if key not in meta:
-            raise _bad(path, f"bundle.json lacks '{key}'")
-    if not isinstance(meta["sections"], dict) or not isinstance(meta["provenance"], dict):
-        raise _bad(path, "bundle.json 'sections' and 'provenance' must be objects")
-    missing = [k for k in PROVENANCE_KEYS if k not in meta["provenance"]]
-    if missing:
-        raise _bad(path, f"provenance lacks {', '.join(missing)}")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise _bad(path, f"bundle.json, field schema_version: {meta.get('schema_version')!r}, this ddbench reads"
+                         f" {SCHEMA_VERSION}")
+    validate(BundleMeta, meta, f"malformed calibration bundle {path}: bundle.json")
     rows: dict[str, list[dict]] = {}
     for section, info in meta["sections"].items():
-        if section not in SECTIONS:
-            raise _bad(path, f"unknown section '{section}'")
         file = os.path.join(path, SECTIONS[section]["file"])
         rows[section] = _parse_csv(path, section, file) if os.path.exists(file) else []
         if info.get("complete") and not rows[section] and section != "engine":

@@ -1,10 +1,10 @@
 """Readers for measured traces committed under traces/ (no torch): the kernel
 benchmark CSVs written by `ddbench bench kernels` and the engine sweep of
-`ddbench bench engine`. Bad or missing files raise DDBenchError with one line."""
+`ddbench bench engine`, validated row by row against the typed schemas of
+ddbench/core/schemas.py. Bad or missing files raise DDBenchError with one line
+naming the file, the line and the field."""
 
 from __future__ import annotations
-
-import os
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
@@ -13,26 +13,29 @@ KERNEL_COLUMNS = ("schema", "kernel", "variant", "batch", "bytes", "latency_ms",
 ENGINE_PROVENANCE = ("gpu", "git_sha", "date_utc")
 
 
-def _read(what: str, path: str, columns: tuple[str, ...]):
+def _frame(path: str, model, what: str, **read):
+    """The CSV validated row by row against `model` (ddbench.core.schemas), as a DataFrame whose
+    schema columns hold the validated values and whose other columns are read by pandas."""
     import pandas as pd
 
+    from ddbench.core.schemas import read_csv
+    rows = read_csv(path, model, what=what)
     try:
-        df = pd.read_csv(path)
+        df = pd.read_csv(path, comment="#", **read)
     except (OSError, ValueError) as exc:
-        raise DDBenchError(f"cannot read {what} {path}: {exc}") from None
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise DDBenchError(f"{path}: missing columns {', '.join(missing)}")
+        raise DDBenchError(f"cannot read {what} {path}: {str(exc).splitlines()[0]}") from None
+    if len(df) != len(rows):
+        raise DDBenchError(f"{what} {path}: {len(df)} rows read, {len(rows)} validated (blank or broken lines)")
+    for name, field in model.model_fields.items():
+        col = field.alias or name
+        df[col] = [getattr(r, name) for r in rows]
     return df
 
 
 def kernel_bench(gpu_dir: str = "h200"):
-    """traces/kernels/<gpu_dir>/kernels.csv as a DataFrame, columns and latencies checked."""
-    path = str(traces_dir("kernels", gpu_dir, "kernels.csv"))
-    df = _read("kernel benchmarks", path, KERNEL_COLUMNS)
-    if (df.latency_ms <= 0).any():
-        raise DDBenchError(f"{path}: non-positive latency_ms")
-    return df
+    """traces/kernels/<gpu_dir>/kernels.csv as a DataFrame, every row checked (schemas.KernelRow)."""
+    from ddbench.core.schemas import KernelRow
+    return _frame(str(traces_dir("kernels", gpu_dir, "kernels.csv")), KernelRow, "kernel benchmarks")
 
 
 def engine_bench(gpu_dir: str = "h200"):
@@ -41,62 +44,20 @@ def engine_bench(gpu_dir: str = "h200"):
     df = load_engine(path)
     missing = [c for c in ENGINE_PROVENANCE if c not in df.columns]
     if missing:
-        raise DDBenchError(f"{path}: missing columns {', '.join(missing)}")
+        raise DDBenchError(f"engine sweep {path}, field {missing[0]}: missing from the header")
     return df
 
 
-REQUIRED = {"design": str, "context": int, "batch": int, "miss_rate": str, "transfers": int,
-            "urgent_programs": int, "status": str, "step_ms": float, "prefetch_mib": float,
-            "urgent_mib": float, "link_mib": float, "link_gbps": float, "exposed_ms": float}
-
-
 def load_engine(path: str):
-    """An engine sweep's engine.csv as a DataFrame, checked: the columns a replay needs, their
-    types, known designs, miss rates in [0, 1] or 'none'."""
-    import pandas as pd
-    from ddbench.core.systems import SYSTEMS
-    name = os.path.basename(path)
-    try:
-        df = pd.read_csv(path, comment="#", dtype={"miss_rate": str})
-    except FileNotFoundError:
-        raise DDBenchError(f"{path}: no such file (run the engine sweep, kernels/engine/bench.py)") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise DDBenchError(f"{path}: not a CSV ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    missing = sorted(set(REQUIRED) - set(df.columns))
-    if missing:
-        raise DDBenchError(f"{name}: missing column(s) {', '.join(missing)}")
-    if df.empty:
-        raise DDBenchError(f"{name}: no rows")
-    for col, typ in REQUIRED.items():
-        if typ is str:
-            if df[col].isna().any():
-                raise DDBenchError(f"{name}: empty {col} in row {int(df[col].isna().idxmax()) + 1}")
-            df[col] = df[col].astype(str).str.strip()
-            continue
-        num = pd.to_numeric(df[col], errors="coerce")
-        bad = num.isna() & (df.status == "ok") if col not in ("context", "batch", "transfers", "urgent_programs") \
-            else num.isna()
-        if bad.any():
-            i = int(bad.idxmax())
-            raise DDBenchError(f"{name}: {col} is not a number in row {i + 1}: {df[col][i]!r}")
-        if typ is int:
-            if ((num % 1) != 0).any() or (num < 0).any():
-                raise DDBenchError(f"{name}: {col} must be a non-negative integer")
-            num = num.astype(int)
-        df[col] = num
-    for r in df.itertuples():
-        if r.design not in SYSTEMS:
-            raise DDBenchError(f"{name}: unknown design {r.design!r} in row {r.Index + 1}")
-        if r.miss_rate != "none":
-            try:
-                v = float(r.miss_rate)
-            except ValueError:
-                raise DDBenchError(f"{name}: miss_rate {r.miss_rate!r} in row {r.Index + 1} is neither a number"
-                                   " nor 'none'") from None
-            if not 0.0 <= v <= 1.0:
-                raise DDBenchError(f"{name}: miss_rate {v} in row {r.Index + 1} is outside [0, 1]")
-        if r.status == "ok" and (r.step_ms <= 0 or r.batch < 1 or r.context < 1):
-            raise DDBenchError(f"{name}: row {r.Index + 1} has a non-positive step, batch or context")
+    """An engine sweep's engine.csv as a DataFrame, every row checked (schemas.EngineRow): the columns
+    a replay needs, their types, known designs, miss rates in [0, 1] or 'none', measured values in
+    'ok' rows. Non-'ok' rows may leave measurements empty (NaN in the frame)."""
+    import math
+
+    from ddbench.core.schemas import EngineRow
+    df = _frame(path, EngineRow, "engine sweep", dtype={"miss_rate": str})
+    for col in ("step_ms", "prefetch_mib", "urgent_mib", "link_mib", "link_gbps", "exposed_ms"):
+        df[col] = [math.nan if v is None else v for v in df[col]]
     return df
 
 

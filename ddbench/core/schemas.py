@@ -1,0 +1,279 @@
+"""Typed schemas of the trace files (pydantic 2), and one reader that validates a CSV row by row.
+
+Every defect is a one-line DDBenchError naming the file, the line and the field:
+
+    traces/kernels/h200/kernels.csv line 7, field latency_ms: must be positive, got '-1'
+
+    rows = read_csv(path, KernelRow)                  # list of validated model instances
+    rows = read_csv(path, AccuracyRow, what="accuracy profile")
+
+Schemas:
+  KernelRow     traces/kernels/<gpu>/kernels.csv  (`ddbench bench kernels`)
+  EngineRow     traces/engine/<gpu>/engine.csv    (`ddbench bench engine`)
+  AccuracyRow   traces/accuracy/<model>.csv       (`ddbench profile --layer-accuracy`)
+  calibration_row_model(section)   the sections of a calibration bundle (ddbench/core/calibration.py)
+  BundleMeta    a calibration bundle's bundle.json
+Extra columns are kept (extra="allow") unless a schema fixes its columns. Lines starting with '#'
+are comments. Only pydantic and the standard library are used here.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from functools import lru_cache
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model,
+                      field_validator, model_validator)
+
+from ddbench.core.errors import DDBenchError
+
+
+def _blank_to_none(v):
+    return None if isinstance(v, str) and not v.strip() else v
+
+
+def _int_like(v):
+    """'4096', '4096.0' and 4096.0 are the integer 4096; '4096.5' stays a float (and fails)."""
+    if isinstance(v, str):
+        v = v.strip()
+        try:
+            f = float(v)
+        except ValueError:
+            return v
+        return int(f) if math.isfinite(f) and f.is_integer() else v
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        return int(v)
+    return v
+
+
+def _key_number(v: float):
+    return int(v) if v.is_integer() else v
+
+
+Int = Annotated[int, BeforeValidator(_int_like)]
+NonNegInt = Annotated[int, BeforeValidator(_int_like), Field(ge=0)]
+PosInt = Annotated[int, BeforeValidator(_int_like), Field(ge=1)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Rate = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Text = Annotated[str, Field(min_length=1)]
+MaybeFloat = Annotated[Optional[float], BeforeValidator(_blank_to_none)]   # NaN allowed: "not measured"
+KeyNumber = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_key_number)]
+
+
+class Row(BaseModel):
+    """Base of every CSV row schema: strings are stripped, extra columns kept."""
+    model_config = ConfigDict(extra="allow", str_strip_whitespace=True, frozen=True)
+
+
+# --------------------------------------------------------------------------- error text
+
+_MESSAGES = {
+    "greater_than": "must be positive", "greater_than_equal": "must be >= {ge}", "less_than_equal": "must be <= {le}",
+    "float_parsing": "is not a number", "int_parsing": "is not an integer", "int_from_float": "is not an integer",
+    "finite_number": "must be finite", "missing": "is missing", "string_too_short": "is empty",
+    "literal_error": "must be one of {expected}",
+}
+
+
+def describe(err: dict) -> str:
+    """'field latency_ms: must be positive, got '-1'' from one pydantic error."""
+    loc = ".".join(str(x) for x in err.get("loc", ()) if x != "__root__")
+    try:
+        msg = _MESSAGES[err["type"]].format(**(err.get("ctx") or {}))
+    except (KeyError, IndexError):
+        msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    where = f"field {loc}: " if loc else ""
+    if err["type"] == "missing" or isinstance(got, dict):
+        return f"{where}{msg}"
+    return f"{where}{msg}, got {got!r}"
+
+
+def validate(model: type[BaseModel], data: dict, where: str):
+    """model(**data), or a one-line DDBenchError '<where>, <field>: <why>'."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise DDBenchError(f"{where}, {describe(exc.errors()[0])}") from None
+
+
+def read_csv(path: str, model: type[BaseModel], what: str = "", columns: list[str] | None = None,
+             comment: str = "#", allow_empty: bool = False) -> list:
+    """Validated rows of the CSV at `path` (lines starting with `comment` skipped).
+
+    columns: the exact header the file must have (else the schema's required fields must be present).
+    Errors name `what` (e.g. 'accuracy profile'), the file, the line and the field."""
+    label = f"{what} {path}" if what else str(path)
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            lines = [(n, line) for n, line in enumerate(fh, start=1) if not line.startswith(comment)]
+    except FileNotFoundError:
+        raise DDBenchError(f"cannot read {label}: no such file") from None
+    except OSError as exc:
+        raise DDBenchError(f"cannot read {label}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise DDBenchError(f"{label}: not UTF-8 text") from None
+    try:
+        records = list(csv.reader(line for _, line in lines))
+    except csv.Error as exc:
+        raise DDBenchError(f"{label}: not a CSV ({exc})") from None
+    if not records:
+        raise DDBenchError(f"{label}: empty (no header)")
+    header, hdr_line = [h.strip() for h in records[0]], lines[0][0]
+    if columns is not None and header != list(columns):
+        raise DDBenchError(f"{label} line {hdr_line}: has columns {header}, expected {list(columns)}")
+    required = [f.alias or name for name, f in model.model_fields.items() if f.is_required()]
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise DDBenchError(f"{label} line {hdr_line}: missing column(s) {', '.join(missing)}")
+    rows = []
+    for (lineno, _), rec in zip(lines[1:], records[1:]):
+        if not rec or all(not x.strip() for x in rec):
+            continue
+        if len(rec) != len(header):
+            raise DDBenchError(f"{label} line {lineno}: {len(rec)} fields, the header has {len(header)}")
+        rows.append(validate(model, dict(zip(header, rec)), f"{label} line {lineno}"))
+    if not rows and not allow_empty:
+        raise DDBenchError(f"{label}: no rows")
+    return rows
+
+
+# --------------------------------------------------------------------------- measured traces
+
+class KernelRow(Row):
+    """One row of traces/kernels/<gpu>/kernels.csv."""
+    schema_: PosInt = Field(alias="schema")
+    kernel: Text
+    variant: Text
+    batch: NonNegInt
+    bytes: NonNegInt
+    latency_ms: Positive
+    gpu: Text
+    git_sha: Text
+    date_utc: Text
+
+
+ENGINE_STATUSES = ("ok",)
+
+
+class EngineRow(Row):
+    """One row of traces/engine/<gpu>/engine.csv. Rows whose status is not 'ok' (out of memory,
+    skipped) may leave the measured columns empty."""
+    design: Text
+    context: PosInt
+    batch: PosInt
+    miss_rate: str
+    transfers: NonNegInt
+    urgent_programs: NonNegInt
+    status: Text
+    step_ms: MaybeFloat
+    prefetch_mib: MaybeFloat
+    urgent_mib: MaybeFloat
+    link_mib: MaybeFloat
+    link_gbps: MaybeFloat
+    exposed_ms: MaybeFloat
+
+    @field_validator("design")
+    @classmethod
+    def _known_design(cls, v: str) -> str:
+        from ddbench.core.systems import SYSTEMS
+        if v not in SYSTEMS:
+            raise ValueError(f"unknown design {v!r}")
+        return v
+
+    @field_validator("miss_rate")
+    @classmethod
+    def _miss_rate(cls, v: str) -> str:
+        v = v.strip()
+        if v == "none":
+            return v
+        try:
+            x = float(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is neither a number nor 'none'") from None
+        if not 0.0 <= x <= 1.0:
+            raise ValueError(f"{x} is outside [0, 1]")
+        return v
+
+    @model_validator(mode="after")
+    def _measured_when_ok(self):
+        if self.status == "ok":
+            for name in ("step_ms", "prefetch_mib", "urgent_mib", "link_mib", "link_gbps", "exposed_ms"):
+                v = getattr(self, name)
+                if v is None or not math.isfinite(v):
+                    raise ValueError(f"{name} is not a number in an 'ok' row")
+            if not self.step_ms > 0:
+                raise ValueError(f"step_ms must be positive in an 'ok' row, got {self.step_ms}")
+        return self
+
+
+class AccuracyRow(Row):
+    """One row of an accuracy profile, traces/accuracy/<model>.csv (see sim/profile.py for the
+    columns' meaning); the filter axes (context_tokens, task, init, temperature, budget_tokens),
+    n and the provenance columns are optional."""
+    layer: NonNegInt
+    hit_rate: Rate
+    reuse_hit_rate: Annotated[Optional[Rate], BeforeValidator(_blank_to_none)] = None
+    n: Annotated[Optional[Annotated[float, Field(ge=0, allow_inf_nan=False)]], BeforeValidator(_blank_to_none)] = None
+    context_tokens: Annotated[Optional[PosInt], BeforeValidator(_blank_to_none)] = None
+    budget_tokens: Annotated[Optional[PosInt], BeforeValidator(_blank_to_none)] = None
+    temperature: Annotated[Optional[Annotated[float, Field(ge=0, allow_inf_nan=False)]],
+                           BeforeValidator(_blank_to_none)] = None
+
+
+# --------------------------------------------------------------------------- calibration bundles
+
+@lru_cache(maxsize=None)
+def calibration_row_model(section: str) -> type[BaseModel]:
+    """The row schema of one calibration section, built from calibration.SECTIONS: string columns
+    as text, key numbers (integers where whole), positive measurements (> 0, finite), other numbers."""
+    from ddbench.core.calibration import SECTIONS, STRING_COLUMNS
+    spec = SECTIONS[section]
+    fields: dict[str, Any] = {}
+    for c in spec["key"]:
+        fields[c] = (Text if c in STRING_COLUMNS else KeyNumber, ...)
+    for c in spec["positive"]:
+        fields[c] = (Positive, ...)
+    for c in spec["other"]:
+        fields[c] = (str if c in STRING_COLUMNS else float, ...)
+    return create_model(f"Calibration_{section}", __base__=Row, **fields)
+
+
+PROVENANCE_KEYS = ("gpu", "device_name", "driver", "cuda", "torch", "triton", "git_sha", "date", "command", "host")
+
+
+class SectionInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    file: Optional[str] = None
+    complete: bool = False
+    rows: Optional[NonNegInt] = None
+    note: Optional[str] = None
+
+
+class BundleMeta(BaseModel):
+    """bundle.json of a calibration bundle."""
+    model_config = ConfigDict(extra="allow")
+    schema_version: Literal[1]
+    gpu: Text
+    provenance: dict[str, Any]
+    sections: dict[str, SectionInfo]
+
+    @field_validator("provenance")
+    @classmethod
+    def _provenance(cls, v: dict) -> dict:
+        missing = [k for k in PROVENANCE_KEYS if k not in v]
+        if missing:
+            raise ValueError(f"provenance lacks {', '.join(missing)}")
+        return v
+
+    @field_validator("sections")
+    @classmethod
+    def _sections(cls, v: dict) -> dict:
+        from ddbench.core.calibration import SECTIONS
+        bad = [s for s in v if s not in SECTIONS]
+        if bad:
+            raise ValueError(f"unknown section '{bad[0]}'")
+        return v
