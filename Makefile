@@ -24,6 +24,7 @@ $(VENV)/.installed-test: $(VENV)/.installed-base
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0
 	$(PY) -c "import triton" 2>/dev/null || $(PIP) triton==3.9.0
 	$(PIP) -e '.[test]'
+	$(PIP) -e '.[ray]'
 	touch $@
 
 figures: $(VENV)/.installed-base
