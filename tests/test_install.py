@@ -1,0 +1,89 @@
+"""`pip install .` (not editable) gives a working `ddbench` with the traces inside the package, whose
+results equal the source tree's, from any folder."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+                                "figures", "sim-out", ".whl", ".gl")
+
+
+def _source_copy(dst):
+    """The checkout's files (tracked and untracked-but-not-ignored), without build outputs or the venv."""
+    if os.path.isdir(os.path.join(ROOT, ".git")) and shutil.which("git"):
+        files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                               capture_output=True, check=True).stdout.decode().split("\0")
+        for f in filter(None, files):
+            src = os.path.join(ROOT, f)
+            if os.path.isfile(src):
+                os.makedirs(os.path.dirname(os.path.join(dst, f)), exist_ok=True)
+                shutil.copy2(src, os.path.join(dst, f))
+    else:
+        shutil.copytree(ROOT, dst, ignore=IGNORE, dirs_exist_ok=True)
+
+
+def _clean_env():
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DDBENCH_DATA")}
+
+
+SIM = ["simulate", "--model", "llama-3-8b", "--gpu", "h200", "--system", "dualdecoder,shadowkv", "--context", "64k",
+       "--output", "32", "--rate", "1", "--requests", "30", "--json"]
+PLAN = ["plan", "--model", "qwen2.5-32b", "--gpu", "h100-80gb", "--context", "128k", "--system", "every", "--json"]
+
+
+def _numbers(summaries: dict) -> dict:
+    """What must be equal: everything but the wall time and the bundle's path in the notes."""
+    out = {}
+    for name, s in summaries.items():
+        s = dict(s)
+        s.pop("wall_s")
+        s["cost_model"] = [n.split(" measured on ")[-1] for n in s["cost_model"]]
+        out[name] = s
+    return out
+
+
+@pytest.mark.slow
+def test_wheel_install_matches_the_source_tree(tmp_path):
+    src, venv, run_dir = tmp_path / "src", tmp_path / "venv", tmp_path / "elsewhere"
+    _source_copy(src)
+    run_dir.mkdir()
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(wheels)], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    # the dependencies (simpy, pandas, pydantic, pip...) come from this interpreter's site-packages: a path
+    # entry (not a site dir, so the editable install's finder there is not loaded)
+    vpy = str(venv / "bin" / "python")
+    site = subprocess.run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "zz_deps.pth"), "w") as fh:
+        fh.write(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([vpy, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
+                    str(next(wheels.glob("ddbench-*.whl")))], check=True, capture_output=True, env=_clean_env())
+    env = _clean_env()
+    where = subprocess.run([vpy, "-c", "import ddbench.core.paths as p; print(p.data_root())"], capture_output=True,
+                           text=True, cwd=run_dir, env=env, check=True).stdout.strip()
+    assert where.startswith(str(venv)) and where.endswith(os.path.join("ddbench", "_traces")), where
+    ddbench = str(venv / "bin" / "ddbench")
+    installed = subprocess.run([ddbench, *SIM, "--out", str(tmp_path / "a")], capture_output=True, text=True,
+                               cwd=run_dir, env=env)
+    assert installed.returncode == 0, installed.stderr
+    editable = subprocess.run([sys.executable, "-m", "ddbench", *SIM, "--out", str(tmp_path / "b")],
+                              capture_output=True, text=True, cwd=ROOT, env=dict(env, PYTHONPATH=ROOT))
+    assert editable.returncode == 0, editable.stderr
+    a, b = json.loads(installed.stdout), json.loads(editable.stdout)
+    assert "_traces" in json.dumps(a["dualdecoder"]["cost_model"])  # the installed copy read its own traces
+    assert _numbers(a) == _numbers(b) and a["dualdecoder"]["tokens_per_s"] > 0
+    for f in ("requests.csv", "steps.csv", "memory.csv"):
+        body = [open(tmp_path / x / "shadowkv" / f).read().split("\n# cost model: ")[-1] for x in "ab"]
+        assert body[0].split("\n", 1)[1] == body[1].split("\n", 1)[1]
+    plans = [subprocess.run(cmd + PLAN, capture_output=True, text=True, cwd=run_dir, env=e).stdout
+             for cmd, e in (([ddbench], env), ([sys.executable, "-m", "ddbench"], dict(env, PYTHONPATH=ROOT)))]
+    assert json.loads(plans[0]) == json.loads(plans[1])
