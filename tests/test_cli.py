@@ -99,3 +99,45 @@ def test_unknown_figure_id(tmp_path):
     r = ddbench("figures", "--only", "fig99", "--out", str(tmp_path))
     assert r.returncode == 2 and "unknown figure 'fig99'; known: fig02" in r.stderr
     assert os.listdir(tmp_path) == []
+
+
+def _examples():
+    """(command, example argv) for every example line in every command's --help epilog."""
+    import argparse
+    import shlex
+
+    from ddbench.cli import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = []
+    for name, p in sub.choices.items():
+        text = (p.epilog or "").replace("\\\n", " ")
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("ddbench ")]
+        out += [(name, shlex.split(ln, comments=True)[1:]) for ln in lines]
+    return sub.choices, out
+
+
+def test_every_command_has_examples_and_each_parses():
+    from ddbench.cli import COMMANDS, build_parser
+    choices, examples = _examples()
+    assert set(choices) == set(COMMANDS)
+    by_command = {}
+    for name, argv in examples:
+        by_command.setdefault(name, []).append(argv)
+        assert argv[0] == name, argv
+        args = build_parser().parse_args(argv)    # SystemExit(2) on a broken example
+        assert args.command == name and callable(args.func)
+    assert set(by_command) == set(COMMANDS), set(COMMANDS) - set(by_command)
+
+
+def test_example_parse_check_catches_a_broken_example():
+    from ddbench.cli import build_parser
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["simulate", "--model", "llama-3-8b", "--gpu", "h200", "--no-such-flag"])
+
+
+def test_help_of_every_command_through_the_cli():
+    from ddbench.cli import COMMANDS
+    for name in COMMANDS:
+        r = ddbench(name, "--help")
+        assert r.returncode == 0 and "examples:" in r.stdout and f"ddbench {name} " in r.stdout, name

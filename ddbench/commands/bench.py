@@ -6,6 +6,8 @@ Targets:
   kernels   the Triton kernels (gather, dual-token attention, selection, key rebuild, SpeCache
             scoring) against their floors measured in the same run; writes
             traces/kernels/<gpu>/kernels.csv with provenance columns.
+
+Each output file is written whole (a temporary file renamed into place) or not at all.
 """
 
 from __future__ import annotations
@@ -18,14 +20,18 @@ import sys
 from ddbench.core.catalog.gpus import catalog_gpu_name
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from ddbench.core.io import atomic_path
+from ddbench.core.io import atomic_path, check_out
 
 TARGETS = ("kernels", "engine")
+EXAMPLE = """examples:
+  ddbench bench kernels                     # into traces/kernels/<this gpu>/kernels.csv
+  ddbench bench kernels --quick --out /tmp/bench
+  ddbench bench engine --quick --out /tmp/engine"""
 PROVENANCE = ("gpu", "driver", "cuda", "torch", "triton", "git_sha", "date_utc", "command")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="GPU microbenchmarks (needs CUDA)", description=__doc__,
+    p = sub.add_parser("bench", help="GPU microbenchmarks (needs CUDA)", description=__doc__, epilog=EXAMPLE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", choices=TARGETS, help="what to benchmark")
     p.add_argument("--out", help="output root (default: the data root's kernels/ or engine/)")
@@ -57,6 +63,8 @@ def write_csv(path: str, rows: list[dict], prov: dict) -> None:
 
 
 def run(args) -> int:
+    if args.out is not None:
+        args.out = check_out(args.out)
     _need_cuda()
     if args.target == "engine":
         from kernels.engine.bench import main as engine_main

@@ -10,10 +10,12 @@ finished measurement is written at once; an interrupted run resumes where it sto
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.io import check_out
 from ddbench.core.paths import traces_dir
 
 EXAMPLE = """examples:
@@ -44,8 +46,10 @@ def run(args) -> int:
         bad = [s for s in sections if s not in SECTION_NAMES]
         if bad:
             raise DDBenchError(f"unknown section(s) {', '.join(bad)}; known: {', '.join(SECTION_NAMES)}")
-    if args.budget_s <= 0:
-        raise DDBenchError("--budget-s must be positive")
+    if not (args.budget_s > 0 and math.isfinite(args.budget_s)):
+        raise DDBenchError(f"--budget-s must be positive and finite, got {args.budget_s}")
+    if args.out is not None:
+        args.out = check_out(args.out)
     try:
         import torch
     except ImportError:
@@ -57,8 +61,28 @@ def run(args) -> int:
     command = "ddbench " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith(("ddbench", "__main__.py")) \
         else "ddbench calibrate " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                              if k not in ("func", "command") and v not in (None, False))
-    result = run_calibration(os.path.normpath(args.out or str(traces_dir("calibration"))), args.gpu, sections, args.budget_s, args.fresh, command,
-                             log=lambda m: print(m, file=sys.stderr, flush=True))
+    from tqdm import tqdm
+    bar = tqdm(total=len(sections), desc="calibrate", unit="section", disable=None, file=sys.stderr)
+    started = []
+
+    def log(message: str) -> None:
+        """The calibration's log lines, above a bar that advances as each section starts."""
+        if message.startswith("section "):
+            if started:
+                bar.update(1)
+            started.append(message)
+            bar.set_postfix_str(message.split()[1])
+        if bar.disable:
+            print(message, file=sys.stderr, flush=True)
+        else:
+            bar.write(message, file=sys.stderr)
+
+    try:
+        result = run_calibration(os.path.normpath(args.out or str(traces_dir("calibration"))), args.gpu, sections,
+                                 args.budget_s, args.fresh, command, log=log)
+        bar.update(bar.total - bar.n)
+    finally:
+        bar.close()
     print(f"wrote {result['path']}: {result['measured']} measured, {result['skipped']} already present, "
           f"{len(result['errors'])} failed; rows {result['rows']}")
     return 0
