@@ -8,10 +8,11 @@ task, init, temperature) with, among others,
   reuse_hit_rate  share that step t's own selection already holds (ShadowKV's reuse); optional,
                   without it the reuse rate equals the hit rate
   n               observations behind the row (optional; rows are weighted by it when present)
-  context_tokens, task, init, temperature   the axes the rows can be filtered on (each optional)
-  model, layers   provenance (optional): the model measured and its layer count
-Lines starting with '#' are skipped; extra columns are ignored. A malformed file raises
-DDBenchError with one line naming the file, the line and the field.
+  context_tokens, task, init, temperature, budget_tokens   the axes rows are filtered on (each optional)
+  model           provenance (optional): the model measured (else the file name)
+The layer count is the highest layer + 1. Rows are validated by the core schema
+(ddbench.core.schemas.AccuracyRow); lines starting with '#' are skipped, extra columns ignored. A
+malformed file raises DDBenchError with one line naming the file, the line and the field.
 
 Which rows are used (`Select`, written into the note that ends up in every output):
   init         't2' by default: the first speculative token is the pre-decoded T2 (§4.1)
@@ -42,9 +43,7 @@ rates (`lowrank_by_threshold`).
 
 from __future__ import annotations
 
-import csv
 import json
-import math
 import os
 from dataclasses import dataclass
 
@@ -77,6 +76,9 @@ class Profile:
     token_acc: float | None   # n-weighted mean over the rows used, if the file has token_acc
     rows: int                 # rows used
     selection: str            # which rows, in words
+    contexts: tuple = ()      # context_tokens, task and budget_tokens values of the rows used
+    tasks: tuple = ()
+    budgets: tuple = ()
 
     @property
     def hit_mean(self) -> float:
@@ -94,44 +96,13 @@ def constant(rate: float, layers: int) -> list[float]:
 
 
 # ---------------------------------------------------------------- reading
-def _rows(path: str):
-    """(header, [(line number, row)]) of a CSV, '#' lines and blank lines skipped."""
-    try:
-        with open(path, encoding="utf-8", newline="") as fh:
-            lines = [(i, ln) for i, ln in enumerate(fh, start=1) if ln.strip() and not ln.startswith("#")]
-    except OSError as exc:
-        raise DDBenchError(f"cannot read accuracy profile {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise DDBenchError(f"malformed accuracy profile {path}: not UTF-8 text") from None
-    if not lines:
-        raise DDBenchError(f"malformed accuracy profile {path}: no header line")
-    parsed = list(csv.reader(ln for _, ln in lines))
-    if len(parsed) != len(lines):   # a quoted newline: fall back to csv's own count
-        raise DDBenchError(f"malformed accuracy profile {path}: a quoted field spans lines")
-    header = [h.strip() for h in parsed[0]]
-    out = []
-    for (no, _), cells in zip(lines[1:], parsed[1:]):
-        if len(cells) != len(header):
-            raise DDBenchError(f"malformed accuracy profile {path}: line {no} has {len(cells)} fields,"
-                               f" the header {len(header)}")
-        out.append((no, dict(zip(header, cells))))
-    return lines[0][0], header, out
+def _extra(r, col: str):
+    """A column the schema does not type (init, task, model, token_acc), stripped, or None."""
+    v = (r.model_extra or {}).get(col)
+    return v.strip() if isinstance(v, str) and v.strip() else None
 
 
-def _num(path: str, no: int, row: dict, field: str, lo: float | None = None, hi: float | None = None) -> float:
-    raw = row[field]
-    try:
-        v = float(raw)
-    except ValueError:
-        raise DDBenchError(f"malformed accuracy profile {path}: line {no}, field {field}: {raw!r} is not a number") \
-            from None
-    if not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
-        rng = f"[{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
-        raise DDBenchError(f"malformed accuracy profile {path}: line {no}, field {field}: {raw!r} is not within {rng}")
-    return v
-
-
-def _describe(sel: Select, header: list[str], contexts: list, tasks: list, budgets: list = ()) -> str:
+def _describe(sel: Select, header: set, contexts: list, tasks: list, budgets: list = ()) -> str:
     parts = []
     for col, val, what in (("init", sel.init, "init"), ("temperature", sel.temperature, "temperature")):
         if col not in header:
@@ -157,100 +128,83 @@ def _describe(sel: Select, header: list[str], contexts: list, tasks: list, budge
 
 
 def read_profile(path: str, sel: Select = Select()) -> Profile:
-    """The per-layer n-weighted means of the rows `sel` picks."""
+    """The per-layer n-weighted means of the rows `sel` picks. Rows are validated by the core schema
+    (ddbench.core.schemas.AccuracyRow): a defect is one line naming the file, the line and the field."""
+    from ddbench.core.schemas import AccuracyRow, read_csv
     path = str(path)
-    hdr_no, header, rows = _rows(path)
-    for f in ("layer", "hit_rate"):
-        if f not in header:
-            raise DDBenchError(f"malformed accuracy profile {path}: line {hdr_no}, field {f}: missing from the header")
-    if not rows:
-        raise DDBenchError(f"malformed accuracy profile {path}: no data rows")
-    has = set(header)
+    rows = read_csv(path, AccuracyRow, what="accuracy profile")
+    has = set(AccuracyRow.model_fields) - {"reuse_hit_rate", "n", "context_tokens", "budget_tokens", "temperature"}
+    for col in ("reuse_hit_rate", "n", "context_tokens", "budget_tokens", "temperature"):
+        if any(getattr(r, col) is not None for r in rows):
+            has.add(col)
+    for col in ("init", "task", "model", "token_acc"):
+        if any(_extra(r, col) is not None for r in rows):
+            has.add(col)
+    for col in ("init", "temperature", "context_tokens", "task", "budget_tokens"):
+        if col in has and any((getattr(r, col, None) if col in AccuracyRow.model_fields else _extra(r, col)) is None
+                              for r in rows):
+            raise DDBenchError(f"malformed accuracy profile {path}: field {col}: blank in some rows, set in others")
 
-    def keep(no, r) -> bool:
-        if sel.init is not None and "init" in has and r["init"].strip() != sel.init:
-            return False
-        if sel.temperature is not None and "temperature" in has:
-            if abs(_num(path, no, r, "temperature", 0.0) - sel.temperature) > 1e-9:
-                return False
-        if sel.context is not None and "context_tokens" in has:
-            if int(_num(path, no, r, "context_tokens", 1.0)) != int(sel.context):
-                return False
-        if sel.task is not None and "task" in has and r["task"].strip() != sel.task:
-            return False
-        return True
+    def value(r, col):
+        return getattr(r, col) if col in AccuracyRow.model_fields else _extra(r, col)
 
-    used = [(no, r) for no, r in rows if keep(no, r)]
+    def match(r, col, val) -> bool:
+        if val is None or col not in has:
+            return True
+        v = value(r, col)
+        return abs(v - val) <= 1e-9 if col == "temperature" else v == val
+
+    want = (("init", sel.init), ("temperature", sel.temperature), ("context_tokens", sel.context), ("task", sel.task))
+    used = [r for r in rows if all(match(r, c, v) for c, v in want)]
     budget = sel.budget
     if "budget_tokens" in has and used and budget is not None:
         if budget == SMALLEST:
-            budget = min(int(_num(path, no, r, "budget_tokens", 1.0)) for no, r in used)
-        used = [(no, r) for no, r in used if int(_num(path, no, r, "budget_tokens", 1.0)) == budget]
+            budget = min(r.budget_tokens for r in used)
+        used = [r for r in used if r.budget_tokens == budget]
     if not used:
-        for col, val in (("init", sel.init), ("temperature", sel.temperature), ("context_tokens", sel.context),
-                         ("task", sel.task), ("budget_tokens", budget)):
-            if val is not None and col in has and not any(_match_one(col, val, r[col]) for _, r in rows):
-                vals = sorted({r[col].strip() for _, r in rows})
+        for col, val in want + (("budget_tokens", budget),):
+            if val is not None and col in has and not any(match(r, col, val) for r in rows):
+                vals = sorted({f"{value(r, col):g}" if isinstance(value(r, col), float) else str(value(r, col))
+                               for r in rows})
                 raise DDBenchError(f"accuracy profile {path} has no rows for {col} {val} (it has {', '.join(vals)})")
         raise DDBenchError(f"accuracy profile {path} has no rows for this combination: {sel}")
 
-    model = None
-    if "model" in has:
-        names = {r["model"].strip() for _, r in rows if r["model"].strip()}
-        if len(names) > 1:
-            raise DDBenchError(f"malformed accuracy profile {path}: field model: several models ({', '.join(sorted(names))})")
-        model = names.pop() if names else None
-    model = model or os.path.basename(path).removesuffix(".csv")
+    names = {_extra(r, "model") for r in rows} - {None}
+    if len(names) > 1:
+        raise DDBenchError(f"malformed accuracy profile {path}: field model: several models ({', '.join(sorted(names))})")
+    model = names.pop() if names else os.path.basename(path).removesuffix(".csv")
 
     acc: dict[int, list] = {}
     tok = [0.0, 0.0]
-    for no, r in used:
-        layer = _num(path, no, r, "layer", 0.0)
-        if layer != int(layer):
-            raise DDBenchError(f"malformed accuracy profile {path}: line {no}, field layer: {r['layer']!r} is not an integer")
-        hit = _num(path, no, r, "hit_rate", 0.0, 1.0)
-        reuse = _num(path, no, r, "reuse_hit_rate", 0.0, 1.0) if r.get("reuse_hit_rate", "").strip() else hit
-        n = _num(path, no, r, "n", 0.0) if "n" in has else 1.0
-        acc.setdefault(int(layer), []).append((hit, reuse, n))
-        if "token_acc" in has and r["token_acc"].strip():
-            tok[0] += n * _num(path, no, r, "token_acc", 0.0, 1.0)
+    for r in used:
+        n = r.n if r.n is not None else 1.0
+        acc.setdefault(r.layer, []).append((r.hit_rate, r.reuse_hit_rate if r.reuse_hit_rate is not None
+                                            else r.hit_rate, n))
+        t = _extra(r, "token_acc")
+        if t is not None:
+            try:
+                tv = float(t)
+            except ValueError:
+                raise DDBenchError(f"malformed accuracy profile {path}: field token_acc: {t!r} is not a number") from None
+            tok[0] += n * tv
             tok[1] += n
-    if "layers" in has:
-        counts = {int(_num(path, no, r, "layers", 1.0)) for no, r in rows}
-        if len(counts) > 1:
-            raise DDBenchError(f"malformed accuracy profile {path}: field layers: several values {sorted(counts)}")
-        L = counts.pop()
-    else:
-        L = max(acc) + 1
-    bad = [i for i in acc if i >= L]
-    if bad:
-        raise DDBenchError(f"malformed accuracy profile {path}: field layer: layer {bad[0]} but the model has {L} layers")
+    L = max(r.layer for r in rows) + 1
     missing = [i for i in range(L) if i not in acc]
     if missing:
         raise DDBenchError(f"malformed accuracy profile {path}: field layer: no rows for layers {missing[:8]}"
-                           f" (with {_describe(sel, header, [], [])})")
+                           f" (with {_describe(sel, has, [], [])})")
 
     def mean(i, k):
         w = sum(x[2] for x in acc[i])
         if w <= 0:
             return sum(x[k] for x in acc[i]) / len(acc[i])
         return sum(x[k] * x[2] for x in acc[i]) / w
-    contexts = sorted({int(float(r["context_tokens"])) for _, r in used}) if "context_tokens" in has else []
-    tasks = sorted({r["task"].strip() for _, r in used}) if "task" in has else []
-    budgets = sorted({int(float(r["budget_tokens"])) for _, r in used}) if "budget_tokens" in has else []
+    contexts = sorted({r.context_tokens for r in used}) if "context_tokens" in has else []
+    tasks = sorted({_extra(r, "task") for r in used}) if "task" in has else []
+    budgets = sorted({r.budget_tokens for r in used}) if "budget_tokens" in has else []
     return Profile(path, model, L, tuple(mean(i, 0) for i in range(L)), tuple(mean(i, 1) for i in range(L)),
-                   tok[0] / tok[1] if tok[1] else None, len(used),
-                   _describe(sel, header, contexts, tasks, budgets))
-
-
-def _match_one(col: str, val, raw: str) -> bool:
-    raw = raw.strip()
-    if col in ("temperature", "context_tokens"):
-        try:
-            return abs(float(raw) - float(val)) <= 1e-9
-        except ValueError:
-            return False
-    return raw == str(val)
+                   tok[0] / tok[1] if tok[1] else None, len(used), _describe(sel, has, contexts, tasks, budgets),
+                   tuple(contexts), tuple(tasks), tuple(budgets))
 
 
 # ---------------------------------------------------------------- applying to a simulated model

@@ -93,7 +93,7 @@ def test_rows_weighted_by_n(tmp_path):
 
 def test_missing_filter_value_lists_what_the_file_has(tmp_path):
     path = write_profile(tmp_path / "m.csv", temps=(0.0, 1.0))
-    with pytest.raises(DDBenchError, match=r"no rows for temperature 0.6 \(it has 0.0, 1.0\)"):
+    with pytest.raises(DDBenchError, match=r"no rows for temperature 0.6 \(it has 0, 1\)"):
         P.read_profile(path)
     with pytest.raises(DDBenchError, match="no rows for task zzz"):
         P.read_profile(path, P.Select(temperature=1.0, task="zzz"))
@@ -145,10 +145,10 @@ def test_explicit_profile_maps_by_relative_depth(tmp_path):
 
 
 @pytest.mark.parametrize("bad,where", [
-    ("hit_rate", "field hit_rate: 'x' is not a number"),
-    ("range", "field reuse_hit_rate: '1.5' is not within"),
-    ("layer", "field layer: '1.5' is not an integer"),
-    ("fields", "has 3 fields"),
+    ("hit_rate", "field hit_rate: is not a number, got 'x'"),
+    ("range", "field reuse_hit_rate: must be <= 1.0, got '1.5'"),
+    ("layer", "field layer: is not an integer, got '1.5'"),
+    ("fields", "3 fields, the header has 22"),
 ])
 def test_malformed_profile_names_file_line_field(tmp_path, bad, where):
     path = write_profile(tmp_path / "m.csv", contexts=(4096,), tasks=("a",), temps=(0.6,), inits=("t2",))
@@ -173,7 +173,7 @@ def test_malformed_profile_names_file_line_field(tmp_path, bad, where):
 def test_missing_column_and_missing_layer(tmp_path):
     path = tmp_path / "m.csv"
     path.write_text("# comment\nlayer,reuse_hit_rate\n0,0.5\n")
-    with pytest.raises(DDBenchError, match=r"line 2, field hit_rate: missing from the header"):
+    with pytest.raises(DDBenchError, match=r"m.csv line 2: missing column\(s\) hit_rate"):
         P.read_profile(path)
     path.write_text("layer,hit_rate\n0,0.5\n2,0.5\n")
     with pytest.raises(DDBenchError, match=r"no rows for layers \[1\]"):

@@ -207,7 +207,7 @@ def _draw_fig7(res: FigureResult, fig) -> None:
 def fig07() -> FigureResult:
     model = _need("fig07")[0]
     prof = _profile(model)
-    budget = int(prof.selection.split("budget ")[1].split()[0]) if "budget " in prof.selection else None
+    budget = prof.budgets[0] if len(prof.budgets) == 1 else None
     st = _steps(model)
     sel = st[(st.init == "t2") & ((st.temperature - 0.6).abs() < 1e-9)]
     if budget is not None:
