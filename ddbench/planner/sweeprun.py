@@ -60,7 +60,14 @@ class Store:
 
     def append(self, row: dict) -> None:
         if self.fh is None:
+            torn = False
+            if os.path.exists(self.path) and os.path.getsize(self.path):
+                with open(self.path, "rb") as fh:
+                    fh.seek(-1, os.SEEK_END)
+                    torn = fh.read(1) != b"\n"
             self.fh = open(self.path, "a", encoding="utf-8")
+            if torn:  # an interrupted write left half a line: end it, so the next row is whole
+                self.fh.write("\n")
         self.fh.write(json.dumps(row, allow_nan=False) + "\n")
         self.fh.flush()
 

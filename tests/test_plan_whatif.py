@@ -1,0 +1,167 @@
+"""`ddbench plan` with an SLO: the rate search, fleet sizing, host sharing, knob search, errors."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddbench.core.catalog import fetch_share, get_host, get_link, shared_link
+from ddbench.core.errors import DDBenchError
+from ddbench.planner.knobs import pareto, parse_search, settings
+from ddbench.planner.scenario import Scenario, capacity, run_point
+from ddbench.planner.search import max_rate
+from ddbench.planner.slo import parse_slo, violations
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# small and fast: Llama-3-8B on the H200 (its own bundle), 32K contexts, short outputs
+SMALL = dict(model="llama-3-8b", gpu="h200", context="32k", output="64", requests=60)
+
+
+def ddbench(*args, cwd=ROOT):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "ddbench", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def test_parse_slo():
+    s = parse_slo("p99-completion=60s, p99-tpot=100ms,p50-ttft=500us")
+    assert [(x.pct, x.metric, x.limit_s) for x in s] == [(99, "completion", 60.0), (99, "tpot", 0.1),
+                                                          (50, "ttft", 5e-4)]
+    assert s[1].column == "tpot_p99_s" and s[1].text == "p99-tpot=100ms"
+    assert violations({"completion_p99_s": 61.0, "tpot_p99_s": 0.1, "ttft_p50_s": None}, s) == \
+        ["p99-completion=60s", "p50-ttft=500us"]
+
+
+@pytest.mark.parametrize("text, msg", [("p99-tpot=100", "cannot parse SLO term"), ("p99-speed=1s", "unknown metric"),
+                                       ("p0-tpot=1s", "percentile"), ("tpot<1s", "cannot parse"),
+                                       ("p99-tpot=1s,p99-tpot=2s", "given twice")])
+def test_parse_slo_errors(text, msg):
+    with pytest.raises(DDBenchError, match=msg):
+        parse_slo(text)
+
+
+def test_search_brackets_the_rate():
+    """The answer passes, the rate just above it fails, within the tolerance and the run budget; a
+    tighter SLO gives no higher a rate."""
+    slos = parse_slo("p99-tpot=60ms")
+    sc = Scenario(system="dualdecoder", **SMALL)
+    res = max_rate(sc, slos, seeds=(0,), tol=0.05, max_runs=12)
+    assert res.status == "met" and res.runs <= 12
+    passed = [p for p in res.probes if p[1]]
+    failed = [p for p in res.probes if not p[1]]
+    assert res.rate == max(p[0] for p in passed) and res.hi == min(p[0] for p in failed)
+    assert res.rate < res.hi and (res.hi / res.rate <= 1.05 or res.runs == 12)
+    assert res.row["tpot_p99_s"] <= 0.060 and res.row["sustainable"]
+    at_hi = run_point(sc, res.hi, 0, (99,))
+    assert at_hi["tpot_p99_s"] > 0.060 or not at_hi["sustainable"]
+    tight = max_rate(sc, parse_slo("p99-tpot=45ms"), seeds=(0,), tol=0.05, max_runs=12)
+    assert tight.rate <= res.rate
+    assert res.binding in ("memory", "link", "compute", "compute (prefill)")
+
+
+def test_overload_is_not_sustainable():
+    sc = Scenario(system="dualdecoder", **SMALL)
+    cap = capacity(sc)
+    light, heavy = run_point(sc, cap["rate"] / 20), run_point(sc, cap["rate"] * 8)
+    assert light["sustainable"] and abs(light["backlog_growth"]) < 0.05
+    assert not heavy["sustainable"] and heavy["backlog_growth"] > 1.0
+
+
+def test_host_sharing_halves_a_link_bound_design():
+    """Paper testbed: 2 GPUs per PCIe 5 switch; 8 GPUs fetching at once get half the link each, and a
+    link-bound design (DualDecoder, Llama-3-8B at 128K on the H200: link-bound at its max batch)
+    decodes about half the tokens/s; with 2 GPUs on different switches nothing changes."""
+    share = fetch_share(get_host("paper-testbed"))
+    assert share.per_switch == 2 and share.limit == "switch"
+    assert share.per_gpu_gbps == pytest.approx(get_link("pcie5").achievable_gbps / 2)
+    assert fetch_share(get_host("paper-testbed"), 2).per_gpu_gbps == get_link("pcie5").achievable_gbps
+    assert shared_link(get_link("pcie5"), fetch_share(get_host("paper-testbed"), 4)) == get_link("pcie5")
+    base = dict(model="llama-3-8b", gpu="h200", context="128k", output="256", system="dualdecoder")
+    alone = capacity(Scenario(**base))
+    shared = capacity(Scenario(**base, host="paper-testbed"))
+    assert alone["max_batch"] == shared["max_batch"]
+    assert 0.45 < shared["tokens_per_s"] / alone["tokens_per_s"] < 0.56
+    full = capacity(Scenario(**dict(base, system="full-kv"), host="paper-testbed"))
+    assert full["tokens_per_s"] == pytest.approx(capacity(Scenario(**dict(base, system="full-kv")))["tokens_per_s"])
+
+
+def test_knob_grid_and_pareto():
+    knobs = parse_search("budget=1k:2k:4k,chunk=8:16,lowrank-layers=0:4,cache")
+    dd = settings(Scenario(system="dualdecoder", **SMALL), knobs, 32768, 32)
+    assert len(dd) == 3 * 2 * 2 * 2
+    sk = settings(Scenario(system="shadowkv", **SMALL), knobs, 32768, 32)
+    assert len(sk) == 3 * 2 and {s.cache for s in sk} == {"design"}
+    assert len(settings(Scenario(system="full-kv", **SMALL), knobs, 32768, 32)) == 1
+    assert len(settings(Scenario(system="dualdecoder", **SMALL), parse_search("budget=2k:64k"), 32768, 32)) == 1
+    assert sorted(pareto([(10, 5), (8, 3), (9, 6), (10, 4), (7, 3)])) == [1, 3]
+    with pytest.raises(DDBenchError, match="unknown knob"):
+        parse_search("budget,temperature")
+
+
+def test_plan_slo_cli_ranks_and_sizes_the_fleet(tmp_path):
+    png = tmp_path / "p99.png"
+    r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output", "64",
+                "--system", "shadowkv,dualdecoder", "--slo", "p99-tpot=60ms", "--requests", "60",
+                "--target-rate", "10", "--workers", "2", "--json", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    ds = out["designs"]
+    assert [d["rank"] for d in ds] == [1, 2]
+    assert ds[0]["max_rate_req_per_s"] >= ds[1]["max_rate_req_per_s"] > 0
+    for d in ds:
+        assert d["gpus"] == math.ceil(10 / d["max_rate_req_per_s"] - 1e-9)
+        assert d["tpot_p99_s"] <= 0.060 and d["runs"] <= 12
+        assert d["peak_memory_gb"] == pytest.approx(sum(d[f"{c}_gb"] for c in (
+            "weights", "resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers", "activations",
+            "runtime_overhead")), rel=1e-6)
+    assert png.stat().st_size > 10_000
+    assert out["verdict"] is None
+
+
+def test_plan_slo_nothing_meets_is_a_result():
+    r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output", "64",
+                "--system", "shadowkv,dualdecoder", "--slo", "p99-tpot=1ms", "--requests", "40", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    last = [line for line in r.stdout.splitlines() if line.startswith("no design meets")]
+    assert len(last) == 1 and "no design meets p99-tpot=1ms; the best is " in last[0] and " ms (at " in last[0]
+
+
+def test_plan_knob_search_cli():
+    r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output", "64",
+                "--system", "dualdecoder", "--slo", "p99-tpot=60ms", "--requests", "40", "--max-runs", "6",
+                "--search", "budget=1k:2k,cache", "--workers", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    sets = out["settings"]
+    assert len(sets) == 4 and any(s["pareto_memory"] for s in sets)
+    best = out["designs"][0]
+    assert best["max_rate_req_per_s"] == max(s["max_rate_req_per_s"] for s in sets)
+    # the memory front: nothing on it is beaten on both tokens/s and memory
+    met = [s for s in sets if s["tokens_per_s"] is not None]
+    for s in met:
+        if s["pareto_memory"]:
+            assert not any(o["tokens_per_s"] > s["tokens_per_s"] and o["peak_memory_gb"] < s["peak_memory_gb"]
+                           for o in met)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--slo", "p99-tpot=fast"], "cannot parse SLO term 'p99-tpot=fast'"),
+    (["--slo", ""], "--slo is empty"),
+    (["--slo", "p99-tpot=1s", "--system", ""], "--system names no design"),
+    (["--system", ""], "--system names no design"),
+    (["--slo", "p99-tpot=1s", "--search", "warp"], "unknown knob 'warp'"),
+    (["--slo", "p99-tpot=1s", "--host", "dgx-9"], "unknown host 'dgx-9'"),
+    (["--slo", "p99-tpot=1s", "--host", "paper", "--fetching", "9"], "within 1..8"),
+    (["--slo", "p99-tpot=1s", "--target-rate", "-1"], "--target-rate must be positive"),
+    (["--slo", "p99-tpot=1s", "--output", "exp:x"], "cannot parse output"),
+    (["--plot", "x.png"], "--plot needs --slo"),
+])
+def test_plan_slo_errors(args, message, tmp_path):
+    r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,158 @@
+"""`ddbench sweep`: spec validation, the tidy table, resume, the --max-points guard, Ray."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SPEC = """\
+name: tiny
+requests: 40
+grid:
+  model: llama-3-8b
+  gpu: h200
+  system: [shadowkv, dualdecoder]
+  context: 32k
+  output: "64"
+  rate: [0.5, 4]
+"""
+
+
+def ddbench(*args, cwd=ROOT):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "ddbench", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def _spec(tmp_path, text=SPEC, name="spec.yaml"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return str(p)
+
+
+def _lines(path):
+    with open(path) as fh:
+        return fh.read().splitlines()
+
+
+def test_sweep_table_and_resume(tmp_path):
+    spec = _spec(tmp_path)
+    out = tmp_path / "out"
+    r = ddbench("sweep", spec, "--out", str(out), "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert "4 points (4 run, 0 reused" in r.stdout
+    df = pd.read_parquet(out / "results.parquet")
+    csv = pd.read_csv(out / "results.csv")
+    assert len(df) == len(csv) == 4 and list(df.columns) == list(csv.columns)
+    for col in ("rate_req_per_s", "tokens_per_s", "completion_p99_s", "tpot_p99_s", "peak_memory_gb",
+                "budget_tokens", "link_gbps_per_gpu", "sustainable", "binding"):
+        assert col in df.columns
+    assert sorted(df.rate_req_per_s.unique()) == [0.5, 4.0] and set(df.system) == {"shadowkv", "dualdecoder"}
+    assert (df.completed == 40).all() and (out / "summary.png").stat().st_size > 10_000
+    # more load, longer completion: the table is the simulator's, not a constant
+    for s in ("shadowkv", "dualdecoder"):
+        d = df[df.system == s].set_index("rate_req_per_s")
+        assert d.completion_p99_s[4.0] > d.completion_p99_s[0.5]
+    # resume: a rerun redoes nothing; an interrupted store (two points and a torn line) runs the rest
+    r2 = ddbench("sweep", spec, "--out", str(out), "--quiet")
+    assert r2.returncode == 0 and "(0 run, 4 reused" in r2.stdout
+    lines = _lines(out / "points.jsonl")
+    assert len(lines) == 4
+    (out / "points.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:30])
+    r3 = ddbench("sweep", spec, "--out", str(out), "--workers", "1")
+    assert r3.returncode == 0 and "(2 run, 2 reused" in r3.stdout, r3.stdout + r3.stderr
+    df3 = pd.read_parquet(out / "results.parquet")
+    cols = [c for c in df.columns if c not in ("sim_wall_s", "worker_pid")]
+    pd.testing.assert_frame_equal(df[cols], df3[cols])
+    # a grown grid reuses the points it shares
+    r4 = ddbench("sweep", _spec(tmp_path, SPEC.replace("[0.5, 4]", "[0.5, 2, 4]"), "spec2.yaml"),
+                 "--out", str(out), "--quiet")
+    assert r4.returncode == 0 and "6 points (2 run, 4 reused" in r4.stdout
+
+
+@pytest.mark.parametrize("text, message", [
+    (SPEC.replace("  rate:", "  colour: red\n  rate:"), "grid.colour: unknown field"),
+    (SPEC + "workers: 3\n", "workers: unknown field"),
+    (SPEC.replace("[0.5, 4]", "[0.5, -4]"), "grid.rate[1]: Input should be greater than 0"),
+    (SPEC.replace("[0.5, 4]", "[0.5, fast]"), "grid.rate[1]: Input should be a valid number"),
+    (SPEC.replace("requests: 40", "requests: 0"), "requests: Input should be greater than or equal to 1"),
+    (SPEC.replace("  model: llama-3-8b", "  gpu2: x"), "grid.model: Field required"),
+    (SPEC.replace("model: llama-3-8b", "model: [llama-3-8b, gpt-9]"), "grid.model[1]: unknown model 'gpt-9'"),
+    (SPEC.replace("[shadowkv, dualdecoder]", "[shadowkv, vllm]"), "grid.system[1]: unknown design 'vllm'"),
+    (SPEC.replace("context: 32k", "context: 1k"), "sparse budget 2048 is larger than the context"),
+    (SPEC.replace('output: "64"', "output: exp:many"), "grid.output[0]"),
+    ("grid: [1, 2\n", "not valid YAML at line"),
+    ("- just a list\n", "expected a mapping"),
+])
+def test_sweep_spec_errors(tmp_path, text, message, capsys, monkeypatch):
+    """In process (fast); the subprocess test below covers the same path end to end."""
+    from ddbench.cli import main
+    spec = _spec(tmp_path, text)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", spec]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and len(cap.err.strip().splitlines()) == 1 and message in cap.err, cap.err
+    assert sorted(os.listdir(tmp_path)) == ["spec.yaml"]   # nothing left behind
+
+
+@pytest.mark.parametrize("text, message", [
+    (SPEC.replace("  rate:", "  colour: red\n  rate:"), "grid.colour: unknown field"),
+    ("grid: [1, 2\n", "not valid YAML at line"),
+])
+def test_sweep_spec_errors_subprocess(tmp_path, text, message):
+    spec = _spec(tmp_path, text)
+    r = ddbench("sweep", spec, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["spec.yaml"]   # nothing left behind
+
+
+def test_sweep_max_points_guard(tmp_path):
+    spec = _spec(tmp_path)
+    r = ddbench("sweep", spec, "--max-points", "3", cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "the grid has 4 points, above --max-points 3; pass --yes" in r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["spec.yaml"]
+    r = ddbench("sweep", spec, "--max-points", "3", "--yes", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0 and "4 points (4 run" in r.stdout
+    assert os.path.exists(tmp_path / "sweep-out" / "tiny" / "results.parquet")
+
+
+def test_sweep_unreachable_ray_address(tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'ddbench[ray]')")
+    spec = _spec(tmp_path)
+    r = ddbench("sweep", spec, "--executor", "ray", "--address", "127.0.0.1:1", cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "cannot reach a Ray cluster at 127.0.0.1:1" in r.stderr and "ray start --head" in r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["spec.yaml"]
+
+
+def test_sweep_on_local_ray_equals_local_pool(tmp_path, capsys):
+    """The Ray path on a local Ray instance this test starts and stops: same rows as the local pool,
+    computed in Ray's worker processes."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ddbench[ray]')")
+    from ddbench.cli import main
+    spec = _spec(tmp_path)
+    assert main(["sweep", spec, "--out", str(tmp_path / "local"), "--workers", "1", "--quiet"]) == 0
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert main(["sweep", spec, "--out", str(tmp_path / "ray"), "--executor", "ray", "--quiet"]) == 0
+        assert ray.is_initialized()  # an instance the caller started is left to the caller
+    finally:
+        ray.shutdown()
+    out = capsys.readouterr().out
+    assert "on ray" in out
+    a = pd.read_parquet(tmp_path / "local" / "results.parquet")
+    b = pd.read_parquet(tmp_path / "ray" / "results.parquet")
+    cols = [c for c in a.columns if c not in ("sim_wall_s", "worker_pid")]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+    assert os.getpid() not in set(b.worker_pid)
+    assert json.loads((tmp_path / "ray" / "spec.json").read_text())["grid"]["rate"] == [0.5, 4.0]
