@@ -19,7 +19,7 @@ from kernels.landmarks import build_landmarks
 from kernels.layout import alloc_host_kv
 from kernels.rebuild import rebuild_keys
 from kernels.select import score_chunks, select_chunks
-from kernels.specache import quantize_keys_2bit, specache_scores
+from kernels.specache import quantize_keys_2bit, specache_scores, specache_scores_triton
 from kernels.timing import time_cuda, time_host
 
 MiB = 1 << 20
@@ -228,6 +228,31 @@ def bench_specache(rows: Rows, dev, hbm_gbps, quick: bool):
     t = time_cuda(lambda: specache_scores(q, qk), inner=2, reps=10)
     rows.add("specache", "score_2bit_nq2", B, f"T={T}", nbytes, t, nbytes / hbm_gbps / 1e6,
              notes="torch; floor: read 2-bit codes + scales")
+    bench_specache_triton(rows, dev, hbm_gbps, [(8, 32768), (16, 131072)] if not quick else [(8, 32768)])
+
+
+def bench_specache_triton(rows: Rows, dev, hbm_gbps, shapes, splits=(None,)):
+    """The Triton 2-bit scoring (two passes over the codes) against its floor: the codes, scales
+    and zeros read once plus the output written once (per token fp32, or per chunk of 8)."""
+    Hq, H, d = 32, 8, 128
+    for B, T in shapes:
+        sets = []
+        for _ in range(2):   # two input sets, rotated (their codes exceed L2 together)
+            k = _rand_bf16(B, H, T, d)
+            sets.append((_rand_bf16(B, 2, Hq, d), quantize_keys_2bit(k)))
+            del k
+        qk = sets[0][1]
+        read = qk.codes.numel() + 2 * qk.scale.numel() * 2
+        for chunk in (0, 8):
+            out_b = B * 2 * H * (T // chunk if chunk else T) * 4
+            for sp in splits:
+                t = time_cuda([lambda q=q, qk=qk: specache_scores_triton(q, qk, chunk=chunk, splits=sp)
+                               for q, qk in sets], inner=2, reps=10)
+                rows.add("specache", f"score_2bit_nq2_triton_c{chunk}" + (f"_s{sp}" if sp else ""), B, f"T={T}",
+                         read + out_b, t, (read + out_b) / hbm_gbps / 1e6,
+                         notes="triton, two passes over the codes; floor: codes + scales read once, output written once")
+        del sets
+        torch.cuda.empty_cache()
 
 
 def run_all(quick: bool = False):

@@ -1,6 +1,9 @@
-"""Timing and provenance for the kernel benchmarks.
+"""The one CUDA timing helper, and provenance, for the kernel, engine and calibration benchmarks.
 
-time_cuda(fns, inner=..., reps=...) -> median ms per call: CUDA events around CUDA-graph replays
+event_times(fn, reps, warmup=1, per_call=1) -> [ms]: CUDA events between back-to-back calls of `fn`
+    on the current stream (no host sync between them; one at the end), after `warmup` calls;
+    each interval divided by `per_call` (e.g. steps per graph replay).
+time_cuda(fns, inner=..., reps=...) -> median ms per call: event_times around CUDA-graph replays
     of `fns` (a list of callables, e.g. one per rotated input set so repeats do not hit in L2).
 time_host(fn, reps) -> median ms per call with a host clock and device syncs (for CPU-side work).
 provenance(command) -> dict: gpu, driver, torch, triton, git sha, date, command.
@@ -15,6 +18,19 @@ import subprocess
 import time
 
 import torch
+
+
+def event_times(fn, reps: int, warmup: int = 1, per_call: int = 1) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    evs = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    evs[0].record()
+    for j in range(reps):
+        fn()
+        evs[j + 1].record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) / per_call for a, b in zip(evs[:-1], evs[1:])]
 
 
 def time_cuda(fns, *, inner: int = 5, reps: int = 20, warmup: int = 3, graph: bool = True) -> float:
@@ -43,17 +59,7 @@ def time_cuda(fns, *, inner: int = 5, reps: int = 20, warmup: int = 3, graph: bo
             body()
         run = g.replay
         run()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / (inner * len(fns)))
-    return statistics.median(ts)
+    return statistics.median(event_times(run, reps, warmup=0, per_call=inner * len(fns)))
 
 
 def time_host(fn, reps: int = 5, warmup: int = 1) -> float:

@@ -1,15 +1,28 @@
-"""Engine measurement sweep on the local CUDA GPU: Llama-3-8B shapes, every design, contexts 32K-128K.
+"""Engine measurement sweep on the local CUDA GPU: Llama-3-8B shapes, every design, 32K and 128K.
 
-    python -m kernels.engine.bench [--quick] [--host-gib 56] [--budget-s 230] [--out traces/engine]
+    python -m kernels.engine.bench [--quick] [--reps 3] [--host-gib 16] [--budget-s 420] [--out DIR]
+    python -m kernels.engine.bench --point dualdecoder:131072:16 [--miss 0.33] [--budget 2048] [--chunk 8]
 
-Writes <out>/<gpu>/engine.csv (one row per point), layers.csv (per-layer record of each point's
-last step) and summary.json (the ratios, all from this run, with provenance). Every time is a
-median over steps timed with CUDA events after warm-up; next to it stands its floor
-(link bytes / copy bandwidth measured in this run).
+Every step is timed as CUDA-graph replays (kernels/timing.event_times: events between back-to-back
+replays, no host sync inside or between them) after the pre-decoding step, one eager warm-up step
+and one warm-up replay; a graph holds two whole steps (Engine.capture). The CPU-gather ablation
+needs the host inside the step and runs eagerly (marked graph=0), beside an eager GPU-gather twin.
 
-Host KV: one pinned buffer of --host-gib GiB holds [host_layers, B, H, N, 2, C, d]; logical layer
-l reads physical layer l % host_layers (all 32 when they fit). Every layer's chunks still cross
-the link, so link bytes and time are those of 32 distinct layers; only the bytes' values repeat.
+Phases (one process, one run):
+  floor      compute only (no host reads), graph: every design x {32K, 128K} x batch {1, 16, 64},
+             and DualDecoder with one query token (dual/single); each step against its floor =
+             HBM bytes of weights + resident selection state + attended KV (Engine.floor_bytes) over
+             the device-to-device copy rate measured in this run (read + write counted).
+  mechanism  --reps repetitions, interleaved (rep is the outer loop): priority vs FIFO at 128K, 33 %
+             misses, batch 1/4/16 with their compute-only twins (exposed-transfer share); at batch 16:
+             two passes (with and without transfers), per-layer buffers, CPU gather and the eager
+             GPU gather.
+  validation full steps with transfers (17.4 % misses) not used for the engine calibration: every
+             design at 32K and 128K, batch 4 and 16.
+
+Writes <out>/<gpu>/engine.csv (one row per point), rows.jsonl (resumable: --resume), meta.json and
+summary.json (floors, ratios with min/median/max over repetitions, provenance). A point that does
+not fit reports `oom` and the sweep goes on; an invalid --point gives one line and exit 2.
 """
 
 from __future__ import annotations
@@ -27,50 +40,61 @@ import torch
 
 from ddbench.core.catalog import get_model
 from ddbench.core.catalog.gpus import catalog_gpu_name, get_gpu
-from ddbench.core.paths import traces_dir
+from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, max_batch
+from ddbench.core.paths import traces_dir
 from ddbench.core.systems import SYSTEMS
 
 GIB = 1 << 30
-COLUMNS = ["design", "context", "batch", "miss_rate", "transfers", "urgent_programs", "host_layers", "status",
-           "step_ms", "step_ms_min", "step_ms_max", "tok_s", "peak_gib", "prefetch_mib", "urgent_mib", "link_mib",
-           "link_gbps", "link_util", "floor_link_ms", "exposed_ms", "exposed_share", "compute_ms",
-           "model_max_batch", "steps"]
+COLUMNS = ["phase", "rep", "design", "context", "batch", "miss_rate", "transfers", "graph", "urgent_programs",
+           "host_layers", "status", "step_ms", "step_ms_min", "step_ms_max", "tok_s", "peak_gib",
+           "floor_ms", "step_over_floor", "weights_gib", "selection_gib", "kv_gib",
+           "prefetch_mib", "urgent_mib", "link_mib", "link_gbps", "link_util", "floor_link_ms",
+           "model_max_batch", "steps", "error"]
+K128, K32 = 131072, 32768
+
+
+def design_spec(name):
+    """A registry design, or '<design>-single': the same switches with one query token per step."""
+    import dataclasses
+    if name.endswith("-single"):
+        return dataclasses.replace(SYSTEMS[name[:-7]], name=name, tokens_per_step=1)
+    if name not in SYSTEMS:
+        raise DDBenchError(f"unknown design {name!r}; known: {', '.join(SYSTEMS)} (or <design>-single)")
+    return SYSTEMS[name]
 
 
 def copy_gbps(nbytes=GIB, reps=5):
+    from kernels.timing import event_times
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    ts = []
-    for _ in range(reps + 1):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src, non_blocking=True)
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
+    ts = event_times(lambda: dst.copy_(src, non_blocking=True), reps)
     del src, dst
-    return nbytes / (statistics.median(ts[1:]) * 1e-3) / 1e9
+    return nbytes / (statistics.median(ts) * 1e-3) / 1e9
+
+
+def hbm_gbps(nbytes=2 * GIB, reps=10):
+    """Device-to-device copy rate, bytes read + written."""
+    from kernels.timing import event_times
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    ts = event_times(lambda: b.copy_(a), reps, warmup=2)
+    del a, b
+    return 2 * nbytes / (statistics.median(ts) * 1e-3) / 1e9
 
 
 def gather_gbps(host, programs=32, reps=5):
     """The persistent UVA gather alone on this host buffer (one layer, every chunk of a 256-chunk budget)."""
     from kernels.gather import gather_uva
+    from kernels.timing import event_times
     L, B, H, N, _, C, d = host.shape
     k = min(256, N)
     g = torch.Generator(device="cuda").manual_seed(1)
     idx = torch.rand(B, H, N, device="cuda", generator=g).argsort(-1)[..., :k].sort(-1).values.int()
     kb = torch.empty(B, H, k * C, d, device="cuda", dtype=host.dtype)
     vb = torch.empty_like(kb)
-    ts = []
-    for _ in range(reps + 1):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        gather_uva(host, 0, idx, kb, vb, programs=programs)
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return idx.numel() * 2 * C * d * host.element_size() / (statistics.median(ts[1:]) * 1e-3) / 1e9
+    ts = event_times(lambda: gather_uva(host, 0, idx, kb, vb, programs=programs), reps)
+    return idx.numel() * 2 * C * d * host.element_size() / (statistics.median(ts) * 1e-3) / 1e9
 
 
 def alloc_host(gib):
@@ -100,13 +124,28 @@ def host_view(flat, model, ctx, batch, chunk=8):
     return flat[:hl * per_layer].view(hl, batch, H, N, 2, chunk, d)
 
 
-def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, transfers=True, steps=3,
-              urgent_programs=64, log=print, record_layers=None):
-    from kernels.engine.engine import Engine, EngineConfig
-    sys_ = SYSTEMS[design]
+def make_config(ctx, batch, miss_rate=0.174, transfers=True, urgent_programs=64, budget=None, chunk=None, seed=0):
+    wl = {}
+    if budget is not None:
+        wl["budget"] = budget
+    if chunk is not None:
+        wl["chunk"] = chunk
+    from kernels.engine.engine import EngineConfig
+    return EngineConfig.of(context=ctx, batch=batch, miss_rate=miss_rate, transfers=transfers,
+                           urgent_programs=urgent_programs, seed=seed, **wl)
+
+
+def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, transfers=True, graph=True,
+              reps=5, urgent_programs=64, hbm=None, cfg=None, log=print, keep=False):
+    """One engine point: build, pre-decode, warm up, capture, time `reps` graph replays (2 steps each)."""
+    from kernels.engine.engine import Engine
+    from kernels.timing import event_times
+    sys_ = design_spec(design)
+    base = SYSTEMS[design[:-7]] if design.endswith("-single") else sys_
     row = dict(design=design, context=ctx, batch=batch, miss_rate="none" if miss_rate is None else miss_rate,
-               transfers=int(transfers), urgent_programs=urgent_programs, host_layers=0, status="ok", steps=steps,
-               model_max_batch=max_batch(sys_, model, get_gpu("h200"), Workload(context=ctx)))
+               transfers=int(transfers), graph=int(graph), urgent_programs=urgent_programs, host_layers=0,
+               status="ok", model_max_batch=max_batch(base, model, get_gpu("h200"), Workload(context=ctx)))
+    cfg = cfg or make_config(ctx, batch, miss_rate, transfers, urgent_programs)
     host = None
     if not sys_.kv_on_gpu and transfers:
         host = host_view(flat, model, ctx, batch)
@@ -116,105 +155,150 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
         row["host_layers"] = host.shape[0]
     e = None
     torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     try:
-        cfg = EngineConfig(context=ctx, batch=batch, miss_rate=miss_rate, transfers=transfers,
-                           urgent_programs=urgent_programs, seed=0)
-        e = Engine(model, sys_, cfg, weights, "cuda", host_kv=host, timing=False)
+        e = Engine(model, sys_, cfg, weights, "cuda", host_kv=host)
         e.step()                                  # pre-decoding step (prediction designs) or warm-up
-        e.step()                                  # warm-up
-        e.timing = True
-        ends, kept = [], []
-        e.step()
-        ends.append(e.ev_step1)
-        for _ in range(steps):                   # back to back: no host sync inside the timed steps
-            e.step()
-            ends.append(e.ev_step1)
-            kept.append(e.stats)
+        e.step()                                  # eager warm-up
+        if graph:
+            e.capture(2)
+            times = event_times(e.replay, reps, warmup=1, per_call=2)
+            steps = 2 * reps
+        else:
+            times = event_times(e.step, reps, warmup=1)
+            steps = reps
         torch.cuda.synchronize()
-        times = [a.elapsed_time(b) for a, b in zip(ends[:-1], ends[1:])]
-        pfs, urs = zip(*(e.step_bytes(st) for st in kept))   # miss counts read after the timed steps
-        layers = e.layer_records()
+        pf, ur = e.step_bytes()                   # miss counts of the last step, read after the timed steps
+        fb = e.floor_bytes()
         peak = torch.cuda.max_memory_allocated()
     except torch.cuda.OutOfMemoryError:
+        row["status"] = "oom"
+    except RuntimeError as exc:                  # a capture that runs out of memory surfaces as a RuntimeError
+        if "out of memory" not in str(exc).lower():
+            raise
         row["status"] = "oom"
     if row["status"] == "oom":
         e = None
         gc.collect()
         torch.cuda.empty_cache()
+        log(f"  {design:26s} ctx={ctx:6d} B={batch:3d}: oom")
         return row
     step = statistics.median(times)
-    pf, ur = statistics.median(pfs), statistics.median(urs)
-    exposed = sum(r["exposed_ms"] for r in layers)
+    floor = fb["total"] / (hbm * 1e9) * 1e3 if hbm else None
     row.update(step_ms=step, step_ms_min=min(times), step_ms_max=max(times), tok_s=batch / step * 1e3,
                peak_gib=peak / GIB, prefetch_mib=pf / 2**20, urgent_mib=ur / 2**20, link_mib=(pf + ur) / 2**20,
-               link_gbps=(pf + ur) / (step * 1e-3) / 1e9, exposed_ms=exposed, exposed_share=exposed / step,
-               compute_ms=sum(r["compute_ms"] for r in layers))
-    if record_layers is not None:
-        for r in layers:
-            record_layers.append(dict(design=design, context=ctx, batch=batch, miss_rate=row["miss_rate"],
-                                      transfers=int(transfers), urgent_programs=urgent_programs, **r))
+               link_gbps=(pf + ur) / (step * 1e-3) / 1e9, steps=steps, floor_ms=floor,
+               step_over_floor=step / floor if floor else None, weights_gib=fb["weights"] / GIB,
+               selection_gib=fb["selection"] / GIB, kv_gib=fb["kv"] / GIB)
+    if keep:
+        return row, e
     del e
     gc.collect()
     torch.cuda.empty_cache()
-    log(f"  {design:24s} ctx={ctx:6d} B={batch:4d} miss={row['miss_rate']} xfer={int(transfers)} "
-        f"step={step:8.2f} ms  tok/s={row['tok_s']:8.1f}  link={row['link_gbps']:5.1f} GB/s  "
-        f"exposed={exposed:7.2f} ms  peak={row['peak_gib']:6.1f} GiB")
+    log(f"  {design:26s} ctx={ctx:6d} B={batch:3d} miss={row['miss_rate']} xfer={int(transfers)} graph={int(graph)} "
+        f"step={step:8.3f} ms [{min(times):.3f}-{max(times):.3f}]"
+        + (f" floor={floor:7.3f} x{step / floor:5.2f}" if floor else "")
+        + f" link={row['link_gbps']:5.1f} GB/s peak={row['peak_gib']:6.1f} GiB")
     return row
 
 
-def plan_points(model, quick, host_gib):
-    gpu = get_gpu("h200")
-    mb = {(n, c): max_batch(SYSTEMS[n], model, gpu, Workload(context=c)) for n in SYSTEMS for c in (32768, 65536, 131072)}
-
-    def host_cap(c):  # largest batch whose one host layer fits
-        return int(host_gib * GIB) // (c * model.kv_bytes_per_token_layer)
-
-    K = 131072
+def plan_points(quick, reps):
+    """(phase, rep, design, context, batch, miss, transfers, graph) in run order."""
     pts = []
     if quick:
-        return [("dualdecoder", 32768, 4, 0.174, True, 64), ("dualdecoder", 32768, 4, 0.174, False, 64),
-                ("dualdecoder-fifo", 32768, 4, 0.33, True, 64), ("dualdecoder", 32768, 4, 0.33, True, 64),
-                ("shadowkv", 32768, 4, 0.174, True, 64), ("full-kv", 32768, 4, None, True, 64),
-                ("specache", 32768, 2, 0.174, True, 64), ("dualdecoder-cpu-gather", 32768, 2, 0.33, True, 64)]
-    # Fig 18: priority vs FIFO at 33% misses (and the urgent gather's width), plus compute-only
-    for B in (4, 16):
-        for d in ("dualdecoder", "dualdecoder-fifo"):
-            pts.append((d, K, B, 0.33, True, 64))
-        pts.append(("dualdecoder", K, B, 0.33, False, 64))
-    pts.append(("dualdecoder", K, 16, 0.33, True, 32))
-    # ablations at 128K, batch 16
-    for d in ("dualdecoder-per-layer", "dualdecoder-two-pass", "dualdecoder-cpu-gather"):
-        pts.append((d, K, 16, 0.33, True, 64))
-    pts.append(("dualdecoder-two-pass", K, 16, 0.33, False, 64))
-    # main designs across contexts, batches up to each design's max (or the host's)
-    for c in (131072, 65536, 32768):
-        for n in ("dualdecoder", "shadowkv", "full-kv", "specache"):
-            top = mb[(n, c)]
-            if not SYSTEMS[n].kv_on_gpu:
-                top = min(top, host_cap(c))
-            bs = sorted({b for b in (1, 4, 16, 64) if b < top} | {top})
-            if c != K:
-                bs = sorted({b for b in (16,) if b < top} | {top})
-            for B in bs:
-                pts.append((n, c, B, None if SYSTEMS[n].kv_on_gpu else 0.174, True, 64))
-                if n == "dualdecoder" and c == K and B in (1, 16, 64):
-                    pts.append((n, c, B, 0.174, False, 64))
-    pts.append(("dualdecoder", 32768, 16, None, True, 64))   # the model's own prediction (random weights)
+        for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv"):
+            pts.append(("floor", 0, d, K32, 4, 0.174, False, True))
+        for d, B in (("dualdecoder", 16), ("dualdecoder", 64), ("dualdecoder-single", 64), ("shadowkv", 16),
+                     ("specache", 16), ("full-kv", 1)):
+            pts.append(("floor", 0, d, K128, B, 0.174, False, True))
+        for d in ("dualdecoder", "dualdecoder-fifo", "shadowkv", "specache", "dualdecoder-per-layer",
+                  "dualdecoder-two-pass"):
+            pts.append(("mechanism", 0, d, K32, 4, 0.33, True, True))
+        pts.append(("mechanism", 0, "dualdecoder-cpu-gather", K32, 2, 0.33, True, False))
+        return pts
+    for c in (K32, K128):
+        for B in (1, 16, 64):
+            for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv"):
+                pts.append(("floor", 0, d, c, B, 0.174, False, True))
+    for r in range(reps):
+        for B in (1, 4, 16):
+            for d in ("dualdecoder", "dualdecoder-fifo"):
+                pts.append(("mechanism", r, d, K128, B, 0.33, True, True))
+            pts.append(("mechanism", r, "dualdecoder", K128, B, 0.33, False, True))
+        pts.append(("mechanism", r, "dualdecoder-two-pass", K128, 16, 0.33, True, True))
+        pts.append(("mechanism", r, "dualdecoder-two-pass", K128, 16, 0.33, False, True))
+        pts.append(("mechanism", r, "dualdecoder-per-layer", K128, 16, 0.33, True, True))
+        pts.append(("mechanism", r, "dualdecoder-cpu-gather", K128, 16, 0.33, True, False))
+        pts.append(("mechanism", r, "dualdecoder", K128, 16, 0.33, True, False))
+    for c in (K32, K128):
+        for B in (4, 16):
+            for d in ("dualdecoder", "shadowkv", "specache", "full-kv"):
+                pts.append(("validation", 0, d, c, B, None if d == "full-kv" else 0.174, True, True))
+                if B == 4 and d != "full-kv":   # compute-only twin (batch 16's is in the floor phase)
+                    pts.append(("validation", 0, d, c, B, 0.174, False, True))
     return pts
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--host-gib", type=float, default=56.0)
-    ap.add_argument("--budget-s", type=float, default=230.0, help="stop starting new points after this many seconds")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of every mechanism point (>= 3 for ratios)")
+    ap.add_argument("--host-gib", type=float, default=16.0)
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new points after this many seconds")
+    ap.add_argument("--replays", type=int, default=5, help="timed graph replays (2 steps each) per point")
     ap.add_argument("--out", help="output root (default: the data root's engine/)")
     ap.add_argument("--resume", action="store_true", help="skip points already in <out>/<gpu>/rows.jsonl")
-    ap.add_argument("--profile", action="store_true", help="also write a torch.profiler trace of one step")
+    ap.add_argument("--profile", action="store_true", help="also write a one-step kernel timeline (torch.profiler)")
+    ap.add_argument("--point", help="one point only: DESIGN:CONTEXT:BATCH (checked, then run and printed)")
+    ap.add_argument("--miss", type=float, default=0.174)
+    ap.add_argument("--budget", type=int, help="sparse budget in tokens (default: the core Workload's)")
+    ap.add_argument("--chunk", type=int, help="tokens per chunk (default: the core Workload's)")
+    ap.add_argument("--no-transfers", action="store_true")
     a = ap.parse_args(argv)
-    return run(a)
+    try:
+        if a.point:
+            return run_one(a)
+        return run(a)
+    except DDBenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def parse_point(text):
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise DDBenchError(f"--point must be DESIGN:CONTEXT:BATCH, got {text!r}")
+    d, c, b = parts
+    design_spec(d)
+    try:
+        c, b = int(c), int(b)
+    except ValueError:
+        raise DDBenchError(f"--point context and batch must be integers, got {text!r}") from None
+    return d, c, b
+
+
+def check_point(model, design, ctx, batch, a):
+    cfg = make_config(ctx, batch, a.miss, not a.no_transfers, budget=a.budget, chunk=a.chunk)
+    cfg.validate(model)
+    return cfg
+
+
+def run_one(a):
+    model = get_model("llama-3-8b")
+    d, c, b = parse_point(a.point)
+    cfg = check_point(model, d, c, b, a)        # before touching the GPU: bad input exits 2 anywhere
+    if not torch.cuda.is_available():
+        raise DDBenchError("the engine bench needs a CUDA GPU; none is visible to torch")
+    from kernels.engine.model import Weights
+    flat = None if a.no_transfers else alloc_host(a.host_gib)[0]
+    weights = Weights.random(model, "cuda", seed=0)
+    hbm = hbm_gbps()
+    row = run_point(model, weights, flat, d, c, b, miss_rate=a.miss, transfers=not a.no_transfers,
+                    graph=design_spec(d).gather != "cpu", reps=a.replays, hbm=hbm, cfg=cfg)
+    print(json.dumps(row))
+    return 0
 
 
 def _append(path, obj):
@@ -225,29 +309,34 @@ def _append(path, obj):
 def run(a):
     from kernels.engine.model import Weights
     from kernels.timing import provenance
+    if not torch.cuda.is_available():
+        raise DDBenchError("the engine bench needs a CUDA GPU; none is visible to torch")
+    if a.reps < 1 or a.replays < 1:
+        raise DDBenchError("--reps and --replays must be >= 1")
     t_start = time.perf_counter()
     prov = provenance("python -m kernels.engine.bench " + " ".join(sys.argv[1:]))
     model = get_model("llama-3-8b")
     out = os.path.join(a.out or str(traces_dir("engine")),
                        catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory))
     os.makedirs(out, exist_ok=True)
-    print(f"[engine] {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}", flush=True)
+    print(f"[engine] {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}  sha {prov['git_sha']}", flush=True)
     cg = copy_gbps()
+    hbm = hbm_gbps()
     flat, t_pin, t_fill = alloc_host(a.host_gib)
-    print(f"[engine] pinned {a.host_gib} GiB in {t_pin:.1f} s, filled in {t_fill:.1f} s; copy {cg:.1f} GB/s", flush=True)
+    print(f"[engine] pinned {a.host_gib} GiB in {t_pin:.1f} s; H2D copy {cg:.1f} GB/s; HBM copy {hbm:.0f} GB/s",
+          flush=True)
     hv = host_view(flat, model, 32768, 16)
     gg = gather_gbps(hv)
     print(f"[engine] thin gather (32 blocks) alone: {gg:.1f} GB/s", flush=True)
     weights = Weights.random(model, "cuda", seed=0)
     torch.cuda.synchronize()
     from ddbench.core.io import write_json
-    write_json(os.path.join(out, "meta.json"), dict(provenance=prov, copy_h2d_gbps=cg, thin_gather_gbps=gg,
-                                                    host_gib=a.host_gib, pin_s=t_pin, fill_s=t_fill))
-    rows, layers = [], []
-    done = {}
+    meta = dict(provenance=prov, copy_h2d_gbps=cg, hbm_copy_gbps=hbm, thin_gather_gbps=gg, host_gib=a.host_gib,
+                pin_s=t_pin, fill_s=t_fill)
+    write_json(os.path.join(out, "meta.json"), meta)
+    rows, done = [], {}
     jl = os.path.join(out, "rows.jsonl")
     cur = os.path.join(out, "current.json")
-    os.makedirs(out, exist_ok=True)
     if a.resume and os.path.exists(jl):
         with open(jl, encoding="utf-8") as fh:
             for line in fh:
@@ -257,137 +346,219 @@ def run(a):
             with open(cur, encoding="utf-8") as fh:
                 k = json.load(fh)["key"]
             if k not in done:
-                d0 = json.loads(k)
-                done[k] = dict(key=k, row=dict(design=d0[0], context=d0[1], batch=d0[2], miss_rate=d0[3],
-                                               transfers=int(d0[4]), urgent_programs=d0[5], status="crashed"), layers=[])
+                ph, rep, d0, c0, b0, m0, x0, g0 = json.loads(k)
+                done[k] = dict(key=k, row=dict(phase=ph, rep=rep, design=d0, context=c0, batch=b0, miss_rate=m0,
+                                               transfers=int(x0), graph=int(g0), status="crashed"))
                 _append(jl, done[k])
-    pts = plan_points(model, a.quick, a.host_gib)
-    for j, (d, c, B, m, x, up) in enumerate(pts):
-        key = json.dumps([d, c, B, m, x, up])
+    elif os.path.exists(jl):
+        os.remove(jl)
+    pts = plan_points(a.quick, a.reps)
+    for (ph, rep, d, c, B, m, x, g) in pts:
+        key = json.dumps([ph, rep, d, c, B, m, x, g])
         if key in done:
             rows.append(done[key]["row"])
-            layers.extend(done[key]["layers"])
             continue
+        base = dict(phase=ph, rep=rep, design=d, context=c, batch=B, miss_rate="none" if m is None else m,
+                    transfers=int(x), graph=int(g), urgent_programs=64)
         if time.perf_counter() - t_start > a.budget_s:
-            rows.append(dict(design=d, context=c, batch=B, miss_rate=m, transfers=int(x), urgent_programs=up,
-                             status="skipped-time"))
+            rows.append(dict(base, status="skipped-time"))
             continue
         with open(cur, "w", encoding="utf-8") as fh:
             json.dump(dict(key=key), fh)
-        b = B
-        for _ in range(4):   # a batch that does not fit in this engine's real allocations: step down
-            lay = []
-            try:
-                r = run_point(model, weights, flat, d, c, b, miss_rate=m, transfers=x,
-                              steps=a.steps if b <= 64 else max(2, a.steps - 1),
-                              urgent_programs=up, record_layers=lay, log=lambda t: print(t, flush=True))
-            except Exception:  # noqa: BLE001 - reported in the row and the log, then the process goes on or dies
-                import traceback
-                print(f"  {d} ctx={c} B={b}: ERROR\n" + traceback.format_exc(limit=6), flush=True)
-                r = dict(design=d, context=c, batch=b, miss_rate=m, transfers=int(x), urgent_programs=up, status="error")
-                torch.cuda.synchronize()
-            if r["status"] != "oom" or b <= 1:
-                break
-            print(f"  {d} ctx={c} B={b}: oom in this engine, stepping down", flush=True)
-            rows.append(r)
-            _append(jl, dict(key=key + f"#oom{b}", row=r, layers=[]))
-            b = max(1, int(b * 0.8))
-        if r["status"] not in ("ok", "oom"):
-            print(f"  {d} ctx={c} B={b}: {r['status']}", flush=True)
+        try:
+            r = run_point(model, weights, flat, d, c, B, miss_rate=m, transfers=x, graph=g, reps=a.replays,
+                          hbm=hbm, log=lambda t: print(t, flush=True))
+        except Exception as exc:  # noqa: BLE001 - reported in the row and the log; the sweep goes on
+            import traceback
+            print(f"  {d} ctx={c} B={B}: ERROR\n" + traceback.format_exc(limit=8), flush=True)
+            r = dict(status="error", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        r = {**base, **r}
+        r["phase"], r["rep"] = ph, rep
         if r.get("step_ms"):
             r["floor_link_ms"] = r["link_mib"] * 2**20 / (cg * 1e9) * 1e3
             r["link_util"] = r["link_gbps"] / cg
         rows.append(r)
-        layers.extend(lay)
-        _append(jl, dict(key=key, row=r, layers=lay))
-    summary = dict(schema=1, provenance=prov, copy_h2d_gbps=cg, thin_gather_gbps=gg, host_gib=a.host_gib,
-                   pin_s=t_pin, fill_s=t_fill, wall_s=time.perf_counter() - t_start)
-    write(out, rows, layers, summary)
+        _append(jl, dict(key=key, row=r))
+    if os.path.exists(cur):
+        os.remove(cur)
+    summary = dict(schema=2, **meta, wall_s=time.perf_counter() - t_start)
+    write(out, rows, summary)
     if a.profile:
-        profile_one(model, weights, flat, out)
+        profile_one(model, weights, flat, out, hbm)
     print(f"[engine] wrote {out} ({len(rows)} points) in {time.perf_counter() - t_start:.0f} s", flush=True)
     return 0
 
 
-def profile_one(model, weights, flat, out):
+PROFILE_POINT = ("dualdecoder", K128, 4, 0.33)
+
+
+def profile_one(model, weights, flat, out, hbm):
+    """Kernel timeline of one graph replay (two steps) at PROFILE_POINT: timeline.json, per stream."""
     from torch.profiler import ProfilerActivity, profile
-    from kernels.engine.engine import Engine, EngineConfig
-    host = host_view(flat, model, 32768, 4)
-    e = Engine(model, SYSTEMS["dualdecoder"], EngineConfig(context=32768, batch=4, miss_rate=0.33), weights, "cuda", host_kv=host)
-    e.step(); e.step()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        e.step()
+    d, c, B, m = PROFILE_POINT
+    row, e = run_point(model, weights, flat, d, c, B, miss_rate=m, transfers=True, graph=True, reps=3,
+                       hbm=hbm, keep=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        e.replay()
         torch.cuda.synchronize()
-    p.export_chrome_trace(os.path.join(out, "dualdecoder_step_trace.json"))
+    tmp = os.path.join(out, ".trace.json")
+    p.export_chrome_trace(tmp)
+    with open(tmp, encoding="utf-8") as fh:
+        tr = json.load(fh)
+    os.remove(tmp)
+    ev = [x for x in tr.get("traceEvents", []) if x.get("ph") == "X" and x.get("cat") in ("kernel", "gpu_memcpy",
+                                                                                          "gpu_memset")]
+    t0 = min(x["ts"] for x in ev) if ev else 0
+    streams = {}
+    for x in ev:
+        streams.setdefault(str(x.get("args", {}).get("stream", x.get("tid"))), []).append(
+            [x["name"][:60], round(x["ts"] - t0, 2), round(x["dur"], 2)])
+    from ddbench.core.io import write_json
+    write_json(os.path.join(out, "timeline.json"), dict(
+        point=dict(design=d, context=c, batch=B, miss_rate=m, graph_steps=2), row=row,
+        stream_priority={"prefetch": e.sched.streams["prefetch"].priority,
+                         "urgent": e.sched.streams["urgent"].priority},
+        note="one CUDA-graph replay of two whole steps; times in microseconds from the first kernel",
+        streams=streams))
+    del e
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
-def write(out, rows, layers, summary):
+def _csv_row(r):
+    """engine.csv names registry designs only: '<design>-single' is written as <design> with tokens=1."""
+    d = r.get("design", "")
+    single = d.endswith("-single")
+    return dict(r, design=d[:-7] if single else d, tokens=1 if single or d == "full-kv" else
+                (SYSTEMS[d].tokens_per_step if d in SYSTEMS else ""))
+
+
+TWIN = {"dualdecoder-fifo": "dualdecoder", "dualdecoder-per-layer": "dualdecoder",
+        "dualdecoder-cpu-gather": "dualdecoder"}
+
+
+def add_exposed(rows):
+    """exposed_ms = step with transfers - the compute-only step of the same design (the FIFO, per-layer
+    and CPU-gather ablations compute exactly what DualDecoder computes), context and batch, from
+    the same repetition where there is one; 0 for compute-only rows and full-kv (no transfers)."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("step_ms")]
+    for r in ok:
+        if not r["transfers"] or r["design"] == "full-kv":
+            r["exposed_ms"], r["exposed_share"] = 0.0, 0.0
+            continue
+        d = TWIN.get(r["design"], r["design"])
+        twin = [t for t in ok if not t["transfers"] and t["design"] == d and t["context"] == r["context"]
+                and t["batch"] == r["batch"]]
+        same = [t for t in twin if t.get("rep") == r.get("rep") and t.get("phase") == r.get("phase")]
+        t = (same or twin or [None])[0]
+        if t is None:
+            r["exposed_ms"] = r["exposed_share"] = None
+            continue
+        r["exposed_ms"] = max(0.0, r["step_ms"] - t["step_ms"])
+        r["exposed_share"] = r["exposed_ms"] / r["step_ms"]
+        r["compute_ms"] = t["step_ms"]
+
+
+def write(out, rows, summary):
     from ddbench.core.io import atomic_path, write_json
     prov = summary["provenance"]
     pcols = list(prov)
+    add_exposed(rows)
     os.makedirs(out, exist_ok=True)
+    cols = ["schema"] + COLUMNS + ["tokens", "exposed_ms", "exposed_share", "compute_ms"] + pcols
     with atomic_path(os.path.join(out, "engine.csv")) as tmp:
         with open(tmp, "w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, fieldnames=["schema"] + COLUMNS + pcols, extrasaction="ignore")
+            w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
             w.writeheader()
             for r in rows:
-                w.writerow({"schema": 1, **r, **prov})
-    if layers:
-        with atomic_path(os.path.join(out, "layers.csv")) as tmp:
-            with open(tmp, "w", newline="", encoding="utf-8") as fh:
-                w = csv.DictWriter(fh, fieldnames=list(layers[0]))
-                w.writeheader()
-                w.writerows(layers)
-    summary["ratios"] = ratios(rows, summary["copy_h2d_gbps"])
+                rr = _csv_row(r)
+                if rr.get("status") == "ok" and rr.get("exposed_ms") is None:
+                    rr["status"] = "ok-no-twin"   # measured, but no compute-only twin to split off exposure
+                w.writerow({"schema": 2, **rr, **prov})
+    summary["ratios"] = ratios(rows)
     write_json(os.path.join(out, "summary.json"), summary)
 
 
-def ratios(rows, cg):
-    ok = [r for r in rows if r.get("status") == "ok" and r.get("step_ms")]
-
-    def find(**kw):
-        for r in ok:
-            if all(r.get(k) == v for k, v in kw.items()):
-                return r
+def _spread(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
         return None
+    return dict(n=len(xs), min=xs[0], median=statistics.median(xs), max=xs[-1])
+
+
+def ratios(rows):
+    """Step/floor per point, dual/single, and every mechanism ratio per repetition with min/median/max.
+    `clear` says whether the effect (|median - 1|) exceeds the spread (max - min) of the ratio."""
+    ok = [r for r in rows if str(r.get("status", "")).startswith("ok") and r.get("step_ms")]
+
+    def pick(phase=None, **kw):
+        return [r for r in ok if (phase is None or r.get("phase") == phase) and all(r.get(k) == v for k, v in kw.items())]
 
     res = {}
-    for B in (4, 16):
-        p = find(design="dualdecoder", context=131072, batch=B, miss_rate=0.33, transfers=1, urgent_programs=64)
-        f = find(design="dualdecoder-fifo", context=131072, batch=B, miss_rate=0.33, transfers=1)
-        c = find(design="dualdecoder", context=131072, batch=B, miss_rate=0.33, transfers=0)
-        if p and f:
-            res[f"fig18_b{B}"] = dict(priority_step_ms=p["step_ms"], fifo_step_ms=f["step_ms"],
-                                      priority_exposed_ms=p["exposed_ms"], fifo_exposed_ms=f["exposed_ms"],
-                                      compute_only_step_ms=c["step_ms"] if c else None,
-                                      fifo_over_priority=f["step_ms"] / p["step_ms"])
-    bound = [r for r in ok if r["design"] == "dualdecoder" and r["transfers"] == 1 and r["batch"] >= 16]
-    if bound:
-        res["link_util_link_bound"] = {f"{r['context']}x{r['batch']}@{r['miss_rate']}": r["link_util"] for r in bound}
-    share = {}
-    for r in ok:
-        if r["transfers"] == 1 and r["design"] == "dualdecoder":
-            c = find(design="dualdecoder", context=r["context"], batch=r["batch"], miss_rate=r["miss_rate"], transfers=0)
-            share[f"{r['context']}x{r['batch']}@{r['miss_rate']}"] = dict(
-                exposed_share_events=r["exposed_share"],
-                exposed_share_vs_compute_only=(r["step_ms"] - c["step_ms"]) / r["step_ms"] if c else None)
-    res["exposed_transfer_share"] = share
-    own = {}
-    for c in (32768, 65536, 131072):
-        best = {}
-        for n in ("dualdecoder", "shadowkv", "full-kv", "specache"):
-            cand = [r for r in ok if r["design"] == n and r["context"] == c and r["transfers"] == 1
-                    and r["miss_rate"] in (0.174, None, "none")]
-            if cand:
-                top = max(cand, key=lambda r: r["batch"])
-                best[n] = dict(batch=top["batch"], tok_s=top["tok_s"], step_ms=top["step_ms"], peak_gib=top["peak_gib"],
-                               model_max_batch=top["model_max_batch"])
-        if "dualdecoder" in best:
-            for n in ("shadowkv", "full-kv", "specache"):
-                if n in best:
-                    best[f"dualdecoder_over_{n}"] = best["dualdecoder"]["tok_s"] / best[n]["tok_s"]
-        own[str(c)] = best
-    res["own_max_batch"] = own
+    floor = {}
+    for r in pick("floor"):
+        floor[f"{r['design']}|{r['context']}|{r['batch']}"] = dict(step_ms=r["step_ms"], floor_ms=r["floor_ms"],
+                                                                  step_over_floor=r["step_over_floor"])
+    res["step_over_floor"] = floor
+    ds = {}
+    for c in (K32, K128):
+        for B in (1, 16, 64):
+            a = pick("floor", design="dualdecoder", context=c, batch=B)
+            b = pick("floor", design="dualdecoder-single", context=c, batch=B)
+            if a and b:
+                ds[f"{c}|{B}"] = a[0]["step_ms"] / b[0]["step_ms"]
+    res["dual_over_single"] = ds
+
+    def per_rep(num, den):
+        out = []
+        for rep in sorted({r["rep"] for r in pick("mechanism")}):
+            n = pick("mechanism", rep=rep, **num)
+            d = pick("mechanism", rep=rep, **den)
+            if n and d:
+                out.append(n[0]["step_ms"] / d[0]["step_ms"])
+        sp = _spread(out)
+        if sp:
+            sp["values"] = out
+            sp["clear"] = abs(sp["median"] - 1) > (sp["max"] - sp["min"])
+        return sp
+
+    mech = {}
+    for B in (1, 4, 16):
+        mech[f"fifo_over_priority_b{B}"] = per_rep(dict(design="dualdecoder-fifo", context=K128, batch=B, transfers=1),
+                                                   dict(design="dualdecoder", context=K128, batch=B, transfers=1, graph=1))
+        sh = []
+        for rep in sorted({r["rep"] for r in pick("mechanism")}):
+            x = pick("mechanism", rep=rep, design="dualdecoder", context=K128, batch=B, transfers=1, graph=1)
+            c = pick("mechanism", rep=rep, design="dualdecoder", context=K128, batch=B, transfers=0)
+            if x and c:
+                sh.append((x[0]["step_ms"] - c[0]["step_ms"]) / x[0]["step_ms"])
+        mech[f"exposed_share_b{B}"] = _spread(sh)
+        if mech[f"exposed_share_b{B}"]:
+            mech[f"exposed_share_b{B}"]["values"] = sh
+    base = dict(design="dualdecoder", context=K128, batch=16, transfers=1, graph=1)
+    mech["two_pass_over_dual_b16"] = per_rep(dict(design="dualdecoder-two-pass", context=K128, batch=16, transfers=1), base)
+    mech["two_pass_over_dual_compute_only_b16"] = per_rep(
+        dict(design="dualdecoder-two-pass", context=K128, batch=16, transfers=0),
+        dict(design="dualdecoder", context=K128, batch=16, transfers=0))
+    mech["per_layer_over_pingpong_b16"] = per_rep(dict(design="dualdecoder-per-layer", context=K128, batch=16), base)
+    mech["cpu_gather_over_gpu_gather_eager_b16"] = per_rep(
+        dict(design="dualdecoder-cpu-gather", context=K128, batch=16),
+        dict(design="dualdecoder", context=K128, batch=16, transfers=1, graph=0))
+    mech["cpu_gather_over_gpu_gather_graph_b16"] = per_rep(dict(design="dualdecoder-cpu-gather", context=K128, batch=16), base)
+    mech["eager_over_graph_b16"] = per_rep(dict(design="dualdecoder", context=K128, batch=16, transfers=1, graph=0), base)
+    res["mechanism"] = mech
+    pk = {}
+    for d in ("dualdecoder", "dualdecoder-per-layer"):
+        x = pick("mechanism", design=d, context=K128, batch=16, transfers=1, graph=1)
+        if x:
+            pk[d] = _spread([r["peak_gib"] for r in x])
+    res["peak_gib_b16"] = pk
+    res["link_util"] = {f"{r['design']}|{r['context']}|{r['batch']}|{r['miss_rate']}|rep{r.get('rep', 0)}": r["link_util"]
+                        for r in ok if r["transfers"] and r.get("link_util")}
     return res
 
 
@@ -395,16 +566,15 @@ def rebuild(folder):
     """Write engine.csv, layers.csv and summary.json from rows.jsonl + meta.json (a run cut short)."""
     with open(os.path.join(folder, "meta.json"), encoding="utf-8") as fh:
         meta = json.load(fh)
-    rows, layers, seen = [], [], {}
+    rows, seen = [], {}
     with open(os.path.join(folder, "rows.jsonl"), encoding="utf-8") as fh:
         for line in fh:
             r = json.loads(line)
             seen[r["key"]] = r
     for r in seen.values():
         rows.append(r["row"])
-        layers.extend(r["layers"])
-    meta["schema"] = 1
-    write(folder, rows, layers, meta)
+    meta["schema"] = 2
+    write(folder, rows, meta)
     return rows
 
 

@@ -327,6 +327,7 @@ class Engine:
         self.free_ev = [None] * len(getattr(self, "free_ev", []))
         self.ready_ev = {u: [] for u in getattr(self, "ready_ev", {})}
         timing, self.timing = self.timing, False
+        self.sched.used.clear()          # join only the side streams this capture forks
         g = torch.cuda.CUDAGraph()
         self.capturing = True
         self.sched.capturing = True
@@ -390,7 +391,7 @@ class Engine:
         at = p + self.ar[:nq]
         kb.index_copy_(2, at, k.transpose(1, 2))
         vb.index_copy_(2, at, v.transpose(1, 2))
-        lengths = p.to(torch.int32).expand(self.B)
+        lengths = p.to(torch.int32).repeat(self.B)
         pre = self.sched.timing_event() if self.timing else None
         with nvtx_range("attention"):
             o = self._attn(q, kb, vb, lengths)
@@ -512,7 +513,7 @@ class Engine:
             at = p + self.ar[:nq]
             kb.index_copy_(2, at, k.transpose(1, 2))
             vb.index_copy_(2, at, v.transpose(1, 2))
-            lengths = p.to(torch.int32).expand(self.B)
+            lengths = p.to(torch.int32).repeat(self.B)
         pre = self.sched.timing_event() if self.timing else None
         ev_wait, _ = self.sched.run("compute", "wait", lambda: None, waits=waits, layer=i, buf=b, use=u)
         post = self.sched.timing_event() if self.timing else None
@@ -609,6 +610,33 @@ class Engine:
         for c, (l, vo) in zip(stats.urgent_counts, stats.urgent_layer):
             ur += int(c) * self._item_bytes(l, vo)
         return pf, ur
+
+    def floor_bytes(self) -> dict:
+        """HBM bytes one (steady-state) step cannot avoid reading: every layer's weights and the LM
+        head, the resident selection state (landmarks; low-rank factor rows of the selected tokens;
+        the 2-bit key copy with its scales and zeros) and the attended K and V (each request, KV
+        head and token once). The floor of the step is their sum over the HBM copy rate."""
+        L, B, H, d, E = self.L, self.B, self.H, self.d, self.dt.itemsize
+        w = self.w
+        weights = sum(t.numel() for i in range(L) for t in (w.wqkv[i], w.wo[i], w.wgu[i], w.wdown[i]))
+        weights = (weights + w.lm_head.numel()) * E
+        s, cfg = self.sys, self.cfg
+        nq = 1 if s.kv_on_gpu else self.nq
+        mean_g = (cfg.gen_slots - 2) / 2
+        if s.kv_on_gpu:
+            sel = 0
+            kv = L * B * H * (cfg.context + mean_g + nq) * d * E * 2
+        else:
+            sel = 0
+            if s.landmarks:
+                sel += L * B * H * self.N * d * E
+            if s.quant_bits:
+                sel += sum(q.codes.numel() + 2 * q.scale.numel() * E for q in self.qk)
+            for i in range(L):
+                if self.lowrank[i]:
+                    sel += (B * self.kc * self.C * cfg.rank + B * H * cfg.rank * d) * E
+            kv = L * B * H * (self.kc * self.C + self.R0 + mean_g + nq) * d * E * 2
+        return dict(weights=weights, selection=sel, kv=kv, total=weights + sel + kv)
 
     def layer_records(self):
         """Per-layer compute and exposed-transfer ms of the last step (needs timing=True; syncs)."""

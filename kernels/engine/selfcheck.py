@@ -62,14 +62,42 @@ def check(name, miss_rate=0.33, steps=3):
     return worst, e
 
 
+def check_graph(name, miss_rate=0.33, replays=2):
+    """Two eager steps, capture two steps into a CUDA graph, replay: the captured layers' outputs
+    (debug copies are graph nodes too, so they hold the last replay's values) against the reference."""
+    e, host = build(name, miss_rate)
+    e.step()
+    e.step()
+    n0 = len(e.debug)
+    e.capture(2)
+    captured = e.debug[n0:]
+    worst, outs = 0.0, []
+    for _ in range(replays):
+        e.replay()
+        torch.cuda.synchronize()
+        outs.append(captured[-1]["out"].clone())
+        for rec in captured:
+            ref = reference_output(e, rec, host)
+            worst = max(worst, (rec["out"].float() - ref.float()).abs().max().item())
+    moved = not torch.equal(outs[0], outs[-1])     # the replays really ran on (new positions, new misses)
+    return worst, e, len(captured), moved
+
+
 def main():
     bad = 0
-    names = sys.argv[1:] or ["dualdecoder", "dualdecoder-fifo", "shadowkv", "specache", "dualdecoder-cpu-gather"]
+    args = [a for a in sys.argv[1:] if a != "--graph"]
+    names = args or ["dualdecoder", "dualdecoder-fifo", "shadowkv", "specache", "dualdecoder-cpu-gather"]
     for name in names:
         worst, e = check(name, steps=2 if len(names) == 1 else 3)
         ok = worst < 3e-2
         bad += not ok
         print(f"{name:24s} max |engine - reference| = {worst:.3g}  {'OK' if ok else 'MISMATCH'}  bytes={e.step_bytes()}", flush=True)
+        if "--graph" in sys.argv and SYSTEMS[name].gather != "cpu":
+            worst, e, n, moved = check_graph(name)
+            ok = worst < 3e-2 and n == 2 * e.L and moved
+            bad += not ok
+            print(f"{name:24s} graph: {n} captured layers, max |engine - reference| = {worst:.3g}, replays differ: "
+                  f"{moved}  {'OK' if ok else 'MISMATCH'}", flush=True)
     return 1 if bad else 0
 
 
