@@ -50,8 +50,13 @@ def test_plan_hf_config(tmp_path):
     cfg = {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
            "intermediate_size": 18944, "vocab_size": 152064, "model_type": "qwen2"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    r = ddbench("plan", "--model", str(tmp_path / "config.json"), "--gpu", "a100-80gb", "--context", "64k")
+    r = ddbench("plan", "--model", str(tmp_path / "config.json"), "--gpu", "a100-80gb", "--context", "64k", "--json")
     assert r.returncode == 0, r.stderr
+    ref = ddbench("plan", "--model", "qwen2.5-7b", "--gpu", "a100-80gb", "--context", "64k", "--json")
+    got, want = json.loads(r.stdout), json.loads(ref.stdout)
+    # Qwen2.5-7B's config.json gives the catalog's Qwen2.5-7B: the same batches and bytes per design
+    assert got["systems"] == want["systems"] and got["model"] != want["model"]
+    assert {s["system"]: s["max_batch"] for s in got["systems"]}["dualdecoder"] > 1
 
 
 @pytest.mark.parametrize("args, message", [

@@ -114,3 +114,13 @@ def test_bad_calibration_row_through_the_cli(tmp_path):
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
     assert f"{link} line 5, field gbps: is not a number, got 'fast'" in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_accuracy_rows_loader(tmp_path):
+    from ddbench.core.traces import accuracy_rows
+    path = _write(tmp_path, "m.csv", "# profile\nlayer,hit_rate,reuse_hit_rate,task\n0,0.9,0.8,niah\n1,0.7,,qa\n")
+    rows = accuracy_rows(path)
+    assert [(r.layer, r.hit_rate, r.reuse_hit_rate, r.model_extra["task"]) for r in rows] == \
+        [(0, 0.9, 0.8, "niah"), (1, 0.7, None, "qa")]
+    with pytest.raises(DDBenchError, match=r"line 4, field reuse_hit_rate: must be <= 1"):
+        accuracy_rows(_write(tmp_path, "bad.csv", "# profile\nlayer,hit_rate,reuse_hit_rate\n0,0.9,0.8\n1,0.7,2\n"))
