@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ddbench.core.catalog.models import ModelSpec
-from ddbench.core.memory import Workload
+from ddbench.core.memory import Workload, lowrank_layer_count
 from ddbench.core.systems import SystemSpec
 from sim.costmodel import E, CostModel, LinkRates
 
@@ -160,7 +160,7 @@ def prefill_chunk_s(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, t
     gpu = m.num_layers * (lin + cm.prefill_attention_s(tokens, prefix))
     if last:
         gpu += cm.linear_s(m.hidden, m.vocab, 1)
-        n_lr = {"none": 0, "all": m.num_layers, "adaptive": w.lowrank_layers}[sys.lowrank_keys]
+        n_lr = lowrank_layer_count(sys, m, w)
         if n_lr:
             gpu += n_lr * cm.svd_s(context, w.rank)
     d2h = 0.0
