@@ -105,8 +105,15 @@ def test_nonempty_out_is_refused_and_force_replaces_it_whole(tmp_path):
     assert (out / "requests.csv").exists() and not (out / "layers.csv").exists()
     p = _run(*BASE, "--batch", "2", "--steps", "2", "--out", str(out), "--force")
     assert p.returncode == 0, p.stderr
-    assert sorted(os.listdir(out)) == ["layers.csv", "steps.csv", "summary.json"]  # the serving set is gone
+    assert sorted(os.listdir(out)) == [".ddbench-run", "layers.csv", "steps.csv", "summary.json"]  # serving set gone
     assert _leftovers(tmp_path) == []
+
+
+def test_force_replaces_only_a_folder_ddbench_wrote(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    p = _run(*BASE, "--out", str(tmp_path), "--force")
+    assert p.returncode == 2 and "was not written by ddbench" in p.stderr and p.stderr.count("\n") == 1
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
 
 
 def test_serving_where_nothing_fits_says_so(tmp_path):

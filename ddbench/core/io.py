@@ -6,8 +6,10 @@
 - `write_json` / `dumps_json`: strict JSON. NaN and Infinity are refused (`allow_nan=False`): a value
   that does not exist is written as null with a reason beside it by the caller.
 - `run_folder(out, force)`: a command's output folder built in a temporary folder beside it and
-  renamed into place when complete; a non-empty folder is refused unless `force`; an error or
-  Ctrl-C leaves nothing behind. Any command may use it (simulate, figures, calibrate, bench).
+  renamed into place when complete; a non-empty folder is refused unless `force`, and even then
+  only a folder an earlier run wrote (it holds the marker file `.ddbench-run`) is replaced, so
+  `--out . --force` cannot delete a working folder; an error or Ctrl-C leaves nothing behind.
+  Any command may use it (simulate, figures, calibrate, bench).
 
 Errors a user can cause (an empty, unwritable or occupied --out) are one-line DDBenchErrors.
 """
@@ -79,6 +81,9 @@ def check_out(out: str, what: str = "--out") -> str:
     return os.path.abspath(os.path.expanduser(str(out)))
 
 
+RUN_MARKER = ".ddbench-run"
+
+
 def _occupied(path: str) -> bool:
     return os.path.isdir(path) and bool(os.listdir(path))
 
@@ -92,9 +97,15 @@ def run_folder(out: str, force: bool = False, what: str = "--out"):
     path = check_out(out, what)
     if os.path.exists(path) and not os.path.isdir(path):
         raise DDBenchError(f"{what} {out} exists and is not a folder")
-    if _occupied(path) and not force:
-        raise DDBenchError(f"{what} {out} is not empty; pass --force to replace it, or choose another folder")
+    if _occupied(path):
+        if not force:
+            raise DDBenchError(f"{what} {out} is not empty; pass --force to replace it, or choose another folder")
+        if not os.path.exists(os.path.join(path, RUN_MARKER)):
+            raise DDBenchError(f"{what} {out} is not empty and was not written by ddbench (no {RUN_MARKER});"
+                               f" refusing to replace it even with --force")
     parent, name = os.path.split(path)
+    if not name:
+        raise DDBenchError(f"{what} {out} is a filesystem root")
     above = parent
     while not os.path.exists(above) and os.path.dirname(above) != above:
         above = os.path.dirname(above)
@@ -108,6 +119,7 @@ def run_folder(out: str, force: bool = False, what: str = "--out"):
     old = None
     try:
         _chmod_default(tmp, directory=True)
+        write_text(os.path.join(tmp, RUN_MARKER), "written by ddbench; `--force` may replace this folder\n")
         yield tmp
         try:
             if os.path.exists(path):
