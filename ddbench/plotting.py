@@ -24,6 +24,47 @@ CATEGORY_COLORS = {
 PAPER_MARK = dict(marker="*", color="black", markersize=9, linestyle="none", label="paper")
 
 
+def paper_mark(color: str | None = None, **kw) -> dict:
+    """plot() keywords for a paper number: a star in its series' colour, edged in black."""
+    d = dict(marker="*", markersize=11, linestyle="none", markerfacecolor=color or "black",
+             markeredgecolor="black", markeredgewidth=0.7, color=color or "black", zorder=5)
+    d.update(kw)
+    return d
+
+
+def paper_handle(label: str = "paper (star, in its series' colour)"):
+    """One legend entry for every paper star."""
+    from matplotlib.lines import Line2D
+    return Line2D([], [], marker="*", markersize=10, linestyle="none", markerfacecolor="white",
+                  markeredgecolor="black", label=label)
+
+
+def style_handle(style: str, label: str, color: str = "black"):
+    """A legend entry that explains a line style."""
+    from matplotlib.lines import Line2D
+    return Line2D([], [], color=color, linestyle=style, label=label)
+
+
+def integer_axis(axis, log: bool = False, ticks=None) -> None:
+    """Integer tick labels on a count axis (no 1.0, 2.0 and no 10^1)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
+    if ticks is not None:
+        axis.set_major_locator(FixedLocator(list(ticks)))
+    elif not log:
+        axis.set_major_locator(MaxNLocator(integer=True))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v - round(v)) < 1e-9 else ""))
+    if log:
+        axis.set_minor_formatter(NullFormatter())
+
+
+def plain_log_axis(axis) -> None:
+    """Log axis labelled 20, 50, 100, ... instead of 2x10^1."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def new_figure(width: float = 6.4, height: float = 3.2):
     return plt.figure(figsize=(width, height), layout="constrained")
 

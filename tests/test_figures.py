@@ -12,8 +12,8 @@ from ddbench.core.paper import load_reported, reported
 
 
 class Args:
-    def __init__(self, out, only=None):
-        self.out, self.only = out, only
+    def __init__(self, out, only=None, force=False):
+        self.out, self.only, self.force = out, only, force
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +36,19 @@ def test_issue_figures_present():
     assert {"fig02", "fig04", "fig05", "fig14", "fig15"} <= set(load_all())
 
 
-def test_every_paper_number_is_compared(figures_dir):
+def test_every_paper_number_has_a_row(figures_dir):
+    """The table covers every number in reported.json, replayed or not; the replayed ones are
+    exactly those a figure compares."""
     text = (figures_dir / "README.md").read_text()
     for rep in reported().values():
-        assert rep.quote.replace("|", "/") in text, rep.id
-    compared = {c.paper_id for e in load_all().values() for c in e.compute().comparisons}
-    assert compared == set(reported())
+        assert rep.quote.replace("|", "/").replace("\t", " ") in text, rep.id
+        if not rep.replayed:
+            assert rep.reason.replace("|", "/") in text, rep.id
+    comparisons = [c.paper_id for e in load_all().values() for c in e.compute().comparisons]
+    assert set(comparisons) == {k for k, r in reported().items() if r.replayed}
+    n_rows = sum(1 for line in text.splitlines() if line.startswith("| ") and ' | "' in line)
+    # one row per comparison (fig18's numbers are replayed twice: simulator and engine), one per other number
+    assert n_rows == len(comparisons) + sum(not r.replayed for r in reported().values())
 
 
 def test_fig02_csv_matches_memory_model(figures_dir):
@@ -59,14 +66,49 @@ def test_fig15_dualdecoder_grows_by_landmarks_only(figures_dir):
     assert not full.fits.iloc[-1] and full.fits.iloc[0]
 
 
+GOOD = {"id": "x", "figure": "2", "value": 4, "unit": "requests", "quote": "only 4", "status": "replayed"}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"value": "four"}, r"entry 0 \(x\) is malformed \(value must be a finite number"),
+    ({"value": float("nan")}, "value must be a finite number"),
+    ({"value": True}, "value must be a finite number"),
+    ({"status": "done"}, "status 'done'; expected one of replayed"),
+    ({"status": "not replayable"}, "needs a reason"),
+    ({"status": "inconsistent", "reason": " "}, "reason must be a non-empty string"),
+    ({"quote": ""}, "quote must be a non-empty string"),
+    ({"source": "x"}, r"unknown field\(s\) source"),
+    ({"status": None}, "status must be a non-empty string"),
+])
+def test_malformed_reported_entry(tmp_path, change, message):
+    import json
+    bad = tmp_path / "reported.json"
+    bad.write_text(json.dumps({"schema": 2, "numbers": [dict(GOOD, **change)]}))
+    with pytest.raises(DDBenchError, match=message) as err:
+        load_reported(str(bad))
+    assert "\n" not in str(err.value)
+
+
 def test_malformed_reported_file(tmp_path):
     bad = tmp_path / "reported.json"
-    bad.write_text('{"schema": 7, "numbers": []}')
-    with pytest.raises(DDBenchError, match="expected schema 1"):
+    bad.write_text('{"schema": 1, "numbers": []}')
+    with pytest.raises(DDBenchError, match="expected schema 2, got 1"):
         load_reported(str(bad))
-    bad.write_text('{"schema": 1, "numbers": [{"id": "x"}]}')
-    with pytest.raises(DDBenchError, match="entry 0 is malformed"):
+    bad.write_text('{"schema": 2, "numbers": [{"id": "x"}]}')
+    with pytest.raises(DDBenchError, match=r"entry 0 \(x\) is malformed \(missing figure, value"):
         load_reported(str(bad))
+    bad.write_text('{"schema": 2, "numbers": []}')
+    with pytest.raises(DDBenchError, match="non-empty list"):
+        load_reported(str(bad))
+    bad.write_text('{"schema": 2,')
+    with pytest.raises(DDBenchError, match="cannot read the paper's numbers"):
+        load_reported(str(bad))
+    import json
+    bad.write_text(json.dumps({"schema": 2, "numbers": [GOOD, GOOD]}))
+    with pytest.raises(DDBenchError, match="duplicate id x"):
+        load_reported(str(bad))
+    bad.write_text(json.dumps({"schema": 2, "numbers": [GOOD]}))
+    assert load_reported(str(bad))["x"].value == 4
 
 
 def test_trace_readers_reject_bad_files(tmp_path, monkeypatch):

@@ -1,21 +1,34 @@
 """`ddbench figures`: replay the paper's figures into figures/.
 
 Each figure is written as <id>.png, <id>.pdf and <id>.csv (its data), and
-figures/README.md gets the index and the paper-vs-replay table.
+figures/README.md gets the index and the paper-vs-replay table, which covers every
+number in traces/paper/reported.json. The last line printed counts them.
+
+Everything is written into a temporary folder beside --out, which then replaces
+--out in one step: an interrupted run leaves the previous folder as it was. A
+figures folder carries a marker file (.ddbench-figures); a non-empty --out
+without one is refused unless --force (its other files are then kept).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
 import sys
+import tempfile
 import time
+
+from ddbench.core.errors import DDBenchError
 
 EXAMPLE = """examples:
   ddbench figures                 # all figures into figures/
   ddbench figures --only fig02,fig14 --out /tmp/figs"""
 
 DEFAULT_OUT = "figures"
+MARKER = ".ddbench-figures"
+MARKER_TEXT = "Written by `ddbench figures`; this folder is replaced as a whole on every run.\n"
 
 
 def register(sub) -> None:
@@ -23,39 +36,135 @@ def register(sub) -> None:
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", help="comma list of figure ids (default: all)")
     p.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: figures)")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty --out that is not a figures folder (its other files are kept)")
     p.set_defaults(func=run)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def check_out(out: str, force: bool) -> tuple[str, bool]:
+    """(absolute --out, whether its present files must be carried over); DDBenchError if unusable."""
+    if not out or not out.strip():
+        raise DDBenchError("--out is empty; give a folder, e.g. --out figures")
+    path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DDBenchError(f"--out {out}: exists and is not a folder")
+    parent = os.path.dirname(path)
+    probe = parent
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise DDBenchError(f"--out {out}: {probe} is a file, not a folder")
+    if os.path.isdir(path):
+        entries = os.listdir(path)
+        if entries and MARKER not in entries and not force:
+            raise DDBenchError(f"--out {out}: not empty and not a figures folder (no {MARKER}); "
+                               "pass --force to write into it anyway")
+        return path, bool(entries) and MARKER not in entries
+    return path, False
+
+
+def _copy_over(src: str, dst: str) -> None:
+    for name in os.listdir(src):
+        s, d = os.path.join(src, name), os.path.join(dst, name)
+        if os.path.isdir(s) and not os.path.islink(s):
+            shutil.copytree(s, d, symlinks=True)
+        else:
+            shutil.copy2(s, d, follow_symlinks=False)
+
+
+def _swap_in(tmp: str, path: str) -> None:
+    """Replace `path` by `tmp` with Ctrl-C held off between the two renames."""
+    old = None
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    prev = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        if os.path.isdir(path):
+            old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(path) + "-", dir=os.path.dirname(path))
+            os.rmdir(old)
+            os.rename(path, old)
+        os.rename(tmp, path)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, prev)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _fix_modes(folder: str, mask: int) -> None:
+    """mkstemp/mkdtemp make 0600/0700; give the files the modes the umask would."""
+    for root, dirs, files in os.walk(folder):
+        os.chmod(root, 0o777 & ~mask)
+        for f in files:
+            p = os.path.join(root, f)
+            if not os.path.islink(p):
+                os.chmod(p, 0o666 & ~mask)
+
+
+def _save(fig, stem: str) -> None:
+    fig.savefig(stem + ".png", metadata={"Software": None})
+    fig.savefig(stem + ".pdf", metadata={"CreationDate": None, "Producer": None})
+
+
 def run(args) -> int:
+    from tqdm import tqdm
+
+    from ddbench.core.paper import coverage, coverage_line, reported
     from ddbench.experiments import select
-    from ddbench.core.io import atomic_path, write_text
-    from ddbench.core.paper import reported
     from ddbench.plotting import new_figure, plt
     from ddbench.report import render_index
 
+    path, carry = check_out(args.out, args.force)
     experiments = select(args.only)
     paper = reported()
-    os.makedirs(args.out, exist_ok=True)
-    results = []
-    for i, exp in enumerate(experiments, 1):
-        t0 = time.perf_counter()
-        res = exp.compute()
-        for c in res.comparisons:
-            if c.paper_id not in paper:
-                raise KeyError(f"{exp.id}: comparison against unknown paper number {c.paper_id}")
-        stem = os.path.join(args.out, exp.id)
-        with atomic_path(stem + ".csv") as tmp:
-            res.data.to_csv(tmp, index=False)
-        fig = new_figure()
-        exp.draw(res, fig)
-        with atomic_path(stem + ".png") as png, atomic_path(stem + ".pdf") as pdf:
-            fig.savefig(png, metadata={"Software": None})
-            fig.savefig(pdf, metadata={"CreationDate": None, "Producer": None})
-        plt.close(fig)
-        results.append((exp, res))
-        print(f"[{i}/{len(experiments)}] {exp.id}: {exp.title} ({time.perf_counter() - t0:.1f} s)",
-              file=sys.stderr)
-    if not args.only:
-        write_text(os.path.join(args.out, "README.md"), render_index(results, paper))
-        print(f"wrote {os.path.join(args.out, 'README.md')}", file=sys.stderr)
+    mask = _umask()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=os.path.dirname(path))
+    except OSError as exc:
+        raise DDBenchError(f"--out {args.out}: cannot write there ({exc.strerror or exc})") from None
+    try:
+        if os.path.isdir(path) and (carry or args.only):
+            _copy_over(path, tmp)      # keep the figures (or foreign files) this run does not rewrite
+        results = []
+        bar = tqdm(experiments, desc="figures", unit="fig", file=sys.stderr, dynamic_ncols=True,
+                   bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed} {postfix}")
+        for exp in bar:
+            bar.set_postfix_str(exp.id)
+            t0 = time.perf_counter()
+            res = exp.compute()
+            for c in res.comparisons:
+                if c.paper_id not in paper:
+                    raise DDBenchError(f"{exp.id}: compares against {c.paper_id}, which is not in reported.json")
+            stem = os.path.join(tmp, exp.id)
+            res.data.to_csv(stem + ".csv", index=False)
+            fig = new_figure()
+            exp.draw(res, fig)
+            _save(fig, stem)
+            plt.close(fig)
+            results.append((exp, res))
+            bar.write(f"{exp.id}: {exp.title} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+        bar.close()
+        line = None
+        if not args.only:
+            cov = coverage(paper, {c.paper_id for _, r in results for c in r.comparisons})
+            line = coverage_line(cov)
+            with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as fh:
+                fh.write(render_index(results, paper, line))
+        with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as fh:
+            fh.write(MARKER_TEXT)
+        _fix_modes(tmp, mask)
+        _swap_in(tmp, path)
+    except OSError as exc:
+        raise DDBenchError(f"--out {args.out}: cannot write there ({exc.strerror or exc})") from None
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"wrote {len(results)} figure(s) into {args.out}", file=sys.stderr)
+    if line:
+        print(line)
     return 0

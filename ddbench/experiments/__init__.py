@@ -50,7 +50,8 @@ def register(id: str, title: str, draw: Callable):
 
 def load_all() -> dict[str, Experiment]:
     """Import every experiment module (each registers itself) and return the registry."""
-    from ddbench.experiments import measured_figures, memory_figures, sim_figures, validation_figure  # noqa: F401
+    from ddbench.experiments import (budget_figure, measured_figures, memory_figures, sim_figures,  # noqa: F401
+                                     validation_figure)
     return EXPERIMENTS
 
 

@@ -16,7 +16,8 @@ import pandas as pd
 from ddbench.core.catalog import get_gpu, get_model
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.core.memory import CATEGORIES, Workload, max_batch, memory_breakdown
-from ddbench.plotting import CATEGORY_COLORS, PAPER_MARK, SYSTEM_COLORS
+from ddbench.plotting import (CATEGORY_COLORS, SYSTEM_COLORS, integer_axis, paper_handle, paper_mark,
+                              style_handle)
 from ddbench.core.systems import get_system
 from ddbench.core.units import GB, fmt_tokens
 
@@ -43,32 +44,52 @@ def _max(system: str, size: str, context: int = CONTEXT) -> int:
 
 
 # ---------------------------------------------------------------- Figure 2
+def _paper(pid: str) -> float:
+    from ddbench.core.paper import reported
+    return reported()[pid].value
+
+
 def _draw_fig2(res: FigureResult, fig) -> None:
     df = res.data
+    fig.set_size_inches(7.6, 3.4)
     ax = fig.add_subplot()
     systems = list(dict.fromkeys(df["system"]))
     sizes = list(dict.fromkeys(df["model_size"]))
     width = 0.8 / len(systems)
+    top = 1.0
     for i, sys in enumerate(systems):
         sub = df[df["system"] == sys].set_index("model_size").loc[sizes]
         xs = [j + (i - (len(systems) - 1) / 2) * width for j in range(len(sizes))]
-        bars = ax.bar(xs, sub["max_batch"], width, label=sys, color=SYSTEM_COLORS.get(sys))
-        ax.bar_label(bars, fontsize=6, padding=1)
-        for x, v in zip(xs, sub["paper_max_batch"]):
-            if pd.notna(v):
-                ax.plot([x], [v], **PAPER_MARK)
+        ax.bar(xs, sub["max_batch"], width, label=sys, color=SYSTEM_COLORS.get(sys))
+        for x, v, p in zip(xs, sub["max_batch"], sub["paper_max_batch"]):
+            if pd.notna(p):
+                ax.plot([x], [p], **paper_mark(SYSTEM_COLORS.get(sys)))
+            if v == 0:
+                ax.plot([x], [1.0], marker="x", color=SYSTEM_COLORS.get(sys), markersize=7, mew=2, ls="none")
+                ax.text(x, 1.25, "OOM", ha="center", va="bottom", fontsize=6, rotation=90)
+                continue
+            star = pd.notna(p) and p >= v
+            ax.annotate(str(int(v)), (x, p if star else v), xytext=(0, 8 if star else 1), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=6)   # above the bar, and above its star
+            top = max(top, v, p if pd.notna(p) else 0)
     ax.set_yscale("log")
+    ax.set_ylim(0.8, top * 2.2)
+    integer_axis(ax.yaxis, log=True, ticks=[1, 2, 5, 10, 20, 50, 100, 200, 500])
     ax.set_xticks(range(len(sizes)), sizes)
-    ax.set_ylabel("max batch (log)")
-    ax.set_title("Fig. 2: maximum decoding batch per design (bars: replay, *: paper)")
+    ax.set_xlabel("model")
+    ax.set_ylabel("max batch (requests, log scale)")
+    ax.set_title("Fig. 2: maximum decoding batch per design at 128K (bars and labels: replay)", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=7, ncol=3)
+    fig.legend(list(uniq.values()) + [paper_handle()], list(uniq.keys()) + ["paper (star,\ncoloured by design)"],
+               fontsize=7, ncol=1, loc="outside right upper")
 
 
 @register("fig02", "Maximum request batch per design and model (paper Figure 2)", _draw_fig2)
 def fig02() -> FigureResult:
-    paper = {("full-kv", "8B"): 4, ("shadowkv", "8B"): 24, ("ideal", "8B"): 120, ("shadowkv", "32B"): 4}
+    paper = {("full-kv", "8B"): _paper("fig2.full-kv.8b.max_batch"), ("shadowkv", "8B"): _paper("fig2.shadowkv.8b.max_batch"),
+             ("ideal", "8B"): _paper("fig2.ideal.8b.max_batch"), ("shadowkv", "32B"): _paper("fig2.shadowkv.32b.max_batch"),
+             ("ideal", "32B"): _paper("fig2.ideal.32b.max_batch")}
     rows = []
     for size in MODELS:
         for sys in ("full-kv", "shadowkv", "specache", "dualdecoder", "ideal"):
@@ -100,6 +121,10 @@ def fig02() -> FigureResult:
                    f"Qwen2.5-32B weights take {get_model(MODELS['32B']).weight_bytes / GB:.1f} GB; "
                    f"ShadowKV's state is {_per_req('shadowkv', '32B') / GB:.2f} GB per request; with exactly 80 GiB: "
                    f"{_max_at_80gib('shadowkv', '32B')}"),
+        Comparison("fig2.ideal.32b.max_batch", get("ideal", "32B"),
+                   f"our 'ideal' at 32B ({_per_req('ideal', '32B') / GB:.3f} GB/request beside "
+                   f"{get_model(MODELS['32B']).weight_bytes / GB:.1f} GB of weights); the paper's implied 60 leaves "
+                   f"{(full.capacity - get_model(MODELS['32B']).weight_bytes) / 60 / GB:.2f} GB/request"),
         Comparison("fig2.shadowkv.32b.share_of_ideal", round(get("shadowkv", "32B") / get("ideal", "32B"), 3),
                    f"{get('shadowkv', '32B')} / {get('ideal', '32B')} under our 'ideal'"),
     ]
@@ -164,20 +189,104 @@ def _breakdown_rows(pairs) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-@register("fig04", "GPU memory breakdown of an 8B serving workload (paper Figure 4)", _draw_breakdown)
+F4_MODEL, F4_N, F4_RATE, F4_OUT = "llama-3-8b", 64, 1.0, 1024
+F4_SYSTEMS = ("shadowkv", "specache", "dualdecoder")
+F4_SHOWN = ("weights", "sparse_kv_buffers", "landmarks", "aux_residency", "other")
+
+
+def _draw_fig4(res: FigureResult, fig) -> None:
+    df = res.data
+    fig.set_size_inches(7.2, 5.0)
+    grid = fig.add_gridspec(2, len(F4_SYSTEMS), height_ratios=(1.4, 1))
+    cap = get_gpu(GPU).hbm_bytes / GB
+    names = {"weights": "model weights", "sparse_kv_buffers": "sparse KV entries", "landmarks": "K landmarks",
+             "aux_residency": "KV-cache-auxiliary residency", "other": "other (resident KV, activations, runtime)"}
+    colors = dict(CATEGORY_COLORS, other="#c7c7c7")
+    t_end = float(df.time_s.max())
+    for j, sys in enumerate(F4_SYSTEMS):
+        ax = fig.add_subplot(grid[0, j])
+        ax.set_xlim(0, t_end)
+        sub = df[df.system == sys]
+        ax.stackplot(sub.time_s, *[sub[f"{c}_gb"] for c in F4_SHOWN], step="post",
+                     colors=[colors[c] for c in F4_SHOWN], labels=[names[c] for c in F4_SHOWN])
+        ax.axhline(cap, color="black", lw=0.8, ls="--")
+        ax.set_ylim(0, cap * 1.08)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("GPU memory (GB)")
+        ax.set_title(f"({'abc'[j]}) {sys}: up to {int(sub.batch.max())} requests", fontsize=7)
+    ax = fig.add_subplot(grid[1, :])
+    for sys in F4_SYSTEMS:
+        sub = df[df.system == sys]
+        ax.step(sub.time_s, 100 * sub.landmarks_plus_aux_share, where="post", color=SYSTEM_COLORS[sys],
+                label=sys + (" (landmarks only)" if sys == "dualdecoder" else ""))
+    top = 100 * _paper("fig4.landmarks_plus_aux.max_share")
+    ax.axhline(top, color="black", lw=0.8, ls=":")
+    ax.text(float(df.time_s.max()), top + 1.5, f"paper: up to {top:.0f}%", ha="right", fontsize=7)
+    ax.set_ylim(0, 100)
+    ax.set_xlim(0, t_end)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("landmarks + aux\nresidency (% of GPU)")
+    ax.legend(fontsize=7, loc="upper left", ncol=3)
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    fig.legend(handles + [style_handle("--", "GPU capacity")], labels + [f"GPU capacity ({cap:.1f} GB)"],
+               fontsize=6, ncol=3, loc="outside lower center")
+    fig.suptitle(f"Fig. 4: GPU memory over time, {F4_MODEL} at {fmt_tokens(CONTEXT)}, {F4_N} requests arriving"
+                 f" and leaving", fontsize=9)
+
+
+def _timeline(system: str):
+    """Memory by category over one serving run (sim.serving records it whenever it changes)."""
+    from ddbench.experiments.sim_figures import _cm, _hit
+    from sim.serving import draw_requests, run_serving
+    h, r, _ = _hit(F4_MODEL)
+    reqs = draw_requests(F4_N, F4_RATE, str(CONTEXT), str(F4_OUT), 0)
+    res = run_serving(get_system(system), get_model(F4_MODEL), get_gpu(GPU), _cm(F4_MODEL), Workload(context=CONTEXT),
+                      reqs, list(h), list(r), prefill_here=False)
+    per = memory_breakdown(get_system(system), get_model(F4_MODEL), get_gpu(GPU), Workload(context=CONTEXT, batch=1))
+    per_req = sum(getattr(per, c) for c in ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers"))
+    rows = []
+    for m in res.memory:
+        row = {"system": system, "time_s": m["time_s"]}
+        row.update({f"{c}_gb": m[c] / GB for c in CATEGORIES})
+        row["other_gb"] = (m["resident_kv"] + m["activations"] + m["runtime_overhead"]) / GB
+        row["total_gb"] = m["total"] / GB
+        row["batch"] = round((m["resident_kv"] + m["landmarks"] + m["aux_residency"] + m["sparse_kv_buffers"]) / per_req)
+        row["landmarks_plus_aux_share"] = (m["landmarks"] + m["aux_residency"]) / res.capacity
+        row["landmarks_plus_aux_over_sparse_kv"] = ((m["landmarks"] + m["aux_residency"]) / m["sparse_kv_buffers"]
+                                                    if m["sparse_kv_buffers"] else None)
+        if rows and rows[-1]["time_s"] == row["time_s"]:
+            rows[-1] = row      # several changes at one instant (a completion and an admission): keep the last
+        else:
+            rows.append(row)
+    return rows, res
+
+
+@register("fig04", "GPU memory over time of an 8B serving run, by category (paper Figure 4)", _draw_fig4)
 def fig04() -> FigureResult:
-    df = _breakdown_rows([(s, "8B") for s in SPARSE])
-    sk = df[df.system == "shadowkv"].iloc[0]
+    rows, runs = [], {}
+    for sys in F4_SYSTEMS:
+        r, runs[sys] = _timeline(sys)
+        rows += r
+    df = pd.DataFrame(rows)
     base = df[df.system.isin(["shadowkv", "specache"])]
     top = base.loc[base.landmarks_plus_aux_share.idxmax()]
+    sk = df[df.system == "shadowkv"]
+    sk_top = sk.loc[sk.landmarks_plus_aux_share.idxmax()]
+    dd = df[df.system == "dualdecoder"]
     cmp = [
         Comparison("fig4.landmarks_plus_aux.max_share", round(float(top.landmarks_plus_aux_share), 3),
-                   f"largest of ShadowKV and SpeCache at their max batch: {top.system} b={top.batch} (a static "
-                   "breakdown at the max batch; the paper's figure is a timeline)"),
-        Comparison("fig4.landmarks_plus_aux.over_sparse_kv", round(float(sk.landmarks_plus_aux_over_sparse_kv), 2),
-                   "ShadowKV: (landmarks + U + SV + outliers) / its 2048-token per-layer K/V buffers"),
+                   f"peak over the serving run of ShadowKV and SpeCache: {top.system} at t = {top.time_s:.0f} s with "
+                   f"{int(top.batch)} requests in memory ({_max(top.system, '8B')} fit at most); DualDecoder's landmarks "
+                   f"peak at {dd.landmarks_plus_aux_share.max():.0%} with {int(dd.batch.max())} requests"),
+        Comparison("fig4.landmarks_plus_aux.over_sparse_kv", round(float(sk_top.landmarks_plus_aux_over_sparse_kv), 2),
+                   "ShadowKV at its peak: (landmarks + U + SV + outliers) / its 2048-token per-layer K/V buffers;"
+                   " both are per request, so the ratio holds at any batch"),
     ]
-    return FigureResult(df, "Fig. 4: 8B memory at each design's max batch; " + _setup(), cmp)
+    setup = (f"{F4_MODEL} on {GPU} + pcie5, serving simulator (sim/serving.py): {F4_N} requests of "
+             f"{fmt_tokens(CONTEXT)} tokens, Poisson at {F4_RATE} req/s (seed 0), output {F4_OUT} tokens, prefill on "
+             f"other GPUs, FIFO admission while memory allows; memory by category each time it changes; "
+             + _setup().split(", ", 2)[2])
+    return FigureResult(df, setup, cmp)
 
 
 def _draw_fig5(res: FigureResult, fig) -> None:
@@ -188,9 +297,11 @@ def _draw_fig5(res: FigureResult, fig) -> None:
                 color=SYSTEM_COLORS.get(sys))
         ax.plot(sub["model_size"], 100 * sub["landmarks_plus_aux_share"], marker="s", ls="--",
                 label=f"{sys}: + landmarks", color=SYSTEM_COLORS.get(sys), alpha=0.6)
-    ax.axhline(30, color="black", lw=0.8, ls=":")
-    ax.text(0, 31, "paper: aux >= 30% everywhere", fontsize=7)
+    floor = 100 * _paper("fig5.aux.min_share")
+    ax.axhline(floor, color="black", lw=0.8, ls=":")
+    ax.text(0, floor + 1, f"paper: aux residency >= {floor:.0f}% in every setting", fontsize=7)
     ax.set_ylim(0, 100)
+    ax.set_xlabel("model")
     ax.set_ylabel("share of GPU memory (%)")
     ax.set_title("Fig. 5: auxiliary residency across model sizes (each design at its max batch)")
     ax.legend(fontsize=6)
@@ -219,23 +330,26 @@ def _draw_fig14(res: FigureResult, fig) -> None:
             ax.bar(range(len(sub)), vals, bottom=bottom, color=CATEGORY_COLORS[cat],
                    label=cat.replace("_", " "))
             bottom = [b + v for b, v in zip(bottom, vals)]
-        for i, v in enumerate(sub["paper_total_gb"]):
+        for i, (v, sys) in enumerate(zip(sub["paper_total_gb"], sub["system"])):
             if pd.notna(v):
-                ax.plot([i], [v], **PAPER_MARK)
+                ax.plot([i], [v], **paper_mark(SYSTEM_COLORS.get(sys)))
         ax.axhline(get_gpu(GPU).hbm_bytes / GB, color="black", lw=0.8, ls="--")
         ax.set_xticks(range(len(sub)), sub["system"], rotation=30, fontsize=7)
+        ax.set_xlabel("design")
+        ax.set_ylabel("GPU memory (GB)")
         ax.set_title(f"{size}, batch {sub.batch.iloc[0]}")
-    axes[0].set_ylabel("GPU memory (GB)")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(dict(zip(labels, handles)).values(), dict(zip(labels, handles)).keys(), fontsize=6,
-               loc="outside lower center", ncol=4)
-    fig.suptitle("Fig. 14: memory at the same batch (*: paper); dashed: GPU capacity", fontsize=9)
+    uniq = dict(zip(labels, handles))
+    fig.legend(list(uniq.values()) + [paper_handle(), style_handle("--", "GPU capacity")],
+               list(uniq.keys()) + ["paper (star, coloured by design)", "GPU capacity"], fontsize=6,
+               loc="outside lower center", ncol=5)
+    fig.suptitle("Fig. 14: memory at the same batch per model size", fontsize=9)
 
 
 @register("fig14", "Memory footprint at batch 12/6/4 for 8B/14B/32B (paper Figure 14)", _draw_fig14)
 def fig14() -> FigureResult:
     batches = {"8B": 12, "14B": 6, "32B": 4}
-    paper = {("shadowkv", "8B"): 47.5, ("specache", "8B"): 79.0, ("dualdecoder", "8B"): 30.0}
+    paper = {(s, "8B"): _paper(f"fig14.{s}.8b.b12.total_gb") for s in SPARSE}
     rows = []
     for size, b in batches.items():
         for sys in SPARSE:
@@ -253,6 +367,13 @@ def fig14() -> FigureResult:
         best = max(batches, key=lambda z: saving[base, z])
         cmp.append(Comparison(f"fig14.max_saving_vs_{base}", round(float(saving[base, best]), 3),
                               f"largest at {best}: {tot['dualdecoder', best]:.1f} vs {tot[base, best]:.1f} GB"))
+    for sys, size in (("specache", "8B"), ("shadowkv", "32B"), ("specache", "32B")):
+        mb = _max(sys, size)
+        bd = _bd(sys, size, batches[size])
+        cmp.append(Comparison(f"fig14.{sys}.{size.lower()}.max_batch", mb,
+                              f"memory model, 128K: {sys} at the paper's batch {batches[size]} needs {bd.total / GB:.1f} GB of "
+                              f"{bd.capacity / GB:.1f} GB ({'fits' if bd.fits else 'does not fit'}); its largest batch "
+                              f"here is {mb} (Figure 2 replay)"))
     low = min(saving["shadowkv", "32B"], saving["specache", "32B"])
     cmp.append(Comparison("fig14.32b.b4.min_saving", round(float(low), 3),
                           f"32B b=4: DualDecoder {tot['dualdecoder', '32B']:.1f} GB vs ShadowKV "
@@ -287,7 +408,7 @@ def _draw_fig15(res: FigureResult, fig) -> None:
             ax.plot([fmt_tokens(c) for c in oom.context], [get_gpu(GPU).hbm_bytes / GB] * len(oom), marker="x",
                     ls="none", color=SYSTEM_COLORS.get(sys), markersize=8)
     ax.axhline(get_gpu(GPU).hbm_bytes / GB, color="black", lw=0.8, ls="--")
-    ax.set_xlabel("context")
+    ax.set_xlabel("context (tokens)")
     ax.set_ylabel("GPU memory (GB)")
     ax.set_title(f"Fig. 15: memory against context, 8B, batch {FIG15_BATCH} (x: OOM)")
     ax.legend(fontsize=7)

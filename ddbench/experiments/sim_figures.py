@@ -16,12 +16,12 @@ import math
 from functools import lru_cache
 
 import pandas as pd
-from matplotlib.ticker import ScalarFormatter
 
 from ddbench.core.catalog import get_gpu, get_model
 from ddbench.experiments import Comparison, FigureResult, register
-from ddbench.core.memory import Workload, max_batch
-from ddbench.plotting import PAPER_MARK, SYSTEM_COLORS
+from ddbench.core.memory import Workload, max_batch, memory_breakdown
+from ddbench.plotting import (SYSTEM_COLORS, integer_axis, paper_handle, paper_mark, plain_log_axis,
+                              style_handle)
 from ddbench.core.systems import get_system
 from ddbench.core.units import fmt_tokens
 
@@ -110,17 +110,20 @@ def _draw_fig3(res: FigureResult, fig) -> None:
             ax.plot(i.batch, i.tokens_per_s, ls="--", lw=0.8, color=SYSTEM_COLORS[sys])
     for sys in ("full-kv", "shadowkv"):
         b, v = _paper(f"fig3.{sys}.max_batch"), _paper(f"fig3.{sys}.tokens_per_s")
-        ax.plot([b], [v], **PAPER_MARK)
+        ax.plot([b], [v], **paper_mark(SYSTEM_COLORS[sys]))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.set_xlabel("batch (requests)")
-    ax.set_ylabel("decode tokens/s")
-    ax.set_title(f"Fig. 3: 8B at {fmt_tokens(F3_CTX)}; solid: within memory, dotted: memory cap lifted, "
-                 "dashed: proportional scaling", fontsize=7)
+    top = int(df.batch.max())
+    integer_axis(ax.xaxis, log=True, ticks=[2 ** k for k in range(top.bit_length() + 1)])
+    plain_log_axis(ax.yaxis)
+    ax.set_xlabel("batch (requests, log scale)")
+    ax.set_ylabel("decode throughput (tokens/s)")
+    ax.set_title(f"Fig. 3: {F3_MODEL} at {fmt_tokens(F3_CTX)}, throughput against batch", fontsize=9)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=7)
+    extra = [style_handle("-", "within memory"), style_handle(":", "memory cap lifted (simulated)"),
+             style_handle("--", "proportional scaling from the cap"), paper_handle("paper (coloured by design)")]
+    ax.legend(list(uniq.values()) + extra, list(uniq.keys()) + [h.get_label() for h in extra], fontsize=6, ncol=2)
 
 
 @register("fig03", "Decoding throughput of an 8B model against batch, capped by memory (paper Figure 3)", _draw_fig3)
@@ -188,7 +191,7 @@ def fig03() -> FigureResult:
 
 # ---------------------------------------------------------------- Figure 12
 F12_MODEL = "qwen2.5-32b"
-F12_CTX = (64 * K, 128 * K, 256 * K)
+F12_CTX = (64 * K, 128 * K, 256 * K, 512 * K)
 F12_SYSTEMS = ("full-kv", "specache", "shadowkv", "dualdecoder")
 
 
@@ -206,17 +209,19 @@ def _draw_fig12(res: FigureResult, fig) -> None:
         for x, v, oom in zip(xs, vals, sub.oom):
             ax.text(x, v + 0.01 * top, "OOM" if oom else f"{v:.0f}", ha="center", va="bottom", fontsize=6)
     ax.plot([(len(F12_SYSTEMS) - 1) / 2 * width], [_paper("fig12.64k.dualdecoder.tokens_per_s")],
-            **PAPER_MARK)  # DualDecoder at 64K
+            **paper_mark(SYSTEM_COLORS["dualdecoder"]))  # DualDecoder at 64K
     ax.set_xticks(range(len(ctxs)), [fmt_tokens(c) for c in ctxs])
-    ax.set_ylabel("decode tokens/s")
+    ax.set_xlabel("context (tokens per request)")
+    ax.set_ylabel("decode throughput (tokens/s)")
     ax.set_ylim(0, 1.35 * top)
     ax.set_title("Fig. 12: Qwen2.5-32B decoding throughput at each design's largest batch", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=6, ncol=5, loc="upper center")
+    ax.legend(list(uniq.values()) + [paper_handle()], list(uniq.keys()) + ["paper (DualDecoder, 64K)"], fontsize=6,
+              ncol=5, loc="upper center")
 
 
-@register("fig12", "Decoding throughput of Qwen2.5-32B at 64K/128K/256K per design (paper Figure 12)", _draw_fig12)
+@register("fig12", "Decoding throughput of Qwen2.5-32B at 64K to 512K per design (paper Figure 12)", _draw_fig12)
 def fig12() -> FigureResult:
     rows = []
     for ctx in F12_CTX:
@@ -265,7 +270,22 @@ def fig12() -> FigureResult:
                                                  + " request(s) here, the paper reports OOM"
                                                  if not t[(256 * K, 'specache')].oom else "; SpeCache OOM as in the paper")),
     ]
-    setup = _setup(F12_MODEL, "64K/128K/256K",
+    top = F12_CTX[-1]
+
+    def oom(ctx, sys):
+        r = t[(ctx, sys)]
+        bd = memory_breakdown(get_system(sys), get_model(F12_MODEL), get_gpu(GPU), Workload(context=ctx, batch=1))
+        return Comparison(f"fig12.{fmt_tokens(ctx).lower()}.{sys}.max_batch", r.max_batch,
+                          f"memory model: one request at {fmt_tokens(ctx)} needs {bd.total / 1e9:.1f} GB with the weights, "
+                          f"{GPU} has {bd.capacity / 1e9:.1f} GB" + ("" if r.oom else
+                                                                    f"; {r.max_batch} fit, {r.tokens_per_s:.1f} tokens/s"))
+    cmp += [oom(128 * K, "full-kv"), oom(256 * K, "full-kv"), oom(256 * K, "specache")]
+    cmp.append(Comparison("fig12.context.max_tokens", top,
+                          f"the paper prints no number at {fmt_tokens(top)}; here " + "; ".join(
+                              desc(top, s) for s in F12_SYSTEMS)
+                          + (f"; DualDecoder/ShadowKV {ratio(top, 'shadowkv'):.2f}" if math.isfinite(ratio(top, "shadowkv"))
+                             else "")))
+    setup = _setup(F12_MODEL, "/".join(fmt_tokens(c) for c in F12_CTX),
                    "each design at its largest batch that fits (memory model), decode-only steady state from the"
                    " per-layer timeline (prefill not counted)")
     return FigureResult(df, setup, cmp)
@@ -338,9 +358,10 @@ def _draw_fig13(res: FigureResult, fig) -> None:
             ax.plot(s.rate, s.completion_p99_s, marker="o", ms=3, color=SYSTEM_COLORS[sys], label=LABEL[sys])
         ax.axhline(F13_GOAL, ls="--", lw=0.8, color="black", label=f"P99 goal {F13_GOAL:.0f} s")
         ax.set_yscale("log")
+        plain_log_axis(ax.yaxis)
         ax.set_xlabel("arrival rate (requests/s)")
+        ax.set_ylabel("P99 completion time (s, log scale)")
         ax.set_title(f"({'ab'[int(here)]}) {F13_PLACE[here]}", fontsize=8)
-    axes[0].set_ylabel("P99 completion time (s)")
     axes[0].legend(fontsize=7)
     fig.suptitle(f"Fig. 13: Qwen2.5-32B at {fmt_tokens(F13_CTX)}, {F13_N} Poisson requests per point", fontsize=9)
 
@@ -394,29 +415,44 @@ F18_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16)
 
 def _draw_fig18(res: FigureResult, fig) -> None:
     df = res.data
+    fig.set_size_inches(7.2, 3.4)
     axes = fig.subplots(1, len(F18_MODELS) + 1)
     tr = df[df.kind == "trace"]
+    colors = {"dualdecoder": SYSTEM_COLORS["dualdecoder"], "dualdecoder-fifo": "#9467bd"}
     for j, (ax, size) in enumerate(zip(axes, F18_MODELS)):
         for sys, style in (("dualdecoder", "-"), ("dualdecoder-fifo", "--")):
             s = tr[(tr.model_size == size) & (tr.system == sys)]
-            ax.plot(s.step, s.step_ms, ls=style, marker="o", ms=3,
+            ax.plot(s.step, s.step_ms, ls=style, marker="o", ms=3, color=colors[sys],
                     label="priority" if sys == "dualdecoder" else "FIFO")
-        ax.set_xlabel("decode step")
+        ax.set_ylim(0, 1.15 * max(float(tr.step_ms.max()), _paper("fig18.8b.fifo_ms")))   # from zero: no magnifying
+        integer_axis(ax.xaxis)
+        ax.set_xlabel("decode step (steps from start)")
+        ax.set_ylabel("per-step latency (ms)")
         ax.set_title(f"({'abc'[j]}) {size}, batch {F18_MODELS[size][1]}", fontsize=8)
-    axes[0].plot([F18_STEPS - 1, F18_STEPS - 1], [_paper("fig18.8b.priority_ms"), _paper("fig18.8b.fifo_ms")],
-                 **PAPER_MARK)
-    axes[0].set_ylabel("per-step latency (ms)")
-    axes[0].legend(fontsize=6)
+    for sys, pid in (("dualdecoder", "fig18.8b.priority_ms"), ("dualdecoder-fifo", "fig18.8b.fifo_ms")):
+        axes[0].axhline(_paper(pid), color=colors[sys], lw=1.0, ls=":")   # the paper states no step: a level
+        axes[0].text(F18_STEPS - 1, _paper(pid) + 1, f"paper {_paper(pid):g}", color=colors[sys], fontsize=6,
+                     ha="right", va="bottom")
     sw = df[df.kind == "sweep"]
     ax = axes[-1]
-    for size in F18_MODELS:
+    for size, marker in zip(F18_MODELS, "os"):
         p = sw[(sw.model_size == size) & (sw.system == "dualdecoder")].set_index("batch").step_ms
         f = sw[(sw.model_size == size) & (sw.system == "dualdecoder-fifo")].set_index("batch").step_ms
-        ax.plot(p.index, f / p, marker="o", ms=3, label=size)
-    ax.set_xlabel("batch")
-    ax.set_ylabel("FIFO / priority step", fontsize=7)
+        ax.plot(p.index, f / p, marker=marker, ms=3, color="black", ls="-" if size == "8B" else "--", label=size)
+    paper_ratio = _paper("fig18.8b.fifo_over_priority")
+    ax.axhline(paper_ratio, color=colors["dualdecoder-fifo"], lw=1.0, ls=":")   # the paper states no batch: a level
+    ax.text(F18_SWEEP[-1], paper_ratio + 0.005, f"paper 8B {paper_ratio:.2f}", color=colors["dualdecoder-fifo"],
+            fontsize=6, ha="right", va="bottom")
+    ax.set_ylim(0.9, 1.35)   # from 0.9 (a note below says so): the paper's 1.24 and ours on one scale
+    ax.text(0.02, 0.02, "y axis starts at 0.9", transform=ax.transAxes, fontsize=6)
+    integer_axis(ax.xaxis)
+    ax.set_xlabel("batch (requests)")
+    ax.set_ylabel("FIFO / priority step (ratio)")
     ax.set_title("(c) steady step, by batch", fontsize=8)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="upper left")
+    handles = [style_handle("-", "priority", colors["dualdecoder"]), style_handle("--", "FIFO", colors["dualdecoder-fifo"]),
+               style_handle(":", "paper's value (8B; it states no step or batch, so a level)", "black")]
+    fig.legend(handles, [h.get_label() for h in handles], fontsize=6, ncol=3, loc="outside lower center")
     fig.suptitle(f"Fig. 18: {1 - F18_HIT:.0%} miss rate, priority against FIFO misses", fontsize=9)
 
 
@@ -464,6 +500,10 @@ def fig18() -> FigureResult:
     pr14, ff14 = res[("14B", "dualdecoder")], res[("14B", "dualdecoder-fifo")]
     bubble_ms = sum(pp.att) * 1e3
     cmp = [
+        Comparison("fig18.8b.fifo_over_priority", round(ff.steady_step_s / pr.steady_step_s, 3),
+                   f"steady steps, batch {b}: FIFO {ff.steady_step_s * 1e3:.1f} ms / priority "
+                   f"{pr.steady_step_s * 1e3:.1f} ms; largest over batches {', '.join(map(str, gap.index))}: "
+                   f"{gap.max():.3f} (batch {int(gap.idxmax())})"),
         Comparison("fig18.8b.priority_ms", round(pr.steady_step_s * 1e3, 1),
                    f"steady step, batch {b} (Figure 14's 8B batch; the paper does not state it), {fmt_tokens(F18_CTX)}:"
                    f" link-bound, link work {link_ms:.1f} ms per step (prefetch + 33% urgent re-fetch) against compute"
@@ -471,7 +511,7 @@ def fig18() -> FigureResult:
         Comparison("fig18.8b.fifo_ms", round(max(ff.step_s[ff.warmup:]) * 1e3, 1),
                    f"largest steady step ('up to'), stall {steady(ff):.1f} ms per step; FIFO / priority "
                    f"{ff.steady_step_s / pr.steady_step_s:.2f} (paper "
-                   f"{_paper('fig18.8b.fifo_ms') / _paper('fig18.8b.priority_ms'):.2f}): FIFO's only cost on a"
+                   f"{_paper('fig18.8b.fifo_over_priority'):.2f}): FIFO's only cost on a"
                    f" saturated link is the bubble while each layer's attention runs (the misses wait behind the"
                    f" next layer's whole prefetch, and the prefetch after it waits for that attention to free its"
                    f" buffer): {bubble_ms:.2f} ms of attention per step here; the FIFO step is"
@@ -505,6 +545,7 @@ def _draw_fig20(res: FigureResult, fig) -> None:
     ax_b.set_title("(b) TPOT", fontsize=8)
     for ax in (ax_a, ax_b):
         ax.tick_params(axis="x", labelsize=7)
+        ax.set_xlabel("design")
     fig.suptitle(f"Fig. 20: 8B at {fmt_tokens(F20_CTX)}, Poisson load {F20_LOAD:.0%} of the prefill capacity",
                  fontsize=9)
 

@@ -1,0 +1,97 @@
+"""`ddbench figures --out`, through a subprocess: a temporary folder renamed into place, the
+marker, one-line errors, modes from the umask, and Ctrl-C leaving nothing half-written."""
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddbench.commands.figures import MARKER
+
+FAST = "fig05"     # a memory-model figure: about a second
+
+
+def ddb(*args, cwd, umask=None, **kw):
+    pre = (lambda: os.umask(umask)) if umask is not None else None
+    return subprocess.run([sys.executable, "-m", "ddbench", "figures", *args], cwd=cwd, capture_output=True,
+                          text=True, preexec_fn=pre, timeout=300, **kw)
+
+
+def one_line_error(p, pattern):
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddbench: error:"), p.stderr
+    assert pattern in lines[0], lines[0]
+
+
+def test_writes_a_marked_folder_with_umask_modes(tmp_path):
+    out = tmp_path / "a"
+    p = ddb("--only", FAST, "--out", str(out), cwd=tmp_path, umask=0o027)
+    assert p.returncode == 0, p.stderr
+    assert sorted(os.listdir(out)) == sorted([MARKER, f"{FAST}.csv", f"{FAST}.png", f"{FAST}.pdf"])
+    for f in os.listdir(out):
+        assert stat.S_IMODE(os.stat(out / f).st_mode) == 0o640, f
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o750
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]          # no temporary folder left
+    p = ddb("--only", FAST, "--out", str(out), cwd=tmp_path, umask=0o022)      # a figures folder: rewritten
+    assert p.returncode == 0, p.stderr
+    assert stat.S_IMODE(os.stat(out / f"{FAST}.png").st_mode) == 0o644
+
+
+def test_only_keeps_the_other_figures(tmp_path):
+    out = tmp_path / "f"
+    assert ddb("--only", FAST, "--out", str(out), cwd=tmp_path).returncode == 0
+    p = ddb("--only", "fig15", "--out", str(out), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert {f"{FAST}.png", "fig15.png", "fig15.csv"} <= set(os.listdir(out))
+
+
+def test_refuses_a_foreign_folder_unless_forced(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    one_line_error(ddb("--only", FAST, "--out", str(out), cwd=tmp_path), "not a figures folder")
+    assert os.listdir(out) == ["notes.txt"]
+    p = ddb("--only", FAST, "--out", str(out), "--force", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (out / "notes.txt").read_text() == "keep me" and (out / MARKER).exists() and (out / f"{FAST}.png").exists()
+
+
+@pytest.mark.parametrize("where, pattern", [
+    ("", "--out is empty"),
+    ("/proc/x", "cannot write there"),
+    ("FILE/sub", "is a file, not a folder"),
+    ("FILE", "exists and is not a folder"),
+])
+def test_bad_out_is_one_line(tmp_path, where, pattern):
+    (tmp_path / "FILE").write_text("x")
+    where = where.replace("FILE", str(tmp_path / "FILE"))
+    one_line_error(ddb("--only", FAST, "--out", where, cwd=tmp_path), pattern)
+
+
+def test_unwritable_parent_is_one_line(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    one_line_error(ddb("--only", FAST, "--out", str(ro / "x"), cwd=tmp_path), "cannot write there")
+
+
+def test_ctrl_c_leaves_the_previous_folder_whole(tmp_path):
+    out = tmp_path / "figs"
+    assert ddb("--only", FAST, "--out", str(out), cwd=tmp_path).returncode == 0
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    proc = subprocess.Popen([sys.executable, "-m", "ddbench", "figures", "--only", f"fig13,{FAST}", "--out", str(out)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3.0)       # fig13 runs first and takes several seconds: interrupt it midway
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before    # untouched, no fig13.csv alone
+    assert sorted(os.listdir(tmp_path)) == ["figs"]                          # no temporary folder left
