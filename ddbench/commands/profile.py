@@ -57,6 +57,8 @@ def register(sub) -> None:
     p.add_argument("--out", help="output folder (default: the package's traces/accuracy/)")
     p.add_argument("--allow-extrapolation", action="store_true",
                    help="allow contexts beyond the model's max_position_embeddings")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default: torch's own); 1 is faster on a CPU shared with other work")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -81,7 +83,7 @@ def run(args) -> int:
         temperatures=_list(args.temperature, _temperature, "temperature"), top_p=args.top_p, seed=args.seed,
         samples=args.samples, rank=args.rank, lowrank_threshold=args.lowrank_threshold,
         quality=not args.no_quality, device=args.device, out=args.out,
-        allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, command=command_line())
+        allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, threads=args.threads, command=command_line())
     result = run_profile(cfg)
     print(render(result))
     return 0

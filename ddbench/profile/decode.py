@@ -24,7 +24,12 @@ Every step stores the post-RoPE queries of both tokens at every layer: q_out[t],
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+
+# transformers 5.2x renames `past_key_values` to `cache`; the old name works through 5.39 and is
+# the one every transformers 5 release accepts.
+warnings.filterwarnings("ignore", message=".*past_key_values.*is deprecated", category=FutureWarning)
 
 
 @dataclass

@@ -12,6 +12,7 @@ the Llama, Qwen2 and Mistral families (model_type in SUPPORTED); anything else i
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -24,7 +25,12 @@ INSTALL = "pip install -e '.[profile]'"
 
 def require(gguf: bool = False) -> None:
     names = ["torch", "transformers", "tqdm"] + (["gguf", "accelerate"] if gguf else [])
-    missing = [n for n in names if importlib.util.find_spec(n) is None]
+    missing = []
+    for n in names:
+        try:
+            importlib.import_module(n)
+        except ImportError:
+            missing.append(n)
     if missing:
         raise DDBenchError(f"profile needs {', '.join(missing)}: {INSTALL}")
 

@@ -49,6 +49,7 @@ class ProfileConfig:
     out: str | None = None
     allow_extrapolation: bool = False
     progress: bool = True
+    threads: int = 0          # torch CPU threads; 0 = torch's default
     command: str = ""
 
 
@@ -93,21 +94,33 @@ def _is_oom(exc) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
 
 
-def largest_fit(loaded, context: int, steps: int, prefill_fn) -> int:
-    """Largest of context/2, context/4, ... (>= 256) whose prefill plus a decode fits, else 0."""
+def largest_fit(loaded, context: int, steps: int, prefill_fn, grain: int = 256) -> int:
+    """Largest multiple of `grain` below `context` whose prefill fits (halve, then bisect), else 0."""
     from transformers import DynamicCache
-    c = context // 2
-    while c >= 256:
+
+    def fits(c):
         try:
             cache = DynamicCache(config=loaded.model.config)
-            prefill_fn(loaded.model, [0] * c, cache)
+            prefill_fn(loaded.model, [0] * (c + steps), cache)
             del cache
-            return c
+            return True
         except Exception as exc:  # noqa: BLE001
             if not _is_oom(exc):
                 raise
-        c //= 2
-    return 0
+            return False
+
+    hi = context
+    lo = (context // 2) // grain * grain
+    while lo >= grain and not fits(lo):
+        hi, lo = lo, (lo // 2) // grain * grain
+    if lo < grain:
+        return 0
+    while hi - lo > grain:
+        mid = (lo + hi) // 2 // grain * grain
+        if mid <= lo:
+            break
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def _git_sha() -> str:
@@ -149,8 +162,13 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
     prefill_fn = prefill_fn or decode.prefill
     quiet = not cfg.progress
     torch.manual_seed(cfg.seed)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    ctx_time = {}
     with tqdm(total=1, desc="load", disable=quiet, file=sys.stderr) as bar:
+        t0 = time.perf_counter()
         loaded = model_mod.load(cfg.model, cfg.device)
+        t_load = time.perf_counter() - t0
         bar.update(1)
     model, tok = loaded.model, loaded.tokenizer
     probe = install(model)
@@ -163,6 +181,7 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
         budgets = budget_plan[c]
         geo = Geometry(c, budgets[0], cfg.chunk, cfg.local)
         S = geo.selectable
+        t_ctx = time.perf_counter()
         for task in cfg.tasks:
             for s in range(cfg.samples):
                 prompt = make_prompt(tok, task, c, cfg.seed + s)
@@ -221,6 +240,7 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
                                        f" is {fit} tokens" if fit else
                                        f"out of memory at context {c} on {loaded.device}; not even 256 tokens fit") from None
                 del cache
+        ctx_time[c] = round(time.perf_counter() - t_ctx, 1)
 
     rows = []
     for (l, c, task, init, temp, b), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3],
@@ -235,6 +255,8 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
                   "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
                   "command": cfg.command}
     summary = summarize(cfg, loaded, rows, task_acc, provenance, runtime)
+    summary["runtime_by_context_s"] = {str(c): v for c, v in ctx_time.items()}
+    summary["load_s"] = round(t_load, 1)
     files = trace.write(out_dir, loaded.name, rows, step_rows, summary, provenance)
     return {"summary": summary, "files": files, "rows": rows}
 

@@ -1,0 +1,82 @@
+"""Bad input to `ddbench profile`: one line on stderr, exit 2, no trace written (through a subprocess),
+and out-of-memory naming the largest context that fits (in process, with a prefill that runs out)."""
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from test_profile_tiny import profile, tiny_model  # noqa: E402
+
+from ddbench.core.errors import DDBenchError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("m") / "tiny", "llama", max_pos=1024)
+
+
+def _one_line_exit2(r, pattern, out):
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ddbench: error: "), r.stderr[-2000:]
+    assert pattern in lines[0], lines[0]
+    assert not os.path.exists(out) or os.listdir(out) == []
+
+
+def test_no_model_at_path(tmp_path):
+    out = tmp_path / "out"
+    r = profile("--layer-accuracy", "--model", str(tmp_path / "nothing"), "--out", str(out))
+    _one_line_exit2(r, "no model at", out)
+
+
+def test_unsupported_architecture(tmp_path):
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32}))
+    (folder / "model.safetensors").write_bytes(b"")
+    out = tmp_path / "out"
+    r = profile("--layer-accuracy", "--model", str(folder), "--out", str(out))
+    _one_line_exit2(r, "unsupported architecture 'gpt2'", out)
+
+
+def test_context_beyond_positions_and_budget_at_context(tiny, tmp_path):
+    out = tmp_path / "out"
+    r = profile("--layer-accuracy", "--model", tiny, "--context", "2k", "--budget", "64", "--out", str(out))
+    _one_line_exit2(r, "exceeds the model's max_position_embeddings of 1024", out)
+    r = profile("--layer-accuracy", "--model", tiny, "--context", "512", "--budget", "512", "--out", str(out))
+    _one_line_exit2(r, "budget 512 is at or above the context of 512", out)
+    r = profile("--layer-accuracy", "--model", tiny, "--context", "512", "--budget", "64", "--tasks", "poems",
+                "--out", str(out))
+    _one_line_exit2(r, "unknown task", out)
+
+
+def test_missing_optional_packages(tiny, tmp_path):
+    shadow = tmp_path / "shadow" / "transformers"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('transformers hidden by the test')\n")
+    out = tmp_path / "out"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = profile("--layer-accuracy", "--model", tiny, "--out", str(out),
+                env_extra={"PYTHONPATH": os.pathsep.join([str(tmp_path / "shadow"), root])})
+    _one_line_exit2(r, "pip install -e '.[profile]'", out)
+
+
+def test_out_of_memory_names_largest_context_that_fits(tiny, tmp_path):
+    from ddbench.profile import decode
+    from ddbench.profile.run import ProfileConfig, run
+
+    def prefill_limited(model, ids, cache, chunk=1024, bar=None):
+        if len(ids) > 700:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+        return decode.prefill(model, ids, cache, chunk=chunk, bar=bar)
+
+    out = tmp_path / "out"
+    cfg = ProfileConfig(model=tiny, contexts=(1000,), tasks=("single",), steps=2, budgets=(64,), device="cpu",
+                        out=str(out), progress=False)
+    with pytest.raises(DDBenchError, match="out of memory at context 1000 on cpu; the largest context that fits is 512"):
+        run(cfg, prefill_fn=prefill_limited)
+    assert not os.path.exists(out) or os.listdir(out) == []
