@@ -120,3 +120,27 @@ def test_breakdown_sums_categories():
 def test_bad_workloads(kw, message):
     with pytest.raises(DDBenchError, match=message):
         memory_breakdown(get_system("shadowkv"), get_model("llama-3-8b"), get_gpu("h100"), Workload(**kw))
+
+
+def test_specache_holds_two_budget_sets_per_layer():
+    """SpeCache keeps the current and the speculative top-k at once: two budget-sized sets per layer."""
+    m, g = get_model("llama-3-8b"), get_gpu("h200")
+    layer_kv = 2048 * 2 * 8 * 128 * 2
+    sc = memory_breakdown(get_system("specache"), m, g, Workload(context=K128, batch=3))
+    assert sc.sparse_kv_buffers == 3 * 32 * 2 * layer_kv
+    assert get_system("specache").buffer_sets == 2
+
+
+@pytest.mark.parametrize("system, tokens, landmarks", [("dualdecoder", 2, True), ("dualdecoder-two-pass", 1, True),
+                                                      ("full-kv", 1, False)])
+def test_activation_bytes_by_hand(system, tokens, landmarks):
+    """Llama-3-8B: one token's live set inside a layer is 2 B x (hidden 4096 + MLP 3 x 14336) = 94,208 B;
+    logits bf16 + fp32 = 128,256 x 6 B; landmark scores 32 heads x 16,384 chunks x 2 x 2 B per query token.
+    Each extra request adds its decode share; the chunked prefill (8192 tokens) is paid once."""
+    m, g = get_model("llama-3-8b"), get_gpu("h200")
+    live, logits, scores = 2 * (4096 + 3 * 14336), 128256 * 6, 32 * (K128 // 8) * 2 * 2
+    per_request = tokens * (live + logits + (scores if landmarks else 0))
+    prefill = 8192 * live + logits
+    for b in (1, 5):
+        bd = memory_breakdown(get_system(system), m, g, Workload(context=K128, batch=b))
+        assert bd.activations == b * per_request + prefill

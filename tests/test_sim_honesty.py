@@ -237,3 +237,20 @@ def test_percentile_of_nothing_is_none():
     assert percentile([], 50) is None
     xs = [3.0, 1.0, 2.0, 10.0]
     assert [percentile(xs, p) for p in (1, 25, 26, 50, 51, 75, 76, 100)] == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 10.0, 10.0]
+
+
+def test_lowrank_layers_fetch_values_only():
+    """DualDecoder's adaptive key reconstruction: the --lowrank-layers worst-predicted layers rebuild K
+    from the low-rank copy, so only V crosses the link there; the other layers move K and V."""
+    from dataclasses import replace
+    hit = [0.9 - 0.01 * i for i in range(M8.num_layers)]       # the last layers predict worst
+    w = replace(W, lowrank_layers=4)
+    plan = step_plan(SYSTEMS["dualdecoder"], M8, cost_model("llama-3-8b", "h200"), w, 8, 131072, hit, hit)
+    assert plan.lowrank == frozenset({28, 29, 30, 31})
+    full = 8 * W.budget * M8.kv_bytes_per_token_layer
+    for i in range(M8.num_layers):
+        kv = full / 2 if i in plan.lowrank else full
+        assert plan.pf_bytes[i] == kv and plan.ur_bytes[i] == pytest.approx(kv * (1 - hit[i]))
+        assert (plan.mid[i] > 0) == (i in plan.lowrank)
+    # the new token's K and V are written back to the host whole, every layer
+    assert plan.d2h_bytes == [8 * M8.kv_bytes_per_token_layer] * M8.num_layers
