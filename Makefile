@@ -25,6 +25,7 @@ $(VENV)/.installed-test: $(VENV)/.installed-base
 	$(PY) -c "import triton" 2>/dev/null || $(PIP) triton==3.9.0
 	$(PIP) -e '.[test]'
 	$(PIP) -e '.[ray]'
+	$(PIP) -e '.[profile]'
 	touch $@
 
 figures: $(VENV)/.installed-base
