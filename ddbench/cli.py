@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.data is not None:
         os.environ["DDBENCH_DATA"] = args.data
+    if os.environ.get("DDBENCH_DATA") is not None and not os.environ["DDBENCH_DATA"].strip():
+        print("ddbench: error: the data root (--data or DDBENCH_DATA) is empty: name a folder", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except DDBenchError as exc:

@@ -180,3 +180,13 @@ def test_calibrate_without_gpu_is_one_line_error():
         pytest.skip("a GPU is present")
     p = _run("calibrate", "--sections", "link")
     assert p.returncode == 2 and "needs a CUDA GPU" in p.stderr and p.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_empty_data_root_is_refused_not_the_working_folder(tmp_path, how):
+    args = ["--data", ""] if how == "flag" else []
+    env = dict(os.environ, DDBENCH_DATA="") if how == "env" else None
+    p = subprocess.run([sys.executable, "-m", "ddbench", *args, *BASE, "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert p.returncode == 2 and "data root" in p.stderr and p.stderr.count("\n") == 1
+    assert os.listdir(tmp_path) == []
