@@ -12,12 +12,13 @@
 once in the query dtype and never rescaled element-wise.
 
 The Triton kernel runs two passes over (request, KV head, group split) programs, each reading the
-2-bit codes and the group's scale and zero once: pass 1 keeps each query row's running max and sum
-of exp (online softmax) and writes them per split; pass 2 combines the splits, recomputes the
-scores, normalises, takes the max over the GQA group and writes it. Per group of 64 tokens the
-query rows are rescaled once (q * scale, and q . zero), then 4 fp16 dots against the 4 token
-phases of the packed bytes (codes 0..3 are exact in fp16; the dots accumulate in fp32). Nothing
-per token goes to memory between the passes: the bytes are the codes twice plus the output.
+2-bit codes and the groups' scales and zeros once: pass 1 keeps each query row's running max and
+sum of exp (online softmax) and writes them per split; pass 2 combines the splits, recomputes the
+scores, normalises, takes the max over the GQA group and writes it. Per iteration a program takes
+`groups_per_iter` groups, dequantises each of the 4 token phases of the packed bytes in registers
+(zero + scale * code, fp16) and runs one dot per phase against the group's query rows (fp32
+accumulation). Nothing per token goes to memory between the passes: the bytes are the codes twice
+plus the output.
 """
 
 from __future__ import annotations
@@ -108,12 +109,17 @@ def specache_chunk_scores_ref(q: torch.Tensor, qk: QuantKeys, chunk: int) -> tor
 def _spec_kernel(q, codes, scale, zero, pml, out, n_groups, s_qb, s_qt, s_qh, s_cb, s_ch, s_ct,
                  s_sb, s_sh, s_sg, H, G, NQ, n_split, split_groups, scale_log2, T_out,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
-                 PASS: tl.constexpr, SP: tl.constexpr, CHUNK: tl.constexpr):
+                 PASS: tl.constexpr, SP: tl.constexpr, CHUNK: tl.constexpr, GB: tl.constexpr):
+    """GB groups (GB * GROUP tokens, GB * GROUP / 4 byte rows) per iteration: the codes' 4 token
+    phases are dequantised in registers (zero + scale * code, the group's scale broadcast over its
+    rows) and each phase is one [rows, D] x [D, BLOCK_M] dot."""
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
-    qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D).to(tl.float32)
+    qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D).to(tl.float16)
     dd = tl.arange(0, D)
     R4: tl.constexpr = GROUP // 4
-    rr = tl.arange(0, R4)
+    BR: tl.constexpr = GB * R4
+    rr = tl.arange(0, BR)
+    gg = tl.arange(0, GB)
     cb = codes + b.to(tl.int64) * s_cb + h.to(tl.int64) * s_ch
     zb = b.to(tl.int64) * s_sb + h.to(tl.int64) * s_sh
     base = (bh * n_split + sp) * BLOCK_M + r
@@ -125,50 +131,57 @@ def _spec_kernel(q, codes, scale, zero, pml, out, n_groups, s_qb, s_qt, s_qh, s_
         m = tl.max(pm, 0)
         inv = 1.0 / tl.sum(pl * tl.exp2(pm - m[None, :]), 0)
         ob = out + (b * NQ * H + h).to(tl.int64) * T_out
+        sel0 = rv & (t == 0)
+        sel1 = rv & (t == 1)
     else:
         m = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
     g0 = sp * split_groups
     g1 = tl.minimum(g0 + split_groups, n_groups)
-    for gi in range(g0, g1):
-        sc = tl.load(scale + zb + gi * s_sg + dd).to(tl.float32)
-        ze = tl.load(zero + zb + gi * s_sg + dd).to(tl.float32)
-        qs = (qt * sc[None, :]).to(tl.float16)
-        qz = tl.sum(qt * ze[None, :], 1)
-        c = tl.load(cb + (gi * R4 + rr)[:, None].to(tl.int64) * s_ct + dd[None, :])
-        if PASS == 1:
-            for j in tl.static_range(4):
-                cj = ((c >> (2 * j)) & 3).to(tl.float16)
-                s = (tl.dot(qs, tl.trans(cj)) + qz[:, None]) * scale_log2
+    for gi in range(g0, g1, GB):
+        gv = (gi + gg) < g1
+        sc = tl.load(scale + zb + (gi + gg)[:, None] * s_sg + dd[None, :], mask=gv[:, None], other=0.0)
+        ze = tl.load(zero + zb + (gi + gg)[:, None] * s_sg + dd[None, :], mask=gv[:, None], other=0.0)
+        scb = tl.reshape(tl.broadcast_to(sc[:, None, :], (GB, R4, D)), (BR, D)).to(tl.float32)
+        zeb = tl.reshape(tl.broadcast_to(ze[:, None, :], (GB, R4, D)), (BR, D)).to(tl.float32)
+        row = gi * R4 + rr
+        rok = (gi + rr // R4) < g1
+        c = tl.load(cb + row[:, None].to(tl.int64) * s_ct + dd[None, :], mask=rok[:, None], other=0)
+        if PASS == 2:
+            cm0 = tl.zeros([BR], tl.float32)
+            cm1 = tl.zeros([BR], tl.float32)
+        for j in tl.static_range(4):
+            kj = (zeb + scb * ((c >> (2 * j)) & 3).to(tl.float32)).to(tl.float16)     # [BR, D]
+            s = tl.dot(qt, tl.trans(kj)) * scale_log2                                    # [BLOCK_M, BR]
+            s = tl.where(rok[None, :], s, float("-inf"))
+            if PASS == 1:
                 m_new = tl.maximum(m, tl.max(s, 1))
                 l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
                 m = m_new
-        else:
-            cm0 = tl.zeros([R4], tl.float32)
-            cm1 = tl.zeros([R4], tl.float32)
-            for j in tl.static_range(4):
-                cj = ((c >> (2 * j)) & 3).to(tl.float16)
-                s = (tl.dot(qs, tl.trans(cj)) + qz[:, None]) * scale_log2
+            else:
                 p = tl.exp2(s - m[:, None]) * inv[:, None]
-                b0 = tl.max(tl.where(rv[:, None] & (t[:, None] == 0), p, 0.0), 0)
-                b1 = tl.max(tl.where(rv[:, None] & (t[:, None] == 1), p, 0.0), 0)
+                b0 = tl.max(tl.where(sel0[:, None], p, 0.0), 0)
+                b1 = tl.max(tl.where(sel1[:, None], p, 0.0), 0)
                 if CHUNK == 0:
-                    tok = gi * GROUP + 4 * rr + j
-                    tl.store(ob + tok, b0)
+                    tok = 4 * row + j
+                    tl.store(ob + tok, b0, mask=rok)
                     if NQ == 2:
-                        tl.store(ob + H * T_out + tok, b1)
+                        tl.store(ob + H * T_out + tok, b1, mask=rok)
                 else:
                     cm0 = tl.maximum(cm0, b0)
                     cm1 = tl.maximum(cm1, b1)
+        if PASS == 2:
             if CHUNK != 0:
                 PER: tl.constexpr = CHUNK // 4
-                NC: tl.constexpr = R4 // PER
+                NC: tl.constexpr = BR // PER
                 c0 = tl.max(tl.reshape(cm0, [NC, PER]), 1)
                 c1 = tl.max(tl.reshape(cm1, [NC, PER]), 1)
-                ch = gi * NC + tl.arange(0, NC)
-                tl.store(ob + ch, c0)
+                cc = tl.arange(0, NC)
+                ch = gi * (R4 // PER) + cc
+                cok = (gi + cc // (R4 // PER)) < g1
+                tl.store(ob + ch, c0, mask=cok)
                 if NQ == 2:
-                    tl.store(ob + H * T_out + ch, c1)
+                    tl.store(ob + H * T_out + ch, c1, mask=cok)
     if PASS == 1:
         tl.store(pml + 2 * base, m)
         tl.store(pml + 2 * base + 1, l)
@@ -179,7 +192,7 @@ def _sm_count(device) -> int:
 
 
 def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, splits: int | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, groups_per_iter: int = 4, num_warps: int = 4) -> torch.Tensor:
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     if (Hq % H or qk.codes.shape[0] != B or qk.codes.shape[3] != d or nq not in (1, 2) or d & (d - 1)
@@ -196,8 +209,8 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     ng = qk.tokens // qk.group
     if splits is None:
-        splits = max(1, min(triton.cdiv(8 * _sm_count(q.device), B * H), ng // 4))
-    split_groups = triton.cdiv(ng, splits)
+        splits = max(1, min(triton.cdiv(4 * _sm_count(q.device), B * H), ng // (4 * groups_per_iter)))
+    split_groups = triton.cdiv(triton.cdiv(ng, splits), groups_per_iter) * groups_per_iter
     n_split = triton.cdiv(ng, split_groups)
     T_out = qk.tokens // chunk if chunk else qk.tokens
     if out is None:
@@ -208,7 +221,7 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
     args = (q, codes, sc, ze, pml, out, ng, q.stride(0), q.stride(1), q.stride(2), *codes.stride()[:3],
             *sc.stride()[:3], H, G, nq, n_split, split_groups, LOG2E / math.sqrt(d), T_out)
     kw = dict(D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group, SP=triton.next_power_of_2(n_split), CHUNK=chunk,
-              num_warps=4)
+              GB=groups_per_iter, num_warps=num_warps)
     grid = (B * H, n_split)
     _spec_kernel[grid](*args, PASS=1, **kw)
     _spec_kernel[grid](*args, PASS=2, **kw)

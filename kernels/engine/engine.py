@@ -100,15 +100,22 @@ class _Ops:
     slots: object
     rebuild: object
     spec_scores: object
+    rmsnorm: object
+    rope_split: object
+    swiglu: object
+    assemble: object
 
 
 def _ops(ref: bool) -> _Ops:
     from kernels import attention, gather, rebuild, select, specache
+    from kernels.engine import fused
     if ref:
         return _Ops(select.score_chunks_ref, attention.dual_sparse_attention_ref, gather.gather_ref,
-                    gather_slots_ref, rebuild.rebuild_keys_ref, specache.specache_chunk_scores_ref)
+                    gather_slots_ref, rebuild.rebuild_keys_ref, specache.specache_chunk_scores_ref,
+                    rmsnorm, fused.rope_split_ref, fused.swiglu_ref, fused.assemble_ref)
     return _Ops(select.score_chunks, attention.dual_sparse_attention, gather.gather_uva, gather_slots,
-                rebuild.rebuild_keys, lambda q, qk, chunk: specache.specache_scores_triton(q, qk, chunk=chunk))
+                rebuild.rebuild_keys, lambda q, qk, chunk: specache.specache_scores_triton(q, qk, chunk=chunk),
+                fused.rmsnorm, fused.rope_split, fused.swiglu, fused.assemble)
 
 
 @dataclass
@@ -237,6 +244,15 @@ class Engine:
     def _lin(self, x, w):
         return self._map(lambda t: t @ w, x)
 
+    def _res(self, x, a, w):
+        """x + a @ w in one GEMM (addmm adds x in its epilogue), per token in the two-pass ablation."""
+        def one(xt, at):
+            B, T, h = xt.shape
+            return torch.addmm(xt.reshape(B * T, h), at.reshape(B * T, -1), w).view(B, T, h)
+        if self.split and x.shape[1] > 1:
+            return torch.cat([one(x[:, t:t + 1], a[:, t:t + 1]) for t in range(x.shape[1])], 1)
+        return one(x, a)
+
     # ------------------------------------------------------------------ transfers
     def _issue_prefetch(self, u, pred):
         """Gather `pred` [B, H, k] for layer use u into its buffer, after that buffer's last reader."""
@@ -276,6 +292,10 @@ class Engine:
         ctx_pos = self.cfg.context + (0 if s.kv_on_gpu else self.cfg.local)
         pos = self.g_dev + (ctx_pos + self.ar[:nq])                 # device positions: no host value of g
         self.cos, self.sin = rope_tables(pos, self.d, self.m.rope_theta)
+        # per step, not per layer: where the new tokens go and how long the attended buffer is
+        kv0 = self.cfg.context if s.kv_on_gpu else self.kc * self.C + self.R0
+        self.lengths = (self.g_dev + kv0).to(torch.int32).repeat(self.B)
+        self.at_new = self.g_dev + (kv0 + self.ar[:nq])
         x = self.w.embed[toks]                                   # [B, nq, h]
         if self.prefetch == "layer-ahead" and not predecode:
             for u in (self.use, self.use + 1):                  # first step after pre-decode
@@ -357,44 +377,42 @@ class Engine:
         if self.timing:
             t0 = self.sched.timing_event()
         with nvtx_range("qkv"):
-            hn = self._map(lambda t: rmsnorm(t, w.ln1[i]), x)
+            hn = self._map(lambda t: self.ops.rmsnorm(t, w.ln1[i]), x)
             qkv = self._lin(hn, w.wqkv[i])
-            q = qkv[..., :Hq * d].view(B, nq, Hq, d)
-            k = qkv[..., Hq * d:(Hq + H) * d].view(B, nq, H, d)
-            v = qkv[..., (Hq + H) * d:].reshape(B, nq, H, d)
-            q, k = rope(q, self.cos, self.sin), rope(k, self.cos, self.sin)
+            q, k, v = self.ops.rope_split(qkv, self.cos, self.sin, Hq, H, d)
         if s.kv_on_gpu:
             o, pre, post = self._full_attention(i, q, k, v, nq)
         else:
             o, pre, post = self._sparse_attention(i, q, k, v, nq, predecode)
         with nvtx_range("o_proj+mlp"):
-            x = x + self._lin(o.reshape(B, nq, Hq * d), w.wo[i])
-            h2 = self._map(lambda t: rmsnorm(t, w.ln2[i]), x)
+            x = self._res(x, o.reshape(B, nq, Hq * d), w.wo[i])
+            h2 = self._map(lambda t: self.ops.rmsnorm(t, w.ln2[i]), x)
             gu = self._lin(h2, w.wgu[i])
-            I = gu.shape[-1] // 2
-            a = torch.nn.functional.silu(gu[..., :I]) * gu[..., I:]
-            x = x + self._lin(a, w.wdown[i])
+            a = self._map(self.ops.swiglu, gu)
+            x = self._res(x, a, w.wdown[i])
         if self.timing:
             self.rec.append((i, t0, pre, post))
         return x
 
-    def _attn(self, q, kb, vb, lengths):
+    def _attn(self, q, kb, vb, lengths, **kw):
         if self.split and q.shape[1] > 1:
-            o0 = self.ops.attention(q[:, :1].contiguous(), kb, vb, lengths)
-            o1 = self.ops.attention(q[:, 1:].contiguous(), kb, vb, lengths + 1)
+            o0 = self.ops.attention(q[:, :1].contiguous(), kb, vb, lengths, **kw)
+            o1 = self.ops.attention(q[:, 1:].contiguous(), kb, vb, lengths + 1, **kw)
             return torch.cat([o0, o1], 1)
-        return self.ops.attention(q, kb, vb, lengths)
+        return self.ops.attention(q, kb, vb, lengths, **kw)
 
     def _full_attention(self, i, q, k, v, nq):
-        p = self.g_dev + self.cfg.context                        # device position of the new token(s)
         kb, vb = self.kv_k[i], self.kv_v[i]
-        at = p + self.ar[:nq]
-        kb.index_copy_(2, at, k.transpose(1, 2))
-        vb.index_copy_(2, at, v.transpose(1, 2))
-        lengths = p.to(torch.int32).repeat(self.B)
+        kb.index_copy_(2, self.at_new, k.transpose(1, 2))     # device positions of the new token(s)
+        vb.index_copy_(2, self.at_new, v.transpose(1, 2))
+        lengths = self.lengths
         pre = self.sched.timing_event() if self.timing else None
+        kw = {}
+        if not self.ref:   # whole-context attention: about 4 waves of (request, head, split) programs
+            sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
+            kw["splits"] = max(1, min(4 * sms // (self.B * self.H), kb.shape[2] // 1024))
         with nvtx_range("attention"):
-            o = self._attn(q, kb, vb, lengths)
+            o = self._attn(q, kb, vb, lengths, **kw)
         return o, pre, pre
 
     def _select(self, i, q):
@@ -504,16 +522,11 @@ class Engine:
             if vo:
                 self.ops.rebuild(self.U[i], self.SV[i], assembled, kb, chunk=C, rope_theta=self.m.rope_theta)
             # the resident window and generated tokens: the whole slot range is copied (its used
-            # length R0 + g lives on the device), then the new token(s) go right after the used part
+            # length R0 + g lives on the device), the new token(s) go right after the used part,
+            # and the true token's K/V is persisted at R0 + g for the next steps (one kernel)
             R = self.R0 + self.g
-            Rc = self.Rcap
-            kb[:, :, kC:kC + Rc] = self.recent_k[i]
-            vb[:, :, kC:kC + Rc] = self.recent_v[i]
-            p = self.g_dev + (kC + self.R0)
-            at = p + self.ar[:nq]
-            kb.index_copy_(2, at, k.transpose(1, 2))
-            vb.index_copy_(2, at, v.transpose(1, 2))
-            lengths = p.to(torch.int32).repeat(self.B)
+            self.ops.assemble(kb, vb, self.recent_k[i], self.recent_v[i], k, v, self.g_dev, kC, self.R0)
+            lengths = self.lengths
         pre = self.sched.timing_event() if self.timing else None
         ev_wait, _ = self.sched.run("compute", "wait", lambda: None, waits=waits, layer=i, buf=b, use=u)
         post = self.sched.timing_event() if self.timing else None
@@ -528,9 +541,6 @@ class Engine:
                                    assembled=assembled.clone(), out=o.clone(), R=R, g=self.g_dev.clone(), nq=nq,
                                    recent_k=self.recent_k[i].clone(), recent_v=self.recent_v[i].clone(),
                                    lowrank=vo, step=self.steps, kb=kb.clone(), vb=vb.clone()))
-        at = self.g_dev + self.R0                                 # persist the true token's K/V
-        self.recent_k[i].index_copy_(2, at, k[:, :1].transpose(1, 2))
-        self.recent_v[i].index_copy_(2, at, v[:, :1].transpose(1, 2))
         self.use += 1
         if self.prefetch == "layer-ahead" and not predecode:
             nu = u + 2
