@@ -53,3 +53,13 @@ def test_geometry_excludes_local_window():
         Geometry(2048, 2040).validate()
     with pytest.raises(DDBenchError, match="multiple of the chunk"):
         Geometry(2048, 1001).validate()
+
+
+def test_cli_help_imports_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys; from ddbench.cli import build_parser; p = build_parser();"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules and 'triton' not in sys.modules;"
+            "print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
