@@ -55,9 +55,9 @@ def render_index(results, paper: dict[str, Reported], coverage: str | None = Non
     rest = sorted((r for r in paper.values() if r.id not in done), key=lambda r: (r.status, r.figure, r.id))
     if rest:
         lines += ["", "### Not replayed", "",
-                  "| figure | paper's claim | paper | status | why |", "| --- | --- | --- | --- | --- |"]
+                  "| figure | id | paper's claim | paper | status | why |", "| --- | --- | --- | --- | --- | --- |"]
         for rep in rest:
             why = rep.reason or "marked replayed, but no figure of this run compares it"
-            lines.append(f"| {rep.figure} | \"{_cell(rep.quote)}\" | {fmt_value(rep.value, rep.unit)} | "
+            lines.append(f"| {rep.figure} | `{rep.id}` | \"{_cell(rep.quote)}\" | {fmt_value(rep.value, rep.unit)} | "
                          f"{rep.status} | {_cell(why)} |")
     return "\n".join(lines) + "\n"

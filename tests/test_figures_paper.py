@@ -96,11 +96,11 @@ def test_issue_numbers_are_present():
 
 
 def test_coverage_counts_and_refuses_disagreement():
-    paper = {"a": Reported("a", "1", 1, "x", "q"), "b": Reported("b", "1", 2, "x", "q"),
+    paper = {"a": Reported("a", "1", 1, "x", "q"), "b": Reported("b", "1", 2, "x", "q", inconsistency="i"),
              "c": Reported("c", "1", 3, "x", "q", status="not replayable", reason="r")}
     c = coverage(paper, {"a", "b"})
     assert coverage_line(c) == ("2 of 3 paper numbers replayed; 1 not replayable, with reasons; 0 inconsistent in "
-                                "the paper; 0 not replayed yet")
+                                "the paper; 0 not replayed yet; of the replayed, 1 contradicted elsewhere in the paper")
     assert "1 marked replayed but not in this run" in coverage_line(coverage(paper, {"a"}))
     with pytest.raises(DDBenchError, match="marks c as not replayed"):
         coverage(paper, {"a", "c"})

@@ -115,12 +115,15 @@ def coverage(paper: dict[str, Reported], compared: set[str]) -> dict:
     counts["total"] = len(paper)
     counts["replayed_now"] = len(marked & compared)
     counts["replayed_missing"] = sorted(marked - compared)
+    counts["contradicted"] = sum(bool(r.inconsistency) for r in paper.values() if r.replayed)
     return counts
 
 
 def coverage_line(c: dict) -> str:
     line = (f"{c['replayed_now']} of {c['total']} paper numbers replayed; {c['not replayable']} not replayable, "
             f"with reasons; {c['inconsistent']} inconsistent in the paper; {c['not replayed yet']} not replayed yet")
+    if c.get("contradicted"):
+        line += f"; of the replayed, {c['contradicted']} contradicted elsewhere in the paper"
     if c["replayed_missing"]:
         line += f" ({len(c['replayed_missing'])} marked replayed but not in this run)"
     return line

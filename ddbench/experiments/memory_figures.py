@@ -374,6 +374,10 @@ def fig14() -> FigureResult:
                               f"memory model, 128K: {sys} at the paper's batch {batches[size]} needs {bd.total / GB:.1f} GB of "
                               f"{bd.capacity / GB:.1f} GB ({'fits' if bd.fits else 'does not fit'}); its largest batch "
                               f"here is {mb} (Figure 2 replay)"))
+    fits14 = ", ".join(f"{s} {'fits' if bool(df[(df.system == s) & (df.model_size == '14B')].fits.iloc[0]) else 'OOM'}"
+                       f" (max {_max(s, '14B')})" for s in SPARSE)
+    cmp.append(Comparison("fig14.14b.batch", batches["14B"],
+                          f"the batch we replay at 14B, from the paper's caption: {fits14}"))
     low = min(saving["shadowkv", "32B"], saving["specache", "32B"])
     cmp.append(Comparison("fig14.32b.b4.min_saving", round(float(low), 3),
                           f"32B b=4: DualDecoder {tot['dualdecoder', '32B']:.1f} GB vs ShadowKV "
@@ -407,11 +411,12 @@ def _draw_fig15(res: FigureResult, fig) -> None:
         if len(oom):
             ax.plot([fmt_tokens(c) for c in oom.context], [get_gpu(GPU).hbm_bytes / GB] * len(oom), marker="x",
                     ls="none", color=SYSTEM_COLORS.get(sys), markersize=8)
-    ax.axhline(get_gpu(GPU).hbm_bytes / GB, color="black", lw=0.8, ls="--")
+    ax.axhline(get_gpu(GPU).hbm_bytes / GB, color="black", lw=0.8, ls="--", label="GPU capacity")
+    ax.set_ylim(0, get_gpu(GPU).hbm_bytes / GB * 1.08)
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("GPU memory (GB)")
     ax.set_title(f"Fig. 15: memory against context, 8B, batch {FIG15_BATCH} (x: OOM)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left")
 
 
 @register("fig15", "Memory footprint against context length, 64K to 512K (paper Figure 15)", _draw_fig15)
@@ -437,6 +442,11 @@ def fig15() -> FigureResult:
                    f"B/token, plus the prefill SVD workspace; at {fmt_tokens(hi)} ShadowKV holds "
                    f"{sk.total_gb:.1f} GB; full-kv at 512K {'fits' if full_fits else 'is OOM'}"),
     ]
+    cmp += [Comparison("setup.context.min_tokens", lo, "the shortest context replayed here (Figures 3, 12, 15)"),
+            Comparison("setup.context.max_tokens", hi,
+                       f"the longest context replayed here (Figures 12, 15); at {fmt_tokens(hi)} the GPU holds "
+                       f"{tot['dualdecoder', hi]:.1f} GB (DualDecoder) and {tot['shadowkv', hi]:.1f} GB (ShadowKV) "
+                       "with one 8B request, weights included")]
     w = Workload(context=lo)
     return FigureResult(df, f"llama-3-8b on {GPU}, batch {FIG15_BATCH} (the paper's +3.7 GB matches one request), "
                         f"contexts {', '.join(fmt_tokens(c) for c in FIG15_CONTEXTS)}, budget {w.budget}, "
