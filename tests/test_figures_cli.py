@@ -86,11 +86,17 @@ def test_ctrl_c_leaves_the_previous_folder_whole(tmp_path):
     out = tmp_path / "figs"
     assert ddb("--only", FAST, "--out", str(out), cwd=tmp_path).returncode == 0
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
-    proc = subprocess.Popen([sys.executable, "-m", "ddbench", "figures", "--only", f"fig13,{FAST}", "--out", str(out)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3.0)       # fig13 runs first and takes several seconds: interrupt it midway
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    log = tmp_path.parent / f"{tmp_path.name}-stderr.txt"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "ddbench", "figures", "--only", f"fig13,{FAST}", "--out",
+                                 str(out)], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=fh, text=True)
+        deadline = time.time() + 120
+        while "figures:" not in log.read_text() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)          # the progress bar is up: the figures are being computed
+        time.sleep(1.0)               # fig13 runs first and takes several seconds: interrupt it midway
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    err = log.read_text()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before    # untouched, no fig13.csv alone
