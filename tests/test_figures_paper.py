@@ -69,8 +69,10 @@ def test_table1_avg_row_is_called_inconsistent_exactly_where_it_is():
             col = [p[f"table1.{d}.{ctx}.{sys}"].value for d in ("niah-1", "niah-2", "niah-3", "qa-2")]
             avg = p[f"table1.avg.{ctx}.{sys}"]
             mean = sum(col) / len(col)
-            assert (abs(mean - avg.value) > 0.005) == (avg.status == "inconsistent"), (ctx, sys)
-            assert f"{mean:.4f}" in avg.reason
+            # "inconsistent" until replayed; once replayed, the same words move to its inconsistency field
+            said = avg.reason if avg.status == "inconsistent" else avg.inconsistency
+            assert (abs(mean - avg.value) > 0.005) == bool(said), (ctx, sys)
+            assert f"{mean:.4f}" in said
 
 
 def test_fig3_losses_imply_two_ideal_batches():
