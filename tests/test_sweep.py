@@ -68,7 +68,7 @@ def test_sweep_table_and_resume(tmp_path):
     r3 = ddbench("sweep", spec, "--out", str(out), "--workers", "1")
     assert r3.returncode == 0 and "(2 run, 2 reused" in r3.stdout, r3.stdout + r3.stderr
     df3 = pd.read_parquet(out / "results.parquet")
-    cols = [c for c in df.columns if c not in ("sim_wall_s", "worker_pid")]
+    cols = [c for c in df.columns if c not in ("sim_wall_s", "sim_cpu_s", "worker_pid")]
     pd.testing.assert_frame_equal(df[cols], df3[cols])
     # a grown grid reuses the points it shares
     r4 = ddbench("sweep", _spec(tmp_path, SPEC.replace("[0.5, 4]", "[0.5, 2, 4]"), "spec2.yaml"),
@@ -152,7 +152,7 @@ def test_sweep_on_local_ray_equals_local_pool(tmp_path, capsys):
     assert "on ray" in out
     a = pd.read_parquet(tmp_path / "local" / "results.parquet")
     b = pd.read_parquet(tmp_path / "ray" / "results.parquet")
-    cols = [c for c in a.columns if c not in ("sim_wall_s", "worker_pid")]
+    cols = [c for c in a.columns if c not in ("sim_wall_s", "sim_cpu_s", "worker_pid")]
     pd.testing.assert_frame_equal(a[cols], b[cols])
     assert os.getpid() not in set(b.worker_pid)
     assert json.loads((tmp_path / "ray" / "spec.json").read_text())["grid"]["rate"] == [0.5, 4.0]

@@ -332,6 +332,7 @@ def serving_plan(args) -> dict:
     if knobs is not None:
         out["search"] = {k: list(v) for k, v in knobs.items()}
         out["settings"] = _pareto_rows(results, slos, knobs)
+        out["settings_metric"] = slos[0].column if slos else "completion_p99_s"
     if args.target_rate is not None:
         out["target_rate_req_per_s"] = args.target_rate
     return out
@@ -378,7 +379,7 @@ def render_serving(out: dict) -> str:
     head = ["rank", "system", "max rate req/s", "tokens/s", "binding", "max batch", "mean batch"] \
         + [c.replace("_s", "").replace("_", " ") for c in slo_cols] + ["peak GB", "runs"]
     if "peak_tokens_per_s_alone" in (out["designs"][0] if out["designs"] else {}):
-        head += ["peak tok/s alone", "shared"]
+        head += ["tok/s at max batch: alone", "shared"]
     if "target_rate_req_per_s" in out:
         head += ["GPUs"] + (["hosts"] if "host" in out else [])
     rows = [head]
@@ -423,16 +424,23 @@ def render_serving(out: dict) -> str:
     if "settings" in out:
         lines.append(f"knob search ({', '.join(out['search'])}): every setting that meets the SLO; * = on the"
                      " Pareto front (M: tokens/s vs peak memory, L: tokens/s vs P99)")
-        metric = next((k for k in out["settings"][0] if k.endswith("_s")), None) if out["settings"] else None
-        rows = [["system", "setting", "max rate req/s", "tokens/s", "peak GB", (metric or "").replace("_s", ""),
+        metric = out["settings_metric"]
+        rows = [["system", "setting", "max rate req/s", "tokens/s", "peak GB", metric[:-2].replace("_", " "),
                  "binding", "front"]]
-        for s in out["settings"]:
+        shown, per = [], {}
+        for s in out["settings"]:   # sorted by design, then tokens/s: the front and each design's top 3
+            per[s["system"]] = per.get(s["system"], 0) + 1
+            if s["pareto_memory"] or s["pareto_latency"] or per[s["system"]] <= 3:
+                shown.append(s)
+        for s in shown:
             ok = s["tokens_per_s"] is not None
             rows.append([s["system"], s["setting"], _fmt_rate(s["max_rate_req_per_s"]) if ok else "none",
                          f"{s['tokens_per_s']:.1f}" if ok else "-", f"{s['peak_memory_gb']:.1f}" if ok else "-",
                          fmt_seconds(s[metric]) if ok and s[metric] is not None else "-", s["binding"],
                          ("*M" if s["pareto_memory"] else "") + ("*L" if s["pareto_latency"] else "")])
         lines += ["  " + x for x in _table(rows)]
+        if len(shown) < len(out["settings"]):
+            lines.append(f"  ({len(out['settings']) - len(shown)} more settings in --json / --csv)")
     lines.append("cost model: " + "; ".join(out["cost_model"]))
     lines.append("hit rates: " + out["hit_rates"])
     return "\n".join(lines)
@@ -459,7 +467,7 @@ def plot(out: dict, path: str) -> None:
         fig = new_figure(8.0, 3.4)
         axes = fig.subplots(1, 2)
         met = [s for s in out["settings"] if s["tokens_per_s"] is not None]
-        metric = next((k for k in out["settings"][0] if k.endswith("_s")), None) if out["settings"] else None
+        metric = out["settings_metric"]
         for ax, (xkey, flag, xlabel) in zip(axes, [("peak_memory_gb", "pareto_memory", "peak GPU memory (GB)"),
                                                    (metric, "pareto_latency", f"{metric} at that rate (s)")]):
             for sysn in sorted({s["system"] for s in met}):
@@ -467,7 +475,6 @@ def plot(out: dict, path: str) -> None:
                 c = SYSTEM_COLORS.get(sysn, None)
                 ax.scatter([s[xkey] for s in pts], [s["tokens_per_s"] for s in pts], s=12, color=c, alpha=0.5,
                            label=sysn)
-                front = sorted((s for s in pts if s[flag]), key=lambda s: s[xkey])
             front = sorted((s for s in met if s[flag]), key=lambda s: s[xkey])
             ax.plot([s[xkey] for s in front], [s["tokens_per_s"] for s in front], color="black", lw=0.8,
                     marker="o", ms=3, mfc="none", label="Pareto front")

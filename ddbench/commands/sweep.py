@@ -95,7 +95,8 @@ def run(args) -> int:
     write_table(ordered, out)
     summary_plot(ordered, spec, os.path.join(out, "summary.png"))
     ran = len(todo)
-    speed = f", {ran / wall:.1f} points/s" if ran and wall > 0 else ""
+    cpu = sum(rows[keys[i]].get("sim_cpu_s") or 0.0 for i in todo)
+    speed = f", {ran / wall:.1f} points/s, {cpu:.0f} CPU-s in the simulator" if ran and wall > 0 else ""
     print(f"sweep {name}: {n} points ({ran} run, {reused} reused from {store_path}) in {wall:.1f} s{speed}"
           f" on {args.executor} ({len(workers_seen - {None})} worker processes"
           + (f"; Ray startup {info['startup_s']:.1f} s not counted)" if info["startup_s"] else ")"))

@@ -66,16 +66,10 @@ def parse_search(text: str) -> dict:
 def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
     """The scenarios of one design's knob grid (the base scenario's values for knobs that do not apply)."""
     sysx = get_system(base.system)
-    axes = {}
     offload = not sysx.kv_on_gpu
-    if "budget" in knobs and offload:
-        axes["budget"] = knobs["budget"]
-    if "chunk" in knobs and offload:
-        axes["chunk"] = knobs["chunk"]
-    if "lowrank-layers" in knobs and sysx.lowrank_keys == "adaptive":
-        axes["lowrank-layers"] = tuple(v for v in knobs["lowrank-layers"] if 0 <= v <= num_layers)
-    if "cache" in knobs and sysx.prefetch == "layer-ahead":
-        axes["cache"] = knobs["cache"]
+    axes = {k: v for k, v in knobs.items() if applies(k, base.system)}
+    if "lowrank-layers" in axes:
+        axes["lowrank-layers"] = tuple(v for v in axes["lowrank-layers"] if 0 <= v <= num_layers)
     names = list(axes)
     out = []
     for combo in itertools.product(*(axes[n] for n in names)) if names else [()]:
@@ -86,12 +80,19 @@ def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
     return out
 
 
+def applies(knob: str, system: str) -> bool:
+    sysx = get_system(system)
+    if knob in ("budget", "chunk"):
+        return not sysx.kv_on_gpu
+    if knob == "lowrank-layers":
+        return sysx.lowrank_keys == "adaptive"
+    return sysx.prefetch == "layer-ahead"
+
+
 def knob_label(sc, knobs: dict) -> str:
-    parts = []
-    for k in knobs:
-        v = getattr(sc, FIELD[k])
-        parts.append(f"{k}={v}")
-    return " ".join(parts)
+    """The searched knobs that apply to the scenario's design, as 'budget=1024 chunk=16'."""
+    parts = [f"{k}={getattr(sc, FIELD[k])}" for k in knobs if applies(k, sc.system)]
+    return " ".join(parts) or "(no knob applies)"
 
 
 def pareto(points: list[tuple[float, float]]) -> list[int]:

@@ -201,7 +201,8 @@ def capacity(sc: Scenario, seed: int = 0) -> dict:
 def binding(sc: Scenario, row: dict, seed: int = 0) -> str:
     """What limits the rate at this run: memory (the batch sits at what fits), compute (prefill)
     (prefill alone keeps the GPU over half busy), else link or compute by the decode step at the
-    run's mean batch (aggregate model: link seconds against compute seconds)."""
+    batch that 90% of the decoding time runs at or below (aggregate model: link seconds against
+    compute seconds of one step there; a TPOT limit is set by the larger batches)."""
     cap = capacity(sc, seed)
     if cap["max_batch"] < 1:
         return "memory"
@@ -209,7 +210,7 @@ def binding(sc: Scenario, row: dict, seed: int = 0) -> str:
         return "batch cap" if sc.max_batch is not None and sc.max_batch == cap["max_batch"] else "memory"
     if sc.prefill == "here" and row["rate_req_per_s"] * cap["prefill_s"] >= 0.5:
         return "compute (prefill)"
-    st = _step(sc, max(1, int(round(row["mean_batch"]))), cap["ctx"] + cap["out"] / 2)
+    st = _step(sc, max(1, int(round(row.get("batch_p90") or row["mean_batch"]))), cap["ctx"] + cap["out"] / 2)
     return "link" if st.link_s >= st.compute_s else "compute"
 
 
@@ -224,11 +225,23 @@ def _slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
 
 
+def _batch_p90(segments: list[dict]) -> float:
+    """The decode batch that 90% of the decoding time runs at or below (time-weighted)."""
+    pts = sorted((seg["batch"], seg["steps"] * seg["step_s"]) for seg in segments if seg["batch"] > 0)
+    total = sum(t for _, t in pts)
+    acc = 0.0
+    for b, t in pts:
+        acc += t
+        if acc >= 0.9 * total:
+            return float(b)
+    return 0.0
+
+
 def run_point(sc: Scenario, rate: float, seed: int = 0, pcts: tuple = ()) -> dict:
     """One seeded serving run at `rate` requests/s -> a flat row (no NaN: missing values are None)."""
     from sim.serving import draw_requests, run_serving
     from ddbench.planner.slo import percentile
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     r = resolve(sc)
     reqs = draw_requests(sc.requests, rate, sc.context, sc.output, seed)
     res = run_serving(r.system, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, sc.max_batch,
@@ -245,13 +258,14 @@ def run_point(sc: Scenario, rate: float, seed: int = 0, pcts: tuple = ()) -> dic
         for p in sorted(set(PCTS) | set(pcts)):
             pn = str(int(p)) if float(p).is_integer() else str(p).replace(".", "_")
             row[f"{name}_p{pn}_s"] = percentile(xs, p)
-    row.update({"mean_batch": s["mean_batch"], "link_utilisation": s["link_utilisation"],
+    row.update({"mean_batch": s["mean_batch"], "batch_p90": _batch_p90(res.segments), "link_utilisation": s["link_utilisation"],
                 "link_gbps_per_gpu": r.link.achievable_gbps, "h2d_gb": s["h2d_bytes"] / GB,
                 "peak_memory_gb": s["peak_memory_bytes"] / GB, "capacity_gb": s["capacity_bytes"] / GB,
                 **{f"peak_{c}_gb": res.peak_by_category.get(c, 0.0) / GB for c in CATEGORIES},
                 "backlog_growth": growth,
                 "sustainable": bool(s["rejected"] == 0 and growth <= STABLE_SLOPE and s["completed"] > 0),
-                "cost_model": cost_model_kind(r.cm), "sim_wall_s": time.perf_counter() - t0})
+                "cost_model": cost_model_kind(r.cm), "sim_wall_s": time.perf_counter() - t0,
+                "sim_cpu_s": time.process_time() - c0})
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
