@@ -55,7 +55,8 @@ class Scenario:
     roofline: bool = False
 
     def label(self) -> str:
-        return self.system if self.cache == "design" else f"{self.system}[{self.cache}]"
+        """The design's name, with [cache] where the buffer layout is not the design's own."""
+        return _system(self.system, self.cache).name
 
 
 @dataclass
