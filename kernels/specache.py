@@ -106,10 +106,11 @@ def specache_chunk_scores_ref(q: torch.Tensor, qk: QuantKeys, chunk: int) -> tor
 
 
 @triton.jit
-def _spec_kernel(q, codes, scale, zero, pml, out, n_groups, s_qb, s_qt, s_qh, s_cb, s_ch, s_ct,
+def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt, s_qh, s_cb, s_ch, s_ct,
                  s_sb, s_sh, s_sg, H, G, NQ, n_split, split_groups, scale_log2, T_out,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
-                 PASS: tl.constexpr, SP: tl.constexpr, CHUNK: tl.constexpr, GB: tl.constexpr):
+                 PASS: tl.constexpr, SP: tl.constexpr, CHUNK: tl.constexpr, GB: tl.constexpr,
+                 ROWLOAD: tl.constexpr = False):
     """GB groups (GB * GROUP tokens, GB * GROUP / 4 byte rows) per iteration: the codes' 4 token
     phases are dequantised in registers (zero + scale * code, the group's scale broadcast over its
     rows) and each phase is one [rows, D] x [D, BLOCK_M] dot."""
@@ -139,17 +140,25 @@ def _spec_kernel(q, codes, scale, zero, pml, out, n_groups, s_qb, s_qt, s_qh, s_
     g0 = sp * split_groups
     g1 = tl.minimum(g0 + split_groups, n_groups)
     for gi in range(g0, g1, GB):
-        gv = (gi + gg) < g1
-        sc = tl.load(scale + zb + (gi + gg)[:, None] * s_sg + dd[None, :], mask=gv[:, None], other=0.0)
-        ze = tl.load(zero + zb + (gi + gg)[:, None] * s_sg + dd[None, :], mask=gv[:, None], other=0.0)
-        scb = tl.reshape(tl.broadcast_to(sc[:, None, :], (GB, R4, D)), (BR, D)).to(tl.float32)
-        zeb = tl.reshape(tl.broadcast_to(ze[:, None, :], (GB, R4, D)), (BR, D)).to(tl.float32)
         row = gi * R4 + rr
         rok = (gi + rr // R4) < g1
+        if ROWLOAD:   # each byte row loads its group's scale and zero (L1 hits), no layout shuffle
+            gsrc = zb + (gi + rr // R4)[:, None] * s_sg + dd[None, :]
+            scb = tl.load(scale + gsrc, mask=rok[:, None], other=0.0).to(tl.float32)
+            zeb = tl.load(zero + gsrc, mask=rok[:, None], other=0.0).to(tl.float32)
+        else:
+            gv = (gi + gg) < g1
+            sc = tl.load(scale + zb + (gi + gg)[:, None] * s_sg + dd[None, :], mask=gv[:, None], other=0.0)
+            ze = tl.load(zero + zb + (gi + gg)[:, None] * s_sg + dd[None, :], mask=gv[:, None], other=0.0)
+            scb = tl.reshape(tl.broadcast_to(sc[:, None, :], (GB, R4, D)), (BR, D)).to(tl.float32)
+            zeb = tl.reshape(tl.broadcast_to(ze[:, None, :], (GB, R4, D)), (BR, D)).to(tl.float32)
         c = tl.load(cb + row[:, None].to(tl.int64) * s_ct + dd[None, :], mask=rok[:, None], other=0)
         if PASS == 2:
             cm0 = tl.zeros([BR], tl.float32)
             cm1 = tl.zeros([BR], tl.float32)
+        if PASS == 1:
+            if CHUNK != 0:
+                cmr = tl.full([BLOCK_M, BR], float("-inf"), tl.float32)
         for j in tl.static_range(4):
             kj = (zeb + scb * ((c >> (2 * j)) & 3).to(tl.float32)).to(tl.float16)     # [BR, D]
             s = tl.dot(qt, tl.trans(kj)) * scale_log2                                    # [BLOCK_M, BR]
@@ -158,6 +167,8 @@ def _spec_kernel(q, codes, scale, zero, pml, out, n_groups, s_qb, s_qt, s_qh, s_
                 m_new = tl.maximum(m, tl.max(s, 1))
                 l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
                 m = m_new
+                if CHUNK != 0:
+                    cmr = tl.maximum(cmr, s)
             else:
                 p = tl.exp2(s - m[:, None]) * inv[:, None]
                 b0 = tl.max(tl.where(sel0[:, None], p, 0.0), 0)
@@ -170,6 +181,18 @@ def _spec_kernel(q, codes, scale, zero, pml, out, n_groups, s_qb, s_qt, s_qh, s_
                 else:
                     cm0 = tl.maximum(cm0, b0)
                     cm1 = tl.maximum(cm1, b1)
+        if PASS == 1:
+            if CHUNK != 0:
+                # per query row, the max raw score of each chunk: the row's softmax is monotone, so
+                # the chunk's max probability follows from it and the row's normaliser (pass 2)
+                PER1: tl.constexpr = CHUNK // 4
+                NC1: tl.constexpr = BR // PER1
+                crow = tl.max(tl.reshape(cmr, [BLOCK_M, NC1, PER1]), 2)
+                cc1 = tl.arange(0, NC1)
+                ch1 = gi * (R4 // PER1) + cc1
+                cok1 = (gi + cc1 // (R4 // PER1)) < g1
+                sb = scratch + bh.to(tl.int64) * BLOCK_M * T_out
+                tl.store(sb + r[:, None] * T_out + ch1[None, :], crow, mask=rv[:, None] & cok1[None, :])
         if PASS == 2:
             if CHUNK != 0:
                 PER: tl.constexpr = CHUNK // 4
@@ -217,12 +240,51 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
         out = torch.empty(B, nq, H, T_out, device=q.device, dtype=torch.float32)
     if out.shape != (B, nq, H, T_out) or not out.is_contiguous() or out.dtype != torch.float32:
         raise DDBenchError(f"out must be a contiguous fp32 {(B, nq, H, T_out)} tensor")
+    if chunk:   # one pass over the codes; pass 2 reads the per-row chunk maxima (select.py's pass 2)
+        from kernels.select import _score_pass2
+        scratch, pml = spec_pass1(q, qk, chunk, splits=splits, groups_per_iter=groups_per_iter, num_warps=num_warps)
+        n_split = pml.numel() // (2 * B * H * BLOCK_M)
+        split_len = triton.cdiv(T_out, n_split)
+        _score_pass2[(B * H, n_split)](scratch, pml, out, T_out, H, G, nq, n_split, split_len,
+                                       GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=64, SP=triton.next_power_of_2(n_split),
+                                       num_warps=4)
+        return out
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
-    args = (q, codes, sc, ze, pml, out, ng, q.stride(0), q.stride(1), q.stride(2), *codes.stride()[:3],
+    args = (q, codes, sc, ze, pml, out, pml, ng, q.stride(0), q.stride(1), q.stride(2), *codes.stride()[:3],
             *sc.stride()[:3], H, G, nq, n_split, split_groups, LOG2E / math.sqrt(d), T_out)
-    kw = dict(D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group, SP=triton.next_power_of_2(n_split), CHUNK=chunk,
+    kw = dict(D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group, SP=triton.next_power_of_2(n_split), CHUNK=0,
               GB=groups_per_iter, num_warps=num_warps)
     grid = (B * H, n_split)
     _spec_kernel[grid](*args, PASS=1, **kw)
     _spec_kernel[grid](*args, PASS=2, **kw)
     return out
+
+
+def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, groups_per_iter: int = 4,
+               num_warps: int = 4, rowload: bool = False):
+    """One pass over the codes: per (request, KV head) the raw log2-scaled scores' max per chunk for
+    every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only), and each
+    split's row max and sum of exp in `pml` (the layout of kernels/select.py's pass 1)."""
+    B, nq, Hq, d = q.shape
+    H = qk.codes.shape[1]
+    codes = qk.codes if qk.codes.stride(3) == 1 else qk.codes.contiguous()
+    sc, ze = qk.scale, qk.zero
+    if sc.stride() != ze.stride() or sc.stride(3) != 1:
+        sc, ze = sc.contiguous(), ze.contiguous()
+    G = Hq // H
+    GP = triton.next_power_of_2(G)
+    BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
+    ng = qk.tokens // qk.group
+    if splits is None:
+        splits = max(1, min(triton.cdiv(4 * _sm_count(q.device), B * H), ng // (4 * groups_per_iter)))
+    split_groups = triton.cdiv(triton.cdiv(ng, splits), groups_per_iter) * groups_per_iter
+    n_split = triton.cdiv(ng, split_groups)
+    Nc = qk.tokens // chunk
+    scratch = torch.empty(B * H * BLOCK_M * Nc, device=q.device, dtype=torch.float32)
+    pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
+    _spec_kernel[(B * H, n_split)](q, codes, sc, ze, pml, pml, scratch, ng, q.stride(0), q.stride(1), q.stride(2),
+                                   *codes.stride()[:3], *sc.stride()[:3], H, G, nq, n_split, split_groups,
+                                   LOG2E / math.sqrt(d), Nc, D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group,
+                                   SP=triton.next_power_of_2(n_split), CHUNK=chunk, GB=groups_per_iter,
+                                   num_warps=num_warps, PASS=1, ROWLOAD=rowload)
+    return scratch, pml

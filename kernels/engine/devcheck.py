@@ -13,7 +13,8 @@ import torch
 def specache_kernel():
     from kernels.bench import _rand_bf16
     from kernels.engine.bench import hbm_gbps
-    from kernels.specache import quantize_keys_2bit, specache_scores_triton
+    from kernels.engine.fastselect import specache_select_topk
+    from kernels.specache import quantize_keys_2bit, spec_pass1, specache_scores_triton
     from kernels.timing import time_cuda
     hbm = hbm_gbps()
     Hq, H, d = 32, 8, 128
@@ -21,23 +22,43 @@ def specache_kernel():
         sets = [(_rand_bf16(B, 2, Hq, d), quantize_keys_2bit(_rand_bf16(B, H, T, d))) for _ in range(2)]
         qk = sets[0][1]
         read = qk.codes.numel() + 2 * qk.scale.numel() * 2
-        for chunk in (0, 8):
-            out_b = B * 2 * H * (T // chunk if chunk else T) * 4
-            for gb in (2, 4, 8):
-                for nw in (4, 8):
-                    for sp in (None, 64):
-                        try:
-                            t = time_cuda([lambda q=q, qk=qk: specache_scores_triton(
-                                q, qk, chunk=chunk, groups_per_iter=gb, num_warps=nw, splits=sp) for q, qk in sets],
-                                inner=2, reps=10)
-                        except Exception as exc:  # noqa: BLE001
-                            print(f"B={B} T={T} c{chunk} gb{gb} w{nw} s{sp}: {type(exc).__name__} {str(exc)[:80]}")
-                            continue
-                        fl = (read + out_b) / hbm / 1e6
-                        print(f"spec B={B:3d} T={T:6d} chunk={chunk} gb={gb} warps={nw} splits={sp}: {t:.4f} ms"
-                              f"  floor {fl:.4f} ms  {100 * fl / t:5.1f}% of floor", flush=True)
+        fl = read / hbm / 1e6
+        for gb in (2, 4):
+            for nw in (4, 8):
+                for rl in (False, True):
+                    t = time_cuda([lambda q=q, qk=qk: spec_pass1(q, qk, 8, groups_per_iter=gb, num_warps=nw, rowload=rl)
+                                   for q, qk in sets], inner=2, reps=10)
+                    print(f"spec pass1 B={B:3d} T={T:6d} gb={gb} warps={nw} rowload={rl}: {t:.4f} ms  floor(codes+scales)"
+                          f" {fl:.4f} ms  {100 * fl / t:5.1f}%", flush=True)
+        out_b = B * 2 * H * (T // 8) * 4
+        t = time_cuda([lambda q=q, qk=qk: specache_scores_triton(q, qk, chunk=8) for q, qk in sets], inner=2, reps=10)
+        f2 = (read + out_b) / hbm / 1e6
+        print(f"spec scores chunk=8 B={B} T={T}: {t:.4f} ms floor {f2:.4f} ms {100 * f2 / t:5.1f}%", flush=True)
+        t = time_cuda([lambda q=q, qk=qk: specache_scores_triton(q, qk, chunk=0) for q, qk in sets], inner=2, reps=10)
+        f0 = (read + B * 2 * H * T * 4) / hbm / 1e6
+        print(f"spec scores chunk=0 B={B} T={T}: {t:.4f} ms floor {f0:.4f} ms {100 * f0 / t:5.1f}%", flush=True)
+        t = time_cuda([lambda q=q, qk=qk: specache_select_topk(q, qk, 8, 256) for q, qk in sets], inner=2, reps=10)
+        print(f"spec select top-256 B={B} T={T}: {t:.4f} ms floor(codes+scales) {fl:.4f} ms {100 * fl / t:5.1f}%",
+              flush=True)
         del sets
         torch.cuda.empty_cache()
+
+
+def select_kernel():
+    from kernels.bench import _rand_bf16
+    from kernels.engine.bench import hbm_gbps
+    from kernels.engine.fastselect import select_topk
+    from kernels.select import select_chunks
+    from kernels.timing import time_cuda
+    hbm = hbm_gbps()
+    for B, N, nq in [(4, 4096, 2), (16, 16384, 2), (64, 16384, 2), (64, 16384, 1)]:
+        sets = [(_rand_bf16(B, nq, 32, 128), _rand_bf16(B, 8, N, 128)) for _ in range(2)]
+        fl = B * 8 * N * 128 * 2 / hbm / 1e6
+        t1 = time_cuda([lambda q=q, lm=lm: select_topk(q, lm, 256) for q, lm in sets], inner=2, reps=10)
+        t0 = time_cuda([lambda q=q, lm=lm: select_chunks(q, lm, 256) for q, lm in sets], inner=2, reps=10)
+        print(f"select B={B} N={N} nq={nq}: fused {t1:.4f} ms, torch top-k path {t0:.4f} ms, landmark floor {fl:.4f} ms"
+              f" ({100 * fl / t1:.0f}% / {100 * fl / t0:.0f}%)", flush=True)
+        del sets
 
 
 def profile(points):
@@ -72,5 +93,7 @@ def profile(points):
 if __name__ == "__main__":
     if sys.argv[1] == "spec":
         specache_kernel()
+    elif sys.argv[1] == "select":
+        select_kernel()
     elif sys.argv[1] == "prof":
         profile(sys.argv[2:])

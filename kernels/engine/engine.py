@@ -104,18 +104,22 @@ class _Ops:
     rope_split: object
     swiglu: object
     assemble: object
+    select: object          # (q, landmarks, k) -> ids [B, nq, H, k]
+    spec_select: object     # (q, quantised keys, chunk, k) -> ids
 
 
 def _ops(ref: bool) -> _Ops:
     from kernels import attention, gather, rebuild, select, specache
-    from kernels.engine import fused
+    from kernels.engine import fastselect, fused
     if ref:
         return _Ops(select.score_chunks_ref, attention.dual_sparse_attention_ref, gather.gather_ref,
                     gather_slots_ref, rebuild.rebuild_keys_ref, specache.specache_chunk_scores_ref,
-                    rmsnorm, fused.rope_split_ref, fused.swiglu_ref, fused.assemble_ref)
+                    rmsnorm, fused.rope_split_ref, fused.swiglu_ref, fused.assemble_ref,
+                    fastselect.select_topk_ref, fastselect.specache_select_topk_ref)
     return _Ops(select.score_chunks, attention.dual_sparse_attention, gather.gather_uva, gather_slots,
                 rebuild.rebuild_keys, lambda q, qk, chunk: specache.specache_scores_triton(q, qk, chunk=chunk),
-                fused.rmsnorm, fused.rope_split, fused.swiglu, fused.assemble)
+                fused.rmsnorm, fused.rope_split, fused.swiglu, fused.assemble,
+                fastselect.select_topk, fastselect.specache_select_topk)
 
 
 @dataclass
@@ -417,12 +421,10 @@ class Engine:
 
     def _select(self, i, q):
         s = self.sys
-        with nvtx_range("select"):
+        with nvtx_range("select"):   # ids [B, nq, H, k], ascending
             if s.landmarks:
-                probs = self._map(lambda t: self.ops.score(t.contiguous(), self.lm[i]), q)
-            else:
-                probs = self._map(lambda t: self.ops.spec_scores(t.contiguous(), self.qk[i], self.C), q)  # [B, nq, H, N]
-            return probs.topk(self.kc, dim=-1).indices.sort(-1).values.to(torch.int32)  # [B, nq, H, k]
+                return self._map(lambda t: self.ops.select(t.contiguous(), self.lm[i], self.kc), q)
+            return self._map(lambda t: self.ops.spec_select(t.contiguous(), self.qk[i], self.C, self.kc), q)
 
     def _sparse_attention(self, i, q, k, v, nq, predecode):
         s, cfg = self.sys, self.cfg
@@ -530,8 +532,12 @@ class Engine:
         pre = self.sched.timing_event() if self.timing else None
         ev_wait, _ = self.sched.run("compute", "wait", lambda: None, waits=waits, layer=i, buf=b, use=u)
         post = self.sched.timing_event() if self.timing else None
+        kw = {}
+        if not self.ref and self.B * self.H < 64:   # small batch: about two waves of (request, head, split)
+            sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
+            kw["splits"] = max(1, min(2 * sms // (self.B * self.H), kb.shape[2] // 256))
         with nvtx_range("attention"):
-            o = self._attn(q, kb, vb, lengths)
+            o = self._attn(q, kb, vb, lengths, **kw)
         ev_attn, _ = self.sched.run("compute", "attention", lambda: None, layer=i, buf=b, use=u)
         self.free_ev[b] = ev_attn
         self.ready_ev.pop(u, None)
