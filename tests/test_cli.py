@@ -102,7 +102,8 @@ def test_help_has_examples():
 
 def test_unknown_figure_id(tmp_path):
     r = ddbench("figures", "--only", "fig99", "--out", str(tmp_path))
-    assert r.returncode == 2 and "unknown figure 'fig99'; known: fig02" in r.stderr
+    assert r.returncode == 2 and "unknown figure 'fig99'; known: " in r.stderr and "fig02" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert os.listdir(tmp_path) == []
 
 
