@@ -215,7 +215,7 @@ def _sm_count(device) -> int:
 
 
 def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, splits: int | None = None,
-                           out: torch.Tensor | None = None, groups_per_iter: int = 4, num_warps: int = 4) -> torch.Tensor:
+                           out: torch.Tensor | None = None, groups_per_iter: int = 2, num_warps: int = 4) -> torch.Tensor:
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     if (Hq % H or qk.codes.shape[0] != B or qk.codes.shape[3] != d or nq not in (1, 2) or d & (d - 1)
@@ -260,7 +260,7 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
     return out
 
 
-def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, groups_per_iter: int = 4,
+def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, groups_per_iter: int = 2,
                num_warps: int = 4, rowload: bool = False):
     """One pass over the codes: per (request, KV head) the raw log2-scaled scores' max per chunk for
     every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only), and each

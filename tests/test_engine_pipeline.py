@@ -212,3 +212,43 @@ def test_gather_slots_kernel_matches_twin(values_only):
     assert torch.equal(outs[0][1].nan_to_num(7), outs[1][1].nan_to_num(7))
     assert torch.equal(outs[0][0].nan_to_num(7), outs[1][0].nan_to_num(7))
     assert (~outs[0][1].isnan()).sum() == int(plan.count) * 8 * 16   # misses only, nothing else
+
+
+@pytest.mark.parametrize("name", ["dualdecoder", "shadowkv", "specache", "full-kv", "dualdecoder-two-pass"])
+@pytest.mark.parametrize("miss_rate", [0.33, None])
+def test_compute_only_runs_and_plans(name, miss_rate):
+    """Compute only (no host KV): the steps run, the tokens are valid, a prediction design keeps and
+    uses its prediction (the miss plan runs), and nothing crosses the link."""
+    g = torch.Generator().manual_seed(1)
+    w = Weights.random(TINY, "cpu", 0, dtype=torch.float32)
+    cfg = EngineConfig.of(context=256, batch=2, budget=64, local_chunks=1, gen_tokens=8, rank=16, outliers_per_1k=32,
+                          miss_rate=miss_rate, lowrank_layers=(1,), transfers=False)
+    e = Engine(TINY, SYSTEMS[name], cfg, w, "cpu", ref=True)
+    for _ in range(3):
+        t = e.step()
+        assert ((t >= 0) & (t < TINY.vocab)).all()
+    assert e.step_bytes() == (0, 0)
+    if SYSTEMS[name].prefetch != "none":
+        assert e.pred is not None and e.pred.shape[-1] == 64 // 8
+
+
+def test_invalid_config_one_line():
+    from ddbench.core.errors import DDBenchError
+    for kw in (dict(batch=0), dict(budget=512), dict(chunk=24), dict(miss_rate=1.5)):
+        args = dict(context=256, batch=2, budget=64, miss_rate=0.2)
+        args.update(kw)
+        with pytest.raises(DDBenchError) as ei:
+            Engine(TINY, SYSTEMS["dualdecoder"], EngineConfig.of(**args), Weights.random(TINY, "cpu", 0, dtype=torch.float32),
+                   "cpu", ref=True, host_kv=None)
+        assert "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("point,extra", [("dualdecoder:1000:16", []), ("dualdecoder:131072:0", []),
+                                         ("dualdecoder:4096:4", ["--budget", "8192"]),
+                                         ("dualdecoder:4096:4", ["--chunk", "24"]), ("nosuch:4096:4", []),
+                                         ("dualdecoder:4096", [])])
+def test_bench_bad_point_exits_2(point, extra, capsys):
+    from kernels.engine.bench import main
+    assert main(["--point", point] + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err

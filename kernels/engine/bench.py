@@ -221,7 +221,7 @@ def plan_points(quick, reps):
     for c in (K32, K128):
         for B in (1, 16, 64):
             for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv"):
-                pts.append(("floor", 0, d, c, B, 0.174, False, True))
+                pts.append(("floor", 0, d, c, B, None, False, True))   # the model's own selection
     for r in range(reps):
         for B in (1, 4, 16):
             for d in ("dualdecoder", "dualdecoder-fifo"):

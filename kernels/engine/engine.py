@@ -327,7 +327,9 @@ class Engine:
                 self.tokens.copy_(new)                           # static input of a captured step
             else:
                 self.tokens = new.clone()
-            if self.nq == 2 and self.prefetch != "none":
+            if self.nq == 2 and s.prefetch != "none":
+                if self.pred is None:          # compute only: no pre-decoding step seeded it
+                    self.pred = torch.zeros_like(self.pred_new)
                 self.pred, self.pred_new = self.pred_new, self.pred
         self.steps += 1
         return nxt
@@ -436,7 +438,11 @@ class Engine:
         elif predecode:
             self.pred_new[i] = true                               # pre-decoding seeds the prediction
         have_pred = self.prefetch != "none" and not predecode
-        base = self.pred[i] if have_pred else (self.prev_true[i] if (s.reuse and self.prev_ok[i]) else None)
+        # compute only (no transfers): a prediction design still plans its misses against the
+        # prediction kept from the last step (and the forced misses are drawn), so that the
+        # compute-only step differs from the full step by the transfers alone
+        sim_pred = not cfg.transfers and s.prefetch != "none" and self.pred is not None
+        base = self.pred[i] if (have_pred or sim_pred) else (self.prev_true[i] if (s.reuse and self.prev_ok[i]) else None)
         if cfg.miss_rate is not None and base is not None:
             # forced miss rate (timing runs); inside a capture the default generator (graph-safe) draws
             true = perturb(base, cfg.miss_rate, self.N, None if self.capturing else self.gen)
@@ -446,7 +452,9 @@ class Engine:
         waits = []
         assembled = true
         if not cfg.transfers:
-            pass
+            if sim_pred:
+                with nvtx_range("plan_misses"):
+                    assembled = plan_misses(self.pred[i], true).assembled
         elif have_pred:
             if s.prefetch == "next-step" and u not in self.prefetched:
                 raise DDBenchError("internal: no prefetch for this layer use")
