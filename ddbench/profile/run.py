@@ -99,6 +99,9 @@ def largest_fit(loaded, context: int, steps: int, prefill_fn, grain: int = 256) 
     from transformers import DynamicCache
 
     def fits(c):
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         try:
             cache = DynamicCache(config=loaded.model.config)
             prefill_fn(loaded.model, [0] * (c + steps), cache)
