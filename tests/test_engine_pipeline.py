@@ -252,3 +252,26 @@ def test_bench_bad_point_exits_2(point, extra, capsys):
     assert main(["--point", point] + extra) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err
+
+
+@pytest.mark.parametrize("B,H,N,k,rate", [(3, 4, 64, 16, 0.25), (2, 2, 300, 40, 0.33), (1, 3, 40, 20, 0.5)])
+def test_fast_plan_and_perturb_match_twins(B, H, N, k, rate):
+    """The one-launch miss plan equals plan_misses as sets of (request-head, chunk) and (request-head,
+    slot) and in `assembled`; the one-launch perturbation forces exactly round(rate*k) new, distinct
+    chunks outside the base, and another seed gives another draw. Outputs poisoned first."""
+    from kernels.engine.transfer import perturb_fast, plan_misses_fast
+    g = torch.Generator().manual_seed(B * N + k)
+    pred = torch.rand(B, H, N, generator=g).argsort(-1)[..., :k].sort(-1).values.int()
+    true = perturb(pred, rate, N, g)
+    a, b = plan_misses(pred, true), plan_misses_fast(pred, true)
+    n = int(a.count)
+    assert int(b.count) == n > 0
+    for f in ("chunk", "slot"):
+        assert set(zip(a.bh[:n].tolist(), getattr(a, f)[:n].tolist())) == set(zip(b.bh[:n].tolist(), getattr(b, f)[:n].tolist()))
+    assert torch.equal(a.assembled, b.assembled)
+    seed = torch.tensor([5], dtype=torch.int32)
+    p = perturb_fast(pred, rate, N, seed, 3)
+    kept = (p[..., :, None] == pred[..., None, :]).any(-1).sum(-1)
+    assert (kept == k - round(rate * k)).all()
+    assert (p.sort(-1).values.diff(dim=-1) > 0).all() and 0 <= int(p.min()) and int(p.max()) < N
+    assert not torch.equal(p, perturb_fast(pred, rate, N, seed + 1, 3))

@@ -52,6 +52,7 @@ COLUMNS = ["phase", "rep", "design", "context", "batch", "miss_rate", "transfers
            "prefetch_mib", "urgent_mib", "link_mib", "link_gbps", "link_util", "floor_link_ms",
            "model_max_batch", "steps", "error"]
 K128, K32 = 131072, 32768
+MECH_POINTS = ((1, 0.33), (2, 0.33), (4, 0.33), (16, 0.33), (2, 0.174), (4, 0.174))   # (batch, miss rate) at 128K
 
 
 def design_spec(name):
@@ -223,10 +224,10 @@ def plan_points(quick, reps):
             for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv"):
                 pts.append(("floor", 0, d, c, B, None, False, True))   # the model's own selection
     for r in range(reps):
-        for B in (1, 4, 16):
+        for B, m in MECH_POINTS:
             for d in ("dualdecoder", "dualdecoder-fifo"):
-                pts.append(("mechanism", r, d, K128, B, 0.33, True, True))
-            pts.append(("mechanism", r, "dualdecoder", K128, B, 0.33, False, True))
+                pts.append(("mechanism", r, d, K128, B, m, True, True))
+            pts.append(("mechanism", r, "dualdecoder", K128, B, m, False, True))
         pts.append(("mechanism", r, "dualdecoder-two-pass", K128, 16, 0.33, True, True))
         pts.append(("mechanism", r, "dualdecoder-two-pass", K128, 16, 0.33, False, True))
         pts.append(("mechanism", r, "dualdecoder-per-layer", K128, 16, 0.33, True, True))
@@ -527,29 +528,34 @@ def ratios(rows):
         return sp
 
     mech = {}
-    for B in (1, 4, 16):
-        mech[f"fifo_over_priority_b{B}"] = per_rep(dict(design="dualdecoder-fifo", context=K128, batch=B, transfers=1),
-                                                   dict(design="dualdecoder", context=K128, batch=B, transfers=1, graph=1))
-        sh = []
+    for B, mr in MECH_POINTS:
+        tag = f"b{B}_m{mr}"
+        mech[f"fifo_over_priority_{tag}"] = per_rep(
+            dict(design="dualdecoder-fifo", context=K128, batch=B, miss_rate=mr, transfers=1),
+            dict(design="dualdecoder", context=K128, batch=B, miss_rate=mr, transfers=1, graph=1))
+        sh, lu = [], []
         for rep in sorted({r["rep"] for r in pick("mechanism")}):
-            x = pick("mechanism", rep=rep, design="dualdecoder", context=K128, batch=B, transfers=1, graph=1)
-            c = pick("mechanism", rep=rep, design="dualdecoder", context=K128, batch=B, transfers=0)
+            x = pick("mechanism", rep=rep, design="dualdecoder", context=K128, batch=B, miss_rate=mr, transfers=1, graph=1)
+            c = pick("mechanism", rep=rep, design="dualdecoder", context=K128, batch=B, miss_rate=mr, transfers=0)
             if x and c:
                 sh.append((x[0]["step_ms"] - c[0]["step_ms"]) / x[0]["step_ms"])
-        mech[f"exposed_share_b{B}"] = _spread(sh)
-        if mech[f"exposed_share_b{B}"]:
-            mech[f"exposed_share_b{B}"]["values"] = sh
-    base = dict(design="dualdecoder", context=K128, batch=16, transfers=1, graph=1)
+                lu.append(x[0].get("link_util"))
+        mech[f"exposed_share_{tag}"] = _spread(sh)
+        if mech[f"exposed_share_{tag}"]:
+            mech[f"exposed_share_{tag}"]["values"] = sh
+            mech[f"exposed_share_{tag}"]["link_util"] = _spread(lu)
+    base = dict(design="dualdecoder", context=K128, batch=16, miss_rate=0.33, transfers=1, graph=1)
     mech["two_pass_over_dual_b16"] = per_rep(dict(design="dualdecoder-two-pass", context=K128, batch=16, transfers=1), base)
     mech["two_pass_over_dual_compute_only_b16"] = per_rep(
         dict(design="dualdecoder-two-pass", context=K128, batch=16, transfers=0),
-        dict(design="dualdecoder", context=K128, batch=16, transfers=0))
+        dict(design="dualdecoder", context=K128, batch=16, miss_rate=0.33, transfers=0))
     mech["per_layer_over_pingpong_b16"] = per_rep(dict(design="dualdecoder-per-layer", context=K128, batch=16), base)
     mech["cpu_gather_over_gpu_gather_eager_b16"] = per_rep(
         dict(design="dualdecoder-cpu-gather", context=K128, batch=16),
-        dict(design="dualdecoder", context=K128, batch=16, transfers=1, graph=0))
+        dict(design="dualdecoder", context=K128, batch=16, miss_rate=0.33, transfers=1, graph=0))
     mech["cpu_gather_over_gpu_gather_graph_b16"] = per_rep(dict(design="dualdecoder-cpu-gather", context=K128, batch=16), base)
-    mech["eager_over_graph_b16"] = per_rep(dict(design="dualdecoder", context=K128, batch=16, transfers=1, graph=0), base)
+    mech["eager_over_graph_b16"] = per_rep(dict(design="dualdecoder", context=K128, batch=16, miss_rate=0.33,
+                                                transfers=1, graph=0), base)
     res["mechanism"] = mech
     pk = {}
     for d in ("dualdecoder", "dualdecoder-per-layer"):

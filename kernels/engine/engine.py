@@ -33,7 +33,8 @@ import torch
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
 from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope, rope_tables
-from kernels.engine.transfer import Sched, gather_slots, gather_slots_ref, perturb, plan_misses
+from kernels.engine.transfer import (Sched, gather_slots, gather_slots_ref, perturb, perturb_fast, plan_misses,
+                                     plan_misses_fast)
 
 
 _WORKLOAD_FIELDS = {f.name for f in fields(Workload)}
@@ -155,6 +156,7 @@ class Engine:
         self.gen = torch.Generator(device=self.dev).manual_seed(cfg.seed + 1)
         self.g = 0                       # generated tokens persisted so far (host mirror, eager only)
         self.g_dev = torch.zeros(1, device=self.dev, dtype=torch.int64)   # the same on the device (graphs)
+        self.seed_dev = torch.full((1,), cfg.seed + 1, device=self.dev, dtype=torch.int32)  # forced misses
         self.ar = torch.arange(4, device=self.dev)
         self.steps = 0
         dt = torch.bfloat16 if self.dev.type == "cuda" else weights.embed.dtype
@@ -322,6 +324,7 @@ class Engine:
             if self.g >= self.cfg.gen_slots - 2:
                 self.g = 0                                       # reuse the generated-token slots
             self.g_dev.add_(1).remainder_(self.cfg.gen_slots - 2)
+            self.seed_dev.add_(1)
             new = nxt[:, :self.nq] if not s.kv_on_gpu else nxt[:, :1]
             if new.shape == self.tokens.shape:
                 self.tokens.copy_(new)                           # static input of a captured step
@@ -400,6 +403,9 @@ class Engine:
             self.rec.append((i, t0, pre, post))
         return x
 
+    def _plan(self, pred, true):
+        return plan_misses(pred, true) if self.ref else plan_misses_fast(pred, true)
+
     def _attn(self, q, kb, vb, lengths, **kw):
         if self.split and q.shape[1] > 1:
             o0 = self.ops.attention(q[:, :1].contiguous(), kb, vb, lengths, **kw)
@@ -445,7 +451,10 @@ class Engine:
         base = self.pred[i] if (have_pred or sim_pred) else (self.prev_true[i] if (s.reuse and self.prev_ok[i]) else None)
         if cfg.miss_rate is not None and base is not None:
             # forced miss rate (timing runs); inside a capture the default generator (graph-safe) draws
-            true = perturb(base, cfg.miss_rate, self.N, None if self.capturing else self.gen)
+            if self.ref:
+                true = perturb(base, cfg.miss_rate, self.N, self.gen)
+            else:   # one launch; its seed advances on the device once per step (graph replays differ)
+                true = perturb_fast(base, cfg.miss_rate, self.N, self.seed_dev, i)
         b = self._buf_of_use(u)
         kb, vb = self.kbuf[b], self.vbuf[b]
         vo = self.lowrank[i]
@@ -454,12 +463,12 @@ class Engine:
         if not cfg.transfers:
             if sim_pred:
                 with nvtx_range("plan_misses"):
-                    assembled = plan_misses(self.pred[i], true).assembled
+                    assembled = self._plan(self.pred[i], true).assembled
         elif have_pred:
             if s.prefetch == "next-step" and u not in self.prefetched:
                 raise DDBenchError("internal: no prefetch for this layer use")
             with nvtx_range("plan_misses"):
-                plan = plan_misses(self.pred[i], true)
+                plan = self._plan(self.pred[i], true)
             ev_plan, _ = self.sched.run("compute", "plan", lambda: None, layer=i)
             pre_ev = self.ready_ev.get(u, [])
             kk = None if vo else kb

@@ -221,3 +221,109 @@ class _Ev:
     def __init__(self, tag):
         self.tag = tag
         self.ev = None
+
+
+# ---------------------------------------------------------------------------------------------
+# One-launch versions of the miss plan and the forced-miss perturbation (the torch ones above are
+# their twins): inside a CUDA graph each of the torch versions costs dozens of tiny kernels per layer.
+
+@triton.jit
+def _plan_kernel(pred, true, count, bh_out, chunk_out, slot_out, assembled, K, KP: tl.constexpr, BI: tl.constexpr):
+    bh = tl.program_id(0)
+    j = tl.arange(0, KP)
+    jv = j < K
+    t = tl.load(true + bh * K + j, mask=jv, other=-1)
+    p = tl.load(pred + bh * K + j, mask=jv, other=-2)
+    found = tl.zeros([KP], tl.int32)
+    used = tl.zeros([KP], tl.int32)
+    for i0 in tl.static_range(0, KP, BI):
+        i = i0 + tl.arange(0, BI)
+        iv = i < K
+        pb = tl.load(pred + bh * K + i, mask=iv, other=-2)
+        tb = tl.load(true + bh * K + i, mask=iv, other=-1)
+        found += tl.sum((t[:, None] == pb[None, :]).to(tl.int32), 1)
+        used += tl.sum((p[:, None] == tb[None, :]).to(tl.int32), 1)
+    miss = jv & (found == 0)
+    free = jv & (used == 0)
+    m = tl.sum(miss.to(tl.int32), 0)
+    base = tl.atomic_add(count, m)
+    rm = tl.cumsum(miss.to(tl.int32), 0) - 1
+    rf = tl.cumsum(free.to(tl.int32), 0) - 1
+    tl.store(chunk_out + base + rm, t, mask=miss)
+    tl.store(bh_out + base + rm, tl.zeros([KP], tl.int32) + bh, mask=miss)
+    tl.store(slot_out + base + rf, j, mask=free)
+    tl.debug_barrier()
+    fill = tl.load(chunk_out + base + rf, mask=free, other=0)
+    tl.store(assembled + bh * K + j, tl.where(free, fill, p), mask=jv)
+
+
+def plan_misses_fast(pred: torch.Tensor, true: torch.Tensor) -> MissPlan:
+    """plan_misses in one launch (plus the zeroed count). The items are grouped per (b, h) as in the
+    twin, but the (b, h) groups come in the order the programs reserved their ranges (an atomic
+    counter): the set of (chunk, slot) pairs and `assembled` are the twin's."""
+    B, H, k = true.shape
+    n = B * H * k
+    dev = true.device
+    count = torch.zeros(1, device=dev, dtype=torch.int32)
+    bh = torch.empty(n, device=dev, dtype=torch.int32)
+    chunk = torch.empty(n, device=dev, dtype=torch.int32)
+    slot = torch.empty(n, device=dev, dtype=torch.int32)
+    assembled = torch.empty(B, H, k, device=dev, dtype=torch.int32)
+    KP = triton.next_power_of_2(k)
+    _plan_kernel[(B * H,)](pred.to(torch.int32).contiguous(), true.to(torch.int32).contiguous(), count, bh, chunk,
+                           slot, assembled, k, KP=KP, BI=min(32, KP), num_warps=4)
+    return MissPlan(bh=bh, chunk=chunk, slot=slot, count=count, assembled=assembled, k=k)
+
+
+@triton.jit
+def _perturb_kernel(base, out, seed_ptr, salt, K, M, N, stride_f, KP: tl.constexpr, BI: tl.constexpr):
+    """Drop the M entries of lowest random rank; the dropped entry of rank t gets the c_t-th chunk
+    (in increasing order) of the complement of `base`, c_t = floor((t + u_t) * (N - K) / M):
+    strictly increasing in t, so the new chunks are distinct and outside `base`."""
+    bh = tl.program_id(0)
+    j = tl.arange(0, KP)
+    jv = j < K
+    b = tl.load(base + bh * K + j, mask=jv, other=0)
+    seed = tl.load(seed_ptr) * 1000003 + salt
+    off = bh * KP
+    r = tl.rand(seed, off + j)
+    rank = tl.zeros([KP], tl.int32)
+    for i0 in tl.static_range(0, KP, BI):
+        i = i0 + tl.arange(0, BI)
+        ri = tl.rand(seed, off + i)
+        ri = tl.where(i < K, ri, 2.0)
+        before = (ri[None, :] < r[:, None]) | ((ri[None, :] == r[:, None]) & (i[None, :] < j[:, None]))
+        rank += tl.sum(before.to(tl.int32), 1)
+    drop = jv & (rank < M)
+    u = tl.rand(seed + 7919, off + rank)
+    c = ((rank.to(tl.float32) + u) * stride_f).to(tl.int32)
+    x = c
+    go = 1
+    while go > 0:
+        cnt = tl.zeros([KP], tl.int32)
+        for i0 in tl.static_range(0, KP, BI):
+            i = i0 + tl.arange(0, BI)
+            bi = tl.load(base + bh * K + i, mask=i < K, other=2147483647)
+            cnt += tl.sum((bi[None, :] <= x[:, None]).to(tl.int32), 1)
+        xn = c + cnt
+        go = tl.sum((drop & (xn != x)).to(tl.int32), 0)
+        x = xn
+    tl.store(out + bh * K + j, tl.where(drop, x, b), mask=jv)
+
+
+def perturb_fast(base: torch.Tensor, miss_rate: float, n_chunks: int, seed: torch.Tensor, salt: int) -> torch.Tensor:
+    """perturb (same contract: round(miss_rate*k) entries of each (b, h) replaced by distinct chunks
+    outside `base`) in one launch; the output keeps `base`'s order with the new chunks in the dropped
+    places (not sorted). `seed` is a device int32 [1] (advanced once per step); `salt` tells the
+    layers of a step apart."""
+    B, H, k = base.shape
+    m = int(round(miss_rate * k))
+    if m == 0:
+        return base.clone()
+    if n_chunks - k < m:
+        raise ValueError(f"cannot force {m} misses among {n_chunks} chunks with {k} selected")
+    out = torch.empty_like(base, dtype=torch.int32)
+    KP = triton.next_power_of_2(k)
+    _perturb_kernel[(B * H,)](base.to(torch.int32).contiguous(), out, seed, salt, k, m, n_chunks,
+                              (n_chunks - k) / m, KP=KP, BI=min(32, KP), num_warps=4)
+    return out
