@@ -167,3 +167,36 @@ def test_figures_command_writes_the_accuracy_figures(fixture_root, tmp_path):
         for ext in ("png", "pdf"):
             assert (tmp_path / "figs" / f"{fid}.{ext}").stat().st_size > 5000
         assert len(pd.read_csv(tmp_path / "figs" / f"{fid}.csv")) >= 3
+
+
+# ---------------------------------------------------------------- the committed SmolLM2 profile
+REAL = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def test_real_profile_committed_and_read_as_pandas_would():
+    """The committed traces exist (this fails, loudly, where they are missing) and the reader's layer means
+    equal an independent pandas computation at the default selection (t2, temperature 0.6, budget 1024)."""
+    path = SOURCE_TRACES / "accuracy" / f"{REAL}.csv"
+    assert path.exists(), f"{path} is not committed: run `ddbench profile --layer-accuracy` (issue 8)"
+    from sim.profile import read_profile
+    df = pd.read_csv(path)
+    sel = df[(df.init == "t2") & (df.temperature == 0.6) & (df.budget_tokens == df.budget_tokens.min())]
+    per_layer = sel.groupby("layer").apply(lambda g: (g.hit_rate * g.n).sum() / g.n.sum(), include_groups=False)
+    prof = read_profile(path)
+    assert prof.layers == 30 == len(per_layer)
+    assert list(prof.hit) == pytest.approx(per_layer.tolist(), abs=1e-9)
+    assert prof.model == REAL and prof.budgets == (int(df.budget_tokens.min()),)
+
+
+def test_real_figures_name_the_model_and_never_an_8b():
+    from ddbench.core.paths import ENV
+    if os.environ.get(ENV):
+        pytest.skip("DDBENCH_DATA points elsewhere")
+    for fid in IDS:
+        res = _exp(fid).compute()
+        text = res.setup + " ".join(c.note for c in res.comparisons)
+        assert REAL in text and "30 layers" in text, fid
+        assert "8B" not in text.replace("Llama-3-8B", ""), fid
+    sens = _exp("sensitivity").compute().data
+    meas = sens[sens.kind == "measured"].iloc[0]
+    assert "not Qwen2.5-32B's" in meas.source and 0.5 < meas.ratio < 3

@@ -167,16 +167,16 @@ def _draw_fig7(res: FigureResult, fig) -> None:
                label=f"KV prediction (mean {100 * sub.kv_accuracy.mean():.1f}%)")
         a.plot(sub.step, 100 * sub.token_accuracy, color="#9467bd", lw=0.8, marker=".", ms=3,
                label=f"token prediction (mean {100 * sub.token_accuracy.mean():.1f}%)")
-    a.axhline(100 * _paper("fig7a.kv_accuracy.mean"), color="black", ls="--", lw=0.8)
-    a.text(0, 100 * _paper("fig7a.kv_accuracy.mean") + 1, "paper: KV prediction 88% on average (its models)",
-           fontsize=6)
+    a.axhline(100 * _paper("fig7a.kv_accuracy.mean"), color="black", ls="--", lw=0.8,
+              label="paper: KV prediction 88% on average (its models)")
     a.set_ylim(0, 105)
     a.set_xlabel("decode step")
     a.set_ylabel("accuracy (%)")
     first = s.iloc[0]
     a.set_title(f"(a) {first.model}, {fmt_tokens(int(first.context_tokens))}, T2 start, temperature "
                 f"{first.temperature:g}", fontsize=7)
-    a.legend(fontsize=6, loc="lower right")
+    a.legend(fontsize=6, loc="lower left")
+    box = dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5)
     p = df[df.panel == "b"]
     temps = sorted(p.temperature.unique())
     width = 0.38
@@ -185,7 +185,6 @@ def _draw_fig7(res: FigureResult, fig) -> None:
         xs = [i + (k - 0.5) * width for i in range(len(temps))]
         bars = b.bar(xs, 100 * sub.kv_accuracy, width, color=color, label=f"{init} start")
         b.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
-    box = dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5)
     right = len(temps) - 0.5
     b.axhline(100 * _paper("fig7b.random_init.kv_accuracy.mean"), color="black", ls=":", lw=0.8)
     b.text(right, 100 * _paper("fig7b.random_init.kv_accuracy.mean"), "paper: random 56%", fontsize=6,
@@ -266,14 +265,13 @@ def _draw_fig16(res: FigureResult, fig) -> None:
                 ys.append(100 * r.hit_rate.iloc[0])
         h = a.bar(xs, ys, width, label=task, color=cmap[k % len(cmap)])
         a.bar_label(h, fmt="%.0f", fontsize=6, padding=1)
-    a.axhline(100 * _paper("fig16.ruler.128k.min_accuracy"), color="black", ls="--", lw=0.8)
-    a.text(-0.4, 100 * _paper("fig16.ruler.128k.min_accuracy") + 1.5, "paper: >= 82.6% (RULER 128K, its models)",
-           fontsize=6)
+    a.axhline(100 * _paper("fig16.ruler.128k.min_accuracy"), color="black", ls="--", lw=0.8,
+              label="paper: >= 82.6% (RULER 128K, its models)")
     a.set_xticks(range(len(groups)), [f"{m}\n{fmt_tokens(int(c))}" for m, c in groups], fontsize=6)
     a.set_ylim(0, 125)
     a.set_ylabel("KV prediction accuracy (%)")
     a.set_title("(a) by model, context and task", fontsize=7)
-    a.legend(fontsize=6, ncol=len(tasks), loc="upper center")
+    a.legend(fontsize=6, ncol=2, loc="upper center")
     lay = df[df.kind == "layer"]
     for model, sub in lay.groupby("model", sort=False):
         b.plot(sub.layer, 100 * sub.hit_rate, marker="o", ms=2.5, lw=1, color=SYSTEM_COLORS["dualdecoder"],
@@ -281,8 +279,10 @@ def _draw_fig16(res: FigureResult, fig) -> None:
         b.plot(sub.layer, 100 * sub.reuse_hit_rate, lw=1, ls="--", color=SYSTEM_COLORS["shadowkv"],
                label=f"{model}: reuse (step t's own selection)")
         low = sub[sub.lowrank == 1]
+        thr = sub.lowrank_threshold.iloc[0]
+        b.axhline(100 * thr, color="red", ls=":", lw=0.8)
         b.plot(low.layer, 100 * low.hit_rate, ls="none", marker="o", mfc="none", mec="red", ms=6,
-               label=f"§5.3 low-rank layers ({len(low)})")
+               label=f"§5.3 low-rank layers: {len(low)} below the threshold {thr:g} (dotted)")
     b.set_ylim(0, 105)
     b.set_xlabel("layer")
     b.set_title("(b) per layer", fontsize=7)
@@ -311,7 +311,8 @@ def fig16() -> FigureResult:
                     worst = (p.hit_mean, model, int(ctx), task)
         for i, (h, r) in enumerate(zip(full.hit, full.reuse)):
             rows.append({"kind": "layer", "model": model, "layers": _layers(model), "context_tokens": None,
-                         "task": "all", "layer": i, "hit_rate": h, "reuse_hit_rate": r, "lowrank": int(i in low)})
+                         "task": "all", "layer": i, "hit_rate": h, "reuse_hit_rate": r, "lowrank": int(i in low),
+                         "lowrank_threshold": _summary(model)["lowrank_layers"].get("threshold")})
     df = pd.DataFrame(rows)
     m0 = models[0]
     lr = _summary(m0)["lowrank_layers"]
@@ -367,8 +368,11 @@ def _draw_table1(res: FigureResult, fig) -> None:
     t.set_fontsize(6.5)
     t.scale(1, 1.25)
     model = ours.model.iloc[0]
-    a.set_title(f"ours: {_who(model)}, task accuracy (exact match of the answer); sparse attention over the budget"
-                f" in tokens", fontsize=7)
+    dense_low = ours[(ours.method == "dense") & (ours.accuracy < 1)]
+    a.set_title(f"ours: {_who(model)}, task accuracy (exact match of the answer), {int(ours.total.max())} prompt(s)"
+                f" per cell;\nsparse attention over the budget in tokens" + (
+                    f"; dense attention already below 1 on: {', '.join(sorted(set(dense_low.task)))}"
+                    if len(dense_low) else ""), fontsize=7)
     pap = df[df.source == "paper"]
     pcells = []
     for task in dict.fromkeys(pap.task):
@@ -428,7 +432,7 @@ def table1() -> FigureResult:
                 cmp.append(Comparison(pid, round(float(x.accuracy), 3),
                                       f"ours: synthetic '{task}' task at {fmt_tokens(top)} (the paper: {ptask} at"
                                       f" {ctx.upper()}), {'low-rank keys (rank ' + str(_summary(model)['config'].get('rank', '?')) + ')' if method == 'lowrank' else 'exact top-k'}"
-                                      f" selection, budget {bud}: {int(x.correct)}/{int(x.total)} correct"
+                                      f" selection, budget {bud}: {int(x.correct)}/{int(x.total)} prompt(s) correct"
                                       + (f"; dense {int(d.correct)}/{int(d.total)}" if d is not None else "")
                                       + f"; {_who(model)}"))
     mapped = [t for t in TABLE1_TASKS.values() if t and t in set(at.task)]
@@ -439,9 +443,11 @@ def table1() -> FigureResult:
         for ctx in ("64k", "128k"):
             pid = f"table1.avg.{ctx}.{sysn}"
             if pid in rep:
+                dn = at[at.method == "dense"]
                 cmp.append(Comparison(pid, round(float(sub.accuracy.mean()), 3),
                                       f"mean over our {len(sub)} tasks ({', '.join(sub.task)}) at {fmt_tokens(top)},"
-                                      f" budget {bud}; {_who(model)}"))
+                                      f" budget {bud}, {int(sub.total.sum())} prompts; dense attention:"
+                                      f" {dn.accuracy.mean():.3f}; {_who(model)}"))
     setup = (f"{_caveat(model)}; task accuracy from {_path(model, 'summary')} (dense, sparse exact top-k and low-rank"
              f" keys over budgets {', '.join(str(int(b)) for b in budgets)}); paper tasks mapped to ours: "
              + ", ".join(f"{p} -> {t or 'none'}" for p, t in TABLE1_TASKS.items()) + f" (profiled: {', '.join(sorted(set(at.task)))})")
