@@ -165,3 +165,16 @@ def test_plan_slo_errors(args, message, tmp_path):
     assert r.stdout == "" and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_plan_csv_memory_answer_matches_json():
+    import csv
+    import io
+    a = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k", "--csv")
+    b = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k", "--json")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    rows = list(csv.DictReader(io.StringIO(a.stdout)))
+    js = json.loads(b.stdout)["systems"]
+    assert [r["system"] for r in rows] == [s["system"] for s in js]
+    for r, s in zip(rows, js):
+        assert int(r["max_batch"]) == s["max_batch"] and int(r["total_bytes"]) == s["bytes"]["total"]

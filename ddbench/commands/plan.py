@@ -312,6 +312,9 @@ def serving_plan(args) -> dict:
     for rank, res in enumerate(best, start=1):
         d = _row_view(res, slos)
         d["rank"] = rank if res.status == "met" else None
+        if knobs is not None:
+            from ddbench.planner.knobs import knob_label
+            d["setting"] = knob_label(res.scenario, knobs)
         if args.target_rate is not None:
             d["gpus"] = math.ceil(args.target_rate / res.rate - 1e-9) if res.status == "met" else None
             if r0.share is not None and d["gpus"] is not None:
@@ -399,7 +402,8 @@ def render_serving(out: dict) -> str:
     lines += _table(rows)
     for d in out["designs"]:
         if d["status"] == "met":
-            lines.append(f"  {d['system']}: passes at {_fmt_rate(d['max_rate_req_per_s'])}, fails at "
+            lines.append(f"  {d['system']}" + (f" (best setting: {d['setting']})" if "setting" in d else "")
+                         + f": passes at {_fmt_rate(d['max_rate_req_per_s'])}, fails at "
                          f"{_fmt_rate(d['failed_rate_req_per_s']) if d['failed_rate_req_per_s'] else '-'} req/s"
                          f" ({d['limited_by']})")
         elif d["status"] == "no fit":
