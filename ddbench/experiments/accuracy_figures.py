@@ -435,7 +435,6 @@ def table1() -> FigureResult:
                                       f" selection, budget {bud}: {int(x.correct)}/{int(x.total)} prompt(s) correct"
                                       + (f"; dense {int(d.correct)}/{int(d.total)}" if d is not None else "")
                                       + f"; {_who(model)}"))
-    mapped = [t for t in TABLE1_TASKS.values() if t and t in set(at.task)]
     for sysn, method in TABLE1_SYSTEMS.items():
         sub = at[(at.method == method) & (at.budget_tokens == bud)]
         if sub.empty:
@@ -451,7 +450,6 @@ def table1() -> FigureResult:
     setup = (f"{_caveat(model)}; task accuracy from {_path(model, 'summary')} (dense, sparse exact top-k and low-rank"
              f" keys over budgets {', '.join(str(int(b)) for b in budgets)}); paper tasks mapped to ours: "
              + ", ".join(f"{p} -> {t or 'none'}" for p, t in TABLE1_TASKS.items()) + f" (profiled: {', '.join(sorted(set(at.task)))})")
-    del mapped
     return FigureResult(df, setup, cmp)
 
 
@@ -563,6 +561,6 @@ def sensitivity() -> FigureResult:
              f" the aggregate step, marked points from the per-layer timeline (as Figure 12); paper point 0.88/0.88:"
              f" {paper['ratio']:.2f}x; measured {meas['source']} (hit {prof.hit_mean:.3f}, reuse {prof.reuse_mean:.3f},"
              f" {prof.selection}): {meas['ratio']:.2f}x; per layer ({map_note.split(': ', 1)[1].split(';')[0]}):"
-             f" {mapped['ratio']:.2f}x; at the measured reuse rate DualDecoder wins for hit >= "
+             f" {mapped['ratio']:.2f}x; at the measured reuse rate DualDecoder wins for hit >= (grid step 0.1, aggregate) "
              f"{min(flip) if flip else 'none on the grid'}")
     return FigureResult(df, setup, [])
