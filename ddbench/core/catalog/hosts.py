@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from ddbench.core.catalog.links import LinkSpec, get_link
 from ddbench.core.catalog.lookup import lookup
+from ddbench.core.errors import DDBenchError
 
 DRAM_EFFICIENCY = 0.8   # achievable / nominal host DRAM read bandwidth (assumed, not measured)
 
@@ -90,7 +91,6 @@ class FetchShare:
 def fetch_share(host: HostSpec, fetching: int | None = None, link: str | None = None) -> FetchShare:
     n = host.gpus if fetching is None else int(fetching)
     if not 1 <= n <= host.gpus:
-        from ddbench.core.errors import DDBenchError
         raise DDBenchError(f"GPUs fetching at once must be within 1..{host.gpus} for host {host.name}, got {n}")
     lk = get_link(link or host.link)
     alone = lk.achievable_gbps
