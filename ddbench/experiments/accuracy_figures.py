@@ -231,6 +231,7 @@ def fig07() -> FigureResult:
                          "budget_tokens": budget, "init": init, "temperature": float(t), "step": None,
                          "kv_accuracy": p.hit_mean, "token_accuracy": p.token_acc, "runs": p.rows})
     df = pd.DataFrame(rows)
+    df["step"] = df["step"].astype("Int64")
     tok = per.token_accuracy.mean()
     cmp = [Comparison("fig7a.kv_accuracy.mean", round(prof.hit_mean, 3),
                       f"{_caveat(model)}; {prof.selection}; mean over {_layers(model)} layers and "
