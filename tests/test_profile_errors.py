@@ -80,3 +80,10 @@ def test_out_of_memory_names_largest_context_that_fits(tiny, tmp_path):
     with pytest.raises(DDBenchError, match="out of memory at context 1000 on cpu; the largest context that fits is 512"):
         run(cfg, prefill_fn=prefill_limited)
     assert not os.path.exists(out) or os.listdir(out) == []
+
+
+def test_sliding_window_shorter_than_context(tmp_path):
+    folder = tiny_model(tmp_path / "tiny-mistral", "mistral", sliding_window=256)
+    out = tmp_path / "out"
+    r = profile("--layer-accuracy", "--model", folder, "--context", "512", "--budget", "64", "--out", str(out))
+    _one_line_exit2(r, "exceeds the model's sliding window of 256", out)

@@ -1,4 +1,4 @@
-"""End-to-end `ddbench profile --layer-accuracy` on tiny random Llama and Qwen2 models built here.
+"""End-to-end `ddbench profile --layer-accuracy` on tiny random Llama, Qwen2 and Mistral models built here.
 
 `tiny_model(tmp, arch)` saves a random 2-layer model (safetensors) with a byte-level BPE tokenizer
 trained on the task text, so nothing is downloaded.
@@ -37,12 +37,15 @@ def _tokenizer():
 
 
 def tiny_model(folder, arch: str = "llama", max_pos: int = 2048, **over):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
     tok = _tokenizer()
     kw = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=max_pos,
               bos_token_id=0, eos_token_id=1, tie_word_embeddings=False) | over
-    cfg, cls = (LlamaConfig(**kw), LlamaForCausalLM) if arch == "llama" else (Qwen2Config(**kw), Qwen2ForCausalLM)
+    cfg, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                "mistral": (MistralConfig, MistralForCausalLM)}[arch]
+    cfg = cfg(**kw)
     torch.manual_seed(0)
     model = cls(cfg)
     with torch.no_grad():                      # larger q/k weights: peakier attention, more varied selections
@@ -60,7 +63,7 @@ def profile(*args, env_extra=None, timeout=300):
                           env=env, timeout=timeout, cwd=ROOT)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 def test_end_to_end_tiny(tmp_path, arch):
     folder = tiny_model(tmp_path / arch, arch)
     out = tmp_path / "out"

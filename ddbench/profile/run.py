@@ -53,7 +53,7 @@ class ProfileConfig:
     command: str = ""
 
 
-def validate(cfg: ProfileConfig, max_positions: int) -> dict:
+def validate(cfg: ProfileConfig, max_positions: int, sliding_window: int | None = None) -> dict:
     if cfg.steps < 1:
         raise DDBenchError(f"--steps must be at least 1, got {cfg.steps}")
     if cfg.samples < 1:
@@ -72,6 +72,9 @@ def validate(cfg: ProfileConfig, max_positions: int) -> dict:
         raise DDBenchError(f"--rank must be positive, got {cfg.rank}")
     plan = {}
     for c in cfg.contexts:
+        if sliding_window and c + cfg.steps + 16 > sliding_window:
+            raise DDBenchError(f"context {c} plus {cfg.steps} decode steps exceeds the model's sliding window of"
+                               f" {sliding_window} tokens: its layers never see the whole context")
         need = c + cfg.steps + 16
         if need > max_positions and not cfg.allow_extrapolation:
             raise DDBenchError(f"context {c} plus {cfg.steps} decode steps exceeds the model's max_position_embeddings"
@@ -145,7 +148,8 @@ def _mean(acc):
 def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
     t_start = time.perf_counter()
     _, gguf_file, _, _, mcfg = model_mod.inspect(cfg.model)
-    budget_plan = validate(cfg, int(mcfg.max_position_embeddings))
+    sw = getattr(mcfg, "sliding_window", None) if getattr(mcfg, "use_sliding_window", True) else None
+    budget_plan = validate(cfg, int(mcfg.max_position_embeddings), sw)
     out_dir = cfg.out
     if out_dir is None:
         from ddbench.core.paths import traces_dir
