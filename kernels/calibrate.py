@@ -585,15 +585,19 @@ class Calibrator:
                                     " 128 tokens on a third stream")
 
     def engine(self):
-        try:
-            import kernels.engine  # noqa: F401  (issue 4; not in the tree yet)
-            note = "kernels/engine.py exists but exposes no per-layer record this version of calibrate reads"
-        except ImportError:
-            note = "not available: the decode-step engine (kernels/engine.py) is not in this tree yet"
-        self.w.sections.setdefault("engine", {"file": SECTIONS["engine"]["file"], "complete": False})
-        self.w.sections["engine"]["note"] = note
-        self.w._write_meta()
-        self.log(f"  engine: {note}")
+        """The engine section comes from this GPU's engine sweep (`ddbench bench engine`, its compute-only
+        CUDA-graph floor phase), not from a measurement of its own."""
+        from ddbench.core.calibration import add_engine_section
+        engine_dir = str(traces_dir("engine", self.w.gpu))
+        if not os.path.exists(os.path.join(engine_dir, "engine.csv")):
+            note = f"no engine sweep for {self.w.gpu} in {engine_dir}: run `ddbench bench engine` first"
+            self.w.sections.setdefault("engine", {"file": SECTIONS["engine"]["file"], "complete": False})
+            self.w.sections["engine"]["note"] = note
+            self.w._write_meta()
+            self.log(f"  engine: {note}")
+            return
+        n = add_engine_section(self.w, engine_dir)
+        self.log(f"  engine: {n} rows from {engine_dir}")
 
 
 ALL_SECTIONS = ("ceilings", "link", "linear", "kernels", "interference", "engine")

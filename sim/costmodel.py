@@ -114,6 +114,15 @@ class CostModel:
                                int(r["param"]))
             groups.setdefault(key + (cfg,), []).append((x, r["latency_ms"] / 1e3))
             groups.setdefault(key + (None,), []).append((x, r["latency_ms"] / 1e3))
+        # the decode-step engine's measured compute-only step (bundle section `engine`)
+        self.engine_tab: dict[tuple[str, int], tuple[list, list]] = {}
+        eng: dict = {}
+        for r in b.rows.get("engine", []):
+            if r.get("layer") == "step" and r.get("model") == self.model.name:
+                eng.setdefault((r["system"], int(r["context"])), {})[int(r["batch"])] = r["compute_ms"] / 1e3
+        for key, pts in eng.items():
+            bs = sorted(pts)
+            self.engine_tab[key] = (bs, [pts[x] for x in bs])
         for key, pts in groups.items():
             if key[0] == "sdpa_prefill":
                 rates = sorted(x / y for x, y in pts)
@@ -147,6 +156,17 @@ class CostModel:
 
     def _roofline(self, flops: float, nbytes: float) -> float:
         return max(flops / self.peak_flops, nbytes / self.hbm)
+
+    def engine_step_s(self, system: str, batch: int, context: int) -> float | None:
+        """The engine's measured compute-only step (seconds) of `system` at `context`, piecewise linear
+        in the batch between the measured batches (None outside them or without rows)."""
+        tab = getattr(self, "engine_tab", {}).get((system, int(context)))
+        if tab is None:
+            return None
+        bs, ts = tab
+        if not bs[0] <= batch <= bs[-1]:
+            return None
+        return _interp([float(x) for x in bs], ts, float(batch))
 
     # ------------------------------------------------------------------ ops (seconds)
     def linear_s(self, k: int, n: int, m: int) -> float:

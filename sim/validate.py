@@ -88,108 +88,134 @@ def replay_plan(design: str, context: int, batch: int, miss: float, transfers: b
     return plan
 
 
-def classify(link_gbps: float, thin_gbps: float, gpu_ms: float, engine_ms: float) -> str:
+COMPUTE_TWIN = {"dualdecoder-fifo": "dualdecoder", "dualdecoder-per-layer": "dualdecoder",
+                "dualdecoder-cpu-gather": "dualdecoder"}
+
+
+def classify(transfers: int, link_gbps: float, thin_gbps: float) -> str:
+    if not transfers:
+        return "compute-only"
     if link_gbps >= LINK_BOUND * thin_gbps:
         return "link-bound"
-    if gpu_ms >= COMPUTE_BOUND * engine_ms:
-        return "compute-bound"
-    return "launch-bound"
+    return "overlap"
+
+
+def scale_compute(plan, f: float):
+    """The plan with every GPU compute term scaled by f (link work untouched)."""
+    return replace(plan, pre=[x * f for x in plan.pre], mid=[x * f for x in plan.mid], att=[x * f for x in plan.att],
+                   post=[x * f for x in plan.post], lm_s=plan.lm_s * f)
 
 
 def validate(engine_dir: str | None = None):
-    """(table of replayed points, list of (row, reason) skipped, meta, cost-model notes)."""
+    """(table of replayed points, list of (row, reason) skipped, meta, cost-model notes).
+
+    The simulator's compute of a point is the engine section of the calibration bundle (the
+    engine's compute-only CUDA-graph steps of the sweep's `floor` phase, batch 1/16/64 at 32K and
+    128K), interpolated in the batch; the link is the simulator's own (the bundle's link and
+    interference sections). Every point replayed here is one that calibration did not use: full
+    steps with transfers, and compute-only steps at batches 2 and 4."""
     import pandas as pd
     from ddbench.core.memory import Workload
     engine_dir = engine_dir or str(traces_dir("engine", GPU))
-    from ddbench.core.systems import get_system
     from sim.setup import cost_model
     from sim.timeline import run_timeline
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
     meta = load_meta(engine_dir)
     thin = float(meta["thin_gather_gbps"])
     cm = cost_model(MODEL, GPU, LINK)
+    if not getattr(cm, "engine_tab", None):
+        raise DDBenchError("the calibration bundle has no engine section: run `ddbench calibrate --sections engine`"
+                           " after `ddbench bench engine`")
     w0 = Workload(context=1)
     rows, skipped = [], []
     for r in df.itertuples():
         label = f"{r.design} {r.context // 1024}K b{r.batch} miss {r.miss_rate} transfers {r.transfers}"
+        phase = getattr(r, "phase", "")
         if r.status != "ok":
             skipped.append((label, f"status {r.status}"))
             continue
-        sysx = get_system(r.design)
-        offloads = not sysx.kv_on_gpu and sysx.fetch != "none"
-        if r.miss_rate == "none" and offloads and r.transfers:
-            skipped.append((label, "miss rate 'none': the model's own prediction with random weights, unknown"))
+        if phase == "floor":
+            continue                      # the calibration itself (the bundle's engine section)
+        if not int(getattr(r, "graph", 1)):
+            skipped.append((label, "eager step (the host launches inside the step; the simulator has GPU time only)"))
+            continue
+        key = COMPUTE_TWIN.get(r.design, r.design)
+        eng_s = cm.engine_step_s(key, int(r.batch), int(r.context))
+        if eng_s is None:
+            skipped.append((label, f"no engine calibration for {key} at this context and batch"))
             continue
         rate = 0.0 if r.miss_rate == "none" else float(r.miss_rate)
         miss = effective_miss(rate, w0.budget, w0.chunk)
         plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cm)
+        f = eng_s / plan.compute_s
+        plan = scale_compute(plan, f)
         tl = run_timeline(plan, steps=STEPS, warmup=WARMUP)
         sim_ms = tl.steady_step_s * 1e3
         sim_bytes = plan.h2d_bytes
         eng_bytes = r.link_mib * MIB
-        gpu_ms = plan.compute_s * 1e3
-        regime = classify(r.link_gbps, thin, gpu_ms, r.step_ms)
-        notes = []
-        if r.urgent_programs != 64:
-            notes.append(f"urgent gather with {r.urgent_programs} programs (engine default 64): the simulator has no"
-                         " program count; same replay as 64")
-        if not offloads and r.miss_rate == "none":
-            notes.append("KV on the GPU: no prediction, no transfers")
+        regime = classify(int(r.transfers), r.link_gbps, thin)
         rows.append(dict(
-            design=r.design, context=r.context, batch=r.batch, miss_rate=r.miss_rate, miss_replayed=miss,
-            transfers=r.transfers, urgent_programs=r.urgent_programs, regime=regime,
-            engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
-            sim_gpu_compute_ms=gpu_ms, sim_stall_ms=statistics.fmean(tl.stall_s[tl.warmup:]) * 1e3,
-            engine_exposed_ms=r.exposed_ms,
+            phase=phase, rep=getattr(r, "rep", 0), design=r.design, context=r.context, batch=r.batch,
+            miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
+            regime=regime, engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
+            sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=f,
+            sim_stall_ms=statistics.fmean(tl.stall_s[tl.warmup:]) * 1e3, engine_exposed_ms=r.exposed_ms,
             engine_link_bytes=eng_bytes, sim_link_bytes=sim_bytes, link_bytes_diff=sim_bytes - eng_bytes,
             engine_link_gbps=r.link_gbps, sim_link_gbps=sim_bytes / (sim_ms * 1e-3) / 1e9 if sim_ms else 0.0,
-            sim_link_util=tl.link_util, note="; ".join(notes)))
+            sim_link_util=tl.link_util, note=""))
     return pd.DataFrame(rows), skipped, meta, list(cm.notes)
 
 
 def fifo_pairs(t) -> list[dict]:
-    """FIFO / priority step ratios, engine and simulator, at every point measured in both orders."""
+    """FIFO / priority step ratios, engine (median, min, max over repetitions) and simulator."""
     out = []
-    key = ["context", "batch", "miss_rate", "transfers", "urgent_programs"]
+    key = ["context", "batch", "miss_rate", "transfers", "phase", "rep"]
+    t = t[t.transfers == 1]
     p = t[t.design == "dualdecoder"].set_index(key)
     f = t[t.design == "dualdecoder-fifo"].set_index(key)
+    groups: dict = {}
     for k in p.index.intersection(f.index):
-        out.append(dict(context=int(k[0]), batch=int(k[1]), miss_rate=k[2],
-                        engine=float(f.engine_step_ms[k] / p.engine_step_ms[k]),
-                        sim=float(f.sim_step_ms[k] / p.sim_step_ms[k])))
+        groups.setdefault(k[:3], []).append((float(f.engine_step_ms[k] / p.engine_step_ms[k]),
+                                             float(f.sim_step_ms[k] / p.sim_step_ms[k])))
+    for k, v in sorted(groups.items()):
+        eng = sorted(x for x, _ in v)
+        out.append(dict(context=int(k[0]), batch=int(k[1]), miss_rate=k[2], reps=len(v),
+                        engine=statistics.median(eng), engine_min=eng[0], engine_max=eng[-1],
+                        sim=statistics.median(y for _, y in v)))
     return out
 
 
+def _errors(sub) -> dict:
+    if not len(sub):
+        return {"points": 0}
+    err = (sub.sim_over_engine - 1.0).abs()
+    worst = sub.loc[err.idxmax()]
+    return {"points": int(len(sub)), "median_abs_error": float(err.median()), "worst_abs_error": float(err.max()),
+            "median_sim_over_engine": float(sub.sim_over_engine.median()),
+            "worst_point": f"{worst.design} {worst.context // 1024}K b{worst.batch} miss {worst.miss_rate}"
+                           f" transfers {worst.transfers}: engine {worst.engine_step_ms:.2f} ms,"
+                           f" sim {worst.sim_step_ms:.2f} ms"}
+
+
 def summarize(t, skipped, meta) -> dict:
-    lb = t[(t.regime == "link-bound") & (t.note == "")]
-    err = (lb.sim_over_engine - 1.0).abs()
-    worst = lb.loc[err.idxmax()] if len(lb) else None
     off = t[t.transfers == 1]
     exact = int((off.link_bytes_diff == 0).sum())
+    regimes = {k: _errors(t[t.regime == k]) for k in ("link-bound", "overlap", "compute-only")}
+    lb = t[t.regime == "link-bound"]
+    if len(lb):
+        regimes["link-bound"]["median_link_gbps_engine"] = float(lb.engine_link_gbps.median())
+        regimes["link-bound"]["median_link_gbps_sim"] = float(lb.sim_link_gbps.median())
     return {
         "points": int(len(t)), "skipped": [f"{a}: {b}" for a, b in skipped],
-        "regimes": {k: int(v) for k, v in t.regime.value_counts().items()},
+        "calibration": "compute: the bundle's engine section (the sweep's floor phase, compute-only CUDA-graph"
+                       " steps at batch 1/16/64, 32K and 128K), piecewise linear in the batch; link: the"
+                       " bundle's link and interference sections. No replayed point is a calibration point.",
         "rule": f"link-bound: engine link GB/s >= {LINK_BOUND} x the thin-gather rate of the same run"
-                f" ({meta['thin_gather_gbps']:.1f} GB/s); compute-bound: else simulated GPU compute >="
-                f" {COMPUTE_BOUND} x engine step; launch-bound: else",
-        "link_bound": {
-            "points": int(len(lb)),
-            "median_abs_error": float(err.median()) if len(lb) else None,
-            "median_sim_over_engine": float(lb.sim_over_engine.median()) if len(lb) else None,
-            "worst_abs_error": float(err.max()) if len(lb) else None,
-            "worst_point": (f"{worst.design} {worst.context // 1024}K b{worst.batch} miss {worst.miss_rate}:"
-                            f" engine {worst.engine_step_ms:.1f} ms, sim {worst.sim_step_ms:.1f} ms")
-            if worst is not None else None,
-            "median_link_gbps_engine": float(lb.engine_link_gbps.median()) if len(lb) else None,
-            "median_link_gbps_sim": float(lb.sim_link_gbps.median()) if len(lb) else None,
-        },
-        "launch_bound_median_sim_over_engine": float(t[t.regime == "launch-bound"].sim_over_engine.median())
-        if (t.regime == "launch-bound").any() else None,
+                f" ({meta['thin_gather_gbps']:.1f} GB/s); compute-only: no transfers; overlap: the rest",
+        "regimes": regimes,
         "link_bytes": {"points_with_transfers": int(len(off)), "exact": exact,
                        "max_abs_diff_bytes": float(off.link_bytes_diff.abs().max()) if len(off) else 0.0},
         "fifo_over_priority": fifo_pairs(t),
-        "excluded_from_error": [f"{r.design} {r.context // 1024}K b{r.batch}: {r.note}"
-                                for r in t[(t.regime == "link-bound") & (t.note != "")].itertuples()],
     }
 
 
@@ -212,27 +238,20 @@ def write(t, summary, notes, out: str) -> str:
 
 
 def report(summary: dict) -> str:
-    lb = summary["link_bound"]
-    lines = [f"{summary['points']} engine points replayed; regimes: "
-             + ", ".join(f"{k} {v}" for k, v in sorted(summary["regimes"].items()))]
+    lines = [f"{summary['points']} engine points replayed (none used for calibration)"]
     for s in summary["skipped"]:
         lines.append(f"  skipped {s}")
-    if lb["points"]:
-        lines.append(f"link-bound ({lb['points']} points): sim / engine median {lb['median_sim_over_engine']:.3f},"
-                     f" median |error| {lb['median_abs_error']:.1%}, worst {lb['worst_abs_error']:.1%}"
-                     f" ({lb['worst_point']}); link GB/s median engine {lb['median_link_gbps_engine']:.1f},"
-                     f" sim {lb['median_link_gbps_sim']:.1f}")
-    for s in summary["excluded_from_error"]:
-        lines.append(f"  not in the error: {s}")
-    if summary["launch_bound_median_sim_over_engine"] is not None:
-        lines.append(f"launch-bound: sim / engine median {summary['launch_bound_median_sim_over_engine']:.2f}"
-                     " (the simulator has GPU time only)")
+    for k, v in summary["regimes"].items():
+        if v["points"]:
+            lines.append(f"{k} ({v['points']} points): median |error| {v['median_abs_error']:.1%}, worst"
+                         f" {v['worst_abs_error']:.1%} ({v['worst_point']}); sim / engine median"
+                         f" {v['median_sim_over_engine']:.3f}")
     b = summary["link_bytes"]
     lines.append(f"link bytes per step: {b['exact']} of {b['points_with_transfers']} points with transfers equal"
                  f" to the byte (largest difference {b['max_abs_diff_bytes']:.0f} B)")
     for p in summary["fifo_over_priority"]:
-        lines.append(f"FIFO / priority {p['context'] // 1024}K b{p['batch']} miss {p['miss_rate']}:"
-                     f" engine {p['engine']:.3f}, sim {p['sim']:.3f}")
+        lines.append(f"FIFO / priority {p['context'] // 1024}K b{p['batch']} miss {p['miss_rate']} ({p['reps']} reps):"
+                     f" engine {p['engine']:.3f} ({p['engine_min']:.3f}-{p['engine_max']:.3f}), sim {p['sim']:.3f}")
     return "\n".join(lines)
 
 

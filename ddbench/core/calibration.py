@@ -9,7 +9,9 @@ A bundle is a folder `traces/calibration/<gpu>/` holding
     kernels.csv       latency of decode kernels (attention, selection, key rebuild...) keyed by shape
     interference.csv  urgent-versus-background transfers, and a GEMM beside a background gather
     ceilings.csv      HBM copy bandwidth and the dense bf16 GEMM rate measured in the same run
-    engine.csv        per-layer costs of the decode-step engine, where the engine exists
+    engine.csv        the decode-step engine's compute-only step (CUDA graph, no transfers) per design,
+                      batch and context, imported from an engine sweep (kernels/engine/bench.py, its
+                      `floor` phase; `layer` = "step": the whole step, LM head included)
 
 Every number is a measurement with its unit in the column name. Loading validates bundle.json and
 every row against the typed schemas of ddbench/core/schemas.py (pydantic); no torch, no simpy: the
@@ -161,7 +163,7 @@ def load_bundle(path: str) -> Bundle:
     for section, info in meta["sections"].items():
         file = os.path.join(path, SECTIONS[section]["file"])
         rows[section] = _parse_csv(path, section, file) if os.path.exists(file) else []
-        if info.get("complete") and not rows[section] and section != "engine":
+        if info.get("complete") and not rows[section]:
             raise _bad(path, f"section '{section}' is marked complete but has no rows")
     for section in SECTIONS:
         rows.setdefault(section, [])
@@ -251,3 +253,62 @@ class BundleWriter:
             "schema_version": SCHEMA_VERSION, "gpu": self.gpu,
             "units": "latency in ms, bandwidth in GB/s (1e9 B/s), sizes in bytes, rates in TFLOP/s",
             "provenance": self.provenance, "sections": self.sections})
+
+
+# --------------------------------------------------------------------------- the engine section
+
+ENGINE_MODEL = "llama-3-8b"
+
+
+def engine_section_rows(engine_csv: str) -> list[dict]:
+    """Bundle rows from an engine sweep's engine.csv: every 'ok' compute-only CUDA-graph step of its
+    `floor` phase (no host reads, so nothing exposed and no bytes on the link). DualDecoder with one
+    query token is named 'dualdecoder-single'."""
+    try:
+        with open(engine_csv, newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    except OSError as exc:
+        raise DDBenchError(f"{engine_csv}: cannot read the engine sweep ({exc.strerror})") from None
+    out = []
+    for i, r in enumerate(rows, start=2):
+        if r.get("phase") != "floor" or r.get("status") != "ok" or r.get("transfers") != "0" or r.get("graph") != "1":
+            continue
+        try:
+            ms = float(r["step_ms"])
+            batch, context = int(r["batch"]), int(r["context"])
+        except (KeyError, ValueError):
+            raise DDBenchError(f"{engine_csv}, line {i}: step_ms, batch or context is not a number") from None
+        name = r["design"] + ("-single" if r["design"] == "dualdecoder" and r.get("tokens") == "1" else "")
+        out.append({"system": name, "model": ENGINE_MODEL, "batch": batch, "context": context, "layer": "step",
+                    "compute_ms": ms, "exposed_transfer_ms": 0.0, "urgent_bytes": 0, "prefetch_bytes": 0})
+    if not out:
+        raise DDBenchError(f"{engine_csv}: no compute-only 'floor' rows (an engine sweep of kernels/engine/bench.py)")
+    return out
+
+
+def add_engine_section(writer: "BundleWriter", engine_dir: str) -> int:
+    """Fill the engine section of a bundle being written from the engine sweep in `engine_dir`."""
+    rows = engine_section_rows(os.path.join(engine_dir, "engine.csv"))
+    for r in rows:
+        writer.add("engine", r)
+    prov = {}
+    try:
+        with open(os.path.join(engine_dir, "meta.json"), encoding="utf-8") as fh:
+            prov = json.load(fh).get("provenance", {})
+    except (OSError, ValueError):
+        pass
+    writer.complete("engine", note="compute-only decode step (CUDA graph, no transfers) of the engine sweep"
+                                   f" {prov.get('git_sha', '?')} {prov.get('date_utc', '?')}: layer 'step' is the"
+                                   " whole step, LM head included")
+    writer.sections["engine"]["source"] = {k: prov.get(k) for k in ("gpu", "git_sha", "date_utc", "command")}
+    writer._write_meta()
+    return len(rows)
+
+
+def import_engine_sweep(bundle_path: str, engine_dir: str, command: str, date: str) -> int:
+    """Add an engine sweep to an existing bundle (CPU only: the sweep was measured on that GPU)."""
+    old = load_bundle(bundle_path)
+    prov = dict(old.provenance)
+    prov.pop("runs", None)
+    prov.update(date=date, command=command)
+    return add_engine_section(BundleWriter(bundle_path, old.gpu, prov), engine_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ddbench.experiments import FigureResult, register
 
-REGIME_COLORS = {"link-bound": "tab:blue", "compute-bound": "tab:green", "launch-bound": "tab:red"}
+REGIME_COLORS = {"link-bound": "tab:blue", "overlap": "tab:orange", "compute-only": "tab:green"}
 
 
 def _draw(res: FigureResult, fig) -> None:
@@ -34,9 +34,93 @@ def validation() -> FigureResult:
     from sim import validate as v
     t, skipped, meta, _ = v.validate()
     s = v.summarize(t, skipped, meta)
-    lb = s["link_bound"]
+    errs = "; ".join(f"{k}: median |error| {x['median_abs_error']:.1%} ({x['points']} points)"
+                     for k, x in s["regimes"].items() if x["points"])
     setup = (f"{v.MODEL} on {v.GPU} + {v.LINK}, the engine sweep of {v.ENGINE_REL} ({s['points']} points replayed,"
-             f" {len(skipped)} skipped), {s['rule']}; link-bound: sim / engine median"
-             f" {lb['median_sim_over_engine']:.3f}, worst |error| {lb['worst_abs_error']:.1%};"
+             f" none used for calibration; {len(skipped)} skipped), {s['rule']}; {errs};"
              f" link bytes equal at {s['link_bytes']['exact']} of {s['link_bytes']['points_with_transfers']} points")
     return FigureResult(t, setup, [])
+
+
+# ---------------------------------------------------------------- one step, measured beside simulated
+LANES = ("compute", "prefetch (link)", "urgent misses (link)")
+LANE_COLORS = {"compute": "#4c72b0", "stall": "#dddddd", "prefetch (link)": "#55a868", "urgent misses (link)": "#c44e52"}
+
+
+def _measured_lanes(tl: dict) -> list[tuple[str, float, float, str]]:
+    """(lane, start ms, end ms, kernel) of the first step of the profiled replay (a replay holds two)."""
+    ev = []
+    for kernels in tl["streams"].values():
+        for name, ts, dur in kernels:
+            lane = ("prefetch (link)" if name.startswith("_gather_kernel") else
+                    "urgent misses (link)" if name.startswith("_slot_gather_kernel") else "compute")
+            ev.append((lane, ts / 1e3, (ts + dur) / 1e3, name))
+    ev.sort(key=lambda e: e[1])
+    step = float(tl["row"]["step_ms"])
+    return [e for e in ev if e[1] < step]
+
+
+def _draw_timeline(res: FigureResult, fig) -> None:
+    df = res.data
+    axes = fig.subplots(2, 1, sharex=True)
+    for ax, (src, title) in zip(axes, (("measured", "measured: kernels of one CUDA-graph step (torch.profiler)"),
+                                       ("simulated", "simulated: timeline mode, engine-calibrated compute"))):
+        s = df[df.source == src]
+        for y, lane in enumerate(LANES):
+            part = s[s.lane == lane]
+            ax.broken_barh(list(zip(part.start_ms, part.end_ms - part.start_ms)), (y - 0.4, 0.8),
+                           color=LANE_COLORS[lane], lw=0)
+        st = s[s.lane == "stall"]
+        if len(st):
+            ax.broken_barh(list(zip(st.start_ms, st.end_ms - st.start_ms)), (-0.4, 0.8), color=LANE_COLORS["stall"],
+                           lw=0, label="compute waits on the link")
+            ax.legend(fontsize=6, loc="upper right")
+        ax.set_yticks(range(len(LANES)), LANES, fontsize=7)
+        ax.set_title(title, fontsize=8)
+        ax.set_ylabel("stream / link class (lane)", fontsize=7)
+        ax.set_xlabel("time from the step's first kernel (ms)", fontsize=7)
+
+
+@register("timeline", "One decode step, measured on the H200 engine beside the simulator's timeline of the same point"
+          " (no paper figure)", _draw_timeline)
+def timeline() -> FigureResult:
+    import json
+    import os
+
+    import pandas as pd
+
+    from ddbench.core.paths import traces_dir
+    from sim import validate as v
+    from sim.setup import cost_model
+    from sim.timeline import run_timeline
+    path = str(traces_dir("engine", v.GPU, "timeline.json"))
+    with open(path, encoding="utf-8") as fh:
+        tl = json.load(fh)
+    p = tl["point"]
+    rows = [dict(source="measured", lane=lane, start_ms=a, end_ms=b, what=name)
+            for lane, a, b, name in _measured_lanes(tl)]
+    cm = cost_model(v.MODEL, v.GPU, v.LINK)
+    miss = v.effective_miss(float(p["miss_rate"]), 2048, 8)
+    plan = v.replay_plan(p["design"], p["context"], p["batch"], miss, True, cm)
+    plan = v.scale_compute(plan, cm.engine_step_s(p["design"], p["batch"], p["context"]) / plan.compute_s)
+    res = run_timeline(plan, steps=4, warmup=2, record=True)
+    t0 = sum(res.step_s[:res.warmup])
+    t1 = t0 + res.step_s[res.warmup]
+    for track, name, a, b in res.events:
+        if not (t0 <= a < t1):
+            continue
+        lane = {"h2d": "urgent misses (link)" if "urgent" in name else "prefetch (link)"}.get(track)
+        if track == "gpu":
+            lane = "stall" if name.endswith("stall") else "compute"
+        if lane is None:
+            continue
+        rows.append(dict(source="simulated", lane=lane, start_ms=(a - t0) * 1e3, end_ms=(min(b, t1) - t0) * 1e3,
+                         what=name))
+    df = pd.DataFrame(rows)
+    meas = float(tl["row"]["step_ms"])
+    setup = (f"{p['design']} {p['context'] // 1024}K, batch {p['batch']}, forced {p['miss_rate']:.0%} misses; measured"
+             f" step {meas:.2f} ms (median of the replays of {os.path.basename(path)}, graph of 2 steps; the first"
+             f" step's kernels drawn), simulated {res.step_s[res.warmup] * 1e3:.2f} ms. Measured lanes by kernel:"
+             " _gather_kernel = prefetch, _slot_gather_kernel = urgent misses, all else compute (inside a graph the"
+             " profiler reports the graph's internal streams, not the capture streams)")
+    return FigureResult(df, setup, [])
