@@ -45,3 +45,18 @@ def pytest_pycollect_makemodule(module_path, parent):
     if module_path.name == "__init__.py":
         return None
     return _GuardedModule.from_parent(parent, path=module_path)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that imports an optional package inside its body, where it is missing, is reported as
+    skipped with the reason rather than failed."""
+    outcome = yield
+    rep = outcome.get_result()
+    exc = call.excinfo
+    if exc is not None and exc.errisinstance(ModuleNotFoundError):
+        name = (getattr(exc.value, "name", "") or "").split(".")[0]
+        if name in OPTIONAL:
+            rep.outcome = "skipped"
+            rep.longrepr = (str(item.path), (item.location[1] or 0) + 1,
+                            f"Skipped: needs the optional package {name!r}, not installed here")
