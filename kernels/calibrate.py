@@ -74,25 +74,12 @@ def _sync():
 
 
 def time_ms(fn, target_ms: float = 25.0, max_iters: int = 50, min_iters: int = 3) -> float:
-    """Median CUDA-event time of fn() in ms; warm-up, then enough repeats to fill target_ms."""
-    fn()
-    _sync()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    _sync()
-    first = max(s.elapsed_time(e), 1e-3)
+    """Median CUDA-event time of fn() in ms (kernels/timing.event_times): a warm-up call and one
+    timed call size the repeats to fill target_ms."""
+    from kernels.timing import event_times
+    first = max(event_times(fn, 1, warmup=1)[0], 1e-3)
     iters = int(max(min_iters, min(max_iters, target_ms / first)))
-    ts = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        _sync()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
+    ts = sorted(event_times(fn, iters, warmup=0))
     return ts[len(ts) // 2]
 
 
