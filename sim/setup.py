@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from ddbench.core.calibration import available_bundles, find_bundle, load_bundle
 from ddbench.core.errors import DDBenchError
-from ddbench.core.catalog import get_gpu, get_link, get_model
+from ddbench.core.catalog import LinkSpec, get_gpu, get_link, get_model
 from sim.costmodel import CostModel
 
 PREFERRED_SOURCE = "h200"
 
 
-def cost_model(model: str, gpu: str, link: str | None = None, root: str | None = None,
+def cost_model(model: str, gpu: str, link: str | LinkSpec | None = None, root: str | None = None,
                roofline: bool = False) -> CostModel:
+    """`link`: a catalog name, a LinkSpec (e.g. a host-shared link from the planner), or the GPU's own."""
     m, g = get_model(model), get_gpu(gpu)
-    lk = get_link(link or g.default_link)
+    lk = link if isinstance(link, LinkSpec) else get_link(link or g.default_link)
     if roofline:
         return CostModel(m, g, lk, None)
     path = find_bundle(g.name, root)

@@ -85,20 +85,8 @@ def _system(name: str, cache: str):
 
 @lru_cache(maxsize=64)
 def _cost_model(model: str, gpu: str, link, calibration, roofline):
-    from ddbench.core.calibration import available_bundles, find_bundle, load_bundle
-    from sim.costmodel import CostModel
-    from sim.setup import PREFERRED_SOURCE
-    m, g = get_model(model), get_gpu(gpu)
-    if roofline:
-        return CostModel(m, g, link, None)
-    path = find_bundle(g.name, calibration)
-    if path is None:
-        have = available_bundles(calibration)
-        if not have:
-            raise DDBenchError(f"no calibration bundle under {calibration or 'the data root'}; measure one with"
-                               " `ddbench calibrate`, or plan with --roofline")
-        path = find_bundle(PREFERRED_SOURCE if PREFERRED_SOURCE in have else have[0], calibration)
-    return CostModel(m, g, link, load_bundle(path))
+    from sim.setup import cost_model
+    return cost_model(model, gpu, link, calibration, roofline)
 
 
 @lru_cache(maxsize=64)
