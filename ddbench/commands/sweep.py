@@ -12,7 +12,6 @@ tidy row per point, units in the column names), OUT/summary.png and OUT/spec.jso
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
