@@ -11,6 +11,8 @@ import os
 import pandas as pd
 
 from ddbench.core.calibration import bundle_dir, load_bundle
+from ddbench.core.catalog import get_model
+from ddbench.core.memory import Workload
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.core.traces import engine_bench, kernel_bench, provenance
 
@@ -32,6 +34,7 @@ def _draw_fig17(res: FigureResult, fig) -> None:
         ax.set_xlabel("batch (requests)")
         ax.set_title(title)
     ax_a.set_ylabel("latency (us)")
+    ax_b.set_ylabel("latency, qkv+o+gate_up+down (us)")
     ax_a.legend(fontsize=7)
     fig.suptitle("Fig. 17: dual-token step against two passes, measured on H200", fontsize=9)
 
@@ -103,11 +106,16 @@ def fig19() -> FigureResult:
                                                                                    ignore_index=True)
     by = df.pivot_table(index="mib", columns="variant", values="latency_ms")
     top = by.dropna(subset=["uva_persistent_32", "cpu_index_select_staging"]).index.max()
+    m, w = get_model("llama-3-8b"), Workload(context=131072)   # the one request the note sizes
+    req_mib = m.num_layers * w.budget * m.kv_bytes_per_token_layer / 2 ** 20
     gpu_ms, cpu_ms = by.loc[top, "uva_persistent_32"], by.loc[top, "cpu_index_select_staging"]
     cmp = [
         Comparison("fig19.gpu_gather_ms", round(float(gpu_ms), 2),
                    f"{top:.0f} MiB per call, our largest (the paper's bytes per call are not stated; "
-                   f"its 3.25 ms would move {3.25 * top / gpu_ms:.0f} MiB at our GPU-gather rate)"),
+                   f"its 3.25 ms would move {3.25 * top / gpu_ms:.0f} MiB at our GPU-gather rate). One Llama-3-8B"
+                   f" request at budget {w.budget} selects {m.num_layers} layers x {w.budget} tokens x"
+                   f" {m.kv_bytes_per_token_layer // 1024} KiB K+V = {req_mib:.0f} MiB per step"
+                   + (", so this call moves one such request's selected K and V" if abs(top - req_mib) < 1e-9 else "")),
         Comparison("fig19.cpu_gather_ms", round(float(cpu_ms), 2),
                    f"{top:.0f} MiB; the H200 machine's 16 host cores gather at {top * 2 ** 20 / cpu_ms / 1e6:.1f} GB/s, "
                    f"the paper's CPU gather is {49.5 / 3.25:.0f}x slower than its GPU gather, ours "
@@ -134,10 +142,13 @@ def _draw_fig18e(res: FigureResult, fig) -> None:
         err = [(s.step_ms - s.step_ms_min).clip(lower=0), (s.step_ms_max - s.step_ms).clip(lower=0)]
         bars = ax.bar(xs, s.step_ms, 0.27, yerr=err, capsize=2, label=variant, color=color)
         ax.bar_label(bars, fmt="%.1f", fontsize=6)
-    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
-    ax.set_ylabel("step (ms): median of repetitions, bars min-max")
-    ax.set_title("Fig. 18 on the real engine (CUDA graphs): Llama-3-8B, 128K, 33% misses, H200\n"
-                 "(paper: 34.8 ms priority / 43.3 ms FIFO)", fontsize=9)
+    ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+    ax.set_xlabel("batch (requests)")
+    reps, steps = int(df.reps.min()), int(df.steps.min())
+    ax.set_ylabel(f"step (ms): median of {reps} repetitions\n(each over {steps} steps); bars: min-max of repetitions",
+                  fontsize=8)
+    ax.set_title("Fig. 18 on the real engine (CUDA graphs), H200:\nLlama-3-8B, 128K, 33% misses"
+                 " (paper: 34.8 ms priority / 43.3 ms FIFO)", fontsize=9)
     ax.legend(fontsize=7)
 
 
@@ -152,12 +163,12 @@ def fig18e() -> FigureResult:
         e = e[(e.graph == 1) & (e.phase == "mechanism")]
     names = {("dualdecoder", 1): "priority", ("dualdecoder-fifo", 1): "fifo", ("dualdecoder", 0): "compute only"}
     rows = [{"batch": int(r.batch), "variant": names[(r.design, int(r.transfers))], "rep": int(getattr(r, "rep", 0)),
-             "step_ms": r.step_ms, "link_gbps": r.link_gbps}
+             "step_ms": r.step_ms, "link_gbps": r.link_gbps, "steps": int(r.steps)}
             for r in e.itertuples() if (r.design, int(r.transfers)) in names]
     raw = pd.DataFrame(rows)
     df = (raw.groupby(["variant", "batch"])
           .agg(step_ms=("step_ms", "median"), step_ms_min=("step_ms", "min"), step_ms_max=("step_ms", "max"),
-               reps=("step_ms", "size"), link_gbps=("link_gbps", "median"))
+               reps=("step_ms", "size"), steps=("steps", "min"), link_gbps=("link_gbps", "median"))
           .reset_index().sort_values(["variant", "batch"], ignore_index=True))
     # FIFO / priority per repetition (same repetition index = same sweep pass)
     pr = raw.pivot_table(index=["batch", "rep"], columns="variant", values="step_ms")
