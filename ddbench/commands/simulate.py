@@ -10,6 +10,12 @@ overlap, stalls, link use, buffer occupancy; writes steps.csv, layers.csv, summa
 
 The cost model uses the GPU's calibration bundle in traces/calibration/, else a measured
 bundle scaled by the catalog's HBM and FLOP ratios, else a roofline; every output says which.
+
+Hit and reuse rates come from an accuracy profile (the model's traces/accuracy/<model>.csv, or
+--hit-rate PATH), else a constant. --profile-init/-temperature/-budget/-context/-task pick the
+profile's rows (sim/profile.py; the choice is written into the output's note).
+--lowrank-layers profile takes an adaptive design's low-rank key layers from the profile's summary
+JSON (§5.3's rule, sim.profile.lowrank_from_summary) and sets the count to match.
 """
 
 from __future__ import annotations
@@ -65,8 +71,67 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.add_argument("--trace", action="store_true", help="also write a Chrome/Perfetto trace.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_workload_args(p, exclude=("context", "batch"), group_title="workload (the memory model's knobs)")
+    g = p.add_argument_group("accuracy profile rows (only with a profile; default: T2 start, temperature 0.6,"
+                             " the smallest budget measured, every context and task averaged)")
+    g.add_argument("--profile-init", metavar="INIT", help="first speculative token: t2, random, or all")
+    g.add_argument("--profile-temperature", metavar="T", help="output sampling temperature, or all")
+    g.add_argument("--profile-budget", metavar="N", help="budget_tokens: smallest, all, or tokens (1024, 2k)")
+    g.add_argument("--profile-context", metavar="N", help="context_tokens (4k), or all")
+    g.add_argument("--profile-task", metavar="TASK", help="task name, or all")
+    add_workload_args(p, exclude=("context", "batch"), group_title="workload (the memory model's knobs;"
+                      " --lowrank-layers profile: the profile summary's low-rank key layers)",
+                      words={"lowrank_layers": ("profile",)})
     p.set_defaults(func=run)
+
+
+PROFILE_FLAGS = ("init", "temperature", "budget", "context", "task")
+
+
+def _profile_select(args):
+    """The profile row choice the --profile-* flags ask for (sim.profile.Select), and whether any was given."""
+    from sim.profile import SMALLEST, Select
+
+    given = {k: getattr(args, f"profile_{k}") for k in PROFILE_FLAGS if getattr(args, f"profile_{k}") is not None}
+    for k, v in given.items():
+        if not v.strip():
+            raise DDBenchError(f"--profile-{k} is empty; give a value or 'all'")
+    kw = {}
+    if "init" in given:
+        kw["init"] = None if given["init"] == "all" else given["init"]
+    if "temperature" in given:
+        v = given["temperature"]
+        if v == "all":
+            kw["temperature"] = None
+        else:
+            try:
+                t = float(v)
+            except ValueError:
+                raise DDBenchError(f"--profile-temperature must be a number or 'all', got {v!r}") from None
+            if not (math.isfinite(t) and t >= 0):
+                raise DDBenchError(f"--profile-temperature must be finite and at least 0, got {v!r}")
+            kw["temperature"] = t
+    if "budget" in given:
+        v = given["budget"]
+        kw["budget"] = SMALLEST if v == "smallest" else None if v == "all" else parse_tokens(v, "--profile-budget")
+    if "context" in given:
+        v = given["context"]
+        kw["context"] = None if v == "all" else parse_tokens(v, "--profile-context")
+    if "task" in given:
+        kw["task"] = None if given["task"] == "all" else given["task"]
+    return Select(**kw), sorted(given)
+
+
+def _profile_path(args, model) -> str | None:
+    """The accuracy profile the hit rates come from: --hit-rate PATH, else the model's own if present."""
+    from sim import profile
+    if args.hit_rate is None:
+        path = profile.default_path(model.name)
+        return path if os.path.exists(path) else None
+    try:
+        float(args.hit_rate)
+    except ValueError:
+        return args.hit_rate
+    return None
 
 
 def _csv(rows: list[dict], notes: list[str]) -> str:
@@ -112,7 +177,22 @@ def run(args) -> int:
     systems = resolve_systems(args.system)
     if not systems:
         raise DDBenchError(f"--system {args.system!r} names no design")
-    hit, reuse, hit_note = profile.resolve(args.hit_rate, model.name, model.num_layers)
+    sel, given = _profile_select(args)
+    prof_path = _profile_path(args, model)
+    if given and prof_path is None:
+        raise DDBenchError(f"--profile-{given[0]} picks rows of an accuracy profile, but the hit rate here is a"
+                           f" constant (no traces/accuracy/{model.name}.csv, or --hit-rate NUMBER); name a profile"
+                           f" with --hit-rate PATH")
+    hit, reuse, hit_note = profile.resolve(args.hit_rate, model.name, model.num_layers, sel=sel)
+    lowrank, lowrank_note = None, None
+    if getattr(args, "workload_lowrank_layers", None) == "profile":
+        if prof_path is None:
+            raise DDBenchError(f"--lowrank-layers profile needs an accuracy profile, but the hit rate here is a"
+                               f" constant (no traces/accuracy/{model.name}.csv, or --hit-rate NUMBER); name one"
+                               f" with --hit-rate PATH")
+        lowrank, lowrank_note = profile.lowrank_from_summary(prof_path, model.num_layers, model.name,
+                                                             explicit=args.hit_rate is not None)
+        args.workload_lowrank_layers = len(lowrank)
     base_ctx = 131072 if ":" in args.context else parse_tokens(args.context)
     w = workload_from_args(args, model, context=base_ctx)
     cm = cost_model(model.name if os.sep not in args.model else args.model, gpu.name, link.name,
@@ -128,11 +208,13 @@ def run(args) -> int:
             out = os.path.join(folder, sysx.name) if multi else folder
             t0 = time.perf_counter()
             if args.batch is not None:
-                summary = _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out)
+                summary = _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out, lowrank)
             else:
-                summary = _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out)
+                summary = _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out, lowrank)
             summary["wall_s"] = time.perf_counter() - t0
             summary["hit_rates"] = hit_note
+            if lowrank is not None:
+                summary["lowrank_layers"] = {"layers": sorted(lowrank), "note": lowrank_note}
             summary["cost_model"] = list(cm.notes)
             write_json(os.path.join(out, "summary.json"), summary)
             summaries[sysx.name] = summary
@@ -145,6 +227,8 @@ def run(args) -> int:
             print(_render(name, s))
         print("cost model: " + "; ".join(cm.notes))
         print(f"hit rates: {hit_note}")
+        if lowrank_note:
+            print(lowrank_note)
         print(f"wrote {args.out}")
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
 
@@ -173,7 +257,7 @@ def _render(name: str, s: dict) -> str:
             f" peak memory {s['peak_memory_bytes'] / GB:.1f} of {s['capacity_bytes'] / GB:.1f} GB")
 
 
-def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
+def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out, lowrank=None) -> dict:
     from sim.serving import draw_requests, run_serving
     from sim.trace import counter_events, trace_json
 
@@ -181,7 +265,8 @@ def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
     bar = _progress(len(reqs), sysx.name, len(reqs) >= 200)
     try:
         res = run_serving(sysx, model, gpu, cm, w, reqs, hit, reuse, args.max_batch,
-                          prefill_here=not args.prefill_elsewhere, progress=bar.update if bar else None)
+                          prefill_here=not args.prefill_elsewhere, progress=bar.update if bar else None,
+                          lowrank=lowrank)
     finally:
         if bar is not None:
             bar.close()
@@ -204,7 +289,8 @@ def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
             from sim.trace import timeline_events
             b = max(1, round(summary["mean_batch"]))
             ctx = sum(r.context for r in reqs) / len(reqs)
-            tl = run_timeline(step_plan(sysx, model, cm, w, b, ctx, hit, reuse), steps=3, warmup=0, record=True)
+            tl = run_timeline(step_plan(sysx, model, cm, w, b, ctx, hit, reuse, lowrank), steps=3, warmup=0,
+                              record=True)
             events = timeline_events(tl.events, pid=1)
             notes = [f"pid 1: per-layer timeline of 3 batch steps at the run's mean batch {b}; pid 2: serving counters"]
         events += counter_events(res.segments, "start_s", ["batch"], "batch", pid=2)
@@ -213,7 +299,7 @@ def _serving(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
     return summary
 
 
-def _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
+def _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out, lowrank=None) -> dict:
     from dataclasses import replace
 
     from ddbench.core.memory import memory_breakdown
@@ -232,7 +318,7 @@ def _timeline(args, sysx, model, gpu, link, cm, w, hit, reuse, out) -> dict:
         os.makedirs(out, exist_ok=True)
         return {**head, "status": "does-not-fit", "reason": reason, "step_ms": None, "tokens_per_s": None,
                 "reasons": {"step_ms": reason, "tokens_per_s": reason}}
-    plan = step_plan(sysx, model, cm, w, args.batch, ctx, hit, reuse)
+    plan = step_plan(sysx, model, cm, w, args.batch, ctx, hit, reuse, lowrank)
     tl = run_timeline(plan, steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace)
     agg = aggregate_step(plan)
     steps = [{"step": i, "step_s": s, "stall_s": st} for i, (s, st) in enumerate(zip(tl.step_s, tl.stall_s))]

@@ -72,8 +72,10 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _int_arg(name: str, tokens: bool):
-    def parse(text: str) -> int:
+def _int_arg(name: str, tokens: bool, words: tuple = ()):
+    def parse(text: str) -> int | str:
+        if text in words:
+            return text
         if tokens:
             try:
                 return parse_tokens(text, name.replace("_", " "))
@@ -82,16 +84,20 @@ def _int_arg(name: str, tokens: bool):
         try:
             return int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag(name)} must be an integer, got {text!r}") from None
+            alt = "".join(f" or {w!r}" for w in words)
+            raise argparse.ArgumentTypeError(f"{flag(name)} must be an integer{alt}, got {text!r}") from None
     parse.__name__ = name
     return parse
 
 
 def add_workload_args(parser: argparse.ArgumentParser, exclude=(), required=("context",),
-                      group_title: str | None = "workload") -> None:
+                      group_title: str | None = "workload", words: dict | None = None) -> None:
     """Add one flag per Workload field (except `exclude`) to `parser`, help and default from the field.
 
     A required field without a default (context) is a required flag unless listed in `exclude`.
+    `words` {field: (word, ...)}: words a command accepts for that field besides an integer (e.g.
+    simulate's `--lowrank-layers profile`); the command must turn them into an integer on the
+    namespace before `workload_from_args`, which refuses a word that reaches it.
     Defaults are not stored on the namespace (argparse.SUPPRESS): `workload_from_args` fills
     them in from the dataclass, so a default lives in one place."""
     target = parser.add_argument_group(group_title) if group_title else parser
@@ -99,10 +105,12 @@ def add_workload_args(parser: argparse.ArgumentParser, exclude=(), required=("co
         if f.name in exclude or not f.metadata["cli"]:
             continue
         has_default = f.default is not MISSING
+        extra = tuple((words or {}).get(f.name, ()))
         help_ = f.metadata["help"] + (f" (default {f.default})" if has_default else "")
-        target.add_argument(flag(f.name), dest=f"workload_{f.name}", type=_int_arg(f.name, f.metadata["tokens"]),
+        target.add_argument(flag(f.name), dest=f"workload_{f.name}",
+                            type=_int_arg(f.name, f.metadata["tokens"], extra),
                             default=argparse.SUPPRESS, required=not has_default and f.name in required,
-                            metavar="N", help=help_)
+                            metavar="|".join(("N",) + extra), help=help_)
 
 
 def workload_from_args(args: argparse.Namespace, model=None, **override) -> Workload:
@@ -113,6 +121,8 @@ def workload_from_args(args: argparse.Namespace, model=None, **override) -> Work
         key = f"workload_{f.name}"
         if hasattr(args, key):
             values[f.name] = getattr(args, key)
+            if isinstance(values[f.name], str):
+                raise DDBenchError(f"{flag(f.name)} {values[f.name]}: this command needs an integer here")
         elif f.name in override:
             values[f.name] = override[f.name]
     unknown = set(override) - {f.name for f in fields(Workload)}

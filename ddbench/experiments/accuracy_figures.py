@@ -170,7 +170,7 @@ def _draw_fig7(res: FigureResult, fig) -> None:
     a.axhline(100 * _paper("fig7a.kv_accuracy.mean"), color="black", ls="--", lw=0.8,
               label="paper: KV prediction 88% on average (its models)")
     a.set_ylim(0, 105)
-    a.set_xlabel("decode step")
+    a.set_xlabel("decode step (steps after the pre-decoding step)")
     a.set_ylabel("accuracy (%)")
     first = s.iloc[0]
     a.set_title(f"(a) {first.model}, {fmt_tokens(int(first.context_tokens))}, T2 start, temperature "
@@ -195,6 +195,8 @@ def _draw_fig7(res: FigureResult, fig) -> None:
     b.set_xticks(range(len(temps)), [f"T={t:g}" + (" (greedy)" if t == 0 else "") for t in temps], fontsize=7)
     b.set_xlim(-0.5, right)
     b.set_ylim(0, 118)
+    b.set_xlabel("output sampling temperature (speculative token: argmax)")
+    b.set_ylabel("KV prediction accuracy (%)")
     b.set_title("(b) first speculative token: T2 or random", fontsize=7)
     b.legend(fontsize=6, loc="upper right", ncol=2)
     fig.suptitle(f"Fig. 7: KV prediction accuracy measured on {_who(first.model)}, not the paper's models",
@@ -270,6 +272,7 @@ def _draw_fig16(res: FigureResult, fig) -> None:
               label="paper: >= 82.6% (RULER 128K, its models)")
     a.set_xticks(range(len(groups)), [f"{m}\n{fmt_tokens(int(c))}" for m, c in groups], fontsize=6)
     a.set_ylim(0, 125)
+    a.set_xlabel("model and context (tokens)")
     a.set_ylabel("KV prediction accuracy (%)")
     a.set_title("(a) by model, context and task", fontsize=7)
     a.legend(fontsize=6, ncol=2, loc="upper center")
@@ -285,7 +288,8 @@ def _draw_fig16(res: FigureResult, fig) -> None:
         b.plot(low.layer, 100 * low.hit_rate, ls="none", marker="o", mfc="none", mec="red", ms=6,
                label=f"§5.3 low-rank layers: {len(low)} below the threshold {thr:g} (dotted)")
     b.set_ylim(0, 105)
-    b.set_xlabel("layer")
+    b.set_xlabel("layer (0-based index)")
+    b.set_ylabel("hit and reuse rate (%)")
     b.set_title("(b) per layer", fontsize=7)
     b.legend(fontsize=5.5, loc="lower right")
     fig.suptitle("Fig. 16: KV prediction accuracy measured on "
@@ -448,7 +452,7 @@ def table1() -> FigureResult:
                                       f"mean over our {len(sub)} tasks ({', '.join(sub.task)}) at {fmt_tokens(top)},"
                                       f" budget {bud}, {int(sub.total.sum())} prompts; dense attention:"
                                       f" {dn.accuracy.mean():.3f}; {_who(model)}"))
-    setup = (f"{_caveat(model)}; task accuracy from {_path(model, 'summary')} (dense, sparse exact top-k and low-rank"
+    setup = (f"{_caveat(model)}; task accuracy from traces/accuracy/{model}.summary.json (dense, sparse exact top-k and low-rank"
              f" keys over budgets {', '.join(str(int(b)) for b in budgets)}); paper tasks mapped to ours: "
              + ", ".join(f"{p} -> {t or 'none'}" for p, t in TABLE1_TASKS.items()) + f" (profiled: {', '.join(sorted(set(at.task)))})")
     return FigureResult(df, setup, cmp)
@@ -513,7 +517,8 @@ def _draw_sens(res: FigureResult, fig) -> None:
         ax.plot([r.reuse_rate], [r.hit_rate], marker="o", mfc="yellow", mec="black", ls="none", ms=7,
                 label=f"{r.source}: hit {r.hit_rate:.2f}, reuse {r.reuse_rate:.2f}: {r.ratio:.2f}x")
     ax.set_xlabel("ShadowKV reuse rate (share of step t+1's selection held from step t)", fontsize=7)
-    ax.set_ylabel("DualDecoder hit rate", fontsize=7)
+    ax.set_ylabel("DualDecoder hit rate (share of step t+1's selection predicted at step t)", fontsize=7)
+    cb.ax.set_xlabel("(ratio)", fontsize=6)
     ax.set_title("Sensitivity at Fig. 12's setting: Qwen2.5-32B, h100-80gb + PCIe 5, 128K, budget 2048,"
                  f" batch {int(pp.dd_batch)} vs {int(pp.sk_batch)}", fontsize=7)
     fig.legend(fontsize=6, loc="outside lower center", ncol=1, frameon=False)
