@@ -89,7 +89,8 @@ def test_ctrl_c_leaves_the_previous_folder_whole(tmp_path):
     log = tmp_path.parent / f"{tmp_path.name}-stderr.txt"
     with open(log, "w") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "ddbench", "figures", "--only", f"fig13,{FAST}", "--out",
-                                 str(out)], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=fh, text=True)
+                                 str(out)], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=fh, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not inherited SIG_IGN
         deadline = time.time() + 120
         while "figures:" not in log.read_text() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.05)          # the progress bar is up: the figures are being computed

@@ -154,12 +154,19 @@ def test_files_follow_the_umask(tmp_path):
     assert {stat.S_IMODE(os.stat(f).st_mode) for f in out.rglob("*") if f.is_file()} == {0o640}
 
 
+def _default_sigint():
+    """A shell that starts the test run in the background without job control (a CI runner may) passes
+    SIGINT ignored to its children, and Python then installs no KeyboardInterrupt handler: restore it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_interrupt_leaves_no_partial_set(tmp_path):
     """Ctrl-C in the middle of a nine-design run: exit 130, no --out, no temporary folder."""
     out = tmp_path / "o"
     p = subprocess.Popen([sys.executable, "-m", "ddbench", "simulate", "--model", "llama-3-8b", "--gpu", "h200",
                           "--system", "every", "--context", "uniform:16k:64k", "--rate", "5", "--requests", "3000",
-                          "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_default_sigint)
     deadline = time.time() + 60
     while time.time() < deadline:  # wait until the run folder holds a finished design
         tmp = [d for d in tmp_path.iterdir() if ".tmp-" in d.name]
