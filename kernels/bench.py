@@ -9,6 +9,7 @@ pct_of_floor = 100 * floor_ms / latency_ms. time_ratio_vs = latency_ms / (latenc
 
 from __future__ import annotations
 
+import sys
 import math
 
 import torch
@@ -264,9 +265,28 @@ def run_all(quick: bool = False):
     rows.add("ceiling", "hbm_d2d_copy_1GiB", 0, "read+write", 2 << 30, 2 * (1 << 30) / ceil["hbm_copy_gbps_rw"] / 1e6)
     rows.add("ceiling", "h2d_pinned_copy_1GiB", 0, "", 1 << 30, (1 << 30) / ceil["h2d_1gib_gbps"] / 1e6)
     hbm = ceil["hbm_copy_gbps_rw"]
-    bench_gather(rows, dev, quick)
-    bench_attention(rows, dev, hbm, quick)
-    bench_select(rows, dev, hbm, quick)
-    bench_rebuild(rows, dev, hbm, quick)
-    bench_specache(rows, dev, hbm, quick)
+    stages = [("gather", lambda: bench_gather(rows, dev, quick)),
+              ("attention", lambda: bench_attention(rows, dev, hbm, quick)),
+              ("selection", lambda: bench_select(rows, dev, hbm, quick)),
+              ("key rebuild", lambda: bench_rebuild(rows, dev, hbm, quick)),
+              ("specache scoring", lambda: bench_specache(rows, dev, hbm, quick))]
+    bar = _progress(len(stages))
+    for name, stage in stages:
+        bar.set_postfix_str(name)
+        stage()
+        bar.update()
+    bar.close()
     return rows, ceil
+
+
+def _progress(total: int):
+    """A tqdm bar on a terminal (stderr); a silent stand-in where tqdm is missing (the GPU machine)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        class _Quiet:
+            def set_postfix_str(self, _): pass
+            def update(self): pass
+            def close(self): pass
+        return _Quiet()
+    return tqdm(total=total, desc="bench kernels", unit="stage", disable=not sys.stderr.isatty())
