@@ -173,7 +173,10 @@ def _draw_fig7(res: FigureResult, fig) -> None:
     a.set_xlabel("decode step (steps after the pre-decoding step)")
     a.set_ylabel("accuracy (%)")
     first = s.iloc[0]
-    a.set_title(f"(a) {first.model}, {fmt_tokens(int(first.context_tokens))}, T2 start, temperature "
+    ctxs = first.contexts if "contexts" in s.columns and isinstance(first.contexts, str) else \
+        fmt_tokens(int(first.context_tokens))
+    bud = f", budget {int(first.budget_tokens)}" if pd.notna(first.budget_tokens) else ""
+    a.set_title(f"(a) {first.model}, context {ctxs} (averaged){bud},\nT2 start, temperature "
                 f"{first.temperature:g}", fontsize=7)
     a.legend(fontsize=6, loc="lower left")
     box = dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5)
@@ -195,7 +198,7 @@ def _draw_fig7(res: FigureResult, fig) -> None:
     b.set_xticks(range(len(temps)), [f"T={t:g}" + (" (greedy)" if t == 0 else "") for t in temps], fontsize=7)
     b.set_xlim(-0.5, right)
     b.set_ylim(0, 118)
-    b.set_xlabel("output sampling temperature (speculative token: argmax)")
+    b.set_xlabel("output sampling temperature\n(speculative token: argmax)")
     b.set_ylabel("KV prediction accuracy (%)")
     b.set_title("(b) first speculative token: T2 or random", fontsize=7)
     b.legend(fontsize=6, loc="upper right", ncol=2)
@@ -218,8 +221,10 @@ def fig07() -> FigureResult:
                            f"{f', budget {budget}' if budget else ''}")
     per = sel.groupby("step").agg(kv_accuracy=("hit_rate", "mean"), token_accuracy=("token_acc", "mean"),
                                   runs=("hit_rate", "size")).reset_index()
+    ctx_names = "+".join(fmt_tokens(int(c)) for c in sorted(sel.context_tokens.unique()))
     rows = [{"panel": "a", "model": model, "layers": _layers(model),
              "context_tokens": int(sel.context_tokens.max()) if sel.context_tokens.nunique() == 1 else -1,
+             "contexts": ctx_names,
              "budget_tokens": budget, "init": "t2", "temperature": 0.6, "step": int(r.step),
              "kv_accuracy": r.kv_accuracy, "token_accuracy": r.token_accuracy, "runs": int(r.runs)}
             for r in per.itertuples()]
@@ -230,6 +235,8 @@ def fig07() -> FigureResult:
             p = _profile(model, init, float(t))
             rows.append({"panel": "b", "model": model, "layers": _layers(model),
                          "context_tokens": int(df0.context_tokens.max()) if df0.context_tokens.nunique() == 1 else -1,
+                         "contexts": "+".join(fmt_tokens(int(c)) for c in sorted(p.contexts)) if p.contexts
+                         else ctx_names,
                          "budget_tokens": budget, "init": init, "temperature": float(t), "step": None,
                          "kv_accuracy": p.hit_mean, "token_accuracy": p.token_acc, "runs": p.rows})
     df = pd.DataFrame(rows)
@@ -252,7 +259,7 @@ def fig07() -> FigureResult:
 # ---------------------------------------------------------------- Figure 16
 def _draw_fig16(res: FigureResult, fig) -> None:
     df = res.data
-    fig.set_size_inches(7.6, 3.4)
+    fig.set_size_inches(7.6, 4.2)
     a, b = fig.subplots(1, 2, width_ratios=[1.3, 1])
     bars = df[df.kind == "task"]
     groups = list(dict.fromkeys(zip(bars.model, bars.context_tokens)))
@@ -277,21 +284,32 @@ def _draw_fig16(res: FigureResult, fig) -> None:
     a.set_title("(a) by model, context and task", fontsize=7)
     a.legend(fontsize=6, ncol=2, loc="upper center")
     lay = df[df.kind == "layer"]
+    basis_rows = df[df.kind == "layer-basis"] if "kind" in df.columns else df.iloc[:0]
     for model, sub in lay.groupby("model", sort=False):
+        sel_txt = sub.selection.iloc[0] if "selection" in sub.columns and isinstance(sub.selection.iloc[0], str) \
+            else "T2, temperature 0.6"
         b.plot(sub.layer, 100 * sub.hit_rate, marker="o", ms=2.5, lw=1, color=SYSTEM_COLORS["dualdecoder"],
-               label=f"{model}: hit")
+               label=f"hit, {sel_txt}")
         b.plot(sub.layer, 100 * sub.reuse_hit_rate, lw=1, ls="--", color=SYSTEM_COLORS["shadowkv"],
-               label=f"{model}: reuse (step t's own selection)")
-        low = sub[sub.lowrank == 1]
+               label=f"reuse (step t's own selection), {sel_txt}")
+        basis = sub.lowrank_basis.iloc[0] if "lowrank_basis" in sub.columns else None
+        bas = basis_rows[basis_rows.model == model]
+        if len(bas):
+            b.plot(bas.layer, 100 * bas.hit_rate, marker="s", ms=2, lw=1, color="#8c564b",
+                   label=f"hit, summary basis: {basis}")
+            low = bas[bas.lowrank == 1]
+        else:
+            low = sub[sub.lowrank == 1]
         thr = sub.lowrank_threshold.iloc[0]
         b.axhline(100 * thr, color="red", ls=":", lw=0.8)
         b.plot(low.layer, 100 * low.hit_rate, ls="none", marker="o", mfc="none", mec="red", ms=6,
-               label=f"§5.3 low-rank layers: {len(low)} below the threshold {thr:g} (dotted)")
+               label=f"§5.3 low-rank layers {', '.join(str(int(x)) for x in low.layer)}: summary-basis hit below"
+                     f" {thr:g} (dotted)" + ("" if len(bas) else f"; basis: {basis}"))
     b.set_ylim(0, 105)
     b.set_xlabel("layer (0-based index)")
     b.set_ylabel("hit and reuse rate (%)")
     b.set_title("(b) per layer", fontsize=7)
-    b.legend(fontsize=5.5, loc="lower right")
+    b.legend(fontsize=5.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, frameon=False)
     fig.suptitle("Fig. 16: KV prediction accuracy measured on "
                  + ", ".join(f"{m} ({int(n)} layers)" for m, n in dict(zip(df.model, df.layers)).items())
                  + ", not the paper's models", fontsize=8)
@@ -306,6 +324,12 @@ def fig16() -> FigureResult:
         df0 = _rows(model)
         full = _profile(model)
         low = set(_summary(model)["lowrank_layers"].get("layers", []))
+        lr_m = _summary(model)["lowrank_layers"]
+        per_layer = _summary(model).get("per_layer") or {}
+        short = f"T2, temperature {full.selection.split('temperature ')[1].split(',')[0]}" \
+            if "temperature " in full.selection else full.selection
+        if full.budgets:
+            short += f", budget {'/'.join(str(int(x)) for x in full.budgets)}"
         for ctx in sorted(df0.context_tokens.unique()):
             for task in sorted(df0.task.unique()):
                 p = _profile(model, context=int(ctx), task=str(task))
@@ -317,7 +341,16 @@ def fig16() -> FigureResult:
         for i, (h, r) in enumerate(zip(full.hit, full.reuse)):
             rows.append({"kind": "layer", "model": model, "layers": _layers(model), "context_tokens": None,
                          "task": "all", "layer": i, "hit_rate": h, "reuse_hit_rate": r, "lowrank": int(i in low),
-                         "lowrank_threshold": _summary(model)["lowrank_layers"].get("threshold")})
+                         "lowrank_threshold": lr_m.get("threshold"), "lowrank_basis": lr_m.get("basis"),
+                         "selection": short})
+        # the per-layer means the summary's low-rank set was chosen on (its basis), when the summary has them
+        if per_layer.get("rows") and per_layer.get("basis") == lr_m.get("basis"):
+            for r in sorted(per_layer["rows"], key=lambda x: int(x["layer"])):
+                rows.append({"kind": "layer-basis", "model": model, "layers": _layers(model), "context_tokens": None,
+                             "task": "all", "layer": int(r["layer"]), "hit_rate": float(r["hit_rate"]),
+                             "reuse_hit_rate": float(r.get("reuse_hit_rate", float("nan"))),
+                             "lowrank": int(int(r["layer"]) in low), "lowrank_threshold": lr_m.get("threshold"),
+                             "lowrank_basis": lr_m.get("basis"), "selection": lr_m.get("basis")})
     df = pd.DataFrame(rows)
     m0 = models[0]
     lr = _summary(m0)["lowrank_layers"]
@@ -327,8 +360,10 @@ def fig16() -> FigureResult:
                       f" tracks NIAH-1/2 of RULER at 128K"),
            Comparison("fig16.ruler.128k.miss_share", round(1 - worst[0], 3),
                       f"1 - the lowest mean above ({where}); {_caveat(worst[1])}")]
-    setup = (f"{_caveat(m0)}; {_profile(m0).selection}; panel (b): per-layer means over every context and task, with"
-             f" §5.3's low-rank set from the summary (threshold {lr.get('threshold')}, basis {lr.get('basis')})")
+    setup = (f"{_caveat(m0)}; {_profile(m0).selection}; panel (b): per-layer means at that selection over every context"
+             f" and task, and (where the summary has them) the per-layer means on the summary's basis, on which"
+             f" §5.3's low-rank set is chosen (threshold {lr.get('threshold')}, basis {lr.get('basis')}: layers"
+             f" {', '.join(str(x) for x in lr.get('layers', [])) or 'none'})")
     return FigureResult(df, setup, cmp)
 
 
@@ -353,14 +388,14 @@ def _draw_table1(res: FigureResult, fig) -> None:
     df = res.data
     ours = df[df.source == "ours"]
     n_ours = ours.groupby(["context_tokens", "task"]).ngroups
-    fig.set_size_inches(7.5, 2.2 + 0.22 * n_ours)
+    fig.set_size_inches(7.5, 2.5 + 0.22 * n_ours)
     a, b = fig.subplots(2, 1, height_ratios=[n_ours + 1.5, 6.5])
     for ax in (a, b):
         ax.axis("off")
     cols = [("dense", None)] + [(m, int(bud)) for bud in sorted(ours.budget_tokens.dropna().unique())
                                 for m in ("sparse", "lowrank")]
-    head = ["context", "task"] + ["dense" if m == "dense" else f"{'exact top-k' if m == 'sparse' else 'low-rank K'}"
-                                  f" {bud}" for m, bud in cols]
+    head = ["context", "task"] + ["dense" if m == "dense" else f"{'top-k' if m == 'sparse' else 'low-rank'}\n{bud}"
+                                  for m, bud in cols]
     cells = []
     for (ctx, task), sub in ours.groupby(["context_tokens", "task"], sort=True):
         line = [fmt_tokens(int(ctx)), task]
@@ -372,11 +407,15 @@ def _draw_table1(res: FigureResult, fig) -> None:
     t.auto_set_font_size(False)
     t.set_fontsize(6.5)
     t.scale(1, 1.25)
+    for (row, _col), cell in t.get_celld().items():
+        if row == 0:
+            cell.set_height(cell.get_height() * 1.9)
     model = ours.model.iloc[0]
     dense_low = ours[(ours.method == "dense") & (ours.accuracy < 1)]
     a.set_title(f"ours: {_who(model)}, task accuracy (exact match of the answer), {int(ours.total.max())} prompt(s)"
-                f" per cell;\nsparse attention over the budget in tokens" + (
-                    f"; dense attention already below 1 on: {', '.join(sorted(set(dense_low.task)))}"
+                f" per cell;\ncolumns: top-k = sparse exact top-k, low-rank = low-rank-K selection, each over the budget in"
+                f" tokens below its name" + (
+                    f";\ndense attention already below 1 on: {', '.join(sorted(set(dense_low.task)))}"
                     if len(dense_low) else ""), fontsize=7)
     pap = df[df.source == "paper"]
     pcells = []
