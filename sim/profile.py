@@ -43,12 +43,12 @@ rates (`lowrank_by_threshold`).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
+from ddbench.core.traces import accuracy_summary
 
 PAPER_HIT = 0.88          # the paper's average KV prediction accuracy (§4.1)
 DEFAULT_INIT = "t2"
@@ -278,13 +278,7 @@ def lowrank_from_summary(path: str, target_layers: int | None = None, target: st
     relative depth onto a `target_layers`-layer model where the counts differ (a target layer keeps
     low-rank keys where its source layer does)."""
     path = summary_path(path)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except OSError as exc:
-        raise DDBenchError(f"cannot read accuracy summary {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise DDBenchError(f"malformed accuracy summary {path}: line {exc.lineno}: {exc.msg}") from None
+    doc = accuracy_summary(path)
     lr = doc.get("lowrank_layers") if isinstance(doc, dict) else None
     if not isinstance(lr, dict) or not isinstance(lr.get("layers"), list):
         raise DDBenchError(f"malformed accuracy summary {path}: field lowrank_layers.layers: missing or not a list")

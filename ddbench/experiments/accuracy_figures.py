@@ -22,7 +22,6 @@ that names the figure and the command that writes the trace.
 from __future__ import annotations
 
 import glob
-import json
 import math
 import os
 from functools import lru_cache
@@ -31,6 +30,7 @@ import pandas as pd
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
+from ddbench.core.traces import accuracy_summary
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.plotting import PAPER_MARK, SYSTEM_COLORS
@@ -71,13 +71,7 @@ def _summary(model: str) -> dict:
 
 @lru_cache(maxsize=None)
 def _summary_at(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except OSError as exc:
-        raise DDBenchError(f"cannot read accuracy summary {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise DDBenchError(f"malformed accuracy summary {path}: line {exc.lineno}: {exc.msg}") from None
+    doc = accuracy_summary(path)
     for key in ("model", "shape", "task_accuracy", "lowrank_layers"):
         if not isinstance(doc, dict) or key not in doc:
             raise DDBenchError(f"malformed accuracy summary {path}: field {key}: missing")
