@@ -24,6 +24,7 @@ plus the output.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 from dataclasses import dataclass
 
 import torch
@@ -214,6 +215,36 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+class _Launch(NamedTuple):
+    codes: torch.Tensor
+    sc: torch.Tensor
+    ze: torch.Tensor
+    G: int
+    GP: int
+    BLOCK_M: int
+    ng: int
+    split_groups: int
+    n_split: int
+
+
+def _launch(q: torch.Tensor, qk: QuantKeys, splits: int | None, groups_per_iter: int) -> _Launch:
+    """Contiguous operands and the launch geometry shared by both entry points: the GQA group padded
+    to a power of two, the query rows per program, and the split of the key groups over programs."""
+    B, nq, Hq, _ = q.shape
+    H = qk.codes.shape[1]
+    codes = qk.codes if qk.codes.stride(3) == 1 else qk.codes.contiguous()
+    sc, ze = qk.scale, qk.zero
+    if sc.stride() != ze.stride() or sc.stride(3) != 1:
+        sc, ze = sc.contiguous(), ze.contiguous()
+    GP = triton.next_power_of_2(Hq // H)
+    ng = qk.tokens // qk.group
+    if splits is None:
+        splits = max(1, min(triton.cdiv(4 * _sm_count(q.device), B * H), ng // (4 * groups_per_iter)))
+    split_groups = triton.cdiv(triton.cdiv(ng, splits), groups_per_iter) * groups_per_iter
+    return _Launch(codes, sc, ze, Hq // H, GP, max(16, triton.next_power_of_2(nq * GP)), ng, split_groups,
+                   triton.cdiv(ng, split_groups))
+
+
 def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, splits: int | None = None,
                            out: torch.Tensor | None = None, groups_per_iter: int = 2, num_warps: int = 4) -> torch.Tensor:
     B, nq, Hq, d = q.shape
@@ -223,18 +254,8 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
         raise DDBenchError("q does not match the quantized keys (nq 1 or 2, power-of-two head_dim, group >= 64)")
     if chunk and (chunk % 4 or qk.group % chunk):
         raise DDBenchError(f"chunk {chunk} must be a multiple of 4 dividing the group {qk.group}")
-    codes = qk.codes if qk.codes.stride(3) == 1 else qk.codes.contiguous()
-    sc, ze = qk.scale, qk.zero
-    if sc.stride() != ze.stride() or sc.stride(3) != 1:
-        sc, ze = sc.contiguous(), ze.contiguous()
-    G = Hq // H
-    GP = triton.next_power_of_2(G)
-    BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
-    ng = qk.tokens // qk.group
-    if splits is None:
-        splits = max(1, min(triton.cdiv(4 * _sm_count(q.device), B * H), ng // (4 * groups_per_iter)))
-    split_groups = triton.cdiv(triton.cdiv(ng, splits), groups_per_iter) * groups_per_iter
-    n_split = triton.cdiv(ng, split_groups)
+    L = _launch(q, qk, splits, groups_per_iter)
+    codes, sc, ze, G, GP, BLOCK_M, ng, split_groups, n_split = L
     T_out = qk.tokens // chunk if chunk else qk.tokens
     if out is None:
         out = torch.empty(B, nq, H, T_out, device=q.device, dtype=torch.float32)
@@ -242,8 +263,7 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
         raise DDBenchError(f"out must be a contiguous fp32 {(B, nq, H, T_out)} tensor")
     if chunk:   # one pass over the codes; pass 2 reads the per-row chunk maxima (select.py's pass 2)
         from kernels.select import _score_pass2
-        scratch, pml = spec_pass1(q, qk, chunk, splits=splits, groups_per_iter=groups_per_iter, num_warps=num_warps)
-        n_split = pml.numel() // (2 * B * H * BLOCK_M)
+        scratch, pml = _pass1(q, qk, chunk, L, groups_per_iter, num_warps, rowload=False)
         split_len = triton.cdiv(T_out, n_split)
         _score_pass2[(B * H, n_split)](scratch, pml, out, T_out, H, G, nq, n_split, split_len,
                                        GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=64, SP=triton.next_power_of_2(n_split),
@@ -265,20 +285,14 @@ def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, group
     """One pass over the codes: per (request, KV head) the raw log2-scaled scores' max per chunk for
     every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only), and each
     split's row max and sum of exp in `pml` (the layout of kernels/select.py's pass 1)."""
+    return _pass1(q, qk, chunk, _launch(q, qk, splits, groups_per_iter), groups_per_iter, num_warps, rowload)
+
+
+def _pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, L: _Launch, groups_per_iter: int, num_warps: int,
+           rowload: bool):
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
-    codes = qk.codes if qk.codes.stride(3) == 1 else qk.codes.contiguous()
-    sc, ze = qk.scale, qk.zero
-    if sc.stride() != ze.stride() or sc.stride(3) != 1:
-        sc, ze = sc.contiguous(), ze.contiguous()
-    G = Hq // H
-    GP = triton.next_power_of_2(G)
-    BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
-    ng = qk.tokens // qk.group
-    if splits is None:
-        splits = max(1, min(triton.cdiv(4 * _sm_count(q.device), B * H), ng // (4 * groups_per_iter)))
-    split_groups = triton.cdiv(triton.cdiv(ng, splits), groups_per_iter) * groups_per_iter
-    n_split = triton.cdiv(ng, split_groups)
+    codes, sc, ze, G, GP, BLOCK_M, ng, split_groups, n_split = L
     Nc = qk.tokens // chunk
     scratch = torch.empty(B * H * BLOCK_M * Nc, device=q.device, dtype=torch.float32)
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
