@@ -27,6 +27,7 @@ import tempfile
 import time
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.io import umask
 
 EXAMPLE = """examples:
   ddbench figures                 # all figures into figures/
@@ -45,12 +46,6 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out that is not a figures folder (its other files are kept)")
     p.set_defaults(func=run)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def check_out(out: str, force: bool) -> tuple[str, bool]:
@@ -158,7 +153,7 @@ def run(args) -> int:
     path, carry = check_out(args.out, args.force)
     experiments = select(args.only)
     paper = reported()
-    mask = _umask()
+    mask = umask()
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=os.path.dirname(path))
