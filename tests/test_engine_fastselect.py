@@ -1,9 +1,13 @@
 """The engine's fused selection (kernels/engine/fastselect.py) against the torch twins: the chosen
 chunks carry the same probabilities as torch.topk's (ties may pick other equal chunks), are distinct
-and ascending, and every output slot is written (poisoned output)."""
+and ascending, and every output slot is written (poisoned output). The top-k kernels (streaming and
+the whole-row bit search) against their exact twin `topk_from_scratch_ref` (same fp32 probabilities,
+order (probability desc, id asc)): bit-for-bit equal ids, ties included, N not a power of two, k == N,
+group sizes 1..8, one or two query tokens, blocks small enough to force several cuts of the buffer."""
 
 import pytest
 import torch
+import triton
 
 from kernels.engine import fastselect
 from kernels.select import score_chunks_ref
@@ -19,8 +23,66 @@ def _same_selection(got, probs, k):
     torch.testing.assert_close(have, want, rtol=0, atol=0)
 
 
-def _poisoned_out(monkey_shape, dev):
-    return torch.full(monkey_shape, -7, dtype=torch.int32, device=dev)
+def _poisoned(shape, dev):
+    return torch.full(shape, -7, dtype=torch.int32, device=dev)
+
+
+def _scratch(B, H, nq, G, N, n_split, g, dev="cpu", ties=False, scale=3.0):
+    """Fresh random pass-1 state: raw scores (log2 domain) of the group rows and per-split stats."""
+    GP = triton.next_power_of_2(G)
+    BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
+    sc = torch.randn(B * H, BLOCK_M, N, generator=g) * scale
+    if ties:                                                   # a handful of distinct values only
+        sc = (sc / scale * 1.5).round() / 2
+    pm = torch.randn(B * H, n_split, BLOCK_M, generator=g) + sc.amax(-1)[:, None, :]
+    pl = torch.rand(B * H, n_split, BLOCK_M, generator=g) * 50 + 1
+    pml = torch.stack([pm, pl], -1)
+    return sc.reshape(-1).contiguous().to(dev), pml.reshape(-1).contiguous().to(dev)
+
+
+def _check_topk(B, H, nq, G, N, k, n_split, seed, dev="cpu", ties=False, **kw):
+    g = torch.Generator().manual_seed(seed)
+    sc, pml = _scratch(B, H, nq, G, N, n_split, g, dev, ties)
+    want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, G, N, k)
+    for method in ("stream", "bits"):
+        out = _poisoned((B, nq, H, k), dev)
+        got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method, **kw)
+        assert got.data_ptr() == out.data_ptr()
+        assert torch.equal(got, want), (method, (got != want).sum())
+    return want
+
+
+@pytest.mark.parametrize("B,H,nq,G,N,k,blk", [
+    (2, 2, 2, 4, 300, 40, 64),       # N not a power of two, several cuts of the buffer
+    (1, 3, 1, 1, 257, 17, 32),       # G = 1, odd sizes
+    (1, 2, 2, 3, 500, 100, 64),      # G not a power of two
+    (1, 1, 2, 8, 200, 33, 16),       # G = 8, many small blocks
+    (2, 1, 1, 4, 96, 96, 32),        # k == N
+    (1, 2, 2, 2, 130, 130, None),    # k == N, default geometry
+    (1, 1, 1, 4, 1000, 1, 128),      # k = 1
+])
+def test_topk_kernels_match_twin(B, H, nq, G, N, k, blk):
+    _check_topk(B, H, nq, G, N, k, n_split=3, seed=B * 1000 + N + k, blk=blk)
+
+
+@pytest.mark.parametrize("N,k,blk", [(300, 40, 64), (512, 200, 128), (97, 97, 32)])
+def test_topk_many_ties_at_threshold(N, k, blk):
+    """Scores on a coarse grid: hundreds of chunks share the threshold's probability; the chunks
+    equal to it are taken in id order until k, exactly as the twin does."""
+    want = _check_topk(2, 2, 2, 4, N, k, n_split=2, seed=N + k, ties=True, blk=blk)
+    assert want.shape[-1] == k
+
+
+def test_topk_underflow_zeros():
+    """Probabilities that underflow to exactly 0 (bits 0), more zeros than needed at the threshold."""
+    g = torch.Generator().manual_seed(11)
+    B, H, nq, G, N, k = 1, 2, 2, 4, 200, 150
+    sc, pml = _scratch(B, H, nq, G, N, 2, g, scale=80.0)
+    want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, G, N, k)
+    for method in ("stream", "bits"):
+        out = _poisoned((B, nq, H, k), "cpu")
+        assert torch.equal(fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method, blk=32),
+                           want)
 
 
 @pytest.mark.parametrize("nq,N,k", [(1, 96, 16), (2, 300, 40), (2, 64, 64)])
@@ -29,7 +91,7 @@ def test_select_topk_landmarks(nq, N, k, dev="cpu"):
     B, Hq, H, d = 2, 8, 2, 32
     q = torch.randn(B, nq, Hq, d, generator=g).to(dev)
     lm = torch.randn(B, H, N, d, generator=g).to(dev)
-    got = fastselect.select_topk(q, lm, k, splits=2)
+    got = fastselect.select_topk(q, lm, k, splits=2, blk=64)
     _same_selection(got, score_chunks_ref(q, lm), k)
 
 
@@ -39,7 +101,7 @@ def test_topk_ties_and_zeros(dev="cpu"):
     B, nq, Hq, H, d, N, k = 1, 1, 4, 1, 32, 128, 20
     q = torch.randn(B, nq, Hq, d, generator=g) * 30
     lm = torch.randn(B, H, N, d, generator=g) * 30
-    got = fastselect.select_topk(q, lm, k, splits=1)
+    got = fastselect.select_topk(q, lm, k, splits=1, blk=32)
     _same_selection(got, score_chunks_ref(q, lm), k)
 
 
@@ -73,3 +135,23 @@ def test_select_topk_gpu(nq):
     want = probs.topk(k, dim=-1).values.sort(-1).values
     have = probs.gather(-1, got.long()).sort(-1).values
     torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,nq,N,k,ties", [(4, 2, 16384, 256, False), (2, 1, 5000, 700, True), (1, 2, 3000, 3000, False)])
+def test_topk_kernels_gpu(B, nq, N, k, ties):
+    """On the GPU: both kernels equal the exact twin (ids bit for bit) on real pass-1 output and on
+    tie-heavy synthetic scratch, poisoned outputs."""
+    g = torch.Generator(device="cuda").manual_seed(N + k)
+    Hq, H, d = 32, 8, 128
+    if ties:
+        sc, pml = _scratch(B, H, nq, Hq // H, N, 4, torch.Generator().manual_seed(N), "cuda", ties=True)
+    else:
+        q = torch.randn(B, nq, Hq, d, device="cuda", generator=g).bfloat16()
+        lm = torch.randn(B, H, N, d, device="cuda", generator=g).bfloat16()
+        sc, pml, _ = fastselect._landmark_pass1(q, lm)
+    want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, Hq // H, N, k)
+    for method in ("stream", "bits"):
+        out = _poisoned((B, nq, H, k), "cuda")
+        fastselect.topk_from_scratch(sc, pml, B, H, nq, Hq // H, N, k, out=out, method=method)
+        assert torch.equal(out, want), method

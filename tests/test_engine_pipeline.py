@@ -259,7 +259,7 @@ def test_fast_plan_and_perturb_match_twins(B, H, N, k, rate):
     """The one-launch miss plan equals plan_misses as sets of (request-head, chunk) and (request-head,
     slot) and in `assembled`; the one-launch perturbation forces exactly round(rate*k) new, distinct
     chunks outside the base, and another seed gives another draw. Outputs poisoned first."""
-    from kernels.engine.transfer import perturb_fast, plan_misses_fast
+    from kernels.engine.transfer import perturb_fast, perturb_fast_ref, plan_misses_fast
     g = torch.Generator().manual_seed(B * N + k)
     pred = torch.rand(B, H, N, generator=g).argsort(-1)[..., :k].sort(-1).values.int()
     true = perturb(pred, rate, N, g)
@@ -270,7 +270,8 @@ def test_fast_plan_and_perturb_match_twins(B, H, N, k, rate):
         assert set(zip(a.bh[:n].tolist(), getattr(a, f)[:n].tolist())) == set(zip(b.bh[:n].tolist(), getattr(b, f)[:n].tolist()))
     assert torch.equal(a.assembled, b.assembled)
     seed = torch.tensor([5], dtype=torch.int32)
-    p = perturb_fast(pred, rate, N, seed, 3)
+    p = perturb_fast(pred, rate, N, seed, 3, out=torch.full_like(pred, -7))
+    assert torch.equal(p, perturb_fast_ref(pred, rate, N, seed, 3))        # exact twin (same uniforms)
     kept = (p[..., :, None] == pred[..., None, :]).any(-1).sum(-1)
     assert (kept == k - round(rate * k)).all()
     assert (p.sort(-1).values.diff(dim=-1) > 0).all() and 0 <= int(p.min()) and int(p.max()) < N

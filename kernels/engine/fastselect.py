@@ -3,17 +3,32 @@ over the selection state and no torch top-k or sort.
 
     select_topk(q, lm, k) -> idx [B, nq, H, k] int32, ascending chunk ids     (landmarks)
     specache_select_topk(q, qk, chunk, k) -> the same from SpeCache's 2-bit keys
-    topk_from_scratch(scratch, pml, B, H, nq, G, N, k) -> the fused normalise + group-max + top-k
+    topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None)
+        -> the fused normalise + group-max + top-k ("stream", the default when it fits, or "bits")
+    topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k)   torch twin of the kernel (same fp32
+        probabilities, same tie rule), used by the tests
     select_topk_ref(q, lm, k) = kernels.select.select_chunks_ref                 torch twin
 
 Pass 1 is kernels/select.py's `_score_pass1` (landmarks, raw scores of the group's rows to a
 scratch and each split's row max / sum of exp) or kernels/specache.py's `spec_pass1` (2-bit keys,
-per-row chunk maxima of the raw scores). The second kernel, one program per (request, KV head,
-query token), combines the splits' max / sum into each row's normaliser, builds the row of group-max
-probabilities in registers, finds the k-th largest by a 31-step binary search on the float bits
-(probabilities are non-negative, so their bits order as integers), and writes the chosen ids in
-ascending order with a prefix sum: every chunk above the threshold, then chunks equal to it in id
-order until k. Ties at the threshold may pick other (equal-probability) chunks than torch.topk.
+per-row chunk maxima of the raw scores). The second kernel runs one program per (request, KV head,
+query token) and combines the splits' max / sum into each row's normaliser. Probabilities are
+non-negative fp32, so their bits order as int32. The contract, for both methods: the k chunks that
+are largest in the order (probability descending, id ascending), written ascending: every chunk
+above the k-th largest probability, then chunks equal to it in id order until k. Ties at the
+threshold may therefore pick other (equal-probability) chunks than torch.topk.
+
+"stream" (`_stream_topk_kernel`, issue 9): the program streams its row in blocks of `blk` chunks
+(group-max probabilities of a block in registers only, so many programs share an SM and their loads
+overlap), appends the block's chunks whose probability bits exceed a running threshold T to a
+per-program candidate buffer in global memory (ids ascending, order-preserving prefix sum), and when
+the buffer could overflow on the next block (more than CAP - blk entries, CAP = next power of two
+>= k + blk) cuts it to its exact top-k in that order (31-step bit search over the <= CAP candidates
+only) and sets T to the k-th largest. Exact: top-k(A u B) = top-k(top-k(A) u B) in that total order,
+and a later chunk equal to T ranks below every kept one (larger id), so only chunks strictly above T
+are appended. The final top-k of the buffer is the answer. Extra memory: 2 x CAP int32 per program.
+"bits" (`_bits_topk_kernel`, the previous kernel; used when CAP would exceed 8192, i.e. k close to
+N at large N): the whole row in registers, a 31-step binary search on the bits over all N entries.
 """
 
 from __future__ import annotations
@@ -26,9 +41,11 @@ import triton.language as tl
 
 from kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
 
+MAX_CAP = 8192
+
 
 @triton.jit
-def _norm_topk_kernel(scratch, pml, out, N, H, G, NQ, n_split, K,
+def _bits_topk_kernel(scratch, pml, out, N, H, G, NQ, n_split, K,
                       GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr):
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
     t = pid % NQ
@@ -68,24 +85,162 @@ def _norm_topk_kernel(scratch, pml, out, N, H, G, NQ, n_split, K,
     tl.store(ob + pos, n, mask=take)
 
 
-def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None):
+@triton.jit
+def _take_topk(vb, K):
+    """Top-K of `vb` (non-negative int32 bits, -1 = empty) in the order (value desc, position asc):
+    the K-th largest value, the mask of the taken entries and their rank in position order."""
+    thr = tl.zeros([], tl.int32)
+    for i in tl.static_range(31):
+        cand = thr | (1 << (30 - i))
+        cnt = tl.sum((vb >= cand).to(tl.int32), 0)
+        thr = tl.where(cnt >= K, cand, thr)
+    gt = vb > thr
+    eq = vb == thr
+    need = K - tl.sum(gt.to(tl.int32), 0)
+    er = tl.cumsum(eq.to(tl.int32), 0)
+    take = gt | (eq & (er <= need))
+    pos = tl.cumsum(take.to(tl.int32), 0) - 1
+    return thr, take, pos
+
+
+@triton.jit
+def _stream_topk_kernel(scratch, pml, out, buf, N, H, G, NQ, n_split, K,
+                        GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr,
+                        BLK: tl.constexpr, CAP: tl.constexpr):
+    pid = tl.program_id(0)              # (b * H + h) * NQ + t
+    t = pid % NQ
+    bh = pid // NQ
+    b = bh // H
+    h = bh % H
+    ss = tl.arange(0, SP)
+    sv = ss < n_split
+    gg = tl.arange(0, GP)
+    gv = gg < G
+    # each group row's normaliser, computed exactly as the bits kernel does (same fp32 results)
+    mv = tl.zeros([GP], tl.float32)
+    iv = tl.zeros([GP], tl.float32)
+    for g in tl.static_range(GP):
+        if g < G:
+            r = t * GP + g
+            pi = 2 * ((bh * n_split + ss) * BLOCK_M + r)
+            pm = tl.load(pml + pi, mask=sv, other=-1.0e30)
+            pl = tl.load(pml + pi + 1, mask=sv, other=0.0)
+            m = tl.max(pm, 0)
+            inv = 1.0 / tl.sum(pl * tl.exp2(pm - m), 0)
+            mv = tl.where(gg == g, m, mv)
+            iv = tl.where(gg == g, inv, iv)
+    sb = scratch + bh.to(tl.int64) * BLOCK_M * N + (t * GP + gg).to(tl.int64)[:, None] * N
+    bb = buf + pid.to(tl.int64) * (2 * CAP)        # bits at [0, CAP), chunk ids at [CAP, 2 CAP)
+    cnt = tl.zeros([], tl.int32)
+    T = tl.zeros([], tl.int32) - 1
+    for n0 in range(0, N, BLK):
+        n = n0 + tl.arange(0, BLK)
+        nv = n < N
+        s = tl.load(sb + n[None, :], mask=gv[:, None] & nv[None, :], other=float("-inf"))
+        e = tl.exp2(s - mv[:, None]) * iv[:, None]         # rows g >= G: exp2(-inf) * 0 = 0
+        bits = tl.max(e, 0).to(tl.int32, bitcast=True)
+        keep = nv & (bits > T)
+        nk = tl.sum(keep.to(tl.int32), 0)
+        if nk > 0:
+            c = cnt + tl.cumsum(keep.to(tl.int32), 0) - 1
+            tl.store(bb + c, bits, mask=keep)
+            tl.store(bb + CAP + c, n, mask=keep)
+            cnt += nk
+            if cnt > CAP - BLK:             # the next block could overflow: cut to the top-K
+                tl.debug_barrier()
+                idx = tl.arange(0, CAP)
+                vb = tl.load(bb + idx, mask=idx < cnt, other=-1)
+                vi = tl.load(bb + CAP + idx, mask=idx < cnt, other=0)
+                thr, take, pos = _take_topk(vb, K)
+                tl.debug_barrier()
+                tl.store(bb + pos, vb, mask=take)
+                tl.store(bb + CAP + pos, vi, mask=take)
+                cnt = tl.zeros([], tl.int32) + K
+                T = thr
+    tl.debug_barrier()
+    idx = tl.arange(0, CAP)
+    vb = tl.load(bb + idx, mask=idx < cnt, other=-1)
+    vi = tl.load(bb + CAP + idx, mask=idx < cnt, other=0)
+    thr, take, pos = _take_topk(vb, K)
+    ob = out + ((b * NQ + t) * H + h).to(tl.int64) * K
+    tl.store(ob + pos, vi, mask=take)
+
+
+def _geometry(B, H, nq, G, N, k, blk, num_warps, device):
+    """Block length and warps of the stream kernel: long blocks and more warps when there are too few
+    programs to fill the GPU (each program then needs more bytes in flight)."""
+    rows = B * H * nq
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    if blk is None:
+        blk = 1024 if rows >= 4 * sms else 2048
+    blk = max(16, min(blk, triton.next_power_of_2(N)))
+    if num_warps is None:
+        num_warps = 4 if blk <= 1024 else 8
+    return blk, num_warps
+
+
+def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None):
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
+    if not 0 < k <= N:
+        raise ValueError(f"budget of {k} chunks must be within 1..{N}")
     if out is None:
         out = torch.empty(B, nq, H, k, device=scratch.device, dtype=torch.int32)
-    NP = triton.next_power_of_2(N)
-    nw = 16 if NP >= 8192 else (8 if NP >= 2048 else 4)
-    _norm_topk_kernel[(B * H * nq,)](scratch, pml, out, N, H, G, nq, n_split, k,
-                                     GP=GP, BLOCK_M=BLOCK_M, SP=triton.next_power_of_2(n_split), NP=NP,
-                                     num_warps=nw)
+    SP = triton.next_power_of_2(n_split)
+    blk, nw = _geometry(B, H, nq, G, N, k, blk, num_warps, scratch.device)
+    cap = triton.next_power_of_2(k + blk)
+    if method is None:
+        method = "stream" if cap <= MAX_CAP else "bits"
+    if method == "stream":
+        buf = torch.empty(B * H * nq * 2 * cap, device=scratch.device, dtype=torch.int32)
+        _stream_topk_kernel[(B * H * nq,)](scratch, pml, out, buf, N, H, G, nq, n_split, k,
+                                           GP=GP, BLOCK_M=BLOCK_M, SP=SP, BLK=blk, CAP=cap, num_warps=nw)
+    elif method == "bits":
+        NP = triton.next_power_of_2(N)
+        nw = 16 if NP >= 8192 else (8 if NP >= 2048 else 4)
+        _bits_topk_kernel[(B * H * nq,)](scratch, pml, out, N, H, G, nq, n_split, k,
+                                         GP=GP, BLOCK_M=BLOCK_M, SP=SP, NP=NP, num_warps=nw)
+    else:
+        raise ValueError(f"unknown top-k method {method!r}")
     return out
 
 
-def select_topk(q, lm, k, *, block_n=64, splits=None):
+def topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k):
+    """Torch twin: the kernels' fp32 probabilities (same normaliser formula) and the contract's order
+    (probability descending, id ascending), ids written ascending."""
+    GP = triton.next_power_of_2(G)
+    BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
+    n_split = pml.numel() // (2 * B * H * BLOCK_M)
+    sc = scratch.view(B * H, BLOCK_M, N)
+    st = pml.view(B * H, n_split, BLOCK_M, 2)
+    out = torch.empty(B, nq, H, k, dtype=torch.int32, device=scratch.device)
+    for bh in range(B * H):
+        for t in range(nq):
+            p = torch.zeros(N, dtype=torch.float32, device=scratch.device)
+            for g in range(G):
+                r = t * GP + g
+                pm, pl = st[bh, :, r, 0], st[bh, :, r, 1]
+                m = pm.max()
+                inv = 1.0 / (pl * torch.exp2(pm - m)).sum()
+                p = torch.maximum(p, torch.exp2(sc[bh, r] - m) * inv)
+            bits = p.view(torch.int32).long()
+            key = bits * (N + 1) + (N - torch.arange(N, device=p.device))   # value desc, then id asc
+            ids = key.topk(k).indices.sort().values
+            out[bh // H, t, bh % H] = ids.to(torch.int32)
+    return out
+
+
+def select_topk(q, lm, k, *, block_n=64, splits=None, **topk_kw):
     B, nq, Hq, d, H, N = _check(q, lm)
     if not 0 < k <= N:
         raise ValueError(f"budget of {k} chunks must be within 1..{N} landmarks")
+    scratch, pml, G = _landmark_pass1(q, lm, block_n=block_n, splits=splits)
+    return topk_from_scratch(scratch, pml, B, H, nq, G, N, k, **topk_kw)
+
+
+def _landmark_pass1(q, lm, *, block_n=64, splits=None):
+    B, nq, Hq, d, H, N = _check(q, lm)
     G = Hq // H
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
@@ -99,7 +254,7 @@ def select_topk(q, lm, k, *, block_n=64, splits=None):
     _score_pass1[(B * H, n_split)](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
                                    H, G, nq, n_split, split_len, LOG2E / math.sqrt(d),
                                    D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4)
-    return topk_from_scratch(scratch, pml, B, H, nq, G, N, k)
+    return scratch, pml, G
 
 
 def specache_select_topk(q, qk, chunk, k):

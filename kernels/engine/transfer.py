@@ -13,6 +13,9 @@ forced-miss perturbation, and the stream/event scheduler with its hazard log.
     gather_slots_ref(...)                                            torch twin
     perturb(base, miss_rate, n_chunks, gen)                          forced-miss index: `base` with
         round(miss_rate*k) chunks per (b, h) replaced by random chunks outside `base` (sorted)
+    perturb_fast(base, miss_rate, n_chunks, seed, salt, out=None)    the same contract in one launch
+        (O(k log^2 k) per (b, h): stratified drops, a sort of the base and a binary search over it;
+        seed on the device, capturable); perturb_fast_ref is its exact torch twin (same uniforms)
     Sched                                                            streams + events (CUDA), or an
         in-order stand-in on the CPU; both keep a log of (op, stream, waits) for the hazard tests.
 """
@@ -276,54 +279,99 @@ def plan_misses_fast(pred: torch.Tensor, true: torch.Tensor) -> MissPlan:
 
 
 @triton.jit
-def _perturb_kernel(base, out, seed_ptr, salt, K, M, N, stride_f, KP: tl.constexpr, BI: tl.constexpr):
-    """Drop the M entries of lowest random rank; the dropped entry of rank t gets the c_t-th chunk
-    (in increasing order) of the complement of `base`, c_t = floor((t + u_t) * (N - K) / M):
-    strictly increasing in t, so the new chunks are distinct and outside `base`."""
+def _perturb_kernel(base, out, seed_ptr, salt, K, M, W, KP: tl.constexpr, LOG_KP: tl.constexpr):
+    """One program per (b, h); O(k log^2 k), no loop over the data.
+
+    Dropped entries: positions 0..K-1 are cut into M strata [floor(i K / M), floor((i+1) K / M)),
+    each non-empty (M <= K); one position is dropped per stratum, uniformly within it (u = rand(seed,
+    bh*KP + i)). The dropped entry of stratum i gets the c_i-th chunk, in increasing order, of the
+    complement of `base` (W = N - K chunks): c_i uniform in [floor(i W / M), floor((i+1) W / M)),
+    disjoint strata, so the M new chunks are distinct (u' = rand(seed + 7919, bh*KP + i)). With s the
+    sorted base and d_j = s_j - j (non-decreasing: the number of complement chunks below s_j), the c-th
+    complement chunk is c + #{j : d_j <= c}, found by a binary search over d (tl.gather)."""
     bh = tl.program_id(0)
     j = tl.arange(0, KP)
     jv = j < K
-    b = tl.load(base + bh * K + j, mask=jv, other=0)
+    b = tl.load(base + bh * K + j, mask=jv, other=2147483647)
     seed = tl.load(seed_ptr) * 1000003 + salt
     off = bh * KP
-    r = tl.rand(seed, off + j)
-    rank = tl.zeros([KP], tl.int32)
-    for i0 in tl.static_range(0, KP, BI):
-        i = i0 + tl.arange(0, BI)
-        ri = tl.rand(seed, off + i)
-        ri = tl.where(i < K, ri, 2.0)
-        before = (ri[None, :] < r[:, None]) | ((ri[None, :] == r[:, None]) & (i[None, :] < j[:, None]))
-        rank += tl.sum(before.to(tl.int32), 1)
-    drop = jv & (rank < M)
-    u = tl.rand(seed + 7919, off + rank)
-    c = ((rank.to(tl.float32) + u) * stride_f).to(tl.int32)
-    x = c
-    go = 1
-    while go > 0:
-        cnt = tl.zeros([KP], tl.int32)
-        for i0 in tl.static_range(0, KP, BI):
-            i = i0 + tl.arange(0, BI)
-            bi = tl.load(base + bh * K + i, mask=i < K, other=2147483647)
-            cnt += tl.sum((bi[None, :] <= x[:, None]).to(tl.int32), 1)
-        xn = c + cnt
-        go = tl.sum((drop & (xn != x)).to(tl.int32), 0)
-        x = xn
-    tl.store(out + bh * K + j, tl.where(drop, x, b), mask=jv)
+    # stratum of position j and the position dropped in it
+    i = (((j + 1) * M - 1) // K).to(tl.int32)
+    lo = ((i.to(tl.int64) * K) // M).to(tl.int32)
+    wid = (((i + 1).to(tl.int64) * K) // M).to(tl.int32) - lo
+    u = tl.rand(seed, off + i)
+    pick = lo + tl.minimum((u * wid.to(tl.float32)).to(tl.int32), wid - 1)
+    drop = jv & (j == pick)
+    # the chunk of stratum i in the complement's order
+    clo = (i.to(tl.int64) * W) // M
+    cw = ((i + 1).to(tl.int64) * W) // M - clo
+    u2 = tl.rand(seed + 7919, off + i)
+    c = (clo + tl.minimum((u2 * cw.to(tl.float32)).to(tl.int64), cw - 1)).to(tl.int32)
+    s = tl.sort(b)                      # padding (int32 max) last
+    d = s - j                           # padding stays above every c (c < W <= N)
+    cnt = tl.zeros([KP], tl.int32)
+    for e in tl.static_range(LOG_KP + 1):
+        step = KP >> e
+        q = cnt + step - 1
+        ok = q < KP
+        v = tl.gather(d, tl.minimum(q, KP - 1), 0)
+        cnt = tl.where(ok & (v <= c), cnt + step, cnt)
+    tl.store(out + bh * K + j, tl.where(drop, c + cnt, b), mask=jv)
 
 
-def perturb_fast(base: torch.Tensor, miss_rate: float, n_chunks: int, seed: torch.Tensor, salt: int) -> torch.Tensor:
+@triton.jit
+def _perturb_uniforms_kernel(seed_ptr, salt, u_out, KP: tl.constexpr):
+    """The two uniforms per stratum that _perturb_kernel draws (for its torch twin)."""
+    bh = tl.program_id(0)
+    i = tl.arange(0, KP)
+    seed = tl.load(seed_ptr) * 1000003 + salt
+    tl.store(u_out + (bh * 2) * KP + i, tl.rand(seed, bh * KP + i))
+    tl.store(u_out + (bh * 2 + 1) * KP + i, tl.rand(seed + 7919, bh * KP + i))
+
+
+def perturb_fast(base: torch.Tensor, miss_rate: float, n_chunks: int, seed: torch.Tensor, salt: int,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """perturb (same contract: round(miss_rate*k) entries of each (b, h) replaced by distinct chunks
-    outside `base`) in one launch; the output keeps `base`'s order with the new chunks in the dropped
-    places (not sorted). `seed` is a device int32 [1] (advanced once per step); `salt` tells the
-    layers of a step apart."""
+    outside `base`) in one launch, deterministic given the device seed and the salt, no host sync
+    (capturable). `base` rows must be distinct chunk ids in [0, n_chunks), in any order; the output
+    keeps `base`'s order with the new chunks in the dropped places (not sorted). `seed` is a device
+    int32 [1] (advanced once per step); `salt` tells the layers of a step apart. Exact draw:
+    `_perturb_kernel`; torch twin: `perturb_fast_ref`."""
+    B, H, k = base.shape
+    m = int(round(miss_rate * k))
+    if m == 0:
+        return base.clone() if out is None else out.copy_(base)
+    if n_chunks - k < m:
+        raise ValueError(f"cannot force {m} misses among {n_chunks} chunks with {k} selected")
+    if out is None:
+        out = torch.empty_like(base, dtype=torch.int32)
+    KP = triton.next_power_of_2(k)
+    _perturb_kernel[(B * H,)](base.to(torch.int32).contiguous(), out, seed, salt, k, m, n_chunks - k,
+                              KP=KP, LOG_KP=KP.bit_length() - 1, num_warps=4 if KP <= 512 else 8)
+    return out
+
+
+def perturb_fast_ref(base: torch.Tensor, miss_rate: float, n_chunks: int, seed: torch.Tensor, salt: int) -> torch.Tensor:
+    """Torch twin of perturb_fast: the same strata and the same uniforms (drawn by a Triton helper,
+    tl.rand of the same seed and offsets), the complement's c-th chunk by searchsorted."""
     B, H, k = base.shape
     m = int(round(miss_rate * k))
     if m == 0:
         return base.clone()
-    if n_chunks - k < m:
-        raise ValueError(f"cannot force {m} misses among {n_chunks} chunks with {k} selected")
-    out = torch.empty_like(base, dtype=torch.int32)
     KP = triton.next_power_of_2(k)
-    _perturb_kernel[(B * H,)](base.to(torch.int32).contiguous(), out, seed, salt, k, m, n_chunks,
-                              (n_chunks - k) / m, KP=KP, BI=min(32, KP), num_warps=4)
-    return out
+    u = torch.empty(B * H, 2, KP, device=base.device, dtype=torch.float32)
+    _perturb_uniforms_kernel[(B * H,)](seed, salt, u, KP=KP)
+    W = n_chunks - k
+    j = torch.arange(k, device=base.device)
+    i = ((j + 1) * m - 1) // k
+    lo, wid = i * k // m, (i + 1) * k // m - i * k // m
+    ub, uc = u[:, 0, :][:, i], u[:, 1, :][:, i]                               # [BH, k]
+    pick = lo + torch.minimum((ub * wid.float()).long(), wid - 1)
+    drop = j == pick
+    clo, cw = i * W // m, (i + 1) * W // m - i * W // m
+    c = clo + torch.minimum((uc * cw.float()).long(), cw - 1)
+    s = base.reshape(B * H, k).long().sort(-1).values
+    d = s - j
+    cnt = torch.searchsorted(d.contiguous(), c.contiguous(), right=True)       # #{j : d_j <= c}
+    out = torch.where(drop, c + cnt, base.reshape(B * H, k).long())
+    return out.view(B, H, k).to(torch.int32)
