@@ -3,7 +3,8 @@
 Used by serving mode, where one event stands for one or more batch steps. The step is bound
 either by the link or by the compute path:
 
-  T_link    = sum over layers of the H2D work (prefetch + urgent, fixed costs included), plus
+  T_link    = sum over layers of the H2D work (prefetch + urgent; with prefetch one fixed cost per
+              step, the transfers running back to back; without, one per transfer), plus
               the rate lost while the D2H direction is busy beside it (bidir_factor); with a CPU
               gather, the host CPU stage is a second pipeline bound
   T_compute = LM head + sum over layers of
@@ -49,8 +50,16 @@ def aggregate_step(plan: StepPlan) -> AggStep:
     if r is None:
         c = plan.compute_s
         return AggStep(c, c, 0.0, 0.0, 0.0, 0.0)
+    # fixed cost once per burst (sim/resources.py): with prefetches in flight the link moves bytes
+    # back to back, so a link-bound step pays one fixed cost, not one per transfer; without
+    # prefetch every fetch starts on an idle link and pays its own
+    t0 = r.h2d_t0_s
+    n_x = sum(1 for x in plan.pf_work if x > 0) + sum(1 for x in plan.ur_work if x > 0)
     W = sum(plan.pf_work) + sum(plan.ur_work)
-    D = sum(plan.d2h_work)
+    if sysx.prefetch != "none" and n_x > 1:
+        W -= (n_x - 1) * t0
+    n_d = sum(1 for x in plan.d2h_work if x > 0)
+    D = sum(plan.d2h_work) - max(0, n_d - 1) * r.d2h_t0_s   # one D2H copy per step
     beta = r.bidir_factor
     t_link = W + min(D / beta, W) * (1.0 - beta) if W else 0.0
     t_cpu = sum(plan.cpu_pf_work) + sum(plan.cpu_ur_work)
@@ -84,10 +93,10 @@ def aggregate_step(plan: StepPlan) -> AggStep:
             rest = max(0.0, plan.pf_work[nxt] + plan.cpu_pf_work[nxt] - issued_ago)
             if u <= 0:
                 exposed = 0.0
-            elif sysx.urgent_priority:
-                exposed = (u * s_u + chunk_s) if rest > 0 else u
+            elif sysx.urgent_priority:   # on a busy link the urgent fetch's fixed cost overlaps it
+                exposed = (max(0.0, u - t0) * s_u + chunk_s) if rest > 0 else u
             else:
-                exposed = rest + u
+                exposed = rest + (max(0.0, u - t0) if rest > 0 else u)
                 gaps += plan.att[i] * s_bg  # FIFO: the link idles while attention i runs
             # layer i's own prefetch was issued when attention i-2 ended
             window = (ready[i] - att_end[i - 2]) % cycle if L > 2 else cycle
@@ -95,6 +104,8 @@ def aggregate_step(plan: StepPlan) -> AggStep:
             exposed = max(exposed, own + plan.mid[i]) if own > 0 else exposed
         else:
             exposed = u
+        if plan.ur_min_s and u > 0:
+            exposed = max(exposed, plan.ur_min_s[i])
         total += (plan.pre[i] + plan.att[i] + plan.post[i]) * s_bg + max(mid, exposed)
     if sysx.prefetch == "none":
         link_bound = t_link  # every transfer is already on the compute path

@@ -115,14 +115,7 @@ class CostModel:
             groups.setdefault(key + (cfg,), []).append((x, r["latency_ms"] / 1e3))
             groups.setdefault(key + (None,), []).append((x, r["latency_ms"] / 1e3))
         # the decode-step engine's measured compute-only step (bundle section `engine`)
-        self.engine_tab: dict[tuple[str, int], tuple[list, list]] = {}
-        eng: dict = {}
-        for r in b.rows.get("engine", []):
-            if r.get("layer") == "step" and r.get("model") == self.model.name:
-                eng.setdefault((r["system"], int(r["context"])), {})[int(r["batch"])] = r["compute_ms"] / 1e3
-        for key, pts in eng.items():
-            bs = sorted(pts)
-            self.engine_tab[key] = (bs, [pts[x] for x in bs])
+        self.set_engine_rows(b.rows.get("engine", []))
         for key, pts in groups.items():
             if key[0] == "sdpa_prefill":
                 rates = sorted(x / y for x, y in pts)
@@ -157,10 +150,37 @@ class CostModel:
     def _roofline(self, flops: float, nbytes: float) -> float:
         return max(flops / self.peak_flops, nbytes / self.hbm)
 
-    def engine_step_s(self, system: str, batch: int, context: int) -> float | None:
+    def set_engine_rows(self, rows: list[dict]) -> None:
+        """(Re)build the engine tables from engine-section rows (the bundle's, or an engine sweep's
+        read by ddbench.core.calibration.engine_section_rows): layer 'step' = the compute-only step
+        with the model's own selection; layer 'step-forced-miss' = the same step with the sweep
+        harness's forced-miss draw (kernels/engine/bench.py), kept apart (engine_harness_s)."""
+        self.engine_tab: dict[tuple[str, int], tuple[list, list]] = {}
+        self.engine_forced_tab: dict[tuple[str, int], tuple[list, list]] = {}
+        for layer, tab in (("step", self.engine_tab), ("step-forced-miss", self.engine_forced_tab)):
+            eng: dict = {}
+            for r in rows:
+                if r.get("layer") == layer and r.get("model") == self.model.name:
+                    eng.setdefault((r["system"], int(r["context"])), {})[int(r["batch"])] = r["compute_ms"] / 1e3
+            for key, pts in eng.items():
+                bs = sorted(pts)
+                tab[key] = (bs, [pts[x] for x in bs])
+
+    def engine_harness_s(self, system: str, batch: int, context: int) -> float | None:
+        """The sweep harness's per-step cost of forcing misses (the forced-miss draw; not a design cost):
+        the compute-only step with forced misses minus the one with the model's own selection, both
+        from the calibration sweep's floor phase, piecewise linear in the batch; None where either is
+        not measured at this context and batch."""
+        a = self.engine_step_s(system, batch, context, forced=True)
+        b = self.engine_step_s(system, batch, context)
+        return None if a is None or b is None else a - b
+
+    def engine_step_s(self, system: str, batch: int, context: int, forced: bool = False) -> float | None:
         """The engine's measured compute-only step (seconds) of `system` at `context`, piecewise linear
-        in the batch between the measured batches (None outside them or without rows)."""
-        tab = getattr(self, "engine_tab", {}).get((system, int(context)))
+        in the batch between the measured batches (None outside them or without rows). forced: the
+        step with the harness's forced-miss draw (layer 'step-forced-miss')."""
+        tabs = getattr(self, "engine_forced_tab" if forced else "engine_tab", {})
+        tab = tabs.get((system, int(context)))
         if tab is None:
             return None
         bs, ts = tab
@@ -268,6 +288,37 @@ class CostModel:
         return self._roofline(6.0 * tokens * n * rank, tokens * n * E * 3)
 
     # ------------------------------------------------------------------ link
+    def gather_round_s(self, chunk_bytes: int, blocks: int = 32) -> float | None:
+        """Time one block of the bundle's persistent UVA gather spends per chunk (one chunk in flight
+        per block), fixed cost removed: (latency - h2d_t0_s) / (chunks / blocks) of the largest
+        measured transfer, interpolated in log2(chunk). Where the gather runs below the link rate (2 KiB
+        chunks: 35.8 GB/s with 32 blocks on the H200) this is the round-trip latency of one chunk
+        read; None without link rows."""
+        if self.bundle is None:
+            return None
+        g = [r for r in self.bundle.rows["link"] if r["method"] == "uva_gather" and r["direction"] == "h2d"
+             and r["blocks"] == blocks]
+        if not g:
+            return None
+        t0 = self.link_rates("gpu", chunk_bytes).h2d_t0_s
+        xs = sorted({r["chunk_bytes"] for r in g})
+        ys = []
+        for c in xs:
+            r = max((r for r in g if r["chunk_bytes"] == c), key=lambda r: r["transfer_bytes"])
+            ys.append((r["latency_ms"] / 1e3 - t0) / (r["transfer_bytes"] / c / blocks))
+        return _interp([math.log2(c) for c in xs], ys, math.log2(chunk_bytes))
+
+    def gather_walk_s(self, slots: int, chunk_bytes: int, programs: int = 32, in_flight: int = 2) -> float:
+        """A persistent gather of `programs` blocks walking `slots` chunk slots, `in_flight` chunks per
+        block per round, latency-bound: ceil(slots / (programs * in_flight)) rounds of one chunk's
+        round trip (gather_round_s at `programs` blocks), whether a slot's chunk comes from the host
+        or from GPU memory (assumed: the round is a chain of dependent loads either way; an HBM-only
+        round was not measured)."""
+        t = self.gather_round_s(chunk_bytes, programs)
+        if t is None:
+            return 0.0
+        return math.ceil(slots / (programs * in_flight)) * t
+
     def link_rates(self, gather: str, chunk_bytes: int) -> LinkRates:
         key = ("link", gather, chunk_bytes)
         if key in self._cache:

@@ -51,6 +51,10 @@ class StepPlan:
     slots: int                        # 2 (ping-pong) or L
     rates: LinkRates | None
     lowrank: frozenset = field(default_factory=frozenset)
+    # per layer, the shortest time from issuing the urgent fetch to its end, whatever the link does
+    # (a latency-bound gather kernel; empty = none). sim/validate.py sets it for the engine's reuse
+    # gather (CostModel.gather_walk_s); step_plan never does, so the paper replays do not use it.
+    ur_min_s: list = field(default_factory=list)
 
     @property
     def layers(self) -> int:

@@ -9,6 +9,13 @@ priority) and the background job the rest, so the link stays work-conserving. Wi
 every job joins one FIFO queue. Rates change only at arrivals and completions, and bytes are
 moved analytically in between.
 
+Fixed cost per burst, not per transfer: a job may carry a `fixed` part of its work (the
+transfer's startup: launch, first PCIe round trips, ramp of the persistent gather grid; the
+bundle's affine fit of one transfer alone, `LinkRates.h2d_t0_s`). A job that arrives while the
+server already moves bytes (another job queued or in service) drops that part: its startup
+overlaps the transfer in flight, so back-to-back transfers pay the fixed latency once per busy
+period (burst). A job that finds the server idle pays it in full.
+
 Two servers coupled as `peer`s form a full-duplex link: when both directions are busy each runs
 at `bidir_factor` of its rate (measured: both directions at once over twice one direction).
 
@@ -34,10 +41,11 @@ INF = math.inf
 
 
 class Job:
-    __slots__ = ("work", "rem", "nbytes", "urgent", "t_submit", "t_start", "t_done", "tag", "then")
+    __slots__ = ("work", "rem", "nbytes", "urgent", "t_submit", "t_start", "t_done", "tag", "then", "fixed")
 
-    def __init__(self, work, nbytes, urgent, now, tag, then=None):
+    def __init__(self, work, nbytes, urgent, now, tag, then=None, fixed=0.0):
         self.work = work
+        self.fixed = fixed         # the part of `work` that is the per-burst fixed cost (see the module doc)
         self.rem = work
         self.nbytes = nbytes
         self.urgent = urgent
@@ -67,6 +75,7 @@ class FluidServer:
         self.bytes_submitted = 0.0
         self.bytes_moved = 0.0
         self.jobs_done = 0
+        self.fixed_saved_s = 0.0   # fixed costs not paid because a burst was under way
         self.record = record       # optional list of (name, tag, start, end, urgent) for traces
 
     @property
@@ -95,6 +104,13 @@ class FluidServer:
 
     def _add(self, job: Job) -> None:
         self.bytes_submitted += job.nbytes
+        if job.fixed and (self.qu or self.qb):
+            # a burst is under way: this transfer's startup overlaps it (paid once per burst)
+            drop = min(job.fixed, job.rem)
+            job.rem -= drop
+            job.work -= drop
+            job.fixed = 0.0
+            self.fixed_saved_s += drop
         if job.urgent and self.priority:
             if self.qb and self.qb[0].t_start is not None and self.chunk_s:
                 job.rem += self.chunk_s  # waits for the background chunk in flight
@@ -191,10 +207,11 @@ class FluidGroup:
             self.t = t
 
     def submit(self, server: FluidServer, t: float, work: float, nbytes: float = 0.0, urgent: bool = False,
-               tag: str = "", then=None) -> Job:
-        """A job of `work` seconds at full rate, submitted at time t (>= the group's clock)."""
+               tag: str = "", then=None, fixed: float = 0.0) -> Job:
+        """A job of `work` seconds at full rate, submitted at time t (>= the group's clock); `fixed` of
+        those seconds is its per-burst fixed cost, dropped where the server is busy at t."""
         self.advance_to(t)
-        job = Job(work, nbytes, urgent, t, tag, then)
+        job = Job(work, nbytes, urgent, t, tag, then, fixed if work > 0 else 0.0)
         if work <= 0:
             job.t_done = t
             if then is not None:

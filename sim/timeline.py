@@ -10,7 +10,10 @@ Shows overlap, stalls and buffer occupancy. The schedule follows the design's sw
 - `urgent_priority` puts misses in the urgent class of the link; else one FIFO queue;
 - `gather="cpu"` sends each transfer through the host CPU (index_select) before the copy engine;
 - a GPU-side gather (UVA kernel) in flight slows compute by the measured factor;
-- the new token's K and V of every layer go to host memory in one D2H copy at the step's end.
+- the new token's K and V of every layer go to host memory in one D2H copy at the step's end;
+- a transfer's fixed cost (plan.rates.h2d_t0_s, part of its planned work) is paid only where it
+  finds the link idle: one issued while another moves bytes overlaps its startup with it
+  (sim/resources.py: once per burst, not per transfer).
 """
 
 from __future__ import annotations
@@ -86,12 +89,15 @@ def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool =
             filled.discard(layer_key)
             occupancy[0] -= set_bytes
 
+    t0_h2d = plan.rates.h2d_t0_s if offload else 0.0
+    t0_d2h = plan.rates.d2h_t0_s if offload else 0.0
+
     def transfer(t, nbytes, work, cpu_work, urgent, tag):
         planned[0] += nbytes
         if cpu is None or cpu_work <= 0:
-            return group.submit(h2d, t, work, nbytes, urgent, tag)
+            return group.submit(h2d, t, work, nbytes, urgent, tag, fixed=t0_h2d)
         # the host CPU stage (index_select) hands the job to the copy engine when it ends
-        link_job = Job(work, nbytes, urgent, t, tag)
+        link_job = Job(work, nbytes, urgent, t, tag, fixed=t0_h2d)
 
         def to_link(tc):
             if work <= 0:
@@ -170,6 +176,8 @@ def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool =
                     t = max(t, group.finish_time(job))
                 if u_job is not None:
                     t = max(t, group.finish_time(u_job))
+                    if plan.ur_min_s:      # a latency-bound fetch kernel: no sooner than its walk
+                        t = max(t, u_job.t_submit + plan.ur_min_s[i])
                 if t > t_ready:
                     stall += t - t_ready
                     if s >= warmup:
@@ -192,7 +200,10 @@ def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool =
             yield env.timeout(t - env.now)
             if offload and sum(plan.d2h_bytes):
                 # the step's new K and V (every layer) go to host memory in one copy at the step's end
-                group.submit(d2h, t, sum(plan.d2h_work), sum(plan.d2h_bytes), False, "kv out")
+                # (one copy: one fixed cost, not one per layer's share of it)
+                n_d2h = sum(1 for x in plan.d2h_work if x > 0)
+                group.submit(d2h, t, sum(plan.d2h_work) - (n_d2h - 1) * t0_d2h, sum(plan.d2h_bytes), False,
+                             "kv out", fixed=t0_d2h)
             step_s.append(t - t_step)
             stall_s.append(stall)
             if h2d is not None:

@@ -1,6 +1,14 @@
 """Validate the simulator against the decode-step engine measured on the H200.
 
-    python -m sim.validate [--engine traces/engine/h200] [--out traces/validation/h200-engine.csv]
+    python -m sim.validate [--calibration-engine traces/engine/h200] [--engine traces/engine/h200-validation]
+                           [--allow-same-run] [--out traces/validation/h200-engine.csv]
+
+Two engine sweeps: `--calibration-engine` (its `floor` phase, compute-only CUDA-graph steps, gives the
+simulator's compute) and `--engine` (its points, outside any `floor` phase, are replayed and compared).
+They must be separate runs of kernels/engine/bench.py (meta.json: run_id, else the provenance's date,
+git sha and command); the same run is refused (one line, exit 2) unless `--allow-same-run`.
+Defaults: calibration traces/engine/h200; validated traces/engine/h200-validation where it exists,
+else traces/engine/h200 (then the same run: only with --allow-same-run).
 
 Every engine point of `engine.csv` (kernels/engine/bench.py) is replayed in the simulator's per-layer
 timeline mode (sim/timeline.py) with the same design (by its registry switches), model
@@ -17,8 +25,17 @@ timeline mode (sim/timeline.py) with the same design (by its registry switches),
 
 The engine's steps are CUDA-graph replays, so the GPU, not the host, sets their pace; eager steps
 (ablations the engine cannot capture) are skipped. The simulator's compute per layer comes from the
-calibration bundle's engine section (compute-only graph steps of the same sweep's floor phase,
-piecewise linear in the batch); no replayed point is one of those. Regime of each point:
+calibration sweep's floor phase (compute-only graph steps with the model's own selection, piecewise
+linear in the batch; ddbench.core.calibration.engine_section_rows, as the bundle imports it); no
+replayed point is one of those. Two engine-harness terms, stated per point, are not design costs:
+- `harness_ms`: the sweep harness draws forced misses on the compute stream (one kernel per layer);
+  where the calibration sweep's floor phase also measured forced-miss compute-only steps, their
+  difference to the own-selection steps is added to every forced-miss point's compute;
+- `walk_ms`: the engine's reuse fetch (ShadowKV) is one persistent gather of 32 programs, 2 chunks in
+  flight each, over every selected slot (hits from GPU memory, misses from the host), on the
+  critical path; it is latency-bound, so the fetch lasts at least its walk
+  (CostModel.gather_walk_s, from the bundle's 32-block gather at that chunk size).
+Regime of each point:
   compute-only   the engine ran without host reads (transfers = 0)
   link-bound     engine link bytes per step / engine step >= LINK_BOUND x the thin-gather rate
                  measured in the same engine run (meta.json)
@@ -42,6 +59,9 @@ from ddbench.core.traces import load_engine
 
 MODEL, GPU, LINK = "llama-3-8b", "h200", "pcie5"
 ENGINE_REL = "traces/engine/h200"    # under the data root; named so in outputs
+CALIBRATION_SWEEP = GPU               # traces/engine/<this>: the default calibration sweep
+VALIDATION_SWEEP = GPU + "-validation"   # traces/engine/<this>: the default validated sweep, where it exists
+REUSE_PROGRAMS, REUSE_IN_FLIGHT = 32, 2   # the engine's reuse gather (kernels/gather.py gather_uva defaults)
 LINK_BOUND = 0.75      # share of the measured gather rate the engine's link must sustain
 STEPS, WARMUP = 6, 2
 MIB = 2 ** 20
@@ -59,6 +79,33 @@ def load_meta(engine_dir: str) -> dict:
         if not isinstance(meta.get(k), (int, float)) or meta[k] <= 0:
             raise DDBenchError(f"{path}: {k} missing or not a positive number")
     return meta
+
+
+def run_identity(meta: dict) -> dict:
+    """What names an engine run: its run_id where bench.py wrote one, and its provenance."""
+    p = meta.get("provenance", {}) or {}
+    return {"run_id": meta.get("run_id"), "gpu": p.get("gpu"), "git_sha": p.get("git_sha"),
+            "date_utc": p.get("date_utc"), "command": p.get("command"), "phases": meta.get("phases"),
+            "seed": meta.get("seed")}
+
+
+def same_run(dir_a: str, meta_a: dict, dir_b: str, meta_b: dict) -> bool:
+    """True where two sweep folders hold the same run: the same folder, the same run_id, or (a run
+    without run_id) the same provenance date, git sha and command."""
+    if os.path.realpath(dir_a) == os.path.realpath(dir_b):
+        return True
+    a, b = run_identity(meta_a), run_identity(meta_b)
+    if a["run_id"] and b["run_id"]:
+        return a["run_id"] == b["run_id"]
+    keys = ("date_utc", "git_sha", "command")
+    return all(a[k] is not None for k in keys) and all(a[k] == b[k] for k in keys)
+
+
+def default_dirs() -> tuple[str, str]:
+    """(calibration sweep, validated sweep) folders by default."""
+    cal = str(traces_dir("engine", CALIBRATION_SWEEP))
+    val = str(traces_dir("engine", VALIDATION_SWEEP))
+    return cal, (val if os.path.exists(os.path.join(val, "engine.csv")) else cal)
 
 
 def effective_miss(rate: float, budget: int, chunk: int) -> float:
@@ -103,36 +150,74 @@ def scale_compute(plan, f: float):
                    post=[x * f for x in plan.post], lm_s=plan.lm_s * f)
 
 
-def validate(engine_dir: str | None = None):
+def reuse_walk(plan, cm, batch: int) -> list[float]:
+    """Per layer, the engine's reuse fetch as a latency-bound walk over every selected slot (see the
+    module doc); [] for designs without a reuse fetch or without transfers."""
+    from ddbench.core.catalog import get_model
+    from ddbench.core.memory import Workload
+    sysx = plan.system
+    if plan.rates is None or not sysx.reuse or sysx.prefetch != "none" or sysx.gather != "gpu":
+        return []
+    m, w = get_model(MODEL), Workload(context=1)
+    slots = batch * m.num_kv_heads * (w.budget // w.chunk)
+    out = []
+    for i in range(plan.layers):
+        values_only = sysx.fetch == "values" or i in plan.lowrank
+        chunk_bytes = (1 if values_only else 2) * w.chunk * m.head_dim * 2
+        out.append(cm.gather_walk_s(slots, chunk_bytes, REUSE_PROGRAMS, REUSE_IN_FLIGHT) if plan.ur_bytes[i] else 0.0)
+    return out
+
+
+def validate(engine_dir: str | None = None, calibration_dir: str | None = None, allow_same_run: bool = True):
     """(table of replayed points, list of (row, reason) skipped, meta, cost-model notes).
 
-    The simulator's compute of a point is the engine section of the calibration bundle (the
-    engine's compute-only CUDA-graph steps of the sweep's `floor` phase, batch 1/16/64 at 32K and
-    128K), interpolated in the batch; the link is the simulator's own (the bundle's link and
-    interference sections). Every point replayed here is one that calibration did not use: full
-    steps with transfers, and compute-only steps at batches 2 and 4."""
+    The simulator's compute of a point is the calibration sweep's `floor` phase (the engine's
+    compute-only CUDA-graph steps with the model's own selection), interpolated in the batch; the link
+    is the simulator's own (the bundle's link and interference sections). Every point replayed here is
+    outside the validated sweep's `floor` phase. `meta` is the validated sweep's meta.json, with
+    `sweeps` added (both runs' identities, same_run). allow_same_run=False raises a DDBenchError where
+    both folders hold the same run (the CLI's default; this function's default keeps the figures
+    working against a single sweep, and `sweeps.same_run` says so)."""
     import pandas as pd
+    from ddbench.core.calibration import engine_section_rows
     from ddbench.core.memory import Workload
-    engine_dir = engine_dir or str(traces_dir("engine", GPU))
+    d_cal, d_val = default_dirs()
+    engine_dir = engine_dir or d_val
+    calibration_dir = calibration_dir or d_cal
     from sim.setup import cost_model
     from sim.timeline import run_timeline
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
     meta = load_meta(engine_dir)
+    cal_meta = load_meta(calibration_dir)
+    same = same_run(calibration_dir, cal_meta, engine_dir, meta)
+    if same and not allow_same_run:
+        raise DDBenchError(f"{engine_dir} and {calibration_dir} hold the same engine run"
+                           f" ({run_identity(meta)['run_id'] or run_identity(meta)['date_utc']}): validate against"
+                           " a separate sweep (kernels.engine.bench --phases validation) or pass --allow-same-run")
     thin = float(meta["thin_gather_gbps"])
     cm = cost_model(MODEL, GPU, LINK)
-    if not getattr(cm, "engine_tab", None):
-        raise DDBenchError("the calibration bundle has no engine section: run `ddbench calibrate --sections engine`"
-                           " after `ddbench bench engine`")
+    cm.set_engine_rows(engine_section_rows(os.path.join(calibration_dir, "engine.csv")))
+    if not cm.engine_tab:
+        raise DDBenchError(f"{calibration_dir}: no compute-only floor steps with the model's own selection")
+    ci, vi = run_identity(cal_meta), run_identity(meta)
+    meta = dict(meta, sweeps={
+        "calibration": dict(folder=_rel(calibration_dir), **ci), "validated": dict(folder=_rel(engine_dir), **vi),
+        "same_run": bool(same), "same_code": ci["git_sha"] == vi["git_sha"],
+        "harness_measured": bool(cm.engine_forced_tab)})
     w0 = Workload(context=1)
     rows, skipped = [], []
+    same_dir = os.path.realpath(calibration_dir) == os.path.realpath(engine_dir)
     for r in df.itertuples():
         label = f"{r.design} {r.context // 1024}K b{r.batch} miss {r.miss_rate} transfers {r.transfers}"
         phase = getattr(r, "phase", "")
         if r.status != "ok":
             skipped.append((label, f"status {r.status}"))
             continue
-        if phase == "floor":
-            continue                      # the calibration itself (the bundle's engine section)
+        if phase == "floor" and (same_dir or same):
+            continue                      # the calibration itself
+        if phase == "floor" and r.miss_rate == "none" and not int(r.transfers):
+            skipped.append((label, "another sweep's calibration point (compute only, own selection)"))
+            continue
         if not int(getattr(r, "graph", 1)):
             skipped.append((label, "eager step (the host launches inside the step; the simulator has GPU time only)"))
             continue
@@ -144,8 +229,14 @@ def validate(engine_dir: str | None = None):
         rate = 0.0 if r.miss_rate == "none" else float(r.miss_rate)
         miss = effective_miss(rate, w0.budget, w0.chunk)
         plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cm)
-        f = eng_s / plan.compute_s
+        harness = 0.0
+        if r.miss_rate != "none" and not plan.system.kv_on_gpu:
+            harness = cm.engine_harness_s(key, int(r.batch), int(r.context)) or 0.0
+        f = (eng_s + harness) / plan.compute_s
         plan = scale_compute(plan, f)
+        walk = reuse_walk(plan, cm, int(r.batch))
+        if walk:
+            plan = replace(plan, ur_min_s=walk)
         tl = run_timeline(plan, steps=STEPS, warmup=WARMUP)
         sim_ms = tl.steady_step_s * 1e3
         sim_bytes = plan.h2d_bytes
@@ -155,12 +246,20 @@ def validate(engine_dir: str | None = None):
             phase=phase, rep=getattr(r, "rep", 0), design=r.design, context=r.context, batch=r.batch,
             miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
             regime=regime, engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
-            sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=f,
+            sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=f, harness_ms=harness * 1e3,
+            walk_ms=sum(walk) * 1e3,
             sim_stall_ms=statistics.fmean(tl.stall_s[tl.warmup:]) * 1e3, engine_exposed_ms=r.exposed_ms,
             engine_link_bytes=eng_bytes, sim_link_bytes=sim_bytes, link_bytes_diff=sim_bytes - eng_bytes,
             engine_link_gbps=r.link_gbps, sim_link_gbps=sim_bytes / (sim_ms * 1e-3) / 1e9 if sim_ms else 0.0,
             sim_link_util=tl.link_util, note=""))
     return pd.DataFrame(rows), skipped, meta, list(cm.notes)
+
+
+def _rel(path: str) -> str:
+    """A folder under the data root's parent as 'traces/...', else as given."""
+    base = os.path.realpath(str(traces_dir().parent))
+    full = os.path.realpath(path)
+    return os.path.relpath(full, base) if full.startswith(base + os.sep) else path
 
 
 def fifo_pairs(t) -> list[dict]:
@@ -202,11 +301,24 @@ def summarize(t, skipped, meta) -> dict:
     if len(lb):
         regimes["link-bound"]["median_link_gbps_engine"] = float(lb.engine_link_gbps.median())
         regimes["link-bound"]["median_link_gbps_sim"] = float(lb.sim_link_gbps.median())
+    sw = meta.get("sweeps", {})
+    cal, val = sw.get("calibration", {}), sw.get("validated", {})
+    harness = ("the calibration sweep's forced-miss compute-only steps minus its own-selection ones, added to every"
+               " forced-miss point (harness_ms)" if sw.get("harness_measured") else
+               "not measured by the calibration sweep (no forced-miss floor points): forced-miss points carry the"
+               " harness's draw and the simulator does not add it")
     return {
         "points": int(len(t)), "skipped": [f"{a}: {b}" for a, b in skipped],
-        "calibration": "compute: the bundle's engine section (the sweep's floor phase, compute-only CUDA-graph"
-                       " steps at batch 1/16/64, 32K and 128K), piecewise linear in the batch; link: the"
-                       " bundle's link and interference sections. No replayed point is a calibration point.",
+        "sweeps": sw,
+        "calibration": f"compute: the floor phase of {cal.get('folder')} (compute-only CUDA-graph steps with the"
+                       " model's own selection), piecewise linear in the batch; link: the bundle's link and"
+                       " interference sections (fixed cost once per burst). No replayed point is a calibration"
+                       " point; " + ("the validated points come from the SAME RUN as the calibration points"
+                                     if sw.get("same_run") else
+                                     f"the validated points come from a separate run ({val.get('folder')})") + ".",
+        "harness": "sweep-harness terms, not design costs: forced-miss draw " + harness + "; the engine's reuse fetch"
+                   " (ShadowKV) lasts at least its latency-bound walk over every slot (walk_ms, 32 programs x 2"
+                   " chunks in flight, round trip from the bundle's 32-block gather)",
         "rule": f"link-bound: engine link GB/s >= {LINK_BOUND} x the thin-gather rate of the same run"
                 f" ({meta['thin_gather_gbps']:.1f} GB/s); compute-only: no transfers; overlap: the rest",
         "regimes": regimes,
@@ -224,6 +336,10 @@ def write(t, summary, notes, out: str) -> str:
         for n in notes:
             f.write(f"# cost model: {n}\n")
         f.write(f"# regime rule: {summary['rule']}\n")
+        for k in ("calibration", "validated"):
+            f.write(f"# {_sweep_line(k + ' sweep', summary['sweeps'].get(k, {}))}\n")
+        if summary["sweeps"].get("same_run"):
+            f.write("# SAME RUN: the validated points come from the calibration run\n")
         t.to_csv(f, index=False, float_format="%.6g")
     os.replace(tmp, out)
     js = os.path.splitext(out)[0] + "-summary.json"
@@ -234,8 +350,20 @@ def write(t, summary, notes, out: str) -> str:
     return js
 
 
+def _sweep_line(name: str, x: dict) -> str:
+    return (f"{name}: {x.get('folder')} (run {x.get('run_id') or 'without run_id'}, git {x.get('git_sha')},"
+            f" {x.get('date_utc')}, phases {x.get('phases') or 'all'}, seed {x.get('seed', 0) if x.get('seed') is not None else 0})")
+
+
 def report(summary: dict) -> str:
-    lines = [f"{summary['points']} engine points replayed (none used for calibration)"]
+    sw = summary.get("sweeps", {})
+    lines = [_sweep_line("calibration sweep", sw.get("calibration", {})),
+             _sweep_line("validated sweep", sw.get("validated", {}))]
+    if sw.get("same_run"):
+        lines.append("SAME RUN: the validated points come from the calibration run (other points, same run)")
+    if sw and not sw.get("same_code"):
+        lines.append("the two sweeps ran different engine code (git shas differ)")
+    lines.append(f"{summary['points']} engine points replayed (none used for calibration)")
     for s in summary["skipped"]:
         lines.append(f"  skipped {s}")
     for k, v in summary["regimes"].items():
@@ -252,21 +380,61 @@ def report(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def write_readme(summary: dict, out: str, js: str) -> str:
+    """<out folder>/README.md: which sweeps were used, the rule and the errors by regime."""
+    path = os.path.join(os.path.dirname(out) or ".", "README.md")
+    lines = ["# Simulator against the decode-step engine (`python -m sim.validate`)", "",
+             f"Written by `python -m sim.validate`: `{os.path.basename(out)}` (one row per replayed point) and"
+             f" `{os.path.basename(js)}`. Do not edit; rerun it.", "",
+             "Sweeps (kernels/engine/bench.py runs):", "",
+             f"- {_sweep_line('calibration', summary['sweeps'].get('calibration', {}))}: its floor phase gives the"
+             " simulator's compute",
+             f"- {_sweep_line('validated', summary['sweeps'].get('validated', {}))}: its points are replayed", ""]
+    if summary["sweeps"].get("same_run"):
+        lines += ["**The validated points come from the same run as the calibration points** (other points of"
+                  " that run; `--allow-same-run`): not an independent validation.", ""]
+    lines += [summary["calibration"], "", summary["harness"] + ".", "", f"Regimes: {summary['rule']}.", "",
+              "| regime | points | median \\|error\\| | worst | sim / engine, median |", "| --- | --- | --- | --- | --- |"]
+    for k, v in summary["regimes"].items():
+        if v["points"]:
+            lines.append(f"| {k} | {v['points']} | {v['median_abs_error']:.1%} | {v['worst_abs_error']:.1%}"
+                         f" ({v['worst_point']}) | {v['median_sim_over_engine']:.3f} |")
+        else:
+            lines.append(f"| {k} | 0 | | | |")
+    b = summary["link_bytes"]
+    lines += ["", f"Link bytes per step equal to the byte at {b['exact']} of {b['points_with_transfers']} points"
+              f" with transfers. Skipped: {len(summary['skipped'])} rows (listed in the summary).", ""]
+    write_text_atomic(path, "\n".join(lines))
+    return path
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", help="engine trace folder (engine.csv, meta.json; default the data root's engine/h200)")
+    ap.add_argument("--engine", help="the validated sweep's folder (engine.csv, meta.json; default the data root's"
+                                     f" engine/{VALIDATION_SWEEP} where it exists, else engine/{CALIBRATION_SWEEP})")
+    ap.add_argument("--calibration-engine", help="the sweep whose compute-only floor steps calibrate the simulator's"
+                                                 f" compute (default the data root's engine/{CALIBRATION_SWEEP})")
+    ap.add_argument("--allow-same-run", action="store_true",
+                    help="validate points of the calibration run itself (other points, same run)")
     ap.add_argument("--out", help="output CSV (default the data root's validation/h200-engine.csv)")
     a = ap.parse_args(argv)
     a.out = a.out or str(traces_dir("validation", "h200-engine.csv"))
     try:
-        t, skipped, meta, notes = validate(a.engine)
+        t, skipped, meta, notes = validate(a.engine, a.calibration_engine, allow_same_run=a.allow_same_run)
     except DDBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     summary = summarize(t, skipped, meta)
     js = write(t, summary, notes, a.out)
+    readme = write_readme(summary, a.out, js)
     print(report(summary))
-    print(f"wrote {a.out} and {js}")
+    print(f"wrote {a.out}, {js} and {readme}")
     return 0
 
 

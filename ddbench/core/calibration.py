@@ -263,7 +263,10 @@ ENGINE_MODEL = "llama-3-8b"
 def engine_section_rows(engine_csv: str) -> list[dict]:
     """Bundle rows from an engine sweep's engine.csv: every 'ok' compute-only CUDA-graph step of its
     `floor` phase (no host reads, so nothing exposed and no bytes on the link). DualDecoder with one
-    query token is named 'dualdecoder-single'."""
+    query token is named 'dualdecoder-single'. Steps with the model's own selection (miss rate
+    'none') are layer 'step'; steps with a forced miss rate (the sweep harness draws the misses,
+    kernels/engine/bench.py) are layer 'step-forced-miss', so that their difference, the harness's
+    per-step cost, can be added to forced-miss points (CostModel.engine_harness_s)."""
     try:
         with open(engine_csv, newline="", encoding="utf-8") as fh:
             rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
@@ -279,7 +282,8 @@ def engine_section_rows(engine_csv: str) -> list[dict]:
         except (KeyError, ValueError):
             raise DDBenchError(f"{engine_csv}, line {i}: step_ms, batch or context is not a number") from None
         name = r["design"] + ("-single" if r["design"] == "dualdecoder" and r.get("tokens") == "1" else "")
-        out.append({"system": name, "model": ENGINE_MODEL, "batch": batch, "context": context, "layer": "step",
+        layer = "step" if r.get("miss_rate", "none") in ("none", "") else "step-forced-miss"
+        out.append({"system": name, "model": ENGINE_MODEL, "batch": batch, "context": context, "layer": layer,
                     "compute_ms": ms, "exposed_transfer_ms": 0.0, "urgent_bytes": 0, "prefetch_bytes": 0})
     if not out:
         raise DDBenchError(f"{engine_csv}: no compute-only 'floor' rows (an engine sweep of kernels/engine/bench.py)")
@@ -287,20 +291,25 @@ def engine_section_rows(engine_csv: str) -> list[dict]:
 
 
 def add_engine_section(writer: "BundleWriter", engine_dir: str) -> int:
-    """Fill the engine section of a bundle being written from the engine sweep in `engine_dir`."""
+    """Fill the engine section of a bundle being written from the engine sweep in `engine_dir`,
+    replacing any engine rows it held (another sweep's)."""
     rows = engine_section_rows(os.path.join(engine_dir, "engine.csv"))
+    writer.rows["engine"] = []
+    writer.keys["engine"] = set()
+    writer.sections.pop("engine", None)
     for r in rows:
         writer.add("engine", r)
     prov = {}
     try:
         with open(os.path.join(engine_dir, "meta.json"), encoding="utf-8") as fh:
-            prov = json.load(fh).get("provenance", {})
+            meta = json.load(fh)
+            prov = dict(meta.get("provenance", {}), run_id=meta.get("run_id"))
     except (OSError, ValueError):
         pass
     writer.complete("engine", note="compute-only decode step (CUDA graph, no transfers) of the engine sweep"
                                    f" {prov.get('git_sha', '?')} {prov.get('date_utc', '?')}: layer 'step' is the"
                                    " whole step, LM head included")
-    writer.sections["engine"]["source"] = {k: prov.get(k) for k in ("gpu", "git_sha", "date_utc", "command")}
+    writer.sections["engine"]["source"] = {k: prov.get(k) for k in ("gpu", "git_sha", "date_utc", "command", "run_id")}
     writer._write_meta()
     return len(rows)
 

@@ -12,13 +12,21 @@ Phases (one process, one run):
   floor      compute only (no host reads), graph: every design x {32K, 128K} x batch {1, 16, 64},
              and DualDecoder with one query token (dual/single); each step against its floor =
              HBM bytes of weights + resident selection state + attended KV (Engine.floor_bytes) over
-             the device-to-device copy rate measured in this run (read + write counted).
+             the device-to-device copy rate measured in this run (read + write counted). Also
+             dualdecoder, shadowkv and specache compute-only with 17.4 % forced misses: the
+             difference is the harness's cost of drawing them (sim/validate.py adds it).
   mechanism  --reps repetitions, interleaved (rep is the outer loop): priority vs FIFO at 128K, 33 %
              misses, batch 1/4/16 with their compute-only twins (exposed-transfer share); at batch 16:
              two passes (with and without transfers), per-layer buffers, CPU gather and the eager
              GPU gather.
-  validation full steps with transfers (17.4 % misses) not used for the engine calibration: every
-             design at 32K and 128K, batch 4 and 16.
+  validation points the floor phase does not measure, for sim/validate.py: dualdecoder, shadowkv and
+             specache at 32K and 128K, batch 2/8/32, 25 % misses, each with its compute-only twin;
+             full-kv at 32K, batch 2/8; FIFO at 128K, batch 2/8/32; dualdecoder at 128K, batch 8, 10 %.
+
+--phases floor,validation runs a subset (default all) into <out>/<gpu>-<phases> (e.g. h200-validation;
+--folder names it); --seed seeds the weights, the host KV values and the forced-miss draws; meta.json
+holds a run_id (kept on --resume), the phases and the seed. An independent validation sweep is a
+separate run: `--phases validation --seed 1`.
 
 Writes <out>/<gpu>/engine.csv (one row per point), rows.jsonl (resumable: --resume), meta.json and
 summary.json (floors, ratios with min/median/max over repetitions, provenance). A point that does
@@ -98,12 +106,12 @@ def gather_gbps(host, programs=32, reps=5):
     return idx.numel() * 2 * C * d * host.element_size() / (statistics.median(ts) * 1e-3) / 1e9
 
 
-def alloc_host(gib):
+def alloc_host(gib, seed=0):
     t0 = time.perf_counter()
     n = int(gib * GIB) // 2
     flat = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
     t1 = time.perf_counter()
-    g = torch.Generator(device="cuda").manual_seed(2)
+    g = torch.Generator(device="cuda").manual_seed(2 + seed)
     step = GIB // 2
     tmp = torch.empty(step, dtype=torch.bfloat16, device="cuda")
     for s in range(0, n, step):
@@ -137,7 +145,7 @@ def make_config(ctx, batch, miss_rate=0.174, transfers=True, urgent_programs=64,
 
 
 def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, transfers=True, graph=True,
-              reps=5, urgent_programs=64, hbm=None, cfg=None, log=print, keep=False):
+              reps=5, urgent_programs=64, hbm=None, cfg=None, log=print, keep=False, seed=0):
     """One engine point: build, pre-decode, warm up, capture, time `reps` graph replays (2 steps each)."""
     from kernels.engine.engine import Engine
     from kernels.timing import event_times
@@ -146,7 +154,7 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
     row = dict(design=design, context=ctx, batch=batch, miss_rate="none" if miss_rate is None else miss_rate,
                transfers=int(transfers), graph=int(graph), urgent_programs=urgent_programs, host_layers=0,
                status="ok", model_max_batch=max_batch(base, model, get_gpu("h200"), Workload(context=ctx)))
-    cfg = cfg or make_config(ctx, batch, miss_rate, transfers, urgent_programs)
+    cfg = cfg or make_config(ctx, batch, miss_rate, transfers, urgent_programs, seed=seed)
     host = None
     if not sys_.kv_on_gpu and transfers:
         host = host_view(flat, model, ctx, batch)
@@ -205,8 +213,37 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
     return row
 
 
-def plan_points(quick, reps):
-    """(phase, rep, design, context, batch, miss, transfers, graph) in run order."""
+PHASES = ("floor", "mechanism", "validation")
+FORCED_MISS = 0.174                       # the floor phase's forced-miss twins (harness cost, see below)
+VAL_MISS = 0.25                           # validation: miss rates and batches the other phases do not use
+VAL_BATCHES = (2, 8, 32)
+
+
+def parse_phases(text):
+    """'floor,validation' -> ('floor', 'validation') in run order; one-line error for an unknown name."""
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    bad = [x for x in names if x not in PHASES]
+    if bad or not names:
+        raise DDBenchError(f"--phases takes a comma-separated subset of {', '.join(PHASES)}, got {text!r}")
+    return tuple(p for p in PHASES if p in names)
+
+
+def out_folder(gpu, phases, folder=None):
+    """The sweep's folder name under --out: --folder, else the GPU's catalog name for all phases, else
+    '<gpu>-<phases joined by +>' (a partial run never overwrites a full sweep's folder)."""
+    if folder:
+        return folder
+    return gpu if tuple(phases) == PHASES else gpu + "-" + "+".join(phases)
+
+
+def plan_points(quick, reps, phases=PHASES):
+    """(phase, rep, design, context, batch, miss, transfers, graph) in run order, for the selected phases.
+
+    floor: compute-only steps with the model's own selection (the simulator's calibration), and for
+    the designs that draw forced misses the same steps with a forced miss rate: their difference is
+    the harness's cost of drawing the misses (not a design cost), which sim/validate.py adds to
+    forced-miss points. validation: points the floor phase does not measure (batches 2, 8, 32, miss
+    rates 0.25 and 0.1), full steps with their compute-only twins."""
     pts = []
     if quick:
         for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv"):
@@ -223,6 +260,18 @@ def plan_points(quick, reps):
         for B in (1, 16, 64):
             for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv"):
                 pts.append(("floor", 0, d, c, B, None, False, True))   # the model's own selection
+            for d in ("dualdecoder", "shadowkv", "specache"):      # the harness's forced-miss draw
+                pts.append(("floor", 0, d, c, B, FORCED_MISS, False, True))
+    pts = [p for p in pts if p[0] in phases]
+    if "mechanism" in phases:
+        pts += _mechanism_points(reps)
+    if "validation" in phases:
+        pts += _validation_points()
+    return pts
+
+
+def _mechanism_points(reps):
+    pts = []
     for r in range(reps):
         for B, m in MECH_POINTS:
             for d in ("dualdecoder", "dualdecoder-fifo"):
@@ -233,12 +282,22 @@ def plan_points(quick, reps):
         pts.append(("mechanism", r, "dualdecoder-per-layer", K128, 16, 0.33, True, True))
         pts.append(("mechanism", r, "dualdecoder-cpu-gather", K128, 16, 0.33, True, False))
         pts.append(("mechanism", r, "dualdecoder", K128, 16, 0.33, True, False))
+    return pts
+
+
+def _validation_points():
+    pts = []
     for c in (K32, K128):
-        for B in (4, 16):
-            for d in ("dualdecoder", "shadowkv", "specache", "full-kv"):
-                pts.append(("validation", 0, d, c, B, None if d == "full-kv" else 0.174, True, True))
-                if B == 4 and d != "full-kv":   # compute-only twin (batch 16's is in the floor phase)
-                    pts.append(("validation", 0, d, c, B, 0.174, False, True))
+        for B in VAL_BATCHES:
+            for d in ("dualdecoder", "shadowkv", "specache"):
+                pts.append(("validation", 0, d, c, B, VAL_MISS, True, True))
+                pts.append(("validation", 0, d, c, B, VAL_MISS, False, True))   # its compute-only twin
+        for B in ((2, 8) if c == K32 else ()):   # full-kv at 128K: calibrated at batch 1 only (16 is oom)
+            pts.append(("validation", 0, "full-kv", c, B, None, True, True))
+    for B in VAL_BATCHES:
+        pts.append(("validation", 0, "dualdecoder-fifo", K128, B, VAL_MISS, True, True))
+    for x in (True, False):
+        pts.append(("validation", 0, "dualdecoder", K128, 8, 0.1, x, True))
     return pts
 
 
@@ -257,6 +316,12 @@ def main(argv=None):
     ap.add_argument("--budget", type=int, help="sparse budget in tokens (default: the core Workload's)")
     ap.add_argument("--chunk", type=int, help="tokens per chunk (default: the core Workload's)")
     ap.add_argument("--no-transfers", action="store_true")
+    ap.add_argument("--phases", default=",".join(PHASES),
+                    help="comma-separated phases to run (floor, mechanism, validation; default all)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the weights, the host KV values and the forced-miss draws (default 0)")
+    ap.add_argument("--folder", help="output folder under --out (default the GPU's name for all phases, else"
+                                     " <gpu>-<phases>, e.g. h200-validation)")
     a = ap.parse_args(argv)
     try:
         if a.point:
@@ -310,6 +375,7 @@ def _append(path, obj):
 def run(a):
     from kernels.engine.model import Weights
     from kernels.timing import provenance
+    phases = parse_phases(a.phases)             # before touching the GPU: bad input exits 2 anywhere
     if not torch.cuda.is_available():
         raise DDBenchError("the engine bench needs a CUDA GPU; none is visible to torch")
     if a.reps < 1 or a.replays < 1:
@@ -318,21 +384,28 @@ def run(a):
     prov = provenance("python -m kernels.engine.bench " + " ".join(sys.argv[1:]))
     model = get_model("llama-3-8b")
     out = os.path.join(a.out or str(traces_dir("engine")),
-                       catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory))
+                       out_folder(catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory),
+                                  phases, a.folder))
     os.makedirs(out, exist_ok=True)
     print(f"[engine] {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}  sha {prov['git_sha']}", flush=True)
     cg = copy_gbps()
     hbm = hbm_gbps()
-    flat, t_pin, t_fill = alloc_host(a.host_gib)
+    flat, t_pin, t_fill = alloc_host(a.host_gib, a.seed)
     print(f"[engine] pinned {a.host_gib} GiB in {t_pin:.1f} s; H2D copy {cg:.1f} GB/s; HBM copy {hbm:.0f} GB/s",
           flush=True)
     hv = host_view(flat, model, 32768, 16)
     gg = gather_gbps(hv)
     print(f"[engine] thin gather (32 blocks) alone: {gg:.1f} GB/s", flush=True)
-    weights = Weights.random(model, "cuda", seed=0)
+    weights = Weights.random(model, "cuda", seed=a.seed)
     torch.cuda.synchronize()
     from ddbench.core.io import write_json
-    meta = dict(provenance=prov, copy_h2d_gbps=cg, hbm_copy_gbps=hbm, thin_gather_gbps=gg, host_gib=a.host_gib,
+    run_id = None
+    if a.resume and os.path.exists(os.path.join(out, "meta.json")):   # a resumed run keeps its identity
+        with open(os.path.join(out, "meta.json"), encoding="utf-8") as fh:
+            run_id = json.load(fh).get("run_id")
+    import uuid
+    meta = dict(provenance=prov, run_id=run_id or uuid.uuid4().hex, phases=list(phases), seed=a.seed,
+                copy_h2d_gbps=cg, hbm_copy_gbps=hbm, thin_gather_gbps=gg, host_gib=a.host_gib,
                 pin_s=t_pin, fill_s=t_fill)
     write_json(os.path.join(out, "meta.json"), meta)
     rows, done = [], {}
@@ -353,7 +426,7 @@ def run(a):
                 _append(jl, done[k])
     elif os.path.exists(jl):
         os.remove(jl)
-    pts = plan_points(a.quick, a.reps)
+    pts = plan_points(a.quick, a.reps, phases)
     for (ph, rep, d, c, B, m, x, g) in pts:
         key = json.dumps([ph, rep, d, c, B, m, x, g])
         if key in done:
@@ -368,7 +441,7 @@ def run(a):
             json.dump(dict(key=key), fh)
         try:
             r = run_point(model, weights, flat, d, c, B, miss_rate=m, transfers=x, graph=g, reps=a.replays,
-                          hbm=hbm, log=lambda t: print(t, flush=True))
+                          hbm=hbm, log=lambda t: print(t, flush=True), seed=a.seed)
         except Exception as exc:  # noqa: BLE001 - reported in the row and the log; the sweep goes on
             import traceback
             print(f"  {d} ctx={c} B={B}: ERROR\n" + traceback.format_exc(limit=8), flush=True)
@@ -387,7 +460,7 @@ def run(a):
         os.remove(cur)
     summary = dict(schema=2, **meta, wall_s=time.perf_counter() - t_start)
     write(out, rows, summary)
-    if a.profile:
+    if a.profile and "mechanism" in phases:
         profile_one(model, weights, flat, out, hbm)
     print(f"[engine] wrote {out} ({len(rows)} points) in {time.perf_counter() - t_start:.0f} s", flush=True)
     return 0

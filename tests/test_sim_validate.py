@@ -1,0 +1,227 @@
+"""The simulator's link burst model, the engine-harness terms of sim/validate.py, its two-sweep rule
+(the same run is refused), the bundle's engine import, and kernels/engine/bench.py's phase selection:
+all on the CPU, against hand-computed numbers and the committed H200 traces."""
+
+import csv
+import json
+import os
+import shutil
+from dataclasses import replace
+
+import pytest
+
+from ddbench.core.paths import traces_dir
+from sim import validate as v
+from sim.resources import FluidGroup, FluidServer
+from sim.setup import cost_model
+from sim.timeline import run_timeline
+
+ENGINE = str(traces_dir("engine", "h200"))
+MS = 1e-3
+
+
+# ------------------------------------------------------------------ the link: fixed cost once per burst
+
+def _server_times(fixed):
+    s = FluidServer("h2d")
+    g = FluidGroup([s])
+    a = g.submit(s, 0.0, 1.0 * MS, fixed=fixed)          # idle link: pays its fixed cost
+    b = g.submit(s, 0.5 * MS, 1.0 * MS, fixed=fixed)     # A still moving bytes: B's startup overlaps it
+    c = g.submit(s, 3.0 * MS, 1.0 * MS, fixed=fixed)     # idle again (B ended at 1.96 ms): pays it
+    return g.finish_time(a), g.finish_time(b), g.finish_time(c), s
+
+
+def test_fixed_cost_is_paid_once_per_burst_hand_computed():
+    ta, tb, tc, s = _server_times(0.04 * MS)
+    assert ta == pytest.approx(1.00 * MS)
+    assert tb == pytest.approx(1.96 * MS)                # 1.0 + (1.0 - 0.04), not 2.0
+    assert tc == pytest.approx(4.00 * MS)                # 3.0 + 1.0: a new burst pays again
+    assert s.fixed_saved_s == pytest.approx(0.04 * MS)
+    # negative control: without a fixed part every job pays its whole work
+    ta, tb, tc, _ = _server_times(0.0)
+    assert (ta, tb, tc) == pytest.approx((1.0 * MS, 2.0 * MS, 4.0 * MS))
+
+
+def test_link_bound_step_pays_the_fixed_cost_about_once_not_per_transfer():
+    cm = cost_model("llama-3-8b", "h200", "pcie5")
+    p = v.replay_plan("dualdecoder", 131072, 16, v.effective_miss(0.33, 2048, 8), True, cm)
+    t0, bytes_s = p.rates.h2d_t0_s, p.h2d_bytes / (p.rates.h2d_gbps * 1e9)
+    assert t0 == pytest.approx(39.69e-6, rel=1e-3)        # the bundle's 4 KiB gather fit (link.csv, two sizes)
+    tl = run_timeline(p, steps=6, warmup=2)
+    assert tl.link_util > 0.99
+    extra = tl.steady_step_s - bytes_s
+    assert -1e-5 < extra < 2 * t0                        # 64 transfers a step, at most ~one fixed cost
+    # negative control: the old per-transfer model (the timeline is told of no fixed part)
+    old = run_timeline(replace(p, rates=replace(p.rates, h2d_t0_s=0.0)), steps=6, warmup=2)
+    assert old.steady_step_s - bytes_s > 50 * t0
+
+
+# ------------------------------------------------------------------ the engine's reuse fetch (ShadowKV)
+
+def test_reuse_walk_hand_computed():
+    cm = cost_model("llama-3-8b", "h200", "pcie5")
+    # link.csv: 4 KiB gather 8 MiB in 0.20256 ms, 64 MiB in 1.34262 ms -> t0 = 39.69 us;
+    # 2 KiB gather, 32 blocks, 64 MiB (32768 chunks) in 1.87306 ms -> (1.87306 - 0.03969) / 1024 = 1.7904 us a round
+    assert cm.gather_round_s(2048) == pytest.approx(1.7904e-6, rel=1e-4)
+    # 16 requests x 8 KV heads x 256 slots, 32 programs x 2 in flight: 512 rounds
+    assert cm.gather_walk_s(16 * 8 * 256, 2048, 32, 2) == pytest.approx(512 * 1.7904e-6, rel=1e-4)
+    assert cm.gather_walk_s(16 * 8 * 256 + 1, 2048, 32, 2) == pytest.approx(513 * 1.7904e-6, rel=1e-4)
+    p = v.replay_plan("shadowkv", 32768, 16, v.effective_miss(0.174, 2048, 8), True, cm)
+    walk = v.reuse_walk(p, cm, 16)
+    assert len(walk) == 32 and walk[0] == pytest.approx(512 * 1.7904e-6, rel=1e-4)
+    base = run_timeline(p, steps=4, warmup=2).steady_step_s
+    walked = run_timeline(replace(p, ur_min_s=walk), steps=4, warmup=2).steady_step_s
+    link_fetch = p.ur_work[0]                             # the fetch on the link alone (values of the misses)
+    assert walked - base == pytest.approx(32 * (walk[0] - link_fetch), rel=0.02)
+    # designs with a prefetch have no reuse walk
+    d = v.replay_plan("dualdecoder", 32768, 16, 0.17, True, cm)
+    assert v.reuse_walk(d, cm, 16) == []
+
+
+# ------------------------------------------------------------------ two sweeps
+
+def _sweep(tmp_path, name, *, meta_change=None, keep=None, extra_rows=()):
+    """A copy of the committed sweep (its rows filtered by keep(row)), with meta.json changed."""
+    d = tmp_path / name
+    d.mkdir()
+    with open(os.path.join(ENGINE, "engine.csv"), newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    cols = list(rows[0])
+    rows = [r for r in rows if keep is None or keep(r)] + [dict(rows[0], **x) for x in extra_rows]
+    with open(d / "engine.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    with open(os.path.join(ENGINE, "meta.json"), encoding="utf-8") as fh:
+        meta = json.load(fh)
+    if meta_change:
+        meta_change(meta)
+    (d / "meta.json").write_text(json.dumps(meta))
+    return str(d)
+
+
+def _few(r):
+    return r["phase"] == "floor" or (r["phase"] == "validation" and r["design"] == "dualdecoder"
+                                     and r["context"] == "131072" and r["batch"] == "4")
+
+
+def test_same_run_is_refused_in_one_line(tmp_path, capsys):
+    a = _sweep(tmp_path, "a", keep=_few)
+    b = _sweep(tmp_path, "b", keep=_few)                   # another folder, the same run (same provenance)
+    out = str(tmp_path / "out" / "v.csv")
+    assert v.main(["--calibration-engine", a, "--engine", b, "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "same engine run" in err and "--allow-same-run" in err
+    assert not os.path.exists(out)
+    assert v.main(["--calibration-engine", a, "--engine", a, "--out", out]) == 2      # the same folder
+    capsys.readouterr()
+    assert v.main(["--calibration-engine", a, "--engine", b, "--out", out, "--allow-same-run"]) == 0
+    s = json.load(open(str(tmp_path / "out" / "v-summary.json")))
+    assert s["sweeps"]["same_run"] is True and "SAME RUN" in s["calibration"]
+    assert "same run as the calibration" in open(str(tmp_path / "out" / "README.md")).read()
+
+
+def test_separate_run_is_validated_and_named(tmp_path):
+    a = _sweep(tmp_path, "cal", keep=_few)
+
+    def other(meta):
+        meta["run_id"] = "independent-run"
+        meta["provenance"]["date_utc"] = "2026-12-01T00:00:00Z"
+    b = _sweep(tmp_path, "val", keep=_few, meta_change=other)
+    out = str(tmp_path / "out" / "v.csv")
+    assert v.main(["--calibration-engine", a, "--engine", b, "--out", out]) == 0
+    s = json.load(open(str(tmp_path / "out" / "v-summary.json")))
+    assert s["sweeps"]["same_run"] is False
+    assert s["sweeps"]["validated"]["run_id"] == "independent-run"
+    assert s["sweeps"]["calibration"]["folder"].endswith("cal") and s["sweeps"]["validated"]["folder"].endswith("val")
+    readme = open(str(tmp_path / "out" / "README.md")).read()
+    assert "independent-run" in readme and "same run as the calibration" not in readme
+    # the other sweep's own-selection floor points are not replayed (they calibrate, in their own run)
+    assert s["points"] == 2 and all("floor" not in x or "calibration point" in x for x in s["skipped"])
+
+
+def test_same_run_rule():
+    m = {"provenance": {"date_utc": "d", "git_sha": "g", "command": "c"}}
+    assert v.same_run("/x", m, "/y", json.loads(json.dumps(m)))
+    assert not v.same_run("/x", m, "/y", {"provenance": {"date_utc": "e", "git_sha": "g", "command": "c"}})
+    assert not v.same_run("/x", dict(m, run_id="1"), "/y", dict(m, run_id="2"))
+    assert v.same_run("/x", dict(m, run_id="1"), "/x", dict(m, run_id="2"))        # one folder
+
+
+def test_harness_cost_from_the_calibration_sweep_is_added(tmp_path):
+    """Forced-miss floor points in the calibration sweep (own step + 2.000 ms here) add 2.000 ms of
+    compute to a forced-miss compute-only point; without them nothing is added."""
+    with open(os.path.join(ENGINE, "engine.csv"), newline="", encoding="utf-8") as fh:
+        floor = [r for r in csv.DictReader(fh) if r["phase"] == "floor" and r["design"] == "dualdecoder"
+                 and r["tokens"] == "2" and r["context"] == "131072"]
+    forced = [dict(miss_rate="0.174", step_ms=repr(float(r["step_ms"]) + 2.0), batch=r["batch"], phase="floor",
+                   design="dualdecoder", context="131072", transfers="0", graph="1", tokens="2", status="ok")
+              for r in floor]
+    assert len(forced) == 3
+    a = _sweep(tmp_path, "cal", keep=lambda r: r["phase"] == "floor", extra_rows=forced)
+    def other(m):
+        m.update(run_id="v")
+        m["provenance"]["date_utc"] = "2026-12-01T00:00:00Z"
+    b = _sweep(tmp_path, "val", meta_change=other,
+               keep=lambda r: r["phase"] == "validation" and r["design"] == "dualdecoder"
+               and r["context"] == "131072" and r["batch"] == "4" and r["transfers"] == "0")
+    plain = _sweep(tmp_path, "cal0", keep=lambda r: r["phase"] == "floor")
+    t, _, meta, _ = v.validate(b, a, allow_same_run=False)
+    t0, _, meta0, _ = v.validate(b, plain, allow_same_run=False)
+    assert len(t) == 1 and meta["sweeps"]["harness_measured"] and not meta0["sweeps"]["harness_measured"]
+    assert t.harness_ms.iloc[0] == pytest.approx(2.0, abs=1e-9)
+    assert t0.harness_ms.iloc[0] == 0.0
+    assert t.sim_step_ms.iloc[0] - t0.sim_step_ms.iloc[0] == pytest.approx(2.0, abs=1e-6)
+
+
+def test_engine_import_splits_forced_miss_rows_and_replaces_the_section(tmp_path):
+    from ddbench.core.calibration import import_engine_sweep, load_bundle
+    bundle = tmp_path / "bundle"
+    shutil.copytree(str(traces_dir("calibration", "h200")), str(bundle))
+    forced = [dict(miss_rate="0.174", step_ms="9.5", batch="1", phase="floor", design="shadowkv",
+                   context="32768", transfers="0", graph="1", tokens="2", status="ok")]
+    a = _sweep(tmp_path, "cal", keep=lambda r: r["phase"] == "floor" and r["design"] == "shadowkv",
+               extra_rows=forced, meta_change=lambda m: m.update(run_id="r1"))
+    n = import_engine_sweep(str(bundle), a, "pytest", "2026-12-01")
+    b = load_bundle(str(bundle))
+    eng = b.rows["engine"]
+    assert n == len(eng) == 5 + 1             # shadowkv's 5 ok floor rows (128K b64 is oom) + 1: the old 26 are gone
+    assert {r["system"] for r in eng} == {"shadowkv"}
+    assert [r["compute_ms"] for r in eng if r["layer"] == "step-forced-miss"] == [9.5]
+    assert b.meta["sections"]["engine"]["source"]["run_id"] == "r1"
+
+
+# ------------------------------------------------------------------ kernels/engine/bench.py phase selection
+
+def test_bench_phase_selection_and_folders():
+    bench = pytest.importorskip("kernels.engine.bench")
+    from ddbench.core.errors import DDBenchError
+    allp = bench.plan_points(False, 2)
+    val = bench.plan_points(False, 2, ("validation",))
+    floor = bench.plan_points(False, 2, ("floor",))
+    assert {p[0] for p in val} == {"validation"} and {p[0] for p in floor} == {"floor"}
+    assert [p for p in allp if p[0] == "validation"] == val and [p for p in allp if p[0] == "floor"] == floor
+    assert len({json.dumps(p) for p in allp}) == len(allp)                  # resume keys are unique
+    # validation points are not calibration points: other batches and miss rates than the floor's
+    fb = {(p[2], p[3], p[4]) for p in floor}
+    assert not any((p[2].replace("-fifo", ""), p[3], p[4]) in fb for p in val)
+    assert {p[5] for p in val} <= {0.25, 0.1, None}
+    # every forced-miss validation point with transfers has its compute-only twin
+    twins = {(p[2], p[3], p[4], p[5]) for p in val if not p[6]}
+    assert all((p[2], p[3], p[4], p[5]) in twins for p in val if p[6] and p[5] and p[2] != "dualdecoder-fifo")
+    # the floor phase measures the harness: forced-miss compute-only twins of the own-selection points
+    assert {(p[2], p[3], p[4]) for p in floor if p[5] is not None} == \
+        {(p[2], p[3], p[4]) for p in floor if p[5] is None and p[2] in ("dualdecoder", "shadowkv", "specache")}
+    assert bench.parse_phases("validation,floor") == ("floor", "validation")
+    with pytest.raises(DDBenchError, match="--phases"):
+        bench.parse_phases("valdation")
+    assert bench.out_folder("h200", bench.PHASES) == "h200"
+    assert bench.out_folder("h200", ("validation",)) == "h200-validation"
+    assert bench.out_folder("h200", ("validation",), "x") == "x"
+
+
+def test_bench_cli_rejects_unknown_phase_before_any_gpu_work(capsys):
+    bench = pytest.importorskip("kernels.engine.bench")
+    assert bench.main(["--phases", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--phases" in err and "bogus" in err
