@@ -211,6 +211,124 @@ def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt,
         tl.store(pml + 2 * base + 1, l)
 
 
+@triton.jit
+def _codes_phase(c, P: tl.constexpr, ASM: tl.constexpr):
+    """The fp16 codes of token phase P (bits 2P..2P+1 of each byte), exactly 0..3. On the GPU one
+    inline-asm block per 4 packed bytes: two byte spreads (shared by the 4 phases after CSE), then per
+    pair of codes one LOP3 (mask | 0x6400: fp16 1024 + 4^P code) and one HFMA2 (x 4^-P - 1024 4^-P)."""
+    if ASM:
+        MASK: tl.constexpr = 0x00030003 << (2 * P)
+        SC: tl.constexpr = (0x3C003C00, 0x34003400, 0x2C002C00, 0x24002400)[P]
+        NG: tl.constexpr = (0xE400E400, 0xDC00DC00, 0xD400D400, 0xCC00CC00)[P]
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t0, t1, s, n; prmt.b32 t0, $2, 0, 0x4140; prmt.b32 t1, $2, 0, 0x4342; "
+            f"lop3.b32 t0, t0, {MASK}, 0x64006400, 0xEA; lop3.b32 t1, t1, {MASK}, 0x64006400, 0xEA; "
+            f"mov.b32 s, {SC}; mov.b32 n, {NG}; fma.rn.f16x2 $0, t0, s, n; fma.rn.f16x2 $1, t1, s, n; }}",
+            "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
+    else:
+        return ((c >> (2 * P)) & 3).to(tl.float16)
+
+
+@triton.jit
+def _store_phase(ob, tok, s, mz, inv, sel0, sel1, ok, H, T_out, NQ):
+    """Pass 2 of the per-token form: one phase's probabilities, max over each token's query rows."""
+    p = tl.exp2(s - mz) * inv
+    tl.store(ob + tok, tl.max(tl.where(sel0, p, 0.0), 2), mask=ok)
+    if NQ == 2:
+        tl.store(ob + H * T_out + tok, tl.max(tl.where(sel1, p, 0.0), 2), mask=ok)
+
+
+@triton.jit
+def _codes_kernel(q, codes, scale, zero, zs, pml, out, scratch, n_groups, s_qb, s_qt, s_qh, s_cb, s_ch, s_ct,
+                  s_sb, s_sh, s_sg, H, G, NQ, n_split, split_groups, scale_log2, T_out,
+                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
+                  PASS: tl.constexpr, SP: tl.constexpr, CHUNK: tl.constexpr, GB: tl.constexpr,
+                  ASM: tl.constexpr):
+    """Scores on the raw codes: per group g, s_t = (q * scale_g) . code_t + q . zero_g. One batched
+    dot per token phase, [GB groups] x [byte rows (M), D] x [D, query rows]: the codes are the A
+    operand, unpacked in registers (_codes_phase), the group's fp16 q * scale * log2(e)/sqrt(d) the B
+    operand. q . zero_g of the split's groups comes first (one dot per 16 groups, to `zs`) and enters
+    the softmax per row, never per score. M row m of a group is byte row (m % NCH) * PER + m // NCH,
+    so a chunk's PER byte rows are M rows NCH apart: its max is a register-local max."""
+    bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
+    qv = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
+    qs = (qv.to(tl.float32) * scale_log2)[None, :, :]                      # [1, rows, D]
+    dd = tl.arange(0, D)
+    R4: tl.constexpr = GROUP // 4
+    PER: tl.constexpr = CHUNK // 4 if CHUNK != 0 else 1
+    NCH: tl.constexpr = R4 // PER
+    mm = tl.arange(0, R4)
+    brow = (mm % NCH) * PER + mm // NCH
+    gg0 = tl.arange(0, GB)
+    cb = codes + b.to(tl.int64) * s_cb + h.to(tl.int64) * s_ch
+    zb = b.to(tl.int64) * s_sb + h.to(tl.int64) * s_sh
+    g0 = sp * split_groups
+    g1 = tl.minimum(g0 + split_groups, n_groups)
+    zsb = zs + (bh * n_split + sp).to(tl.int64) * split_groups * BLOCK_M
+    # q . zero_g (log2 units) of this split's groups, 16 groups per dot
+    qT = tl.trans(qv.to(tl.float16))                                       # [D, rows]
+    z16 = tl.arange(0, 16)
+    for z0 in range(g0, g1, 16):
+        zg = z0 + z16
+        zt = tl.load(zero + zb + zg[:, None] * s_sg + dd[None, :], mask=(zg < g1)[:, None], other=0.0)
+        zz = tl.dot(zt.to(tl.float16), qT) * scale_log2                    # [16 groups, rows]
+        tl.store(zsb + (zg - g0)[:, None] * BLOCK_M + r[None, :], zz, mask=(zg < g1)[:, None])
+    tl.debug_barrier()
+    if PASS == 2:
+        ss = tl.arange(0, SP)
+        pidx = (bh * n_split + ss)[:, None] * BLOCK_M + r[None, :]
+        pm = tl.load(pml + 2 * pidx, mask=(ss < n_split)[:, None], other=-1.0e30)
+        pl = tl.load(pml + 2 * pidx + 1, mask=(ss < n_split)[:, None], other=0.0)
+        mfin = tl.max(pm, 0)
+        inv = (1.0 / tl.sum(pl * tl.exp2(pm - mfin[None, :]), 0))[None, None, :]
+        ob = out + (b * NQ * H + h).to(tl.int64) * T_out
+        sel0 = (rv & (t == 0))[None, None, :]
+        sel1 = (rv & (t == 1))[None, None, :]
+    else:
+        m = tl.full([GB, BLOCK_M], -1.0e30, tl.float32)
+        l = tl.zeros([GB, BLOCK_M], tl.float32)
+        sbase = scratch + bh.to(tl.int64) * BLOCK_M * T_out
+        cc = tl.arange(0, NCH)
+    for gi in range(g0, g1, GB):
+        gg = gi + gg0
+        gv = gg < g1
+        sc = tl.load(scale + zb + gg[:, None, None] * s_sg + dd[None, None, :], mask=gv[:, None, None], other=0.0)
+        Bq = tl.permute((qs * sc.to(tl.float32)).to(tl.float16), (0, 2, 1))            # [GB, D, rows]
+        zr = tl.load(zsb + (gg - g0)[:, None] * BLOCK_M + r[None, :], mask=gv[:, None], other=0.0)  # [GB, rows]
+        c = tl.load(cb + (gg[:, None, None] * R4 + brow[None, :, None]).to(tl.int64) * s_ct + dd[None, None, :],
+                    mask=gv[:, None, None], other=0)
+        s0 = tl.dot(_codes_phase(c, 0, ASM), Bq)                                         # [GB, M, rows]
+        s1 = tl.dot(_codes_phase(c, 1, ASM), Bq)
+        s2 = tl.dot(_codes_phase(c, 2, ASM), Bq)
+        s3 = tl.dot(_codes_phase(c, 3, ASM), Bq)
+        if PASS == 1:
+            smax = tl.where(gv[:, None, None], tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3)), float("-inf"))
+            if CHUNK != 0:
+                # the raw max of each chunk for every row: the row's softmax is monotone (pass 2 normalises)
+                cm = tl.max(tl.reshape(smax, [GB, PER, NCH, BLOCK_M]), 1) + zr[:, None, :]     # [GB, chunk, rows]
+                tl.store(sbase + r[None, None, :] * T_out + (gg[:, None, None] * NCH + cc[None, :, None]), cm,
+                         mask=rv[None, None, :] & gv[:, None, None])
+            m_new = tl.maximum(m, tl.max(smax, 1) + zr)
+            mz = (m_new - zr)[:, None, :]
+            e = tl.exp2(s0 - mz) + tl.exp2(s1 - mz) + tl.exp2(s2 - mz) + tl.exp2(s3 - mz)
+            l = l * tl.exp2(m - m_new) + tl.sum(tl.where(gv[:, None, None], e, 0.0), 1)
+            m = m_new
+        else:
+            mz = (mfin[None, :] - zr)[:, None, :]
+            tok = 4 * (gg[:, None] * R4 + brow[None, :])                                  # [GB, M]
+            ok = gv[:, None] & (brow[None, :] >= 0)
+            _store_phase(ob, tok, s0, mz, inv, sel0, sel1, ok, H, T_out, NQ)
+            _store_phase(ob, tok + 1, s1, mz, inv, sel0, sel1, ok, H, T_out, NQ)
+            _store_phase(ob, tok + 2, s2, mz, inv, sel0, sel1, ok, H, T_out, NQ)
+            _store_phase(ob, tok + 3, s3, mz, inv, sel0, sel1, ok, H, T_out, NQ)
+    if PASS == 1:
+        M = tl.max(m, 0)
+        L = tl.sum(l * tl.exp2(m - M[None, :]), 0)
+        base = (bh * n_split + sp) * BLOCK_M + r
+        tl.store(pml + 2 * base, M)
+        tl.store(pml + 2 * base + 1, L)
+
+
 def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
@@ -246,7 +364,8 @@ def _launch(q: torch.Tensor, qk: QuantKeys, splits: int | None, groups_per_iter:
 
 
 def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, splits: int | None = None,
-                           out: torch.Tensor | None = None, groups_per_iter: int = 2, num_warps: int = 4) -> torch.Tensor:
+                           out: torch.Tensor | None = None, groups_per_iter: int | None = None,
+                           num_warps: int = 4, impl: str = "codes") -> torch.Tensor:
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     if (Hq % H or qk.codes.shape[0] != B or qk.codes.shape[3] != d or nq not in (1, 2) or d & (d - 1)
@@ -254,7 +373,8 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
         raise DDBenchError("q does not match the quantized keys (nq 1 or 2, power-of-two head_dim, group >= 64)")
     if chunk and (chunk % 4 or qk.group % chunk):
         raise DDBenchError(f"chunk {chunk} must be a multiple of 4 dividing the group {qk.group}")
-    L = _launch(q, qk, splits, groups_per_iter)
+    gb = _groups_per_iter(impl, groups_per_iter, num_warps)
+    L = _launch(q, qk, splits, gb)
     codes, sc, ze, G, GP, BLOCK_M, ng, split_groups, n_split = L
     T_out = qk.tokens // chunk if chunk else qk.tokens
     if out is None:
@@ -263,42 +383,66 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
         raise DDBenchError(f"out must be a contiguous fp32 {(B, nq, H, T_out)} tensor")
     if chunk:   # one pass over the codes; pass 2 reads the per-row chunk maxima (select.py's pass 2)
         from kernels.select import _score_pass2
-        scratch, pml = _pass1(q, qk, chunk, L, groups_per_iter, num_warps, rowload=False)
+        scratch, pml = _pass1(q, qk, chunk, L, gb, num_warps, False, impl)
         split_len = triton.cdiv(T_out, n_split)
         _score_pass2[(B * H, n_split)](scratch, pml, out, T_out, H, G, nq, n_split, split_len,
                                        GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=64, SP=triton.next_power_of_2(n_split),
                                        num_warps=4)
         return out
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
-    args = (q, codes, sc, ze, pml, out, pml, ng, q.stride(0), q.stride(1), q.stride(2), *codes.stride()[:3],
+    grid = (B * H, n_split)
+    if impl == "dequant":
+        args = (q, codes, sc, ze, pml, out, pml, ng, q.stride(0), q.stride(1), q.stride(2), *codes.stride()[:3],
+                *sc.stride()[:3], H, G, nq, n_split, split_groups, LOG2E / math.sqrt(d), T_out)
+        kw = dict(D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group, SP=triton.next_power_of_2(n_split), CHUNK=0,
+                  GB=gb, num_warps=num_warps)
+        _spec_kernel[grid](*args, PASS=1, **kw)
+        _spec_kernel[grid](*args, PASS=2, **kw)
+        return out
+    zs = torch.empty(B * H * n_split * split_groups * BLOCK_M, device=q.device, dtype=torch.float32)
+    args = (q, codes, sc, ze, zs, pml, out, pml, ng, q.stride(0), q.stride(1), q.stride(2), *codes.stride()[:3],
             *sc.stride()[:3], H, G, nq, n_split, split_groups, LOG2E / math.sqrt(d), T_out)
     kw = dict(D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group, SP=triton.next_power_of_2(n_split), CHUNK=0,
-              GB=groups_per_iter, num_warps=num_warps)
-    grid = (B * H, n_split)
-    _spec_kernel[grid](*args, PASS=1, **kw)
-    _spec_kernel[grid](*args, PASS=2, **kw)
+              GB=gb, ASM=q.is_cuda, num_warps=num_warps)
+    _codes_kernel[grid](*args, PASS=1, **kw)
+    _codes_kernel[grid](*args, PASS=2, **kw)
     return out
 
 
-def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, groups_per_iter: int = 2,
-               num_warps: int = 4, rowload: bool = False):
+def _groups_per_iter(impl: str, groups_per_iter: int | None, num_warps: int) -> int:
+    if impl not in ("codes", "dequant"):
+        raise DDBenchError(f"impl must be 'codes' or 'dequant', got {impl!r}")
+    if groups_per_iter is None:     # codes: one group per warp; dequant: its measured best, 2
+        return num_warps if impl == "codes" else 2
+    return groups_per_iter
+
+
+def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, groups_per_iter: int | None = None,
+               num_warps: int = 4, rowload: bool = False, impl: str = "codes", maxnreg: int | None = None):
     """One pass over the codes: per (request, KV head) the raw log2-scaled scores' max per chunk for
     every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only), and each
     split's row max and sum of exp in `pml` (the layout of kernels/select.py's pass 1)."""
-    return _pass1(q, qk, chunk, _launch(q, qk, splits, groups_per_iter), groups_per_iter, num_warps, rowload)
+    gb = _groups_per_iter(impl, groups_per_iter, num_warps)
+    return _pass1(q, qk, chunk, _launch(q, qk, splits, gb), gb, num_warps, rowload, impl, maxnreg)
 
 
 def _pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, L: _Launch, groups_per_iter: int, num_warps: int,
-           rowload: bool):
+           rowload: bool, impl: str = "codes", maxnreg: int | None = None):
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     codes, sc, ze, G, GP, BLOCK_M, ng, split_groups, n_split = L
     Nc = qk.tokens // chunk
     scratch = torch.empty(B * H * BLOCK_M * Nc, device=q.device, dtype=torch.float32)
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
-    _spec_kernel[(B * H, n_split)](q, codes, sc, ze, pml, pml, scratch, ng, q.stride(0), q.stride(1), q.stride(2),
-                                   *codes.stride()[:3], *sc.stride()[:3], H, G, nq, n_split, split_groups,
-                                   LOG2E / math.sqrt(d), Nc, D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group,
-                                   SP=triton.next_power_of_2(n_split), CHUNK=chunk, GB=groups_per_iter,
-                                   num_warps=num_warps, PASS=1, ROWLOAD=rowload)
+    common = (ng, q.stride(0), q.stride(1), q.stride(2), *codes.stride()[:3], *sc.stride()[:3], H, G, nq, n_split,
+              split_groups, LOG2E / math.sqrt(d), Nc)
+    kw = dict(D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group, SP=triton.next_power_of_2(n_split), CHUNK=chunk,
+              GB=groups_per_iter, num_warps=num_warps, PASS=1)
+    if impl == "dequant":
+        _spec_kernel[(B * H, n_split)](q, codes, sc, ze, pml, pml, scratch, *common, ROWLOAD=rowload, **kw)
+    else:
+        zs = torch.empty(B * H * n_split * split_groups * BLOCK_M, device=q.device, dtype=torch.float32)
+        if maxnreg:
+            kw["maxnreg"] = maxnreg
+        _codes_kernel[(B * H, n_split)](q, codes, sc, ze, zs, pml, pml, scratch, *common, ASM=q.is_cuda, **kw)
     return scratch, pml
