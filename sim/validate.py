@@ -7,8 +7,9 @@ Two engine sweeps: `--calibration-engine` (its `floor` phase, compute-only CUDA-
 simulator's compute) and `--engine` (its points, outside any `floor` phase, are replayed and compared).
 They must be separate runs of kernels/engine/bench.py (meta.json: run_id, else the provenance's date,
 git sha and command); the same run is refused (one line, exit 2) unless `--allow-same-run`.
-Defaults: calibration traces/engine/h200; validated traces/engine/h200-validation where it exists,
-else traces/engine/h200 (then the same run: only with --allow-same-run).
+Defaults: calibration traces/engine/h200-floor where it exists, else traces/engine/h200; validated
+traces/engine/h200-validation where it exists, else traces/engine/h200 (then the same run: only with
+--allow-same-run).
 
 Every engine point of `engine.csv` (kernels/engine/bench.py) is replayed in the simulator's per-layer
 timeline mode (sim/timeline.py) with the same design (by its registry switches), model
@@ -59,7 +60,8 @@ from ddbench.core.traces import load_engine
 
 MODEL, GPU, LINK = "llama-3-8b", "h200", "pcie5"
 ENGINE_REL = "traces/engine/h200"    # under the data root; named so in outputs
-CALIBRATION_SWEEP = GPU               # traces/engine/<this>: the default calibration sweep
+CALIBRATION_SWEEP = GPU               # traces/engine/<this>: the default calibration sweep ...
+CALIBRATION_FLOOR_SWEEP = GPU + "-floor"   # ... unless a floor-only run (bench --phases floor) exists
 VALIDATION_SWEEP = GPU + "-validation"   # traces/engine/<this>: the default validated sweep, where it exists
 REUSE_PROGRAMS, REUSE_IN_FLIGHT = 32, 2   # the engine's reuse gather (kernels/gather.py gather_uva defaults)
 LINK_BOUND = 0.75      # share of the measured gather rate the engine's link must sustain
@@ -103,7 +105,9 @@ def same_run(dir_a: str, meta_a: dict, dir_b: str, meta_b: dict) -> bool:
 
 def default_dirs() -> tuple[str, str]:
     """(calibration sweep, validated sweep) folders by default."""
-    cal = str(traces_dir("engine", CALIBRATION_SWEEP))
+    cal = str(traces_dir("engine", CALIBRATION_FLOOR_SWEEP))
+    if not os.path.exists(os.path.join(cal, "engine.csv")):
+        cal = str(traces_dir("engine", CALIBRATION_SWEEP))
     val = str(traces_dir("engine", VALIDATION_SWEEP))
     return cal, (val if os.path.exists(os.path.join(val, "engine.csv")) else cal)
 
@@ -419,7 +423,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", help="the validated sweep's folder (engine.csv, meta.json; default the data root's"
                                      f" engine/{VALIDATION_SWEEP} where it exists, else engine/{CALIBRATION_SWEEP})")
     ap.add_argument("--calibration-engine", help="the sweep whose compute-only floor steps calibrate the simulator's"
-                                                 f" compute (default the data root's engine/{CALIBRATION_SWEEP})")
+                                                 f" compute (default the data root's engine/{CALIBRATION_FLOOR_SWEEP}"
+                                                 f" where it exists, else engine/{CALIBRATION_SWEEP})")
     ap.add_argument("--allow-same-run", action="store_true",
                     help="validate points of the calibration run itself (other points, same run)")
     ap.add_argument("--out", help="output CSV (default the data root's validation/h200-engine.csv)")
