@@ -276,3 +276,22 @@ def test_fast_plan_and_perturb_match_twins(B, H, N, k, rate):
     assert (kept == k - round(rate * k)).all()
     assert (p.sort(-1).values.diff(dim=-1) > 0).all() and 0 <= int(p.min()) and int(p.max()) < N
     assert not torch.equal(p, perturb_fast(pred, rate, N, seed + 1, 3))
+
+
+@pytest.mark.parametrize("name", ["dualdecoder", "dualdecoder-two-pass"])
+def test_linear_layers_read_each_weight_once(name):
+    """No linear layer runs as a batched GEMM over a per-request copy of its weight (the two-pass
+    ablation's token slices are strided views; `slice @ w` on them broadcasts w to [B, h, n])."""
+    from torch.profiler import profile
+    e, _ = _engine(name, miss_rate=None)
+    e.step()                       # pre-decoding step
+    w = e.w
+    shapes = {tuple(t.shape) for t in (*w.wqkv, *w.wo, *w.wgu, *w.wdown, w.lm_head.T)}
+    with profile(record_shapes=True) as p:
+        e.step()                   # a dual-token (or two-pass) step
+    batched = [ev.input_shapes for ev in p.events() if ev.name == "aten::bmm"
+               and len(ev.input_shapes) > 1 and len(ev.input_shapes[1]) == 3
+               and tuple(ev.input_shapes[1][1:]) in shapes]
+    assert not batched, f"weights read once per request: {batched[:3]}"
+    gemms = [ev for ev in p.events() if ev.name in ("aten::mm", "aten::addmm")]
+    assert len(gemms) >= 4 * TINY.num_layers   # the linear layers did run as 2-D GEMMs

@@ -40,6 +40,13 @@ from kernels.engine.transfer import (Sched, gather_slots, gather_slots_ref, pert
 _WORKLOAD_FIELDS = {f.name for f in fields(Workload)}
 
 
+def _mm(t, w):
+    """t [B, T, h] @ w [h, n] as one 2-D GEMM. `t` may be a token slice of [B, 2, h] (two-pass
+    ablation): `t @ w` on such a strided view broadcasts w to a batched GEMM that reads the weight
+    once per request (B times), so the rows are folded first (a view where the strides allow)."""
+    return (t.reshape(-1, t.shape[-1]) @ w).view(*t.shape[:-1], w.shape[-1])
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """One engine point: the shared core `Workload` (context, batch, budget, chunk, rank, local chunks,
@@ -248,7 +255,7 @@ class Engine:
         return fn(x)
 
     def _lin(self, x, w):
-        return self._map(lambda t: t @ w, x)
+        return self._map(lambda t: _mm(t, w), x)
 
     def _res(self, x, a, w):
         """x + a @ w in one GEMM (addmm adds x in its epilogue), per token in the two-pass ablation."""
@@ -312,7 +319,7 @@ class Engine:
                 x = self._layer(i, x, nq, predecode)
         with nvtx_range("lm_head"):
             h = rmsnorm(x, self.w.norm)
-            logits = self._map(lambda t: (t @ self.w.lm_head.T).float(), h)
+            logits = self._map(lambda t: _mm(t, self.w.lm_head.T).float(), h)
             nxt = logits.argmax(-1)                              # [B, nq]
         if self.timing:
             self.ev_step1 = self.sched.timing_event()
