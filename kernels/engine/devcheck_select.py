@@ -175,8 +175,12 @@ def main(argv):
 
     # ---------------- (a) correctness ----------------
     def check_topk(label, sc, pml, B, H, nq, G, N, k):
+        """The three kernels give the same ids (same fp32 arithmetic); against the twin: ids, and the
+        chosen chunks' probabilities against the top-k probabilities (tl.exp2 on the GPU may differ
+        from torch.exp2 in the last bits, which can reorder exact ties)."""
         nonlocal fails
         want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, G, N, k)
+        p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)
         outs = {}
         for name in ("stream", "bits", "old"):
             out = torch.full((B, nq, H, k), -7, dtype=torch.int32, device=dev)
@@ -185,10 +189,14 @@ def main(argv):
             else:
                 fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=name)
             outs[name] = out
-        ok = {n: bool(torch.equal(o, want)) for n, o in outs.items()}
-        fails += not all(ok.values())
-        res["checks"].append(dict(what=label, **ok))
-        log(f"check top-k {label}: equal to twin {ok}")
+        same = all(torch.equal(o, outs["old"]) for o in outs.values())
+        got = outs["stream"].transpose(1, 2).reshape(B * H, nq, k).long()
+        close = bool(torch.allclose(p.gather(-1, got).sort(-1).values, p.topk(k, dim=-1).values.sort(-1).values,
+                                    rtol=1e-5, atol=1e-12)) and bool((outs["stream"].diff(dim=-1) > 0).all())
+        twin_ids = bool(torch.equal(outs["stream"], want))
+        fails += not (same and close)
+        res["checks"].append(dict(what=label, kernels_equal=same, twin_probs=close, twin_ids=twin_ids))
+        log(f"check top-k {label}: stream == bits == old {same}; top-k probabilities {close}; ids == twin {twin_ids}")
 
     def synth(B, H, nq, G, N, n_split, ties, seed):
         g = torch.Generator().manual_seed(seed)
@@ -258,13 +266,13 @@ def main(argv):
         log("perturb check error:", repr(e))
 
     # ---------------- (b) timing ----------------
-    variants = [("stream blk1024 w4", dict(blk=1024, num_warps=4)), ("stream blk2048 w8", dict(blk=2048, num_warps=8)),
-                ("stream blk4096 w8", dict(blk=4096, num_warps=8))]
-    log("stream auto geometry: blk 1024 / 4 warps when programs >= 4 x SMs, else blk 2048 / 8 warps")
+    variants = [("auto (default)", {}), ("stream blk1024 w4", dict(blk=1024, num_warps=4, method="stream")),
+                ("stream blk2048 w8", dict(blk=2048, num_warps=8, method="stream"))]
+    log("auto: bits when N < 8192; else stream, blk 1024 / 4 warps when programs >= 4 x SMs, else blk 2048 / 8 warps")
     H, G, nq, k = 8, 4, 2, 256
     for N in (16384, 4096):
         for B in (64, 16, 4):
-            if time.time() - T0 > 115:
+            if time.time() - T0 > 125:
                 log("time guard: stopping the top-k timing here")
                 break
             q = torch.randn(B, nq, 32, 128, device=dev, dtype=torch.bfloat16)
@@ -279,7 +287,7 @@ def main(argv):
             log(f"top-k N={N:5d} ({N * 8 // 1024}K) B={B:2d}: floor {floor:7.1f} us | old min/med/max "
                 f"{t_old[0]:7.1f}/{t_old[1]:7.1f}/{t_old[2]:7.1f} us ({t_old[1] / floor:5.2f}x floor)")
             for name, kw in variants:
-                if time.time() - T0 > 125:
+                if time.time() - T0 > 132:
                     break
                 t = device_time(lambda: fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, **kw))
                 same = bool(torch.equal(out, ref_out))
@@ -291,7 +299,7 @@ def main(argv):
             torch.cuda.empty_cache()
     for N in (16384, 4096):
         for B in (4, 16, 64):
-            if time.time() - T0 > 135:
+            if time.time() - T0 > 138:
                 break
             g = torch.Generator().manual_seed(B)
             base = torch.rand(B, H, N, generator=g).argsort(-1)[..., :k].sort(-1).values.int().contiguous().to(dev)

@@ -41,7 +41,8 @@ import triton.language as tl
 
 from kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
 
-MAX_CAP = 8192
+MAX_CAP = 8192          # candidate buffer (entries) of the stream kernel; larger k: bits
+STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see kernels/engine/README.md)
 
 
 @triton.jit
@@ -87,18 +88,40 @@ def _bits_topk_kernel(scratch, pml, out, N, H, G, NQ, n_split, K,
 
 @triton.jit
 def _take_topk(vb, K):
-    """Top-K of `vb` (non-negative int32 bits, -1 = empty) in the order (value desc, position asc):
-    the K-th largest value, the mask of the taken entries and their rank in position order."""
-    thr = tl.zeros([], tl.int32)
-    for i in tl.static_range(31):
-        cand = thr | (1 << (30 - i))
-        cnt = tl.sum((vb >= cand).to(tl.int32), 0)
-        thr = tl.where(cnt >= K, cand, thr)
+    """Top-K of `vb` (non-negative int32 bits, -1 = empty; at most 65535 entries) in the order (value
+    desc, position asc): the K-th largest value, the mask of the taken entries and their rank in
+    position order. The K-th largest by a 5-ary search: 4 cut points per pass, their 4 counts packed
+    in 16-bit fields of one int64 sum, so 14 passes (one reduction each) instead of 31."""
+    lo = tl.zeros([], tl.int64)                     # count(vb >= lo) >= K
+    hi = tl.zeros([], tl.int64) + 2147483648       # count(vb >= hi) < K
+    v = vb.to(tl.int64)
+    for _ in tl.static_range(14):
+        w = hi - lo
+        c1 = lo + w // 5
+        c2 = lo + (w * 2) // 5
+        c3 = lo + (w * 3) // 5
+        c4 = lo + (w * 4) // 5
+        x = (v >= c1).to(tl.int64) + ((v >= c2).to(tl.int64) << 16) + ((v >= c3).to(tl.int64) << 32) \
+            + ((v >= c4).to(tl.int64) << 48)
+        sm = tl.sum(x, 0)
+        n1 = sm & 0xFFFF
+        n2 = (sm >> 16) & 0xFFFF
+        n3 = (sm >> 32) & 0xFFFF
+        n4 = (sm >> 48) & 0xFFFF
+        nlo = tl.where(n4 >= K, c4, tl.where(n3 >= K, c3, tl.where(n2 >= K, c2, tl.where(n1 >= K, c1, lo))))
+        nhi = tl.where(n1 < K, c1, tl.where(n2 < K, c2, tl.where(n3 < K, c3, tl.where(n4 < K, c4, hi))))
+        lo = tl.maximum(lo, nlo)
+        hi = tl.minimum(hi, tl.maximum(nhi, lo + 1))
+    thr = lo.to(tl.int32)
     gt = vb > thr
     eq = vb == thr
-    need = K - tl.sum(gt.to(tl.int32), 0)
-    er = tl.cumsum(eq.to(tl.int32), 0)
-    take = gt | (eq & (er <= need))
+    ce = tl.sum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), 0)
+    need = K - (ce & 0xFFFF)
+    if (ce >> 16) > need:               # more ties at the threshold than needed: lowest ids first
+        er = tl.cumsum(eq.to(tl.int32), 0)
+        take = gt | (eq & (er <= need))
+    else:
+        take = gt | eq
     pos = tl.cumsum(take.to(tl.int32), 0) - 1
     return thr, take, pos
 
@@ -191,7 +214,7 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
     blk, nw = _geometry(B, H, nq, G, N, k, blk, num_warps, scratch.device)
     cap = triton.next_power_of_2(k + blk)
     if method is None:
-        method = "stream" if cap <= MAX_CAP else "bits"
+        method = "stream" if cap <= MAX_CAP and N >= STREAM_MIN_N else "bits"
     if method == "stream":
         buf = torch.empty(B * H * nq * 2 * cap, device=scratch.device, dtype=torch.int32)
         _stream_topk_kernel[(B * H * nq,)](scratch, pml, out, buf, N, H, G, nq, n_split, k,
@@ -206,29 +229,33 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
     return out
 
 
-def topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k):
-    """Torch twin: the kernels' fp32 probabilities (same normaliser formula) and the contract's order
-    (probability descending, id ascending), ids written ascending."""
+def probs_from_scratch_ref(scratch, pml, B, H, nq, G, N):
+    """Torch twin of the kernels' group-max probabilities [B*H, nq, N] (fp32, the same formula; on the
+    GPU tl.exp2 may differ from torch.exp2 in the last bits)."""
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
     sc = scratch.view(B * H, BLOCK_M, N)
     st = pml.view(B * H, n_split, BLOCK_M, 2)
-    out = torch.empty(B, nq, H, k, dtype=torch.int32, device=scratch.device)
-    for bh in range(B * H):
-        for t in range(nq):
-            p = torch.zeros(N, dtype=torch.float32, device=scratch.device)
-            for g in range(G):
-                r = t * GP + g
-                pm, pl = st[bh, :, r, 0], st[bh, :, r, 1]
-                m = pm.max()
-                inv = 1.0 / (pl * torch.exp2(pm - m)).sum()
-                p = torch.maximum(p, torch.exp2(sc[bh, r] - m) * inv)
-            bits = p.view(torch.int32).long()
-            key = bits * (N + 1) + (N - torch.arange(N, device=p.device))   # value desc, then id asc
-            ids = key.topk(k).indices.sort().values
-            out[bh // H, t, bh % H] = ids.to(torch.int32)
-    return out
+    p = torch.zeros(B * H, nq, N, dtype=torch.float32, device=scratch.device)
+    for t in range(nq):
+        for g in range(G):
+            r = t * GP + g
+            pm, pl = st[:, :, r, 0], st[:, :, r, 1]
+            m = pm.max(-1, keepdim=True).values
+            inv = 1.0 / (pl * torch.exp2(pm - m)).sum(-1, keepdim=True)
+            p[:, t] = torch.maximum(p[:, t], torch.exp2(sc[:, r] - m) * inv)
+    return p
+
+
+def topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k):
+    """Torch twin: the probabilities of probs_from_scratch_ref and the contract's order (probability
+    descending, id ascending), ids written ascending [B, nq, H, k]."""
+    p = probs_from_scratch_ref(scratch, pml, B, H, nq, G, N)
+    bits = p.view(torch.int32).long()
+    key = bits * (N + 1) + (N - torch.arange(N, device=p.device))         # value desc, then id asc
+    ids = key.topk(k, dim=-1).indices.sort(-1).values.to(torch.int32)       # [B*H, nq, k]
+    return ids.view(B, H, nq, k).transpose(1, 2).contiguous()
 
 
 def select_topk(q, lm, k, *, block_n=64, splits=None, **topk_kw):
