@@ -30,7 +30,7 @@ def test_specache_gpu():
     _check(2, 2, 32, 8, 8192, 128, "cuda", seed=9)
 
 
-def _check_triton(B, nq, Hq, H, T, d, chunk, dev, seed, splits=None):
+def _check_triton(B, nq, Hq, H, T, d, chunk, dev, seed, splits=None, **kw):
     """The Triton kernel against the dequantize-in-fp32 twin: fresh random inputs, NaN-poisoned output."""
     from kernels.specache import specache_chunk_scores_ref, specache_scores_triton
     g = torch.Generator().manual_seed(seed)
@@ -39,7 +39,7 @@ def _check_triton(B, nq, Hq, H, T, d, chunk, dev, seed, splits=None):
     qk = quantize_keys_2bit(k, group=64)
     n = T // chunk if chunk else T
     out = torch.full((B, nq, H, n), float("nan"), device=dev)
-    got = specache_scores_triton(q, qk, chunk=chunk, out=out, splits=splits)
+    got = specache_scores_triton(q, qk, chunk=chunk, out=out, splits=splits, **kw)
     ref = specache_chunk_scores_ref(q, qk, chunk) if chunk else specache_scores_ref(q, qk)
     assert got.data_ptr() == out.data_ptr() and not got.isnan().any()   # every element written
     # fp16 dot operands (q * scale): about 1e-3 of the largest probability
@@ -50,9 +50,19 @@ def _check_triton(B, nq, Hq, H, T, d, chunk, dev, seed, splits=None):
         assert (got.gather(-1, top) >= ref.gather(-1, top) - 3e-3 * float(ref.max())).all()
 
 
-@pytest.mark.parametrize("nq,chunk,splits", [(1, 0, 1), (2, 0, 3), (2, 8, None), (1, 8, 2)])
+@pytest.mark.parametrize("nq,chunk,splits", [(1, 0, 1), (2, 0, 3), (2, 8, None), (1, 8, 2), (2, 4, 1), (2, 16, 2)])
 def test_specache_triton_cpu(nq, chunk, splits):
     _check_triton(2, nq, 8, 2, 384, 32, chunk, "cpu", seed=11 + nq + chunk, splits=splits)
+
+
+@pytest.mark.parametrize("gb,nw", [(2, 2), (1, 1)])
+def test_specache_triton_cpu_groups_per_iter(gb, nw):
+    """fewer groups per iteration than the split has, and a tail iteration with idle group slots"""
+    _check_triton(1, 2, 8, 2, 448, 32, 8, "cpu", seed=40 + gb, splits=2, groups_per_iter=gb, num_warps=nw)
+
+
+def test_specache_triton_cpu_dequant():
+    _check_triton(2, 2, 8, 2, 384, 32, 8, "cpu", seed=31, impl="dequant")
 
 
 def test_specache_triton_rejects_bad_chunk():
@@ -64,6 +74,7 @@ def test_specache_triton_rejects_bad_chunk():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["codes", "dequant"])
 @pytest.mark.parametrize("chunk", [0, 8])
-def test_specache_triton_gpu(chunk):
-    _check_triton(3, 2, 32, 8, 8192, 128, chunk, "cuda", seed=21 + chunk)
+def test_specache_triton_gpu(chunk, impl):
+    _check_triton(3, 2, 32, 8, 8192, 128, chunk, "cuda", seed=21 + chunk, impl=impl)
