@@ -44,11 +44,11 @@ def _check_topk(B, H, nq, G, N, k, n_split, seed, dev="cpu", ties=False, **kw):
     g = torch.Generator().manual_seed(seed)
     sc, pml = _scratch(B, H, nq, G, N, n_split, g, dev, ties)
     want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, G, N, k)
-    for method in ("stream", "bits"):
+    for method, search in (("stream", "binary"), ("stream", "5ary"), ("bits", "binary")):
         out = _poisoned((B, nq, H, k), dev)
-        got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method, **kw)
+        got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method, search=search, **kw)
         assert got.data_ptr() == out.data_ptr()
-        assert torch.equal(got, want), (method, (got != want).sum())
+        assert torch.equal(got, want), (method, search, (got != want).sum())
     return want
 
 
@@ -65,11 +65,12 @@ def test_topk_kernels_match_twin(B, H, nq, G, N, k, blk):
     _check_topk(B, H, nq, G, N, k, n_split=3, seed=B * 1000 + N + k, blk=blk)
 
 
-@pytest.mark.parametrize("N,k,blk", [(300, 40, 64), (512, 200, 128), (97, 97, 32)])
-def test_topk_many_ties_at_threshold(N, k, blk):
+@pytest.mark.parametrize("G,N,k,blk", [(4, 300, 40, 64), (4, 512, 200, 128), (4, 97, 97, 32), (8, 777, 100, None),
+                                       (3, 600, 90, 64)])
+def test_topk_many_ties_at_threshold(G, N, k, blk):
     """Scores on a coarse grid: hundreds of chunks share the threshold's probability; the chunks
     equal to it are taken in id order until k, exactly as the twin does."""
-    want = _check_topk(2, 2, 2, 4, N, k, n_split=2, seed=N + k, ties=True, blk=blk)
+    want = _check_topk(2, 2, 2, G, N, k, n_split=3, seed=N + k, ties=True, blk=blk)
     assert want.shape[-1] == k
 
 

@@ -3,8 +3,10 @@ over the selection state and no torch top-k or sort.
 
     select_topk(q, lm, k) -> idx [B, nq, H, k] int32, ascending chunk ids     (landmarks)
     specache_select_topk(q, qk, chunk, k) -> the same from SpeCache's 2-bit keys
-    topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None)
-        -> the fused normalise + group-max + top-k ("stream", the default when it fits, or "bits")
+    topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search="binary")
+        -> the fused normalise + group-max + top-k ("stream": the default for N >= 8192 when the
+           buffer fits, else "bits")
+    probs_from_scratch_ref(...)  torch twin of the kernels' group-max probabilities
     topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k)   torch twin of the kernel (same fp32
         probabilities, same tie rule), used by the tests
     select_topk_ref(q, lm, k) = kernels.select.select_chunks_ref                 torch twin
@@ -27,8 +29,12 @@ the buffer could overflow on the next block (more than CAP - blk entries, CAP = 
 only) and sets T to the k-th largest. Exact: top-k(A u B) = top-k(top-k(A) u B) in that total order,
 and a later chunk equal to T ranks below every kept one (larger id), so only chunks strictly above T
 are appended. The final top-k of the buffer is the answer. Extra memory: 2 x CAP int32 per program.
-"bits" (`_bits_topk_kernel`, the previous kernel; used when CAP would exceed 8192, i.e. k close to
-N at large N): the whole row in registers, a 31-step binary search on the bits over all N entries.
+The cut's K-th largest is a 31-step binary search (default) or, with search="5ary", a 5-ary search
+with packed counts (14 reductions; not timed on the GPU yet). Measured on the H200 (README of
+kernels/engine, "Selection top-k"): 1.40x faster than the bit search at 128K, batch 64 (3.67x its
+byte floor), about equal at batch 4, slower at N = 4096 (hence STREAM_MIN_N).
+"bits" (`_bits_topk_kernel`, the previous kernel; used for N < 8192 and when CAP would exceed 8192,
+i.e. k close to N at large N): the whole row in registers, a 31-step binary search on the bits over all N entries.
 """
 
 from __future__ import annotations
@@ -87,11 +93,35 @@ def _bits_topk_kernel(scratch, pml, out, N, H, G, NQ, n_split, K,
 
 
 @triton.jit
-def _take_topk(vb, K):
+def _take_topk(vb, K, FIVE: tl.constexpr):
     """Top-K of `vb` (non-negative int32 bits, -1 = empty; at most 65535 entries) in the order (value
     desc, position asc): the K-th largest value, the mask of the taken entries and their rank in
-    position order. The K-th largest by a 5-ary search: 4 cut points per pass, their 4 counts packed
-    in 16-bit fields of one int64 sum, so 14 passes (one reduction each) instead of 31."""
+    position order. The K-th largest by a 31-step binary search on the bits (FIVE false, the default,
+    measured) or by a 5-ary search (FIVE true; not yet timed on the GPU): 4 cut points per pass, their
+    4 counts packed in 16-bit fields of one int64 sum, 14 passes (one reduction each) instead of 31."""
+    if FIVE:
+        thr = _kth_5ary(vb, K)
+    else:
+        thr = tl.zeros([], tl.int32)
+        for i in tl.static_range(31):
+            cand = thr | (1 << (30 - i))
+            cnt = tl.sum((vb >= cand).to(tl.int32), 0)
+            thr = tl.where(cnt >= K, cand, thr)
+    gt = vb > thr
+    eq = vb == thr
+    ce = tl.sum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), 0)
+    need = K - (ce & 0xFFFF)
+    if (ce >> 16) > need:               # more ties at the threshold than needed: lowest ids first
+        er = tl.cumsum(eq.to(tl.int32), 0)
+        take = gt | (eq & (er <= need))
+    else:
+        take = gt | eq
+    pos = tl.cumsum(take.to(tl.int32), 0) - 1
+    return thr, take, pos
+
+
+@triton.jit
+def _kth_5ary(vb, K):
     lo = tl.zeros([], tl.int64)                     # count(vb >= lo) >= K
     hi = tl.zeros([], tl.int64) + 2147483648       # count(vb >= hi) < K
     v = vb.to(tl.int64)
@@ -112,24 +142,13 @@ def _take_topk(vb, K):
         nhi = tl.where(n1 < K, c1, tl.where(n2 < K, c2, tl.where(n3 < K, c3, tl.where(n4 < K, c4, hi))))
         lo = tl.maximum(lo, nlo)
         hi = tl.minimum(hi, tl.maximum(nhi, lo + 1))
-    thr = lo.to(tl.int32)
-    gt = vb > thr
-    eq = vb == thr
-    ce = tl.sum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), 0)
-    need = K - (ce & 0xFFFF)
-    if (ce >> 16) > need:               # more ties at the threshold than needed: lowest ids first
-        er = tl.cumsum(eq.to(tl.int32), 0)
-        take = gt | (eq & (er <= need))
-    else:
-        take = gt | eq
-    pos = tl.cumsum(take.to(tl.int32), 0) - 1
-    return thr, take, pos
+    return lo.to(tl.int32)
 
 
 @triton.jit
 def _stream_topk_kernel(scratch, pml, out, buf, N, H, G, NQ, n_split, K,
                         GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr,
-                        BLK: tl.constexpr, CAP: tl.constexpr):
+                        BLK: tl.constexpr, CAP: tl.constexpr, FIVE: tl.constexpr):
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
     t = pid % NQ
     bh = pid // NQ
@@ -174,7 +193,7 @@ def _stream_topk_kernel(scratch, pml, out, buf, N, H, G, NQ, n_split, K,
                 idx = tl.arange(0, CAP)
                 vb = tl.load(bb + idx, mask=idx < cnt, other=-1)
                 vi = tl.load(bb + CAP + idx, mask=idx < cnt, other=0)
-                thr, take, pos = _take_topk(vb, K)
+                thr, take, pos = _take_topk(vb, K, FIVE)
                 tl.debug_barrier()
                 tl.store(bb + pos, vb, mask=take)
                 tl.store(bb + CAP + pos, vi, mask=take)
@@ -184,7 +203,7 @@ def _stream_topk_kernel(scratch, pml, out, buf, N, H, G, NQ, n_split, K,
     idx = tl.arange(0, CAP)
     vb = tl.load(bb + idx, mask=idx < cnt, other=-1)
     vi = tl.load(bb + CAP + idx, mask=idx < cnt, other=0)
-    thr, take, pos = _take_topk(vb, K)
+    thr, take, pos = _take_topk(vb, K, FIVE)
     ob = out + ((b * NQ + t) * H + h).to(tl.int64) * K
     tl.store(ob + pos, vi, mask=take)
 
@@ -202,7 +221,8 @@ def _geometry(B, H, nq, G, N, k, blk, num_warps, device):
     return blk, num_warps
 
 
-def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None):
+def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None,
+                      search="binary"):
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
@@ -218,7 +238,8 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
     if method == "stream":
         buf = torch.empty(B * H * nq * 2 * cap, device=scratch.device, dtype=torch.int32)
         _stream_topk_kernel[(B * H * nq,)](scratch, pml, out, buf, N, H, G, nq, n_split, k,
-                                           GP=GP, BLOCK_M=BLOCK_M, SP=SP, BLK=blk, CAP=cap, num_warps=nw)
+                                           GP=GP, BLOCK_M=BLOCK_M, SP=SP, BLK=blk, CAP=cap,
+                                           FIVE=search == "5ary", num_warps=nw)
     elif method == "bits":
         NP = triton.next_power_of_2(N)
         nw = 16 if NP >= 8192 else (8 if NP >= 2048 else 4)
