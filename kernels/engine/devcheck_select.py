@@ -2,6 +2,9 @@
 
     PYTHONPATH=. python3 -m kernels.engine.devcheck_select [out.json]
 
+With a cold Triton cache the compiles of part (a) take about 2 minutes on the H200 (run 2 of issue 9
+timed nothing but the perturbation); keep TRITON_CACHE_DIR across calls or raise the time guards.
+
 (a) correctness on fresh random inputs, outputs poisoned (-7) first: the streaming and bit-search
     top-k kernels and the previous kernel (copied below, as it was before issue 9) against the exact
     torch twin `topk_from_scratch_ref`, on pass-1 output from bf16 and fp32 queries / landmarks and on
@@ -267,7 +270,8 @@ def main(argv):
 
     # ---------------- (b) timing ----------------
     variants = [("auto (default)", {}), ("stream blk1024 w4", dict(blk=1024, num_warps=4, method="stream")),
-                ("stream blk2048 w8", dict(blk=2048, num_warps=8, method="stream"))]
+                ("stream blk2048 w8", dict(blk=2048, num_warps=8, method="stream")),
+                ("stream 5-ary cut blk1024 w4", dict(blk=1024, num_warps=4, method="stream", search="5ary"))]
     log("auto: bits when N < 8192; else stream, blk 1024 / 4 warps when programs >= 4 x SMs, else blk 2048 / 8 warps")
     H, G, nq, k = 8, 4, 2, 256
     for N in (16384, 4096):
