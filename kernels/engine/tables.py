@@ -1,0 +1,131 @@
+"""The engine README's tables, rendered from an engine sweep (no GPU, no torch).
+
+    python -m kernels.engine.tables [DIR]        (default: the data root's engine/h200)
+
+Prints markdown: step against its floor per design, context and batch (the floor phase), the
+dual-token over single-token step, and every mechanism ratio with its min-max over repetitions
+and whether the effect is larger than that spread (summary.json of kernels/engine/bench.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+DESIGNS = (("dualdecoder", "dualdecoder"), ("dualdecoder-single", "dualdecoder, one query token"),
+           ("shadowkv", "shadowkv"), ("specache", "specache"), ("full-kv", "full-kv"))
+BATCHES = (1, 16, 64)
+MECHANISM = (   # summary key prefix -> (label, point)
+    ("fifo_over_priority", "FIFO / priority"),
+    ("exposed_share", "exposed-transfer share (1 - compute-only / full step)"),
+    ("two_pass_over_dual_b16", "two passes / dual-token, full step"),
+    ("two_pass_over_dual_compute_only_b16", "two passes / dual-token, compute only"),
+    ("per_layer_over_pingpong_b16", "per-layer buffers / ping-pong"),
+    ("cpu_gather_over_gpu_gather_eager_b16", "CPU gather / GPU gather, both eager"),
+    ("cpu_gather_over_gpu_gather_graph_b16", "CPU gather (eager) / GPU gather (graph)"),
+    ("eager_over_graph_b16", "eager / graph, full step"),
+)
+
+
+def load(folder: str) -> tuple[dict, list[dict]]:
+    with open(os.path.join(folder, "summary.json"), encoding="utf-8") as fh:
+        summary = json.load(fh)
+    rows = []
+    path = os.path.join(folder, "rows.jsonl")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            rows = [json.loads(line)["row"] for line in fh if line.strip()]
+    return summary, rows
+
+
+def _ctx(c: int) -> str:
+    return f"{c // 1024}K"
+
+
+def step_floor_table(summary: dict, rows: list[dict]) -> str:
+    sof = summary["ratios"]["step_over_floor"]
+    status = {(r["design"], r["context"], r["batch"]): r.get("status") for r in rows if r.get("phase") == "floor"
+              and r.get("miss_rate") in ("none", None)}
+    out = ["| design | context | " + " | ".join(f"batch {b}: step / floor (x)" for b in BATCHES) + " |",
+           "| --- | --- | " + " | ".join("---" for _ in BATCHES) + " |"]
+    contexts = sorted({int(k.split("|")[1]) for k in sof})
+    for d, label in DESIGNS:
+        for c in contexts:
+            cells = []
+            for b in BATCHES:
+                v = sof.get(f"{d}|{c}|{b}")
+                if v:
+                    cells.append(f"{v['step_ms']:.2f} / {v['floor_ms']:.2f} ms (**{v['step_over_floor']:.2f}**)")
+                else:
+                    cells.append(status.get((d, c, b)) or "not run")
+            if any(x != "not run" for x in cells):
+                out.append(f"| {label} | {_ctx(c)} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def dual_single_line(summary: dict) -> str:
+    ds = summary["ratios"]["dual_over_single"]
+    parts = []
+    for c in sorted({int(k.split("|")[0]) for k in ds}):
+        vals = [ds.get(f"{c}|{b}") for b in BATCHES]
+        parts.append(f"{' / '.join('-' if v is None else f'{v:.2f}' for v in vals)} at {_ctx(c)}")
+    return "dual / single step (batch " + " / ".join(map(str, BATCHES)) + "): " + "; ".join(parts)
+
+
+def _point_order(key: str) -> tuple:
+    """b<batch>_m<miss> keys in numeric order (batch, then miss rate)."""
+    m = re.search(r"_b(\d+)(?:_m([0-9.]+))?$", key)
+    return (int(m.group(1)), float(m.group(2) or 0)) if m else (0, 0.0)
+
+
+def mechanism_table(summary: dict) -> str:
+    mech = summary["ratios"]["mechanism"]
+    out = ["| ratio | point | median (min-max) | n | effect larger than spread? |", "| --- | --- | --- | --- | --- |"]
+    for prefix, label in MECHANISM:
+        for key in sorted((k for k in mech if k.startswith(prefix)), key=_point_order):
+            if prefix == "two_pass_over_dual_b16" and key != prefix:
+                continue
+            v = mech[key]
+            if not v:
+                continue
+            point = key[len(prefix):].strip("_") or "b16"
+            b, _, miss = point.partition("_m")
+            point = b.replace("b", "batch ", 1) + (f", {100 * float(miss):.1f} % misses" if miss else "")
+            if prefix == "exposed_share":
+                clear = f"spread {v['max'] - v['min']:.3f}"
+                lu = v.get("link_util")
+                if lu:
+                    clear += f"; link {100 * lu['median']:.0f} % busy"
+            else:
+                clear = "yes" if v.get("clear") else "no"
+            out.append(f"| {label} | {point} | {v['median']:.3f} ({v['min']:.3f}-{v['max']:.3f}) | {v['n']} | {clear} |")
+    return "\n".join(out)
+
+
+def render(folder: str) -> str:
+    summary, rows = load(folder)
+    prov = summary.get("provenance", {})
+    head = (f"From {folder}: {prov.get('gpu')}, git {prov.get('git_sha')}, {prov.get('date_utc')}, "
+            f"`{prov.get('command')}`; HBM copy {summary.get('hbm_copy_gbps', 0):.0f} GB/s.")
+    return "\n\n".join([head, step_floor_table(summary, rows), dual_single_line(summary), mechanism_table(summary)])
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv:
+        folder = argv[0]
+    else:
+        from ddbench.core.paths import traces_dir
+        folder = os.path.join(str(traces_dir("engine")), "h200")
+    try:
+        print(render(folder))
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"error: {folder}: not an engine sweep summary ({exc})", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
