@@ -295,3 +295,26 @@ def test_linear_layers_read_each_weight_once(name):
     assert not batched, f"weights read once per request: {batched[:3]}"
     gemms = [ev for ev in p.events() if ev.name in ("aten::mm", "aten::addmm")]
     assert len(gemms) >= 4 * TINY.num_layers   # the linear layers did run as 2-D GEMMs
+
+
+@pytest.mark.parametrize("n_chunks", [None, 96])
+def test_fast_plan_bitmaps_edge_cases(n_chunks):
+    """The bitmap plan against the twin where ids sit on word edges (31, 32, 63, 95), where the
+    prediction repeats one chunk (a compute-only step's zero prediction), and with no miss at all."""
+    from kernels.engine.transfer import plan_misses_fast
+    g = torch.Generator().manual_seed(7)
+    N, k = 96, 8
+    edge = torch.tensor([0, 31, 32, 63, 64, 95, 5, 40], dtype=torch.int32)
+    cases = [
+        (edge.sort().values.view(1, 1, k), torch.tensor([1, 31, 33, 63, 65, 94, 5, 41], dtype=torch.int32).view(1, 1, k)),
+        (torch.zeros(1, 2, k, dtype=torch.int32), torch.rand(1, 2, N, generator=g).argsort(-1)[..., :k].int()),
+        (edge.view(1, 1, k), edge.flip(0).view(1, 1, k)),
+    ]
+    for pred, true in cases:
+        a, b = plan_misses(pred, true), plan_misses_fast(pred, true, n_chunks)
+        n = int(a.count)
+        assert int(b.count) == n
+        for f in ("chunk", "slot"):
+            assert sorted(zip(a.bh[:n].tolist(), getattr(a, f)[:n].tolist())) == \
+                sorted(zip(b.bh[:n].tolist(), getattr(b, f)[:n].tolist()))
+        assert torch.equal(a.assembled, b.assembled)

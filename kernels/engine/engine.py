@@ -411,7 +411,7 @@ class Engine:
         return x
 
     def _plan(self, pred, true):
-        return plan_misses(pred, true) if self.ref else plan_misses_fast(pred, true)
+        return plan_misses(pred, true) if self.ref else plan_misses_fast(pred, true, self.N)
 
     def _attn(self, q, kb, vb, lengths, **kw):
         if self.split and q.shape[1] > 1:

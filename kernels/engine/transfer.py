@@ -231,23 +231,26 @@ class _Ev:
 # their twins): inside a CUDA graph each of the torch versions costs dozens of tiny kernels per layer.
 
 @triton.jit
-def _plan_kernel(pred, true, count, bh_out, chunk_out, slot_out, assembled, K, KP: tl.constexpr, BI: tl.constexpr):
+def _plan_kernel(pred, true, bits, count, bh_out, chunk_out, slot_out, assembled, K, W,
+                 KP: tl.constexpr):
+    """One (b, h): membership of true in pred and of pred in true through two bitmaps of the chunk
+    ids (W int32 words each, zeroed by the caller): set with atomic ORs, read after a barrier from
+    L2 (.cg), so the cost is O(k), not the O(k^2) of comparing every pair."""
     bh = tl.program_id(0)
     j = tl.arange(0, KP)
     jv = j < K
-    t = tl.load(true + bh * K + j, mask=jv, other=-1)
-    p = tl.load(pred + bh * K + j, mask=jv, other=-2)
-    found = tl.zeros([KP], tl.int32)
-    used = tl.zeros([KP], tl.int32)
-    for i0 in tl.static_range(0, KP, BI):
-        i = i0 + tl.arange(0, BI)
-        iv = i < K
-        pb = tl.load(pred + bh * K + i, mask=iv, other=-2)
-        tb = tl.load(true + bh * K + i, mask=iv, other=-1)
-        found += tl.sum((t[:, None] == pb[None, :]).to(tl.int32), 1)
-        used += tl.sum((p[:, None] == tb[None, :]).to(tl.int32), 1)
-    miss = jv & (found == 0)
-    free = jv & (used == 0)
+    t = tl.load(true + bh * K + j, mask=jv, other=0)
+    p = tl.load(pred + bh * K + j, mask=jv, other=0)
+    bp = bits + bh.to(tl.int64) * (2 * W)          # bitmap of pred
+    bt = bp + W                                    # bitmap of true
+    one = tl.full([KP], 1, tl.int32)
+    tl.atomic_or(bp + (p >> 5), one << (p & 31), mask=jv)
+    tl.atomic_or(bt + (t >> 5), one << (t & 31), mask=jv)
+    tl.debug_barrier()
+    wp = tl.load(bp + (t >> 5), mask=jv, other=0, cache_modifier=".cg")
+    wt = tl.load(bt + (p >> 5), mask=jv, other=0, cache_modifier=".cg")
+    miss = jv & (((wp >> (t & 31)) & 1) == 0)      # true chunk not predicted
+    free = jv & (((wt >> (p & 31)) & 1) == 0)      # predicted chunk not true: its slot is free
     m = tl.sum(miss.to(tl.int32), 0)
     base = tl.atomic_add(count, m)
     rm = tl.cumsum(miss.to(tl.int32), 0) - 1
@@ -256,25 +259,31 @@ def _plan_kernel(pred, true, count, bh_out, chunk_out, slot_out, assembled, K, K
     tl.store(bh_out + base + rm, tl.zeros([KP], tl.int32) + bh, mask=miss)
     tl.store(slot_out + base + rf, j, mask=free)
     tl.debug_barrier()
-    fill = tl.load(chunk_out + base + rf, mask=free, other=0)
+    fill = tl.load(chunk_out + base + rf, mask=free, other=0, cache_modifier=".cg")
     tl.store(assembled + bh * K + j, tl.where(free, fill, p), mask=jv)
 
 
-def plan_misses_fast(pred: torch.Tensor, true: torch.Tensor) -> MissPlan:
-    """plan_misses in one launch (plus the zeroed count). The items are grouped per (b, h) as in the
-    twin, but the (b, h) groups come in the order the programs reserved their ranges (an atomic
-    counter): the set of (chunk, slot) pairs and `assembled` are the twin's."""
+def plan_misses_fast(pred: torch.Tensor, true: torch.Tensor, n_chunks: int | None = None) -> MissPlan:
+    """plan_misses in one launch (plus one memset of the count and the bitmaps). The items are grouped
+    per (b, h) as in the twin, but the (b, h) groups come in the order the programs reserved their
+    ranges (an atomic counter): the set of (chunk, slot) pairs and `assembled` are the twin's.
+    `n_chunks` (chunk ids are below it) sizes the bitmaps; without it the largest id is read from the
+    device (a host sync: not for captured steps)."""
     B, H, k = true.shape
     n = B * H * k
     dev = true.device
-    count = torch.zeros(1, device=dev, dtype=torch.int32)
+    if n_chunks is None:
+        n_chunks = int(torch.maximum(pred.max(), true.max())) + 1
+    W = -(-int(n_chunks) // 32)
+    scratch = torch.zeros(1 + B * H * 2 * W, device=dev, dtype=torch.int32)   # count, then the bitmaps
+    count, bits = scratch[:1], scratch[1:]
     bh = torch.empty(n, device=dev, dtype=torch.int32)
     chunk = torch.empty(n, device=dev, dtype=torch.int32)
     slot = torch.empty(n, device=dev, dtype=torch.int32)
     assembled = torch.empty(B, H, k, device=dev, dtype=torch.int32)
     KP = triton.next_power_of_2(k)
-    _plan_kernel[(B * H,)](pred.to(torch.int32).contiguous(), true.to(torch.int32).contiguous(), count, bh, chunk,
-                           slot, assembled, k, KP=KP, BI=min(32, KP), num_warps=4)
+    _plan_kernel[(B * H,)](pred.to(torch.int32).contiguous(), true.to(torch.int32).contiguous(), bits, count, bh,
+                           chunk, slot, assembled, k, W, KP=KP, num_warps=4)
     return MissPlan(bh=bh, chunk=chunk, slot=slot, count=count, assembled=assembled, k=k)
 
 
