@@ -142,8 +142,9 @@ def test_select_topk_gpu(nq):
 @pytest.mark.parametrize("B,nq,N,k,ties", [(4, 2, 16384, 256, False), (2, 1, 5000, 700, True), (1, 2, 3000, 3000, False),
                                            (2, 2, 16384, 256, True)])
 def test_topk_kernels_gpu(B, nq, N, k, ties):
-    """On the GPU: both kernels give the same ids (bit for bit: the same fp32 arithmetic), poisoned
-    outputs; against the twin, the chosen chunks' probabilities are the top-k probabilities (the
+    """On the GPU: both kernels give the same ids on untied data (bit for bit), poisoned outputs
+    (with exact ties, measured on the H200: the two compiled kernels break ties at the threshold
+    apart, so there each is checked against the twin only); against the twin, the chosen chunks' probabilities are the top-k probabilities (the
     twin's torch.exp2 may differ from tl.exp2 in the last bits, which reorders exact ties)."""
     g = torch.Generator(device="cuda").manual_seed(N + k)
     Hq, H, d = 32, 8, 128
@@ -159,10 +160,12 @@ def test_topk_kernels_gpu(B, nq, N, k, ties):
         out = _poisoned((B, nq, H, k), "cuda")
         fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method)
         outs.append(out)
-    assert torch.equal(outs[0], outs[1])
-    assert (outs[0].diff(dim=-1) > 0).all()
+    if not ties:   # exact ties at the threshold may break apart on last-bit differences between kernels
+        assert torch.equal(outs[0], outs[1])
     p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)          # [B*H, nq, N]
-    got = outs[0].transpose(1, 2).reshape(B * H, nq, k).long()
-    have = p.gather(-1, got).sort(-1).values
     want = p.topk(k, dim=-1).values.sort(-1).values
-    torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-12)
+    for out in outs:
+        assert (out.diff(dim=-1) > 0).all()
+        got = out.transpose(1, 2).reshape(B * H, nq, k).long()
+        have = p.gather(-1, got).sort(-1).values
+        torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-12)
