@@ -12,9 +12,10 @@ from kernels.engine.breakdown import category, summarize, union_ms
     ("nvjet_sm90_tst_128x8_64x12_2x1_v_bz_NNT", "gemm"),
     ("void cublasLt::splitKreduce_kernel<32, 16, int, float>", "gemm"),
     ("_score_pass1", "selection"), ("_norm_topk_kernel", "selection"), ("_spec_pass1_kernel", "selection"),
+    ("_codes_kernel", "selection"), ("_stream_topk_kernel", "selection"), ("_bits_topk_kernel", "selection"),
     ("_attn_kernel", "attention"), ("_combine_kernel", "attention"),
     ("_plan_kernel", "misses"), ("_perturb_kernel", "misses"), ("_rebuild_kernel", "rebuild"),
-    ("_rmsnorm_kernel", "glue"), ("void at::native::vectorized_elementwise_kernel<4>", "glue"),
+    ("_gather_kernel", "gather"), ("_rmsnorm_kernel", "glue"), ("void at::native::vectorized_elementwise_kernel<4>", "glue"),
 ])
 def test_categories(name, cat):
     assert category(name) == cat

@@ -6,7 +6,7 @@ For each design (dualdecoder, its single-token step, shadowkv, specache, full-kv
 (context:batch, compute only, the model's own selection, CUDA graph): the step as timed by
 kernels/engine/bench.run_point (median of graph replays), then one replay profiled with
 torch.profiler. Kernels are put into categories by name (GEMM, selection, attention, misses,
-key rebuild, glue); per category the summed kernel time and the kernel count per step; `busy_ms`
+key rebuild, on-GPU gathers, glue); per category the summed kernel time and the kernel count per step; `busy_ms`
 is the union of all kernel intervals (overlapping streams counted once) and `idle_ms` the step
 minus it: the time the GPU ran no kernel inside the step (graph node launch gaps, dependencies).
 The floor is bench's (weights + resident selection state + attended K/V at the HBM copy rate of
@@ -28,10 +28,11 @@ import torch
 
 CATEGORIES = (   # first match wins; names of the kernels in one replay
     ("gemm", ("nvjet", "gemm", "cutlass", "splitkreduce", "sm90_xmma", "cublas")),
-    ("selection", ("score_pass", "norm_topk", "spec_pass", "_topk", "_spec")),
+    ("selection", ("score_pass", "norm_topk", "spec_pass", "_topk", "_spec", "_codes_kernel")),
     ("attention", ("_attn", "_combine")),
     ("misses", ("_plan", "_perturb")),
     ("rebuild", ("rebuild",)),
+    ("gather", ("gather",)),
 )
 DESIGNS = ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv")
 
@@ -73,10 +74,12 @@ def profile_replay(e, steps: int) -> list[dict]:
 
 def summarize(row: dict, events: list[dict], steps: int, hbm_gbps: float) -> dict:
     cats: dict[str, dict] = {}
+    names: dict[str, float] = {}
     for ev in events:
         c = cats.setdefault(category(ev["name"]), dict(ms=0.0, kernels=0))
         c["ms"] += ev["dur"] / 1e3 / steps
         c["kernels"] += 1
+        names[ev["name"][:60]] = names.get(ev["name"][:60], 0.0) + ev["dur"] / 1e3 / steps
     for c in cats.values():
         c["kernels"] = c["kernels"] / steps
     busy = union_ms([(ev["ts"], ev["ts"] + ev["dur"]) for ev in events]) / steps
@@ -87,7 +90,8 @@ def summarize(row: dict, events: list[dict], steps: int, hbm_gbps: float) -> dic
                 floor_ms=row["floor_ms"], step_over_floor=row["step_over_floor"], weights_floor_ms=wfloor,
                 gemm_over_weights_floor=gemm / wfloor if wfloor else None,
                 kernels_per_step=len(events) / steps, busy_ms=busy, idle_ms=step - busy,
-                categories={k: dict(ms=round(v["ms"], 4), kernels=v["kernels"]) for k, v in sorted(cats.items())})
+                categories={k: dict(ms=round(v["ms"], 4), kernels=v["kernels"]) for k, v in sorted(cats.items())},
+                top_kernels_ms={n: round(t, 4) for n, t in sorted(names.items(), key=lambda x: -x[1])[:12]})
 
 
 def main(argv=None) -> int:
