@@ -256,6 +256,8 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
             engine_link_bytes=eng_bytes, sim_link_bytes=sim_bytes, link_bytes_diff=sim_bytes - eng_bytes,
             engine_link_gbps=r.link_gbps, sim_link_gbps=sim_bytes / (sim_ms * 1e-3) / 1e9 if sim_ms else 0.0,
             sim_link_util=tl.link_util, note=""))
+    if not rows:
+        raise DDBenchError(f"{engine_dir}: no engine point to replay ({len(skipped)} skipped, the rest calibration)")
     return pd.DataFrame(rows), skipped, meta, list(cm.notes)
 
 

@@ -101,8 +101,8 @@ def _sweep(tmp_path, name, *, meta_change=None, keep=None, extra_rows=()):
 
 
 def _few(r):
-    return r["phase"] == "floor" or (r["phase"] == "validation" and r["design"] == "dualdecoder"
-                                     and r["context"] == "131072" and r["batch"] == "4")
+    return (r["phase"] == "floor" and r["miss_rate"] == "none") or (r["phase"] == "validation" and r["design"] == "dualdecoder"
+                                     and r["context"] == "131072" and r["batch"] == "8")
 
 
 def test_same_run_is_refused_in_one_line(tmp_path, capsys):
@@ -137,7 +137,7 @@ def test_separate_run_is_validated_and_named(tmp_path):
     readme = open(str(tmp_path / "out" / "README.md")).read()
     assert "independent-run" in readme and "same run as the calibration" not in readme
     # the other sweep's own-selection floor points are not replayed (they calibrate, in their own run)
-    assert s["points"] == 2 and all("floor" not in x or "calibration point" in x for x in s["skipped"])
+    assert s["points"] == 4 and all("floor" not in x or "calibration point" in x for x in s["skipped"])
 
 
 def test_same_run_rule():
@@ -153,25 +153,26 @@ def test_harness_cost_from_the_calibration_sweep_is_added(tmp_path):
     compute to a forced-miss compute-only point; without them nothing is added."""
     with open(os.path.join(ENGINE, "engine.csv"), newline="", encoding="utf-8") as fh:
         floor = [r for r in csv.DictReader(fh) if r["phase"] == "floor" and r["design"] == "dualdecoder"
-                 and r["tokens"] == "2" and r["context"] == "131072"]
+                 and r["tokens"] == "2" and r["context"] == "131072" and r["miss_rate"] == "none"]
     forced = [dict(miss_rate="0.174", step_ms=repr(float(r["step_ms"]) + 2.0), batch=r["batch"], phase="floor",
                    design="dualdecoder", context="131072", transfers="0", graph="1", tokens="2", status="ok")
               for r in floor]
     assert len(forced) == 3
-    a = _sweep(tmp_path, "cal", keep=lambda r: r["phase"] == "floor", extra_rows=forced)
+    own = lambda r: r["phase"] == "floor" and r["miss_rate"] == "none"     # noqa: E731
+    a = _sweep(tmp_path, "cal", keep=own, extra_rows=forced)
     def other(m):
         m.update(run_id="v")
         m["provenance"]["date_utc"] = "2026-12-01T00:00:00Z"
     b = _sweep(tmp_path, "val", meta_change=other,
                keep=lambda r: r["phase"] == "validation" and r["design"] == "dualdecoder"
-               and r["context"] == "131072" and r["batch"] == "4" and r["transfers"] == "0")
-    plain = _sweep(tmp_path, "cal0", keep=lambda r: r["phase"] == "floor")
+               and r["context"] == "131072" and r["batch"] == "8" and r["transfers"] == "0")
+    plain = _sweep(tmp_path, "cal0", keep=own)
     t, _, meta, _ = v.validate(b, a, allow_same_run=False)
     t0, _, meta0, _ = v.validate(b, plain, allow_same_run=False)
-    assert len(t) == 1 and meta["sweeps"]["harness_measured"] and not meta0["sweeps"]["harness_measured"]
-    assert t.harness_ms.iloc[0] == pytest.approx(2.0, abs=1e-9)
-    assert t0.harness_ms.iloc[0] == 0.0
-    assert t.sim_step_ms.iloc[0] - t0.sim_step_ms.iloc[0] == pytest.approx(2.0, abs=1e-6)
+    assert len(t) == 2 and meta["sweeps"]["harness_measured"] and not meta0["sweeps"]["harness_measured"]
+    assert list(t.harness_ms) == pytest.approx([2.0, 2.0], abs=1e-9)
+    assert list(t0.harness_ms) == [0.0, 0.0]
+    assert list(t.sim_step_ms - t0.sim_step_ms) == pytest.approx([2.0, 2.0], abs=1e-6)
 
 
 def test_engine_import_splits_forced_miss_rows_and_replaces_the_section(tmp_path):
@@ -180,7 +181,7 @@ def test_engine_import_splits_forced_miss_rows_and_replaces_the_section(tmp_path
     shutil.copytree(str(traces_dir("calibration", "h200")), str(bundle))
     forced = [dict(miss_rate="0.174", step_ms="9.5", batch="1", phase="floor", design="shadowkv",
                    context="32768", transfers="0", graph="1", tokens="2", status="ok")]
-    a = _sweep(tmp_path, "cal", keep=lambda r: r["phase"] == "floor" and r["design"] == "shadowkv",
+    a = _sweep(tmp_path, "cal", keep=lambda r: r["phase"] == "floor" and r["design"] == "shadowkv" and r["miss_rate"] == "none",
                extra_rows=forced, meta_change=lambda m: m.update(run_id="r1"))
     n = import_engine_sweep(str(bundle), a, "pytest", "2026-12-01")
     b = load_bundle(str(bundle))
@@ -225,3 +226,14 @@ def test_bench_cli_rejects_unknown_phase_before_any_gpu_work(capsys):
     assert bench.main(["--phases", "bogus"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--phases" in err and "bogus" in err
+
+
+def test_nothing_to_replay_is_one_line(tmp_path, capsys):
+    own = lambda r: r["phase"] == "floor" and r["miss_rate"] == "none"     # noqa: E731  (calibration rows only)
+    a = _sweep(tmp_path, "cal", keep=own)
+    b = _sweep(tmp_path, "val", keep=own,
+               meta_change=lambda m: m.update(run_id="another-run"))
+    out = str(tmp_path / "out" / "v.csv")
+    assert v.main(["--calibration-engine", a, "--engine", b, "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no engine point to replay" in err and not os.path.exists(out)

@@ -36,7 +36,12 @@ def validation() -> FigureResult:
     s = v.summarize(t, skipped, meta)
     errs = "; ".join(f"{k}: median |error| {x['median_abs_error']:.1%} ({x['points']} points)"
                      for k, x in s["regimes"].items() if x["points"])
-    setup = (f"{v.MODEL} on {v.GPU} + {v.LINK}, the engine sweep of {v.ENGINE_REL} ({s['points']} points replayed,"
+    sw = s.get("sweeps", {})
+    val, cal = sw.get("validated", {}), sw.get("calibration", {})
+    runs = (f"the engine sweep of {val.get('folder', v.ENGINE_REL)} (seed {val.get('seed')}, git {val.get('git_sha')})"
+            f" against a simulator calibrated on {cal.get('folder')}"
+            + (" (the same run)" if sw.get("same_run") else " (a separate run)"))
+    setup = (f"{v.MODEL} on {v.GPU} + {v.LINK}, {runs} ({s['points']} points replayed,"
              f" none used for calibration; {len(skipped)} skipped), {s['rule']}; {errs};"
              f" link bytes equal at {s['link_bytes']['exact']} of {s['link_bytes']['points_with_transfers']} points")
     return FigureResult(t, setup, [])
