@@ -574,15 +574,15 @@ def ratios(rows):
 
     res = {}
     floor = {}
-    for r in pick("floor"):
+    for r in pick("floor", miss_rate="none"):     # the model's own selection (not the forced-miss twins)
         floor[f"{r['design']}|{r['context']}|{r['batch']}"] = dict(step_ms=r["step_ms"], floor_ms=r["floor_ms"],
                                                                   step_over_floor=r["step_over_floor"])
     res["step_over_floor"] = floor
     ds = {}
     for c in (K32, K128):
         for B in (1, 16, 64):
-            a = pick("floor", design="dualdecoder", context=c, batch=B)
-            b = pick("floor", design="dualdecoder-single", context=c, batch=B)
+            a = pick("floor", design="dualdecoder", context=c, batch=B, miss_rate="none")
+            b = pick("floor", design="dualdecoder-single", context=c, batch=B, miss_rate="none")
             if a and b:
                 ds[f"{c}|{B}"] = a[0]["step_ms"] / b[0]["step_ms"]
     res["dual_over_single"] = ds
