@@ -15,7 +15,9 @@ either by the link or by the compute path:
       prefetch of the next layer is still in flight
     - FIFO: the rest of that prefetch, then the urgent fetch
     plus any part of layer i's own prefetch not done within its window
-  T_step = max(T_compute, T_link, T_cpu)
+  T_step = max(T_compute, T_link, T_cpu); where T_link >= the compute alone (link-bound) but the
+           compute path with its waits is longer than T_link, the transfers do not run back to
+           back: T_link is then taken with one fixed cost per transfer (at most T_compute)
 
 In steady state the timeline (sim/timeline.py) and this formula agree wherever one bound
 dominates (tests/test_sim_agreement.py); between the two regimes the max() is an underestimate,
@@ -56,6 +58,7 @@ def aggregate_step(plan: StepPlan) -> AggStep:
     t0 = r.h2d_t0_s
     n_x = sum(1 for x in plan.pf_work if x > 0) + sum(1 for x in plan.ur_work if x > 0)
     W = sum(plan.pf_work) + sum(plan.ur_work)
+    W_each = W                      # every transfer paying its own fixed cost
     if sysx.prefetch != "none" and n_x > 1:
         W -= (n_x - 1) * t0
     n_d = sum(1 for x in plan.d2h_work if x > 0)
@@ -112,7 +115,11 @@ def aggregate_step(plan: StepPlan) -> AggStep:
     else:
         link_bound = t_link + gaps
     if sysx.prefetch != "none" and t_link >= c_pure * s_bg:
-        step = max(link_bound, t_cpu)   # link-bound: the link never idles except in the FIFO gaps
+        # link-bound: the link idles only in the FIFO gaps, so one fixed cost per step. But where the
+        # compute path with its waits (total) is longer than that, the transfers do not run back to
+        # back: each then pays its fixed cost, up to the link time with every fixed cost paid
+        t_each = W_each + min(D / beta, W_each) * (1.0 - beta)
+        step = max(link_bound, min(total, t_each + gaps), t_cpu)
     else:
         step = max(total, link_bound, t_cpu)
     return AggStep(step, total, t_link, t_cpu, plan.h2d_bytes, sum(plan.d2h_bytes))

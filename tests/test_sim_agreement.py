@@ -42,3 +42,15 @@ def test_serving_step_times_come_from_the_aggregate():
     plan = step_plan(SYSTEMS["dualdecoder"], m, cm, w, seg["batch"], 32768 + 32, hit, hit)
     tl = run_timeline(plan, steps=6, warmup=2)
     assert seg["step_s"] == pytest.approx(tl.steady_step_s, rel=0.05)
+
+
+@pytest.mark.parametrize("system,batch", [("dualdecoder", 2), ("dualdecoder", 4), ("specache", 2), ("specache", 4)])
+def test_aggregate_near_the_link_bound_edge(system, batch):
+    """At the batches where the step turns link-bound, the aggregate's fixed-cost rule (one per step
+    when transfers run back to back, else one per transfer) follows the timeline's per-burst rule."""
+    m = get_model("llama-3-8b")
+    cm = cost_model("llama-3-8b", "h200")
+    hit = [0.82] * m.num_layers
+    plan = step_plan(SYSTEMS[system], m, cm, Workload(context=131072), batch, 131072, hit, hit)
+    tl = run_timeline(plan, steps=6, warmup=2)
+    assert aggregate_step(plan).step_s == pytest.approx(tl.steady_step_s, rel=0.02)
