@@ -21,7 +21,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from ddbench.core.errors import DDBenchError
 
-RAY_HINT = "start one with `ray start --head` (pip install 'ddbench[ray]'), or run without --address"
+RAY_HINT = ("start one with `ray start --head` (pip install 'ddbench[ray]'), or run without --address; a cluster"
+            " with Ray's token authentication also needs its token here (or RAY_AUTH_MODE=disabled on both sides)")
 
 
 def default_workers() -> int:
