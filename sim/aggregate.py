@@ -17,7 +17,8 @@ either by the link or by the compute path:
     plus any part of layer i's own prefetch not done within its window
   T_step = max(T_compute, T_link, T_cpu); where T_link >= the compute alone (link-bound) but the
            compute path with its waits is longer than T_link, the transfers do not run back to
-           back: T_link is then taken with one fixed cost per transfer (at most T_compute)
+           back: T_link is then taken with one fixed cost per transfer (at most T_compute); FIFO
+           (a bubble per layer, see below) pays one fixed cost per layer
 
 In steady state the timeline (sim/timeline.py) and this formula agree wherever one bound
 dominates (tests/test_sim_agreement.py); between the two regimes the max() is an underestimate,
@@ -119,7 +120,11 @@ def aggregate_step(plan: StepPlan) -> AggStep:
         # compute path with its waits (total) is longer than that, the transfers do not run back to
         # back: each then pays its fixed cost, up to the link time with every fixed cost paid
         t_each = W_each + min(D / beta, W_each) * (1.0 - beta)
-        step = max(link_bound, min(total, t_each + gaps), t_cpu)
+        if sysx.prefetch == "layer-ahead" and not sysx.urgent_priority:
+            # FIFO: the link idles in one bubble per layer (gaps), and each new burst pays the fixed cost
+            step = max(link_bound + max(0, L - 1) * t0, t_cpu)
+        else:
+            step = max(link_bound, min(total, t_each + gaps), t_cpu)
     else:
         step = max(total, link_bound, t_cpu)
     return AggStep(step, total, t_link, t_cpu, plan.h2d_bytes, sum(plan.d2h_bytes))

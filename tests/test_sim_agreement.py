@@ -44,7 +44,8 @@ def test_serving_step_times_come_from_the_aggregate():
     assert seg["step_s"] == pytest.approx(tl.steady_step_s, rel=0.05)
 
 
-@pytest.mark.parametrize("system,batch", [("dualdecoder", 2), ("dualdecoder", 4), ("specache", 2), ("specache", 4)])
+@pytest.mark.parametrize("system,batch", [("dualdecoder", 2), ("dualdecoder", 4), ("specache", 2), ("specache", 4),
+                                          ("dualdecoder-fifo", 4), ("dualdecoder-fifo", 16)])
 def test_aggregate_near_the_link_bound_edge(system, batch):
     """At the batches where the step turns link-bound, the aggregate's fixed-cost rule (one per step
     when transfers run back to back, else one per transfer) follows the timeline's per-burst rule."""
