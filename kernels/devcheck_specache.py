@@ -90,22 +90,15 @@ def correctness():
 
 
 def _graph_times(fns, inner=8, reps=25):
-    from kernels.timing import event_times
+    from kernels.timing import capture_graph, event_times
     for f in fns:
         f()
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
+
+    def body():
         for i in range(inner):
             fns[i % len(fns)]()
-    return event_times(gr.replay, reps, warmup=3, per_call=inner)
+    return event_times(capture_graph(body, fns).replay, reps, warmup=3, per_call=inner)
 
 
 def copy_rate():

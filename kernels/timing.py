@@ -3,6 +3,8 @@
 event_times(fn, reps, warmup=1, per_call=1) -> [ms]: CUDA events between back-to-back calls of `fn`
     on the current stream (no host sync between them; one at the end), after `warmup` calls;
     each interval divided by `per_call` (e.g. steps per graph replay).
+capture_graph(body, warm) -> CUDAGraph of `body`, after one warm-up pass of `warm` on a side stream
+    (what a capture needs: allocator pools and lazy initialisation outside the graph).
 time_cuda(fns, inner=..., reps=...) -> median ms per call: event_times around CUDA-graph replays
     of `fns` (a list of callables, e.g. one per rotated input set so repeats do not hit in L2).
 time_host(fn, reps) -> median ms per call with a host clock and device syncs (for CPU-side work).
@@ -33,6 +35,20 @@ def event_times(fn, reps: int, warmup: int = 1, per_call: int = 1) -> list[float
     return [a.elapsed_time(b) / per_call for a, b in zip(evs[:-1], evs[1:])]
 
 
+def capture_graph(body, warm) -> "torch.cuda.CUDAGraph":
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in warm:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    return g
+
+
 def time_cuda(fns, *, inner: int = 5, reps: int = 20, warmup: int = 3, graph: bool = True) -> float:
     fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
 
@@ -47,17 +63,7 @@ def time_cuda(fns, *, inner: int = 5, reps: int = 20, warmup: int = 3, graph: bo
     torch.cuda.synchronize()
     run = body
     if graph:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for f in fns:
-                f()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
-        run = g.replay
+        run = capture_graph(body, fns).replay
         run()
     return statistics.median(event_times(run, reps, warmup=0, per_call=inner * len(fns)))
 

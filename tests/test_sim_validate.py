@@ -100,8 +100,13 @@ def _sweep(tmp_path, name, *, meta_change=None, keep=None, extra_rows=()):
     return str(d)
 
 
+def _own(r):
+    """The floor phase's own-selection rows (the calibration rows, not the forced-miss twins)."""
+    return r["phase"] == "floor" and r["miss_rate"] == "none"
+
+
 def _few(r):
-    return (r["phase"] == "floor" and r["miss_rate"] == "none") or (r["phase"] == "validation" and r["design"] == "dualdecoder"
+    return _own(r) or (r["phase"] == "validation" and r["design"] == "dualdecoder"
                                      and r["context"] == "131072" and r["batch"] == "8")
 
 
@@ -158,15 +163,14 @@ def test_harness_cost_from_the_calibration_sweep_is_added(tmp_path):
                    design="dualdecoder", context="131072", transfers="0", graph="1", tokens="2", status="ok")
               for r in floor]
     assert len(forced) == 3
-    own = lambda r: r["phase"] == "floor" and r["miss_rate"] == "none"     # noqa: E731
-    a = _sweep(tmp_path, "cal", keep=own, extra_rows=forced)
+    a = _sweep(tmp_path, "cal", keep=_own, extra_rows=forced)
     def other(m):
         m.update(run_id="v")
         m["provenance"]["date_utc"] = "2026-12-01T00:00:00Z"
     b = _sweep(tmp_path, "val", meta_change=other,
                keep=lambda r: r["phase"] == "validation" and r["design"] == "dualdecoder"
                and r["context"] == "131072" and r["batch"] == "8" and r["transfers"] == "0")
-    plain = _sweep(tmp_path, "cal0", keep=own)
+    plain = _sweep(tmp_path, "cal0", keep=_own)
     t, _, meta, _ = v.validate(b, a, allow_same_run=False)
     t0, _, meta0, _ = v.validate(b, plain, allow_same_run=False)
     assert len(t) == 2 and meta["sweeps"]["harness_measured"] and not meta0["sweeps"]["harness_measured"]
@@ -229,9 +233,8 @@ def test_bench_cli_rejects_unknown_phase_before_any_gpu_work(capsys):
 
 
 def test_nothing_to_replay_is_one_line(tmp_path, capsys):
-    own = lambda r: r["phase"] == "floor" and r["miss_rate"] == "none"     # noqa: E731  (calibration rows only)
-    a = _sweep(tmp_path, "cal", keep=own)
-    b = _sweep(tmp_path, "val", keep=own,
+    a = _sweep(tmp_path, "cal", keep=_own)
+    b = _sweep(tmp_path, "val", keep=_own,
                meta_change=lambda m: m.update(run_id="another-run"))
     out = str(tmp_path / "out" / "v.csv")
     assert v.main(["--calibration-engine", a, "--engine", b, "--out", out]) == 2

@@ -6,7 +6,7 @@ With a cold Triton cache the compiles of part (a) take about 2 minutes on the H2
 timed nothing but the perturbation); keep TRITON_CACHE_DIR across calls or raise the time guards.
 
 (a) correctness on fresh random inputs, outputs poisoned (-7) first: the streaming and bit-search
-    top-k kernels and the previous kernel (copied below, as it was before issue 9) against the exact
+    top-k kernels and the previous kernel (as it was before issue 9) against the exact
     torch twin `topk_from_scratch_ref`, on pass-1 output from bf16 and fp32 queries / landmarks and on
     tie-heavy synthetic scratch, N not a power of two, k == N; perturb_fast against perturb_fast_ref and
     its contract; both captured in a CUDA graph and replayed.
@@ -33,46 +33,8 @@ T0 = time.time()
 
 
 # --- the kernels as they were before issue 9 (commit 144f93e), for the before / after timing -------
-@triton.jit
-def _old_norm_topk_kernel(scratch, pml, out, N, H, G, NQ, n_split, K,
-                          GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr):
-    pid = tl.program_id(0)              # (b * H + h) * NQ + t
-    t = pid % NQ
-    bh = pid // NQ
-    b = bh // H
-    h = bh % H
-    n = tl.arange(0, NP)
-    nv = n < N
-    ss = tl.arange(0, SP)
-    sv = ss < n_split
-    sb = scratch + bh.to(tl.int64) * BLOCK_M * N
-    p = tl.zeros([NP], tl.float32)
-    for g in tl.static_range(GP):
-        if g < G:
-            r = t * GP + g
-            pi = 2 * ((bh * n_split + ss) * BLOCK_M + r)
-            pm = tl.load(pml + pi, mask=sv, other=-1.0e30)
-            pl = tl.load(pml + pi + 1, mask=sv, other=0.0)
-            m = tl.max(pm, 0)
-            inv = 1.0 / tl.sum(pl * tl.exp2(pm - m), 0)
-            s = tl.load(sb + r * N + n, mask=nv, other=float("-inf"))
-            p = tl.maximum(p, tl.exp2(s - m) * inv)
-    bits = p.to(tl.int32, bitcast=True)
-    bits = tl.where(nv, bits, -1)       # padding is never chosen
-    thr = tl.zeros([], tl.int32)
-    for i in tl.static_range(31):
-        cand = thr | (1 << (30 - i))
-        cnt = tl.sum((bits >= cand).to(tl.int32), 0)
-        thr = tl.where(cnt >= K, cand, thr)
-    gt = bits > thr
-    eq = bits == thr
-    need = K - tl.sum(gt.to(tl.int32), 0)
-    er = tl.cumsum(eq.to(tl.int32), 0)
-    take = gt | (eq & (er <= need))
-    pos = tl.cumsum(take.to(tl.int32), 0) - 1
-    ob = out + ((b * NQ + t) * H + h).to(tl.int64) * K
-    tl.store(ob + pos, n, mask=take)
-
+# The previous top-k kernel is kept in fastselect as `_bits_topk_kernel` (the same arithmetic); it is
+# launched here with its previous geometry.
 
 def old_topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out):
     GP = triton.next_power_of_2(G)
@@ -80,9 +42,10 @@ def old_topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out):
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
     NP = triton.next_power_of_2(N)
     nw = 16 if NP >= 8192 else (8 if NP >= 2048 else 4)
-    _old_norm_topk_kernel[(B * H * nq,)](scratch, pml, out, N, H, G, nq, n_split, k,
-                                         GP=GP, BLOCK_M=BLOCK_M, SP=triton.next_power_of_2(n_split), NP=NP,
-                                         num_warps=nw)
+    from kernels.engine.fastselect import _bits_topk_kernel
+    _bits_topk_kernel[(B * H * nq,)](scratch, pml, out, N, H, G, nq, n_split, k,
+                                     GP=GP, BLOCK_M=BLOCK_M, SP=triton.next_power_of_2(n_split), NP=NP,
+                                     num_warps=nw)
     return out
 
 
@@ -141,16 +104,8 @@ def device_time(fn, reps=REPS):
     global _flush
     if _flush is None:
         _flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    from kernels.timing import capture_graph
+    g = capture_graph(fn, [fn, fn])
     g.replay()
     torch.cuda.synchronize()
     evs = []

@@ -52,6 +52,18 @@ STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see k
 
 
 @triton.jit
+def _row_norm(pml, bh, n_split, r, BLOCK_M: tl.constexpr, SP: tl.constexpr):
+    """Row r's softmax normaliser from the splits' (max, sum of exp): (max, 1 / sum), as pass 1 wrote them."""
+    ss = tl.arange(0, SP)
+    sv = ss < n_split
+    pi = 2 * ((bh * n_split + ss) * BLOCK_M + r)
+    pm = tl.load(pml + pi, mask=sv, other=-1.0e30)
+    pl = tl.load(pml + pi + 1, mask=sv, other=0.0)
+    m = tl.max(pm, 0)
+    return m, 1.0 / tl.sum(pl * tl.exp2(pm - m), 0)
+
+
+@triton.jit
 def _bits_topk_kernel(scratch, pml, out, N, H, G, NQ, n_split, K,
                       GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr):
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
@@ -61,18 +73,12 @@ def _bits_topk_kernel(scratch, pml, out, N, H, G, NQ, n_split, K,
     h = bh % H
     n = tl.arange(0, NP)
     nv = n < N
-    ss = tl.arange(0, SP)
-    sv = ss < n_split
     sb = scratch + bh.to(tl.int64) * BLOCK_M * N
     p = tl.zeros([NP], tl.float32)
     for g in tl.static_range(GP):
         if g < G:
             r = t * GP + g
-            pi = 2 * ((bh * n_split + ss) * BLOCK_M + r)
-            pm = tl.load(pml + pi, mask=sv, other=-1.0e30)
-            pl = tl.load(pml + pi + 1, mask=sv, other=0.0)
-            m = tl.max(pm, 0)
-            inv = 1.0 / tl.sum(pl * tl.exp2(pm - m), 0)
+            m, inv = _row_norm(pml, bh, n_split, r, BLOCK_M, SP)
             s = tl.load(sb + r * N + n, mask=nv, other=float("-inf"))
             p = tl.maximum(p, tl.exp2(s - m) * inv)
     bits = p.to(tl.int32, bitcast=True)
@@ -154,8 +160,6 @@ def _stream_topk_kernel(scratch, pml, out, buf, N, H, G, NQ, n_split, K,
     bh = pid // NQ
     b = bh // H
     h = bh % H
-    ss = tl.arange(0, SP)
-    sv = ss < n_split
     gg = tl.arange(0, GP)
     gv = gg < G
     # each group row's normaliser, computed exactly as the bits kernel does (same fp32 results)
@@ -163,12 +167,7 @@ def _stream_topk_kernel(scratch, pml, out, buf, N, H, G, NQ, n_split, K,
     iv = tl.zeros([GP], tl.float32)
     for g in tl.static_range(GP):
         if g < G:
-            r = t * GP + g
-            pi = 2 * ((bh * n_split + ss) * BLOCK_M + r)
-            pm = tl.load(pml + pi, mask=sv, other=-1.0e30)
-            pl = tl.load(pml + pi + 1, mask=sv, other=0.0)
-            m = tl.max(pm, 0)
-            inv = 1.0 / tl.sum(pl * tl.exp2(pm - m), 0)
+            m, inv = _row_norm(pml, bh, n_split, t * GP + g, BLOCK_M, SP)
             mv = tl.where(gg == g, m, mv)
             iv = tl.where(gg == g, inv, iv)
     sb = scratch + bh.to(tl.int64) * BLOCK_M * N + (t * GP + gg).to(tl.int64)[:, None] * N
