@@ -22,6 +22,19 @@ def test_rmsnorm(dev, dt, seed=1):
 
 
 @pytest.mark.parametrize("dev,dt", _dev_dtypes())
+def test_add_rmsnorm(dev, dt, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 2, 96, generator=g).to(dev, dt)
+    y = torch.randn(3, 2, 96, generator=g).to(dev, dt)
+    w = (torch.rand(96, generator=g) + 0.5).to(dev, dt)
+    s, h = fused.add_rmsnorm(x, y, w)
+    s_ref, h_ref = fused.add_rmsnorm_ref(x, y, w)
+    assert torch.equal(s, s_ref)                 # one rounding of the fp32 sum, as torch's add
+    torch.testing.assert_close(h, h_ref, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(h, rmsnorm_ref(x + y, w), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("dev,dt", _dev_dtypes())
 @pytest.mark.parametrize("T", [1, 2])
 def test_rope_split(dev, dt, T):
     g = torch.Generator().manual_seed(T)
@@ -76,6 +89,10 @@ def test_fused_gpu():
     w = (torch.rand(4096, device="cuda", generator=g) + 0.5).bfloat16()
     assert torch.equal(fused.rmsnorm(x, w), rmsnorm_ref(x, w)) or torch.allclose(
         fused.rmsnorm(x, w).float(), rmsnorm_ref(x, w).float(), rtol=1e-2, atol=1e-2)
+    y = torch.randn(16, 2, 4096, device="cuda", generator=g).bfloat16()
+    s, h = fused.add_rmsnorm(x, y, w)
+    assert torch.equal(s, x + y)
+    torch.testing.assert_close(h.float(), rmsnorm_ref(x + y, w).float(), rtol=1e-2, atol=1e-2)
     qkv = torch.randn(16, 2, 48 * 128, device="cuda", generator=g).bfloat16()
     cos, sin = rope_tables(torch.tensor([131072, 131073], device="cuda"), 128, 5e5)
     for a, b in zip(fused.rope_split(qkv, cos, sin, 32, 8, 128), fused.rope_split_ref(qkv, cos, sin, 32, 8, 128)):

@@ -109,6 +109,7 @@ class _Ops:
     rebuild: object
     spec_scores: object
     rmsnorm: object
+    add_rmsnorm: object     # (x, y, w) -> (x + y, rmsnorm(x + y, w))
     rope_split: object
     swiglu: object
     assemble: object
@@ -122,11 +123,11 @@ def _ops(ref: bool) -> _Ops:
     if ref:
         return _Ops(select.score_chunks_ref, attention.dual_sparse_attention_ref, gather.gather_ref,
                     gather_slots_ref, rebuild.rebuild_keys_ref, specache.specache_chunk_scores_ref,
-                    rmsnorm, fused.rope_split_ref, fused.swiglu_ref, fused.assemble_ref,
+                    rmsnorm, fused.add_rmsnorm_ref, fused.rope_split_ref, fused.swiglu_ref, fused.assemble_ref,
                     fastselect.select_topk_ref, fastselect.specache_select_topk_ref)
     return _Ops(select.score_chunks, attention.dual_sparse_attention, gather.gather_uva, gather_slots,
                 rebuild.rebuild_keys, lambda q, qk, chunk: specache.specache_scores_triton(q, qk, chunk=chunk),
-                fused.rmsnorm, fused.rope_split, fused.swiglu, fused.assemble,
+                fused.rmsnorm, fused.add_rmsnorm, fused.rope_split, fused.swiglu, fused.assemble,
                 fastselect.select_topk, fastselect.specache_select_topk)
 
 
@@ -257,14 +258,13 @@ class Engine:
     def _lin(self, x, w):
         return self._map(lambda t: _mm(t, w), x)
 
-    def _res(self, x, a, w):
-        """x + a @ w in one GEMM (addmm adds x in its epilogue), per token in the two-pass ablation."""
-        def one(xt, at):
-            B, T, h = xt.shape
-            return torch.addmm(xt.reshape(B * T, h), at.reshape(B * T, -1), w).view(B, T, h)
+    def _addnorm(self, x, y, w):
+        """(x + y, rmsnorm(x + y, w)): the residual add fused into the next norm (one kernel; the
+        linear layers are plain GEMMs), per token in the two-pass ablation."""
         if self.split and x.shape[1] > 1:
-            return torch.cat([one(x[:, t:t + 1], a[:, t:t + 1]) for t in range(x.shape[1])], 1)
-        return one(x, a)
+            parts = [self.ops.add_rmsnorm(x[:, t:t + 1], y[:, t:t + 1], w) for t in range(x.shape[1])]
+            return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
+        return self.ops.add_rmsnorm(x, y, w)
 
     # ------------------------------------------------------------------ transfers
     def _issue_prefetch(self, u, pred):
@@ -314,11 +314,12 @@ class Engine:
             for u in (self.use, self.use + 1):                  # first step after pre-decode
                 if u not in self.prefetched and u % self.L < self.L:
                     self._issue_prefetch(u, self.pred[u % self.L])
+        pend = None      # each layer's MLP output, added to the residual by the next norm
         for i in range(self.L):
             with nvtx_range(f"layer {i}"):
-                x = self._layer(i, x, nq, predecode)
+                x, pend = self._layer(i, x, pend, nq, predecode)
         with nvtx_range("lm_head"):
-            h = rmsnorm(x, self.w.norm)
+            x, h = self._addnorm(x, pend, self.w.norm)
             logits = self._map(lambda t: _mm(t, self.w.lm_head.T).float(), h)
             nxt = logits.argmax(-1)                              # [B, nq]
         if self.timing:
@@ -387,13 +388,18 @@ class Engine:
         self.graph.replay()
         return self.out
 
-    def _layer(self, i, x, nq, predecode):
+    def _layer(self, i, x, pend, nq, predecode):
+        """One layer. `pend` is the previous layer's MLP output (None before layer 0): the residual
+        add happens in this layer's first norm. Returns (residual, this layer's MLP output)."""
         s, w = self.sys, self.w
         B, Hq, H, d = self.B, self.Hq, self.H, self.d
         if self.timing:
             t0 = self.sched.timing_event()
         with nvtx_range("qkv"):
-            hn = self._map(lambda t: self.ops.rmsnorm(t, w.ln1[i]), x)
+            if pend is None:
+                hn = self._map(lambda t: self.ops.rmsnorm(t, w.ln1[i]), x)
+            else:
+                x, hn = self._addnorm(x, pend, w.ln1[i])
             qkv = self._lin(hn, w.wqkv[i])
             q, k, v = self.ops.rope_split(qkv, self.cos, self.sin, Hq, H, d)
         if s.kv_on_gpu:
@@ -401,14 +407,13 @@ class Engine:
         else:
             o, pre, post = self._sparse_attention(i, q, k, v, nq, predecode)
         with nvtx_range("o_proj+mlp"):
-            x = self._res(x, o.reshape(B, nq, Hq * d), w.wo[i])
-            h2 = self._map(lambda t: self.ops.rmsnorm(t, w.ln2[i]), x)
+            x, h2 = self._addnorm(x, self._lin(o.reshape(B, nq, Hq * d), w.wo[i]), w.ln2[i])
             gu = self._lin(h2, w.wgu[i])
             a = self._map(self.ops.swiglu, gu)
-            x = self._res(x, a, w.wdown[i])
+            mlp = self._lin(a, w.wdown[i])
         if self.timing:
             self.rec.append((i, t0, pre, post))
-        return x
+        return x, mlp
 
     def _plan(self, pred, true):
         return plan_misses(pred, true) if self.ref else plan_misses_fast(pred, true, self.N)

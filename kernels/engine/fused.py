@@ -6,6 +6,9 @@ SwiGLU (2) and the buffer assembly (about 8) made up most of the ~60 kernels per
 the weights' and KV's HBM time of a few hundred microseconds per layer at small batch.
 
     rmsnorm(x, w, eps=1e-5) -> like model.rmsnorm                         one program per row
+    add_rmsnorm(x, y, w, eps=1e-5) -> (s, rmsnorm(s, w)) with s = x + y (bf16 as torch): the
+        residual add and the next norm in one kernel, so that the linear layers need no addmm
+        (cuBLAS copies the addend first: one more kernel per residual); twin add_rmsnorm_ref
     rope_split(qkv, cos, sin, Hq, H, d) -> q [B, T, Hq, d], k, v [B, T, H, d]
         RoPE (rotate-half, fp32 math, as model.rope) on the q and k heads of the fused QKV output,
         v copied out; one launch
@@ -41,6 +44,37 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor
     out = torch.empty_like(xc)
     _rmsnorm_kernel[(xc.numel() // n,)](xc, w, out, n, eps, BLOCK=triton.next_power_of_2(n), num_warps=8)
     return out
+
+
+@triton.jit
+def _add_rmsnorm_kernel(x, y, w, s_out, out, n, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    sv = tl.load(x + row * n + offs, mask=m, other=0.0).to(tl.float32) + \
+        tl.load(y + row * n + offs, mask=m, other=0.0).to(tl.float32)
+    sv = sv.to(out.dtype.element_ty)
+    tl.store(s_out + row * n + offs, sv, mask=m)
+    sf = sv.to(tl.float32)
+    r = tl.rsqrt(tl.sum(sf * sf, 0) / n + eps)
+    wv = tl.load(w + offs, mask=m, other=0.0).to(tl.float32)
+    yv = (sf * r).to(out.dtype.element_ty).to(tl.float32) * wv
+    tl.store(out + row * n + offs, yv.to(out.dtype.element_ty), mask=m)
+
+
+def add_rmsnorm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float = 1e-5):
+    n = x.shape[-1]
+    xc, yc = x.contiguous(), y.contiguous()
+    s = torch.empty_like(xc)
+    out = torch.empty_like(xc)
+    _add_rmsnorm_kernel[(xc.numel() // n,)](xc, yc, w, s, out, n, eps, BLOCK=triton.next_power_of_2(n), num_warps=8)
+    return s, out
+
+
+def add_rmsnorm_ref(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float = 1e-5):
+    from kernels.engine.model import rmsnorm as rmsnorm_ref
+    s = x + y
+    return s, rmsnorm_ref(s, w, eps)
 
 
 @triton.jit
