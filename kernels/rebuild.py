@@ -9,7 +9,10 @@
     rope_inv_freq(d, theta)  Llama RoPE frequencies (rotate-half convention), fp32
 
 Fused: one program rebuilds a block of chunks of one (request, head); the product, the
-rotation and the store happen in registers, so HBM sees U's rows once and K once.
+rotation and the store happen in registers, so HBM sees U's rows once and K once. The default launch
+(16 chunks = 128 tokens per program, rank blocks of 32, 8 warps; the fastest correct one of the H200
+sweep in kernels/devcheck_rebuild.py, traces/engine/h200/devcheck-rebuild.json) loads SV[b, h] once per
+128 tokens; sin/cos come from the SFU after a Cody-Waite range reduction (libdevice in the interpreter).
 """
 
 from __future__ import annotations
@@ -25,6 +28,21 @@ def rope_inv_freq(d: int, theta: float, device=None) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, d, 2, device=device, dtype=torch.int64).float() / d))
 
 
+_INV_FREQ: dict = {}
+
+
+def _inv_freq(d: int, theta: float, device) -> torch.Tensor:
+    """rope_inv_freq, kept per (d, theta, device): a launch then adds no small kernels (and none to a
+    CUDA graph). Not kept when first asked for during a graph capture (its memory is the graph's)."""
+    key = (d, float(theta), str(device))
+    inv = _INV_FREQ.get(key)
+    if inv is None:
+        inv = rope_inv_freq(d, theta, device)
+        if not (inv.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _INV_FREQ[key] = inv
+    return inv
+
+
 def apply_rope_ref(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     """x [..., T, d] fp32, pos [T]: Llama rotate-half RoPE in fp32."""
     ang = pos.float()[:, None] * rope_inv_freq(x.shape[-1], theta, x.device)[None, :]
@@ -34,9 +52,27 @@ def apply_rope_ref(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Te
 
 
 @triton.jit
-def _rebuild_kernel(U, SV, idx, inv_freq, k_out, n_sel, R, H,
+def _sincos(ang, FAST: tl.constexpr):
+    """sin, cos of fp32 angles. Cody-Waite reduction to [-pi, pi] first (angles reach ~1e5 rad at
+    long contexts): 6.28125 has 8 significant bits, so k * 6.28125 is exact. FAST (GPU): the SFU's
+    sin.approx / cos.approx (abs error ~1e-6 on [-pi, pi], far below bf16's 4e-3); else libdevice."""
+    kk = tl.floor(ang * 0.15915494309189535 + 0.5)
+    ang = (ang - kk * 6.28125) - kk * 1.9353071795864769e-3
+    if FAST:
+        s, c = tl.inline_asm_elementwise("sin.approx.f32 $0, $2;\n\tcos.approx.f32 $1, $2;", "=f,=f,f", [ang],
+                                         dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        s = tl.sin(ang)
+        c = tl.cos(ang)
+    return s, c
+
+
+@triton.jit
+def _rebuild_kernel(U, SV, idx, inv_freq, k_out, n_sel, H,
                     s_ub, s_ut, s_sb, s_sh, s_sr, s_ob, s_oh, s_ot, slot_offset,
-                    C: tl.constexpr, D: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr):
+                    R: tl.constexpr, C: tl.constexpr, D: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr,
+                    EVEN_N: tl.constexpr, FAST: tl.constexpr):
+    """Program (request*head, block): BC selected chunks (BC*C tokens) of one (request, head)."""
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
@@ -45,32 +81,87 @@ def _rebuild_kernel(U, SV, idx, inv_freq, k_out, n_sel, R, H,
     rr = tl.arange(0, BT)
     j = tl.program_id(1) * BC + rr // C
     jv = j < n_sel
-    ch = tl.load(idx + bh.to(tl.int64) * n_sel + j, mask=jv, other=0)
-    tok = (ch * C + rr % C).to(tl.int64)
+    if EVEN_N:
+        ch = tl.load(idx + bh.to(tl.int64) * n_sel + j)
+    else:
+        ch = tl.load(idx + bh.to(tl.int64) * n_sel + j, mask=jv, other=0)
+    tok = ch * C + rr % C
     hd = tl.arange(0, HALF)
-    ub = U + b.to(tl.int64) * s_ub
+    urow = U + b.to(tl.int64) * s_ub + tok.to(tl.int64)[:, None] * s_ut
     sb = SV + b.to(tl.int64) * s_sb + h * s_sh
     x1 = tl.zeros([BT, HALF], tl.float32)
     x2 = tl.zeros([BT, HALF], tl.float32)
     for r0 in range(0, R, RB):
         rk = r0 + tl.arange(0, RB)
-        rkv = rk < R
-        u = tl.load(ub + tok[:, None] * s_ut + rk[None, :], mask=jv[:, None] & rkv[None, :], other=0.0)
-        s1 = tl.load(sb + rk[:, None] * s_sr + hd[None, :], mask=rkv[:, None], other=0.0)
-        s2 = tl.load(sb + rk[:, None] * s_sr + HALF + hd[None, :], mask=rkv[:, None], other=0.0)
+        if R % RB == 0:       # rank blocks tile the rank exactly: no masks (the rows are in range)
+            u = tl.load(urow + rk[None, :])
+            s1 = tl.load(sb + rk[:, None] * s_sr + hd[None, :])
+            s2 = tl.load(sb + rk[:, None] * s_sr + HALF + hd[None, :])
+        else:
+            rkv = rk < R
+            u = tl.load(urow + rk[None, :], mask=rkv[None, :], other=0.0)
+            s1 = tl.load(sb + rk[:, None] * s_sr + hd[None, :], mask=rkv[:, None], other=0.0)
+            s2 = tl.load(sb + rk[:, None] * s_sr + HALF + hd[None, :], mask=rkv[:, None], other=0.0)
         x1 += tl.dot(u, s1)
         x2 += tl.dot(u, s2)
-    ang = tok.to(tl.float32)[:, None] * tl.load(inv_freq + hd)[None, :]
-    # Cody-Waite reduction to [-pi, pi] (angles reach ~1e5 rad at long contexts, where cos/sin
-    # would take their slow path): 6.28125 has 8 significant bits, so k * 6.28125 is exact.
-    kk = tl.floor(ang * 0.15915494309189535 + 0.5)
-    ang = (ang - kk * 6.28125) - kk * 1.9353071795864769e-3
-    cos = tl.cos(ang)
-    sin = tl.sin(ang)
-    dst = k_out + b.to(tl.int64) * s_ob + h * s_oh + (slot_offset + j * C + rr % C).to(tl.int64)[:, None] * s_ot + hd[None, :]
+    # RoPE at the original positions; the angle is the twin's fp32 product pos * inv_freq
+    sin, cos = _sincos(tok.to(tl.float32)[:, None] * tl.load(inv_freq + hd)[None, :], FAST)
+    slot = (slot_offset + j * C + rr % C).to(tl.int64)
+    dst = k_out + b.to(tl.int64) * s_ob + h.to(tl.int64) * s_oh + slot[:, None] * s_ot + hd[None, :]
     ty = k_out.dtype.element_ty
-    tl.store(dst, (x1 * cos - x2 * sin).to(ty), mask=jv[:, None])
-    tl.store(dst + HALF, (x2 * cos + x1 * sin).to(ty), mask=jv[:, None])
+    if EVEN_N:
+        tl.store(dst, (x1 * cos - x2 * sin).to(ty))
+        tl.store(dst + HALF, (x2 * cos + x1 * sin).to(ty))
+    else:
+        tl.store(dst, (x1 * cos - x2 * sin).to(ty), mask=jv[:, None])
+        tl.store(dst + HALF, (x2 * cos + x1 * sin).to(ty), mask=jv[:, None])
+
+
+@triton.jit
+def _rebuild_resident_kernel(U, SV, idx, inv_freq, k_out, n_sel, H, tiles,
+                             s_ub, s_ut, s_sb, s_sh, s_sr, s_ob, s_oh, s_ot, slot_offset,
+                             R: tl.constexpr, C: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+                             R1: tl.constexpr, R2: tl.constexpr, FAST: tl.constexpr):
+    """Program (request*head, p): `tiles` blocks of BC chunks of one (request, head), p-th run of them;
+    SV[b, h] is loaded once per program (rank split R1 + R2: a power of two and a masked rest)."""
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    HALF: tl.constexpr = D // 2
+    BT: tl.constexpr = BC * C
+    rr = tl.arange(0, BT)
+    hd = tl.arange(0, HALF)
+    ra = tl.arange(0, R1)
+    sb = SV + b.to(tl.int64) * s_sb + h * s_sh
+    sa1 = tl.load(sb + ra[:, None] * s_sr + hd[None, :])
+    sa2 = tl.load(sb + ra[:, None] * s_sr + HALF + hd[None, :])
+    if R2 > 0:
+        rb = R1 + tl.arange(0, R2)
+        rbv = rb < R
+        sb1 = tl.load(sb + rb[:, None] * s_sr + hd[None, :], mask=rbv[:, None], other=0.0)
+        sb2 = tl.load(sb + rb[:, None] * s_sr + HALF + hd[None, :], mask=rbv[:, None], other=0.0)
+    inv = tl.load(inv_freq + hd)
+    ub = U + b.to(tl.int64) * s_ub
+    ob = k_out + b.to(tl.int64) * s_ob + h.to(tl.int64) * s_oh
+    ib = idx + bh.to(tl.int64) * n_sel
+    ty = k_out.dtype.element_ty
+    for t in range(0, tiles):
+        j = (tl.program_id(1) * tiles + t) * BC + rr // C
+        jv = j < n_sel
+        ch = tl.load(ib + j, mask=jv, other=0)
+        tok = ch * C + rr % C
+        urow = ub + tok.to(tl.int64)[:, None] * s_ut
+        ua = tl.load(urow + ra[None, :])
+        x1 = tl.dot(ua, sa1)
+        x2 = tl.dot(ua, sa2)
+        if R2 > 0:
+            ubb = tl.load(urow + rb[None, :], mask=rbv[None, :], other=0.0)
+            x1 = tl.dot(ubb, sb1, x1)
+            x2 = tl.dot(ubb, sb2, x2)
+        sin, cos = _sincos(tok.to(tl.float32)[:, None] * inv[None, :], FAST)
+        dst = ob + (slot_offset + j * C + rr % C).to(tl.int64)[:, None] * s_ot + hd[None, :]
+        tl.store(dst, (x1 * cos - x2 * sin).to(ty), mask=jv[:, None])
+        tl.store(dst + HALF, (x2 * cos + x1 * sin).to(ty), mask=jv[:, None])
 
 
 def _check(U, SV, idx, k_out, chunk, slot_offset):
@@ -87,15 +178,38 @@ def _check(U, SV, idx, k_out, chunk, slot_offset):
     return B, T, R, H, d
 
 
-def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=4, rank_block=32,
-                 num_warps=4):
+def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=16, rank_block=32,
+                 num_warps=8, num_stages=2, fast_rope=None, impl="blocks", programs=None):
+    """impl "blocks": block_chunks chunks of one (request, head) per program, the rank in blocks of
+    rank_block; "resident": about `programs` programs (default two per SM), each loads SV[b, h] once
+    and runs over blocks of block_chunks chunks. fast_rope (default: on CUDA) takes sin/cos from the
+    SFU after the range reduction."""
     B, T, R, H, d = _check(U, SV, idx, k_out, chunk, slot_offset)
     n = idx.shape[2]
+    if n == 0 or B * H == 0:
+        return k_out
     idx = idx.to(device=U.device, dtype=torch.int32).contiguous()
-    inv = rope_inv_freq(d, rope_theta, U.device)
-    _rebuild_kernel[(B * H, triton.cdiv(n, block_chunks))](
-        U, SV, idx, inv, k_out, n, R, H, U.stride(0), U.stride(1), SV.stride(0), SV.stride(1), SV.stride(2),
-        *k_out.stride()[:3], slot_offset, C=chunk, D=d, BC=block_chunks, RB=rank_block, num_warps=num_warps)
+    inv = _inv_freq(d, rope_theta, U.device)
+    fast = U.is_cuda if fast_rope is None else bool(fast_rope)
+    strides = (U.stride(0), U.stride(1), SV.stride(0), SV.stride(1), SV.stride(2), *k_out.stride()[:3], slot_offset)
+    if impl == "resident":
+        if R < 16:
+            raise DDBenchError("impl='resident' needs rank >= 16")
+        r1 = 1 << (R.bit_length() - 1)
+        r2 = 0 if r1 == R else max(16, triton.next_power_of_2(R - r1))
+        nblk = triton.cdiv(n, block_chunks)
+        sms = torch.cuda.get_device_properties(U.device).multi_processor_count if U.is_cuda else 4
+        per = max(1, min(nblk, triton.cdiv(programs or 2 * sms, B * H)))
+        tiles = triton.cdiv(nblk, per)
+        _rebuild_resident_kernel[(B * H, triton.cdiv(nblk, tiles))](
+            U, SV, idx, inv, k_out, n, H, tiles, *strides, R=R, C=chunk, D=d, BC=block_chunks, R1=r1, R2=r2,
+            FAST=fast, num_warps=num_warps, num_stages=num_stages)
+    elif impl == "blocks":
+        _rebuild_kernel[(B * H, triton.cdiv(n, block_chunks))](
+            U, SV, idx, inv, k_out, n, H, *strides, R=R, C=chunk, D=d, BC=block_chunks, RB=rank_block,
+            EVEN_N=n % block_chunks == 0, FAST=fast, num_warps=num_warps, num_stages=num_stages)
+    else:
+        raise DDBenchError(f"impl {impl!r}: 'blocks' or 'resident'")
     return k_out
 
 
