@@ -1,6 +1,6 @@
 """GPU check of the low-rank key rebuild (kernels/rebuild.py): correctness, then old vs new timing.
 
-    PYTHONPATH=. python3 kernels/devcheck_rebuild.py [--out FILE.json] [--quick]
+    PYTHONPATH=. python3 kernels/devcheck_rebuild.py [--out FILE.json] [--quick] [--final]
 
 (a) every timed variant against the fp32 twin (rebuild_keys_ref) on fresh random bf16 factors, NaN-poisoned
     key buffers, ShadowKV's shapes (r=160, H=8, d=128, C=8, n=256 chunks, slot offset 32), and the fast
@@ -14,6 +14,7 @@
     (b, selected slot) without the per-head factor (B*n*C*r*2), which holds only when every head selects
     the same chunks; the engine's heads select different ones.
 The old kernel (kernels/rebuild.py at 69d6717, copied below verbatim as the baseline) runs in the same process.
+--final times only the old kernel, the default (impl="auto") and the two launches of rebuild.LAUNCH.
 """
 from __future__ import annotations
 
@@ -85,31 +86,35 @@ def old_rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_of
 # ---- end of the baseline
 
 
-def variants(quick=False):
+def variants(quick=False, final=False):
     """name -> callable(U, SV, idx, k_out, **kw). `new` launches kernels/rebuild.py's block kernel with the given
     block_chunks (bc), rank_block (rb), num_warps (w), num_stages (s); `resident` its SV-resident kernel
-    (impl="resident", programs per SM); `default` is rebuild_keys as it stands."""
-    from kernels.rebuild import rebuild_keys
+    (impl="resident"; programs per SM, or rebuild_keys' default); `default` is rebuild_keys as it stands.
+    final: the old kernel, the default and the launches LAUNCH names (the check of the chosen default)."""
+    from kernels.rebuild import LAUNCH, rebuild_keys
     v = {"old 69d6717 bc4 rb32 w4 (libdevice sin/cos)": old_rebuild_keys,
-         "default rebuild_keys": rebuild_keys}
+         "default rebuild_keys (impl auto)": rebuild_keys}
     cfgs = [(4, 32, 4, 3), (8, 32, 4, 3), (8, 32, 8, 3), (8, 64, 4, 3), (16, 32, 8, 2), (16, 32, 8, 3),
             (16, 64, 8, 3), (16, 32, 16, 3), (32, 32, 16, 3), (32, 32, 8, 3)]
+    res = [(8, 4, 2, 2), (8, 8, 2, 2), (16, 8, 2, 2), (8, 4, 2, 4), (4, 4, 3, 2), (4, 4, 3, None)]
     if quick:
-        cfgs = cfgs[:1] + cfgs[4:5]
+        cfgs, res = cfgs[:1] + cfgs[4:5], res[:1]
+    if final:
+        b, r = LAUNCH["blocks"], LAUNCH["resident"]
+        cfgs = [(b["block_chunks"], b["rank_block"], b["num_warps"], b["num_stages"])]
+        res = [(r["block_chunks"], r["num_warps"], r["num_stages"], None)]
     for bc, rb, w, s in cfgs:
-        kw = dict(block_chunks=bc, rank_block=rb, num_warps=w, num_stages=s)
+        kw = dict(impl="blocks", block_chunks=bc, rank_block=rb, num_warps=w, num_stages=s)
         v[f"new bc{bc} rb{rb} w{w} s{s}"] = (lambda *a, kw=kw, **k: rebuild_keys(*a, **kw, **k))
-    res = [(8, 4, 2, None), (8, 8, 2, None), (16, 8, 2, None), (8, 4, 2, 4), (4, 4, 3, None)]
-    if quick:
-        res = res[:1]
     for bc, w, s, per_sm in res:
         kw = dict(impl="resident", block_chunks=bc, num_warps=w, num_stages=s)
-        name = f"resident bc{bc} w{w} s{s} " + (f"{per_sm}/SM" if per_sm else "2/SM")
+        name = f"resident bc{bc} w{w} s{s} " + (f"{per_sm}/SM" if per_sm else "default programs")
         v[name] = (lambda *a, kw=kw, per_sm=per_sm, **k: rebuild_keys(
             *a, **kw, programs=per_sm and per_sm * torch.cuda.get_device_properties(0).multi_processor_count, **k))
-    v["new bc16 rb32 w8 s3 libdevice sin/cos"] = (
-        lambda *a, **k: rebuild_keys(*a, block_chunks=16, rank_block=32, num_warps=8, num_stages=3, fast_rope=False,
-                                     **k))
+    if not final:
+        v["new bc16 rb32 w8 s3 libdevice sin/cos"] = (
+            lambda *a, **k: rebuild_keys(*a, impl="blocks", block_chunks=16, rank_block=32, num_warps=8, num_stages=3,
+                                         fast_rope=False, **k))
     return v
 
 
@@ -275,7 +280,7 @@ if __name__ == "__main__":
     t0 = time.time()
     prov = provenance("PYTHONPATH=. python3 kernels/devcheck_rebuild.py " + " ".join(args))
     print(prov, flush=True)
-    vs = variants(quick="--quick" in args)
+    vs = variants(quick="--quick" in args, final="--final" in args)
     ok = correctness(vs)
     print(f"correctness: {'ALL PASS' if all(ok.values()) else 'SOME FAIL'}", flush=True)
     timing(vs, ok, out, prov, quick="--quick" in args, t_start=t0, budget_s=float(os.environ.get("BUDGET_S", 200)))

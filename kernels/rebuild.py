@@ -1,6 +1,6 @@
 """Low-rank key rebuild (ShadowKV; DualDecoder's adaptive key reconstruction).
 
-    rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0)
+    rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, impl="auto", ...)
         U     [B, T, r]      pre-RoPE key factor, rows = token positions (rank shared by heads)
         SV    [B, H, r, d]   per-head right factor
         idx   [B, H, n]      selected chunk ids; chunk c covers tokens c*C .. c*C+C-1
@@ -9,10 +9,12 @@
     rope_inv_freq(d, theta)  Llama RoPE frequencies (rotate-half convention), fp32
 
 Fused: one program rebuilds a block of chunks of one (request, head); the product, the
-rotation and the store happen in registers, so HBM sees U's rows once and K once. The default launch
-(16 chunks = 128 tokens per program, rank blocks of 32, 8 warps; the fastest correct one of the H200
-sweep in kernels/devcheck_rebuild.py, traces/engine/h200/devcheck-rebuild.json) loads SV[b, h] once per
-128 tokens; sin/cos come from the SFU after a Cody-Waite range reduction (libdevice in the interpreter).
+rotation and the store happen in registers, so HBM sees U's rows once and K once. sin/cos come
+from the SFU after a Cody-Waite range reduction (libdevice in the interpreter). Two kernels: "blocks"
+(8 chunks = 64 tokens per program, rank blocks of 64: SV[b, h] reloaded from L2 per block) and
+"resident" (about four programs per SM, each loads SV[b, h] once and loops over its blocks); "auto"
+(the default) takes resident at large B*H. Launch parameters: LAUNCH, from the H200 sweep in
+kernels/devcheck_rebuild.py (traces/engine/h200/devcheck-rebuild.json).
 """
 
 from __future__ import annotations
@@ -178,16 +180,33 @@ def _check(U, SV, idx, k_out, chunk, slot_offset):
     return B, T, R, H, d
 
 
-def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=16, rank_block=32,
-                 num_warps=8, num_stages=2, fast_rope=None, impl="blocks", programs=None):
+# launch defaults per kernel: the fastest correct ones of the H200 sweep (kernels/devcheck_rebuild.py,
+# traces/engine/h200/devcheck-rebuild.json; r=160, H=8, d=128, C=8, n=256, B 1-64, T 32K-128K)
+LAUNCH = {"blocks": dict(block_chunks=8, rank_block=64, num_warps=4, num_stages=3),
+          "resident": dict(block_chunks=4, num_warps=4, num_stages=3)}
+
+
+def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=None, rank_block=None,
+                 num_warps=None, num_stages=None, fast_rope=None, impl="auto", programs=None):
     """impl "blocks": block_chunks chunks of one (request, head) per program, the rank in blocks of
-    rank_block; "resident": about `programs` programs (default two per SM), each loads SV[b, h] once
-    and runs over blocks of block_chunks chunks. fast_rope (default: on CUDA) takes sin/cos from the
-    SFU after the range reduction."""
+    rank_block; "resident": at most `programs` programs (default 4 per SM, what fits at once) or
+    one per (request, head), each loads SV[b, h] once and runs over blocks of block_chunks chunks;
+    "auto": resident once B*H >= 2 per SM (18% faster at B=64, even at B=16 and slower at B=1 in
+    the sweep), else blocks. Launch
+    parameters left None take LAUNCH[impl]. fast_rope (default: on CUDA) takes sin/cos from the SFU
+    after the range reduction."""
     B, T, R, H, d = _check(U, SV, idx, k_out, chunk, slot_offset)
     n = idx.shape[2]
     if n == 0 or B * H == 0:
         return k_out
+    sms = torch.cuda.get_device_properties(U.device).multi_processor_count if U.is_cuda else 4
+    if impl == "auto":
+        impl = "resident" if B * H >= 2 * sms and R >= 16 else "blocks"
+    if impl not in LAUNCH:
+        raise DDBenchError(f"impl {impl!r}: 'auto', 'blocks' or 'resident'")
+    given = dict(block_chunks=block_chunks, rank_block=rank_block, num_warps=num_warps, num_stages=num_stages)
+    kw = {k: v if given.get(k) is None else given[k] for k, v in LAUNCH[impl].items()}
+    bc = kw["block_chunks"]
     idx = idx.to(device=U.device, dtype=torch.int32).contiguous()
     inv = _inv_freq(d, rope_theta, U.device)
     fast = U.is_cuda if fast_rope is None else bool(fast_rope)
@@ -197,19 +216,16 @@ def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset
             raise DDBenchError("impl='resident' needs rank >= 16")
         r1 = 1 << (R.bit_length() - 1)
         r2 = 0 if r1 == R else max(16, triton.next_power_of_2(R - r1))
-        nblk = triton.cdiv(n, block_chunks)
-        sms = torch.cuda.get_device_properties(U.device).multi_processor_count if U.is_cuda else 4
-        per = max(1, min(nblk, triton.cdiv(programs or 2 * sms, B * H)))
+        nblk = triton.cdiv(n, bc)
+        per = max(1, min(nblk, (programs or 4 * sms) // (B * H)))    # programs per (request, head)
         tiles = triton.cdiv(nblk, per)
         _rebuild_resident_kernel[(B * H, triton.cdiv(nblk, tiles))](
-            U, SV, idx, inv, k_out, n, H, tiles, *strides, R=R, C=chunk, D=d, BC=block_chunks, R1=r1, R2=r2,
-            FAST=fast, num_warps=num_warps, num_stages=num_stages)
-    elif impl == "blocks":
-        _rebuild_kernel[(B * H, triton.cdiv(n, block_chunks))](
-            U, SV, idx, inv, k_out, n, H, *strides, R=R, C=chunk, D=d, BC=block_chunks, RB=rank_block,
-            EVEN_N=n % block_chunks == 0, FAST=fast, num_warps=num_warps, num_stages=num_stages)
+            U, SV, idx, inv, k_out, n, H, tiles, *strides, R=R, C=chunk, D=d, BC=bc, R1=r1, R2=r2,
+            FAST=fast, num_warps=kw["num_warps"], num_stages=kw["num_stages"])
     else:
-        raise DDBenchError(f"impl {impl!r}: 'blocks' or 'resident'")
+        _rebuild_kernel[(B * H, triton.cdiv(n, bc))](
+            U, SV, idx, inv, k_out, n, H, *strides, R=R, C=chunk, D=d, BC=bc, RB=kw["rank_block"],
+            EVEN_N=n % bc == 0, FAST=fast, num_warps=kw["num_warps"], num_stages=kw["num_stages"])
     return k_out
 
 

@@ -63,6 +63,23 @@ def test_rebuild_cpu_resident(n, bc, R, programs):
            impl="resident", programs=programs, num_stages=2)
 
 
+@pytest.mark.parametrize("B,H,want", [(1, 2, "blocks"), (2, 4, "resident")])
+def test_rebuild_cpu_auto_picks_by_batch_heads(B, H, want, monkeypatch):
+    """impl="auto" (the default) takes the resident kernel once B*H >= 2 per SM (4 'SMs' on CPU)."""
+    import kernels.rebuild as rb
+    used = []
+    for name, impl in (("_rebuild_kernel", "blocks"), ("_rebuild_resident_kernel", "resident")):
+        kern = getattr(rb, name)
+
+        class Spy:
+            def __getitem__(self, grid, kern=kern, impl=impl):
+                used.append(impl)
+                return kern[grid]
+        monkeypatch.setattr(rb, name, Spy())
+    _check(B, 8 * 40, 48, H, 64, 11, 3, torch.float16, "cpu", 500000.0, seed=B * H)
+    assert used == [want]
+
+
 def test_rebuild_cpu_default_launch():
     """The default launch (the engine's): n=11 is not a multiple of its block."""
     _check(1, 8 * 64, 160, 2, 128, 11, 0, torch.float16, "cpu", 500000.0, seed=5)
@@ -91,6 +108,12 @@ def test_rebuild_no_chunks_is_a_no_op():
                                 dict(impl="resident", block_chunks=16, num_warps=8, programs=64)])
 def test_rebuild_gpu_shadowkv_shapes(kw):
     _check(4, 32768, 160, 8, 128, 256, 32, torch.bfloat16, "cuda", 500000.0, seed=3, **kw)
+
+
+@pytest.mark.gpu
+def test_rebuild_gpu_auto_resident_at_large_batch():
+    """B*H = 320 >= 2 per SM: the default takes the resident kernel (n not a multiple of its block)."""
+    _check(40, 8192, 160, 8, 128, 254, 16, torch.bfloat16, "cuda", 500000.0, seed=40)
 
 
 @pytest.mark.gpu
