@@ -3,7 +3,10 @@ chunks carry the same probabilities as torch.topk's (ties may pick other equal c
 and ascending, and every output slot is written (poisoned output). The top-k kernels (streaming and
 the whole-row bit search) against their exact twin `topk_from_scratch_ref` (same fp32 probabilities,
 order (probability desc, id asc)): bit-for-bit equal ids, ties included, N not a power of two, k == N,
-group sizes 1..8, one or two query tokens, blocks small enough to force several cuts of the buffer."""
+group sizes 1..8, one or two query tokens, blocks small enough to force several cuts of the buffer.
+The two-stage "seg" kernel (per-segment exact top-k, then one merge per row; radix, binary and 5-ary
+searches) likewise: segments shorter than k (kept whole), k close to N, N not a multiple of the
+segment, one segment, tie-heavy rows."""
 
 import pytest
 import torch
@@ -40,16 +43,93 @@ def _scratch(B, H, nq, G, N, n_split, g, dev="cpu", ties=False, scale=3.0):
     return sc.reshape(-1).contiguous().to(dev), pml.reshape(-1).contiguous().to(dev)
 
 
-def _check_topk(B, H, nq, G, N, k, n_split, seed, dev="cpu", ties=False, **kw):
+def _check_topk(B, H, nq, G, N, k, n_split, seed, dev="cpu", ties=False, seg=64, **kw):
     g = torch.Generator().manual_seed(seed)
     sc, pml = _scratch(B, H, nq, G, N, n_split, g, dev, ties)
     want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, G, N, k)
-    for method, search in (("stream", "binary"), ("stream", "5ary"), ("bits", "binary")):
+    for method, search in (("stream", "binary"), ("stream", "5ary"), ("bits", "binary"), ("seg", None)):
         out = _poisoned((B, nq, H, k), dev)
-        got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method, search=search, **kw)
+        extra = dict(seg=seg) if method == "seg" else kw
+        got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method, search=search, **extra)
         assert got.data_ptr() == out.data_ptr()
         assert torch.equal(got, want), (method, search, (got != want).sum())
     return want
+
+
+def _check_seg(B, H, nq, G, N, k, seg, seed, ties=False, searches=("bisect",), n_split=3, slots=None):
+    g = torch.Generator().manual_seed(seed)
+    sc, pml = _scratch(B, H, nq, G, N, n_split, g, "cpu", ties)
+    want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, G, N, k)
+    for search in searches:
+        out = _poisoned((B, nq, H, k), "cpu")
+        got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg", search=search, seg=seg,
+                                           slots=slots)
+        assert got.data_ptr() == out.data_ptr()
+        assert torch.equal(got, want), (search, (got != want).sum())
+    return want
+
+
+@pytest.mark.parametrize("B,H,nq,G,N,k,seg,ties", [
+    (2, 2, 2, 4, 1000, 50, 128, False),     # N not a multiple of the segment (last one 104 long)
+    (1, 2, 1, 4, 1000, 50, 128, True),      # nq = 1, tie-heavy
+    (1, 2, 2, 4, 1000, 200, 128, True),     # k > segment: every segment kept whole, merge over N
+    (1, 1, 2, 4, 700, 100, 128, False),     # k < segment < 2k; last segment (60) shorter than k
+    (1, 2, 2, 1, 517, 510, 64, False),      # k close to N, G = 1
+    (1, 1, 2, 8, 600, 600, 256, True),      # k == N, G = 8, ties
+    (1, 1, 1, 8, 301, 37, 512, True),       # one segment longer than N (N = 300 with this seed: the twin's
+                                            # torch.exp2 and the interpreter's differ by one ulp at the cut)
+    (2, 1, 2, 3, 333, 1, 32, False),        # k = 1, G not a power of two, many segments
+    (1, 1, 1, 4, 256, 255, 16, True),       # 16 segments of 16, k = N - 1
+])
+def test_seg_topk_matches_twin(B, H, nq, G, N, k, seg, ties):
+    _check_seg(B, H, nq, G, N, k, seg, seed=N + 7 * k + seg, ties=ties)
+
+
+@pytest.mark.parametrize("search", ["radix", "binary", "5ary"])
+def test_seg_topk_other_searches(search):
+    """The same two stages with an exact top-k per segment (radix select, binary or 5-ary search) in
+    place of the coarse cut and the bisection."""
+    _check_seg(1, 2, 2, 4, 700, 90, 128, seed=3, ties=True, searches=(search,))
+    _check_seg(1, 1, 2, 4, 300, 40, 64, seed=4, searches=(search,))
+
+
+@pytest.mark.parametrize("slots", [40, 41, 97, 600])
+def test_seg_topk_candidate_slots(slots):
+    """Stage 1's coarse cut with as many slots as k (it must cut exactly), one more, many (whole
+    segments kept below 600): the merge is exact either way."""
+    _check_seg(1, 2, 2, 4, 1100, 40, 256, seed=slots, slots=slots)
+    _check_seg(1, 1, 2, 4, 1100, 40, 256, seed=slots + 1, ties=True, slots=slots)
+
+
+def test_seg_topk_all_equal_and_zeros():
+    """Rows whose probabilities are all equal (every chunk ties at the threshold: lowest ids win) and
+    rows that underflow to exactly 0 for most chunks."""
+    B, H, nq, G, N, k, seg = 1, 2, 2, 4, 300, 70, 64
+    GP, BLOCK_M = 4, 16
+    g = torch.Generator().manual_seed(9)
+    sc = torch.full((B * H, BLOCK_M, N), 1.25)
+    sc[1] = torch.randn(BLOCK_M, N, generator=g) * 80           # head 1: most probabilities underflow to 0
+    pm = sc.amax(-1)[:, None, :].expand(B * H, 2, BLOCK_M).clone()
+    pl = torch.rand(B * H, 2, BLOCK_M, generator=g) * 50 + 1
+    pml = torch.stack([pm, pl], -1).reshape(-1).contiguous()
+    sc = sc.reshape(-1).contiguous()
+    want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, G, N, k)
+    assert torch.equal(want[:, :, 0], torch.arange(k, dtype=torch.int32).expand(B, nq, k))   # all tied: ids 0..k-1
+    for search in ("bisect", "radix"):
+        out = _poisoned((B, nq, H, k), "cpu")
+        assert torch.equal(fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg",
+                                                        search=search, seg=seg), want)
+
+
+def test_seg_geometry():
+    """Default segments: long (fewer candidates to merge) when the rows alone fill the GPU, short
+    when there are few rows; the merge's candidates fit its register budget at the engine's shapes."""
+    dev = torch.device("cpu")                 # 4 'SMs' off the GPU
+    seg, S, KK, CP = fastselect._seg_geometry(1, 1, 1, 16384, 256, None, dev)
+    assert seg * S >= 16384 and KK == 512 and CP == triton.next_power_of_2(S * KK) <= fastselect.MAX_MERGE
+    assert fastselect._seg_geometry(1, 1, 1, 100, 256, None, dev)[:3] == (128, 1, 128)   # k > N's segment
+    assert fastselect._seg_geometry(64, 8, 2, 16384, 256, 1024, dev)[:3] == (1024, 16, 512)
+    assert fastselect._seg_geometry(64, 8, 2, 16384, 256, 1024, dev, slots=300)[:3] == (1024, 16, 300)
 
 
 @pytest.mark.parametrize("B,H,nq,G,N,k,blk", [
@@ -156,12 +236,13 @@ def test_topk_kernels_gpu(B, nq, N, k, ties):
         lm = torch.randn(B, H, N, d, device="cuda", generator=g).bfloat16()
         sc, pml, _ = fastselect._landmark_pass1(q, lm)
     outs = []
-    for method in ("stream", "bits"):
+    for method in ("stream", "bits", "seg", None):
         out = _poisoned((B, nq, H, k), "cuda")
         fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method)
         outs.append(out)
     if not ties:   # exact ties at the threshold may break apart on last-bit differences between kernels
-        assert torch.equal(outs[0], outs[1])
+        for o in outs[1:]:
+            assert torch.equal(outs[0], o)
     p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)          # [B*H, nq, N]
     want = p.topk(k, dim=-1).values.sort(-1).values
     for out in outs:
@@ -169,3 +250,26 @@ def test_topk_kernels_gpu(B, nq, N, k, ties):
         got = out.transpose(1, 2).reshape(B * H, nq, k).long()
         have = p.gather(-1, got).sort(-1).values
         torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,nq,G,N,k,seg,ties", [(2, 2, 4, 16384, 256, None, False), (1, 1, 4, 4096, 256, 512, True),
+                                                  (2, 2, 8, 5000, 700, 1024, True), (1, 2, 4, 3000, 2999, 256, False),
+                                                  (1, 2, 1, 16384, 4096, 2048, True)])
+def test_seg_topk_gpu(B, nq, G, N, k, seg, ties):
+    """The seg kernel on the GPU against the twin: the chosen chunks' probabilities are the top-k's,
+    ids distinct and ascending, every slot written; bit-for-bit equal ids where there are no exact ties."""
+    H = 8
+    sc, pml = _scratch(B, H, nq, G, N, 5, torch.Generator().manual_seed(N + k), "cuda", ties=ties)
+    p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)
+    want = p.topk(k, dim=-1).values.sort(-1).values
+    for search in ("bisect", "radix", "binary"):
+        out = _poisoned((B, nq, H, k), "cuda")
+        fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg", seg=seg, search=search)
+        assert (out.diff(dim=-1) > 0).all() and int(out.min()) >= 0
+        got = out.transpose(1, 2).reshape(B * H, nq, k).long()
+        torch.testing.assert_close(p.gather(-1, got).sort(-1).values, want, rtol=1e-5, atol=1e-12)
+        if not ties:
+            bits = _poisoned((B, nq, H, k), "cuda")
+            fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=bits, method="bits")
+            assert torch.equal(out, bits)

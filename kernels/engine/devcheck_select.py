@@ -280,5 +280,161 @@ def main(argv):
     return 1 if fails else 0
 
 
+# --- the two-stage "seg" top-k against the stream / bits kernels (issue: faster exact top-k) ---------
+#     PYTHONPATH=. python3 -m kernels.engine.devcheck_select topk [out.json]
+# Pass-1 output of random bf16 queries / landmarks (Llama-3-8B: 32 query heads, 8 KV heads, d 128),
+# k = 256, N = 16384 (128K) and 4096 (32K), batch 1 / 16 / 64, one and two query tokens. First, in
+# parallel processes, one launch of every variant (fills Triton's disk cache: compiles dominate a cold
+# run); then, in this process, each variant timed as above (graph, L2 flush, REPS replays) against the
+# byte floor: the scratch rows read once (B * H * nq * G * N fp32) at the HBM copy rate measured here.
+# Also pass 1 with more splits (min split 256 chunks instead of 1024) and the top-k on its output.
+
+TOPK_POINTS = [(N, B, nq) for N in (16384, 4096) for B in (1, 16, 64) for nq in (2, 1)]
+SEG_SWEEP = {(16384, 1, 2), (16384, 16, 2), (16384, 64, 2), (4096, 1, 2), (4096, 16, 2), (4096, 64, 2),
+             (16384, 1, 1), (4096, 1, 1)}
+
+
+def _splits(N, B, H, min_split):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return max(1, min(triton.cdiv(4 * sms, B * H), N // min_split))
+
+
+def _topk_inputs(N, B, nq, min_split=1024, seed=0):
+    from kernels.engine import fastselect
+    g = torch.Generator(device="cuda").manual_seed(seed + N + B + nq)
+    q = torch.randn(B, nq, 32, 128, device="cuda", generator=g).bfloat16()
+    lm = torch.randn(B, 8, N, 128, device="cuda", generator=g).bfloat16()
+    sc, pml, G = fastselect._landmark_pass1(q, lm, splits=_splits(N, B, 8, min_split))
+    return q, lm, sc, pml, G
+
+
+def _topk_variants(N, B, nq):
+    v = [("bits", dict(method="bits")), ("stream", dict(method="stream")), ("seg", dict(method="seg"))]
+    if (N, B, nq) in SEG_SWEEP:
+        v += [(f"seg{s}", dict(method="seg", seg=s)) for s in (512, 1024, 2048, 4096)]
+        v += [("seg radix", dict(method="seg", search="radix")), ("seg binary", dict(method="seg", search="binary")),
+              ("seg slots 384", dict(method="seg", slots=384)), ("seg slots 1024", dict(method="seg", slots=1024))]
+    return v
+
+
+def _seg_stage1(sc, pml, B, H, nq, G, N, k):
+    """Stage 1 of the default "seg" alone (for the split of its time between the stages)."""
+    from kernels.engine import fastselect as fs
+    GP = triton.next_power_of_2(G)
+    BM = max(16, triton.next_power_of_2(nq * GP))
+    n_split = pml.numel() // (2 * B * H * BM)
+    seg, S, KK, CP = fs._seg_geometry(B, H, nq, N, k, None, sc.device)
+    rows = B * H * nq
+    cb = torch.empty(rows * S * KK, device="cuda", dtype=torch.int32)
+    ci = torch.empty_like(cb)
+    info = torch.empty(rows * S * 2, device="cuda", dtype=torch.int32)
+    return lambda: fs._seg_topk_kernel[(rows, S)](sc, pml, cb, ci, info, N, H, G, nq, n_split, k, KK, S, GP=GP,
+                                                  BLOCK_M=BM,
+                                                  SP=triton.next_power_of_2(n_split), SEG=seg, SEARCH=0,
+                                                  num_warps=4 if seg <= 2048 else 8)
+
+
+def _warm_worker(points):
+    from kernels.engine import fastselect
+    for N, B, nq in points:
+        for ms in (1024, 256):
+            q, lm, sc, pml, G = _topk_inputs(N, B, nq, ms)
+            vs = _topk_variants(N, B, nq) if ms == 1024 else [("seg", dict(method="seg"))]
+            for _, kw in vs:
+                fastselect.topk_from_scratch(sc, pml, B, 8, nq, G, N, 256, **kw)
+            if ms == 1024:
+                _seg_stage1(sc, pml, B, 8, nq, G, N, 256)()
+            torch.cuda.synchronize()
+            del q, lm, sc, pml
+    return len(points)
+
+
+def topk_main(argv):
+    import multiprocessing as mp
+    from kernels.engine import fastselect
+    from kernels.engine.devcheck_select import _warm_worker     # by module name (spawned processes)
+    from kernels.timing import provenance
+    path = argv[0] if argv else os.path.join(os.environ.get("OUT", "."), "devcheck-topk.json")
+    res = dict(schema=1, what="engine chunk-selection top-k: two-stage 'seg' against 'stream' / 'bits'",
+               provenance=provenance("PYTHONPATH=. python3 -m kernels.engine.devcheck_select topk"),
+               reps=REPS, k=256, H=8, G=4, timing=[], checks=[])
+    log(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    # warm Triton's cache in parallel (one process per point)
+    warm = os.environ.get("TOPK_WARM", "1")     # 0: the cache is warm already; only: warm it and stop
+    if warm != "0":
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(min(12, len(TOPK_POINTS))) as pool:
+            pool.map(_warm_worker, [[p] for p in TOPK_POINTS], chunksize=1)
+        log("compiled (parallel warm-up done)")
+        if warm == "only":
+            return 0
+    # HBM copy rate
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    tc = device_time(lambda: y.copy_(x))
+    hbm = 2 * x.numel() / (tc[1] * 1e-6)
+    del x, y
+    res["hbm_copy_gbps"] = hbm / 1e9
+    log(f"HBM copy (1 GiB read + write): {tc[1]:.1f} us median, {hbm / 1e9:.0f} GB/s")
+    fails = 0
+
+    def dump():
+        res["fails"] = fails
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+    H, k = 8, 256
+    for N, B, nq in TOPK_POINTS:
+        if time.time() - T0 > float(os.environ.get("TOPK_GUARD_S", "200")):
+            log("time guard: stopping the timing here")
+            break
+        q, lm, sc, pml, G = _topk_inputs(N, B, nq)
+        floor = B * H * nq * G * N * 4 / hbm * 1e6
+        line = dict(N=N, context=N * 8, B=B, nq=nq, floor_us=floor, n_split=pml.numel() // (2 * B * H * 16),
+                    seg=fastselect._seg_geometry(B, H, nq, N, k, None, sc.device)[0])
+        outs = {}
+        for name, kw in _topk_variants(N, B, nq):
+            out = torch.full((B, nq, H, k), -7, dtype=torch.int32, device="cuda")
+            t = device_time(lambda: fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, **kw))
+            outs[name] = out
+            line[name] = t
+        line["seg stage 1"] = device_time(_seg_stage1(sc, pml, B, H, nq, G, N, k))
+        same = {n: bool(torch.equal(o, outs["bits"])) for n, o in outs.items()}
+        p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)
+        want = p.topk(k, dim=-1).values.sort(-1).values
+        got = outs["seg"].transpose(1, 2).reshape(B * H, nq, k).long()
+        probs_ok = bool(torch.allclose(p.gather(-1, got).sort(-1).values, want, rtol=1e-5, atol=1e-12)) \
+            and bool((outs["seg"].diff(dim=-1) > 0).all())
+        fails += not (all(same.values()) and probs_ok)
+        res["checks"].append(dict(N=N, B=B, nq=nq, same_ids_as_bits=same, seg_topk_probs=probs_ok))
+        del p, want, got
+        # pass 1 with min split 256 (more programs at small batch), and the seg top-k on its output
+        s_old, s_new = _splits(N, B, H, 1024), _splits(N, B, H, 256)
+        line["pass1_splits"] = [s_old, s_new]
+        line["pass1 (min split 1024)"] = device_time(lambda: fastselect._landmark_pass1(q, lm, splits=s_old))
+        if s_new != s_old:
+            line["pass1 (min split 256)"] = device_time(lambda: fastselect._landmark_pass1(q, lm, splits=s_new))
+            sc2, pml2, _ = fastselect._landmark_pass1(q, lm, splits=s_new)
+            out = torch.empty(B, nq, H, k, dtype=torch.int32, device="cuda")
+            line["seg (pass1 min split 256)"] = device_time(
+                lambda: fastselect.topk_from_scratch(sc2, pml2, B, H, nq, G, N, k, out=out, method="seg"))
+            line["seg ids equal across pass-1 splits"] = bool(torch.equal(out, outs["seg"]))
+            del sc2, pml2
+        res["timing"].append(line)
+        msg = " | ".join(f"{n} {line[n][1]:.1f} ({line[n][1] / floor:.2f}x)" for n, _ in _topk_variants(N, B, nq))
+        log(f"N={N} B={B} nq={nq} floor {floor:.1f} us seg={line['seg']} | {msg} | stage1 {line['seg stage 1'][1]:.1f}"
+            f" | same ids {same} probs {probs_ok} | pass1 {s_old}->{s_new} splits: "
+            f"{line['pass1 (min split 1024)'][1]:.1f} -> {line.get('pass1 (min split 256)', [0, float('nan')])[1]:.1f} us,"
+            f" seg after {line.get('seg (pass1 min split 256)', [0, float('nan')])[1]:.1f}")
+        dump()
+        del q, lm, sc, pml
+        torch.cuda.empty_cache()
+    dump()
+    log(f"failures: {fails}; wrote {path}")
+    return 1 if fails else 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["topk"]:
+        sys.exit(topk_main(sys.argv[2:]))
     sys.exit(main(sys.argv[1:]))

@@ -49,6 +49,9 @@ from kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
 
 MAX_CAP = 8192          # candidate buffer (entries) of the stream kernel; larger k: bits
 STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see kernels/engine/README.md)
+MAX_MERGE = 16384       # "seg": most candidates (power of two) stage 2 holds in registers; more: bits
+SEG_MAX = 2048          # "seg": longest segment (chunks) of stage 1
+SEG_PROGRAMS = 8        # "seg": segments halve until stage 1 would have fewer than this many programs per SM
 
 
 @triton.jit
@@ -207,6 +210,160 @@ def _stream_topk_kernel(scratch, pml, out, buf, N, H, G, NQ, n_split, K,
     tl.store(ob + pos, vi, mask=take)
 
 
+@triton.jit
+def _radix_digit(vb, pre, kk, SH: tl.constexpr, W: tl.constexpr):
+    """One digit of the radix select: among the entries whose bits above SH + W equal `pre`, the digit
+    (bits SH .. SH + W - 1) of the kk-th largest, from one 256-bin histogram. Entries that do not match
+    (and empty ones, -1) are counted in bin 0, which is never above the chosen digit, so they change
+    neither the digit nor the count above it."""
+    bins = tl.arange(0, 256)
+    match = (vb >> (SH + W)) == pre
+    h = tl.histogram(tl.where(match, (vb >> SH) & ((1 << W) - 1), 0), 256)
+    ge = tl.cumsum(h, 0, reverse=True)              # matching entries with digit >= d (bin 0: all entries)
+    ok = ge >= kk                                   # a prefix [0, digit] of the bins
+    x = tl.sum(ok.to(tl.int32) + (tl.where(ok, 0, h) << 9), 0)
+    return (pre << W) | ((x & 511) - 1), kk - (x >> 9)
+
+
+@triton.jit
+def _take_at(vb, thr, need):
+    """The entries above `thr` and the first `need` equal to it (position order): (mask, rank in
+    position order), with one scan of both running counts (fewer than 65536 entries)."""
+    gt = vb > thr
+    eq = vb == thr
+    c = tl.cumsum(eq.to(tl.int32) + (gt.to(tl.int32) << 16), 0)
+    er = c & 0xFFFF
+    return gt | (eq & (er <= need)), (c >> 16) + tl.minimum(er, need) - 1
+
+
+@triton.jit
+def _bisect(vb, K, lo, hi, cnt, STOP):
+    """Bisection on the bits: from count(vb >= lo) = cnt >= K and the K-th largest <= hi, raise lo
+    (the largest value with count(vb >= lo) >= K, i.e. the K-th largest, once lo == hi) and stop early
+    as soon as count(vb >= lo) <= STOP. One reduction per step. Returns (lo, count(vb >= lo))."""
+    while (lo < hi) & (cnt > STOP):
+        w = hi - lo
+        mid = lo + (w >> 1) + (w & 1)                  # in (lo, hi], no int32 overflow
+        c = tl.sum((vb >= mid).to(tl.int32), 0)
+        up = c >= K
+        lo = tl.where(up, mid, lo)
+        cnt = tl.where(up, c, cnt)
+        hi = tl.where(up, hi, mid - 1)
+    return lo, cnt
+
+
+@triton.jit
+def _select_topk(vb, K, SEARCH: tl.constexpr):
+    """Top-K of `vb` (non-negative int32 bits, -1 = empty, at least K entries non-empty, fewer than 32768
+    entries) in the order (value desc, position asc): (mask of the taken entries, their rank in position
+    order). SEARCH 0: bisection from [0, max] with an early stop at count == K; 1: radix select from
+    the top, digits of 8 / 8 / 8 / 7 bits (one 256-bin histogram each); 2: 31-step binary search on the
+    bits; 3: 5-ary packed-count search (`_take_topk`)."""
+    if SEARCH == 0:
+        hi = tl.max(vb, 0)
+        thr, cnt = _bisect(vb, K, tl.zeros([], tl.int32), hi, tl.sum((vb >= 0).to(tl.int32), 0), K)
+        take, pos = _take_at(vb, thr, K - tl.sum((vb > thr).to(tl.int32), 0))
+    elif SEARCH == 1:
+        pre = tl.zeros([], tl.int32)
+        kk = tl.zeros([], tl.int32) + K
+        pre, kk = _radix_digit(vb, pre, kk, 23, 8)
+        pre, kk = _radix_digit(vb, pre, kk, 15, 8)
+        pre, kk = _radix_digit(vb, pre, kk, 7, 8)
+        thr, need = _radix_digit(vb, pre, kk, 0, 7)  # thr: the K-th largest; need: how many equal to it
+        take, pos = _take_at(vb, thr, need)
+    else:
+        thr, take, pos = _take_topk(vb, K, SEARCH == 3)
+    return take, pos
+
+
+@triton.jit
+def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, KK, S,
+                     GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, SEG: tl.constexpr,
+                     SEARCH: tl.constexpr):
+    """Stage 1 of "seg": one program per (row, segment of SEG chunks): the segment's group-max
+    probabilities in registers, and a candidate set that contains the segment's top-K in the
+    contract's order, at most KK entries, written (bits, chunk id) in id order to the segment's KK
+    slots; (count, lower bound T) to cinfo. SEARCH 0: a coarse cut, every chunk >= T where T is
+    raised by bisection only until at most KK chunks remain >= T (at least K do; with exact ties all
+    the way down, T is the K-th largest and its ties are cut by id); other SEARCH: the exact top-K."""
+    row = tl.program_id(0)              # (b * H + h) * NQ + t
+    s = tl.program_id(1)
+    t = row % NQ
+    bh = row // NQ
+    gg = tl.arange(0, GP)
+    gv = gg < G
+    mv = tl.zeros([GP], tl.float32)
+    iv = tl.zeros([GP], tl.float32)
+    for g in tl.static_range(GP):
+        if g < G:
+            m, inv = _row_norm(pml, bh, n_split, t * GP + g, BLOCK_M, SP)
+            mv = tl.where(gg == g, m, mv)
+            iv = tl.where(gg == g, inv, iv)
+    sb = scratch + bh.to(tl.int64) * BLOCK_M * N + (t * GP + gg).to(tl.int64)[:, None] * N
+    n = s * SEG + tl.arange(0, SEG)
+    nv = n < N
+    x = tl.load(sb + n[None, :], mask=gv[:, None] & nv[None, :], other=float("-inf"))
+    e = tl.exp2(x - mv[:, None]) * iv[:, None]             # rows g >= G: exp2(-inf) * 0 = 0
+    bits = tl.where(nv, tl.max(e, 0).to(tl.int32, bitcast=True), -1)
+    ci = (row * S + s).to(tl.int64)
+    cb = ci * KK
+    nval = tl.minimum(N - s * SEG, SEG)
+    if nval <= KK:                      # short segment: keep it whole
+        j = tl.arange(0, SEG)
+        tl.store(cbits + cb + j, bits, mask=nv)
+        tl.store(cids + cb + j, n, mask=nv)
+        tl.store(cinfo + 2 * ci, nval)
+        tl.store(cinfo + 2 * ci + 1, 0)
+    else:
+        if SEARCH == 0:
+            thr, cnt = _bisect(bits, K, tl.zeros([], tl.int32), tl.zeros([], tl.int32) + 2147483647, nval, KK)
+            if cnt <= KK:
+                take = bits >= thr
+                pos = tl.cumsum(take.to(tl.int32), 0) - 1
+            else:                       # ties at the K-th largest: cut them by id
+                take, pos = _take_at(bits, thr, K - tl.sum((bits > thr).to(tl.int32), 0))
+                cnt = tl.zeros([], tl.int32) + K
+        else:
+            take, pos = _select_topk(bits, K, SEARCH)
+            cnt = tl.zeros([], tl.int32) + K
+            thr = tl.zeros([], tl.int32)
+        tl.store(cbits + cb + pos, bits, mask=take)
+        tl.store(cids + cb + pos, n, mask=take)
+        tl.store(cinfo + 2 * ci, cnt)
+        tl.store(cinfo + 2 * ci + 1, thr)
+
+
+@triton.jit
+def _merge_topk_kernel(cbits, cids, cinfo, out, H, NQ, K, KK, S,
+                       CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr):
+    """Stage 2 of "seg": one program per row, the exact top-K of its segments' candidates (in id order,
+    so position order is id order), ids written ascending. SEARCH 0: bisection between the largest
+    segment bound T (count >= K above it) and the largest candidate, stopping at count == K."""
+    row = tl.program_id(0)
+    t = row % NQ
+    bh = row // NQ
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, CP)
+    sg = i // KK
+    sv = sg < S
+    ib = row.to(tl.int64) * S
+    cnt = tl.load(cinfo + 2 * (ib + sg), mask=sv, other=0)
+    valid = sv & (i - sg * KK < cnt)
+    cb = ib * KK
+    vb = tl.load(cbits + cb + i, mask=valid, other=-1)
+    vi = tl.load(cids + cb + i, mask=valid, other=0)
+    if SEARCH == 0:
+        ss = tl.arange(0, SP2)
+        lo = tl.max(tl.load(cinfo + 2 * (ib + ss) + 1, mask=ss < S, other=0), 0)
+        thr, c = _bisect(vb, K, lo, tl.max(vb, 0), tl.sum((vb >= lo).to(tl.int32), 0), K)
+        take, pos = _take_at(vb, thr, K - tl.sum((vb > thr).to(tl.int32), 0))
+    else:
+        take, pos = _select_topk(vb, K, SEARCH)
+    ob = out + ((b * NQ + t) * H + h).to(tl.int64) * K
+    tl.store(ob + pos, vi, mask=take)
+
+
 def _geometry(B, H, nq, G, N, k, blk, num_warps, device):
     """Block length and warps of the stream kernel: long blocks and more warps when there are too few
     programs to fill the GPU (each program then needs more bytes in flight)."""
@@ -220,8 +377,24 @@ def _geometry(B, H, nq, G, N, k, blk, num_warps, device):
     return blk, num_warps
 
 
+def _seg_geometry(B, H, nq, N, k, seg, device, slots=None):
+    """Segment length of "seg" (a power of two): at least 4 k (stage 1 then passes at most a quarter of
+    the row to stage 2), doubled up to SEG_MAX while stage 1 keeps SEG_PROGRAMS programs per SM (fewer,
+    longer segments: fewer candidates to merge)."""
+    rows = B * H * nq
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    if seg is None:
+        seg = max(256, triton.next_power_of_2(4 * k))
+        while seg < SEG_MAX and rows * triton.cdiv(N, 2 * seg) >= SEG_PROGRAMS * sms:
+            seg *= 2
+    seg = max(16, min(triton.next_power_of_2(seg), triton.next_power_of_2(N)))
+    S = triton.cdiv(N, seg)
+    KK = min(seg, max(k, slots or 2 * k))      # candidate slots per segment (the coarse cut leaves k..KK)
+    return seg, S, KK, triton.next_power_of_2(S * KK)
+
+
 def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None,
-                      search="binary"):
+                      search=None, seg=None, slots=None):
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
@@ -230,6 +403,27 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
     if out is None:
         out = torch.empty(B, nq, H, k, device=scratch.device, dtype=torch.int32)
     SP = triton.next_power_of_2(n_split)
+    if method is None or method == "seg":
+        seg, S, KK, CP = _seg_geometry(B, H, nq, N, k, seg, scratch.device, slots)
+        if method is None:
+            method = "seg" if CP <= MAX_MERGE else "bits"
+    if method == "seg":
+        if CP > MAX_MERGE:
+            raise ValueError(f"seg top-k: {S} segments x {KK} candidates exceed {MAX_MERGE}; use method='bits'")
+        sv = {None: 0, "bisect": 0, "radix": 1, "binary": 2, "5ary": 3}[search]
+        rows = B * H * nq
+        cbits = torch.empty(rows * S * KK, device=scratch.device, dtype=torch.int32)
+        cids = torch.empty(rows * S * KK, device=scratch.device, dtype=torch.int32)
+        cinfo = torch.empty(rows * S * 2, device=scratch.device, dtype=torch.int32)
+        _seg_topk_kernel[(rows, S)](scratch, pml, cbits, cids, cinfo, N, H, G, nq, n_split, k, KK, S,
+                                    GP=GP, BLOCK_M=BLOCK_M, SP=SP, SEG=seg, SEARCH=sv,
+                                    num_warps=num_warps or max(1, min(4, seg // 64)) * (2 if seg > 2048 else 1))
+        _merge_topk_kernel[(rows,)](cbits, cids, cinfo, out, H, nq, k, KK, S, CP=CP,
+                                    SP2=triton.next_power_of_2(S), SEARCH=sv,
+                                    num_warps=16 if CP >= 8192 else max(1, min(8, CP // 256)))
+        return out
+    if search not in (None, "binary", "5ary"):
+        raise ValueError(f"unknown search {search!r} for method {method!r}")
     blk, nw = _geometry(B, H, nq, G, N, k, blk, num_warps, scratch.device)
     cap = triton.next_power_of_2(k + blk)
     if method is None:
