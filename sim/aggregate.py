@@ -9,6 +9,8 @@ either by the link or by the compute path:
               gather, the host CPU stage is a second pipeline bound
   T_compute = LM head + sum over layers of
               (pre + max(key rebuild, exposed transfer) + attention + post) * slowdown
+              (plan.ur_serial: key rebuild + exposed transfer, the fetch being in the compute
+              stream's order)
   exposed transfer of layer i (the wait between its true index and its attention):
     - no prefetch: the urgent fetch itself (nothing else is on the link)
     - with priority: the urgent fetch, stretched by the measured urgent slowdown while the
@@ -110,6 +112,9 @@ def aggregate_step(plan: StepPlan) -> AggStep:
             exposed = u
         if plan.ur_min_s and u > 0:
             exposed = max(exposed, plan.ur_min_s[i])
+        if plan.ur_serial and u > 0:   # the fetch is in the compute stream's order: the rebuild follows it
+            total += (plan.pre[i] + plan.mid[i] + plan.att[i] + plan.post[i]) * s_bg + exposed
+            continue
         total += (plan.pre[i] + plan.att[i] + plan.post[i]) * s_bg + max(mid, exposed)
     if sysx.prefetch == "none":
         link_bound = t_link  # every transfer is already on the compute path

@@ -319,6 +319,20 @@ class CostModel:
             return 0.0
         return math.ceil(slots / (programs * in_flight)) * t
 
+    def reuse_fetch_s(self, slots: int, chunk_bytes: int, programs: int = 32, in_flight: int = 2) -> float:
+        """The decode-step engine's ShadowKV fetch of one layer (kernels/engine/engine.py, reuse branch),
+        all of it in the compute stream's order, from the bundle alone:
+        - a device copy of the previous selection's rows (`slots` x `chunk_bytes`) into a spare buffer,
+          read and written at the measured HBM copy rate (ceilings.csv, read + write counted);
+        - one gather call over every slot (hits from that spare, misses from the host): the gather's
+          fixed cost (h2d_t0_s, the startup every call of the bundle's gather pays, which
+          gather_round_s removes) plus its latency-bound walk (gather_walk_s).
+        Not in it (not measured by the bundle): the small kernels that match the two selections
+        (kernels/indexsets.reuse_plan) and any gain of a round whose chunks all come from GPU memory."""
+        copy_bytes = slots * chunk_bytes
+        t0 = self.link_rates("gpu", chunk_bytes).h2d_t0_s if self.bundle is not None else 0.0
+        return 2 * copy_bytes / self.hbm + t0 + self.gather_walk_s(slots, chunk_bytes, programs, in_flight)
+
     def link_rates(self, gather: str, chunk_bytes: int) -> LinkRates:
         key = ("link", gather, chunk_bytes)
         if key in self._cache:

@@ -7,7 +7,8 @@ and the per-step aggregate (sim/aggregate.py) are built on it.
 Per layer i of a step, for a batch of b requests:
   pre[i]   qkv projection (M = b * q tokens) + selection (landmark scoring, or a scan of the
            quantized key copy); the true index of layer i is known at its end
-  mid[i]   low-rank key rebuild where layer i keeps low-rank keys (overlaps the urgent fetch)
+  mid[i]   low-rank key rebuild where layer i keeps low-rank keys (overlaps the urgent fetch, unless
+           plan.ur_serial: then it follows it)
   att[i]   attention over the sparse working set (or the whole context where KV stays on the GPU)
   post[i]  output projection and gated MLP
   link     prefetch bytes (the predicted selection, budget B per request) and urgent bytes
@@ -53,8 +54,13 @@ class StepPlan:
     lowrank: frozenset = field(default_factory=frozenset)
     # per layer, the shortest time from issuing the urgent fetch to its end, whatever the link does
     # (a latency-bound gather kernel; empty = none). sim/validate.py sets it for the engine's reuse
-    # gather (CostModel.gather_walk_s); step_plan never does, so the paper replays do not use it.
+    # fetch (CostModel.reuse_fetch_s); step_plan never does, so the paper replays do not use it.
     ur_min_s: list = field(default_factory=list)
+    # the urgent fetch runs in the compute stream's order (its kernels on the compute stream, not a
+    # side stream): the key rebuild (mid) starts when the fetch ends instead of overlapping it.
+    # sim/validate.py sets it for the engine's reuse fetch (kernels/engine/engine.py runs it on the
+    # compute stream); step_plan never does (a real ShadowKV rebuilds keys while values arrive).
+    ur_serial: bool = False
 
     @property
     def layers(self) -> int:

@@ -6,7 +6,8 @@ Shows overlap, stalls and buffer occupancy. The schedule follows the design's sw
 - `prefetch="next-step"` (SpeCache): when layer i's selection ends, the predicted set of layer i
   for the next step is issued;
 - misses (urgent) are issued when layer i's true index is known (end of its qkv + selection) and
-  are waited for, with the layer's prefetch, before its attention;
+  are waited for, with the layer's prefetch, before its attention (with `plan.ur_serial`, a fetch
+  ordered on the compute stream, before the layer's key rebuild);
 - `urgent_priority` puts misses in the urgent class of the link; else one FIFO queue;
 - `gather="cpu"` sends each transfer through the host CPU (index_select) before the copy engine;
 - a GPU-side gather (UVA kernel) in flight slows compute by the measured factor;
@@ -116,6 +117,7 @@ def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool =
     window: list = []
     step_s, stall_s = [], []
     layer_stall = [0.0] * L
+    stall_acc = [0.0]                     # the current step's stall
     pre, mid, att, post = plan.pre, plan.mid, plan.att, plan.post
     pf_bytes, pf_work, cpu_pf = plan.pf_bytes, plan.pf_work, plan.cpu_pf_work
     ur_bytes, ur_work, cpu_ur = plan.ur_bytes, plan.ur_work, plan.cpu_ur_work
@@ -140,6 +142,24 @@ def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool =
     def seg(name, start, end, i):
         events.append(("gpu", name.format(i=i, p=i - 1), start, end))
 
+    def wait(t, s, i, job, u_job):
+        """The GPU stream at t waits for layer i's prefetch `job` and its urgent fetch `u_job` (either
+        None); the wait is counted as a stall. Returns when both are done."""
+        t_ready = t
+        if job is not None:
+            t = max(t, group.finish_time(job))
+        if u_job is not None:
+            t = max(t, group.finish_time(u_job))
+            if plan.ur_min_s:      # a latency-bound fetch kernel: no sooner than its walk
+                t = max(t, u_job.t_submit + plan.ur_min_s[i])
+        if t > t_ready:
+            stall_acc[0] += t - t_ready
+            if s >= warmup:
+                layer_stall[i] += t - t_ready
+            if record:
+                events.append(("gpu", f"L{i} stall", t_ready, t))
+        return t
+
     def proc():
         t = env.now
         # the pre-decoding step (paper §5.2) leaves the first prefetches issued
@@ -152,7 +172,7 @@ def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool =
                 prefetch(t, 0, i)
         for s in range(steps):
             t_step = t
-            stall = 0.0
+            stall_acc[0] = 0.0
             pending = pre[0]
             for i in range(L):
                 t0 = t
@@ -165,25 +185,15 @@ def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool =
                     u_job = transfer(t, ur_bytes[i], ur_work[i], cpu_ur[i], urgent_prio, "urgent")
                 if next_step:
                     prefetch(t, s + 1, i)
+                serial = u_job is not None and plan.ur_serial
+                if serial:                 # the fetch is in the compute stream's order: wait for it first
+                    t = wait(t, s, i, None, u_job)
                 if mid[i]:
                     t0 = t
                     t += comp(t, mid[i])
                     if record:
                         seg("L{i} key rebuild", t0, t, i)
-                t_ready = t
-                job = pf_done.pop((s, i), None)
-                if job is not None:
-                    t = max(t, group.finish_time(job))
-                if u_job is not None:
-                    t = max(t, group.finish_time(u_job))
-                    if plan.ur_min_s:      # a latency-bound fetch kernel: no sooner than its walk
-                        t = max(t, u_job.t_submit + plan.ur_min_s[i])
-                if t > t_ready:
-                    stall += t - t_ready
-                    if s >= warmup:
-                        layer_stall[i] += t - t_ready
-                    if record:
-                        events.append(("gpu", f"L{i} stall", t_ready, t))
+                t = wait(t, s, i, pf_done.pop((s, i), None), None if serial else u_job)
                 t0 = t
                 t += comp(t, att[i])
                 if record:
@@ -205,7 +215,7 @@ def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool =
                 group.submit(d2h, t, sum(plan.d2h_work) - (n_d2h - 1) * t0_d2h, sum(plan.d2h_bytes), False,
                              "kv out", fixed=t0_d2h)
             step_s.append(t - t_step)
-            stall_s.append(stall)
+            stall_s.append(stall_acc[0])
             if h2d is not None:
                 group.advance_to(t)
                 window.append((t, h2d.busy_s))

@@ -32,10 +32,12 @@ replayed point is one of those. Two engine-harness terms, stated per point, are 
 - `harness_ms`: the sweep harness draws forced misses on the compute stream (one kernel per layer);
   where the calibration sweep's floor phase also measured forced-miss compute-only steps, their
   difference to the own-selection steps is added to every forced-miss point's compute;
-- `walk_ms`: the engine's reuse fetch (ShadowKV) is one persistent gather of 32 programs, 2 chunks in
-  flight each, over every selected slot (hits from GPU memory, misses from the host), on the
-  critical path; it is latency-bound, so the fetch lasts at least its walk
-  (CostModel.gather_walk_s, from the bundle's 32-block gather at that chunk size).
+- `reuse_fetch_ms`: the engine's reuse fetch (ShadowKV) runs on the compute stream, on the critical
+  path: a device copy of the previous selection's values into a spare buffer (at the bundle's HBM
+  copy rate), then one persistent gather of 32 programs, 2 chunks in flight each, over every
+  selected slot (hits from that spare, misses from the host), then the layer's key rebuild. The
+  gather is latency-bound, so it lasts its fixed cost plus its walk (CostModel.reuse_fetch_s, from
+  the bundle's 32-block gather at that chunk size), and the rebuild follows it (plan.ur_serial).
 Regime of each point:
   compute-only   the engine ran without host reads (transfers = 0)
   link-bound     engine link bytes per step / engine step >= LINK_BOUND x the thin-gather rate
@@ -154,9 +156,10 @@ def scale_compute(plan, f: float):
                    post=[x * f for x in plan.post], lm_s=plan.lm_s * f)
 
 
-def reuse_walk(plan, cm, batch: int) -> list[float]:
-    """Per layer, the engine's reuse fetch as a latency-bound walk over every selected slot (see the
-    module doc); [] for designs without a reuse fetch or without transfers."""
+def reuse_fetch(plan, cm, batch: int) -> list[float]:
+    """Per layer, the engine's reuse fetch: the copy of the previous selection, the gather's fixed cost
+    and its latency-bound walk over every selected slot (see the module doc; CostModel.reuse_fetch_s);
+    [] for designs without a reuse fetch or without transfers."""
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
     sysx = plan.system
@@ -168,7 +171,7 @@ def reuse_walk(plan, cm, batch: int) -> list[float]:
     for i in range(plan.layers):
         values_only = sysx.fetch == "values" or i in plan.lowrank
         chunk_bytes = (1 if values_only else 2) * w.chunk * m.head_dim * 2
-        out.append(cm.gather_walk_s(slots, chunk_bytes, REUSE_PROGRAMS, REUSE_IN_FLIGHT) if plan.ur_bytes[i] else 0.0)
+        out.append(cm.reuse_fetch_s(slots, chunk_bytes, REUSE_PROGRAMS, REUSE_IN_FLIGHT) if plan.ur_bytes[i] else 0.0)
     return out
 
 
@@ -238,9 +241,9 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
             harness = cm.engine_harness_s(key, int(r.batch), int(r.context)) or 0.0
         f = (eng_s + harness) / plan.compute_s
         plan = scale_compute(plan, f)
-        walk = reuse_walk(plan, cm, int(r.batch))
-        if walk:
-            plan = replace(plan, ur_min_s=walk)
+        walk = reuse_fetch(plan, cm, int(r.batch))
+        if walk:   # the engine's fetch is in the compute stream's order: the key rebuild follows it
+            plan = replace(plan, ur_min_s=walk, ur_serial=True)
         tl = run_timeline(plan, steps=STEPS, warmup=WARMUP)
         sim_ms = tl.steady_step_s * 1e3
         sim_bytes = plan.h2d_bytes
@@ -251,7 +254,7 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
             miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
             regime=regime, engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
             sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=f, harness_ms=harness * 1e3,
-            walk_ms=sum(walk) * 1e3,
+            reuse_fetch_ms=sum(walk) * 1e3,
             sim_stall_ms=statistics.fmean(tl.stall_s[tl.warmup:]) * 1e3, engine_exposed_ms=r.exposed_ms,
             engine_link_bytes=eng_bytes, sim_link_bytes=sim_bytes, link_bytes_diff=sim_bytes - eng_bytes,
             engine_link_gbps=r.link_gbps, sim_link_gbps=sim_bytes / (sim_ms * 1e-3) / 1e9 if sim_ms else 0.0,
@@ -323,8 +326,10 @@ def summarize(t, skipped, meta) -> dict:
                                      if sw.get("same_run") else
                                      f"the validated points come from a separate run ({val.get('folder')})") + ".",
         "harness": "sweep-harness terms, not design costs: forced-miss draw " + harness + "; the engine's reuse fetch"
-                   " (ShadowKV) lasts at least its latency-bound walk over every slot (walk_ms, 32 programs x 2"
-                   " chunks in flight, round trip from the bundle's 32-block gather)",
+                   " (ShadowKV, on the compute stream: copy of the previous selection at the HBM copy rate, then"
+                   " one gather's fixed cost and latency-bound walk over every slot, 32 programs x 2 chunks in"
+                   " flight, round trip from the bundle's 32-block gather; the key rebuild follows it;"
+                   " reuse_fetch_ms)",
         "rule": f"link-bound: engine link GB/s >= {LINK_BOUND} x the thin-gather rate of the same run"
                 f" ({meta['thin_gather_gbps']:.1f} GB/s); compute-only: no transfers; overlap: the rest",
         "regimes": regimes,

@@ -55,3 +55,17 @@ def test_aggregate_near_the_link_bound_edge(system, batch):
     plan = step_plan(SYSTEMS[system], m, cm, Workload(context=131072), batch, 131072, hit, hit)
     tl = run_timeline(plan, steps=6, warmup=2)
     assert aggregate_step(plan).step_s == pytest.approx(tl.steady_step_s, rel=0.02)
+
+
+@pytest.mark.parametrize("batch", [2, 8, 32])
+def test_agree_on_the_engine_reuse_fetch(batch):
+    """sim/validate.py's ShadowKV replay (the engine's fetch on the compute stream, before the key
+    rebuild: plan.ur_min_s with plan.ur_serial) is charged the same by both modes."""
+    from dataclasses import replace
+    from sim import validate as v
+    cm = cost_model("llama-3-8b", "h200", "pcie5")
+    plan = v.replay_plan("shadowkv", 32768, batch, v.effective_miss(0.25, 2048, 8), True, cm)
+    plan = replace(plan, ur_min_s=v.reuse_fetch(plan, cm, batch), ur_serial=True)
+    tl = run_timeline(plan, steps=6, warmup=2)
+    assert tl.stall_s[-1] == pytest.approx(sum(plan.ur_min_s), rel=1e-6)
+    assert aggregate_step(plan).step_s == pytest.approx(tl.steady_step_s, rel=0.005)

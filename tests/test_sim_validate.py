@@ -14,6 +14,7 @@ from ddbench.core.paths import traces_dir
 from sim import validate as v
 from sim.resources import FluidGroup, FluidServer
 from sim.setup import cost_model
+from sim.aggregate import aggregate_step
 from sim.timeline import run_timeline
 
 ENGINE = str(traces_dir("engine", "h200"))
@@ -66,16 +67,47 @@ def test_reuse_walk_hand_computed():
     # 16 requests x 8 KV heads x 256 slots, 32 programs x 2 in flight: 512 rounds
     assert cm.gather_walk_s(16 * 8 * 256, 2048, 32, 2) == pytest.approx(512 * 1.7904e-6, rel=1e-4)
     assert cm.gather_walk_s(16 * 8 * 256 + 1, 2048, 32, 2) == pytest.approx(513 * 1.7904e-6, rel=1e-4)
+
+
+def test_reuse_fetch_hand_computed():
+    """The engine's ShadowKV fetch of one layer: copy of the previous selection's values (read + write
+    at the bundle's HBM copy rate, ceilings.csv 4154.3 GB/s) + the gather's fixed cost (t0, link.csv) +
+    its walk (512 rounds of 1.7904 us at batch 16)."""
+    cm = cost_model("llama-3-8b", "h200", "pcie5")
+    slots = 16 * 8 * 256
+    copy = 2 * slots * 2048 / 4154.3185e9                 # 32 MiB copied: 16.2 us
+    assert cm.reuse_fetch_s(slots, 2048, 32, 2) == pytest.approx(copy + 39.69e-6 + 512 * 1.7904e-6, rel=1e-3)
     p = v.replay_plan("shadowkv", 32768, 16, v.effective_miss(0.174, 2048, 8), True, cm)
-    walk = v.reuse_walk(p, cm, 16)
-    assert len(walk) == 32 and walk[0] == pytest.approx(512 * 1.7904e-6, rel=1e-4)
-    base = run_timeline(p, steps=4, warmup=2).steady_step_s
-    walked = run_timeline(replace(p, ur_min_s=walk), steps=4, warmup=2).steady_step_s
-    link_fetch = p.ur_work[0]                             # the fetch on the link alone (values of the misses)
-    assert walked - base == pytest.approx(32 * (walk[0] - link_fetch), rel=0.02)
-    # designs with a prefetch have no reuse walk
+    fetch = v.reuse_fetch(p, cm, 16)
+    assert len(fetch) == 32 and fetch[0] == pytest.approx(cm.reuse_fetch_s(slots, 2048), rel=1e-9)
+    # designs with a prefetch have no reuse fetch
     d = v.replay_plan("dualdecoder", 32768, 16, 0.17, True, cm)
-    assert v.reuse_walk(d, cm, 16) == []
+    assert v.reuse_fetch(d, cm, 16) == []
+
+
+@pytest.mark.parametrize("batch", [2, 16])
+def test_reuse_fetch_is_serial_with_the_key_rebuild(batch):
+    """The engine runs ShadowKV's fetch on the compute stream, before the layer's key rebuild
+    (plan.ur_serial): the whole fetch is exposed, each layer by its full length. Negative control:
+    without ur_serial the rebuild overlaps it and the step is shorter by the rebuild of every layer."""
+    cm = cost_model("llama-3-8b", "h200", "pcie5")
+    p = v.replay_plan("shadowkv", 32768, batch, v.effective_miss(0.25, 2048, 8), True, cm)
+    fetch = v.reuse_fetch(p, cm, batch)
+    base = run_timeline(p, steps=4, warmup=2)
+    serial = run_timeline(replace(p, ur_min_s=fetch, ur_serial=True), steps=4, warmup=2)
+    overlapped = run_timeline(replace(p, ur_min_s=fetch), steps=4, warmup=2)
+    assert 0 < p.mid[0] < fetch[0] and p.ur_work[0] < fetch[0]   # latency-bound: longer than the link and the rebuild
+    # serial: every layer stalls for its whole fetch; the step is the compute plus 32 fetches
+    assert serial.stall_s[-1] == pytest.approx(sum(fetch), rel=1e-6)
+    assert serial.steady_step_s == pytest.approx(p.compute_s + sum(fetch), rel=1e-6)
+    # without the fetch model the rebuild hides the link's share of the misses (or part of it)
+    base_stall = 32 * max(0.0, p.ur_work[0] - p.mid[0])
+    assert base.steady_step_s == pytest.approx(p.compute_s + base_stall, rel=1e-6)
+    # overlapped: the rebuild hides under the fetch
+    assert overlapped.steady_step_s == pytest.approx(serial.steady_step_s - sum(p.mid), rel=1e-6)
+    # the aggregate step charges the same
+    for plan, tl in ((replace(p, ur_min_s=fetch, ur_serial=True), serial), (replace(p, ur_min_s=fetch), overlapped)):
+        assert aggregate_step(plan).step_s == pytest.approx(tl.steady_step_s, rel=1e-6)
 
 
 # ------------------------------------------------------------------ two sweeps
