@@ -13,7 +13,7 @@ rotation and the store happen in registers, so HBM sees U's rows once and K once
 from the SFU after a Cody-Waite range reduction (libdevice in the interpreter). Two kernels: "blocks"
 (8 chunks = 64 tokens per program, rank blocks of 64: SV[b, h] reloaded from L2 per block) and
 "resident" (about four programs per SM, each loads SV[b, h] once and loops over its blocks); "auto"
-(the default) takes resident at large B*H. Launch parameters: LAUNCH, from the H200 sweep in
+(the default) takes resident where each program gets several blocks. Launch parameters: LAUNCH, from the H200 sweep in
 kernels/devcheck_rebuild.py (traces/engine/h200/devcheck-rebuild.json).
 """
 
@@ -191,8 +191,8 @@ def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset
     """impl "blocks": block_chunks chunks of one (request, head) per program, the rank in blocks of
     rank_block; "resident": at most `programs` programs (default 4 per SM, what fits at once) or
     one per (request, head), each loads SV[b, h] once and runs over blocks of block_chunks chunks;
-    "auto": resident once B*H >= 2 per SM (18% faster at B=64, even at B=16 and slower at B=1 in
-    the sweep), else blocks. Launch
+    "auto": resident where each program gets >= 4 blocks (so SV is reused), else blocks: on the H200
+    at n=256, resident from B=4 (it was 10-17% faster at B=16 and 64, 5% slower at B=1). Launch
     parameters left None take LAUNCH[impl]. fast_rope (default: on CUDA) takes sin/cos from the SFU
     after the range reduction."""
     B, T, R, H, d = _check(U, SV, idx, k_out, chunk, slot_offset)
@@ -200,12 +200,20 @@ def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset
     if n == 0 or B * H == 0:
         return k_out
     sms = torch.cuda.get_device_properties(U.device).multi_processor_count if U.is_cuda else 4
+    given = dict(block_chunks=block_chunks, rank_block=rank_block, num_warps=num_warps, num_stages=num_stages)
+
+    def launch(impl):
+        return {k: v if given.get(k) is None else given[k] for k, v in LAUNCH[impl].items()}
+
+    def tiles_of(bc):        # resident: blocks per program; (programs or 4 per SM) // (B*H) programs per (b, h)
+        nblk = triton.cdiv(n, bc)
+        return triton.cdiv(nblk, max(1, min(nblk, (programs or 4 * sms) // (B * H))))
+
     if impl == "auto":
-        impl = "resident" if B * H >= 2 * sms and R >= 16 else "blocks"
+        impl = "resident" if R >= 16 and tiles_of(launch("resident")["block_chunks"]) >= 4 else "blocks"
     if impl not in LAUNCH:
         raise DDBenchError(f"impl {impl!r}: 'auto', 'blocks' or 'resident'")
-    given = dict(block_chunks=block_chunks, rank_block=rank_block, num_warps=num_warps, num_stages=num_stages)
-    kw = {k: v if given.get(k) is None else given[k] for k, v in LAUNCH[impl].items()}
+    kw = launch(impl)
     bc = kw["block_chunks"]
     idx = idx.to(device=U.device, dtype=torch.int32).contiguous()
     inv = _inv_freq(d, rope_theta, U.device)
@@ -216,10 +224,8 @@ def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset
             raise DDBenchError("impl='resident' needs rank >= 16")
         r1 = 1 << (R.bit_length() - 1)
         r2 = 0 if r1 == R else max(16, triton.next_power_of_2(R - r1))
-        nblk = triton.cdiv(n, bc)
-        per = max(1, min(nblk, (programs or 4 * sms) // (B * H)))    # programs per (request, head)
-        tiles = triton.cdiv(nblk, per)
-        _rebuild_resident_kernel[(B * H, triton.cdiv(nblk, tiles))](
+        tiles = tiles_of(bc)
+        _rebuild_resident_kernel[(B * H, triton.cdiv(triton.cdiv(n, bc), tiles))](
             U, SV, idx, inv, k_out, n, H, tiles, *strides, R=R, C=chunk, D=d, BC=bc, R1=r1, R2=r2,
             FAST=fast, num_warps=kw["num_warps"], num_stages=kw["num_stages"])
     else:

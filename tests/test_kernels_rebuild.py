@@ -63,9 +63,10 @@ def test_rebuild_cpu_resident(n, bc, R, programs):
            impl="resident", programs=programs, num_stages=2)
 
 
-@pytest.mark.parametrize("B,H,want", [(1, 2, "blocks"), (2, 4, "resident")])
-def test_rebuild_cpu_auto_picks_by_batch_heads(B, H, want, monkeypatch):
-    """impl="auto" (the default) takes the resident kernel once B*H >= 2 per SM (4 'SMs' on CPU)."""
+@pytest.mark.parametrize("B,H,n,want", [(1, 2, 37, "blocks"), (2, 4, 11, "blocks"), (2, 4, 37, "resident")])
+def test_rebuild_cpu_auto_picks_by_blocks_per_program(B, H, n, want, monkeypatch):
+    """impl="auto" (the default) takes the resident kernel where each of its programs (16 on CPU's 4
+    'SMs', at least one per (request, head)) gets >= 4 blocks of 4 chunks: 2*4 (b, h) x 10 blocks."""
     import kernels.rebuild as rb
     used = []
     for name, impl in (("_rebuild_kernel", "blocks"), ("_rebuild_resident_kernel", "resident")):
@@ -76,7 +77,7 @@ def test_rebuild_cpu_auto_picks_by_batch_heads(B, H, want, monkeypatch):
                 used.append(impl)
                 return kern[grid]
         monkeypatch.setattr(rb, name, Spy())
-    _check(B, 8 * 40, 48, H, 64, 11, 3, torch.float16, "cpu", 500000.0, seed=B * H)
+    _check(B, 8 * 40, 48, H, 64, n, 3, torch.float16, "cpu", 500000.0, seed=B * H + n)
     assert used == [want]
 
 
@@ -102,8 +103,10 @@ def test_rebuild_no_chunks_is_a_no_op():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kw", [dict(), dict(block_chunks=4, rank_block=32, num_warps=4, num_stages=3),
-                                dict(block_chunks=8, num_warps=8), dict(block_chunks=32, num_warps=16),
+@pytest.mark.parametrize("kw", [dict(), dict(impl="blocks"),
+                                dict(impl="blocks", block_chunks=4, rank_block=32, num_warps=4, num_stages=3),
+                                dict(impl="blocks", block_chunks=8, num_warps=8),
+                                dict(impl="blocks", block_chunks=32, rank_block=32, num_warps=16),
                                 dict(fast_rope=False), dict(impl="resident", block_chunks=8, num_warps=4),
                                 dict(impl="resident", block_chunks=16, num_warps=8, programs=64)])
 def test_rebuild_gpu_shadowkv_shapes(kw):
@@ -112,7 +115,7 @@ def test_rebuild_gpu_shadowkv_shapes(kw):
 
 @pytest.mark.gpu
 def test_rebuild_gpu_auto_resident_at_large_batch():
-    """B*H = 320 >= 2 per SM: the default takes the resident kernel (n not a multiple of its block)."""
+    """B*H = 320: the default takes the resident kernel, one program per (b, h) (n not a multiple of its block)."""
     _check(40, 8192, 160, 8, 128, 254, 16, torch.bfloat16, "cuda", 500000.0, seed=40)
 
 
@@ -123,7 +126,8 @@ def test_rebuild_gpu_uneven_n(n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kw", [dict(), dict(fast_rope=False), dict(impl="resident", block_chunks=8, num_warps=4)])
+@pytest.mark.parametrize("kw", [dict(), dict(fast_rope=False), dict(impl="blocks"),
+                                dict(impl="resident", block_chunks=8, num_warps=4)])
 def test_rebuild_gpu_positions_near_128k(kw):
     """fp32 keys out: the SFU sin/cos after the range reduction stays within 1e-4 of the twin."""
     _check(2, 131072, 160, 8, 128, 200, 8, torch.bfloat16, "cuda", 500000.0, seed=13, out_dtype=torch.float32,
