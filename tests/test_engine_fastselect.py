@@ -56,14 +56,14 @@ def _check_topk(B, H, nq, G, N, k, n_split, seed, dev="cpu", ties=False, seg=64,
     return want
 
 
-def _check_seg(B, H, nq, G, N, k, seg, seed, ties=False, searches=("bisect",), n_split=3, slots=None):
+def _check_seg(B, H, nq, G, N, k, seg, seed, ties=False, searches=("bisect",), n_split=3, slots=None, cuts=None):
     g = torch.Generator().manual_seed(seed)
     sc, pml = _scratch(B, H, nq, G, N, n_split, g, "cpu", ties)
     want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, G, N, k)
     for search in searches:
         out = _poisoned((B, nq, H, k), "cpu")
         got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg", search=search, seg=seg,
-                                           slots=slots)
+                                           slots=slots, cuts=cuts)
         assert got.data_ptr() == out.data_ptr()
         assert torch.equal(got, want), (search, (got != want).sum())
     return want
@@ -91,6 +91,25 @@ def test_seg_topk_other_searches(search):
     place of the coarse cut and the bisection."""
     _check_seg(1, 2, 2, 4, 700, 90, 128, seed=3, ties=True, searches=(search,))
     _check_seg(1, 1, 2, 4, 300, 40, 64, seed=4, searches=(search,))
+
+
+@pytest.mark.parametrize("cuts", [1, 2, 3, 4])
+@pytest.mark.parametrize("scale,ties", [(3.0, False), (1e-6, False), (3.0, True)])
+def test_seg_topk_cuts(cuts, scale, ties):
+    """The search with 1-4 cuts per reduction, on spread-out probabilities, on nearly equal ones (a
+    few bits apart: the cuts collide at the top of the interval) and on exact ties. Against the bit
+    search kernel (the same fp32 arithmetic; the twin's torch.exp2 differs from the interpreter's in
+    the last bits, which reorders such near-ties), and the chosen probabilities against the twin's."""
+    g = torch.Generator().manual_seed(cuts)
+    B, H, nq, G, N, k = 1, 2, 2, 4, 700, 60
+    sc, pml = _scratch(B, H, nq, G, N, 3, g, ties=ties, scale=scale)
+    want = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=_poisoned((B, nq, H, k), "cpu"), method="bits")
+    out = _poisoned((B, nq, H, k), "cpu")
+    got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg", seg=128, cuts=cuts)
+    assert torch.equal(got, want)
+    p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)
+    have = p.gather(-1, got.transpose(1, 2).reshape(B * H, nq, k).long()).sort(-1).values
+    torch.testing.assert_close(have, p.topk(k, dim=-1).values.sort(-1).values, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("slots", [40, 41, 97, 600])
@@ -122,11 +141,12 @@ def test_seg_topk_all_equal_and_zeros():
 
 
 def test_seg_geometry():
-    """Default segments: long (fewer candidates to merge) when the rows alone fill the GPU, short
-    when there are few rows; the merge's candidates fit its register budget at the engine's shapes."""
+    """Default segments: long (fewer candidates to merge), short when there are few rows (batch 1);
+    the merge's candidates fit its register budget at the engine's shapes."""
     dev = torch.device("cpu")                 # 4 'SMs' off the GPU
     seg, S, KK, CP = fastselect._seg_geometry(1, 1, 1, 16384, 256, None, dev)
-    assert seg * S >= 16384 and KK == 512 and CP == triton.next_power_of_2(S * KK) <= fastselect.MAX_MERGE
+    assert seg == fastselect.SEG_MIN and KK == 512 and CP == triton.next_power_of_2(S * KK) <= fastselect.MAX_MERGE
+    assert fastselect._seg_geometry(64, 8, 2, 16384, 256, None, dev)[:3] == (fastselect.SEG_MAX, 4, 512)
     assert fastselect._seg_geometry(1, 1, 1, 100, 256, None, dev)[:3] == (128, 1, 128)   # k > N's segment
     assert fastselect._seg_geometry(64, 8, 2, 16384, 256, 1024, dev)[:3] == (1024, 16, 512)
     assert fastselect._seg_geometry(64, 8, 2, 16384, 256, 1024, dev, slots=300)[:3] == (1024, 16, 300)
@@ -263,9 +283,10 @@ def test_seg_topk_gpu(B, nq, G, N, k, seg, ties):
     sc, pml = _scratch(B, H, nq, G, N, 5, torch.Generator().manual_seed(N + k), "cuda", ties=ties)
     p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)
     want = p.topk(k, dim=-1).values.sort(-1).values
-    for search in ("bisect", "radix", "binary"):
+    for search, cuts in (("bisect", None), ("bisect", 1), ("bisect", 4), ("radix", None), ("binary", None)):
         out = _poisoned((B, nq, H, k), "cuda")
-        fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg", seg=seg, search=search)
+        fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg", seg=seg, search=search,
+                                     cuts=cuts)
         assert (out.diff(dim=-1) > 0).all() and int(out.min()) >= 0
         got = out.transpose(1, 2).reshape(B * H, nq, k).long()
         torch.testing.assert_close(p.gather(-1, got).sort(-1).values, want, rtol=1e-5, atol=1e-12)

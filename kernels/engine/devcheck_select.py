@@ -1,6 +1,9 @@
 """GPU check of the engine's top-k and forced-miss kernels (issue 9), in one call:
 
     PYTHONPATH=. python3 -m kernels.engine.devcheck_select [out.json]
+    PYTHONPATH=. python3 -m kernels.engine.devcheck_select topk [out.json]    # the two-stage "seg" top-k
+        against "stream" / "bits", 128K and 32K, batch 1 / 16 / 64, one and two query tokens (see topk_main;
+        TOPK_WARM=only fills Triton's cache in parallel processes and stops, TOPK_WARM=0 skips that)
 
 With a cold Triton cache the compiles of part (a) take about 2 minutes on the H200 (run 2 of issue 9
 timed nothing but the perturbation); keep TRITON_CACHE_DIR across calls or raise the time guards.
@@ -309,11 +312,13 @@ def _topk_inputs(N, B, nq, min_split=1024, seed=0):
 
 
 def _topk_variants(N, B, nq):
-    v = [("bits", dict(method="bits")), ("stream", dict(method="stream")), ("seg", dict(method="seg"))]
+    v = [("bits", dict(method="bits")), ("stream", dict(method="stream")), ("seg", dict(method="seg")),
+         ("seg cuts 1", dict(method="seg", cuts=1)), ("seg cuts 4", dict(method="seg", cuts=4))]
     if (N, B, nq) in SEG_SWEEP:
-        v += [(f"seg{s}", dict(method="seg", seg=s)) for s in (512, 1024, 2048, 4096)]
-        v += [("seg radix", dict(method="seg", search="radix")), ("seg binary", dict(method="seg", search="binary")),
-              ("seg slots 384", dict(method="seg", slots=384)), ("seg slots 1024", dict(method="seg", slots=1024))]
+        v += [(f"seg {s}", dict(method="seg", seg=s)) for s in (1024, 2048, 4096)]
+        v += [("seg 4096 w4", dict(method="seg", seg=4096, num_warps=4)),
+              ("seg 2048 w8", dict(method="seg", seg=2048, num_warps=8)),
+              ("seg radix", dict(method="seg", search="radix"))]
     return v
 
 
@@ -327,11 +332,15 @@ def _seg_stage1(sc, pml, B, H, nq, G, N, k):
     rows = B * H * nq
     cb = torch.empty(rows * S * KK, device="cuda", dtype=torch.int32)
     ci = torch.empty_like(cb)
-    info = torch.empty(rows * S * 2, device="cuda", dtype=torch.int32)
+    info = torch.empty(rows * S * 4, device="cuda", dtype=torch.int32)
     return lambda: fs._seg_topk_kernel[(rows, S)](sc, pml, cb, ci, info, N, H, G, nq, n_split, k, KK, S, GP=GP,
-                                                  BLOCK_M=BM,
-                                                  SP=triton.next_power_of_2(n_split), SEG=seg, SEARCH=0,
-                                                  num_warps=4 if seg <= 2048 else 8)
+                                                  BLOCK_M=BM, SP=triton.next_power_of_2(n_split), SEG=seg, SEARCH=0,
+                                                  CUTS=fs.SEG_CUTS, num_warps=4 if seg <= 2048 else 8)
+
+
+@triton.jit
+def _empty_kernel(x):
+    pass
 
 
 def _warm_worker(points):
@@ -368,14 +377,21 @@ def topk_main(argv):
         log("compiled (parallel warm-up done)")
         if warm == "only":
             return 0
-    # HBM copy rate
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    # HBM rate measured here (reported; the floors use HBM = 4.25 TB/s, the H200 copy rate of the README)
+    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     y = torch.empty_like(x)
     tc = device_time(lambda: y.copy_(x))
-    hbm = 2 * x.numel() / (tc[1] * 1e-6)
+    tr = device_time(lambda: torch.sum(x))
+    res["hbm_copy_gbps_here"] = 2 * 4 * x.numel() / (tc[1] * 1e-6) / 1e9
+    res["hbm_read_gbps_here"] = 4 * x.numel() / (tr[1] * 1e-6) / 1e9
     del x, y
-    res["hbm_copy_gbps"] = hbm / 1e9
-    log(f"HBM copy (1 GiB read + write): {tc[1]:.1f} us median, {hbm / 1e9:.0f} GB/s")
+    hbm = HBM
+    res["floor_hbm_gbps"] = HBM / 1e9
+    z = torch.zeros(1, device="cuda")
+    res["empty_kernel_us"] = device_time(lambda: _empty_kernel[(1,)](z))
+    log(f"HBM here: copy (1 GiB fp32 read + write) {res['hbm_copy_gbps_here']:.0f} GB/s, read (sum) "
+        f"{res['hbm_read_gbps_here']:.0f} GB/s; floors at {HBM / 1e9:.0f} GB/s; an empty kernel: "
+        f"{res['empty_kernel_us'][1]:.1f} us (launch floor of this timing)")
     fails = 0
 
     def dump():
@@ -391,7 +407,8 @@ def topk_main(argv):
         q, lm, sc, pml, G = _topk_inputs(N, B, nq)
         floor = B * H * nq * G * N * 4 / hbm * 1e6
         line = dict(N=N, context=N * 8, B=B, nq=nq, floor_us=floor, n_split=pml.numel() // (2 * B * H * 16),
-                    seg=fastselect._seg_geometry(B, H, nq, N, k, None, sc.device)[0])
+                    seg_default=fastselect._seg_geometry(B, H, nq, N, k, None, sc.device)[0],
+                    cuts_default=fastselect.SEG_CUTS)
         outs = {}
         for name, kw in _topk_variants(N, B, nq):
             out = torch.full((B, nq, H, k), -7, dtype=torch.int32, device="cuda")
@@ -422,7 +439,7 @@ def topk_main(argv):
             del sc2, pml2
         res["timing"].append(line)
         msg = " | ".join(f"{n} {line[n][1]:.1f} ({line[n][1] / floor:.2f}x)" for n, _ in _topk_variants(N, B, nq))
-        log(f"N={N} B={B} nq={nq} floor {floor:.1f} us seg={line['seg']} | {msg} | stage1 {line['seg stage 1'][1]:.1f}"
+        log(f"N={N} B={B} nq={nq} floor {floor:.1f} us seg={line['seg_default']} | {msg} | stage1 {line['seg stage 1'][1]:.1f}"
             f" | same ids {same} probs {probs_ok} | pass1 {s_old}->{s_new} splits: "
             f"{line['pass1 (min split 1024)'][1]:.1f} -> {line.get('pass1 (min split 256)', [0, float('nan')])[1]:.1f} us,"
             f" seg after {line.get('seg (pass1 min split 256)', [0, float('nan')])[1]:.1f}")

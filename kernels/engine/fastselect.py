@@ -50,8 +50,11 @@ from kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
 MAX_CAP = 8192          # candidate buffer (entries) of the stream kernel; larger k: bits
 STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see kernels/engine/README.md)
 MAX_MERGE = 16384       # "seg": most candidates (power of two) stage 2 holds in registers; more: bits
-SEG_MAX = 2048          # "seg": longest segment (chunks) of stage 1
-SEG_PROGRAMS = 8        # "seg": segments halve until stage 1 would have fewer than this many programs per SM
+SEG_MAX = 4096          # "seg": longest segment (chunks) of stage 1
+SEG_MIN = 1024          # "seg": shortest default segment
+SEG_PROGRAMS = 64       # "seg": segments halve while stage 1 would have fewer programs than this
+SEG_CUTS = 2            # "seg": cuts counted per reduction of the search (1: bisection; 2 or 4: packed counts)
+PASS1_MIN_SPLIT = 256   # landmark pass 1: splits of at least this many chunks (was 1024; measured faster at batch 1)
 
 
 @triton.jit
@@ -237,31 +240,62 @@ def _take_at(vb, thr, need):
 
 
 @triton.jit
-def _bisect(vb, K, lo, hi, cnt, STOP):
-    """Bisection on the bits: from count(vb >= lo) = cnt >= K and the K-th largest <= hi, raise lo
-    (the largest value with count(vb >= lo) >= K, i.e. the K-th largest, once lo == hi) and stop early
-    as soon as count(vb >= lo) <= STOP. One reduction per step. Returns (lo, count(vb >= lo))."""
+def _cut(lo, hi, w, J: tl.constexpr, CUTS: tl.constexpr):
+    """Cut J of CUTS evenly spaced in (lo, hi] (w = hi - lo >= 1; int64 arithmetic, no overflow)."""
+    return tl.minimum(lo + ((w * J) // (CUTS + 1)).to(tl.int32) + 1, hi)
+
+
+@triton.jit
+def _bisect(vb, K, lo, hi, cnt, STOP, CUTS: tl.constexpr):
+    """Search on the bits: from count(vb >= lo) = cnt >= K and the K-th largest <= hi, raise lo (the
+    K-th largest itself once lo == hi) and stop early as soon as count(vb >= lo) <= STOP. Each step
+    counts CUTS evenly spaced cuts of (lo, hi] in one reduction (16-bit fields of one int32 sum for
+    CUTS <= 2, int64 for up to 4; fewer than 32768 entries) and keeps the part between the last cut
+    with count >= K and the next one. Returns (lo, count(vb >= lo))."""
     while (lo < hi) & (cnt > STOP):
-        w = hi - lo
-        mid = lo + (w >> 1) + (w & 1)                  # in (lo, hi], no int32 overflow
-        c = tl.sum((vb >= mid).to(tl.int32), 0)
-        up = c >= K
-        lo = tl.where(up, mid, lo)
-        cnt = tl.where(up, c, cnt)
-        hi = tl.where(up, hi, mid - 1)
+        w = (hi - lo).to(tl.int64)
+        if CUTS <= 2:
+            x = tl.zeros(vb.shape, tl.int32)
+            for J in tl.static_range(1, CUTS + 1):
+                x += (vb >= _cut(lo, hi, w, J, CUTS)).to(tl.int32) << (16 * (J - 1))
+        else:
+            x = tl.zeros(vb.shape, tl.int64)
+            for J in tl.static_range(1, CUTS + 1):
+                x += (vb >= _cut(lo, hi, w, J, CUTS)).to(tl.int64) << (16 * (J - 1))
+        sm = tl.sum(x, 0)
+        nlo = lo
+        ncnt = cnt
+        nhi = _cut(lo, hi, w, 1, CUTS) - 1                     # no cut reaches K: below the first
+        for J in tl.static_range(1, CUTS + 1):
+            c = ((sm >> (16 * (J - 1))) & 0xFFFF).to(tl.int32)
+            up = c >= K                                           # counts fall with J: the last such J wins
+            nlo = tl.where(up, _cut(lo, hi, w, J, CUTS), nlo)
+            ncnt = tl.where(up, c, ncnt)
+            if J < CUTS:
+                nhi = tl.where(up, _cut(lo, hi, w, J + 1, CUTS) - 1, nhi)
+            else:
+                nhi = tl.where(up, hi, nhi)
+        lo = nlo
+        cnt = ncnt
+        hi = nhi
     return lo, cnt
 
 
 @triton.jit
-def _select_topk(vb, K, SEARCH: tl.constexpr):
+def _minmax(a0, a1, b0, b1):
+    return tl.minimum(a0, b0), tl.maximum(a1, b1)
+
+
+@triton.jit
+def _select_topk(vb, K, SEARCH: tl.constexpr, CUTS: tl.constexpr):
     """Top-K of `vb` (non-negative int32 bits, -1 = empty, at least K entries non-empty, fewer than 32768
     entries) in the order (value desc, position asc): (mask of the taken entries, their rank in position
-    order). SEARCH 0: bisection from [0, max] with an early stop at count == K; 1: radix select from
+    order). SEARCH 0: `_bisect` from [0, max] with an early stop at count == K; 1: radix select from
     the top, digits of 8 / 8 / 8 / 7 bits (one 256-bin histogram each); 2: 31-step binary search on the
     bits; 3: 5-ary packed-count search (`_take_topk`)."""
     if SEARCH == 0:
         hi = tl.max(vb, 0)
-        thr, cnt = _bisect(vb, K, tl.zeros([], tl.int32), hi, tl.sum((vb >= 0).to(tl.int32), 0), K)
+        thr, cnt = _bisect(vb, K, tl.zeros([], tl.int32), hi, tl.sum((vb >= 0).to(tl.int32), 0), K, CUTS)
         take, pos = _take_at(vb, thr, K - tl.sum((vb > thr).to(tl.int32), 0))
     elif SEARCH == 1:
         pre = tl.zeros([], tl.int32)
@@ -279,13 +313,14 @@ def _select_topk(vb, K, SEARCH: tl.constexpr):
 @triton.jit
 def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, KK, S,
                      GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, SEG: tl.constexpr,
-                     SEARCH: tl.constexpr):
+                     SEARCH: tl.constexpr, CUTS: tl.constexpr):
     """Stage 1 of "seg": one program per (row, segment of SEG chunks): the segment's group-max
     probabilities in registers, and a candidate set that contains the segment's top-K in the
     contract's order, at most KK entries, written (bits, chunk id) in id order to the segment's KK
-    slots; (count, lower bound T) to cinfo. SEARCH 0: a coarse cut, every chunk >= T where T is
-    raised by bisection only until at most KK chunks remain >= T (at least K do; with exact ties all
-    the way down, T is the K-th largest and its ties are cut by id); other SEARCH: the exact top-K."""
+    slots; (count, lower bound T, the segment's largest bits) to cinfo. SEARCH 0: a coarse cut, every
+    chunk >= T where T rises from the segment's smallest value (`_bisect`, CUTS cuts per step) only
+    until at most KK chunks remain >= T (at least K do; with exact ties all the way down, T is the
+    K-th largest and its ties are cut by id); other SEARCH: the exact top-K."""
     row = tl.program_id(0)              # (b * H + h) * NQ + t
     s = tl.program_id(1)
     t = row % NQ
@@ -312,11 +347,13 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
         j = tl.arange(0, SEG)
         tl.store(cbits + cb + j, bits, mask=nv)
         tl.store(cids + cb + j, n, mask=nv)
-        tl.store(cinfo + 2 * ci, nval)
-        tl.store(cinfo + 2 * ci + 1, 0)
+        tl.store(cinfo + 4 * ci, nval)
+        tl.store(cinfo + 4 * ci + 1, 0)
+        tl.store(cinfo + 4 * ci + 2, tl.max(bits, 0))
     else:
         if SEARCH == 0:
-            thr, cnt = _bisect(bits, K, tl.zeros([], tl.int32), tl.zeros([], tl.int32) + 2147483647, nval, KK)
+            mn, mx = tl.reduce((tl.where(nv, bits, 2147483647), bits), 0, _minmax)
+            thr, cnt = _bisect(bits, K, mn, mx, nval, KK, CUTS)
             if cnt <= KK:
                 take = bits >= thr
                 pos = tl.cumsum(take.to(tl.int32), 0) - 1
@@ -324,21 +361,23 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
                 take, pos = _take_at(bits, thr, K - tl.sum((bits > thr).to(tl.int32), 0))
                 cnt = tl.zeros([], tl.int32) + K
         else:
-            take, pos = _select_topk(bits, K, SEARCH)
+            take, pos = _select_topk(bits, K, SEARCH, CUTS)
             cnt = tl.zeros([], tl.int32) + K
             thr = tl.zeros([], tl.int32)
+            mx = tl.max(bits, 0)
         tl.store(cbits + cb + pos, bits, mask=take)
         tl.store(cids + cb + pos, n, mask=take)
-        tl.store(cinfo + 2 * ci, cnt)
-        tl.store(cinfo + 2 * ci + 1, thr)
+        tl.store(cinfo + 4 * ci, cnt)
+        tl.store(cinfo + 4 * ci + 1, thr)
+        tl.store(cinfo + 4 * ci + 2, mx)
 
 
 @triton.jit
 def _merge_topk_kernel(cbits, cids, cinfo, out, H, NQ, K, KK, S,
-                       CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr):
+                       CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr):
     """Stage 2 of "seg": one program per row, the exact top-K of its segments' candidates (in id order,
-    so position order is id order), ids written ascending. SEARCH 0: bisection between the largest
-    segment bound T (count >= K above it) and the largest candidate, stopping at count == K."""
+    so position order is id order), ids written ascending. SEARCH 0: `_bisect` between the largest
+    segment bound T (at least K candidates >= it) and the largest candidate, stopping at count == K."""
     row = tl.program_id(0)
     t = row % NQ
     bh = row // NQ
@@ -348,18 +387,19 @@ def _merge_topk_kernel(cbits, cids, cinfo, out, H, NQ, K, KK, S,
     sg = i // KK
     sv = sg < S
     ib = row.to(tl.int64) * S
-    cnt = tl.load(cinfo + 2 * (ib + sg), mask=sv, other=0)
+    cnt = tl.load(cinfo + 4 * (ib + sg), mask=sv, other=0)
     valid = sv & (i - sg * KK < cnt)
     cb = ib * KK
     vb = tl.load(cbits + cb + i, mask=valid, other=-1)
     vi = tl.load(cids + cb + i, mask=valid, other=0)
     if SEARCH == 0:
         ss = tl.arange(0, SP2)
-        lo = tl.max(tl.load(cinfo + 2 * (ib + ss) + 1, mask=ss < S, other=0), 0)
-        thr, c = _bisect(vb, K, lo, tl.max(vb, 0), tl.sum((vb >= lo).to(tl.int32), 0), K)
+        lo = tl.max(tl.load(cinfo + 4 * (ib + ss) + 1, mask=ss < S, other=0), 0)
+        hi = tl.max(tl.load(cinfo + 4 * (ib + ss) + 2, mask=ss < S, other=0), 0)
+        thr, c = _bisect(vb, K, lo, hi, tl.sum((vb >= lo).to(tl.int32), 0), K, CUTS)
         take, pos = _take_at(vb, thr, K - tl.sum((vb > thr).to(tl.int32), 0))
     else:
-        take, pos = _select_topk(vb, K, SEARCH)
+        take, pos = _select_topk(vb, K, SEARCH, CUTS)
     ob = out + ((b * NQ + t) * H + h).to(tl.int64) * K
     tl.store(ob + pos, vi, mask=take)
 
@@ -378,15 +418,14 @@ def _geometry(B, H, nq, G, N, k, blk, num_warps, device):
 
 
 def _seg_geometry(B, H, nq, N, k, seg, device, slots=None):
-    """Segment length of "seg" (a power of two): at least 4 k (stage 1 then passes at most a quarter of
-    the row to stage 2), doubled up to SEG_MAX while stage 1 keeps SEG_PROGRAMS programs per SM (fewer,
-    longer segments: fewer candidates to merge)."""
+    """Segment length of "seg" (a power of two): SEG_MAX (fewer, longer segments: fewer candidates to
+    merge), halved down to SEG_MIN while stage 1 would have fewer than SEG_PROGRAMS programs (batch 1).
+    Segments of at most 2 k chunks are passed whole to stage 2."""
     rows = B * H * nq
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     if seg is None:
-        seg = max(256, triton.next_power_of_2(4 * k))
-        while seg < SEG_MAX and rows * triton.cdiv(N, 2 * seg) >= SEG_PROGRAMS * sms:
-            seg *= 2
+        seg = SEG_MAX
+        while seg > SEG_MIN and rows * triton.cdiv(N, seg) < SEG_PROGRAMS:
+            seg //= 2
     seg = max(16, min(triton.next_power_of_2(seg), triton.next_power_of_2(N)))
     S = triton.cdiv(N, seg)
     KK = min(seg, max(k, slots or 2 * k))      # candidate slots per segment (the coarse cut leaves k..KK)
@@ -394,7 +433,7 @@ def _seg_geometry(B, H, nq, N, k, seg, device, slots=None):
 
 
 def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None,
-                      search=None, seg=None, slots=None):
+                      search=None, seg=None, slots=None, cuts=None):
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
@@ -414,12 +453,13 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
         rows = B * H * nq
         cbits = torch.empty(rows * S * KK, device=scratch.device, dtype=torch.int32)
         cids = torch.empty(rows * S * KK, device=scratch.device, dtype=torch.int32)
-        cinfo = torch.empty(rows * S * 2, device=scratch.device, dtype=torch.int32)
+        cinfo = torch.empty(rows * S * 4, device=scratch.device, dtype=torch.int32)
+        cuts = cuts or SEG_CUTS
         _seg_topk_kernel[(rows, S)](scratch, pml, cbits, cids, cinfo, N, H, G, nq, n_split, k, KK, S,
-                                    GP=GP, BLOCK_M=BLOCK_M, SP=SP, SEG=seg, SEARCH=sv,
+                                    GP=GP, BLOCK_M=BLOCK_M, SP=SP, SEG=seg, SEARCH=sv, CUTS=cuts,
                                     num_warps=num_warps or max(1, min(4, seg // 64)) * (2 if seg > 2048 else 1))
         _merge_topk_kernel[(rows,)](cbits, cids, cinfo, out, H, nq, k, KK, S, CP=CP,
-                                    SP2=triton.next_power_of_2(S), SEARCH=sv,
+                                    SP2=triton.next_power_of_2(S), SEARCH=sv, CUTS=cuts,
                                     num_warps=16 if CP >= 8192 else max(1, min(8, CP // 256)))
         return out
     if search not in (None, "binary", "5ary"):
@@ -487,7 +527,7 @@ def _landmark_pass1(q, lm, *, block_n=64, splits=None):
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     if splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        splits = max(1, min(triton.cdiv(4 * sms, B * H), N // 1024))
+        splits = max(1, min(triton.cdiv(4 * sms, B * H), N // PASS1_MIN_SPLIT))
     split_len = triton.cdiv(triton.cdiv(N, splits), block_n) * block_n
     n_split = triton.cdiv(N, split_len)
     scratch = torch.empty(B * H * BLOCK_M * N, device=q.device, dtype=torch.float32)
