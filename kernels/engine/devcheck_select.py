@@ -335,7 +335,7 @@ def _seg_stage1(sc, pml, B, H, nq, G, N, k):
     info = torch.empty(rows * S * 4, device="cuda", dtype=torch.int32)
     return lambda: fs._seg_topk_kernel[(rows, S)](sc, pml, cb, ci, info, N, H, G, nq, n_split, k, KK, S, GP=GP,
                                                   BLOCK_M=BM, SP=triton.next_power_of_2(n_split), SEG=seg, SEARCH=0,
-                                                  CUTS=fs.SEG_CUTS, num_warps=4 if seg <= 2048 else 8)
+                                                  CUTS=fs.SEG_CUTS, num_warps=fs._seg_warps(seg, rows * S))
 
 
 @triton.jit

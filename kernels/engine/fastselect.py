@@ -3,9 +3,10 @@ over the selection state and no torch top-k or sort.
 
     select_topk(q, lm, k) -> idx [B, nq, H, k] int32, ascending chunk ids     (landmarks)
     specache_select_topk(q, qk, chunk, k) -> the same from SpeCache's 2-bit keys
-    topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search="binary")
-        -> the fused normalise + group-max + top-k ("stream": the default for N >= 8192 when the
-           buffer fits, else "bits")
+    topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search=None,
+                      seg=None, slots=None, cuts=None)
+        -> the fused normalise + group-max + top-k ("seg": the default wherever its merge fits in
+           MAX_MERGE candidates, else "bits"; "stream" and "bits" on request)
     probs_from_scratch_ref(...)  torch twin of the kernels' group-max probabilities
     topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k)   torch twin of the kernel (same fp32
         probabilities, same tie rule), used by the tests
@@ -33,8 +34,28 @@ The cut's K-th largest is a 31-step binary search (default) or, with search="5ar
 with packed counts (14 reductions; not timed on the GPU yet). Measured on the H200 (README of
 kernels/engine, "Selection top-k"): 1.40x faster than the bit search at 128K, batch 64 (3.67x its
 byte floor), about equal at batch 4, slower at N = 4096 (hence STREAM_MIN_N).
-"bits" (`_bits_topk_kernel`, the previous kernel; used for N < 8192 and when CAP would exceed 8192,
-i.e. k close to N at large N): the whole row in registers, a 31-step binary search on the bits over all N entries.
+"bits" (`_bits_topk_kernel`, the first kernel; the default only where "seg"'s merge would exceed
+MAX_MERGE candidates, i.e. k close to N at large N): the whole row in registers, a 31-step binary
+search on the bits over all N entries.
+
+"seg" (two kernels, the default): stage 1 (`_seg_topk_kernel`) runs one program per (row, segment of
+`seg` chunks; 4096, or 2048 when there are few rows), so even batch 1 has 64 programs: the segment's
+group-max probabilities in registers, then a coarse cut: T rises from the segment's smallest value by
+a search that counts `cuts` (default 2) evenly spaced thresholds per reduction (16-bit fields of one
+sum) and stops as soon as at most `slots` (default 2 k) chunks are >= T (at least k are). Those
+chunks (a superset of the segment's top-k in the contract's order; with exact ties all the way down
+T is the k-th largest and its ties are cut by id) go, in id order, to the segment's slots, with
+(count, T, segment max). Stage 2 (`_merge_topk_kernel`, one program per row) takes the exact top-k
+of the candidates with the same search between max(T) (k candidates lie above each T) and the
+largest candidate, stopping at count == k, and writes the ids ascending. Exact: every chunk of the
+row's top-k is in its segment's top-k, hence among the candidates, and the candidates' top-k in the
+same total order is the row's. Extra memory: 2 x slots int32 per (row, segment). search="radix"
+(a 4-digit radix select with tl.histogram), "binary" or "5ary" make both stages exact searches
+instead (slower, kept for comparison). Measured on the H200 (traces/engine/h200/devcheck-topk.json,
+`python -m kernels.engine.devcheck_select topk`): at 128K 1.6-2.9x faster than "stream" and
+1.5-2.9x than "bits" (batch 16, 2 tokens: 51.4 against 86.2 and 93.9 us, 3.3x its byte floor); at
+32K 1.0-1.3x faster than "bits" (batch 16, 2 tokens: even). Stage 1 is most of it (42.9 of 51.4 us
+there): its load and its search alternate within each program.
 """
 
 from __future__ import annotations
@@ -51,8 +72,9 @@ MAX_CAP = 8192          # candidate buffer (entries) of the stream kernel; large
 STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see kernels/engine/README.md)
 MAX_MERGE = 16384       # "seg": most candidates (power of two) stage 2 holds in registers; more: bits
 SEG_MAX = 4096          # "seg": longest segment (chunks) of stage 1
-SEG_MIN = 1024          # "seg": shortest default segment
+SEG_MIN = 2048          # "seg": shortest default segment (batch 1 at 32K: 2048 with 8 warps measured fastest)
 SEG_PROGRAMS = 64       # "seg": segments halve while stage 1 would have fewer programs than this
+SEG_FEW = 128           # "seg": stage 1 with fewer programs than this runs 8 warps each (shorter search latency)
 SEG_CUTS = 2            # "seg": cuts counted per reduction of the search (1: bisection; 2 or 4: packed counts)
 PASS1_MIN_SPLIT = 256   # landmark pass 1: splits of at least this many chunks (was 1024; measured faster at batch 1)
 
@@ -432,6 +454,14 @@ def _seg_geometry(B, H, nq, N, k, seg, device, slots=None):
     return seg, S, KK, triton.next_power_of_2(S * KK)
 
 
+def _seg_warps(seg, programs):
+    """Warps of a stage-1 program: 4 up to 2048 chunks, 8 for longer segments or when there are few
+    programs (measured on the H200: 8 warps at batch 1, 4 at batch 16 / 64 for 2048 chunks)."""
+    if seg < 256:
+        return max(1, seg // 64)
+    return 8 if seg > 2048 or programs < SEG_FEW else 4
+
+
 def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None,
                       search=None, seg=None, slots=None, cuts=None):
     GP = triton.next_power_of_2(G)
@@ -457,7 +487,7 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
         cuts = cuts or SEG_CUTS
         _seg_topk_kernel[(rows, S)](scratch, pml, cbits, cids, cinfo, N, H, G, nq, n_split, k, KK, S,
                                     GP=GP, BLOCK_M=BLOCK_M, SP=SP, SEG=seg, SEARCH=sv, CUTS=cuts,
-                                    num_warps=num_warps or max(1, min(4, seg // 64)) * (2 if seg > 2048 else 1))
+                                    num_warps=num_warps or _seg_warps(seg, rows * S))
         _merge_topk_kernel[(rows,)](cbits, cids, cinfo, out, H, nq, k, KK, S, CP=CP,
                                     SP2=triton.next_power_of_2(S), SEARCH=sv, CUTS=cuts,
                                     num_warps=16 if CP >= 8192 else max(1, min(8, CP // 256)))
