@@ -225,6 +225,31 @@ def test_specache_select_topk(nq, dev="cpu"):
     assert torch.allclose(have, want, atol=3e-3 * float(probs.max()), rtol=0)
 
 
+@pytest.mark.parametrize("method", ["seg", "stream", "bits"])
+@pytest.mark.parametrize("nq", [1, 2])
+def test_topk_per_token_outputs(method, nq, dev="cpu"):
+    """Per-token outputs (the engine's true selection and next-step prediction): each token's ids land
+    in its own [B, H, k] tensor, equal to that token's slice of the one-tensor output."""
+    B, H, G, N, k = 2, 3, 4, 300, 40
+    sc, pml = _scratch(B, H, nq, G, N, 3, torch.Generator().manual_seed(11 + nq), dev)
+    whole = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, method=method,
+                                         **(dict(seg=64) if method == "seg" else {}))
+    outs = tuple(_poisoned((B, H, k), dev) for _ in range(nq))
+    got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=outs, method=method,
+                                       **(dict(seg=64) if method == "seg" else {}))
+    assert got is outs or all(a is b for a, b in zip(got, outs))
+    for t in range(nq):
+        assert torch.equal(outs[t], whole[:, t])
+
+
+def test_topk_outputs_checked():
+    sc, pml = _scratch(1, 2, 2, 4, 64, 2, torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match="per-token"):
+        fastselect.topk_from_scratch(sc, pml, 1, 2, 2, 4, 64, 8, out=(torch.empty(1, 2, 8, dtype=torch.int32),))
+    with pytest.raises(ValueError, match="contiguous int32"):
+        fastselect.topk_from_scratch(sc, pml, 1, 2, 2, 4, 64, 8, out=torch.empty(1, 2, 2, 9, dtype=torch.int32))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("nq", [1, 2])
 def test_select_topk_gpu(nq):
@@ -297,3 +322,9 @@ def test_seg_topk_gpu(B, nq, G, N, k, seg, ties):
             bits = _poisoned((B, nq, H, k), "cuda")
             fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=bits, method="bits")
             assert torch.equal(out, bits)
+    for method in ("seg", "stream", "bits"):    # per-token outputs: each token's slice, in place
+        whole = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, method=method, seg=seg)
+        per = tuple(_poisoned((B, H, k), "cuda") for _ in range(nq))
+        fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=per, method=method, seg=seg)
+        for t in range(nq):
+            assert torch.equal(per[t], whole[:, t]), (method, t)

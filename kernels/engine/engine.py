@@ -439,22 +439,28 @@ class Engine:
             o = self._attn(q, kb, vb, lengths, **kw)
         return o, pre, pre
 
-    def _select(self, i, q):
+    def _select(self, i, q, **kw):
         s = self.sys
-        with nvtx_range("select"):   # ids [B, nq, H, k], ascending
+        with nvtx_range("select"):   # ids [B, nq, H, k], ascending (or into kw["out"])
             if s.landmarks:
-                return self._map(lambda t: self.ops.select(t.contiguous(), self.lm[i], self.kc), q)
-            return self._map(lambda t: self.ops.spec_select(t.contiguous(), self.qk[i], self.C, self.kc), q)
+                return self._map(lambda t: self.ops.select(t.contiguous(), self.lm[i], self.kc, **kw), q)
+            return self._map(lambda t: self.ops.spec_select(t.contiguous(), self.qk[i], self.C, self.kc, **kw), q)
 
     def _sparse_attention(self, i, q, k, v, nq, predecode):
         s, cfg = self.sys, self.cfg
         u = self.use
-        sel = self._select(i, q)
-        true = sel[:, 0].contiguous()
-        if nq == 2:
-            self.pred_new[i] = sel[:, 1]
-        elif predecode:
-            self.pred_new[i] = true                               # pre-decoding seeds the prediction
+        if nq == 2 and not (self.ref or self.split):
+            # the top-k writes token 0's ids (this step's true selection) and token 1's (the next
+            # step's prediction) straight into their buffers: no slicing copies
+            true = torch.empty(self.B, self.H, self.kc, device=self.dev, dtype=torch.int32)
+            self._select(i, q, out=(true, self.pred_new[i]))
+        else:
+            sel = self._select(i, q)
+            true = sel[:, 0].contiguous()
+            if nq == 2:
+                self.pred_new[i] = sel[:, 1]
+            elif predecode:
+                self.pred_new[i] = true                           # pre-decoding seeds the prediction
         have_pred = self.prefetch != "none" and not predecode
         # compute only (no transfers): a prediction design still plans its misses against the
         # prediction kept from the last step (and the forced misses are drawn), so that the

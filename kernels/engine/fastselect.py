@@ -92,8 +92,24 @@ def _row_norm(pml, bh, n_split, r, BLOCK_M: tl.constexpr, SP: tl.constexpr):
 
 
 @triton.jit
-def _bits_topk_kernel(scratch, pml, out, N, H, G, NQ, n_split, K,
-                      GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr):
+def _out_row(out, out1, b, t, h, H, NQ, K, PER_TOKEN: tl.constexpr):
+    """Where the ids of row (request b, token t, KV head h) go: `out` [B, NQ, H, K], or with PER_TOKEN
+    one [B, H, K] tensor per token (`out` for token 0, `out1` for token 1): the engine's true selection
+    and next-step prediction, written in place without a copy."""
+    if PER_TOKEN:
+        r = (b * H + h).to(tl.int64) * K
+        if t == 0:
+            p = out + r
+        else:
+            p = out1 + r
+    else:
+        p = out + ((b * NQ + t) * H + h).to(tl.int64) * K
+    return p
+
+
+@triton.jit
+def _bits_topk_kernel(scratch, pml, out, out1, N, H, G, NQ, n_split, K,
+                      PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr):
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
     t = pid % NQ
     bh = pid // NQ
@@ -122,7 +138,7 @@ def _bits_topk_kernel(scratch, pml, out, N, H, G, NQ, n_split, K,
     er = tl.cumsum(eq.to(tl.int32), 0)
     take = gt | (eq & (er <= need))
     pos = tl.cumsum(take.to(tl.int32), 0) - 1
-    ob = out + ((b * NQ + t) * H + h).to(tl.int64) * K
+    ob = _out_row(out, out1, b, t, h, H, NQ, K, PER_TOKEN)
     tl.store(ob + pos, n, mask=take)
 
 
@@ -180,8 +196,8 @@ def _kth_5ary(vb, K):
 
 
 @triton.jit
-def _stream_topk_kernel(scratch, pml, out, buf, N, H, G, NQ, n_split, K,
-                        GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr,
+def _stream_topk_kernel(scratch, pml, out, out1, buf, N, H, G, NQ, n_split, K,
+                        PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr,
                         BLK: tl.constexpr, CAP: tl.constexpr, FIVE: tl.constexpr):
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
     t = pid % NQ
@@ -231,7 +247,7 @@ def _stream_topk_kernel(scratch, pml, out, buf, N, H, G, NQ, n_split, K,
     vb = tl.load(bb + idx, mask=idx < cnt, other=-1)
     vi = tl.load(bb + CAP + idx, mask=idx < cnt, other=0)
     thr, take, pos = _take_topk(vb, K, FIVE)
-    ob = out + ((b * NQ + t) * H + h).to(tl.int64) * K
+    ob = _out_row(out, out1, b, t, h, H, NQ, K, PER_TOKEN)
     tl.store(ob + pos, vi, mask=take)
 
 
@@ -395,8 +411,8 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
 
 
 @triton.jit
-def _merge_topk_kernel(cbits, cids, cinfo, out, H, NQ, K, KK, S,
-                       CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr):
+def _merge_topk_kernel(cbits, cids, cinfo, out, out1, H, NQ, K, KK, S,
+                       PER_TOKEN: tl.constexpr, CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr):
     """Stage 2 of "seg": one program per row, the exact top-K of its segments' candidates (in id order,
     so position order is id order), ids written ascending. SEARCH 0: `_bisect` between the largest
     segment bound T (at least K candidates >= it) and the largest candidate, stopping at count == K."""
@@ -422,7 +438,7 @@ def _merge_topk_kernel(cbits, cids, cinfo, out, H, NQ, K, KK, S,
         take, pos = _take_at(vb, thr, K - tl.sum((vb > thr).to(tl.int32), 0))
     else:
         take, pos = _select_topk(vb, K, SEARCH, CUTS)
-    ob = out + ((b * NQ + t) * H + h).to(tl.int64) * K
+    ob = _out_row(out, out1, b, t, h, H, NQ, K, PER_TOKEN)
     tl.store(ob + pos, vi, mask=take)
 
 
@@ -462,6 +478,22 @@ def _seg_warps(seg, programs):
     return 8 if seg > 2048 or programs < SEG_FEW else 4
 
 
+def _outputs(out, B, H, nq, k, device):
+    """`out`: None (a new [B, nq, H, k]), one [B, nq, H, k] tensor, or a tuple of nq contiguous [B, H, k]
+    int32 tensors, one per token (nq <= 2). Returns (what to return, first pointer, second, per token)."""
+    if out is None:
+        out = torch.empty(B, nq, H, k, device=device, dtype=torch.int32)
+    if isinstance(out, torch.Tensor):
+        if out.shape != (B, nq, H, k) or not out.is_contiguous() or out.dtype != torch.int32:
+            raise ValueError(f"out must be a contiguous int32 [{B}, {nq}, {H}, {k}] tensor")
+        return out, out, out, False
+    out = tuple(out)
+    if len(out) != nq or nq > 2 or any(o.shape != (B, H, k) or not o.is_contiguous() or o.dtype != torch.int32
+                                        for o in out):
+        raise ValueError(f"per-token outputs: {nq} contiguous int32 [{B}, {H}, {k}] tensors (at most 2)")
+    return out, out[0], out[-1], True
+
+
 def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None,
                       search=None, seg=None, slots=None, cuts=None):
     GP = triton.next_power_of_2(G)
@@ -469,8 +501,7 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
     if not 0 < k <= N:
         raise ValueError(f"budget of {k} chunks must be within 1..{N}")
-    if out is None:
-        out = torch.empty(B, nq, H, k, device=scratch.device, dtype=torch.int32)
+    out, o0, o1, per_token = _outputs(out, B, H, nq, k, scratch.device)
     SP = triton.next_power_of_2(n_split)
     if method is None or method == "seg":
         seg, S, KK, CP = _seg_geometry(B, H, nq, N, k, seg, scratch.device, slots)
@@ -488,7 +519,7 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
         _seg_topk_kernel[(rows, S)](scratch, pml, cbits, cids, cinfo, N, H, G, nq, n_split, k, KK, S,
                                     GP=GP, BLOCK_M=BLOCK_M, SP=SP, SEG=seg, SEARCH=sv, CUTS=cuts,
                                     num_warps=num_warps or _seg_warps(seg, rows * S))
-        _merge_topk_kernel[(rows,)](cbits, cids, cinfo, out, H, nq, k, KK, S, CP=CP,
+        _merge_topk_kernel[(rows,)](cbits, cids, cinfo, o0, o1, H, nq, k, KK, S, PER_TOKEN=per_token, CP=CP,
                                     SP2=triton.next_power_of_2(S), SEARCH=sv, CUTS=cuts,
                                     num_warps=16 if CP >= 8192 else max(1, min(8, CP // 256)))
         return out
@@ -500,13 +531,13 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
         method = "stream" if cap <= MAX_CAP and N >= STREAM_MIN_N else "bits"
     if method == "stream":
         buf = torch.empty(B * H * nq * 2 * cap, device=scratch.device, dtype=torch.int32)
-        _stream_topk_kernel[(B * H * nq,)](scratch, pml, out, buf, N, H, G, nq, n_split, k,
+        _stream_topk_kernel[(B * H * nq,)](scratch, pml, o0, o1, buf, N, H, G, nq, n_split, k, PER_TOKEN=per_token,
                                            GP=GP, BLOCK_M=BLOCK_M, SP=SP, BLK=blk, CAP=cap,
                                            FIVE=search == "5ary", num_warps=nw)
     elif method == "bits":
         NP = triton.next_power_of_2(N)
         nw = 16 if NP >= 8192 else (8 if NP >= 2048 else 4)
-        _bits_topk_kernel[(B * H * nq,)](scratch, pml, out, N, H, G, nq, n_split, k,
+        _bits_topk_kernel[(B * H * nq,)](scratch, pml, o0, o1, N, H, G, nq, n_split, k, PER_TOKEN=per_token,
                                          GP=GP, BLOCK_M=BLOCK_M, SP=SP, NP=NP, num_warps=nw)
     else:
         raise ValueError(f"unknown top-k method {method!r}")
@@ -568,12 +599,12 @@ def _landmark_pass1(q, lm, *, block_n=64, splits=None):
     return scratch, pml, G
 
 
-def specache_select_topk(q, qk, chunk, k):
+def specache_select_topk(q, qk, chunk, k, **topk_kw):
     from kernels.specache import spec_pass1
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     scratch, pml = spec_pass1(q, qk, chunk)
-    return topk_from_scratch(scratch, pml, B, H, nq, Hq // H, qk.tokens // chunk, k)
+    return topk_from_scratch(scratch, pml, B, H, nq, Hq // H, qk.tokens // chunk, k, **topk_kw)
 
 
 def select_topk_ref(q, lm, k):
