@@ -1,6 +1,10 @@
 """Small CUDA run of the engine's Triton path against the torch reference, for compute-sanitizer.
 
-    python -m kernels.engine.selfcheck   -> prints one line per design, exits 1 on a mismatch
+    python -m kernels.engine.selfcheck [--graph] [--kernels] [DESIGN ...]
+        -> prints one line per design (eager; with --graph also captured and replayed) and, with
+           --kernels, per kernel variant the engine may pick (both key-rebuild kernels, every top-k
+           method with one and per-token outputs, the fused residual norm) against its twin at small
+           shapes; exits 1 on a mismatch
 """
 
 from __future__ import annotations
@@ -83,9 +87,57 @@ def check_graph(name, miss_rate=0.33, replays=2):
     return worst, e, len(captured), moved
 
 
+def kernel_checks():
+    """(name, ok) per kernel variant, fresh random inputs, outputs poisoned first."""
+    from kernels.engine import fastselect, fused
+    from kernels.rebuild import rebuild_keys, rebuild_keys_ref
+    g = torch.Generator(device="cuda").manual_seed(5)
+    res = []
+    B, T, R, H, d, n = 5, 4096, 40, 8, 128, 70
+    U = torch.randn(B, T, R, device="cuda", generator=g).bfloat16()
+    SV = (torch.randn(B, H, R, d, device="cuda", generator=g) / R ** 0.5).bfloat16()
+    idx = torch.stack([torch.randperm(T // 8, device="cuda", generator=g)[:n] for _ in range(B * H)]).view(B, H, n)
+    idx = idx.sort(-1).values.to(torch.int32)
+    ref = rebuild_keys_ref(U, SV, idx, torch.zeros(B, H, n * 8 + 16, d, device="cuda", dtype=torch.float32),
+                           slot_offset=8)
+    for impl in ("blocks", "resident"):
+        out = torch.full((B, H, n * 8 + 16, d), float("nan"), device="cuda", dtype=torch.float32)
+        rebuild_keys(U, SV, idx, out, slot_offset=8, impl=impl)
+        core = out[:, :, 8:8 + n * 8]
+        ok = not core.isnan().any() and out[:, :, :8].isnan().all() and out[:, :, 8 + n * 8:].isnan().all() and \
+            torch.allclose(core, ref[:, :, 8:8 + n * 8], rtol=2e-2, atol=2e-2)
+        res.append((f"rebuild {impl}", ok))
+    Bq, Hk, G, N, k = 3, 8, 4, 5000, 300
+    for nq in (1, 2):
+        q = torch.randn(Bq, nq, Hk * G, d, device="cuda", generator=g).bfloat16()
+        lm = torch.randn(Bq, Hk, N, d, device="cuda", generator=g).bfloat16()
+        sc, pml, _ = fastselect._landmark_pass1(q, lm)
+        p = fastselect.probs_from_scratch_ref(sc, pml, Bq, Hk, nq, G, N)
+        want = p.topk(k, dim=-1).values.sort(-1).values
+        for method in ("seg", "stream", "bits"):
+            outs = [torch.full((Bq, Hk, k), -7, device="cuda", dtype=torch.int32) for _ in range(nq)]
+            fastselect.topk_from_scratch(sc, pml, Bq, Hk, nq, G, N, k, out=tuple(outs), method=method)
+            got = torch.stack(outs, 1).transpose(1, 2).reshape(Bq * Hk, nq, k).long()
+            ok = bool((got.diff(dim=-1) > 0).all()) and torch.allclose(p.gather(-1, got).sort(-1).values, want,
+                                                                       rtol=1e-5, atol=1e-12)
+            res.append((f"top-k {method} nq={nq} per-token", ok))
+    x = torch.randn(7, 2, 4096, device="cuda", generator=g).bfloat16()
+    y = torch.randn(7, 2, 4096, device="cuda", generator=g).bfloat16()
+    w = (torch.rand(4096, device="cuda", generator=g) + 0.5).bfloat16()
+    s_, h_ = fused.add_rmsnorm(x, y, w)
+    s_ref, h_ref = fused.add_rmsnorm_ref(x, y, w)
+    res.append(("add_rmsnorm", torch.equal(s_, s_ref) and torch.allclose(h_.float(), h_ref.float(), rtol=1e-2,
+                                                                          atol=1e-2)))
+    return res
+
+
 def main():
     bad = 0
-    args = [a for a in sys.argv[1:] if a != "--graph"]
+    if "--kernels" in sys.argv:
+        for name, ok in kernel_checks():
+            bad += not ok
+            print(f"{name:32s} {'OK' if ok else 'MISMATCH'}", flush=True)
+    args = [a for a in sys.argv[1:] if a not in ("--graph", "--kernels")]
     names = args or ["dualdecoder", "dualdecoder-fifo", "shadowkv", "specache", "dualdecoder-cpu-gather"]
     for name in names:
         worst, e = check(name, steps=2 if len(names) == 1 else 3)
