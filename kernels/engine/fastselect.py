@@ -92,6 +92,21 @@ def _row_norm(pml, bh, n_split, r, BLOCK_M: tl.constexpr, SP: tl.constexpr):
 
 
 @triton.jit
+def _group_norms(pml, bh, n_split, t, G, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr):
+    """Token t's group rows' normalisers as vectors [GP] (rows g >= G: 0, so their probabilities are
+    0), each computed exactly as `_row_norm` (the bits kernel's fp32 results)."""
+    gg = tl.arange(0, GP)
+    mv = tl.zeros([GP], tl.float32)
+    iv = tl.zeros([GP], tl.float32)
+    for g in tl.static_range(GP):
+        if g < G:
+            m, inv = _row_norm(pml, bh, n_split, t * GP + g, BLOCK_M, SP)
+            mv = tl.where(gg == g, m, mv)
+            iv = tl.where(gg == g, inv, iv)
+    return mv, iv
+
+
+@triton.jit
 def _out_row(out, out1, b, t, h, H, NQ, K, PER_TOKEN: tl.constexpr):
     """Where the ids of row (request b, token t, KV head h) go: `out` [B, NQ, H, K], or with PER_TOKEN
     one [B, H, K] tensor per token (`out` for token 0, `out1` for token 1): the engine's true selection
@@ -206,14 +221,7 @@ def _stream_topk_kernel(scratch, pml, out, out1, buf, N, H, G, NQ, n_split, K,
     h = bh % H
     gg = tl.arange(0, GP)
     gv = gg < G
-    # each group row's normaliser, computed exactly as the bits kernel does (same fp32 results)
-    mv = tl.zeros([GP], tl.float32)
-    iv = tl.zeros([GP], tl.float32)
-    for g in tl.static_range(GP):
-        if g < G:
-            m, inv = _row_norm(pml, bh, n_split, t * GP + g, BLOCK_M, SP)
-            mv = tl.where(gg == g, m, mv)
-            iv = tl.where(gg == g, inv, iv)
+    mv, iv = _group_norms(pml, bh, n_split, t, G, GP, BLOCK_M, SP)
     sb = scratch + bh.to(tl.int64) * BLOCK_M * N + (t * GP + gg).to(tl.int64)[:, None] * N
     bb = buf + pid.to(tl.int64) * (2 * CAP)        # bits at [0, CAP), chunk ids at [CAP, 2 CAP)
     cnt = tl.zeros([], tl.int32)
@@ -365,13 +373,7 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
     bh = row // NQ
     gg = tl.arange(0, GP)
     gv = gg < G
-    mv = tl.zeros([GP], tl.float32)
-    iv = tl.zeros([GP], tl.float32)
-    for g in tl.static_range(GP):
-        if g < G:
-            m, inv = _row_norm(pml, bh, n_split, t * GP + g, BLOCK_M, SP)
-            mv = tl.where(gg == g, m, mv)
-            iv = tl.where(gg == g, inv, iv)
+    mv, iv = _group_norms(pml, bh, n_split, t, G, GP, BLOCK_M, SP)
     sb = scratch + bh.to(tl.int64) * BLOCK_M * N + (t * GP + gg).to(tl.int64)[:, None] * N
     n = s * SEG + tl.arange(0, SEG)
     nv = n < N
