@@ -6,7 +6,9 @@ over the selection state and no torch top-k or sort.
     topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search=None,
                       seg=None, slots=None, cuts=None)
         -> the fused normalise + group-max + top-k ("seg": the default wherever its merge fits in
-           MAX_MERGE candidates, else "bits"; "stream" and "bits" on request)
+           MAX_MERGE candidates, else "bits"; "stream" and "bits" on request); `out`: None, one
+           [B, nq, H, k] tensor, or a tuple of nq (<= 2) [B, H, k] tensors, one per token (the
+           engine's true selection and next-step prediction, written in place)
     probs_from_scratch_ref(...)  torch twin of the kernels' group-max probabilities
     topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k)   torch twin of the kernel (same fp32
         probabilities, same tie rule), used by the tests
@@ -31,9 +33,9 @@ only) and sets T to the k-th largest. Exact: top-k(A u B) = top-k(top-k(A) u B) 
 and a later chunk equal to T ranks below every kept one (larger id), so only chunks strictly above T
 are appended. The final top-k of the buffer is the answer. Extra memory: 2 x CAP int32 per program.
 The cut's K-th largest is a 31-step binary search (default) or, with search="5ary", a 5-ary search
-with packed counts (14 reductions; not timed on the GPU yet). Measured on the H200 (README of
-kernels/engine, "Selection top-k"): 1.40x faster than the bit search at 128K, batch 64 (3.67x its
-byte floor), about equal at batch 4, slower at N = 4096 (hence STREAM_MIN_N).
+with packed counts (14 reductions; not timed on the GPU yet). Measured on the H200 (devcheck_select,
+tree 0149cb3): 1.40x faster than the bit search at 128K, batch 64 (3.67x its byte floor), about
+equal at batch 4, slower at N = 4096 (hence STREAM_MIN_N).
 "bits" (`_bits_topk_kernel`, the first kernel; the default only where "seg"'s merge would exceed
 MAX_MERGE candidates, i.e. k close to N at large N): the whole row in registers, a 31-step binary
 search on the bits over all N entries.
