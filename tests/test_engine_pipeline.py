@@ -318,3 +318,15 @@ def test_fast_plan_bitmaps_edge_cases(n_chunks):
             assert sorted(zip(a.bh[:n].tolist(), getattr(a, f)[:n].tolist())) == \
                 sorted(zip(b.bh[:n].tolist(), getattr(b, f)[:n].tolist()))
         assert torch.equal(a.assembled, b.assembled)
+
+
+def test_selfcheck_bad_input_one_line(monkeypatch, capsys):
+    from kernels.engine import selfcheck
+    monkeypatch.setattr("sys.argv", ["selfcheck", "--kernels", "nosuch"])
+    assert selfcheck.main() == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nosuch" in err
+    if not torch.cuda.is_available():
+        monkeypatch.setattr("sys.argv", ["selfcheck", "dualdecoder"])
+        assert selfcheck.main() == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -133,6 +133,14 @@ def kernel_checks():
 
 def main():
     bad = 0
+    wrong = [a for a in sys.argv[1:] if a not in ("--graph", "--kernels") and (a.startswith("-") or a not in SYSTEMS)]
+    if wrong:
+        print(f"error: unknown design or option {wrong[0]!r} (designs: {', '.join(SYSTEMS)}; options: --graph, "
+              "--kernels)", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("error: selfcheck runs the engine's CUDA path and needs a CUDA GPU", file=sys.stderr)
+        return 2
     if "--kernels" in sys.argv:
         for name, ok in kernel_checks():
             bad += not ok
