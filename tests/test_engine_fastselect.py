@@ -328,3 +328,13 @@ def test_seg_topk_gpu(B, nq, G, N, k, seg, ties):
         fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=per, method=method, seg=seg)
         for t in range(nq):
             assert torch.equal(per[t], whole[:, t]), (method, t)
+
+
+def test_select_twins_take_per_token_outputs():
+    g = torch.Generator().manual_seed(21)
+    q, lm = torch.randn(2, 2, 8, 16, generator=g), torch.randn(2, 2, 40, 16, generator=g)
+    whole = fastselect.select_topk_ref(q, lm, 6)
+    outs = tuple(_poisoned((2, 2, 6), "cpu") for _ in range(2))
+    assert fastselect.select_topk_ref(q, lm, 6, out=outs) is outs
+    for t in range(2):
+        assert torch.equal(outs[t], whole[:, t])

@@ -449,7 +449,7 @@ class Engine:
     def _sparse_attention(self, i, q, k, v, nq, predecode):
         s, cfg = self.sys, self.cfg
         u = self.use
-        if nq == 2 and not (self.ref or self.split):
+        if nq == 2 and not self.split:
             # the top-k writes token 0's ids (this step's true selection) and token 1's (the next
             # step's prediction) straight into their buffers: no slicing copies
             true = torch.empty(self.B, self.H, self.kc, device=self.dev, dtype=torch.int32)

@@ -144,11 +144,7 @@ def _bits_topk_kernel(scratch, pml, out, out1, N, H, G, NQ, n_split, K,
             p = tl.maximum(p, tl.exp2(s - m) * inv)
     bits = p.to(tl.int32, bitcast=True)
     bits = tl.where(nv, bits, -1)       # padding is never chosen
-    thr = tl.zeros([], tl.int32)
-    for i in tl.static_range(31):
-        cand = thr | (1 << (30 - i))
-        cnt = tl.sum((bits >= cand).to(tl.int32), 0)
-        thr = tl.where(cnt >= K, cand, thr)
+    thr = _kth_binary(bits, K)
     gt = bits > thr
     eq = bits == thr
     need = K - tl.sum(gt.to(tl.int32), 0)
@@ -157,6 +153,17 @@ def _bits_topk_kernel(scratch, pml, out, out1, N, H, G, NQ, n_split, K,
     pos = tl.cumsum(take.to(tl.int32), 0) - 1
     ob = _out_row(out, out1, b, t, h, H, NQ, K, PER_TOKEN)
     tl.store(ob + pos, n, mask=take)
+
+
+@triton.jit
+def _kth_binary(vb, K):
+    """The K-th largest of `vb` (non-negative int32 bits; -1 = empty): a 31-step binary search on the bits."""
+    thr = tl.zeros([], tl.int32)
+    for i in tl.static_range(31):
+        cand = thr | (1 << (30 - i))
+        cnt = tl.sum((vb >= cand).to(tl.int32), 0)
+        thr = tl.where(cnt >= K, cand, thr)
+    return thr
 
 
 @triton.jit
@@ -169,11 +176,7 @@ def _take_topk(vb, K, FIVE: tl.constexpr):
     if FIVE:
         thr = _kth_5ary(vb, K)
     else:
-        thr = tl.zeros([], tl.int32)
-        for i in tl.static_range(31):
-            cand = thr | (1 << (30 - i))
-            cnt = tl.sum((vb >= cand).to(tl.int32), 0)
-            thr = tl.where(cnt >= K, cand, thr)
+        thr = _kth_binary(vb, K)
     gt = vb > thr
     eq = vb == thr
     ce = tl.sum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), 0)
@@ -611,11 +614,23 @@ def specache_select_topk(q, qk, chunk, k, **topk_kw):
     return topk_from_scratch(scratch, pml, B, H, nq, Hq // H, qk.tokens // chunk, k, **topk_kw)
 
 
-def select_topk_ref(q, lm, k):
-    return select_chunks_ref(q, lm, k)
+def _into(ids, out):
+    """The twins' ids [B, nq, H, k] delivered as the kernels deliver them (`out` of topk_from_scratch)."""
+    if out is None:
+        return ids
+    if isinstance(out, torch.Tensor):
+        out.copy_(ids)
+        return out
+    for t, o in enumerate(out):
+        o.copy_(ids[:, t])
+    return out
 
 
-def specache_select_topk_ref(q, qk, chunk, k):
+def select_topk_ref(q, lm, k, out=None):
+    return _into(select_chunks_ref(q, lm, k), out)
+
+
+def specache_select_topk_ref(q, qk, chunk, k, out=None):
     from kernels.specache import specache_chunk_scores_ref
     p = specache_chunk_scores_ref(q, qk, chunk)
-    return p.topk(k, dim=-1).indices.sort(-1).values.to(torch.int32)
+    return _into(p.topk(k, dim=-1).indices.sort(-1).values.to(torch.int32), out)
