@@ -131,6 +131,51 @@ def _ops(ref: bool) -> _Ops:
                 fastselect.select_topk, fastselect.specache_select_topk)
 
 
+def buffer_rows(cfg: EngineConfig, system) -> tuple[int, int, int, int]:
+    """(outlier rows, resident rows R0, resident capacity Rcap, buffer tokens S) of a sparse design's
+    KV buffers: S = the k selected chunks, then Rcap + 2 rows (outliers, the local window, the
+    generated-token slots and the new tokens) rounded up to whole chunks."""
+    C = cfg.chunk
+    out_rows = cfg.outlier_chunks * C if system.outliers else 0
+    R0 = out_rows + cfg.local
+    Rcap = R0 + cfg.gen_slots
+    return out_rows, R0, Rcap, (cfg.budget // C) * C + -(-(Rcap + 2) // C) * C
+
+
+# ShadowKV's fetch of one layer (the reuse branch of Engine._sparse_attention), in its two parts, so
+# that the engine and the reuse-fetch record of kernels/engine/bench.py run the same code. kb, vb: the
+# layer's buffers (kb None: values only); pk, pv: the spare buffer's first kC = k*C tokens (pk None:
+# values only); prev_true, true: the previous and this step's selections [B, H, k].
+
+def reuse_copy(kb, vb, pk, pv):
+    """The previous selection's rows of the layer's buffer (its first kC tokens) into the spare."""
+    kC = pv.shape[2]
+    pv.copy_(vb[:, :, :kC])
+    if pk is not None:
+        pk.copy_(kb[:, :, :kC])
+
+
+def reuse_gather(gather, host_kv, layer, true, prev_true, kb, vb, pk, pv):
+    """`true` into the layer's buffer: hits from the spare, misses from host_kv[layer] (`gather`:
+    kernels.gather.gather_uva, its own plan reuse_plan(prev_true, true) included, with its default
+    launch, or the torch twin). Returns the gather's src_slot (None from the twin)."""
+    return gather(host_kv, layer, true, kb, vb, prev=(prev_true, pk, pv))
+
+
+def reuse_fetch(gather, host_kv, layer, true, prev_true, kb, vb, pk, pv):
+    """The whole fetch: reuse_copy, then reuse_gather (on the current stream)."""
+    reuse_copy(kb, vb, pk, pv)
+    return reuse_gather(gather, host_kv, layer, true, prev_true, kb, vb, pk, pv)
+
+
+def reuse_launch(gather) -> dict:
+    """{'programs', 'items'} of the reuse gather as the engine launches it: reuse_gather passes
+    neither, so `gather`'s defaults (32 persistent programs, 2 chunks in flight each)."""
+    import inspect
+    p = inspect.signature(gather).parameters
+    return {n: p[n].default for n in ("programs", "items")}
+
+
 @dataclass
 class StepStats:
     prefetch_items: list = field(default_factory=list)   # ints (items of one chunk-head)
@@ -186,12 +231,9 @@ class Engine:
             self.hl = host_kv.shape[0]
         elif cfg.transfers:
             raise DDBenchError("a sparse design needs host_kv")
-        self.out_rows = cfg.outlier_chunks * C if s.outliers else 0
-        self.R0 = self.out_rows + cfg.local
-        self.Rcap = self.R0 + cfg.gen_slots
+        self.out_rows, self.R0, self.Rcap, self.S = buffer_rows(cfg, s)
         self.recent_k = torch.empty(L, B, H, self.Rcap, d, device=self.dev, dtype=dt).normal_(generator=g0)
         self.recent_v = torch.empty(L, B, H, self.Rcap, d, device=self.dev, dtype=dt).normal_(generator=g0)
-        self.S = self.kc * C + -(-(self.Rcap + 2) // C) * C
         if s.landmarks:
             self.lm = torch.empty(L, B, H, self.N, d, device=self.dev, dtype=dt).normal_(generator=g0)
         if s.quant_bits:
@@ -516,11 +558,8 @@ class Engine:
 
             def fetch():
                 with nvtx_range(f"fetch L{i}"):
-                    pv.copy_(vb[:, :, :kC])
-                    if pk is not None:
-                        pk.copy_(kb[:, :, :kC])
-                    return self.ops.gather(self.host, self._hl(i), true, None if vo else kb, vb,
-                                           prev=(self.prev_true[i], pk, pv))
+                    return reuse_fetch(self.ops.gather, self.host, self._hl(i), true, self.prev_true[i],
+                                       None if vo else kb, vb, pk, pv)
             ev, src = self.sched.run("compute", "fetch", fetch, waits=[self.free_ev[b]], layer=i, buf=b, use=u)
             waits = [ev]
             if src is None:  # torch twin returns nothing: count on the host
