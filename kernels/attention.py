@@ -35,7 +35,7 @@ def _attn_kernel(q, k, v, lengths, o, po, pml,
                  s_qb, s_qt, s_qh, s_kb, s_kh, s_kt, s_ob, s_ot, s_oh,
                  H, G, NQ, n_split, split_len, scale_log2,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 SPLIT: tl.constexpr, PDL: tl.constexpr = False):
+                 SPLIT: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
@@ -75,7 +75,7 @@ def _attn_kernel(q, k, v, lengths, o, po, pml,
 
 @triton.jit
 def _combine_kernel(po, pml, o, s_ob, s_ot, s_oh, H, G, n_split,
-                    D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr = False):
+                    D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     bh = tl.program_id(0)
     i = tl.program_id(1)  # valid row: token t = i // G, head g = i % G

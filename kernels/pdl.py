@@ -26,19 +26,27 @@ def _capable(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
+MODES = {"0": 0, "start": 1, "1": 1, "wait": 2}   # DDBENCH_PDL: off; trigger at start + wait; wait only
+
+
+def pdl_mode() -> int:
+    return MODES.get(os.environ.get("DDBENCH_PDL", "1"), 1)
+
+
 def pdl_on(t: torch.Tensor) -> bool:
-    if not t.is_cuda or os.environ.get("DDBENCH_PDL", "1") == "0":
+    if not t.is_cuda or pdl_mode() == 0:
         return False
     return _capable(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
 
 def pdl_kw(t: torch.Tensor) -> dict:
     """Launch keywords for a kernel that starts with pdl_enter(PDL), on the device of `t`."""
-    return dict(PDL=True, launch_pdl=True) if pdl_on(t) else dict(PDL=False)
+    return dict(PDL=pdl_mode(), launch_pdl=True) if pdl_on(t) else dict(PDL=0)
 
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
-    if PDL:
+    if PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
+    if PDL != 0:
         tl.extra.cuda.gdc_wait()

@@ -75,7 +75,7 @@ def _sincos(ang, FAST: tl.constexpr):
 def _rebuild_kernel(U, SV, idx, inv_freq, k_out, n_sel, H,
                     s_ub, s_ut, s_sb, s_sh, s_sr, s_ob, s_oh, s_ot, slot_offset,
                     R: tl.constexpr, C: tl.constexpr, D: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr,
-                    EVEN_N: tl.constexpr, FAST: tl.constexpr, PDL: tl.constexpr = False):
+                    EVEN_N: tl.constexpr, FAST: tl.constexpr, PDL: tl.constexpr = 0):
     """Program (request*head, block): BC selected chunks (BC*C tokens) of one (request, head)."""
     pdl_enter(PDL)
     bh = tl.program_id(0)
@@ -126,7 +126,7 @@ def _rebuild_kernel(U, SV, idx, inv_freq, k_out, n_sel, H,
 def _rebuild_resident_kernel(U, SV, idx, inv_freq, k_out, n_sel, H, tiles,
                              s_ub, s_ut, s_sb, s_sh, s_sr, s_ob, s_oh, s_ot, slot_offset,
                              R: tl.constexpr, C: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-                             R1: tl.constexpr, R2: tl.constexpr, FAST: tl.constexpr, PDL: tl.constexpr = False):
+                             R1: tl.constexpr, R2: tl.constexpr, FAST: tl.constexpr, PDL: tl.constexpr = 0):
     """Program (request*head, p): `tiles` blocks of BC chunks of one (request, head), p-th run of them;
     SV[b, h] is loaded once per program (rank split R1 + R2: a power of two and a masked rest)."""
     pdl_enter(PDL)

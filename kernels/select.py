@@ -33,7 +33,7 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
                  H, G, NQ, n_split, split_len, scale_log2,
-                 D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+                 D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = 0):
     """Raw scores of one (request, KV head, split) to scratch; that split's row max and sum."""
     pdl_enter(PDL)
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
@@ -61,7 +61,7 @@ def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
 
 @triton.jit
 def _score_pass2(scratch, pml, out, N, H, G, NQ, n_split, split_len,
-                 GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr = False):
+                 GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr = 0):
     """Softmax with the global row max and sum, then the max over the group, for one split."""
     pdl_enter(PDL)
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)

@@ -121,7 +121,7 @@ def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt,
                  s_sb, s_sh, s_sg, H, G, NQ, n_split, split_groups, scale_log2, T_out,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
                  PASS: tl.constexpr, SP: tl.constexpr, CHUNK: tl.constexpr, GB: tl.constexpr,
-                 ROWLOAD: tl.constexpr = False, PDL: tl.constexpr = False):
+                 ROWLOAD: tl.constexpr = False, PDL: tl.constexpr = 0):
     """GB groups (GB * GROUP tokens, GB * GROUP / 4 byte rows) per iteration: the codes' 4 token
     phases are dequantised in registers (zero + scale * code, the group's scale broadcast over its
     rows) and each phase is one [rows, D] x [D, BLOCK_M] dot."""
@@ -254,7 +254,7 @@ def _codes_kernel(q, codes, scale, zero, zs, pml, out, scratch, n_groups, s_qb, 
                   s_sb, s_sh, s_sg, H, G, NQ, n_split, split_groups, scale_log2, T_out,
                   D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
                   PASS: tl.constexpr, SP: tl.constexpr, CHUNK: tl.constexpr, GB: tl.constexpr,
-                  ASM: tl.constexpr, PDL: tl.constexpr = False):
+                  ASM: tl.constexpr, PDL: tl.constexpr = 0):
     """Scores on the raw codes: per group g, s_t = (q * scale_g) . code_t + q . zero_g. One batched
     dot per token phase, [GB groups] x [byte rows (M), D] x [D, query rows]: the codes are the A
     operand, unpacked in registers (_codes_phase), the group's fp16 q * scale * log2(e)/sqrt(d) the B

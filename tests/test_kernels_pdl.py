@@ -8,9 +8,9 @@ from kernels.pdl import pdl_kw, pdl_on
 
 def test_pdl_off_on_cpu(monkeypatch):
     x = torch.zeros(4)
-    assert not pdl_on(x) and pdl_kw(x) == dict(PDL=False)
+    assert not pdl_on(x) and pdl_kw(x) == dict(PDL=0)
     monkeypatch.setenv("DDBENCH_PDL", "0")
-    assert pdl_kw(x) == dict(PDL=False)
+    assert pdl_kw(x) == dict(PDL=0)
 
 
 @pytest.mark.gpu

@@ -128,7 +128,7 @@ def _out_row(out, out1, b, t, h, H, NQ, K, PER_TOKEN: tl.constexpr):
 
 @triton.jit
 def _bits_topk_kernel(scratch, pml, out, out1, N, H, G, NQ, n_split, K,
-                      PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr = False):
+                      PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
     t = pid % NQ
@@ -221,7 +221,7 @@ def _kth_5ary(vb, K):
 @triton.jit
 def _stream_topk_kernel(scratch, pml, out, out1, buf, N, H, G, NQ, n_split, K,
                         PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr,
-                        BLK: tl.constexpr, CAP: tl.constexpr, FIVE: tl.constexpr, PDL: tl.constexpr = False):
+                        BLK: tl.constexpr, CAP: tl.constexpr, FIVE: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
     t = pid % NQ
@@ -368,7 +368,7 @@ def _select_topk(vb, K, SEARCH: tl.constexpr, CUTS: tl.constexpr):
 @triton.jit
 def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, KK, S,
                      GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, SEG: tl.constexpr,
-                     SEARCH: tl.constexpr, CUTS: tl.constexpr, PDL: tl.constexpr = False):
+                     SEARCH: tl.constexpr, CUTS: tl.constexpr, PDL: tl.constexpr = 0):
     """Stage 1 of "seg": one program per (row, segment of SEG chunks): the segment's group-max
     probabilities in registers, and a candidate set that contains the segment's top-K in the
     contract's order, at most KK entries, written (bits, chunk id) in id order to the segment's KK
@@ -424,7 +424,7 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
 
 @triton.jit
 def _merge_topk_kernel(cbits, cids, cinfo, out, out1, H, NQ, K, KK, S,
-                       PER_TOKEN: tl.constexpr, CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr, PDL: tl.constexpr = False):
+                       PER_TOKEN: tl.constexpr, CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr, PDL: tl.constexpr = 0):
     """Stage 2 of "seg": one program per row, the exact top-K of its segments' candidates (in id order,
     so position order is id order), ids written ascending. SEARCH 0: `_bisect` between the largest
     segment bound T (at least K candidates >= it) and the largest candidate, stopping at count == K."""

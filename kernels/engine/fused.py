@@ -29,7 +29,7 @@ from kernels.pdl import pdl_enter, pdl_kw
 
 
 @triton.jit
-def _rmsnorm_kernel(x, w, out, n, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _rmsnorm_kernel(x, w, out, n, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -50,7 +50,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor
 
 
 @triton.jit
-def _add_rmsnorm_kernel(x, y, w, s_out, out, n, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _add_rmsnorm_kernel(x, y, w, s_out, out, n, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -82,7 +82,7 @@ def add_rmsnorm_ref(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: floa
 
 
 @triton.jit
-def _rope_split_kernel(qkv, cos, sin, q, k, v, T, Hq, H, D: tl.constexpr, PDL: tl.constexpr = False):
+def _rope_split_kernel(qkv, cos, sin, q, k, v, T, Hq, H, D: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0)            # b * T + t
     head = tl.program_id(1)           # 0..Hq+2H-1
@@ -131,7 +131,7 @@ def rope_split_ref(qkv, cos, sin, Hq, H, d):
 
 
 @triton.jit
-def _swiglu_kernel(gu, out, I, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _swiglu_kernel(gu, out, I, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -158,7 +158,7 @@ def swiglu_ref(gu):
 
 @triton.jit
 def _assemble_kernel(kb, vb, rk, rv, knew, vnew, g_ptr, H, Rcap, kC, R0, NQ,
-                     s_bb, s_bh, s_bs, s_rb, s_rh, s_rs, D: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = False):
+                     s_bb, s_bh, s_bs, s_rb, s_rh, s_rs, D: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     bh = tl.program_id(0)
     b = bh // H

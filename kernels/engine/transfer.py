@@ -234,7 +234,7 @@ class _Ev:
 
 @triton.jit
 def _plan_kernel(pred, true, bits, count, bh_out, chunk_out, slot_out, assembled, K, W,
-                 KP: tl.constexpr, PDL: tl.constexpr = False):
+                 KP: tl.constexpr, PDL: tl.constexpr = 0):
     """One (b, h): membership of true in pred and of pred in true through two bitmaps of the chunk
     ids (W int32 words each, zeroed by the caller): set with atomic ORs, read after a barrier from
     L2 (.cg), so the cost is O(k), not the O(k^2) of comparing every pair."""
@@ -291,7 +291,7 @@ def plan_misses_fast(pred: torch.Tensor, true: torch.Tensor, n_chunks: int | Non
 
 
 @triton.jit
-def _perturb_kernel(base, out, seed_ptr, salt, K, M, W, KP: tl.constexpr, LOG_KP: tl.constexpr, PDL: tl.constexpr = False):
+def _perturb_kernel(base, out, seed_ptr, salt, K, M, W, KP: tl.constexpr, LOG_KP: tl.constexpr, PDL: tl.constexpr = 0):
     """One program per (b, h); O(k log^2 k), no loop over the data.
 
     Dropped entries: positions 0..K-1 are cut into M strata [floor(i K / M), floor((i+1) K / M)),
@@ -333,7 +333,7 @@ def _perturb_kernel(base, out, seed_ptr, salt, K, M, W, KP: tl.constexpr, LOG_KP
 
 
 @triton.jit
-def _perturb_uniforms_kernel(seed_ptr, salt, u_out, KP: tl.constexpr, PDL: tl.constexpr = False):
+def _perturb_uniforms_kernel(seed_ptr, salt, u_out, KP: tl.constexpr, PDL: tl.constexpr = 0):
     """The two uniforms per stratum that _perturb_kernel draws (for its torch twin)."""
     pdl_enter(PDL)
     bh = tl.program_id(0)
