@@ -22,8 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_enter, pdl_kw
-
 from ddbench.core.errors import DDBenchError
 from kernels.grouprows import group_rows, load_group_queries
 
@@ -35,8 +33,7 @@ def _attn_kernel(q, k, v, lengths, o, po, pml,
                  s_qb, s_qt, s_qh, s_kb, s_kh, s_kt, s_ob, s_ot, s_oh,
                  H, G, NQ, n_split, split_len, scale_log2,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 SPLIT: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+                 SPLIT: tl.constexpr):
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
     dd = tl.arange(0, D)
@@ -75,8 +72,7 @@ def _attn_kernel(q, k, v, lengths, o, po, pml,
 
 @triton.jit
 def _combine_kernel(po, pml, o, s_ob, s_ot, s_oh, H, G, n_split,
-                    D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+                    D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr):
     bh = tl.program_id(0)
     i = tl.program_id(1)  # valid row: token t = i // G, head g = i % G
     b = bh // H
@@ -152,11 +148,11 @@ def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, bl
                                    o.stride(0), o.stride(1), o.stride(2),
                                    H, G, nq, n_split, split_len, scale,
                                    D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT=n_split > 1,
-                                   num_warps=num_warps, num_stages=num_stages, **pdl_kw(q))
+                                   num_warps=num_warps, num_stages=num_stages)
     if n_split > 1:
         _combine_kernel[(B * H, nq * G)](po, pml, o, o.stride(0), o.stride(1), o.stride(2), H, G, n_split,
                                          D=d, GP=GP, BLOCK_M=BLOCK_M, SP=triton.next_power_of_2(n_split),
-                                         num_warps=4, **pdl_kw(o))
+                                         num_warps=4)
     return o
 
 

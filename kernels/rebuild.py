@@ -23,8 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_enter, pdl_kw
-
 from ddbench.core.errors import DDBenchError
 
 
@@ -75,9 +73,8 @@ def _sincos(ang, FAST: tl.constexpr):
 def _rebuild_kernel(U, SV, idx, inv_freq, k_out, n_sel, H,
                     s_ub, s_ut, s_sb, s_sh, s_sr, s_ob, s_oh, s_ot, slot_offset,
                     R: tl.constexpr, C: tl.constexpr, D: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr,
-                    EVEN_N: tl.constexpr, FAST: tl.constexpr, PDL: tl.constexpr = 0):
+                    EVEN_N: tl.constexpr, FAST: tl.constexpr):
     """Program (request*head, block): BC selected chunks (BC*C tokens) of one (request, head)."""
-    pdl_enter(PDL)
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
@@ -126,10 +123,9 @@ def _rebuild_kernel(U, SV, idx, inv_freq, k_out, n_sel, H,
 def _rebuild_resident_kernel(U, SV, idx, inv_freq, k_out, n_sel, H, tiles,
                              s_ub, s_ut, s_sb, s_sh, s_sr, s_ob, s_oh, s_ot, slot_offset,
                              R: tl.constexpr, C: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-                             R1: tl.constexpr, R2: tl.constexpr, FAST: tl.constexpr, PDL: tl.constexpr = 0):
+                             R1: tl.constexpr, R2: tl.constexpr, FAST: tl.constexpr):
     """Program (request*head, p): `tiles` blocks of BC chunks of one (request, head), p-th run of them;
     SV[b, h] is loaded once per program (rank split R1 + R2: a power of two and a masked rest)."""
-    pdl_enter(PDL)
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
@@ -231,11 +227,11 @@ def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset
         tiles = tiles_of(bc)
         _rebuild_resident_kernel[(B * H, triton.cdiv(triton.cdiv(n, bc), tiles))](
             U, SV, idx, inv, k_out, n, H, tiles, *strides, R=R, C=chunk, D=d, BC=bc, R1=r1, R2=r2,
-            FAST=fast, num_warps=kw["num_warps"], num_stages=kw["num_stages"], **pdl_kw(k_out))
+            FAST=fast, num_warps=kw["num_warps"], num_stages=kw["num_stages"])
     else:
         _rebuild_kernel[(B * H, triton.cdiv(n, bc))](
             U, SV, idx, inv, k_out, n, H, *strides, R=R, C=chunk, D=d, BC=bc, RB=kw["rank_block"],
-            EVEN_N=n % bc == 0, FAST=fast, num_warps=kw["num_warps"], num_stages=kw["num_stages"], **pdl_kw(k_out))
+            EVEN_N=n % bc == 0, FAST=fast, num_warps=kw["num_warps"], num_stages=kw["num_stages"])
     return k_out
 
 

@@ -21,8 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_enter, pdl_kw
-
 from ddbench.core.errors import DDBenchError
 from kernels.grouprows import group_rows, load_group_queries
 from kernels.indexsets import index_overlap  # noqa: F401  (re-exported)
@@ -33,9 +31,8 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
                  H, G, NQ, n_split, split_len, scale_log2,
-                 D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = 0):
+                 D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Raw scores of one (request, KV head, split) to scratch; that split's row max and sum."""
-    pdl_enter(PDL)
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
     dd = tl.arange(0, D)
@@ -61,9 +58,8 @@ def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
 
 @triton.jit
 def _score_pass2(scratch, pml, out, N, H, G, NQ, n_split, split_len,
-                 GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr = 0):
+                 GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SP: tl.constexpr):
     """Softmax with the global row max and sum, then the max over the group, for one split."""
-    pdl_enter(PDL)
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     ss = tl.arange(0, SP)
     pidx = (bh * n_split + ss)[:, None] * BLOCK_M + r[None, :]
@@ -119,9 +115,9 @@ def score_chunks(q, lm, *, out=None, block_n=64, splits=None, scratch=None):
     grid = (B * H, n_split)
     _score_pass1[grid](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
                        H, G, nq, n_split, split_len, LOG2E / math.sqrt(d),
-                       D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4, **pdl_kw(q))
+                       D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4)
     _score_pass2[grid](scratch, pml, out, N, H, G, nq, n_split, split_len,
-                       GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SP=triton.next_power_of_2(n_split), num_warps=4, **pdl_kw(q))
+                       GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SP=triton.next_power_of_2(n_split), num_warps=4)
     return out
 
 

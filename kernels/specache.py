@@ -39,8 +39,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_enter, pdl_kw
-
 from ddbench.core.errors import DDBenchError
 from kernels.grouprows import group_rows, load_group_queries
 
@@ -121,11 +119,10 @@ def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt,
                  s_sb, s_sh, s_sg, H, G, NQ, n_split, split_groups, scale_log2, T_out,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
                  PASS: tl.constexpr, SP: tl.constexpr, CHUNK: tl.constexpr, GB: tl.constexpr,
-                 ROWLOAD: tl.constexpr = False, PDL: tl.constexpr = 0):
+                 ROWLOAD: tl.constexpr = False):
     """GB groups (GB * GROUP tokens, GB * GROUP / 4 byte rows) per iteration: the codes' 4 token
     phases are dequantised in registers (zero + scale * code, the group's scale broadcast over its
     rows) and each phase is one [rows, D] x [D, BLOCK_M] dot."""
-    pdl_enter(PDL)
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D).to(tl.float16)
     dd = tl.arange(0, D)
@@ -254,14 +251,13 @@ def _codes_kernel(q, codes, scale, zero, zs, pml, out, scratch, n_groups, s_qb, 
                   s_sb, s_sh, s_sg, H, G, NQ, n_split, split_groups, scale_log2, T_out,
                   D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
                   PASS: tl.constexpr, SP: tl.constexpr, CHUNK: tl.constexpr, GB: tl.constexpr,
-                  ASM: tl.constexpr, PDL: tl.constexpr = 0):
+                  ASM: tl.constexpr):
     """Scores on the raw codes: per group g, s_t = (q * scale_g) . code_t + q . zero_g. One batched
     dot per token phase, [GB groups] x [byte rows (M), D] x [D, query rows]: the codes are the A
     operand, unpacked in registers (_codes_phase), the group's fp16 q * scale * log2(e)/sqrt(d) the B
     operand. q . zero_g of the split's groups comes first (one dot per 16 groups, to `zs`) and enters
     the softmax per row, never per score. M row m of a group is byte row (m % NCH) * PER + m // NCH,
     so a chunk's PER byte rows are M rows NCH apart: its max is a register-local max."""
-    pdl_enter(PDL)
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qv = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
     qs = (qv.to(tl.float32) * scale_log2)[None, :, :]                      # [1, rows, D]
@@ -400,7 +396,7 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
         split_len = triton.cdiv(T_out, n_split)
         _score_pass2[(B * H, n_split)](scratch, pml, out, T_out, H, G, nq, n_split, split_len,
                                        GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=64, SP=triton.next_power_of_2(n_split),
-                                       num_warps=4, **pdl_kw(q))
+                                       num_warps=4)
         return out
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
     grid = (B * H, n_split)
@@ -409,16 +405,16 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
                 *sc.stride()[:3], H, G, nq, n_split, split_groups, LOG2E / math.sqrt(d), T_out)
         kw = dict(D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group, SP=triton.next_power_of_2(n_split), CHUNK=0,
                   GB=gb, num_warps=num_warps)
-        _spec_kernel[grid](*args, PASS=1, **kw, **pdl_kw(q))
-        _spec_kernel[grid](*args, PASS=2, **kw, **pdl_kw(q))
+        _spec_kernel[grid](*args, PASS=1, **kw)
+        _spec_kernel[grid](*args, PASS=2, **kw)
         return out
     zs = torch.empty(B * H * n_split * split_groups * BLOCK_M, device=q.device, dtype=torch.float32)
     args = (q, codes, sc, ze, zs, pml, out, pml, ng, q.stride(0), q.stride(1), q.stride(2), *codes.stride()[:3],
             *sc.stride()[:3], H, G, nq, n_split, split_groups, LOG2E / math.sqrt(d), T_out)
     kw = dict(D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group, SP=triton.next_power_of_2(n_split), CHUNK=0,
               GB=gb, ASM=q.is_cuda, num_warps=num_warps)
-    _codes_kernel[grid](*args, PASS=1, **kw, **pdl_kw(q))
-    _codes_kernel[grid](*args, PASS=2, **kw, **pdl_kw(q))
+    _codes_kernel[grid](*args, PASS=1, **kw)
+    _codes_kernel[grid](*args, PASS=2, **kw)
     return out
 
 
@@ -457,10 +453,10 @@ def _pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, L: _Launch, groups_per_it
     kw = dict(D=d, GP=GP, BLOCK_M=BLOCK_M, GROUP=qk.group, SP=triton.next_power_of_2(n_split), CHUNK=chunk,
               GB=groups_per_iter, num_warps=num_warps, PASS=1)
     if impl == "dequant":
-        _spec_kernel[(B * H, n_split)](q, codes, sc, ze, pml, pml, scratch, *common, ROWLOAD=rowload, **kw, **pdl_kw(q))
+        _spec_kernel[(B * H, n_split)](q, codes, sc, ze, pml, pml, scratch, *common, ROWLOAD=rowload, **kw)
     else:
         zs = torch.empty(B * H * n_split * split_groups * BLOCK_M, device=q.device, dtype=torch.float32)
         if maxnreg:
             kw["maxnreg"] = maxnreg
-        _codes_kernel[(B * H, n_split)](q, codes, sc, ze, zs, pml, pml, scratch, *common, ASM=q.is_cuda, **kw, **pdl_kw(q))
+        _codes_kernel[(B * H, n_split)](q, codes, sc, ze, zs, pml, pml, scratch, *common, ASM=q.is_cuda, **kw)
     return scratch, pml

@@ -1,7 +1,6 @@
 """Does programmatic dependent launch (PDL) shorten a CUDA graph of small dependent kernels? (H200)
 
     PYTHONPATH=. python -m kernels.engine.devcheck_pdl [--out FILE.json]
-    PYTHONPATH=. python -m kernels.engine.devcheck_pdl --engine [--reps 3] [--out FILE.json]
 
 A chain of `n` dependent elementwise Triton kernels (x -> y -> x ...) captured in one CUDA graph,
 timed with CUDA events over graph replays (median of 20 after warm-up), without and with PDL
@@ -11,9 +10,11 @@ Grids of 8 and 132 programs (glue at batch 1 and a full wave), alone and with a 
 Llama-3-8B's qkv shape (1 x 4096 x 6144 bf16) every 4 kernels (the engine's mix). Per kernel:
 (chain - GEMVs alone) / n. Checks that both chains compute the same values first.
 
---engine: compute-only engine steps (CUDA graph, the model's own selection) at a few points; each
-engine is built once, then captured with each DDBENCH_PDL setting (off, trigger at start, wait only) in turn, `--reps` times, and timed
-(median of 5 replays of 2 steps per capture): step_ms per setting and their ratio per repetition.
+The engine itself was tried with PDL on every Triton kernel of its step (commits c175bc5 and e5f1448,
+reverted after): traces/engine/h200/devcheck-pdl-engine*.json, compute-only CUDA-graph steps at
+6 points, 3 repetitions, each engine captured with and without PDL in turn. Triggering the
+dependents at kernel start was 3-4 % slower at 128K, batch 16 (cause not isolated) and
+-2..+2 % at batch 1; waiting only (no early trigger) was within 0.2-0.8 % of off. Neither is used.
 """
 from __future__ import annotations
 
@@ -55,64 +56,14 @@ def timed(fn, reps=20):
     return statistics.median(event_times(g.replay, reps, warmup=3))
 
 
-FLAGS = ("0", "start", "wait")      # DDBENCH_PDL settings compared (kernels/pdl.py)
-ENGINE_POINTS = (("dualdecoder", 32768, 1), ("dualdecoder", 131072, 16), ("dualdecoder-single", 131072, 16),
-                 ("shadowkv", 32768, 1), ("specache", 32768, 1), ("full-kv", 32768, 1))
-
-
-def engine_ab(reps: int) -> list[dict]:
-    import os
-    from ddbench.core.catalog import get_model
-    from kernels.engine.bench import hbm_gbps, run_point
-    from kernels.engine.model import Weights
-    from kernels.timing import event_times
-    model, hbm = get_model("llama-3-8b"), hbm_gbps()
-    weights = Weights.random(model, "cuda", seed=0)
-    rows = []
-    for design, ctx, batch in ENGINE_POINTS:
-        r = run_point(model, weights, None, design, ctx, batch, miss_rate=None, transfers=False, graph=True,
-                      reps=5, hbm=hbm, keep=True)
-        if not isinstance(r, tuple):
-            print(f"{design} {ctx}:{batch}: {r['status']}", flush=True)
-            continue
-        row, e = r
-        for rep in range(reps):
-            t = {}
-            for flag in FLAGS:
-                os.environ["DDBENCH_PDL"] = flag
-                e.capture(2)
-                t[flag] = statistics.median(event_times(e.replay, 5, warmup=1, per_call=2))
-            os.environ.pop("DDBENCH_PDL")
-            rows.append(dict(design=design, context=ctx, batch=batch, rep=rep, floor_ms=row["floor_ms"],
-                             **{f"step_ms_{f}": t[f] for f in FLAGS}, **{f"off_over_{f}": t["0"] / t[f] for f in FLAGS[1:]}))
-            print(f"{design:20s} {ctx:6d} B={batch:3d} rep {rep}: " + ", ".join(
-                f"PDL={f} {t[f]:.3f} ms ({t['0'] / t[f]:.3f})" for f in FLAGS) + f"; floor {row['floor_ms']:.2f}",
-                flush=True)
-        del e
-        import gc
-        gc.collect()
-        torch.cuda.empty_cache()
-    return rows
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--kernels", type=int, default=400)
-    ap.add_argument("--engine", action="store_true", help="engine steps with and without PDL")
-    ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("devcheck_pdl: needs a CUDA GPU", file=sys.stderr)
         return 2
-    if a.engine:
-        rows = engine_ab(a.reps)
-        if a.out:
-            from kernels.timing import provenance
-            with open(a.out, "w") as f:
-                json.dump(dict(provenance=provenance("python -m kernels.engine.devcheck_pdl --engine"), rows=rows), f,
-                          indent=1)
-        return 0
     dev = torch.device("cuda")
     rows = []
     w = torch.randn(6144, 4096, device=dev, dtype=torch.bfloat16)

@@ -68,8 +68,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_enter, pdl_kw
-
 from kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
 
 MAX_CAP = 8192          # candidate buffer (entries) of the stream kernel; larger k: bits
@@ -128,8 +126,7 @@ def _out_row(out, out1, b, t, h, H, NQ, K, PER_TOKEN: tl.constexpr):
 
 @triton.jit
 def _bits_topk_kernel(scratch, pml, out, out1, N, H, G, NQ, n_split, K,
-                      PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+                      PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr):
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
     t = pid % NQ
     bh = pid // NQ
@@ -221,8 +218,7 @@ def _kth_5ary(vb, K):
 @triton.jit
 def _stream_topk_kernel(scratch, pml, out, out1, buf, N, H, G, NQ, n_split, K,
                         PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr,
-                        BLK: tl.constexpr, CAP: tl.constexpr, FIVE: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+                        BLK: tl.constexpr, CAP: tl.constexpr, FIVE: tl.constexpr):
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
     t = pid % NQ
     bh = pid // NQ
@@ -368,7 +364,7 @@ def _select_topk(vb, K, SEARCH: tl.constexpr, CUTS: tl.constexpr):
 @triton.jit
 def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, KK, S,
                      GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, SEG: tl.constexpr,
-                     SEARCH: tl.constexpr, CUTS: tl.constexpr, PDL: tl.constexpr = 0):
+                     SEARCH: tl.constexpr, CUTS: tl.constexpr):
     """Stage 1 of "seg": one program per (row, segment of SEG chunks): the segment's group-max
     probabilities in registers, and a candidate set that contains the segment's top-K in the
     contract's order, at most KK entries, written (bits, chunk id) in id order to the segment's KK
@@ -376,7 +372,6 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
     chunk >= T where T rises from the segment's smallest value (`_bisect`, CUTS cuts per step) only
     until at most KK chunks remain >= T (at least K do; with exact ties all the way down, T is the
     K-th largest and its ties are cut by id); other SEARCH: the exact top-K."""
-    pdl_enter(PDL)
     row = tl.program_id(0)              # (b * H + h) * NQ + t
     s = tl.program_id(1)
     t = row % NQ
@@ -424,11 +419,10 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
 
 @triton.jit
 def _merge_topk_kernel(cbits, cids, cinfo, out, out1, H, NQ, K, KK, S,
-                       PER_TOKEN: tl.constexpr, CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr, PDL: tl.constexpr = 0):
+                       PER_TOKEN: tl.constexpr, CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr):
     """Stage 2 of "seg": one program per row, the exact top-K of its segments' candidates (in id order,
     so position order is id order), ids written ascending. SEARCH 0: `_bisect` between the largest
     segment bound T (at least K candidates >= it) and the largest candidate, stopping at count == K."""
-    pdl_enter(PDL)
     row = tl.program_id(0)
     t = row % NQ
     bh = row // NQ
@@ -531,10 +525,10 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
         cuts = cuts or SEG_CUTS
         _seg_topk_kernel[(rows, S)](scratch, pml, cbits, cids, cinfo, N, H, G, nq, n_split, k, KK, S,
                                     GP=GP, BLOCK_M=BLOCK_M, SP=SP, SEG=seg, SEARCH=sv, CUTS=cuts,
-                                    num_warps=num_warps or _seg_warps(seg, rows * S), **pdl_kw(scratch))
+                                    num_warps=num_warps or _seg_warps(seg, rows * S))
         _merge_topk_kernel[(rows,)](cbits, cids, cinfo, o0, o1, H, nq, k, KK, S, PER_TOKEN=per_token, CP=CP,
                                     SP2=triton.next_power_of_2(S), SEARCH=sv, CUTS=cuts,
-                                    num_warps=16 if CP >= 8192 else max(1, min(8, CP // 256)), **pdl_kw(cbits))
+                                    num_warps=16 if CP >= 8192 else max(1, min(8, CP // 256)))
         return out
     if search not in (None, "binary", "5ary"):
         raise ValueError(f"unknown search {search!r} for method {method!r}")
@@ -546,12 +540,12 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
         buf = torch.empty(B * H * nq * 2 * cap, device=scratch.device, dtype=torch.int32)
         _stream_topk_kernel[(B * H * nq,)](scratch, pml, o0, o1, buf, N, H, G, nq, n_split, k, PER_TOKEN=per_token,
                                            GP=GP, BLOCK_M=BLOCK_M, SP=SP, BLK=blk, CAP=cap,
-                                           FIVE=search == "5ary", num_warps=nw, **pdl_kw(scratch))
+                                           FIVE=search == "5ary", num_warps=nw)
     elif method == "bits":
         NP = triton.next_power_of_2(N)
         nw = 16 if NP >= 8192 else (8 if NP >= 2048 else 4)
         _bits_topk_kernel[(B * H * nq,)](scratch, pml, o0, o1, N, H, G, nq, n_split, k, PER_TOKEN=per_token,
-                                         GP=GP, BLOCK_M=BLOCK_M, SP=SP, NP=NP, num_warps=nw, **pdl_kw(scratch))
+                                         GP=GP, BLOCK_M=BLOCK_M, SP=SP, NP=NP, num_warps=nw)
     else:
         raise ValueError(f"unknown top-k method {method!r}")
     return out
@@ -608,7 +602,7 @@ def _landmark_pass1(q, lm, *, block_n=64, splits=None):
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
     _score_pass1[(B * H, n_split)](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
                                    H, G, nq, n_split, split_len, LOG2E / math.sqrt(d),
-                                   D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4, **pdl_kw(q))
+                                   D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4)
     return scratch, pml, G
 
 

@@ -25,12 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_enter, pdl_kw
-
 
 @triton.jit
-def _rmsnorm_kernel(x, w, out, n, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+def _rmsnorm_kernel(x, w, out, n, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < n
@@ -45,13 +42,12 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor
     n = x.shape[-1]
     xc = x.contiguous()
     out = torch.empty_like(xc)
-    _rmsnorm_kernel[(xc.numel() // n,)](xc, w, out, n, eps, BLOCK=triton.next_power_of_2(n), num_warps=8, **pdl_kw(xc))
+    _rmsnorm_kernel[(xc.numel() // n,)](xc, w, out, n, eps, BLOCK=triton.next_power_of_2(n), num_warps=8)
     return out
 
 
 @triton.jit
-def _add_rmsnorm_kernel(x, y, w, s_out, out, n, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+def _add_rmsnorm_kernel(x, y, w, s_out, out, n, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < n
@@ -71,7 +67,7 @@ def add_rmsnorm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float = 
     xc, yc = x.contiguous(), y.contiguous()
     s = torch.empty_like(xc)
     out = torch.empty_like(xc)
-    _add_rmsnorm_kernel[(xc.numel() // n,)](xc, yc, w, s, out, n, eps, BLOCK=triton.next_power_of_2(n), num_warps=8, **pdl_kw(xc))
+    _add_rmsnorm_kernel[(xc.numel() // n,)](xc, yc, w, s, out, n, eps, BLOCK=triton.next_power_of_2(n), num_warps=8)
     return s, out
 
 
@@ -82,8 +78,7 @@ def add_rmsnorm_ref(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: floa
 
 
 @triton.jit
-def _rope_split_kernel(qkv, cos, sin, q, k, v, T, Hq, H, D: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+def _rope_split_kernel(qkv, cos, sin, q, k, v, T, Hq, H, D: tl.constexpr):
     row = tl.program_id(0)            # b * T + t
     head = tl.program_id(1)           # 0..Hq+2H-1
     t = row % T
@@ -117,7 +112,7 @@ def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, Hq: int,
     k = torch.empty(B, T, H, d, device=qkv.device, dtype=qkv.dtype)
     v = torch.empty_like(k)
     _rope_split_kernel[(B * T, Hq + 2 * H)](qkv, cos.float().contiguous(), sin.float().contiguous(), q, k, v,
-                                            T, Hq, H, D=d, num_warps=1, **pdl_kw(qkv))
+                                            T, Hq, H, D=d, num_warps=1)
     return q, k, v
 
 
@@ -131,8 +126,7 @@ def rope_split_ref(qkv, cos, sin, Hq, H, d):
 
 
 @triton.jit
-def _swiglu_kernel(gu, out, I, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+def _swiglu_kernel(gu, out, I, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < I
@@ -147,7 +141,7 @@ def swiglu(gu: torch.Tensor) -> torch.Tensor:
     gu = gu.contiguous()
     out = torch.empty(*gu.shape[:-1], I, device=gu.device, dtype=gu.dtype)
     BLOCK = 1024
-    _swiglu_kernel[(gu.numel() // (2 * I), triton.cdiv(I, BLOCK))](gu, out, I, BLOCK=BLOCK, num_warps=4, **pdl_kw(gu))
+    _swiglu_kernel[(gu.numel() // (2 * I), triton.cdiv(I, BLOCK))](gu, out, I, BLOCK=BLOCK, num_warps=4)
     return out
 
 
@@ -158,8 +152,7 @@ def swiglu_ref(gu):
 
 @triton.jit
 def _assemble_kernel(kb, vb, rk, rv, knew, vnew, g_ptr, H, Rcap, kC, R0, NQ,
-                     s_bb, s_bh, s_bs, s_rb, s_rh, s_rs, D: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+                     s_bb, s_bh, s_bs, s_rb, s_rh, s_rs, D: tl.constexpr, BLOCK_R: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
@@ -196,7 +189,7 @@ def assemble(kb, vb, recent_k, recent_v, k, v, g, kC: int, R0: int):
     BLOCK_R = 32
     _assemble_kernel[(B * H, triton.cdiv(Rcap, BLOCK_R))](
         kb, vb, recent_k, recent_v, k, v, g, H, Rcap, kC, R0, nq, *kb.stride()[:3], *recent_k.stride()[:3],
-        D=d, BLOCK_R=BLOCK_R, num_warps=4, **pdl_kw(kb))
+        D=d, BLOCK_R=BLOCK_R, num_warps=4)
 
 
 def assemble_ref(kb, vb, recent_k, recent_v, k, v, g, kC: int, R0: int):

@@ -28,8 +28,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_enter, pdl_kw
-
 from kernels.indexsets import reuse_plan
 from kernels.layout import check_host_kv
 
@@ -234,11 +232,10 @@ class _Ev:
 
 @triton.jit
 def _plan_kernel(pred, true, bits, count, bh_out, chunk_out, slot_out, assembled, K, W,
-                 KP: tl.constexpr, PDL: tl.constexpr = 0):
+                 KP: tl.constexpr):
     """One (b, h): membership of true in pred and of pred in true through two bitmaps of the chunk
     ids (W int32 words each, zeroed by the caller): set with atomic ORs, read after a barrier from
     L2 (.cg), so the cost is O(k), not the O(k^2) of comparing every pair."""
-    pdl_enter(PDL)
     bh = tl.program_id(0)
     j = tl.arange(0, KP)
     jv = j < K
@@ -286,12 +283,12 @@ def plan_misses_fast(pred: torch.Tensor, true: torch.Tensor, n_chunks: int | Non
     assembled = torch.empty(B, H, k, device=dev, dtype=torch.int32)
     KP = triton.next_power_of_2(k)
     _plan_kernel[(B * H,)](pred.to(torch.int32).contiguous(), true.to(torch.int32).contiguous(), bits, count, bh,
-                           chunk, slot, assembled, k, W, KP=KP, num_warps=4, **pdl_kw(true))
+                           chunk, slot, assembled, k, W, KP=KP, num_warps=4)
     return MissPlan(bh=bh, chunk=chunk, slot=slot, count=count, assembled=assembled, k=k)
 
 
 @triton.jit
-def _perturb_kernel(base, out, seed_ptr, salt, K, M, W, KP: tl.constexpr, LOG_KP: tl.constexpr, PDL: tl.constexpr = 0):
+def _perturb_kernel(base, out, seed_ptr, salt, K, M, W, KP: tl.constexpr, LOG_KP: tl.constexpr):
     """One program per (b, h); O(k log^2 k), no loop over the data.
 
     Dropped entries: positions 0..K-1 are cut into M strata [floor(i K / M), floor((i+1) K / M)),
@@ -301,7 +298,6 @@ def _perturb_kernel(base, out, seed_ptr, salt, K, M, W, KP: tl.constexpr, LOG_KP
     disjoint strata, so the M new chunks are distinct (u' = rand(seed + 7919, bh*KP + i)). With s the
     sorted base and d_j = s_j - j (non-decreasing: the number of complement chunks below s_j), the c-th
     complement chunk is c + #{j : d_j <= c}, found by a binary search over d (tl.gather)."""
-    pdl_enter(PDL)
     bh = tl.program_id(0)
     j = tl.arange(0, KP)
     jv = j < K
@@ -333,9 +329,8 @@ def _perturb_kernel(base, out, seed_ptr, salt, K, M, W, KP: tl.constexpr, LOG_KP
 
 
 @triton.jit
-def _perturb_uniforms_kernel(seed_ptr, salt, u_out, KP: tl.constexpr, PDL: tl.constexpr = 0):
+def _perturb_uniforms_kernel(seed_ptr, salt, u_out, KP: tl.constexpr):
     """The two uniforms per stratum that _perturb_kernel draws (for its torch twin)."""
-    pdl_enter(PDL)
     bh = tl.program_id(0)
     i = tl.arange(0, KP)
     seed = tl.load(seed_ptr) * 1000003 + salt
@@ -361,7 +356,7 @@ def perturb_fast(base: torch.Tensor, miss_rate: float, n_chunks: int, seed: torc
         out = torch.empty_like(base, dtype=torch.int32)
     KP = triton.next_power_of_2(k)
     _perturb_kernel[(B * H,)](base.to(torch.int32).contiguous(), out, seed, salt, k, m, n_chunks - k,
-                              KP=KP, LOG_KP=KP.bit_length() - 1, num_warps=4 if KP <= 512 else 8, **pdl_kw(out))
+                              KP=KP, LOG_KP=KP.bit_length() - 1, num_warps=4 if KP <= 512 else 8)
     return out
 
 
@@ -374,7 +369,7 @@ def perturb_fast_ref(base: torch.Tensor, miss_rate: float, n_chunks: int, seed: 
         return base.clone()
     KP = triton.next_power_of_2(k)
     u = torch.empty(B * H, 2, KP, device=base.device, dtype=torch.float32)
-    _perturb_uniforms_kernel[(B * H,)](seed, salt, u, KP=KP, **pdl_kw(u))
+    _perturb_uniforms_kernel[(B * H,)](seed, salt, u, KP=KP)
     W = n_chunks - k
     j = torch.arange(k, device=base.device)
     i = ((j + 1) * m - 1) // k
