@@ -12,6 +12,12 @@ A bundle is a folder `traces/calibration/<gpu>/` holding
     engine.csv        the decode-step engine's compute-only step (CUDA graph, no transfers) per design,
                       batch and context, imported from an engine sweep (kernels/engine/bench.py, its
                       `floor` phase; `layer` = "step": the whole step, LM head included)
+    reuse_fetch.csv   optional: ShadowKV's fetch of one layer alone (kernels/engine/bench.py, its
+                      `reuse-fetch` phase: the engine's reuse_fetch as one CUDA graph of 32 layers'
+                      fetches): per context, batch and forced miss rate, ms per layer of the device
+                      copy into the spare, the reuse plan alone, the gather (its plan included) and the
+                      whole fetch; slots and missed chunks per layer, chunk size, the gather's launch.
+                      Imported with the engine section when the sweep has it (older sweeps do not).
 
 Every number is a measurement with its unit in the column name. Loading validates bundle.json and
 every row against the typed schemas of ddbench/core/schemas.py (pydantic); no torch, no simpy: the
@@ -75,6 +81,15 @@ SECTIONS: dict[str, dict] = {
         "key": ["system", "model", "batch", "context", "layer"],
         "positive": ["compute_ms"],
         "other": ["exposed_transfer_ms", "urgent_bytes", "prefetch_bytes"],
+    },
+    # per layer: ms (median of CUDA-graph replays of 32 layers, / 32); slots = B x H x k chunks;
+    # miss_chunks (chunks read from the host) and link_bytes = miss_chunks x chunk_bytes; programs x
+    # items = the gather's persistent blocks x chunks in flight per block
+    "reuse_fetch": {
+        "file": "reuse_fetch.csv",
+        "key": ["system", "model", "context", "batch", "miss_rate"],
+        "positive": ["fetch_ms", "copy_ms", "plan_ms", "gather_ms", "slots", "chunk_bytes", "programs", "items"],
+        "other": ["miss_chunks", "link_bytes"],
     },
 }
 STRING_COLUMNS = {"method", "direction", "model", "layer", "kernel", "background", "urgent", "urgent_stream",
@@ -290,34 +305,98 @@ def engine_section_rows(engine_csv: str) -> list[dict]:
     return out
 
 
-def add_engine_section(writer: "BundleWriter", engine_dir: str) -> int:
-    """Fill the engine section of a bundle being written from the engine sweep in `engine_dir`,
-    replacing any engine rows it held (another sweep's)."""
-    rows = engine_section_rows(os.path.join(engine_dir, "engine.csv"))
-    writer.rows["engine"] = []
-    writer.keys["engine"] = set()
-    writer.sections.pop("engine", None)
-    for r in rows:
-        writer.add("engine", r)
-    prov = {}
+REUSE_FETCH_SWEEP_FILE = "reuse_fetch.csv"    # in the engine sweep's folder (kernels/engine/bench.py)
+
+
+def reuse_fetch_section_rows(reuse_csv: str) -> list[dict]:
+    """Bundle rows from an engine sweep's reuse_fetch.csv (its `reuse-fetch` phase): every 'ok' row;
+    link_bytes = link_mib in bytes (the bundle's sizes are bytes). One-line DDBenchError for a row
+    whose numbers do not parse."""
     try:
-        with open(os.path.join(engine_dir, "meta.json"), encoding="utf-8") as fh:
+        with open(reuse_csv, newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    except OSError as exc:
+        raise DDBenchError(f"{reuse_csv}: cannot read the reuse-fetch records ({exc.strerror})") from None
+    out = []
+    for i, r in enumerate(rows, start=2):
+        if r.get("status") != "ok":
+            continue
+        try:
+            row = {"system": r["design"], "model": ENGINE_MODEL, "context": int(r["context"]),
+                   "batch": int(r["batch"]), "miss_rate": float(r["miss_rate"])}
+            for c in ("fetch_ms", "copy_ms", "plan_ms", "gather_ms"):
+                row[c] = float(r[c])
+            for c in ("slots", "chunk_bytes", "programs", "items"):
+                row[c] = int(r[c])
+            row["miss_chunks"] = float(r["miss_chunks"])
+            row["link_bytes"] = float(r["link_mib"]) * 2**20
+        except (KeyError, TypeError, ValueError):
+            raise DDBenchError(f"{reuse_csv}, line {i}: a reuse-fetch column is missing or not a number") from None
+        bad = [c for c in SECTIONS["reuse_fetch"]["positive"] if not (math.isfinite(row[c]) and row[c] > 0)]
+        bad += [c for c in SECTIONS["reuse_fetch"]["other"] if not (math.isfinite(row[c]) and row[c] >= 0)]
+        if bad:
+            raise DDBenchError(f"{reuse_csv}, line {i}: {bad[0]} must be a finite number "
+                               f"{'> 0' if bad[0] in SECTIONS['reuse_fetch']['positive'] else '>= 0'}")
+        out.append(row)
+    return out
+
+
+def _replace_section(writer: "BundleWriter", section: str, rows: list[dict]) -> None:
+    writer.rows[section] = []
+    writer.keys[section] = set()
+    writer.sections.pop(section, None)
+    for r in rows:
+        writer.add(section, r)
+
+
+def _sweep_source(folder: str) -> dict:
+    try:
+        with open(os.path.join(folder, "meta.json"), encoding="utf-8") as fh:
             meta = json.load(fh)
-            prov = dict(meta.get("provenance", {}), run_id=meta.get("run_id"))
-    except (OSError, ValueError):
-        pass
+            return dict(meta.get("provenance", {}), run_id=meta.get("run_id"))
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def add_engine_section(writer: "BundleWriter", engine_dir: str, reuse_dir: str | None = None) -> int:
+    """Fill the engine section of a bundle being written from the engine sweep in `engine_dir`,
+    replacing any engine rows it held (another sweep's); likewise the reuse_fetch section, from the
+    reuse_fetch.csv of `reuse_dir` (default: the same sweep; a `--phases reuse-fetch` run may be
+    another) where it has one (none: the bundle keeps no reuse-fetch records, not another sweep's).
+    Returns the number of engine rows."""
+    rows = engine_section_rows(os.path.join(engine_dir, "engine.csv"))
+    reuse_dir = reuse_dir or engine_dir
+    reuse_csv = os.path.join(reuse_dir, REUSE_FETCH_SWEEP_FILE)
+    reuse = reuse_fetch_section_rows(reuse_csv) if os.path.exists(reuse_csv) else []
+    _replace_section(writer, "engine", rows)
+    _replace_section(writer, "reuse_fetch", reuse)
+    if not reuse:
+        stale = os.path.join(writer.path, SECTIONS["reuse_fetch"]["file"])
+        if os.path.exists(stale):
+            os.remove(stale)
+    prov = _sweep_source(engine_dir)
     writer.complete("engine", note="compute-only decode step (CUDA graph, no transfers) of the engine sweep"
                                    f" {prov.get('git_sha', '?')} {prov.get('date_utc', '?')}: layer 'step' is the"
                                    " whole step, LM head included")
-    writer.sections["engine"]["source"] = {k: prov.get(k) for k in ("gpu", "git_sha", "date_utc", "command", "run_id")}
+    source = {k: prov.get(k) for k in ("gpu", "git_sha", "date_utc", "command", "run_id")}
+    writer.sections["engine"]["source"] = source
+    if reuse:
+        writer.complete("reuse_fetch", note="ShadowKV's fetch of one layer alone (the engine's reuse_fetch: values"
+                                            " only, its gather launch), engine sweep phase 'reuse-fetch': ms per"
+                                            " layer = median of CUDA-graph replays of 32 layers' calls / 32")
+        rp = _sweep_source(reuse_dir)
+        writer.sections["reuse_fetch"]["source"] = {k: rp.get(k) for k in source}
     writer._write_meta()
     return len(rows)
 
 
-def import_engine_sweep(bundle_path: str, engine_dir: str, command: str, date: str) -> int:
-    """Add an engine sweep to an existing bundle (CPU only: the sweep was measured on that GPU)."""
+def import_engine_sweep(bundle_path: str, engine_dir: str, command: str, date: str,
+                        reuse_dir: str | None = None) -> int:
+    """Add an engine sweep to an existing bundle (CPU only: the sweep was measured on that GPU): its
+    floor phase as the engine section, and its reuse-fetch records (or those of `reuse_dir`) as the
+    reuse_fetch section where it has them."""
     old = load_bundle(bundle_path)
     prov = dict(old.provenance)
     prov.pop("runs", None)
     prov.update(date=date, command=command)
-    return add_engine_section(BundleWriter(bundle_path, old.gpu, prov), engine_dir)
+    return add_engine_section(BundleWriter(bundle_path, old.gpu, prov), engine_dir, reuse_dir)

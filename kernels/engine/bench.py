@@ -22,14 +22,21 @@ Phases (one process, one run):
   validation points the floor phase does not measure, for sim/validate.py: dualdecoder, shadowkv and
              specache at 32K and 128K, batch 2/8/32, 25 % misses, each with its compute-only twin;
              full-kv at 32K, batch 2/8; FIFO at 128K, batch 2/8/32; dualdecoder at 128K, batch 8, 10 %.
+  reuse-fetch ShadowKV's fetch of one layer alone (kernels/engine/engine.py reuse_fetch, the code of
+             _sparse_attention's reuse branch: values only, the engine's chunk and gather launch):
+             batch 1/2/4/8/16/32/64 at 32K and batch 16 at 128K, forced miss rates 0, 0.25, 1.0. Each
+             of copy, plan (reuse_plan alone), gather (its plan included) and the whole fetch is one
+             CUDA graph of the 32 layers' calls back to back; median of the replays / 32 (ms per
+             layer). Written to reuse_fetch.csv (not engine.csv: no step to replay); sim/README.md.
 
---phases floor,validation runs a subset (default all) into <out>/<gpu>-<phases> (e.g. h200-validation;
---folder names it); --seed seeds the weights, the host KV values and the forced-miss draws; meta.json
+--phases floor,validation runs a subset (default all, reuse-fetch last) into <out>/<gpu>-<phases>
+(e.g. h200-validation; --folder names it); --seed seeds the weights, the host KV values and the forced-miss draws; meta.json
 holds a run_id (kept on --resume), the phases and the seed. An independent validation sweep is a
 separate run: `--phases validation --seed 1`.
 
-Writes <out>/<gpu>/engine.csv (one row per point), rows.jsonl (resumable: --resume), meta.json and
-summary.json (floors, ratios with min/median/max over repetitions, provenance). A point that does
+Writes <out>/<gpu>/engine.csv (one row per step point), reuse_fetch.csv (the reuse-fetch records),
+rows.jsonl (every point, resumable: --resume), meta.json and summary.json (floors, ratios with
+min/median/max over repetitions, the reuse-fetch records, provenance). A point that does
 not fit reports `oom` and the sweep goes on; an invalid --point gives one line and exit 2.
 """
 
@@ -213,7 +220,109 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
     return row
 
 
-PHASES = ("floor", "mechanism", "validation")
+def reuse_fetch_point(model, flat, ctx, batch, miss_rate, *, reps=5, seed=0, log=print, device="cuda"):
+    """The reuse-fetch record of one point (ShadowKV at ctx, batch, forced miss rate): the engine's
+    fetch of one layer (engine.reuse_fetch with the engine's Triton gather and its launch), set up as
+    _sparse_attention's reuse branch has it: every layer its own [B, H, S, d] value buffer (S =
+    engine.buffer_rows), one spare whose first k*C tokens take the previous selection, host layer
+    l % host_layers, the previous selection a sorted random k-subset per (b, h) and this step's the
+    engine's forced-miss draw over it (perturb_fast, salt = the layer). copy, plan, gather and the
+    whole fetch are each captured as one CUDA graph of the model's L layers back to back; each is the
+    median of `reps` replays (after one warm-up replay) / L, in ms per layer. miss_chunks is counted
+    from the gather's own plan (an eager fetch of every layer before the graphs)."""
+    from kernels.engine.engine import _ops, buffer_rows, reuse_copy, reuse_fetch, reuse_gather, reuse_launch
+    from kernels.engine.transfer import perturb_fast
+    from kernels.indexsets import reuse_plan
+    from kernels.timing import capture_graph, event_times
+    t0 = time.perf_counter()
+    sys_ = SYSTEMS["shadowkv"]
+    cfg = make_config(ctx, batch, miss_rate, True, seed=seed)
+    cfg.validate(model)
+    L, H, d = model.num_layers, model.num_kv_heads, model.head_dim
+    C, N, k = cfg.chunk, ctx // cfg.chunk, cfg.budget // cfg.chunk
+    S = buffer_rows(cfg, sys_)[3]
+    vo = sys_.lowrank_keys == "all"           # the engine's layers that rebuild keys fetch values only
+    gather = _ops(False).gather               # the engine's gather (kernels.gather.gather_uva)
+    launch = reuse_launch(gather)
+    dt = torch.bfloat16
+    chunk_bytes = C * d * dt.itemsize * (1 if vo else 2)
+    slots = batch * H * k
+    per_round = launch["programs"] * launch["items"]
+    row = dict(design="shadowkv", context=ctx, batch=batch, miss_rate=miss_rate, transfers=1, graph=1,
+               status="ok", layers=L, host_layers=0, slots=slots, chunk_bytes=chunk_bytes,
+               rounds=-(-slots // per_round), replays=reps, buffer_tokens=S, **launch)
+    host = host_view(flat, model, ctx, batch, chunk=C)
+    if host is None:
+        row["status"] = "host-limit"
+        return row
+    hl = row["host_layers"] = host.shape[0]
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    st = {}
+    try:
+        g = torch.Generator(device=device).manual_seed(seed + 11)
+        prev = torch.stack([torch.rand(batch, H, N, device=device, generator=g).topk(k, -1).indices.sort(-1).values
+                            for _ in range(L)]).to(torch.int32)
+        seed_dev = torch.full((1,), seed + 1, device=device, dtype=torch.int32)
+        true = torch.stack([perturb_fast(prev[i], miss_rate, N, seed_dev, i) for i in range(L)])
+        vbuf = [torch.zeros(batch, H, S, d, device=device, dtype=dt) for _ in range(L + 1)]
+        kbuf = None if vo else [torch.zeros_like(v) for v in vbuf]
+        pv = vbuf[L][:, :, :k * C]
+        pk = None if vo else kbuf[L][:, :, :k * C]
+
+        def kb(i):
+            return None if vo else kbuf[i]
+
+        parts = {
+            "copy": lambda: [reuse_copy(kb(i), vbuf[i], pk, pv) for i in range(L)],
+            "plan": lambda: [reuse_plan(prev[i], true[i]) for i in range(L)],
+            "gather": lambda: [reuse_gather(gather, host, i % hl, true[i], prev[i], kb(i), vbuf[i], pk, pv)
+                               for i in range(L)],
+            "fetch": lambda: [reuse_fetch(gather, host, i % hl, true[i], prev[i], kb(i), vbuf[i], pk, pv)
+                              for i in range(L)],
+        }
+        src = parts["fetch"]()                                        # eager: the miss count of every layer
+        miss = int(sum(int((x < 0).sum()) for x in src))
+        for name, body in parts.items():
+            gr = capture_graph(body, [body])
+            st[name] = event_times(gr.replay, reps, warmup=1, per_call=L)
+            del gr
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    except torch.cuda.OutOfMemoryError:
+        row["status"] = "oom"
+    except RuntimeError as exc:                  # a capture that runs out of memory surfaces as a RuntimeError
+        if "out of memory" not in str(exc).lower():
+            raise
+        row["status"] = "oom"
+    prev = true = vbuf = kbuf = pv = pk = parts = src = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    if row["status"] == "oom":
+        log(f"  reuse-fetch ctx={ctx:6d} B={batch:3d} miss={miss_rate}: oom")
+        return row
+    per_layer = miss / L
+    row.update({f"{n}_ms": statistics.median(t) for n, t in st.items()})
+    row.update(miss_chunks=int(per_layer) if per_layer == int(per_layer) else per_layer,
+               link_mib=per_layer * chunk_bytes / 2**20, fetch_ms_min=min(st["fetch"]), fetch_ms_max=max(st["fetch"]),
+               peak_gib=peak / GIB, wall_s=time.perf_counter() - t0)
+    log(f"  reuse-fetch ctx={ctx:6d} B={batch:3d} miss={miss_rate:4.2f} slots={slots:6d} "
+        f"miss_chunks={row['miss_chunks']:6} copy={row['copy_ms'] * 1e3:7.1f} plan={row['plan_ms'] * 1e3:6.1f} gather={row['gather_ms'] * 1e3:7.1f} "
+        f"fetch={row['fetch_ms'] * 1e3:7.1f} us/layer [{row['fetch_ms_min'] * 1e3:.1f}-{row['fetch_ms_max'] * 1e3:.1f}]"
+        f" link={row['link_mib']:6.1f} MiB ({row['wall_s']:.1f} s)")
+    return row
+
+
+PHASES = ("floor", "mechanism", "validation", "reuse-fetch")
+REUSE = "reuse-fetch"
+REUSE_BATCHES = ((K32, (1, 2, 4, 8, 16, 32, 64)), (K128, (16,)))   # (context, batches) of the reuse-fetch record
+REUSE_MISS = (0.0, 0.25, 1.0)             # all hits (HBM), the mix, all host reads
+REUSE_COLUMNS = ["phase", "rep", "design", "context", "batch", "miss_rate", "status", "layers", "host_layers",
+                 "slots", "miss_chunks", "chunk_bytes", "programs", "items", "rounds", "link_mib", "copy_ms",
+                 "plan_ms", "gather_ms", "fetch_ms", "fetch_ms_min", "fetch_ms_max", "replays", "buffer_tokens",
+                 "peak_gib", "wall_s", "error"]
 FORCED_MISS = 0.174                       # the floor phase's forced-miss twins (harness cost, see below)
 VAL_MISS = 0.25                           # validation: miss rates and batches the other phases do not use
 VAL_BATCHES = (2, 8, 32)
@@ -255,6 +364,7 @@ def plan_points(quick, reps, phases=PHASES):
                   "dualdecoder-two-pass"):
             pts.append(("mechanism", 0, d, K32, 4, 0.33, True, True))
         pts.append(("mechanism", 0, "dualdecoder-cpu-gather", K32, 2, 0.33, True, False))
+        pts.append((REUSE, 0, "shadowkv", K32, 4, 0.25, True, True))
         return pts
     for c in (K32, K128):
         for B in (1, 16, 64):
@@ -267,7 +377,15 @@ def plan_points(quick, reps, phases=PHASES):
         pts += _mechanism_points(reps)
     if "validation" in phases:
         pts += _validation_points()
+    if REUSE in phases:
+        pts += reuse_points()
     return pts
+
+
+def reuse_points():
+    """The reuse-fetch record's points: ShadowKV (its fetch, values only), every batch of REUSE_BATCHES
+    at its context, each forced miss rate of REUSE_MISS; graph, with transfers (a fetch alone)."""
+    return [(REUSE, 0, "shadowkv", c, B, m, True, True) for c, bs in REUSE_BATCHES for B in bs for m in REUSE_MISS]
 
 
 def _mechanism_points(reps):
@@ -317,7 +435,8 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int, help="tokens per chunk (default: the core Workload's)")
     ap.add_argument("--no-transfers", action="store_true")
     ap.add_argument("--phases", default=",".join(PHASES),
-                    help="comma-separated phases to run (floor, mechanism, validation; default all)")
+                    help="comma-separated phases to run (floor, mechanism, validation, reuse-fetch;"
+                         " default all)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the weights, the host KV values and the forced-miss draws (default 0)")
     ap.add_argument("--folder", help="output folder under --out (default the GPU's name for all phases, else"
@@ -396,7 +515,8 @@ def run(a):
     hv = host_view(flat, model, 32768, 16)
     gg = gather_gbps(hv)
     print(f"[engine] thin gather (32 blocks) alone: {gg:.1f} GB/s", flush=True)
-    weights = Weights.random(model, "cuda", seed=a.seed)
+    # the reuse-fetch record builds no engine step: no weights for a run of that phase alone
+    weights = Weights.random(model, "cuda", seed=a.seed) if set(phases) - {REUSE} else None
     torch.cuda.synchronize()
     from ddbench.core.io import write_json
     run_id = None
@@ -433,15 +553,21 @@ def run(a):
             rows.append(done[key]["row"])
             continue
         base = dict(phase=ph, rep=rep, design=d, context=c, batch=B, miss_rate="none" if m is None else m,
-                    transfers=int(x), graph=int(g), urgent_programs=64)
+                    transfers=int(x), graph=int(g))
+        if ph != REUSE:
+            base["urgent_programs"] = 64
         if time.perf_counter() - t_start > a.budget_s:
             rows.append(dict(base, status="skipped-time"))
             continue
         with open(cur, "w", encoding="utf-8") as fh:
             json.dump(dict(key=key), fh)
         try:
-            r = run_point(model, weights, flat, d, c, B, miss_rate=m, transfers=x, graph=g, reps=a.replays,
-                          hbm=hbm, log=lambda t: print(t, flush=True), seed=a.seed)
+            if ph == REUSE:
+                r = reuse_fetch_point(model, flat, c, B, m, reps=a.replays, seed=a.seed,
+                                      log=lambda t: print(t, flush=True))
+            else:
+                r = run_point(model, weights, flat, d, c, B, miss_rate=m, transfers=x, graph=g, reps=a.replays,
+                              hbm=hbm, log=lambda t: print(t, flush=True), seed=a.seed)
         except Exception as exc:  # noqa: BLE001 - reported in the row and the log; the sweep goes on
             import traceback
             print(f"  {d} ctx={c} B={B}: ERROR\n" + traceback.format_exc(limit=8), flush=True)
@@ -541,8 +667,19 @@ def write(out, rows, summary):
     from ddbench.core.io import atomic_path, write_json
     prov = summary["provenance"]
     pcols = list(prov)
+    reuse = [r for r in rows if r.get("phase") == REUSE]     # no step: neither engine.csv nor the ratios
+    rows = [r for r in rows if r.get("phase") != REUSE]
     add_exposed(rows)
     os.makedirs(out, exist_ok=True)
+    if reuse:
+        with atomic_path(os.path.join(out, "reuse_fetch.csv")) as tmp:
+            with open(tmp, "w", newline="", encoding="utf-8") as fh:
+                w = csv.DictWriter(fh, fieldnames=["schema"] + REUSE_COLUMNS + pcols, extrasaction="ignore")
+                w.writeheader()
+                for r in reuse:
+                    w.writerow({"schema": 2, **r, **prov})
+        summary["reuse_fetch"] = [{c: r.get(c) for c in REUSE_COLUMNS if c not in ("phase", "rep", "error")}
+                                  for r in reuse]
     cols = ["schema"] + COLUMNS + ["tokens", "exposed_ms", "exposed_share", "compute_ms"] + pcols
     with atomic_path(os.path.join(out, "engine.csv")) as tmp:
         with open(tmp, "w", newline="", encoding="utf-8") as fh:
