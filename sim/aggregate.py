@@ -1,30 +1,40 @@
-"""Per-step aggregate: the time of one decode step in closed form, from the same StepPlan.
+"""Per-step aggregate: the time of one decode step from the same StepPlan, without events.
 
 Used by serving mode, where one event stands for one or more batch steps. The step is bound
-either by the link or by the compute path:
+either by the link or by the compute path with its waits:
 
-  T_link    = sum over layers of the H2D work (prefetch + urgent; with prefetch one fixed cost per
-              step, the transfers running back to back; without, one per transfer), plus
-              the rate lost while the D2H direction is busy beside it (bidir_factor); with a CPU
-              gather, the host CPU stage is a second pipeline bound
+  fixed cost (sim/timeline.py): a GPU gather pays the bundle's h2d_t0_s only where it is queued
+              behind an unfinished gather of its own stream (the prefetch stream; the urgent stream
+              under priority; one stream under FIFO); one that starts on an idle stream pays bytes
+              only. The CPU-gather ablation's copy engine keeps the per-burst rule (sim/resources.py)
+  T_link    = the H2D work (prefetch + urgent) with the fixed costs the schedule pays, plus the rate
+              lost while the D2H direction is busy beside it (bidir_factor); FIFO adds the bubble
+              (the link idles while each layer's attention runs); with a CPU gather the host CPU
+              stage is a second bound
   T_compute = LM head + sum over layers of
-              (pre + max(key rebuild, exposed transfer) + attention + post) * slowdown
+              (pre + max(key rebuild, exposed transfer) + attention + post) * s_bg
               (plan.ur_serial: key rebuild + exposed transfer, the fetch being in the compute
-              stream's order)
-  exposed transfer of layer i (the wait between its true index and its attention):
-    - no prefetch: the urgent fetch itself (nothing else is on the link)
-    - with priority: the urgent fetch, stretched by the measured urgent slowdown while the
-      prefetch of the next layer is still in flight
-    - FIFO: the rest of that prefetch, then the urgent fetch
-    plus any part of layer i's own prefetch not done within its window
-  T_step = max(T_compute, T_link, T_cpu); where T_link >= the compute alone (link-bound) but the
-           compute path with its waits is longer than T_link, the transfers do not run back to
-           back: T_link is then taken with one fixed cost per transfer (at most T_compute); FIFO
-           (a bubble per layer, see below) pays one fixed cost per layer
+              stream's order). s_bg is the mean slowdown of compute beside a GPU gather: it applies
+              for the link time not spent stalled (a fixed point, three iterations); within a
+              prefetch's window the compute runs at 1/slowdown
+  exposed transfer of layer i (the wait between its true index and its attention), on a compute
+  path that carries the previous layer's stall into the next window:
+    - layer-ahead: the misses wait for layer i's own prefetch (issued when attention i-2 ended,
+      sharing the link with layer i-1's misses under priority); a late one puts the next
+      prefetch (i+1) behind it, whole
+    - next-step (SpeCache): the prefetch on the link is layer i-1's for the next step, issued
+      when attention i-1 ended
+    - priority: the misses, no fixed cost, sharing the link with the rest r of that prefetch:
+      min(u x urgent slowdown, u + r) + one chunk (work-conserving)
+    - FIFO: the rest of that prefetch, then the misses behind it (fixed cost paid)
+    - no prefetch: the fetch alone, bytes only (the key rebuild beside it slowed while it runs)
+  T_step: priority: max(T_compute, T_link (one fixed cost per prefetch), T_cpu); FIFO: T_compute
+          where the link with the fixed costs the compute path pays (its queued misses) and the
+          bubbles is shorter, else that link bound; CPU gather: also the chain of prefetch copy,
+          miss CPU gather and miss copy per layer where the host CPU has the next prefetch ready
 
-In steady state the timeline (sim/timeline.py) and this formula agree wherever one bound
-dominates (tests/test_sim_agreement.py); between the two regimes the max() is an underestimate,
-of at most the overlap the timeline loses at the transition (reported in sim/README.md).
+In steady state the timeline (sim/timeline.py) and this step agree within 2% at every batch of
+the link-bound edge that tests/test_sim_agreement.py and sim/README.md report.
 """
 
 from __future__ import annotations
@@ -55,15 +65,18 @@ def aggregate_step(plan: StepPlan) -> AggStep:
     if r is None:
         c = plan.compute_s
         return AggStep(c, c, 0.0, 0.0, 0.0, 0.0)
-    # fixed cost once per burst (sim/resources.py): with prefetches in flight the link moves bytes
-    # back to back, so a link-bound step pays one fixed cost, not one per transfer; without
-    # prefetch every fetch starts on an idle link and pays its own
     t0 = r.h2d_t0_s
-    n_x = sum(1 for x in plan.pf_work if x > 0) + sum(1 for x in plan.ur_work if x > 0)
-    W = sum(plan.pf_work) + sum(plan.ur_work)
-    W_each = W                      # every transfer paying its own fixed cost
-    if sysx.prefetch != "none" and n_x > 1:
-        W -= (n_x - 1) * t0
+    n_pf = sum(1 for x in plan.pf_work if x > 0)
+    n_ur = sum(1 for x in plan.ur_work if x > 0)
+    fifo = not sysx.urgent_priority
+    cpu_gather = any(plan.cpu_pf_work) or any(plan.cpu_ur_work)
+    if cpu_gather:      # the copy engine stage keeps the per-burst rule (sim/resources.py)
+        free = max(0, n_pf + n_ur - 1) if sysx.prefetch != "none" else 0
+    elif sysx.prefetch == "none":
+        free = n_pf + n_ur
+    else:
+        free = n_pf if fifo and n_ur else n_ur
+    W = sum(plan.pf_work) + sum(plan.ur_work) - free * t0
     n_d = sum(1 for x in plan.d2h_work if x > 0)
     D = sum(plan.d2h_work) - max(0, n_d - 1) * r.d2h_t0_s   # one D2H copy per step
     beta = r.bidir_factor
@@ -72,64 +85,107 @@ def aggregate_step(plan: StepPlan) -> AggStep:
     slow = r.compute_slowdown if r.method == "uva_gather" else 1.0
     s_u = r.urgent_slowdown if sysx.urgent_priority else 1.0
     chunk_s = r.chunk_bytes / (r.h2d_gbps * 1e9)
-    # positions on the compute path (no stalls): end of each attention, and each layer's ready time
-    t, att_end, ready = 0.0, [0.0] * L, [0.0] * L
-    for i in range(L):
-        t += plan.pre[i] + plan.mid[i]
-        ready[i] = t
-        t += plan.att[i]
-        att_end[i] = t
-        t += plan.post[i]
-    cycle = t + plan.lm_s
     c_pure = plan.compute_s
-    # share of the step during which a GPU gather is in flight (it slows compute by `slow`)
-    # (compute runs at 1/slow speed while a prefetch gather is in flight; transfers of designs
-    # without prefetch only overlap the key rebuild, which is charged the full slowdown below)
-    overlap = min(t_link, c_pure * slow) if sysx.prefetch != "none" else 0.0
-    s_bg = 1.0 + overlap * (1.0 - 1.0 / slow) / c_pure if c_pure else 1.0
-    total = plan.lm_s * s_bg
-    gaps = 0.0
-    for i in range(L):
-        u = plan.ur_work[i] + plan.cpu_ur_work[i]
-        mid = plan.mid[i] * (slow if u > 0 else s_bg)
-        if sysx.prefetch == "layer-ahead":
-            nxt = (i + 1) % L
-            # the next layer's prefetch was issued when attention i-1 ended
-            issued_ago = (ready[i] - plan.mid[i] - att_end[i - 1]) % cycle if L > 1 else 0.0
-            rest = max(0.0, plan.pf_work[nxt] + plan.cpu_pf_work[nxt] - issued_ago)
-            if u <= 0:
-                exposed = 0.0
-            elif sysx.urgent_priority:   # on a busy link the urgent fetch's fixed cost overlaps it
-                exposed = (max(0.0, u - t0) * s_u + chunk_s) if rest > 0 else u
-            else:
-                exposed = rest + (max(0.0, u - t0) if rest > 0 else u)
-                gaps += plan.att[i] * s_bg  # FIFO: the link idles while attention i runs
-            # layer i's own prefetch was issued when attention i-2 ended
-            window = (ready[i] - att_end[i - 2]) % cycle if L > 2 else cycle
-            own = max(0.0, plan.pf_work[i] + plan.cpu_pf_work[i] - window)
-            exposed = max(exposed, own + plan.mid[i]) if own > 0 else exposed
-        else:
-            exposed = u
-        if plan.ur_min_s and u > 0:
-            exposed = max(exposed, plan.ur_min_s[i])
-        if plan.ur_serial and u > 0:   # the fetch is in the compute stream's order: the rebuild follows it
-            total += (plan.pre[i] + plan.mid[i] + plan.att[i] + plan.post[i]) * s_bg + exposed
-            continue
-        total += (plan.pre[i] + plan.att[i] + plan.post[i]) * s_bg + max(mid, exposed)
-    if sysx.prefetch == "none":
-        link_bound = t_link  # every transfer is already on the compute path
-    else:
-        link_bound = t_link + gaps
-    if sysx.prefetch != "none" and t_link >= c_pure * s_bg:
-        # link-bound: the link idles only in the FIFO gaps, so one fixed cost per step. But where the
-        # compute path with its waits (total) is longer than that, the transfers do not run back to
-        # back: each then pays its fixed cost, up to the link time with every fixed cost paid
-        t_each = W_each + min(D / beta, W_each) * (1.0 - beta)
-        if sysx.prefetch == "layer-ahead" and not sysx.urgent_priority:
-            # FIFO: the link idles in one bubble per layer (gaps), and each new burst pays the fixed cost
-            step = max(link_bound + max(0, L - 1) * t0, t_cpu)
-        else:
-            step = max(link_bound, min(total, t_each + gaps), t_cpu)
-    else:
-        step = max(total, link_bound, t_cpu)
+    pf = sysx.prefetch != "none"
+    # below the link-bound edge every gather starts on an idle stream and pays bytes only
+    w_idle = sum(plan.pf_work) + sum(plan.ur_work) - (n_pf + n_ur) * (0.0 if cpu_gather else t0)
+    # a GPU gather in flight slows compute by `slow`: it is in flight while the GPU computes for the
+    # link time not spent waiting on it (the stalls); a fixed point from the link time
+    overlap = min(t_link, c_pure * slow) if pf else 0.0
+    for _ in range(3 if pf and slow != 1.0 else 1):
+        s_bg = 1.0 + overlap * (1.0 - 1.0 / slow) / c_pure if c_pure else 1.0
+        total, gaps, stalls, queued = _compute_path(plan, s_bg, slow, s_u, chunk_s, t0, cpu_gather)
+        if pf:
+            overlap = min(max(0.0, min(w_idle, t_link) - stalls), c_pure * slow)
+    link_bound = t_link + gaps if pf else t_link
+    step = max(total, link_bound, t_cpu)
+    if pf and fifo and not cpu_gather:
+        # FIFO: a prefetch is issued after an attention, when the stream has drained (the layer's
+        # misses were waited for), so it starts idle; the misses pay the fixed cost where they queue
+        # behind the prefetch (counted above). Where the link with only those is longer than the
+        # compute path, the link bound holds (the bubbles included)
+        w_q = w_idle + queued * t0
+        lb_q = (w_q + min(D / beta, w_q) * (1.0 - beta) if w_q else 0.0) + gaps
+        if lb_q <= total:
+            step, t_link = max(total, t_cpu), lb_q - gaps
+    if pf and cpu_gather and n_ur:
+        # the misses wait for their own prefetch to land, then pass the host CPU and the copy engine;
+        # the next prefetch's copy queues behind them: where the host CPU has the next prefetch ready
+        # by then, the layer's chain is prefetch copy + miss gather + miss copy
+        chain = sum(plan.pf_work) - n_pf * t0 + sum(plan.cpu_ur_work) + sum(plan.ur_work)
+        if all(p - t0 + u >= c + a for p, u, c, a in zip(plan.pf_work, plan.ur_work, plan.cpu_pf_work, plan.att)):
+            step = max(step, chain)
     return AggStep(step, total, t_link, t_cpu, plan.h2d_bytes, sum(plan.d2h_bytes))
+
+
+def _compute_path(plan, s_bg, slow, s_u, chunk_s, t0, cpu_gather):
+    """(compute path with its waits, FIFO bubbles, link-bound waits) of one step, every compute slowed by s_bg."""
+    L = plan.layers
+    sysx = plan.system
+    la = sysx.prefetch == "layer-ahead"
+    prio = sysx.urgent_priority
+    t0p = 0.0 if cpu_gather else t0
+    u_all = [plan.ur_work[i] + plan.cpu_ur_work[i] for i in range(L)]
+    p_all = [plan.pf_work[i] + plan.cpu_pf_work[i] for i in range(L)]
+    exp_prev = [0.0] * L
+    for _pass in range(2):
+        total = plan.lm_s * s_bg
+        gaps = stalls = 0.0
+        queued = 0                      # gathers issued behind an unfinished gather of their stream
+        exp = [0.0] * L
+        for i in range(L):
+            u = u_all[i]
+            mid = plan.mid[i] * (slow if u > 0 else s_bg)
+            own = 0.0
+            if sysx.prefetch != "none" and L > 1:
+                # the compute beside a prefetch in flight runs at 1/slow (it is the gather's window)
+                pre_i = plan.pre[i] * slow
+                post_p = plan.post[i - 1] * slow
+                if la and L > 2:
+                    # layer i's own prefetch was issued when attention i-2 ended; the misses wait for it
+                    j, k = (i - 1) % L, (i - 2) % L
+                    window = (plan.post[k] + plan.pre[j] + plan.att[j] + plan.post[j] + plan.pre[i]) * slow \
+                        + max(plan.mid[j] * slow, exp_prev[j])
+                    p_own = p_all[i] - t0p
+                    # a priority miss gather of layer i-1 inside that window takes the link from it
+                    ahead = (plan.post[k] + plan.pre[j]) * slow
+                    if prio and u_all[j] > 0 and p_own > ahead:
+                        p_own += u_all[j] - t0p
+                    own = max(0.0, p_own - window)
+                    nxt = (i + 1) % L
+                else:
+                    nxt = (i - 1) % L   # next-step: layer i-1's prefetch for the next step
+                if own > 0:             # the next prefetch queued behind the late one: all of it ahead
+                    rest = p_all[nxt]
+                else:
+                    rest = max(0.0, p_all[nxt] - t0p - post_p - pre_i)
+                if u <= 0:
+                    exposed = own
+                elif prio:
+                    # GPU gather: on its own stream, no fixed cost; CPU gather: the copy engine's per-burst
+                    # rule (sim/resources.py), no fixed cost where it joins the prefetch's copy
+                    uu = u - (t0p if not cpu_gather else (t0 if rest > plan.cpu_ur_work[i] else 0.0))
+                    exposed = own + ((min(uu * s_u, uu + rest) + chunk_s) if rest > 0 else uu)
+                else:
+                    exposed = own + (rest + u if rest > 0 else u - t0p)
+                    queued += rest > 0  # the misses behind the prefetch on the one stream
+                    gaps += plan.att[i]   # the link idles while attention i runs (no gather beside it)
+            else:
+                # no prefetch: the fetch starts on an idle stream (bytes only); the key rebuild beside
+                # it runs at 1/slow only while the gather is in flight
+                exposed = max(0.0, u - t0) if u > 0 else 0.0
+                if u > 0 and slow != 1.0:
+                    d = plan.mid[i]
+                    mid = d * slow if d * slow <= exposed else exposed + d - exposed / slow
+            if plan.ur_min_s and u > 0:
+                exposed = max(exposed, plan.ur_min_s[i])
+            if plan.ur_serial and u > 0:
+                total += (plan.pre[i] + plan.mid[i] + plan.att[i] + plan.post[i]) * s_bg + exposed
+                exp[i] = exposed
+                stalls += exposed
+                continue
+            total += (plan.pre[i] + plan.att[i] + plan.post[i]) * s_bg + max(mid, exposed)
+            exp[i] = max(mid, exposed)
+            stalls += max(0.0, exposed - mid)
+        exp_prev = exp
+    return total, gaps, stalls, queued

@@ -130,7 +130,12 @@ def replay_plan(design: str, context: int, batch: int, miss: float, transfers: b
     m = get_model(MODEL)
     cm = cm or cost_model(MODEL, GPU, LINK)
     hit = [1.0 - miss] * m.num_layers
-    plan = step_plan(get_system(design), m, cm, Workload(context=context, batch=batch), batch, context, hit, hit)
+    sysx = get_system(design)
+    if not sysx.kv_on_gpu:
+        # the engine runs the Triton kernels of kernels/ for every sparse design (attention, scoring,
+        # key rebuild: kernels/engine/engine.py _ops), so its compute splits as they do
+        sysx = replace(sysx, kernels="triton")
+    plan = step_plan(sysx, m, cm, Workload(context=context, batch=batch), batch, context, hit, hit)
     if not transfers and plan.rates is not None:   # compute only: no host reads, nothing on the link
         z = [0.0] * m.num_layers
         plan = replace(plan, pf_bytes=z, ur_bytes=z, d2h_bytes=z, pf_work=z, ur_work=z, d2h_work=z,

@@ -44,15 +44,34 @@ def test_serving_step_times_come_from_the_aggregate():
     assert seg["step_s"] == pytest.approx(tl.steady_step_s, rel=0.05)
 
 
-@pytest.mark.parametrize("system,batch", [("dualdecoder", 2), ("dualdecoder", 4), ("specache", 2), ("specache", 4),
-                                          ("dualdecoder-fifo", 4), ("dualdecoder-fifo", 16)])
+EDGE = [("dualdecoder", 2), ("dualdecoder", 3), ("dualdecoder", 4), ("specache", 2), ("specache", 3),
+        ("specache", 4), ("dualdecoder-fifo", 3), ("dualdecoder-fifo", 4), ("dualdecoder-fifo", 16),
+        ("dualdecoder-cpu-gather", 2), ("dualdecoder-cpu-gather", 3), ("dualdecoder-cpu-gather", 4),
+        ("shadowkv", 1)]
+
+
+@pytest.mark.parametrize("system,batch", EDGE)
 def test_aggregate_near_the_link_bound_edge(system, batch):
-    """At the batches where the step turns link-bound, the aggregate's fixed-cost rule (one per step
-    when transfers run back to back, else one per transfer) follows the timeline's per-burst rule."""
+    """At the batches where the step turns link-bound, the aggregate follows the timeline's gather
+    streams: a fixed cost only for a gather queued behind one of its own stream (every prefetch of a
+    saturated priority link, FIFO's misses behind a prefetch), misses no earlier than their own
+    prefetch, compute slowed only beside a gather in flight (sim/aggregate.py)."""
     m = get_model("llama-3-8b")
     cm = cost_model("llama-3-8b", "h200")
     hit = [0.82] * m.num_layers
     plan = step_plan(SYSTEMS[system], m, cm, Workload(context=131072), batch, 131072, hit, hit)
+    tl = run_timeline(plan, steps=6, warmup=2)
+    assert aggregate_step(plan).step_s == pytest.approx(tl.steady_step_s, rel=0.02)
+
+
+@pytest.mark.parametrize("system,batch,hit", [("dualdecoder", 3, 0.2), ("dualdecoder", 5, 0.2),
+                                              ("shadowkv", 1, 0.88), ("specache", 2, 0.88)])
+def test_aggregate_at_32k(system, batch, hit):
+    """The worst points of a 32K sweep (batches 1-24, hit 0.2 and 0.88; sim/README.md)."""
+    m = get_model("llama-3-8b")
+    cm = cost_model("llama-3-8b", "h200", "pcie5")
+    h = [hit] * m.num_layers
+    plan = step_plan(SYSTEMS[system], m, cm, Workload(context=32768), batch, 32768, h, h)
     tl = run_timeline(plan, steps=6, warmup=2)
     assert aggregate_step(plan).step_s == pytest.approx(tl.steady_step_s, rel=0.02)
 
