@@ -21,7 +21,7 @@ ENGINE = str(traces_dir("engine", "h200"))
 MS = 1e-3
 
 
-# ------------------------------------------------------------------ the link: fixed cost once per burst
+# ------------------------------------------------------------------ the link: sim/resources.py's per-burst rule (D2H copy, CPU-gather copy engine); the GPU gather's fixed cost per queued gather
 
 def _server_times(fixed):
     s = FluidServer("h2d")
