@@ -92,9 +92,10 @@ def aggregate_step(plan: StepPlan) -> AggStep:
     # a GPU gather in flight slows compute by `slow`: it is in flight while the GPU computes for the
     # link time not spent waiting on it (the stalls); a fixed point from the link time
     overlap = min(t_link, c_pure * slow) if pf else 0.0
-    for _ in range(3 if pf and slow != 1.0 else 1):
+    exp = [0.0] * L                     # each layer's wait, carried into the next pass (layer 0's window)
+    for _ in range((3 if slow != 1.0 else 2) if pf else 1):
         s_bg = 1.0 + overlap * (1.0 - 1.0 / slow) / c_pure if c_pure else 1.0
-        total, gaps, stalls, queued = _compute_path(plan, s_bg, slow, s_u, chunk_s, t0, cpu_gather)
+        total, gaps, stalls, queued, exp = _compute_path(plan, s_bg, slow, s_u, chunk_s, t0, cpu_gather, exp)
         if pf:
             overlap = min(max(0.0, min(w_idle, t_link) - stalls), c_pure * slow)
     link_bound = t_link + gaps if pf else t_link
@@ -118,8 +119,9 @@ def aggregate_step(plan: StepPlan) -> AggStep:
     return AggStep(step, total, t_link, t_cpu, plan.h2d_bytes, sum(plan.d2h_bytes))
 
 
-def _compute_path(plan, s_bg, slow, s_u, chunk_s, t0, cpu_gather):
-    """(compute path with its waits, FIFO bubbles, link-bound waits) of one step, every compute slowed by s_bg."""
+def _compute_path(plan, s_bg, slow, s_u, chunk_s, t0, cpu_gather, exp_prev):
+    """(compute path with its waits, FIFO bubbles, stalls, gathers queued, each layer's wait) of one step,
+    every compute slowed by s_bg; exp_prev: each layer's wait from the previous pass."""
     L = plan.layers
     sysx = plan.system
     la = sysx.prefetch == "layer-ahead"
@@ -127,65 +129,62 @@ def _compute_path(plan, s_bg, slow, s_u, chunk_s, t0, cpu_gather):
     t0p = 0.0 if cpu_gather else t0
     u_all = [plan.ur_work[i] + plan.cpu_ur_work[i] for i in range(L)]
     p_all = [plan.pf_work[i] + plan.cpu_pf_work[i] for i in range(L)]
-    exp_prev = [0.0] * L
-    for _pass in range(2):
-        total = plan.lm_s * s_bg
-        gaps = stalls = 0.0
-        queued = 0                      # gathers issued behind an unfinished gather of their stream
-        exp = [0.0] * L
-        for i in range(L):
-            u = u_all[i]
-            mid = plan.mid[i] * (slow if u > 0 else s_bg)
-            own = 0.0
-            if sysx.prefetch != "none" and L > 1:
-                # the compute beside a prefetch in flight runs at 1/slow (it is the gather's window)
-                pre_i = plan.pre[i] * slow
-                post_p = plan.post[i - 1] * slow
-                if la and L > 2:
-                    # layer i's own prefetch was issued when attention i-2 ended; the misses wait for it
-                    j, k = (i - 1) % L, (i - 2) % L
-                    window = (plan.post[k] + plan.pre[j] + plan.att[j] + plan.post[j] + plan.pre[i]) * slow \
-                        + max(plan.mid[j] * slow, exp_prev[j])
-                    p_own = p_all[i] - t0p
-                    # a priority miss gather of layer i-1 inside that window takes the link from it
-                    ahead = (plan.post[k] + plan.pre[j]) * slow
-                    if prio and u_all[j] > 0 and p_own > ahead:
-                        p_own += u_all[j] - t0p
-                    own = max(0.0, p_own - window)
-                    nxt = (i + 1) % L
-                else:
-                    nxt = (i - 1) % L   # next-step: layer i-1's prefetch for the next step
-                if own > 0:             # the next prefetch queued behind the late one: all of it ahead
-                    rest = p_all[nxt]
-                else:
-                    rest = max(0.0, p_all[nxt] - t0p - post_p - pre_i)
-                if u <= 0:
-                    exposed = own
-                elif prio:
-                    # GPU gather: on its own stream, no fixed cost; CPU gather: the copy engine's per-burst
-                    # rule (sim/resources.py), no fixed cost where it joins the prefetch's copy
-                    uu = u - (t0p if not cpu_gather else (t0 if rest > plan.cpu_ur_work[i] else 0.0))
-                    exposed = own + ((min(uu * s_u, uu + rest) + chunk_s) if rest > 0 else uu)
-                else:
-                    exposed = own + (rest + u if rest > 0 else u - t0p)
-                    queued += rest > 0  # the misses behind the prefetch on the one stream
-                    gaps += plan.att[i]   # the link idles while attention i runs (no gather beside it)
+    total = plan.lm_s * s_bg
+    gaps = stalls = 0.0
+    queued = 0                      # gathers issued behind an unfinished gather of their stream
+    exp = [0.0] * L
+    for i in range(L):
+        u = u_all[i]
+        mid = plan.mid[i] * (slow if u > 0 else s_bg)
+        own = 0.0
+        if sysx.prefetch != "none" and L > 1:
+            # the compute beside a prefetch in flight runs at 1/slow (it is the gather's window)
+            pre_i = plan.pre[i] * slow
+            post_p = plan.post[i - 1] * slow
+            if la and L > 2:
+                # layer i's own prefetch was issued when attention i-2 ended; the misses wait for it
+                j, k = (i - 1) % L, (i - 2) % L
+                window = (plan.post[k] + plan.pre[j] + plan.att[j] + plan.post[j] + plan.pre[i]) * slow \
+                    + max(plan.mid[j] * slow, exp_prev[j])
+                p_own = p_all[i] - t0p
+                # a priority miss gather of layer i-1 inside that window takes the link from it
+                ahead = (plan.post[k] + plan.pre[j]) * slow
+                if prio and u_all[j] > 0 and p_own > ahead:
+                    p_own += u_all[j] - t0p
+                own = max(0.0, p_own - window)
+                nxt = (i + 1) % L
             else:
-                # no prefetch: the fetch starts on an idle stream (bytes only); the key rebuild beside
-                # it runs at 1/slow only while the gather is in flight
-                exposed = max(0.0, u - t0) if u > 0 else 0.0
-                if u > 0 and slow != 1.0:
-                    d = plan.mid[i]
-                    mid = d * slow if d * slow <= exposed else exposed + d - exposed / slow
-            if plan.ur_min_s and u > 0:
-                exposed = max(exposed, plan.ur_min_s[i])
-            if plan.ur_serial and u > 0:
-                total += (plan.pre[i] + plan.mid[i] + plan.att[i] + plan.post[i]) * s_bg + exposed
-                exp[i] = exposed
-                stalls += exposed
-                continue
-            total += (plan.pre[i] + plan.att[i] + plan.post[i]) * s_bg + max(mid, exposed)
-            exp[i] = max(mid, exposed)
-            stalls += max(0.0, exposed - mid)
-        exp_prev = exp
-    return total, gaps, stalls, queued
+                nxt = (i - 1) % L   # next-step: layer i-1's prefetch for the next step
+            if own > 0:             # the next prefetch queued behind the late one: all of it ahead
+                rest = p_all[nxt]
+            else:
+                rest = max(0.0, p_all[nxt] - t0p - post_p - pre_i)
+            if u <= 0:
+                exposed = own
+            elif prio:
+                # GPU gather: on its own stream, no fixed cost; CPU gather: the copy engine's per-burst
+                # rule (sim/resources.py), no fixed cost where it joins the prefetch's copy
+                uu = u - (t0p if not cpu_gather else (t0 if rest > plan.cpu_ur_work[i] else 0.0))
+                exposed = own + ((min(uu * s_u, uu + rest) + chunk_s) if rest > 0 else uu)
+            else:
+                exposed = own + (rest + u if rest > 0 else u - t0p)
+                queued += rest > 0  # the misses behind the prefetch on the one stream
+                gaps += plan.att[i]   # the link idles while attention i runs (no gather beside it)
+        else:
+            # no prefetch: the fetch starts on an idle stream (bytes only); the key rebuild beside
+            # it runs at 1/slow only while the gather is in flight
+            exposed = max(0.0, u - t0) if u > 0 else 0.0
+            if u > 0 and slow != 1.0:
+                d = plan.mid[i]
+                mid = d * slow if d * slow <= exposed else exposed + d - exposed / slow
+        if plan.ur_min_s and u > 0:
+            exposed = max(exposed, plan.ur_min_s[i])
+        if plan.ur_serial and u > 0:
+            total += (plan.pre[i] + plan.mid[i] + plan.att[i] + plan.post[i]) * s_bg + exposed
+            exp[i] = exposed
+            stalls += exposed
+            continue
+        total += (plan.pre[i] + plan.att[i] + plan.post[i]) * s_bg + max(mid, exposed)
+        exp[i] = max(mid, exposed)
+        stalls += max(0.0, exposed - mid)
+    return total, gaps, stalls, queued, exp
