@@ -16,7 +16,7 @@ def reuse_plan(prev_idx: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """src_slot[..., j] = s where prev_idx[..., s] == idx[..., j], else -1 (int32, same shape as idx)."""
     if prev_idx.shape[:-1] != idx.shape[:-1]:
         raise DDBenchError(f"index sets differ in leading dims: {tuple(prev_idx.shape)} vs {tuple(idx.shape)}")
-    vals, order = prev_idx.to(torch.int64).sort(dim=-1)
+    vals, order = prev_idx.to(torch.int64).sort(dim=-1, stable=True)   # repeats: the first slot
     q = idx.to(torch.int64).contiguous()
     pos = torch.searchsorted(vals.contiguous(), q).clamp_(max=vals.shape[-1] - 1)
     found = vals.gather(-1, pos) == q

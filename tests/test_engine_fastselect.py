@@ -338,3 +338,59 @@ def test_select_twins_take_per_token_outputs():
     assert fastselect.select_topk_ref(q, lm, 6, out=outs) is outs
     for t in range(2):
         assert torch.equal(outs[t], whole[:, t])
+
+
+def _check_fused_plan(B, H, G, N, k, pred, seed, dev):
+    """The seg top-k with the miss plan fused into its merge: the ids equal the unfused kernel's, and
+    the plan equals plan_misses(pred, true) (twin) as sets of (request-head, chunk) and (request-head,
+    slot), in its count and in `assembled`. Outputs poisoned first (the count with a non-zero value:
+    stage 1 must zero it)."""
+    from kernels.engine.transfer import plan_buffers, plan_misses
+    sc, pml = _scratch(B, H, 2, G, N, 3, torch.Generator().manual_seed(seed), dev)
+    want = fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, method="seg", seg=64)
+    mp = plan_buffers(B, H, k, dev)
+    for t in (mp.bh, mp.chunk, mp.slot, mp.count, mp.assembled):
+        t.fill_(-7)
+    outs = tuple(_poisoned((B, H, k), dev) for _ in range(2))
+    fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, out=outs, method="seg", seg=64, plan=(pred.to(dev), mp))
+    assert torch.equal(outs[0], want[:, 0]) and torch.equal(outs[1], want[:, 1])
+    a = plan_misses(pred.to(dev), outs[0])
+    n = int(a.count)
+    assert int(mp.count) == n
+    for f in ("chunk", "slot"):
+        assert sorted(zip(a.bh[:n].tolist(), getattr(a, f)[:n].tolist())) == \
+            sorted(zip(mp.bh[:n].tolist(), getattr(mp, f)[:n].tolist()))
+    assert torch.equal(a.assembled, mp.assembled)
+    return n
+
+
+@pytest.mark.parametrize("B,H,G,N,k", [(2, 3, 4, 300, 40), (1, 2, 8, 97, 32), (3, 1, 1, 130, 5)])
+def test_fused_miss_plan_matches_twin(B, H, G, N, k, dev="cpu"):
+    g = torch.Generator().manual_seed(N + k)
+    # the previous step's prediction: ascending (as the top-k writes it) and, in one request, unsorted
+    pred = torch.rand(B, H, N, generator=g).argsort(-1)[..., :k].sort(-1).values.int()
+    pred[0, 0] = pred[0, 0].flip(0)
+    assert _check_fused_plan(B, H, G, N, k, pred, 3, dev) > 0
+    # a compute-only step's zero prediction (one chunk repeated) and a prediction equal to the truth
+    _check_fused_plan(B, H, G, N, k, torch.zeros(B, H, k, dtype=torch.int32), 3, dev)
+    sc, pml = _scratch(B, H, 2, G, N, 3, torch.Generator().manual_seed(3), dev)
+    true = fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, method="seg", seg=64)[:, 0].contiguous()
+    assert _check_fused_plan(B, H, G, N, k, true.cpu(), 3, dev) == 0
+
+
+def test_fused_miss_plan_checked():
+    from kernels.engine.transfer import plan_buffers
+    sc, pml = _scratch(1, 2, 2, 4, 64, 2, torch.Generator().manual_seed(1))
+    mp = plan_buffers(1, 2, 8, "cpu")
+    with pytest.raises(ValueError, match="seg"):
+        fastselect.topk_from_scratch(sc, pml, 1, 2, 2, 4, 64, 8, method="bits", plan=(torch.zeros(1, 2, 8, dtype=torch.int32), mp))
+    with pytest.raises(ValueError, match="pred"):
+        fastselect.topk_from_scratch(sc, pml, 1, 2, 2, 4, 64, 8, method="seg", plan=(torch.zeros(1, 2, 9, dtype=torch.int32), mp))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,G,N,k", [(4, 8, 4, 16384, 256), (1, 8, 4, 4096, 256), (16, 8, 4, 16384, 256)])
+def test_fused_miss_plan_gpu(B, H, G, N, k):
+    g = torch.Generator().manual_seed(B + N)
+    pred = torch.rand(B, H, N, generator=g).argsort(-1)[..., :k].sort(-1).values.int()
+    assert _check_fused_plan(B, H, G, N, k, pred, 5, "cuda") > 0

@@ -33,8 +33,9 @@ import torch
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
 from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope, rope_tables
+from kernels.engine.fastselect import fused_plan_fits
 from kernels.engine.transfer import (Sched, gather_slots, gather_slots_ref, perturb, perturb_fast, plan_misses,
-                                     plan_misses_fast)
+                                     plan_buffers, plan_misses_fast)
 
 
 _WORKLOAD_FIELDS = {f.name for f in fields(Workload)}
@@ -205,6 +206,8 @@ class Engine:
         self.nq = s.tokens_per_step
         self.split = s.two_pass
         self.prefetch = s.prefetch if (cfg.transfers and not s.kv_on_gpu) else "none"
+        # the dual-token top-k plans the misses in its own merge kernel where its "seg" method runs
+        self.fuse_plan = not ref and not s.kv_on_gpu and fused_plan_fits(self.B, self.H, self.N, self.kc)
         self.sched = Sched(self.dev, urgent_priority=s.urgent_priority, log=log)
         self.gen = torch.Generator(device=self.dev).manual_seed(cfg.seed + 1)
         self.g = 0                       # generated tokens persisted so far (host mirror, eager only)
@@ -491,11 +494,22 @@ class Engine:
     def _sparse_attention(self, i, q, k, v, nq, predecode):
         s, cfg = self.sys, self.cfg
         u = self.use
+        have_pred = self.prefetch != "none" and not predecode
+        # compute only (no transfers): a prediction design still plans its misses against the
+        # prediction kept from the last step (and the forced misses are drawn), so that the
+        # compute-only step differs from the full step by the transfers alone
+        sim_pred = not cfg.transfers and s.prefetch != "none" and self.pred is not None
+        fused_plan = None
         if nq == 2 and not self.split:
             # the top-k writes token 0's ids (this step's true selection) and token 1's (the next
-            # step's prediction) straight into their buffers: no slicing copies
+            # step's prediction) straight into their buffers: no slicing copies; with the model's
+            # own selection its merge kernel also plans the misses against the prediction
             true = torch.empty(self.B, self.H, self.kc, device=self.dev, dtype=torch.int32)
-            self._select(i, q, out=(true, self.pred_new[i]))
+            kw = dict(out=(true, self.pred_new[i]))
+            if self.fuse_plan and cfg.miss_rate is None and (have_pred or sim_pred):
+                fused_plan = plan_buffers(self.B, self.H, self.kc, self.dev)
+                kw["plan"] = (self.pred[i], fused_plan)
+            self._select(i, q, **kw)
         else:
             sel = self._select(i, q)
             true = sel[:, 0].contiguous()
@@ -503,11 +517,6 @@ class Engine:
                 self.pred_new[i] = sel[:, 1]
             elif predecode:
                 self.pred_new[i] = true                           # pre-decoding seeds the prediction
-        have_pred = self.prefetch != "none" and not predecode
-        # compute only (no transfers): a prediction design still plans its misses against the
-        # prediction kept from the last step (and the forced misses are drawn), so that the
-        # compute-only step differs from the full step by the transfers alone
-        sim_pred = not cfg.transfers and s.prefetch != "none" and self.pred is not None
         base = self.pred[i] if (have_pred or sim_pred) else (self.prev_true[i] if (s.reuse and self.prev_ok[i]) else None)
         if cfg.miss_rate is not None and base is not None:
             # forced miss rate (timing runs); inside a capture the default generator (graph-safe) draws
@@ -523,12 +532,12 @@ class Engine:
         if not cfg.transfers:
             if sim_pred:
                 with nvtx_range("plan_misses"):
-                    assembled = self._plan(self.pred[i], true).assembled
+                    assembled = (fused_plan or self._plan(self.pred[i], true)).assembled
         elif have_pred:
             if s.prefetch == "next-step" and u not in self.prefetched:
                 raise DDBenchError("internal: no prefetch for this layer use")
             with nvtx_range("plan_misses"):
-                plan = self._plan(self.pred[i], true)
+                plan = fused_plan or self._plan(self.pred[i], true)
             ev_plan, _ = self.sched.run("compute", "plan", lambda: None, layer=i)
             pre_ev = self.ready_ev.get(u, [])
             kk = None if vo else kb

@@ -68,6 +68,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.engine.transfer import plan_row_sorted
 from kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
 
 MAX_CAP = 8192          # candidate buffer (entries) of the stream kernel; larger k: bits
@@ -362,9 +363,9 @@ def _select_topk(vb, K, SEARCH: tl.constexpr, CUTS: tl.constexpr):
 
 
 @triton.jit
-def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, KK, S,
+def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, KK, S, count,
                      GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, SEG: tl.constexpr,
-                     SEARCH: tl.constexpr, CUTS: tl.constexpr):
+                     SEARCH: tl.constexpr, CUTS: tl.constexpr, PLAN: tl.constexpr = False):
     """Stage 1 of "seg": one program per (row, segment of SEG chunks): the segment's group-max
     probabilities in registers, and a candidate set that contains the segment's top-K in the
     contract's order, at most KK entries, written (bits, chunk id) in id order to the segment's KK
@@ -374,6 +375,9 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
     K-th largest and its ties are cut by id); other SEARCH: the exact top-K."""
     row = tl.program_id(0)              # (b * H + h) * NQ + t
     s = tl.program_id(1)
+    if PLAN:                            # the fused miss plan's counter, before stage 2 adds to it
+        if row + s == 0:
+            tl.store(count, 0)
     t = row % NQ
     bh = row // NQ
     gg = tl.arange(0, GP)
@@ -419,10 +423,14 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
 
 @triton.jit
 def _merge_topk_kernel(cbits, cids, cinfo, out, out1, H, NQ, K, KK, S,
-                       PER_TOKEN: tl.constexpr, CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr):
+                       pred, count, bh_out, chunk_out, slot_out, assembled,
+                       PER_TOKEN: tl.constexpr, CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr,
+                       PLAN: tl.constexpr = False, KP: tl.constexpr = 1, LOG_KP: tl.constexpr = 0):
     """Stage 2 of "seg": one program per row, the exact top-K of its segments' candidates (in id order,
     so position order is id order), ids written ascending. SEARCH 0: `_bisect` between the largest
-    segment bound T (at least K candidates >= it) and the largest candidate, stopping at count == K."""
+    segment bound T (at least K candidates >= it) and the largest candidate, stopping at count == K.
+    PLAN: token 0's rows (the true selection) then plan their misses against `pred` (transfer.py's
+    plan_row_sorted; the count was zeroed by stage 1), so the plan costs no launch of its own."""
     row = tl.program_id(0)
     t = row % NQ
     bh = row // NQ
@@ -447,6 +455,9 @@ def _merge_topk_kernel(cbits, cids, cinfo, out, out1, H, NQ, K, KK, S,
         take, pos = _select_topk(vb, K, SEARCH, CUTS)
     ob = _out_row(out, out1, b, t, h, H, NQ, K, PER_TOKEN)
     tl.store(ob + pos, vi, mask=take)
+    if PLAN:
+        if t == 0:
+            plan_row_sorted(ob, pred, bh, count, bh_out, chunk_out, slot_out, assembled, K, KP, LOG_KP)
 
 
 def _geometry(B, H, nq, G, N, k, blk, num_warps, device):
@@ -502,7 +513,7 @@ def _outputs(out, B, H, nq, k, device):
 
 
 def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None,
-                      search=None, seg=None, slots=None, cuts=None):
+                      search=None, seg=None, slots=None, cuts=None, plan=None):
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
@@ -514,20 +525,23 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
         seg, S, KK, CP = _seg_geometry(B, H, nq, N, k, seg, scratch.device, slots)
         if method is None:
             method = "seg" if CP <= MAX_MERGE else "bits"
+    if plan is not None and method != "seg":
+        raise ValueError("a fused miss plan needs the 'seg' top-k")
     if method == "seg":
         if CP > MAX_MERGE:
             raise ValueError(f"seg top-k: {S} segments x {KK} candidates exceed {MAX_MERGE}; use method='bits'")
+        pargs, pkw = _plan_args(plan, B, H, N, k, o0)
         sv = {None: 0, "bisect": 0, "radix": 1, "binary": 2, "5ary": 3}[search]
         rows = B * H * nq
         cbits = torch.empty(rows * S * KK, device=scratch.device, dtype=torch.int32)
         cids = torch.empty(rows * S * KK, device=scratch.device, dtype=torch.int32)
         cinfo = torch.empty(rows * S * 4, device=scratch.device, dtype=torch.int32)
         cuts = cuts or SEG_CUTS
-        _seg_topk_kernel[(rows, S)](scratch, pml, cbits, cids, cinfo, N, H, G, nq, n_split, k, KK, S,
-                                    GP=GP, BLOCK_M=BLOCK_M, SP=SP, SEG=seg, SEARCH=sv, CUTS=cuts,
+        _seg_topk_kernel[(rows, S)](scratch, pml, cbits, cids, cinfo, N, H, G, nq, n_split, k, KK, S, pargs[1],
+                                    GP=GP, BLOCK_M=BLOCK_M, SP=SP, SEG=seg, SEARCH=sv, CUTS=cuts, PLAN=pkw["PLAN"],
                                     num_warps=num_warps or _seg_warps(seg, rows * S))
-        _merge_topk_kernel[(rows,)](cbits, cids, cinfo, o0, o1, H, nq, k, KK, S, PER_TOKEN=per_token, CP=CP,
-                                    SP2=triton.next_power_of_2(S), SEARCH=sv, CUTS=cuts,
+        _merge_topk_kernel[(rows,)](cbits, cids, cinfo, o0, o1, H, nq, k, KK, S, *pargs, PER_TOKEN=per_token, CP=CP,
+                                    SP2=triton.next_power_of_2(S), SEARCH=sv, CUTS=cuts, **pkw,
                                     num_warps=16 if CP >= 8192 else max(1, min(8, CP // 256)))
         return out
     if search not in (None, "binary", "5ary"):
@@ -549,6 +563,27 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
     else:
         raise ValueError(f"unknown top-k method {method!r}")
     return out
+
+
+def fused_plan_fits(B, H, N, k) -> bool:
+    """Whether topk_from_scratch(plan=...) takes B x H rows of 2 tokens, N chunks, budget k: its
+    default method is "seg" there, and (chunk id, slot) keys fit in int32."""
+    KP = triton.next_power_of_2(k)
+    return 0 < k <= N and _seg_geometry(B, H, 2, N, k, None, torch.device("cpu"))[3] <= MAX_MERGE and N * KP < 2**31
+
+
+def _plan_args(plan, B, H, N, k, o0):
+    """Pointer arguments and constexprs of the fused miss plan: `plan` is None or (pred [B, H, k] int32,
+    a transfer.MissPlan of outputs from transfer.plan_buffers); unused pointers get `o0`."""
+    if plan is None:
+        return (o0,) * 6, dict(PLAN=False)
+    pred, mp = plan
+    if pred.shape != (B, H, k) or pred.dtype != torch.int32 or not pred.is_contiguous() or mp.k != k:
+        raise ValueError(f"fused miss plan: pred must be a contiguous int32 [{B}, {H}, {k}] tensor")
+    KP = triton.next_power_of_2(k)
+    if N * KP >= 2**31:
+        raise ValueError(f"fused miss plan: {N} chunks x {KP} slots overflow its int32 keys")
+    return (pred, mp.count, mp.bh, mp.chunk, mp.slot, mp.assembled), dict(PLAN=True, KP=KP, LOG_KP=KP.bit_length() - 1)
 
 
 def probs_from_scratch_ref(scratch, pml, B, H, nq, G, N):

@@ -251,6 +251,14 @@ def _plan_kernel(pred, true, bits, count, bh_out, chunk_out, slot_out, assembled
     wt = tl.load(bt + (p >> 5), mask=jv, other=0, cache_modifier=".cg")
     miss = jv & (((wp >> (t & 31)) & 1) == 0)      # true chunk not predicted
     free = jv & (((wt >> (p & 31)) & 1) == 0)      # predicted chunk not true: its slot is free
+    _plan_emit(t, p, miss, free, j, jv, bh, count, bh_out, chunk_out, slot_out, assembled, K, KP)
+
+
+@triton.jit
+def _plan_emit(t, p, miss, free, j, jv, bh, count, bh_out, chunk_out, slot_out, assembled, K, KP: tl.constexpr):
+    """Write one (b, h)'s misses (true chunks not predicted) into the range it reserves with one atomic
+    add on `count`, each paired in order with a free slot (a predicted chunk not true), and the ids
+    its slots hold after the fill to `assembled`."""
     m = tl.sum(miss.to(tl.int32), 0)
     base = tl.atomic_add(count, m)
     rm = tl.cumsum(miss.to(tl.int32), 0) - 1
@@ -261,6 +269,49 @@ def _plan_kernel(pred, true, bits, count, bh_out, chunk_out, slot_out, assembled
     tl.debug_barrier()
     fill = tl.load(chunk_out + base + rf, mask=free, other=0, cache_modifier=".cg")
     tl.store(assembled + bh * K + j, tl.where(free, fill, p), mask=jv)
+
+
+@triton.jit
+def _lower_bound(sv, x, K, KP: tl.constexpr, LOG_KP: tl.constexpr):
+    """How many of the first K entries of `sv` (ascending, [KP]) are below each x: LOG_KP + 1 gathers."""
+    lo = tl.zeros(x.shape, tl.int32)
+    for e in tl.static_range(LOG_KP + 1):
+        step = KP >> e
+        c = lo + step
+        v = tl.gather(sv, tl.minimum(c - 1, KP - 1), 0)
+        lo = tl.where((c <= K) & (v < x), c, lo)
+    return lo
+
+
+@triton.jit
+def plan_row_sorted(true_row, pred, bh, count, bh_out, chunk_out, slot_out, assembled, K,
+                    KP: tl.constexpr, LOG_KP: tl.constexpr):
+    """The miss plan of one (b, h) whose true ids `true_row` are ascending and distinct (a top-k's
+    output, just written by this program: read back from L2), with no bitmaps, memset or atomics on
+    them: the predicted ids, keyed (id * KP + slot), are sorted in registers and each side is searched
+    in the other (O(k log k)). A predicted id that repeats (a compute-only step's zero prediction)
+    holds a true chunk in its first slot only, as in plan_misses; the others are free."""
+    j = tl.arange(0, KP)
+    jv = j < K
+    tl.debug_barrier()                                # this program's stores of true_row are visible
+    t = tl.load(true_row + j, mask=jv, other=2147483647, cache_modifier=".cg")
+    p = tl.load(pred + bh * K + j, mask=jv, other=0)
+    key = tl.where(jv, p * KP + j, 2147483647)
+    sk = tl.sort(key)
+    dup = _lower_bound(sk, key, K, KP, LOG_KP) > _lower_bound(sk, p * KP, K, KP, LOG_KP)
+    at = _lower_bound(sk, t * KP, K, KP, LOG_KP)
+    miss = jv & ((at >= K) | (tl.gather(sk, tl.minimum(at, KP - 1), 0) // KP != t))
+    ip = _lower_bound(t, p, K, KP, LOG_KP)
+    free = jv & (dup | (ip >= K) | (tl.gather(t, tl.minimum(ip, KP - 1), 0) != p))
+    _plan_emit(t, p, miss, free, j, jv, bh, count, bh_out, chunk_out, slot_out, assembled, K, KP)
+
+
+def plan_buffers(B: int, H: int, k: int, device) -> MissPlan:
+    """Outputs of a miss plan written by the fused top-k (fastselect.topk_from_scratch(plan=...)); the
+    count is zeroed by the top-k's first kernel, not here."""
+    n = B * H * k
+    e = lambda *s: torch.empty(*s, device=device, dtype=torch.int32)   # noqa: E731
+    return MissPlan(bh=e(n), chunk=e(n), slot=e(n), count=e(1), assembled=e(B, H, k), k=k)
 
 
 def plan_misses_fast(pred: torch.Tensor, true: torch.Tensor, n_chunks: int | None = None) -> MissPlan:
