@@ -286,7 +286,7 @@ def test_linear_layers_read_each_weight_once(name):
     e, _ = _engine(name, miss_rate=None)
     e.step()                       # pre-decoding step
     w = e.w
-    shapes = {tuple(t.shape) for t in (*w.wqkv, *w.wo, *w.wgu, *w.wdown, w.lm_head.T)}
+    shapes = {tuple(t.shape) for t in (*w.wqkv, *w.wo, *(t.T for t in w.wgu), *w.wdown, w.lm_head.T)}
     with profile(record_shapes=True) as p:
         e.step()                   # a dual-token (or two-pass) step
     batched = [ev.input_shapes for ev in p.events() if ev.name == "aten::bmm"

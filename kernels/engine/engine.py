@@ -453,7 +453,7 @@ class Engine:
             o, pre, post = self._sparse_attention(i, q, k, v, nq, predecode)
         with nvtx_range("o_proj+mlp"):
             x, h2 = self._addnorm(x, self._lin(o.reshape(B, nq, Hq * d), w.wo[i]), w.ln2[i])
-            gu = self._lin(h2, w.wgu[i])
+            gu = self._lin(h2, w.wgu[i].T)
             a = self._map(self.ops.swiglu, gu)
             mlp = self._lin(a, w.wdown[i])
         if self.timing:
