@@ -3,8 +3,8 @@
     python -m kernels.engine.selfcheck [--graph] [--kernels] [DESIGN ...]
         -> prints one line per design (eager; with --graph also captured and replayed) and, with
            --kernels, per kernel variant the engine may pick (both key-rebuild kernels, every top-k
-           method with one and per-token outputs, the fused residual norm) against its twin at small
-           shapes; exits 1 on a mismatch
+           method with one and per-token outputs, the seg top-k with the fused miss plan, the fused
+           residual norm) against its twin at small shapes; exits 1 on a mismatch
 """
 
 from __future__ import annotations
@@ -87,6 +87,25 @@ def check_graph(name, miss_rate=0.33, replays=2):
     return worst, e, len(captured), moved
 
 
+def _fused_plan_ok(sc, pml, B, H, G, N, k, g) -> bool:
+    """The dual-token seg top-k with the miss plan in its merge kernel against the plain top-k and the
+    twin plan_misses (sets of (request-head, chunk) and (request-head, slot), count, assembled)."""
+    from kernels.engine import fastselect
+    from kernels.engine.transfer import plan_buffers, plan_misses
+    pred = torch.rand(B, H, N, device="cuda", generator=g).argsort(-1)[..., :k].sort(-1).values.to(torch.int32)
+    want = fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, method="seg")
+    mp = plan_buffers(B, H, k, "cuda")
+    for t in (mp.bh, mp.chunk, mp.slot, mp.count, mp.assembled):
+        t.fill_(-7)
+    outs = tuple(torch.full((B, H, k), -7, device="cuda", dtype=torch.int32) for _ in range(2))
+    fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, out=outs, method="seg", plan=(pred, mp))
+    a = plan_misses(pred, outs[0])
+    n = int(a.count)
+    pairs = lambda p, f: sorted(zip(p.bh[:n].tolist(), getattr(p, f)[:n].tolist()))   # noqa: E731
+    return (torch.equal(outs[0], want[:, 0]) and torch.equal(outs[1], want[:, 1]) and int(mp.count) == n > 0
+            and all(pairs(a, f) == pairs(mp, f) for f in ("chunk", "slot")) and torch.equal(a.assembled, mp.assembled))
+
+
 def kernel_checks():
     """(name, ok) per kernel variant, fresh random inputs, outputs poisoned first."""
     from kernels.engine import fastselect, fused
@@ -121,6 +140,7 @@ def kernel_checks():
             ok = bool((got.diff(dim=-1) > 0).all()) and torch.allclose(p.gather(-1, got).sort(-1).values, want,
                                                                        rtol=1e-5, atol=1e-12)
             res.append((f"top-k {method} nq={nq} per-token", ok))
+    res.append(("top-k seg with the fused miss plan", _fused_plan_ok(sc, pml, Bq, Hk, G, N, k, g)))
     x = torch.randn(7, 2, 4096, device="cuda", generator=g).bfloat16()
     y = torch.randn(7, 2, 4096, device="cuda", generator=g).bfloat16()
     w = (torch.rand(4096, device="cuda", generator=g) + 0.5).bfloat16()
