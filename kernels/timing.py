@@ -8,7 +8,8 @@ capture_graph(body, warm) -> CUDAGraph of `body`, after one warm-up pass of `war
 time_cuda(fns, inner=..., reps=...) -> median ms per call: event_times around CUDA-graph replays
     of `fns` (a list of callables, e.g. one per rotated input set so repeats do not hit in L2).
 time_host(fn, reps) -> median ms per call with a host clock and device syncs (for CPU-side work).
-provenance(command) -> dict: gpu, driver, torch, triton, git sha, date, command.
+provenance(command) -> dict: gpu, driver, torch, triton, git sha (DDBENCH_GIT_SHA, else HEAD, +dirty
+    when tracked files differ from it), date, command.
 """
 
 from __future__ import annotations
@@ -88,10 +89,20 @@ def _cmd(args) -> str:
         return ""
 
 
+def git_sha(root: str) -> str:
+    """HEAD of the checkout at `root`, with "+dirty" when tracked files differ from it (a copied tree
+    whose .git lags behind its files, as on the device machine, says so instead of naming a commit it
+    does not hold); "unknown" without git."""
+    sha = _cmd(["git", "-C", root, "rev-parse", "HEAD"])
+    if not sha:
+        return "unknown"
+    return sha + ("+dirty" if _cmd(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"]) else "")
+
+
 def provenance(command: str) -> dict:
     import triton
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sha = os.environ.get("DDBENCH_GIT_SHA") or _cmd(["git", "-C", root, "rev-parse", "HEAD"]) or "unknown"
+    sha = os.environ.get("DDBENCH_GIT_SHA") or git_sha(root)
     driver = _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
     return {
         "gpu": torch.cuda.get_device_name(0),

@@ -22,3 +22,16 @@ def test_one_gpu_folder_rule():
     assert catalog_gpu_name("NVIDIA H100 80GB HBM3", 85 * 2**30) == "h100-80gb"
     assert catalog_gpu_name("NVIDIA A100-SXM4-40GB", 40 * 2**30) == "a100-40gb"
     assert catalog_gpu_name("Some New GPU", 1) == "some-new-gpu"
+
+
+def test_git_sha_marks_a_dirty_tree(monkeypatch):
+    """provenance's sha: HEAD, '+dirty' when tracked files differ (a copied tree with a stale .git),
+    'unknown' without git."""
+    from kernels import timing
+    answers = {"rev-parse": "abc123", "status": " M kernels/x.py"}
+    monkeypatch.setattr(timing, "_cmd", lambda args: next((v for k, v in answers.items() if k in args), ""))
+    assert timing.git_sha("/r") == "abc123+dirty"
+    answers["status"] = ""
+    assert timing.git_sha("/r") == "abc123"
+    answers["rev-parse"] = ""
+    assert timing.git_sha("/r") == "unknown"
