@@ -18,6 +18,8 @@ import bisect
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ddbench.core.calibration import Bundle
 from ddbench.core.catalog.gpus import GPUSpec, get_gpu
 from ddbench.core.catalog.links import LinkSpec
@@ -69,6 +71,65 @@ class LinkRates:
     method: str              # uva_gather | cpu_gather | copy_engine
 
 
+@dataclass(frozen=True)
+class ReuseFetchFit:
+    """The engine's ShadowKV fetch of one layer (kernels/engine/engine.py reuse_fetch), fitted to the
+    bundle's `reuse_fetch` records of one gather shape (chunk size, programs, chunks in flight):
+
+        fetch = fixed_s + 2 x slots x chunk_bytes / copy_Bps + rounds x (hit_s (1 - p) + miss_s p + mix_s p (1 - p))
+
+    rounds = ceil(slots / (programs x in_flight)), p = the layer's miss share (chunks read from the host
+    / slots). copy_Bps: the copy of the previous selection into the spare, read + write counted, from
+    the records' copy_ms (least squares, its intercept left to fixed_s); the other four by least squares
+    on fetch_ms minus that copy, relative (each record weighted by 1 / fetch_ms). fixed_s: the reuse
+    plan (53-68 us measured alone) and the other fixed parts; mix_s: a round that holds both a hit and a
+    miss waits for the miss (p (1 - p) is the share of such rounds, up to a constant)."""
+    fixed_s: float
+    copy_Bps: float
+    hit_s: float
+    miss_s: float
+    mix_s: float
+    records: int
+    rel_residuals: tuple      # (context, batch, miss_rate, fitted / measured - 1) per record
+    source: str = ""
+
+    @property
+    def max_rel_residual(self) -> float:
+        return max(abs(r[-1]) for r in self.rel_residuals)
+
+    def fetch_s(self, slots: int, chunk_bytes: int, rounds: int, p: float) -> float:
+        return (self.fixed_s + 2 * slots * chunk_bytes / self.copy_Bps
+                + rounds * (self.hit_s * (1 - p) + self.miss_s * p + self.mix_s * p * (1 - p)))
+
+    def describe(self) -> str:
+        worst = max(self.rel_residuals, key=lambda r: abs(r[-1]))
+        return (f"fetch = {self.fixed_s * 1e6:.1f} us + 2 x slots x chunk / {self.copy_Bps / 1e9:.0f} GB/s + rounds x"
+                f" ({self.hit_s * 1e6:.3f} (1 - p) + {self.miss_s * 1e6:.3f} p + {self.mix_s * 1e6:.3f} p (1 - p)) us,"
+                f" p = miss share; {self.records} records{', ' + self.source if self.source else ''}; max |relative"
+                f" residual| {self.max_rel_residual:.1%} ({worst[0] // 1024}K batch {worst[1]}, miss {worst[2]:g})")
+
+
+def fit_reuse_fetch(rows: list[dict], source: str = "") -> ReuseFetchFit | None:
+    """ReuseFetchFit of reuse_fetch records of one gather shape; None where they do not determine it
+    (fewer than two slot counts or three miss shares)."""
+    slots = np.array([float(r["slots"]) for r in rows])
+    if len(set(slots)) < 2 or len({r["miss_chunks"] / r["slots"] for r in rows}) < 3:
+        return None
+    cb, prog, items = (int(rows[0][k]) for k in ("chunk_bytes", "programs", "items"))
+    p = np.array([r["miss_chunks"] / r["slots"] for r in rows])
+    rounds = np.ceil(slots / (prog * items))
+    fetch = np.array([r["fetch_ms"] / 1e3 for r in rows])
+    copy = np.array([r["copy_ms"] / 1e3 for r in rows])
+    nbytes = 2 * slots * cb
+    _, per_byte = np.linalg.lstsq(np.c_[np.ones_like(nbytes), nbytes], copy, rcond=None)[0]
+    x = np.c_[np.ones_like(p), rounds * (1 - p), rounds * p, rounds * p * (1 - p)]
+    k = np.linalg.lstsq(x / fetch[:, None], (fetch - nbytes * per_byte) / fetch, rcond=None)[0]
+    rel = (x @ k + nbytes * per_byte) / fetch - 1
+    res = tuple((int(r["context"]), int(r["batch"]), float(r["miss_rate"]), float(e)) for r, e in zip(rows, rel))
+    return ReuseFetchFit(float(k[0]), float(1 / per_byte), float(k[1]), float(k[2]), float(k[3]), len(rows), res,
+                         source)
+
+
 class CostModel:
     def __init__(self, model: ModelSpec, gpu: GPUSpec, link: LinkSpec, bundle: Bundle | None = None):
         self.model, self.gpu, self.link, self.bundle = model, gpu, link, bundle
@@ -116,6 +177,10 @@ class CostModel:
             groups.setdefault(key + (None,), []).append((x, r["latency_ms"] / 1e3))
         # the decode-step engine's measured compute-only step (bundle section `engine`)
         self.set_engine_rows(b.rows.get("engine", []))
+        # the engine's ShadowKV fetch, measured alone (bundle section `reuse_fetch`; older bundles lack it)
+        src = b.meta.get("sections", {}).get("reuse_fetch", {}).get("source", {}) or {}
+        self.set_reuse_fetch_rows(b.rows.get("reuse_fetch", []),
+                                  f"engine sweep git {src.get('git_sha')} {src.get('date_utc')}" if src else "")
         for key, pts in groups.items():
             if key[0] == "sdpa_prefill":
                 rates = sorted(x / y for x, y in pts)
@@ -165,6 +230,20 @@ class CostModel:
             for key, pts in eng.items():
                 bs = sorted(pts)
                 tab[key] = (bs, [pts[x] for x in bs])
+
+    def set_reuse_fetch_rows(self, rows: list[dict], source: str = "") -> None:
+        """(Re)fit the engine's reuse fetch (ReuseFetchFit) per gather shape (chunk_bytes, programs,
+        items) from reuse_fetch records (the bundle's section; any design and model: the fetch's cost
+        is a function of its slots, chunk size and miss share)."""
+        groups: dict = {}
+        for r in rows:
+            groups.setdefault((int(r["chunk_bytes"]), int(r["programs"]), int(r["items"])), []).append(r)
+        self.reuse_fits: dict = {}
+        self.reuse_rows = len(rows)
+        for key, rs in groups.items():
+            fit = fit_reuse_fetch(rs, source)
+            if fit is not None:
+                self.reuse_fits[key] = fit
 
     def engine_harness_s(self, system: str, batch: int, context: int) -> float | None:
         """The sweep harness's per-step cost of forcing misses (the forced-miss draw; not a design cost):
@@ -319,16 +398,37 @@ class CostModel:
             return 0.0
         return math.ceil(slots / (programs * in_flight)) * t
 
-    def reuse_fetch_s(self, slots: int, chunk_bytes: int, programs: int = 32, in_flight: int = 2) -> float:
+    def reuse_fetch_model(self, chunk_bytes: int, programs: int = 32, in_flight: int = 2) -> str:
+        """Which model reuse_fetch_s uses at this gather shape: 'fitted' (the bundle's reuse_fetch
+        records, ReuseFetchFit) or 'bundle-derived' (no records at this shape: older bundles; from
+        link.csv and ceilings.csv, see reuse_fetch_s)."""
+        return "fitted" if (chunk_bytes, programs, in_flight) in getattr(self, "reuse_fits", {}) else "bundle-derived"
+
+    def reuse_fetch_s(self, slots: int, chunk_bytes: int, programs: int = 32, in_flight: int = 2,
+                      miss_share: float | None = None) -> float:
         """The decode-step engine's ShadowKV fetch of one layer (kernels/engine/engine.py, reuse branch),
-        all of it in the compute stream's order, from the bundle alone:
-        - a device copy of the previous selection's rows (`slots` x `chunk_bytes`) into a spare buffer,
-          read and written at the measured HBM copy rate (ceilings.csv, read + write counted);
-        - one gather call over every slot (hits from that spare, misses from the host): the gather's
-          fixed cost (h2d_t0_s, the startup every call of the bundle's gather pays, which
-          gather_round_s removes) plus its latency-bound walk (gather_walk_s).
-        Not in it (not measured by the bundle): the small kernels that match the two selections
-        (kernels/indexsets.reuse_plan) and any gain of a round whose chunks all come from GPU memory."""
+        all of it in the compute stream's order: a device copy of the previous selection's rows (`slots` x
+        `chunk_bytes`) into a spare buffer, the reuse plan, and one persistent gather over every slot (hits
+        from that spare, misses from the host; `miss_share` of them).
+
+        Fitted (reuse_fetch_model 'fitted'): where the bundle has reuse_fetch records of this gather shape,
+        their ReuseFetchFit at this slot count and miss share (required then). Bundle-derived (older
+        bundles without the records; the documented behaviour for them, and the notes say so): the copy at
+        the measured HBM copy rate (ceilings.csv, read + write counted), the gather's fixed cost (h2d_t0_s)
+        and its latency-bound walk (gather_walk_s), whatever the miss share; no reuse plan."""
+        fit = getattr(self, "reuse_fits", {}).get((chunk_bytes, programs, in_flight))
+        if fit is not None:
+            if miss_share is None:
+                raise ValueError("the fitted reuse fetch needs the layer's miss share")
+            self._note(f"reuse fetch (the engine's ShadowKV fetch, sim.validate) FITTED to the bundle's reuse_fetch"
+                       f" records at {chunk_bytes} B chunks, {programs} programs x {in_flight}: {fit.describe()}")
+            return fit.fetch_s(slots, chunk_bytes, math.ceil(slots / (programs * in_flight)), miss_share)
+        have = sorted(getattr(self, "reuse_fits", {}))
+        self._note(f"reuse fetch (the engine's ShadowKV fetch, sim.validate) BUNDLE-DERIVED, not measured: the bundle"
+                   f" has no reuse_fetch records at {chunk_bytes} B chunks, {programs} programs x {in_flight}"
+                   f" ({'records at ' + str(have) if have else 'no such section: an older bundle'}); copy at the HBM"
+                   " copy rate + the gather's fixed cost + ceil(slots / (programs x in flight)) rounds of the 32-block"
+                   " gather's round trip (link.csv)")
         copy_bytes = slots * chunk_bytes
         t0 = self.link_rates("gpu", chunk_bytes).h2d_t0_s if self.bundle is not None else 0.0
         return 2 * copy_bytes / self.hbm + t0 + self.gather_walk_s(slots, chunk_bytes, programs, in_flight)

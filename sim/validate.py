@@ -33,11 +33,15 @@ replayed point is one of those. Two engine-harness terms, stated per point, are 
   where the calibration sweep's floor phase also measured forced-miss compute-only steps, their
   difference to the own-selection steps is added to every forced-miss point's compute;
 - `reuse_fetch_ms`: the engine's reuse fetch (ShadowKV) runs on the compute stream, on the critical
-  path: a device copy of the previous selection's values into a spare buffer (at the bundle's HBM
-  copy rate), then one persistent gather of 32 programs, 2 chunks in flight each, over every
-  selected slot (hits from that spare, misses from the host), then the layer's key rebuild. The
-  gather is latency-bound, so it lasts its fixed cost plus its walk (CostModel.reuse_fetch_s, from
-  the bundle's 32-block gather at that chunk size), and the rebuild follows it (plan.ur_serial).
+  path: a device copy of the previous selection's values into a spare buffer, the reuse plan, then one
+  persistent gather of 32 programs, 2 chunks in flight each, over every selected slot (hits from that
+  spare, misses from the host), then the layer's key rebuild (plan.ur_serial). Costed per layer by
+  CostModel.reuse_fetch_s at the layer's miss share (its urgent bytes over slots x chunk bytes: the
+  replay's miss rate): FITTED to the bundle's `reuse_fetch` records (the engine's fetch measured alone,
+  kernels/engine/bench.py phase `reuse-fetch`); a bundle without them (older bundles) gets the
+  BUNDLE-DERIVED model (copy at the HBM copy rate, the gather's fixed cost and its latency-bound walk
+  from link.csv), and the column `reuse_fetch_model`, the summary's `reuse_fetch` and the notes say
+  which.
 Regime of each point:
   compute-only   the engine ran without host reads (transfers = 0)
   link-bound     engine link bytes per step / engine step >= LINK_BOUND x the thin-gather rate
@@ -162,9 +166,9 @@ def scale_compute(plan, f: float):
 
 
 def reuse_fetch(plan, cm, batch: int) -> list[float]:
-    """Per layer, the engine's reuse fetch: the copy of the previous selection, the gather's fixed cost
-    and its latency-bound walk over every selected slot (see the module doc; CostModel.reuse_fetch_s);
-    [] for designs without a reuse fetch or without transfers."""
+    """Per layer, the engine's reuse fetch (see the module doc; CostModel.reuse_fetch_s) at the layer's
+    miss share, plan.ur_bytes / (slots x chunk bytes); [] for designs without a reuse fetch or without
+    transfers. A layer without misses is charged nothing (no replayed point has one)."""
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
     sysx = plan.system
@@ -176,8 +180,23 @@ def reuse_fetch(plan, cm, batch: int) -> list[float]:
     for i in range(plan.layers):
         values_only = sysx.fetch == "values" or i in plan.lowrank
         chunk_bytes = (1 if values_only else 2) * w.chunk * m.head_dim * 2
-        out.append(cm.reuse_fetch_s(slots, chunk_bytes, REUSE_PROGRAMS, REUSE_IN_FLIGHT) if plan.ur_bytes[i] else 0.0)
+        miss = plan.ur_bytes[i] / (slots * chunk_bytes)
+        out.append(cm.reuse_fetch_s(slots, chunk_bytes, REUSE_PROGRAMS, REUSE_IN_FLIGHT, miss)
+                   if plan.ur_bytes[i] else 0.0)
     return out
+
+
+def reuse_fetch_model(plan, cm) -> str:
+    """'fitted' or 'bundle-derived' (CostModel.reuse_fetch_model) for a plan with a reuse fetch, else ''."""
+    from ddbench.core.catalog import get_model
+    from ddbench.core.memory import Workload
+    sysx = plan.system
+    if plan.rates is None or not sysx.reuse or sysx.prefetch != "none" or sysx.gather != "gpu":
+        return ""
+    m, w = get_model(MODEL), Workload(context=1)
+    models = {cm.reuse_fetch_model((1 if sysx.fetch == "values" or i in plan.lowrank else 2) * w.chunk * m.head_dim * 2,
+                                   REUSE_PROGRAMS, REUSE_IN_FLIGHT) for i in range(plan.layers) if plan.ur_bytes[i]}
+    return "+".join(sorted(models))
 
 
 def validate(engine_dir: str | None = None, calibration_dir: str | None = None, allow_same_run: bool = True):
@@ -216,6 +235,12 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         "calibration": dict(folder=_rel(calibration_dir), **ci), "validated": dict(folder=_rel(engine_dir), **vi),
         "same_run": bool(same), "same_code": ci["git_sha"] == vi["git_sha"],
         "harness_measured": bool(cm.engine_forced_tab)})
+    fits = getattr(cm, "reuse_fits", {})
+    meta["reuse_fetch_fits"] = {f"{k[0]} B chunks, {k[1]} programs x {k[2]}": dict(
+        describe=f.describe(), fixed_us=f.fixed_s * 1e6, copy_gbps=f.copy_Bps / 1e9, hit_round_us=f.hit_s * 1e6,
+        miss_round_us=f.miss_s * 1e6, mix_round_us=f.mix_s * 1e6, records=f.records,
+        max_abs_rel_residual=f.max_rel_residual,
+        residuals={f"{c // 1024}K b{b} miss {q:g}": e for c, b, q, e in f.rel_residuals}) for k, f in fits.items()}
     w0 = Workload(context=1)
     rows, skipped = [], []
     same_dir = os.path.realpath(calibration_dir) == os.path.realpath(engine_dir)
@@ -259,7 +284,7 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
             miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
             regime=regime, engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
             sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=f, harness_ms=harness * 1e3,
-            reuse_fetch_ms=sum(walk) * 1e3,
+            reuse_fetch_ms=sum(walk) * 1e3, reuse_fetch_model=reuse_fetch_model(plan, cm) if walk else "",
             sim_stall_ms=statistics.fmean(tl.stall_s[tl.warmup:]) * 1e3, engine_exposed_ms=r.exposed_ms,
             engine_link_bytes=eng_bytes, sim_link_bytes=sim_bytes, link_bytes_diff=sim_bytes - eng_bytes,
             engine_link_gbps=r.link_gbps, sim_link_gbps=sim_bytes / (sim_ms * 1e-3) / 1e9 if sim_ms else 0.0,
@@ -317,6 +342,18 @@ def summarize(t, skipped, meta) -> dict:
         regimes["link-bound"]["median_link_gbps_sim"] = float(lb.sim_link_gbps.median())
     sw = meta.get("sweeps", {})
     cal, val = sw.get("calibration", {}), sw.get("validated", {})
+    used = sorted({x for x in t.get("reuse_fetch_model", []) if isinstance(x, str) and x})
+    fits = meta.get("reuse_fetch_fits", {})
+    if "fitted" in used and "bundle-derived" not in used:
+        reuse = ("FITTED to the bundle's reuse_fetch records (the engine's fetch measured alone): "
+                 + "; ".join(f"{k}: {v['describe']}" for k, v in fits.items()))
+    elif used:
+        reuse = ("BUNDLE-DERIVED at some or all points (the bundle has no reuse_fetch records of their gather shape:"
+                 " copy at the HBM copy rate, then one gather's fixed cost and latency-bound walk over every slot,"
+                 " 32 programs x 2 chunks in flight, round trip from the bundle's 32-block gather; not measured);"
+                 " per point: column reuse_fetch_model")
+    else:
+        reuse = "no replayed point has a reuse fetch"
     harness = ("the calibration sweep's forced-miss compute-only steps minus its own-selection ones, added to every"
                " forced-miss point (harness_ms)" if sw.get("harness_measured") else
                "not measured by the calibration sweep (no forced-miss floor points): forced-miss points carry the"
@@ -326,15 +363,14 @@ def summarize(t, skipped, meta) -> dict:
         "sweeps": sw,
         "calibration": f"compute: the floor phase of {cal.get('folder')} (compute-only CUDA-graph steps with the"
                        " model's own selection), piecewise linear in the batch; link: the bundle's link and"
-                       " interference sections (fixed cost once per burst). No replayed point is a calibration"
+                       " interference sections (the gather's fixed cost per gather queued behind one of its stream). No replayed point is a calibration"
                        " point; " + ("the validated points come from the SAME RUN as the calibration points"
                                      if sw.get("same_run") else
                                      f"the validated points come from a separate run ({val.get('folder')})") + ".",
         "harness": "sweep-harness terms, not design costs: forced-miss draw " + harness + "; the engine's reuse fetch"
-                   " (ShadowKV, on the compute stream: copy of the previous selection at the HBM copy rate, then"
-                   " one gather's fixed cost and latency-bound walk over every slot, 32 programs x 2 chunks in"
-                   " flight, round trip from the bundle's 32-block gather; the key rebuild follows it;"
-                   " reuse_fetch_ms)",
+                   " (ShadowKV, on the compute stream: copy of the previous selection into a spare, reuse plan, one"
+                   " gather over every slot; the key rebuild follows it; reuse_fetch_ms) " + reuse,
+        "reuse_fetch": {"models": used, "fits": fits},
         "rule": f"link-bound: engine link GB/s >= {LINK_BOUND} x the thin-gather rate of the same run"
                 f" ({meta['thin_gather_gbps']:.1f} GB/s); compute-only: no transfers; overlap: the rest",
         "regimes": regimes,
