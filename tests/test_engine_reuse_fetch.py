@@ -130,9 +130,17 @@ def test_import_with_and_without_reuse_fetch_records(tmp_path):
     assert bun.meta["sections"]["engine"]["source"]["run_id"] == "without"
 
 
-def test_committed_bundle_loads_without_records():
+def test_committed_bundle_holds_the_committed_sweeps_records():
+    """The committed bundle's reuse_fetch section is the committed sweep's reuse_fetch.csv, row for row."""
     from ddbench.core.calibration import load_bundle
-    assert load_bundle(str(traces_dir("calibration", "h200"))).rows["reuse_fetch"] == []
+    rows = load_bundle(str(traces_dir("calibration", "h200"))).rows["reuse_fetch"]
+    with open(os.path.join(str(traces_dir("engine", "h200")), "reuse_fetch.csv")) as f:
+        sweep = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    key = lambda r: (int(r["context"]), int(r["batch"]), float(r["miss_rate"]))   # noqa: E731
+    assert len(rows) == len(sweep) == 24
+    for a, b in zip(sorted(rows, key=key), sorted(sweep, key=key)):
+        assert key(a) == key(b) and a["fetch_ms"] == pytest.approx(float(b["fetch_ms"]), rel=1e-9)
+        assert a["link_bytes"] == float(b["miss_chunks"]) * float(b["chunk_bytes"])
 
 
 def test_bad_reuse_row_is_one_line(tmp_path):
