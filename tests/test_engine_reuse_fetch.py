@@ -232,3 +232,21 @@ def test_import_reuse_records_from_a_separate_run(tmp_path):
     assert len(bun.rows["reuse_fetch"]) == 3
     assert bun.meta["sections"]["reuse_fetch"]["source"]["run_id"] == "reuse-only"
     assert bun.meta["sections"]["engine"]["source"]["run_id"] == "floor-only"
+
+
+def test_point_memory_turns_out_of_memory_into_a_status(monkeypatch):
+    """Both measuring functions share bench.point_memory: an out-of-memory error (or a capture's
+    RuntimeError saying so) marks the row 'oom' and the sweep goes on; any other error propagates."""
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda: None)
+    row = dict(status="ok")
+    with bench.point_memory(row):
+        raise RuntimeError("CUDA error: out of memory while capturing")
+    assert row["status"] == "oom"
+    row = dict(status="ok")
+    with bench.point_memory(row):
+        raise torch.cuda.OutOfMemoryError("no room")
+    assert row["status"] == "oom"
+    with pytest.raises(RuntimeError, match="illegal"):
+        with bench.point_memory(dict(status="ok")):
+            raise RuntimeError("illegal memory access")

@@ -275,6 +275,15 @@ class BundleWriter:
 ENGINE_MODEL = "llama-3-8b"
 
 
+def _sweep_rows(path: str, what: str) -> list[dict]:
+    """The rows of an engine sweep's CSV (comment lines skipped); one-line DDBenchError if unreadable."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            return list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    except OSError as exc:
+        raise DDBenchError(f"{path}: cannot read {what} ({exc.strerror})") from None
+
+
 def engine_section_rows(engine_csv: str) -> list[dict]:
     """Bundle rows from an engine sweep's engine.csv: every 'ok' compute-only CUDA-graph step of its
     `floor` phase (no host reads, so nothing exposed and no bytes on the link). DualDecoder with one
@@ -282,11 +291,7 @@ def engine_section_rows(engine_csv: str) -> list[dict]:
     'none') are layer 'step'; steps with a forced miss rate (the sweep harness draws the misses,
     kernels/engine/bench.py) are layer 'step-forced-miss', so that their difference, the harness's
     per-step cost, can be added to forced-miss points (CostModel.engine_harness_s)."""
-    try:
-        with open(engine_csv, newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
-    except OSError as exc:
-        raise DDBenchError(f"{engine_csv}: cannot read the engine sweep ({exc.strerror})") from None
+    rows = _sweep_rows(engine_csv, "the engine sweep")
     out = []
     for i, r in enumerate(rows, start=2):
         if r.get("phase") != "floor" or r.get("status") != "ok" or r.get("transfers") != "0" or r.get("graph") != "1":
@@ -312,11 +317,7 @@ def reuse_fetch_section_rows(reuse_csv: str) -> list[dict]:
     """Bundle rows from an engine sweep's reuse_fetch.csv (its `reuse-fetch` phase): every 'ok' row;
     link_bytes = link_mib in bytes (the bundle's sizes are bytes). One-line DDBenchError for a row
     whose numbers do not parse."""
-    try:
-        with open(reuse_csv, newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
-    except OSError as exc:
-        raise DDBenchError(f"{reuse_csv}: cannot read the reuse-fetch records ({exc.strerror})") from None
+    rows = _sweep_rows(reuse_csv, "the reuse-fetch records")
     out = []
     for i, r in enumerate(rows, start=2):
         if r.get("status") != "ok":

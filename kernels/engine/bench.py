@@ -43,6 +43,7 @@ not fit reports `oom` and the sweep goes on; an invalid --point gives one line a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gc
 import json
@@ -151,6 +152,24 @@ def make_config(ctx, batch, miss_rate=0.174, transfers=True, urgent_programs=64,
                            urgent_programs=urgent_programs, seed=seed, **wl)
 
 
+@contextlib.contextmanager
+def point_memory(row):
+    """Around one point's GPU work: cached memory freed and the peak reset first; an out-of-memory
+    error (a capture that runs out surfaces as a RuntimeError) sets row["status"] = "oom"."""
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError:
+        row["status"] = "oom"
+    except RuntimeError as exc:
+        if "out of memory" not in str(exc).lower():
+            raise
+        row["status"] = "oom"
+
+
 def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, transfers=True, graph=True,
               reps=5, urgent_programs=64, hbm=None, cfg=None, log=print, keep=False, seed=0):
     """One engine point: build, pre-decode, warm up, capture, time `reps` graph replays (2 steps each)."""
@@ -170,11 +189,7 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
             return row
         row["host_layers"] = host.shape[0]
     e = None
-    torch.cuda.synchronize()
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    try:
+    with point_memory(row):
         e = Engine(model, sys_, cfg, weights, "cuda", host_kv=host)
         e.step()                                  # pre-decoding step (prediction designs) or warm-up
         e.step()                                  # eager warm-up
@@ -189,12 +204,6 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
         pf, ur = e.step_bytes()                   # miss counts of the last step, read after the timed steps
         fb = e.floor_bytes()
         peak = torch.cuda.max_memory_allocated()
-    except torch.cuda.OutOfMemoryError:
-        row["status"] = "oom"
-    except RuntimeError as exc:                  # a capture that runs out of memory surfaces as a RuntimeError
-        if "out of memory" not in str(exc).lower():
-            raise
-        row["status"] = "oom"
     if row["status"] == "oom":
         e = None
         gc.collect()
@@ -256,12 +265,8 @@ def reuse_fetch_point(model, flat, ctx, batch, miss_rate, *, reps=5, seed=0, log
         row["status"] = "host-limit"
         return row
     hl = row["host_layers"] = host.shape[0]
-    torch.cuda.synchronize()
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
     st = {}
-    try:
+    with point_memory(row):
         g = torch.Generator(device=device).manual_seed(seed + 11)
         prev = torch.stack([torch.rand(batch, H, N, device=device, generator=g).topk(k, -1).indices.sort(-1).values
                             for _ in range(L)]).to(torch.int32)
@@ -291,12 +296,6 @@ def reuse_fetch_point(model, flat, ctx, batch, miss_rate, *, reps=5, seed=0, log
             del gr
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
-    except torch.cuda.OutOfMemoryError:
-        row["status"] = "oom"
-    except RuntimeError as exc:                  # a capture that runs out of memory surfaces as a RuntimeError
-        if "out of memory" not in str(exc).lower():
-            raise
-        row["status"] = "oom"
     prev = true = vbuf = kbuf = pv = pk = parts = src = None
     gc.collect()
     torch.cuda.empty_cache()
