@@ -4,11 +4,13 @@ over the selection state and no torch top-k or sort.
     select_topk(q, lm, k) -> idx [B, nq, H, k] int32, ascending chunk ids     (landmarks)
     specache_select_topk(q, qk, chunk, k) -> the same from SpeCache's 2-bit keys
     topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search=None,
-                      seg=None, slots=None, cuts=None)
+                      seg=None, slots=None, cuts=None, plan=None)
         -> the fused normalise + group-max + top-k ("seg": the default wherever its merge fits in
            MAX_MERGE candidates, else "bits"; "stream" and "bits" on request); `out`: None, one
            [B, nq, H, k] tensor, or a tuple of nq (<= 2) [B, H, k] tensors, one per token (the
-           engine's true selection and next-step prediction, written in place)
+           engine's true selection and next-step prediction, written in place); `plan=(pred,
+           transfer.plan_buffers(...))`: the "seg" merge kernel also plans token 0's misses against
+           `pred` (transfer.plan_row_sorted; `fused_plan_fits` says where it applies)
     probs_from_scratch_ref(...)  torch twin of the kernels' group-max probabilities
     topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k)   torch twin of the kernel (same fp32
         probabilities, same tie rule), used by the tests
