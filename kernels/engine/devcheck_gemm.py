@@ -11,7 +11,6 @@ bytes / the device-to-device copy rate measured in the same run. 3 repetitions p
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 
@@ -54,10 +53,10 @@ def main(argv=None) -> int:
                                                                      for v in t) + f"  floor {floor * 1e3:.1f} us",
                       flush=True)
     if a.out:
+        from ddbench.core.io import write_json
         from kernels.timing import provenance
-        with open(a.out, "w") as f:
-            json.dump(dict(provenance=provenance("python -m kernels.engine.devcheck_gemm"), hbm_copy_gbps=hbm,
-                           rows=rows), f, indent=1)
+        write_json(a.out, dict(provenance=provenance("python -m kernels.engine.devcheck_gemm"), hbm_copy_gbps=hbm,
+                               rows=rows))
     return 0
 
 

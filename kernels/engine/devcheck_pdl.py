@@ -19,7 +19,6 @@ dependents at kernel start was 3-4 % slower at 128K, batch 16 (cause not isolate
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 
@@ -95,10 +94,10 @@ def main(argv=None) -> int:
                       f"(values equal: {ok})", flush=True)
     print(f"gemv alone x{n_gemv}: {t_gemv:.4f} ms", flush=True)
     if a.out:
+        from ddbench.core.io import write_json
         from kernels.timing import provenance
-        with open(a.out, "w") as f:
-            json.dump(dict(provenance=provenance("python -m kernels.engine.devcheck_pdl"), gemv_ms=t_gemv,
-                           kernels=a.kernels, rows=rows), f, indent=1)
+        write_json(a.out, dict(provenance=provenance("python -m kernels.engine.devcheck_pdl"), gemv_ms=t_gemv,
+                               kernels=a.kernels, rows=rows))
     return 0
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 
@@ -64,9 +63,9 @@ def main(argv=None) -> int:
         gc.collect()
         torch.cuda.empty_cache()
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(dict(provenance=provenance("python -m kernels.engine.devcheck_plan"), hbm_copy_gbps=hbm,
-                           rows=rows), f, indent=1)
+        from ddbench.core.io import write_json
+        write_json(a.out, dict(provenance=provenance("python -m kernels.engine.devcheck_plan"), hbm_copy_gbps=hbm,
+                               rows=rows))
     return 0
 
 

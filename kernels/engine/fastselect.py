@@ -570,8 +570,12 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
 def fused_plan_fits(B, H, N, k) -> bool:
     """Whether topk_from_scratch(plan=...) takes B x H rows of 2 tokens, N chunks, budget k: its
     default method is "seg" there, and (chunk id, slot) keys fit in int32."""
-    KP = triton.next_power_of_2(k)
-    return 0 < k <= N and _seg_geometry(B, H, 2, N, k, None, torch.device("cpu"))[3] <= MAX_MERGE and N * KP < 2**31
+    return 0 < k <= N and _seg_geometry(B, H, 2, N, k, None, torch.device("cpu"))[3] <= MAX_MERGE and _keys_fit(N, k)
+
+
+def _keys_fit(N, k) -> bool:
+    """The fused plan's (chunk id, slot) keys, id * next_power_of_2(k) + slot, fit in int32."""
+    return N * triton.next_power_of_2(k) < 2**31
 
 
 def _plan_args(plan, B, H, N, k, o0):
@@ -582,9 +586,9 @@ def _plan_args(plan, B, H, N, k, o0):
     pred, mp = plan
     if pred.shape != (B, H, k) or pred.dtype != torch.int32 or not pred.is_contiguous() or mp.k != k:
         raise ValueError(f"fused miss plan: pred must be a contiguous int32 [{B}, {H}, {k}] tensor")
+    if not _keys_fit(N, k):
+        raise ValueError(f"fused miss plan: {N} chunks x {k} slots overflow its int32 keys")
     KP = triton.next_power_of_2(k)
-    if N * KP >= 2**31:
-        raise ValueError(f"fused miss plan: {N} chunks x {KP} slots overflow its int32 keys")
     return (pred, mp.count, mp.bh, mp.chunk, mp.slot, mp.assembled), dict(PLAN=True, KP=KP, LOG_KP=KP.bit_length() - 1)
 
 
