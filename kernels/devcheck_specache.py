@@ -1,6 +1,6 @@
 """GPU check of SpeCache's 2-bit scoring (kernels/specache.py): correctness, then old vs new timing.
 
-    PYTHONPATH=. python3 kernels/devcheck_specache.py [--quick]
+    PYTHONPATH=. python3 kernels/devcheck_specache.py [--quick] [--reps 3] [--out FILE.json]
 
 (a) against the fp32 twins on fresh random bf16 inputs (queries and keys), NaN-poisoned outputs:
     the per-token and per-chunk forms, 1 and 2 query tokens, odd split counts, each launch variant,
@@ -31,11 +31,11 @@ def _rand_qk(B, H, T, d, gen, dev="cuda"):
 
 def correctness():
     from kernels.engine.fastselect import specache_select_topk, specache_select_topk_ref, topk_from_scratch
-    from kernels.specache import (quantize_keys_2bit, spec_pass1, specache_chunk_scores_ref, specache_scores_ref,
+    from kernels.specache import (quantize_keys_2bit, spec_block_m, spec_pass1, specache_chunk_scores_ref, specache_scores_ref,
                                   specache_scores_triton)
     ok_all = True
     g = torch.Generator(device="cuda").manual_seed(1234)
-    variants = [dict(), dict(groups_per_iter=2, num_warps=2), dict(impl="dequant")]
+    variants = [dict(), dict(rows=16), dict(groups_per_iter=2, num_warps=2), dict(impl="dequant")]
     for B, nq, T, splits in [(2, 2, 16384, None), (3, 1, 8192, 3), (2, 2, 4096 + 64 * 5, 7)]:
         Hq, H, d = 32, 8, 128
         k = (torch.randn(B, H, T, d, device="cuda", generator=g) * (1 + torch.rand(1, H, 1, d, device="cuda", generator=g)))
@@ -64,8 +64,9 @@ def correctness():
         p = refs[8]
         kth = p.topk(kk, -1).values[..., -1:]
         for name, fn in [("engine default", lambda: specache_select_topk(q, qk, 8, kk)),
+                         ("engine rows16", lambda: specache_select_topk(q, qk, 8, kk, rows=16)),
                          ("maxnreg 168", lambda: topk_from_scratch(*spec_pass1(q, qk, 8, maxnreg=168), B, H, nq, Hq // H,
-                                                                   T // 8, kk)),
+                                                                   T // 8, kk, block_m=spec_block_m(nq, Hq // H))),
                          ("dequant", lambda: topk_from_scratch(*spec_pass1(q, qk, 8, impl="dequant"), B, H, nq, Hq // H,
                                                                T // 8, kk))]:
             try:
@@ -109,12 +110,14 @@ def copy_rate():
     return 2 * (2 << 30) / (t * 1e-3)
 
 
-def timing(quick=False):
+def timing(quick=False, reps=3):
+    """Every variant `reps` times, interleaved (rep 0 of each, then rep 1, ...); rows for the JSON."""
     from kernels.engine.fastselect import specache_select_topk, topk_from_scratch
-    from kernels.specache import spec_pass1, specache_scores_triton
+    from kernels.specache import spec_block_m, spec_pass1, specache_scores_triton
     rate = copy_rate()
     print(f"HBM copy rate measured: {rate / 1e9:.0f} GB/s (floors below at 4250 GB/s; x{HBM / rate:.3f} for the measured)",
           flush=True)
+    out = []
     g = torch.Generator(device="cuda").manual_seed(7)
     Hq, H, d, C, kk = 32, 8, 128, 8, 256
     shapes = [(8, 32768), (16, 131072)]
@@ -128,48 +131,75 @@ def timing(quick=False):
         f_tok = (read + B * 2 * H * T * 4) / HBM * 1e3
         G = Hq // H
 
-        def row(name, fns, floor):
+        def row(name, fns, floor, rep):
             try:
                 ts = _graph_times(fns)
             except Exception as e:  # noqa: BLE001  (a variant the installed Triton refuses: report, go on)
                 print(f"B={B:2d} T={T:6d} {name:44s} ERROR {type(e).__name__}: {str(e)[:200]}", flush=True)
                 return
             med = statistics.median(ts)
-            print(f"B={B:2d} T={T:6d} {name:44s} min {min(ts):.4f} med {med:.4f} max {max(ts):.4f} ms  floor {floor:.4f} ms"
-                  f"  {100 * floor / med:5.1f}% of floor", flush=True)
+            out.append(dict(B=B, T=T, variant=name, rep=rep, min_ms=min(ts), median_ms=med, max_ms=max(ts),
+                            floor_ms=floor, pct_of_floor=100 * floor / med, copy_gbps=rate / 1e9))
+            print(f"B={B:2d} T={T:6d} rep {rep} {name:44s} min {min(ts):.4f} med {med:.4f} max {max(ts):.4f} ms  "
+                  f"floor {floor:.4f} ms  {100 * floor / med:5.1f}% of floor", flush=True)
 
-        p1 = {"new codes gb4 w4": dict(), "new codes gb2 w2": dict(groups_per_iter=2, num_warps=2),
-              "new codes gb4 w4 maxnreg168": dict(maxnreg=168), "new codes gb4 w4 maxnreg128": dict(maxnreg=128),
+        p1 = {"codes rows8 gb4 w4 (default)": dict(), "codes rows16 gb4 w4 (previous)": dict(rows=16),
+              "codes rows8 gb2 w2": dict(groups_per_iter=2, num_warps=2),
+              "codes rows8 gb8 w8": dict(groups_per_iter=8, num_warps=8),
+              "codes rows8 maxnreg168": dict(maxnreg=168), "codes rows8 maxnreg128": dict(maxnreg=128),
               "old dequant gb2 w4": dict(impl="dequant")}
         if quick:
             p1 = {k: v for k, v in p1.items() if "maxnreg128" not in k}
-        for name, kw in p1.items():
-            row(f"pass1 {name}", [lambda q=q, qk=qk, kw=kw: spec_pass1(q, qk, C, **kw) for q, qk in sets], f_p1)
-        sp = max(1, (4 * 132 + B * H - 1) // (B * H))
-        for mult in (2, 4):
-            row(f"pass1 new codes gb4 w4 splits={mult * sp}",
-                [lambda q=q, qk=qk: spec_pass1(q, qk, C, splits=mult * sp) for q, qk in sets], f_p1)
-        row("engine pass1+top256 new (specache_select_topk)",
-            [lambda q=q, qk=qk: specache_select_topk(q, qk, C, kk) for q, qk in sets], f_p1)
-        row("engine pass1+top256 old dequant",
-            [lambda q=q, qk=qk: topk_from_scratch(*spec_pass1(q, qk, C, impl="dequant"), B, H, 2, G, T // C, kk)
-             for q, qk in sets], f_p1)
-        for impl in ("codes", "dequant"):
-            outs = [torch.empty(B, 2, H, T // C, device="cuda") for _ in sets]
-            row(f"scores chunk=8 {impl}", [lambda q=q, qk=qk, o=o, impl=impl: specache_scores_triton(
-                q, qk, chunk=C, out=o, impl=impl) for (q, qk), o in zip(sets, outs)], f_ch)
-            del outs
-            outs = [torch.empty(B, 2, H, T, device="cuda") for _ in sets]
-            row(f"scores per token {impl}", [lambda q=q, qk=qk, o=o, impl=impl: specache_scores_triton(
-                q, qk, chunk=0, out=o, impl=impl) for (q, qk), o in zip(sets, outs)], f_tok)
-            del outs
+        for rep in range(reps):
+            for name, kw in p1.items():
+                row(f"pass1 {name}", [lambda q=q, qk=qk, kw=kw: spec_pass1(q, qk, C, **kw) for q, qk in sets], f_p1, rep)
+            for rows in (None, 16):
+                row(f"engine pass1+top256 rows{rows or spec_block_m(2, G)}",
+                    [lambda q=q, qk=qk, rows=rows: specache_select_topk(q, qk, C, kk, rows=rows) for q, qk in sets],
+                    f_p1, rep)
+            row("engine pass1+top256 old dequant",
+                [lambda q=q, qk=qk: topk_from_scratch(*spec_pass1(q, qk, C, impl="dequant"), B, H, 2, G, T // C, kk)
+                 for q, qk in sets], f_p1, rep)
+            if quick and rep:
+                continue
+            for impl in ("codes", "dequant"):
+                outs = [torch.empty(B, 2, H, T // C, device="cuda") for _ in sets]
+                row(f"scores chunk=8 {impl}", [lambda q=q, qk=qk, o=o, impl=impl: specache_scores_triton(
+                    q, qk, chunk=C, out=o, impl=impl) for (q, qk), o in zip(sets, outs)], f_ch, rep)
+                del outs
+                outs = [torch.empty(B, 2, H, T, device="cuda") for _ in sets]
+                row(f"scores per token {impl}", [lambda q=q, qk=qk, o=o, impl=impl: specache_scores_triton(
+                    q, qk, chunk=0, out=o, impl=impl) for (q, qk), o in zip(sets, outs)], f_tok, rep)
+                del outs
         del sets
         torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description="SpeCache 2-bit scoring on the GPU: correctness, then timing")
+    ap.add_argument("--quick", action="store_true", help="skip maxnreg 128, and the full-score rows after rep 0")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of every timing, interleaved")
+    ap.add_argument("--out", help="write the timings and the provenance to this JSON file")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("devcheck_specache: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if a.reps < 1:
+        print("devcheck_specache: --reps must be at least 1", file=sys.stderr)
+        return 2
+    from kernels.timing import provenance
+    prov = provenance("kernels/devcheck_specache.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    print(prov, flush=True)
+    ok = correctness()
+    print(f"correctness: {'ALL PASS' if ok else 'SOME FAIL'}", flush=True)
+    rows = timing(quick=a.quick, reps=a.reps)
+    if a.out:
+        from ddbench.core.io import write_json
+        write_json(a.out, dict(provenance=prov, correctness="pass" if ok else "fail", rows=rows))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    from kernels.timing import provenance
-    print(provenance("kernels/devcheck_specache.py " + " ".join(sys.argv[1:])), flush=True)
-    ok = correctness()
-    print(f"correctness: {'ALL PASS' if ok else 'SOME FAIL'}", flush=True)
-    timing(quick="--quick" in sys.argv)
+    sys.exit(main())

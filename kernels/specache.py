@@ -353,10 +353,22 @@ class _Launch(NamedTuple):
     n_split: int
 
 
-def _launch(q: torch.Tensor, qk: QuantKeys, splits: int | None, groups_per_iter: int, waves: int = 4) -> _Launch:
+def spec_block_m(nq: int, G: int, impl: str = "codes", rows: int | None = None) -> int:
+    """Query rows per program (the scratch and pml row stride): the nq x GP rows of a KV head's group,
+    padded to a power of two and to at least `rows` (default _MIN_ROWS[impl]). The codes kernel's
+    query rows are the N of its dots, and an mma tile is 8 wide in N, so 8 suffices there: the dual-token
+    step (2 x 4 rows) then forms and exponentiates no padding rows; 16 is the previous layout."""
+    rows = _MIN_ROWS[impl] if rows is None else rows
+    if rows not in (8, 16):
+        raise DDBenchError(f"rows must be 8 or 16, got {rows}")
+    return max(rows, triton.next_power_of_2(nq * triton.next_power_of_2(G)))
+
+
+def _launch(q: torch.Tensor, qk: QuantKeys, splits: int | None, groups_per_iter: int, waves: int = 4,
+            block_m: int = 16) -> _Launch:
     """Contiguous operands and the launch geometry shared by both entry points: the GQA group padded
-    to a power of two, the query rows per program, and the split of the key groups over programs
-    (automatic: about `waves` programs per SM, at least 4 iterations each)."""
+    to a power of two, the query rows per program (`block_m`, from spec_block_m), and the split of the
+    key groups over programs (automatic: about `waves` programs per SM, at least 4 iterations each)."""
     B, nq, Hq, _ = q.shape
     H = qk.codes.shape[1]
     codes = qk.codes if qk.codes.stride(3) == 1 else qk.codes.contiguous()
@@ -368,13 +380,12 @@ def _launch(q: torch.Tensor, qk: QuantKeys, splits: int | None, groups_per_iter:
     if splits is None:
         splits = max(1, min(triton.cdiv(waves * _sm_count(q.device), B * H), ng // (4 * groups_per_iter)))
     split_groups = triton.cdiv(triton.cdiv(ng, splits), groups_per_iter) * groups_per_iter
-    return _Launch(codes, sc, ze, Hq // H, GP, max(16, triton.next_power_of_2(nq * GP)), ng, split_groups,
-                   triton.cdiv(ng, split_groups))
+    return _Launch(codes, sc, ze, Hq // H, GP, block_m, ng, split_groups, triton.cdiv(ng, split_groups))
 
 
 def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, splits: int | None = None,
                            out: torch.Tensor | None = None, groups_per_iter: int | None = None,
-                           num_warps: int = 4, impl: str = "codes") -> torch.Tensor:
+                           num_warps: int = 4, impl: str = "codes", rows: int | None = None) -> torch.Tensor:
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     if (Hq % H or qk.codes.shape[0] != B or qk.codes.shape[3] != d or nq not in (1, 2) or d & (d - 1)
@@ -383,7 +394,7 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
     if chunk and (chunk % 4 or qk.group % chunk):
         raise DDBenchError(f"chunk {chunk} must be a multiple of 4 dividing the group {qk.group}")
     gb = _groups_per_iter(impl, groups_per_iter, num_warps)
-    L = _launch(q, qk, splits, gb, _WAVES[impl])
+    L = _launch(q, qk, splits, gb, _WAVES[impl], _block_m(q, qk, impl, rows))
     codes, sc, ze, G, GP, BLOCK_M, ng, split_groups, n_split = L
     T_out = qk.tokens // chunk if chunk else qk.tokens
     if out is None:
@@ -418,6 +429,15 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
     return out
 
 
+# fewest query rows per program: codes 8 (its rows are the N of an mma, 8 wide), dequant 16 (its rows
+# are the M of its dot, 16 tall)
+_MIN_ROWS = {"codes": 8, "dequant": 16}
+
+
+def _block_m(q: torch.Tensor, qk: QuantKeys, impl: str, rows: int | None) -> int:
+    return spec_block_m(q.shape[1], q.shape[2] // qk.codes.shape[1], impl, rows)
+
+
 # automatic splits: programs per SM. codes: 8 (2x the old default: 6 % faster at B=8, 32K and 5 % at
 # B=16, 128K on the H200, 2026-11-30; 4x was slower); dequant: 4, as measured for it before
 _WAVES = {"codes": 8, "dequant": 4}
@@ -432,12 +452,15 @@ def _groups_per_iter(impl: str, groups_per_iter: int | None, num_warps: int) -> 
 
 
 def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, groups_per_iter: int | None = None,
-               num_warps: int = 4, rowload: bool = False, impl: str = "codes", maxnreg: int | None = None):
+               num_warps: int = 4, rowload: bool = False, impl: str = "codes", maxnreg: int | None = None,
+               rows: int | None = None):
     """One pass over the codes: per (request, KV head) the raw log2-scaled scores' max per chunk for
     every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only), and each
-    split's row max and sum of exp in `pml` (the layout of kernels/select.py's pass 1)."""
+    split's row max and sum of exp in `pml` (the layout of kernels/select.py's pass 1), with BLOCK_M =
+    spec_block_m(nq, G, impl, rows): pass it to fastselect.topk_from_scratch as `block_m`."""
     gb = _groups_per_iter(impl, groups_per_iter, num_warps)
-    return _pass1(q, qk, chunk, _launch(q, qk, splits, gb, _WAVES[impl]), gb, num_warps, rowload, impl, maxnreg)
+    L = _launch(q, qk, splits, gb, _WAVES[impl], _block_m(q, qk, impl, rows))
+    return _pass1(q, qk, chunk, L, gb, num_warps, rowload, impl, maxnreg)
 
 
 def _pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, L: _Launch, groups_per_iter: int, num_warps: int,

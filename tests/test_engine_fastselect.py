@@ -216,6 +216,7 @@ def test_specache_select_topk(nq, dev="cpu"):
     qk = quantize_keys_2bit(torch.randn(B, H, T, d, generator=g))
     q = torch.randn(B, nq, Hq, d, generator=g)
     got = fastselect.specache_select_topk(q, qk, C, k)
+    assert torch.equal(fastselect.specache_select_topk(q, qk, C, k, rows=16), got)    # the previous layout
     probs = specache_chunk_scores_ref(q, qk, C)
     # the kernel's fp16 dot moves probabilities by ~1e-3 of the largest: compare the chosen
     # probabilities with the true top-k's within that, not bit for bit

@@ -73,8 +73,38 @@ def test_specache_triton_rejects_bad_chunk():
         specache_scores_triton(torch.randn(1, 1, 4, 32), qk, chunk=6)
 
 
+@pytest.mark.parametrize("nq,chunk", [(1, 8), (2, 8), (2, 0)])
+def test_specache_rows_8_and_16_agree_cpu(nq, chunk):
+    """The codes kernel's default 8 query rows per program (the dot's N) and the previous 16 (padding
+    rows) give the same scores and, for the chunk form, the same scratch and normalisers (to fp32
+    rounding: the interpreter's matmul may sum in another order for another shape)."""
+    from kernels.specache import spec_block_m, spec_pass1, specache_scores_triton
+    g = torch.Generator().manual_seed(50 + nq + chunk)
+    B, Hq, H, T, d = 2, 8, 2, 384, 32
+    qk = quantize_keys_2bit(torch.randn(B, H, T, d, generator=g))
+    q = torch.randn(B, nq, Hq, d, generator=g)
+    assert spec_block_m(nq, Hq // H) == 8 and spec_block_m(nq, Hq // H, rows=16) == 16
+    a = specache_scores_triton(q, qk, chunk=chunk, splits=2)
+    b = specache_scores_triton(q, qk, chunk=chunk, splits=2, rows=16)
+    assert torch.allclose(a, b, rtol=1e-5, atol=0)
+    if chunk:
+        (s8, p8), (s16, p16) = (spec_pass1(q, qk, chunk, splits=2, rows=r) for r in (8, 16))
+        rows = nq * 4
+        assert torch.allclose(s8.view(B * H, 8, -1)[:, :rows], s16.view(B * H, 16, -1)[:, :rows], rtol=1e-5, atol=1e-5)
+        assert torch.allclose(p8.view(B * H, 2, 8, 2)[:, :, :rows], p16.view(B * H, 2, 16, 2)[:, :, :rows],
+                              rtol=1e-5, atol=1e-5)
+
+
+def test_specache_rows_rejected():
+    from ddbench.core.errors import DDBenchError
+    from kernels.specache import spec_block_m
+    with pytest.raises(DDBenchError):
+        spec_block_m(2, 4, rows=4)
+    assert spec_block_m(2, 8) == 16 and spec_block_m(1, 1, impl="dequant") == 16
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["codes", "dequant"])
+@pytest.mark.parametrize("impl,rows", [("codes", None), ("codes", 16), ("dequant", None)])
 @pytest.mark.parametrize("chunk", [0, 8])
-def test_specache_triton_gpu(chunk, impl):
-    _check_triton(3, 2, 32, 8, 8192, 128, chunk, "cuda", seed=21 + chunk, impl=impl)
+def test_specache_triton_gpu(chunk, impl, rows):
+    _check_triton(3, 2, 32, 8, 8192, 128, chunk, "cuda", seed=21 + chunk, impl=impl, rows=rows)

@@ -2,9 +2,10 @@
 over the selection state and no torch top-k or sort.
 
     select_topk(q, lm, k) -> idx [B, nq, H, k] int32, ascending chunk ids     (landmarks)
-    specache_select_topk(q, qk, chunk, k) -> the same from SpeCache's 2-bit keys
+    specache_select_topk(q, qk, chunk, k, rows=None) -> the same from SpeCache's 2-bit keys (`rows`: the
+        codes kernel's fewest query rows per program, kernels.specache.spec_block_m)
     topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search=None,
-                      seg=None, slots=None, cuts=None, plan=None)
+                      seg=None, slots=None, cuts=None, plan=None, block_m=None)
         -> the fused normalise + group-max + top-k ("seg": the default wherever its merge fits in
            MAX_MERGE candidates, else "bits"; "stream" and "bits" on request); `out`: None, one
            [B, nq, H, k] tensor, or a tuple of nq (<= 2) [B, H, k] tensors, one per token (the
@@ -514,10 +515,19 @@ def _outputs(out, B, H, nq, k, device):
     return out, out[0], out[-1], True
 
 
+def _block_m(nq, G, block_m=None):
+    """Rows per (request, KV head) in scratch and pml: pass 1's BLOCK_M (16 unless it says otherwise,
+    as kernels.specache.spec_block_m does)."""
+    rows = max(16, triton.next_power_of_2(nq * triton.next_power_of_2(G))) if block_m is None else block_m
+    if rows < nq * triton.next_power_of_2(G) or rows & (rows - 1):
+        raise ValueError(f"block_m {rows} cannot hold {nq} tokens x {G} heads")
+    return rows
+
+
 def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None,
-                      search=None, seg=None, slots=None, cuts=None, plan=None):
+                      search=None, seg=None, slots=None, cuts=None, plan=None, block_m=None):
     GP = triton.next_power_of_2(G)
-    BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
+    BLOCK_M = _block_m(nq, G, block_m)
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
     if not 0 < k <= N:
         raise ValueError(f"budget of {k} chunks must be within 1..{N}")
@@ -592,11 +602,11 @@ def _plan_args(plan, B, H, N, k, o0):
     return (pred, mp.count, mp.bh, mp.chunk, mp.slot, mp.assembled), dict(PLAN=True, KP=KP, LOG_KP=KP.bit_length() - 1)
 
 
-def probs_from_scratch_ref(scratch, pml, B, H, nq, G, N):
+def probs_from_scratch_ref(scratch, pml, B, H, nq, G, N, block_m=None):
     """Torch twin of the kernels' group-max probabilities [B*H, nq, N] (fp32, the same formula; on the
     GPU tl.exp2 may differ from torch.exp2 in the last bits)."""
     GP = triton.next_power_of_2(G)
-    BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
+    BLOCK_M = _block_m(nq, G, block_m)
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
     sc = scratch.view(B * H, BLOCK_M, N)
     st = pml.view(B * H, n_split, BLOCK_M, 2)
@@ -611,10 +621,10 @@ def probs_from_scratch_ref(scratch, pml, B, H, nq, G, N):
     return p
 
 
-def topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k):
+def topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k, block_m=None):
     """Torch twin: the probabilities of probs_from_scratch_ref and the contract's order (probability
     descending, id ascending), ids written ascending [B, nq, H, k]."""
-    p = probs_from_scratch_ref(scratch, pml, B, H, nq, G, N)
+    p = probs_from_scratch_ref(scratch, pml, B, H, nq, G, N, block_m)
     bits = p.view(torch.int32).long()
     key = bits * (N + 1) + (N - torch.arange(N, device=p.device))         # value desc, then id asc
     ids = key.topk(k, dim=-1).indices.sort(-1).values.to(torch.int32)       # [B*H, nq, k]
@@ -647,12 +657,13 @@ def _landmark_pass1(q, lm, *, block_n=64, splits=None):
     return scratch, pml, G
 
 
-def specache_select_topk(q, qk, chunk, k, **topk_kw):
-    from kernels.specache import spec_pass1
+def specache_select_topk(q, qk, chunk, k, *, rows=None, **topk_kw):
+    from kernels.specache import spec_block_m, spec_pass1
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
-    scratch, pml = spec_pass1(q, qk, chunk)
-    return topk_from_scratch(scratch, pml, B, H, nq, Hq // H, qk.tokens // chunk, k, **topk_kw)
+    scratch, pml = spec_pass1(q, qk, chunk, rows=rows)
+    return topk_from_scratch(scratch, pml, B, H, nq, Hq // H, qk.tokens // chunk, k,
+                             block_m=spec_block_m(nq, Hq // H, rows=rows), **topk_kw)
 
 
 def _into(ids, out):
