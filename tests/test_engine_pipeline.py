@@ -330,3 +330,54 @@ def test_selfcheck_bad_input_one_line(monkeypatch, capsys):
         monkeypatch.setattr("sys.argv", ["selfcheck", "dualdecoder"])
         assert selfcheck.main() == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def _repeating_predictions(g, B, H, N, k):
+    """[B, H, k] predictions with repeated ids and a true selection that holds some of them: row 0 of
+    each request is all zeros (a compute-only step's zero prediction) against a true set holding 0 at
+    a random place; the other rows repeat a few of their own ids at random slots (some of the repeated
+    ids in true, some not); the last row of the last request is distinct (no repeat)."""
+    true = torch.rand(B, H, N, generator=g).argsort(-1)[..., :k].int()
+    pred = torch.rand(B, H, N, generator=g).argsort(-1)[..., :k].int()
+    for b in range(B):
+        for h in range(H):
+            if h == 0:
+                pred[b, h] = 0
+                if not (true[b, h] == 0).any():
+                    true[b, h, int(torch.randint(k, (1,), generator=g))] = 0
+                continue
+            if b == B - 1 and h == H - 1:
+                continue
+            shared = int(torch.randint(1, k // 2, (1,), generator=g))
+            pred[b, h, :shared] = true[b, h, torch.randperm(k, generator=g)[:shared]]   # some hits
+            pred[b, h] = pred[b, h, torch.randperm(k, generator=g)]
+            reps = int(torch.randint(1, k // 2, (1,), generator=g))
+            src, dst = torch.randint(k, (reps,), generator=g), torch.randint(k, (reps,), generator=g)
+            pred[b, h, dst] = pred[b, h, src].clone()
+    return pred, true
+
+
+@pytest.mark.parametrize("B,H,N,k,seed", [(2, 3, 96, 8, 0), (3, 4, 300, 40, 1), (1, 2, 64, 64, 2), (2, 2, 1000, 17, 3)])
+def test_fast_plan_dedupes_repeated_predictions(B, H, N, k, seed, monkeypatch):
+    """A predicted id that repeats holds its true chunk in its first slot only and its other slots are
+    free, exactly as in plan_misses: the one-launch plan gives the twin's count, its items in the twin's
+    order within each (b, h) group (the groups come in the programs' reservation order) and its
+    `assembled`; after the fill the buffer holds the true set. The plan's buffers are poisoned."""
+    from kernels.engine.transfer import plan_misses_fast
+    g = torch.Generator().manual_seed(100 + seed)
+    pred, true = _repeating_predictions(g, B, H, N, k)
+    assert (pred.sort(-1).values.diff(dim=-1) == 0).any(-1).sum() >= B * H - 1   # repeats in all rows but one
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *s, **kw: empty(*s, **kw).fill_(-7))
+    a = plan_misses(pred, true)
+    for n_chunks in (None, N):
+        b = plan_misses_fast(pred, true, n_chunks)
+        n = int(a.count)
+        assert int(b.count) == n > 0
+        order = torch.sort(b.bh[:n], stable=True).indices                  # the twin's group order
+        for f in ("bh", "chunk", "slot"):
+            assert getattr(b, f)[:n][order].tolist() == getattr(a, f)[:n].tolist(), f
+        assert torch.equal(a.assembled, b.assembled)
+        buf = pred.clone().view(B * H, k)
+        buf[b.bh[:n].long(), b.slot[:n].long()] = b.chunk[:n]
+        assert torch.equal(buf.view(B, H, k).sort(-1).values, true.sort(-1).values)

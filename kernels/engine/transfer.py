@@ -231,11 +231,17 @@ class _Ev:
 # their twins): inside a CUDA graph each of the torch versions costs dozens of tiny kernels per layer.
 
 @triton.jit
-def _plan_kernel(pred, true, bits, count, bh_out, chunk_out, slot_out, assembled, K, W,
+def _plan_kernel(pred, true, bits, first, count, bh_out, chunk_out, slot_out, assembled, K, W,
                  KP: tl.constexpr):
     """One (b, h): membership of true in pred and of pred in true through two bitmaps of the chunk
     ids (W int32 words each, zeroed by the caller): set with atomic ORs, read after a barrier from
-    L2 (.cg), so the cost is O(k), not the O(k^2) of comparing every pair."""
+    L2 (.cg), so the cost is O(k), not the O(k^2) of comparing every pair.
+    Repeated predicted ids (a compute-only step's zero prediction) are deduped as in plan_misses: such
+    an id, if true, holds its chunk in its first slot only and its other slots are free. The pred OR
+    returns the old words, so a slot whose bit was already set knows its id repeats; only then (one
+    scalar test per program) the first slot of each predicted id is found in `first` (32 W int32,
+    never initialized: the slot that set the id's bit writes its entry, K, then every slot takes the
+    atomic min with its index), still O(k); without a repeat nothing more is read or written."""
     bh = tl.program_id(0)
     j = tl.arange(0, KP)
     jv = j < K
@@ -244,13 +250,22 @@ def _plan_kernel(pred, true, bits, count, bh_out, chunk_out, slot_out, assembled
     bp = bits + bh.to(tl.int64) * (2 * W)          # bitmap of pred
     bt = bp + W                                    # bitmap of true
     one = tl.full([KP], 1, tl.int32)
-    tl.atomic_or(bp + (p >> 5), one << (p & 31), mask=jv)
+    old = tl.atomic_or(bp + (p >> 5), one << (p & 31), mask=jv)
     tl.atomic_or(bt + (t >> 5), one << (t & 31), mask=jv)
+    seen = jv & (((old >> (p & 31)) & 1) != 0)     # another slot set this id's bit first: a repeat
     tl.debug_barrier()
     wp = tl.load(bp + (t >> 5), mask=jv, other=0, cache_modifier=".cg")
     wt = tl.load(bt + (p >> 5), mask=jv, other=0, cache_modifier=".cg")
     miss = jv & (((wp >> (t & 31)) & 1) == 0)      # true chunk not predicted
     free = jv & (((wt >> (p & 31)) & 1) == 0)      # predicted chunk not true: its slot is free
+    rep = jv & ((tl.zeros([KP], tl.int32) + tl.max(seen.to(tl.int32), 0)) > 0)   # this (b, h) repeats an id
+    fp = first + bh.to(tl.int64) * (32 * W) + p    # first slot of each predicted id
+    tl.atomic_xchg(fp, tl.zeros([KP], tl.int32) + K, mask=rep & ~seen)
+    tl.debug_barrier()
+    tl.atomic_min(fp, j, mask=rep)
+    tl.debug_barrier()
+    f = tl.load(fp, mask=rep, other=0, cache_modifier=".cg")
+    free = free | (rep & (f != j))                 # a later copy of a predicted id: free
     _plan_emit(t, p, miss, free, j, jv, bh, count, bh_out, chunk_out, slot_out, assembled, K, KP)
 
 
@@ -316,8 +331,11 @@ def plan_buffers(B: int, H: int, k: int, device) -> MissPlan:
 
 def plan_misses_fast(pred: torch.Tensor, true: torch.Tensor, n_chunks: int | None = None) -> MissPlan:
     """plan_misses in one launch (plus one memset of the count and the bitmaps). The items are grouped
-    per (b, h) as in the twin, but the (b, h) groups come in the order the programs reserved their
-    ranges (an atomic counter): the set of (chunk, slot) pairs and `assembled` are the twin's.
+    per (b, h) as in the twin, in the twin's order within a group, but the (b, h) groups come in the
+    order the programs reserved their ranges (an atomic counter); `assembled` is the twin's. A predicted
+    id that repeats (the zero prediction of a compute-only step) is deduped as in the twin: its first
+    slot holds its chunk if that is true, its other slots are free (a scratch of 32 W int32 per (b, h),
+    not initialized, is written only where a prediction repeats).
     `n_chunks` (chunk ids are below it) sizes the bitmaps; without it the largest id is read from the
     device (a host sync: not for captured steps)."""
     B, H, k = true.shape
@@ -328,13 +346,14 @@ def plan_misses_fast(pred: torch.Tensor, true: torch.Tensor, n_chunks: int | Non
     W = -(-int(n_chunks) // 32)
     scratch = torch.zeros(1 + B * H * 2 * W, device=dev, dtype=torch.int32)   # count, then the bitmaps
     count, bits = scratch[:1], scratch[1:]
+    first = torch.empty(B * H * 32 * W, device=dev, dtype=torch.int32)         # first slot of a repeated id
     bh = torch.empty(n, device=dev, dtype=torch.int32)
     chunk = torch.empty(n, device=dev, dtype=torch.int32)
     slot = torch.empty(n, device=dev, dtype=torch.int32)
     assembled = torch.empty(B, H, k, device=dev, dtype=torch.int32)
     KP = triton.next_power_of_2(k)
-    _plan_kernel[(B * H,)](pred.to(torch.int32).contiguous(), true.to(torch.int32).contiguous(), bits, count, bh,
-                           chunk, slot, assembled, k, W, KP=KP, num_warps=4)
+    _plan_kernel[(B * H,)](pred.to(torch.int32).contiguous(), true.to(torch.int32).contiguous(), bits, first, count,
+                           bh, chunk, slot, assembled, k, W, KP=KP, num_warps=4)
     return MissPlan(bh=bh, chunk=chunk, slot=slot, count=count, assembled=assembled, k=k)
 
 
