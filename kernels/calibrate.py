@@ -15,7 +15,9 @@ Sections:
   kernels       torch SDPA decode over a sparse budget (1 and 2 queries), full-context decode
                 attention, prefill attention, landmark selection (score + group max + top-k),
                 low-rank key rebuild (U[rows] @ SV); and the Triton kernels of kernels/ that the
-                landmark designs run: dual/single-token sparse attention, selection, key rebuild
+                landmark designs run: dual/single-token sparse attention, selection, key rebuild;
+                and SpeCache's selection over its 2-bit key copy (the engine's pass 1 over the codes
+                + fused top-k), Llama-3-8B heads only
   interference  an urgent 2 MiB transfer while a 256 MiB background transfer is in flight, by
                 method and stream priority, and a decode GEMM beside the background
 """
@@ -95,6 +97,26 @@ def host_time_ms(fn, iters: int = 5) -> float:
         ts.append((time.perf_counter() - t0) * 1e3)
     ts.sort()
     return ts[len(ts) // 2]
+
+
+# SpeCache's scoring row (triton_quant_scan): the engine's head configuration (Llama-3-8B) and quant group
+QUANT_SCAN_HEADS = (32, 8, 128)
+QUANT_SCAN_GROUP = 64
+
+
+def _rand_quant_keys(b, hk, ctx, d, group=QUANT_SCAN_GROUP):
+    """A kernels.specache.QuantKeys of random 2-bit codes and bf16 scale/zero (as
+    kernels/devcheck_specache.py's _rand_qk: quantizing real keys would be slow)."""
+    from kernels.specache import QuantKeys
+    codes = torch.randint(0, 256, (b, hk, ctx // 4, d), device="cuda", dtype=torch.uint8)
+    scale = (torch.rand(b, hk, ctx // group, d, device="cuda") * 0.5 + 0.05).to(torch.bfloat16)
+    zero = torch.randn(b, hk, ctx // group, d, device="cuda").to(torch.bfloat16)
+    return QuantKeys(codes, scale, zero, group)
+
+
+def quant_scan_bytes(b, hk, ctx, d, group=QUANT_SCAN_GROUP) -> int:
+    """Bytes SpeCache's selection must read: the 2-bit codes plus the bf16 scale and zero per group."""
+    return b * hk * (ctx // 4) * d + 2 * b * hk * (ctx // group) * d * 2
 
 
 def _rand_bf16(*shape, device="cuda", pin=False):
@@ -437,12 +459,19 @@ class Calibrator:
                                " around eager calls). triton_attention (q_tokens 1 = single, 2 = dual-token),"
                                " triton_select (kernels/select.py score + torch.topk) and triton_rebuild"
                                " (kernels/rebuild.py, + RoPE): the Triton kernels of kernels/, CUDA-graph"
-                               " replays (kernels/timing.py), input sets rotated over >= 256 MiB against L2")
+                               " replays (kernels/timing.py), input sets rotated over >= 256 MiB against L2."
+                               " triton_quant_scan: SpeCache's selection as the decode-step engine runs it"
+                               " (kernels.engine.fastselect.specache_select_topk: kernels/specache.py pass 1"
+                               " over the 2-bit codes + the fused top-256 of 8-token chunks), random codes,"
+                               " param = quant group 64, Llama-3-8B heads; its floor = codes + scales + zeros"
+                               " read at the HBM copy rate")
 
     def triton_kernels(self, configs: dict, hbm: float) -> None:
         """The Triton kernels of kernels/ that the landmark designs run: dual/single-token sparse
-        attention over the gathered budget, chunk selection, low-rank key rebuild (+ RoPE)."""
+        attention over the gathered budget, chunk selection, low-rank key rebuild (+ RoPE); and
+        SpeCache's selection over its 2-bit keys (triton_quant_scan, the engine's heads only)."""
         from kernels.attention import dual_sparse_attention
+        from kernels.engine.fastselect import specache_select_topk
         from kernels.rebuild import rebuild_keys
         from kernels.select import select_chunks
         from kernels.timing import time_cuda
@@ -496,7 +525,28 @@ class Calibrator:
                 self.point("kernels", {"kernel": "triton_rebuild", "batch": b, "q_tokens": 1, "kv_tokens": 2048,
                                        "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": 160}, meas)
             torch.cuda.empty_cache()
+            if (hq, hk, d) == QUANT_SCAN_HEADS:
+                self.quant_scan(hq, hk, d, hbm, n_sets, specache_select_topk)
             self.log(f"  kernels (Triton): heads {hq}/{hk}x{d} done ({len(self.w.rows['kernels'])} rows)")
+
+    QUANT_SCAN_POINTS = [(ctx, b, qt) for ctx in (32768, 131072) for b in (1, 8, 32) for qt in (1, 2)]
+
+    def quant_scan(self, hq, hk, d, hbm, n_sets, select) -> None:
+        """SpeCache's selection as the decode-step engine runs it (`select` =
+        kernels.engine.fastselect.specache_select_topk: pass 1 over the 2-bit codes, then the fused
+        top-k of 8-token chunks, budget 2048 tokens) on random codes; 12 rows."""
+        from kernels.timing import time_cuda
+        g = QUANT_SCAN_GROUP
+        for ctx, b, qt in self.QUANT_SCAN_POINTS:
+            def meas():
+                nbytes = quant_scan_bytes(b, hk, ctx, d, g)
+                sets = [(_rand_bf16(b, qt, hq, d), _rand_quant_keys(b, hk, ctx, d, g))
+                        for _ in range(n_sets(nbytes))]
+                ms = time_cuda([lambda s=s: select(s[0], s[1], 8, 2048 // 8) for s in sets], inner=3, reps=10)
+                return {"latency_ms": ms, "hbm_floor_ms": nbytes / hbm * 1e3}
+            self.point("kernels", {"kernel": "triton_quant_scan", "batch": b, "q_tokens": qt, "kv_tokens": ctx,
+                                   "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": g}, meas)
+        torch.cuda.empty_cache()
 
     # -- interference
     def interference(self):

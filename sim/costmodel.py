@@ -168,6 +168,9 @@ class CostModel:
             self.linear_tab[shape] = (ms, [pts[m] for m in ms])
         self.kernel_fits: dict = {}
         groups: dict = {}
+        # the quant groups SpeCache's measured selection (triton_quant_scan) was timed at (2-bit codes)
+        self.quant_scan_groups = sorted({int(r["param"]) for r in b.rows["kernels"]
+                                         if r["kernel"] == "triton_quant_scan"})
         for r in b.rows["kernels"]:
             cfg = (int(r["num_heads"]), int(r["num_kv_heads"]), int(r["head_dim"]))
             key = (r["kernel"], int(r["q_tokens"]) if r["kernel"] != "sdpa_prefill" else 0)
@@ -199,6 +202,8 @@ class CostModel:
             return (batch * kv * param + param * hk * d + batch * kv * hk * d) * E
         if kernel == "triton_rebuild":  # U's rows are read once per KV head; SV is per request
             return (batch * hk * kv * param + batch * hk * param * d + batch * hk * kv * d) * E
+        if kernel == "triton_quant_scan":  # SpeCache's 2-bit codes + bf16 scale and zero per group of param tokens
+            return batch * hk * kv * (d * 2 / 8 + 2 * E * d / max(param, 1))
         if kernel == "sdpa_prefill":
             return 4.0 * batch * q * kv * hq * d
         raise KeyError(kernel)
@@ -346,11 +351,27 @@ class CostModel:
         return self._kernel(kernel, 1, x, flops, nbytes)
 
     def quant_scan_s(self, batch: int, q: int, context: int, bits: int, group: int) -> float:
-        """Scoring against a resident `bits`-bit key copy: HBM-bound read of it (roofline, always)."""
+        """SpeCache's selection of one layer: score q query rows per request against a resident `bits`-bit
+        key copy (scale and zero per `group` tokens), chunk max, top-k.
+
+        Measured (the bundle has `triton_quant_scan` rows): the decode-step engine's selection
+        (kernels.engine.fastselect.specache_select_topk: pass 1 over the 2-bit codes and the fused top-k,
+        so the top-k is included here and costed nowhere else), fitted like the other kernels against
+        the bytes read (codes + scales + zeros) and scaled per op on another GPU. Only at the measured
+        2 bits and group; any other (bits, group), or a bundle without the rows (older bundles) or no
+        bundle: the HBM roofline of the read (no top-k), with a ROOFLINE note saying why."""
         m = self.model
         nbytes = batch * m.num_kv_heads * context * (m.head_dim * bits / 8 + 2 * E * m.head_dim / group)
         flops = 2.0 * batch * q * m.num_heads * context * m.head_dim
-        self._note("ROOFLINE: SpeCache's quantized-key scoring is costed at the HBM roofline (no kernel measured)")
+        groups = getattr(self, "quant_scan_groups", []) if self.bundle is not None else []
+        if groups and bits == 2 and group in groups:
+            return self._kernel("triton_quant_scan", q, nbytes, flops, nbytes)
+        if groups:
+            self._note(f"ROOFLINE: SpeCache's quantized-key scoring at {bits} bits, group {group} is costed at the HBM"
+                       f" roofline: the bundle's triton_quant_scan rows measure 2 bits, group"
+                       f" {'/'.join(map(str, groups))} only")
+        else:
+            self._note("ROOFLINE: SpeCache's quantized-key scoring is costed at the HBM roofline (no kernel measured)")
         return self._roofline(flops, nbytes)
 
     def prefill_attention_s(self, q_tokens: int, prefix: int) -> float:
