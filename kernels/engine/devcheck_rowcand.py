@@ -1,0 +1,125 @@
+"""Per-row candidate selection against the seg top-k: kernels alone and whole engine steps (H200).
+
+    PYTHONPATH=. python -m kernels.engine.devcheck_rowcand [--reps 3] [--out FILE.json]
+
+(a) Kernels: landmark selection of Llama-3-8B heads (32 q / 8 KV, d = 128), budget 256 chunks, one and
+    two query tokens, fastselect.select_topk (pass 1 writes every score; "seg" top-k) against
+    rowcand.select_topk_rowcand, on fresh random bf16 inputs: the ids compared (rows that differ), then
+    CUDA-graph timings (2 input sets alternated, median of 20 replays), `--reps` times interleaved.
+(b) Engine: DualDecoder's and its single-token step, compute only (CUDA graph, the model's own
+    selection), each engine built once and captured with `Engine.rowcand` off and on in turn, `--reps`
+    times; dual / single with each method.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+
+import torch
+
+KERNEL_POINTS = ((32768, 1), (32768, 16), (131072, 16), (131072, 64))
+ENGINE_POINTS = ((32768, 16), (131072, 16), (131072, 64))
+
+
+def kernels(reps, rows):
+    from kernels.engine import fastselect, rowcand
+    from kernels.timing import capture_graph, event_times
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for ctx, B in KERNEL_POINTS:
+        N, k = ctx // 8, 256
+        for nq in (1, 2):
+            sets = [(torch.randn(B, nq, 32, 128, device="cuda", generator=g).to(torch.bfloat16),
+                     torch.randn(B, 8, N, 128, device="cuda", generator=g).to(torch.bfloat16)) for _ in range(2)]
+            a = fastselect.select_topk(*sets[0], k)
+            b = rowcand.select_topk_rowcand(*sets[0], k)
+            diff = int((a != b).any(-1).sum())
+            fns = {"seg": lambda q, lm: fastselect.select_topk(q, lm, k),
+                   "rowcand": lambda q, lm: rowcand.select_topk_rowcand(q, lm, k)}
+            for rep in range(reps):
+                t = {}
+                for name, fn in fns.items():
+                    calls = [lambda s=s, fn=fn: fn(*s) for s in sets]
+                    for c in calls:
+                        c()
+                    graph = capture_graph(lambda: [c() for c in calls for _ in range(2)], calls)
+                    t[name] = statistics.median(event_times(graph.replay, 20, warmup=3, per_call=4))
+                rows.append(dict(part="kernels", context=ctx, batch=B, nq=nq, rep=rep, seg_ms=t["seg"],
+                                 rowcand_ms=t["rowcand"], seg_over_rowcand=t["seg"] / t["rowcand"],
+                                 rows_differing=diff, rows=B * nq * 8))
+                print(f"kernels {ctx:6d} B={B:3d} nq={nq} rep {rep}: seg {t['seg'] * 1e3:8.1f} us, rowcand "
+                      f"{t['rowcand'] * 1e3:8.1f} us ({t['seg'] / t['rowcand']:.3f}); rows differing {diff} of "
+                      f"{B * nq * 8}", flush=True)
+            del sets
+            torch.cuda.empty_cache()
+
+
+def engine(reps, rows, hbm):
+    from ddbench.core.catalog import get_model
+    from kernels.engine.bench import run_point
+    from kernels.engine.model import Weights
+    from kernels.engine.rowcand import rowcand_fits
+    from kernels.timing import event_times
+    model = get_model("llama-3-8b")
+    weights = Weights.random(model, "cuda", seed=0)
+    for ctx, B in ENGINE_POINTS:
+        t = {}
+        for design in ("dualdecoder-single", "dualdecoder"):
+            r = run_point(model, weights, None, design, ctx, B, miss_rate=None, transfers=False, graph=True,
+                          reps=5, hbm=hbm, keep=True)
+            if not isinstance(r, tuple):
+                print(f"engine {design} {ctx}:{B}: {r['status']}", flush=True)
+                continue
+            row, e = r
+            if not rowcand_fits(B, e.H, e.nq, e.Hq // e.H, e.N, e.kc, device=e.dev):
+                print(f"engine {design} {ctx}:{B}: row candidates do not fit", flush=True)
+                continue
+            for rep in range(reps):
+                for rc in (False, True):
+                    e.rowcand = rc
+                    e.capture(2)
+                    t[(design, rc, rep)] = statistics.median(event_times(e.replay, 5, warmup=1, per_call=2))
+                rows.append(dict(part="engine", design=design, context=ctx, batch=B, rep=rep,
+                                 seg_ms=t[(design, False, rep)], rowcand_ms=t[(design, True, rep)],
+                                 floor_ms=row["floor_ms"]))
+                print(f"engine {design:18s} {ctx:6d} B={B:3d} rep {rep}: seg {t[(design, False, rep)]:.3f} ms, rowcand "
+                      f"{t[(design, True, rep)]:.3f} ms, floor {row['floor_ms']:.3f} ms", flush=True)
+            del e, r
+            gc.collect()
+            torch.cuda.empty_cache()
+        for rep in range(reps):
+            if all((d, rc, rep) in t for d in ("dualdecoder-single", "dualdecoder") for rc in (False, True)):
+                print(f"engine dual/single {ctx:6d} B={B:3d} rep {rep}: seg "
+                      f"{t[('dualdecoder', False, rep)] / t[('dualdecoder-single', False, rep)]:.3f}, rowcand "
+                      f"{t[('dualdecoder', True, rep)] / t[('dualdecoder-single', True, rep)]:.3f}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--skip-engine", action="store_true")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("devcheck_rowcand: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if a.reps < 1:
+        print("devcheck_rowcand: --reps must be at least 1", file=sys.stderr)
+        return 2
+    from kernels.engine.bench import hbm_gbps
+    from kernels.timing import provenance
+    hbm = hbm_gbps()
+    rows = []
+    kernels(a.reps, rows)
+    if not a.skip_engine:
+        engine(a.reps, rows, hbm)
+    if a.out:
+        from ddbench.core.io import write_json
+        write_json(a.out, dict(provenance=provenance("python -m kernels.engine.devcheck_rowcand"), hbm_copy_gbps=hbm,
+                               rows=rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
