@@ -24,6 +24,14 @@ ties. Within a row the probability is monotone in the raw score, so:
   the threshold), written ascending; with `plan`, token 0's rows then plan their misses against the
   prediction (transfer.plan_row_sorted), as fastselect's seg merge does.
 
+Measured on the H200 (`python -m kernels.engine.devcheck_rowcand`, traces/engine/h200/devcheck-rowcand.json,
+tree 6e6764a, 3 repetitions): the same ids as the seg path in every row of every point, but slower:
+selection alone 2.8-12x (32K, batch 16, 2 tokens: 697 against 57 us), whole compute-only steps 2.2-4.9x
+(128K, batch 64: 130.5 against 34.8 ms). Not profiled; the suspects are pass 1's cuts (a 32-step
+search over every row's buffer, which stalls that program's landmark stream) and the merge's
+register searches. The engine does not use it (ROWCAND_MIN_ROWS is None; `Engine.rowcand` switches
+it on for such A/B runs).
+
 Exact, with one caveat: two raw scores of one row that exp2 maps to the same fp32 probability are
 ordered by score in pass 1 and by id in the merge, so at a row's k-th place such a tie can resolve to
 the other chunk. Bytes: per row and split, up to `cap` pairs of int32 in buffers that stay in L2,
@@ -255,7 +263,7 @@ def rowcand_fits(B, H, nq, G, N, k, *, splits=None, device=None) -> bool:
     return SKP < 32768 and triton.next_power_of_2(G) * KP < 32768
 
 
-ROWCAND_MIN_ROWS = None   # the engine uses row candidates from this many (request, KV head) pairs up (None: never)
+ROWCAND_MIN_ROWS = None   # the engine uses row candidates from this many (request, KV head) pairs up: never, measured slower
 
 
 def use_rowcand(B, H, nq, G, N, k, device) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 
 import torch
-import triton
 
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.systems import SYSTEMS
@@ -107,32 +106,6 @@ def _fused_plan_ok(sc, pml, B, H, G, N, k, g) -> bool:
             and all(pairs(a, f) == pairs(mp, f) for f in ("chunk", "slot")) and torch.equal(a.assembled, mp.assembled))
 
 
-def _rowcand_ok(q, lm, p, want, k) -> bool:
-    """rowcand.select_topk_rowcand: distinct ascending ids whose probabilities are the top-k's (ids of
-    equal probability may differ), small buffers so that pass 1 cuts them many times; and with two
-    tokens the fused miss plan as the seg merge makes it."""
-    from kernels.engine import fastselect, rowcand
-    from kernels.engine.transfer import plan_buffers
-    B, nq, H = q.shape[0], q.shape[1], lm.shape[1]
-    out = torch.full((B, nq, H, k), -7, device="cuda", dtype=torch.int32)
-    rowcand.select_topk_rowcand(q, lm, k, out=out, cap=triton.next_power_of_2(k + 64) * 2)
-    got = out.transpose(1, 2).reshape(B * H, nq, k).long()
-    ok = bool((got.diff(dim=-1) > 0).all()) and torch.allclose(p.gather(-1, got).sort(-1).values, want, rtol=1e-5,
-                                                               atol=1e-12)
-    if nq == 2:
-        pred = out[:, 1].contiguous()
-        res = []
-        for fn in (lambda **kw: fastselect.select_topk(q, lm, k, method="seg", **kw),
-                   lambda **kw: rowcand.select_topk_rowcand(q, lm, k, **kw)):
-            outs = tuple(torch.full((B, H, k), -7, device="cuda", dtype=torch.int32) for _ in range(2))
-            mp = plan_buffers(B, H, k, "cuda")
-            fn(out=outs, plan=(pred, mp))
-            n = int(mp.count)
-            res.append((outs[0].clone(), n, sorted(zip(mp.bh[:n].tolist(), mp.chunk[:n].tolist(), mp.slot[:n].tolist()))))
-        ok = ok and (not torch.equal(res[0][0], res[1][0]) or res[0][1:] == res[1][1:])
-    return ok
-
-
 def kernel_checks():
     """(name, ok) per kernel variant, fresh random inputs, outputs poisoned first."""
     from kernels.engine import fastselect, fused
@@ -167,7 +140,6 @@ def kernel_checks():
             ok = bool((got.diff(dim=-1) > 0).all()) and torch.allclose(p.gather(-1, got).sort(-1).values, want,
                                                                        rtol=1e-5, atol=1e-12)
             res.append((f"top-k {method} nq={nq} per-token", ok))
-        res.append((f"row candidates nq={nq}", _rowcand_ok(q, lm, p, want, k)))
     res.append(("top-k seg with the fused miss plan", _fused_plan_ok(sc, pml, Bq, Hk, G, N, k, g)))
     x = torch.randn(7, 2, 4096, device="cuda", generator=g).bfloat16()
     y = torch.randn(7, 2, 4096, device="cuda", generator=g).bfloat16()
