@@ -176,12 +176,45 @@ def timing(quick=False, reps=3):
     return out
 
 
+def waves_sweep(reps=3):
+    """Pass 1 and the engine's path (pass 1 + fused top-256) at automatic splits for 2 / 4 / 8 / 16
+    programs per SM (the default: 8), `reps` times interleaved; rows for the JSON."""
+    import triton
+    from kernels.engine.fastselect import specache_select_topk
+    from kernels.specache import spec_pass1
+    out = []
+    g = torch.Generator(device="cuda").manual_seed(9)
+    Hq, H, d, C, kk = 32, 8, 128, 8, 256
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for B, T in [(1, 32768), (8, 32768), (32, 32768), (1, 131072), (16, 131072), (32, 131072)]:
+        sets = [(torch.randn(B, 2, Hq, d, device="cuda", generator=g).to(torch.bfloat16), _rand_qk(B, H, T, d, g))
+                for _ in range(2)]
+        qk0 = sets[0][1]
+        floor = (qk0.codes.numel() + 2 * qk0.scale.numel() * 2) / HBM * 1e3
+        ng = T // 64
+        for rep in range(reps):
+            for waves in (2, 4, 8, 16):
+                sp = max(1, min(triton.cdiv(waves * sms, B * H), ng // 16))
+                for name, fn in (("pass1", lambda q, qk, sp=sp: spec_pass1(q, qk, C, splits=sp)),
+                                 ("engine", lambda q, qk, sp=sp: specache_select_topk(q, qk, C, kk, splits=sp))):
+                    ts = _graph_times([lambda q=q, qk=qk, fn=fn: fn(q, qk) for q, qk in sets])
+                    med = statistics.median(ts)
+                    out.append(dict(B=B, T=T, variant=f"{name} waves{waves}", splits=sp, rep=rep, min_ms=min(ts),
+                                    median_ms=med, max_ms=max(ts), floor_ms=floor, pct_of_floor=100 * floor / med))
+                    print(f"B={B:2d} T={T:6d} rep {rep} {name:6s} waves {waves:2d} splits {sp:3d}: med {med:.4f} ms "
+                          f"({100 * floor / med:5.1f}% of floor)", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    return out
+
+
 def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(description="SpeCache 2-bit scoring on the GPU: correctness, then timing")
     ap.add_argument("--quick", action="store_true", help="skip maxnreg 128, and the full-score rows after rep 0")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of every timing, interleaved")
     ap.add_argument("--out", help="write the timings and the provenance to this JSON file")
+    ap.add_argument("--waves", action="store_true", help="only the programs-per-SM sweep (no correctness run)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("devcheck_specache: needs a CUDA GPU", file=sys.stderr)
@@ -192,6 +225,12 @@ def main(argv=None) -> int:
     from kernels.timing import provenance
     prov = provenance("kernels/devcheck_specache.py " + " ".join(sys.argv[1:] if argv is None else argv))
     print(prov, flush=True)
+    if a.waves:
+        rows = waves_sweep(a.reps)
+        if a.out:
+            from ddbench.core.io import write_json
+            write_json(a.out, dict(provenance=prov, rows=rows))
+        return 0
     ok = correctness()
     print(f"correctness: {'ALL PASS' if ok else 'SOME FAIL'}", flush=True)
     rows = timing(quick=a.quick, reps=a.reps)

@@ -2,8 +2,9 @@
 over the selection state and no torch top-k or sort.
 
     select_topk(q, lm, k) -> idx [B, nq, H, k] int32, ascending chunk ids     (landmarks)
-    specache_select_topk(q, qk, chunk, k, rows=None) -> the same from SpeCache's 2-bit keys (`rows`: the
-        codes kernel's fewest query rows per program, kernels.specache.spec_block_m)
+    specache_select_topk(q, qk, chunk, k, rows=None, splits=None) -> the same from SpeCache's 2-bit keys
+        (`rows`: the codes kernel's fewest query rows per program, kernels.specache.spec_block_m; `splits`
+        its programs per (request, KV head), automatic by default)
     topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search=None,
                       seg=None, slots=None, cuts=None, plan=None, block_m=None)
         -> the fused normalise + group-max + top-k ("seg": the default wherever its merge fits in
@@ -657,11 +658,11 @@ def _landmark_pass1(q, lm, *, block_n=64, splits=None):
     return scratch, pml, G
 
 
-def specache_select_topk(q, qk, chunk, k, *, rows=None, **topk_kw):
+def specache_select_topk(q, qk, chunk, k, *, rows=None, splits=None, **topk_kw):
     from kernels.specache import spec_block_m, spec_pass1
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
-    scratch, pml = spec_pass1(q, qk, chunk, rows=rows)
+    scratch, pml = spec_pass1(q, qk, chunk, rows=rows, splits=splits)
     return topk_from_scratch(scratch, pml, B, H, nq, Hq // H, qk.tokens // chunk, k,
                              block_m=spec_block_m(nq, Hq // H, rows=rows), **topk_kw)
 
