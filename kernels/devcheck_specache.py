@@ -216,11 +216,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the timings and the provenance to this JSON file")
     ap.add_argument("--waves", action="store_true", help="only the programs-per-SM sweep (no correctness run)")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("devcheck_specache: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    if a.reps < 1:
-        print("devcheck_specache: --reps must be at least 1", file=sys.stderr)
+    from kernels.timing import devcheck_refusal
+    if (err := devcheck_refusal("devcheck_specache", a.reps)):
+        print(err, file=sys.stderr)
         return 2
     from kernels.timing import provenance
     prov = provenance("kernels/devcheck_specache.py " + " ".join(sys.argv[1:] if argv is None else argv))

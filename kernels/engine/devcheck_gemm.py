@@ -25,8 +25,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("devcheck_gemm: needs a CUDA GPU", file=sys.stderr)
+    from kernels.timing import devcheck_refusal
+    if (err := devcheck_refusal("devcheck_gemm", a.reps)):
+        print(err, file=sys.stderr)
         return 2
     from kernels.engine.bench import hbm_gbps
     from kernels.timing import capture_graph, event_times

@@ -60,8 +60,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--kernels", type=int, default=400)
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("devcheck_pdl: needs a CUDA GPU", file=sys.stderr)
+    from kernels.timing import devcheck_refusal
+    if (err := devcheck_refusal("devcheck_pdl", None)):
+        print(err, file=sys.stderr)
         return 2
     dev = torch.device("cuda")
     rows = []

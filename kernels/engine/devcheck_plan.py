@@ -25,8 +25,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("devcheck_plan: needs a CUDA GPU", file=sys.stderr)
+    from kernels.timing import devcheck_refusal
+    if (err := devcheck_refusal("devcheck_plan", a.reps)):
+        print(err, file=sys.stderr)
         return 2
     from ddbench.core.catalog import get_model
     from kernels.engine.bench import hbm_gbps, run_point

@@ -101,11 +101,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-engine", action="store_true")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("devcheck_rowcand: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    if a.reps < 1:
-        print("devcheck_rowcand: --reps must be at least 1", file=sys.stderr)
+    from kernels.timing import devcheck_refusal
+    if (err := devcheck_refusal("devcheck_rowcand", a.reps)):
+        print(err, file=sys.stderr)
         return 2
     from kernels.engine.bench import hbm_gbps
     from kernels.timing import provenance
