@@ -5,8 +5,11 @@
     dequantize_keys(qk) -> [B, H, T, d]
     specache_scores(q, qk) -> probs [B, nq, H, T] fp32: max over the GQA group of softmax_t(q . k~_t / sqrt(d))
     specache_scores_ref(q, qk)                          twin: dequantize in fp32, then the same softmax/max
-    specache_scores_triton(q, qk, *, chunk=0, splits=None) -> the same [B, nq, H, T] (chunk=0), or the
-        max over each chunk of `chunk` tokens, [B, nq, H, T/chunk] (what the engine's top-k needs)
+    specache_scores_triton(q, qk, *, chunk=0, splits=None, rows=None) -> the same [B, nq, H, T] (chunk=0),
+        or the max over each chunk of `chunk` tokens, [B, nq, H, T/chunk] (what the engine's top-k needs)
+    spec_block_m(nq, G, impl="codes", rows=None) -> query rows per program (pass 1's scratch / pml stride):
+        the group's nq x GP rows padded to 8 (codes: the rows are the N of its dots, an mma is 8 wide) or
+        16 (dequant, or rows=16: the layout before issue 9's last change)
     specache_chunk_scores_ref(q, qk, chunk)             twin of the chunk form
 `specache_scores` (torch): scores are q.zero + (q*scale).code per group, so the codes are unpacked
 once in the query dtype and never rescaled element-wise.
