@@ -240,8 +240,10 @@ def _plan_kernel(pred, true, bits, first, count, bh_out, chunk_out, slot_out, as
     an id, if true, holds its chunk in its first slot only and its other slots are free. The pred OR
     returns the old words, so a slot whose bit was already set knows its id repeats; only then (one
     scalar test per program) the first slot of each predicted id is found in `first` (32 W int32,
-    never initialized: the slot that set the id's bit writes its entry, K, then every slot takes the
-    atomic min with its index), still O(k); without a repeat nothing more is read or written."""
+    never initialized: the slot that set the id's bit stores its entry, K, then after a barrier every
+    slot takes the atomic min with its index), still O(k); without a repeat nothing more is read or
+    written. compute-sanitizer's initcheck flagged the atomic exchange this store replaced (it reads the
+    uninitialized word it overwrites)."""
     bh = tl.program_id(0)
     j = tl.arange(0, KP)
     jv = j < K
@@ -260,7 +262,7 @@ def _plan_kernel(pred, true, bits, first, count, bh_out, chunk_out, slot_out, as
     free = jv & (((wt >> (p & 31)) & 1) == 0)      # predicted chunk not true: its slot is free
     rep = jv & ((tl.zeros([KP], tl.int32) + tl.max(seen.to(tl.int32), 0)) > 0)   # this (b, h) repeats an id
     fp = first + bh.to(tl.int64) * (32 * W) + p    # first slot of each predicted id
-    tl.atomic_xchg(fp, tl.zeros([KP], tl.int32) + K, mask=rep & ~seen)
+    tl.store(fp, tl.zeros([KP], tl.int32) + K, mask=rep & ~seen)   # a plain store: no read of the uninitialized word
     tl.debug_barrier()
     tl.atomic_min(fp, j, mask=rep)
     tl.debug_barrier()
