@@ -66,8 +66,12 @@ def test_fixed_cost_only_when_queued_behind_a_gather_of_the_same_stream():
     assert dur["prefetch"] == pytest.approx(p.pf_work[5] - t0, rel=1e-6)
     assert dur["urgent"] == pytest.approx(p.ur_work[5] - t0, rel=1e-6)
     # FIFO (SpeCache, one stream): the misses queue behind the prefetch in flight and pay it; the
-    # prefetch, issued after the layer's misses were waited for, starts idle and does not
-    q = _plan("specache", 2)
+    # prefetch, issued after the layer's misses were waited for, starts idle and does not.
+    # Batch 3 at 128K: layer i's prefetch (0.49 ms on the link) still runs when layer i+1's
+    # selection ends (about 0.10 ms earlier), and the link is not saturated (each prefetch starts
+    # idle). At batch 2 the measured quant scan (62b9f21; about 2x the old roofline) makes the
+    # selection end after the 0.33 ms prefetch has landed: the misses start idle there.
+    q = _plan("specache", 3)
     _, link, _ = _run(q)
     urgent = [e for e in link if e[1] == "urgent"]
     pf_ends = {round(e[3], 12) for e in link if e[1] == "prefetch"}
