@@ -20,8 +20,9 @@ def _items(mp):
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("sanitize_plan: needs a CUDA GPU", file=sys.stderr)
+    from kernels.timing import devcheck_refusal
+    if (err := devcheck_refusal("sanitize_plan")):
+        print(err, file=sys.stderr)
         return 2
     g = torch.Generator(device="cuda").manual_seed(3)
     bad = 0
