@@ -1,11 +1,13 @@
 """Per-row candidate selection against the seg top-k: kernels alone and whole engine steps (H200).
 
-    PYTHONPATH=. python -m kernels.engine.devcheck_rowcand [--reps 3] [--out FILE.json]
+    PYTHONPATH=. python -m kernels.engine.devcheck_rowcand [--reps 3] [--out FILE.json] [--skip-engine | --split]
 
 (a) Kernels: landmark selection of Llama-3-8B heads (32 q / 8 KV, d = 128), budget 256 chunks, one and
     two query tokens, fastselect.select_topk (pass 1 writes every score; "seg" top-k) against
     rowcand.select_topk_rowcand, on fresh random bf16 inputs: the ids compared (rows that differ), then
     CUDA-graph timings (2 input sets alternated, median of 20 replays), `--reps` times interleaved.
+--split: instead, the device time of each kernel of both methods (torch.profiler, 5 eager calls) at 32K,
+    batch 16 and 128K, batch 64, two tokens.
 (b) Engine: DualDecoder's and its single-token step, compute only (CUDA graph, the model's own
     selection), each engine built once and captured with `Engine.rowcand` off and on in turn, `--reps`
     times; dual / single with each method.
@@ -55,6 +57,32 @@ def kernels(reps, rows):
             torch.cuda.empty_cache()
 
 
+def kernel_split(rows):
+    """Device time per kernel (torch.profiler, 5 eager calls each) of both methods at two points."""
+    from torch.profiler import ProfilerActivity, profile
+    from kernels.engine import fastselect, rowcand
+    g = torch.Generator(device="cuda").manual_seed(6)
+    for ctx, B in ((32768, 16), (131072, 64)):
+        q = torch.randn(B, 2, 32, 128, device="cuda", generator=g).to(torch.bfloat16)
+        lm = torch.randn(B, 8, ctx // 8, 128, device="cuda", generator=g).to(torch.bfloat16)
+        for name, fn in (("seg", lambda: fastselect.select_topk(q, lm, 256)),
+                         ("rowcand", lambda: rowcand.select_topk_rowcand(q, lm, 256))):
+            fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as p:
+                for _ in range(5):
+                    fn()
+                torch.cuda.synchronize()
+            for ev in p.key_averages():
+                us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+                if us > 0:
+                    rows.append(dict(part="split", context=ctx, batch=B, nq=2, method=name, kernel=ev.key,
+                                     us_per_call=us / 5))
+                    print(f"split {ctx:6d} B={B:3d} {name:8s} {ev.key[:40]:40s} {us / 5:9.1f} us per call", flush=True)
+        del q, lm
+        torch.cuda.empty_cache()
+
+
 def engine(reps, rows, hbm):
     from ddbench.core.catalog import get_model
     from kernels.engine.bench import run_point
@@ -100,6 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--split", action="store_true", help="only the per-kernel split (torch.profiler)")
     a = ap.parse_args(argv)
     from kernels.timing import devcheck_refusal
     if (err := devcheck_refusal("devcheck_rowcand", a.reps)):
@@ -109,8 +138,11 @@ def main(argv=None) -> int:
     from kernels.timing import provenance
     hbm = hbm_gbps()
     rows = []
-    kernels(a.reps, rows)
-    if not a.skip_engine:
+    if a.split:
+        kernel_split(rows)
+    else:
+        kernels(a.reps, rows)
+    if not a.skip_engine and not a.split:
         engine(a.reps, rows, hbm)
     if a.out:
         from ddbench.core.io import write_json
