@@ -27,9 +27,12 @@ ties. Within a row the probability is monotone in the raw score, so:
 Measured on the H200 (`python -m kernels.engine.devcheck_rowcand`, traces/engine/h200/devcheck-rowcand.json,
 tree 6e6764a, 3 repetitions): the same ids as the seg path in every row of every point, but slower:
 selection alone 2.8-12x (32K, batch 16, 2 tokens: 697 against 57 us), whole compute-only steps 2.2-4.9x
-(128K, batch 64: 130.5 against 34.8 ms). Not profiled; the suspects are pass 1's cuts (a 32-step
-search over every row's buffer, which stalls that program's landmark stream) and the merge's
-register searches. The engine does not use it (ROWCAND_MIN_ROWS is None; `Engine.rowcand` switches
+(128K, batch 64: 130.5 against 34.8 ms). Pass 1 is the cost (`--split`, devcheck-rowcand-split.json,
+2 tokens): 670 against select.py's 40 us at 32K, batch 16, and 4000 against 609 us at 128K, batch 64,
+while the merge is cheaper than the seg top-k's two kernels there (100 against 137 us); a larger
+buffer (fewer, longer cuts) did not help (cap 1024: 775 against 720 us at 32K, batch 16). A pass 1 at
+select.py's speed less its score writes would make the selection about 646 against 746 us per layer
+at 128K, batch 64 (an estimate from these numbers, -3.2 ms per step). The engine does not use it (ROWCAND_MIN_ROWS is None; `Engine.rowcand` switches
 it on for such A/B runs).
 
 Exact, with one caveat: two raw scores of one row that exp2 maps to the same fp32 probability are
