@@ -104,16 +104,6 @@ QUANT_SCAN_HEADS = (32, 8, 128)
 QUANT_SCAN_GROUP = 64
 
 
-def _rand_quant_keys(b, hk, ctx, d, group=QUANT_SCAN_GROUP):
-    """A kernels.specache.QuantKeys of random 2-bit codes and bf16 scale/zero (as
-    kernels/devcheck_specache.py's _rand_qk: quantizing real keys would be slow)."""
-    from kernels.specache import QuantKeys
-    codes = torch.randint(0, 256, (b, hk, ctx // 4, d), device="cuda", dtype=torch.uint8)
-    scale = (torch.rand(b, hk, ctx // group, d, device="cuda") * 0.5 + 0.05).to(torch.bfloat16)
-    zero = torch.randn(b, hk, ctx // group, d, device="cuda").to(torch.bfloat16)
-    return QuantKeys(codes, scale, zero, group)
-
-
 def quant_scan_bytes(b, hk, ctx, d, group=QUANT_SCAN_GROUP) -> int:
     """Bytes SpeCache's selection must read: the 2-bit codes plus the bf16 scale and zero per group."""
     return b * hk * (ctx // 4) * d + 2 * b * hk * (ctx // group) * d * 2
@@ -535,12 +525,13 @@ class Calibrator:
         """SpeCache's selection as the decode-step engine runs it (`select` =
         kernels.engine.fastselect.specache_select_topk: pass 1 over the 2-bit codes, then the fused
         top-k of 8-token chunks, budget 2048 tokens) on random codes; 12 rows."""
+        from kernels.specache import random_quant_keys
         from kernels.timing import time_cuda
         g = QUANT_SCAN_GROUP
         for ctx, b, qt in self.QUANT_SCAN_POINTS:
             def meas():
                 nbytes = quant_scan_bytes(b, hk, ctx, d, g)
-                sets = [(_rand_bf16(b, qt, hq, d), _rand_quant_keys(b, hk, ctx, d, g))
+                sets = [(_rand_bf16(b, qt, hq, d), random_quant_keys(b, hk, ctx, d, g))
                         for _ in range(n_sets(nbytes))]
                 ms = time_cuda([lambda s=s: select(s[0], s[1], 8, 2048 // 8) for s in sets], inner=3, reps=10)
                 return {"latency_ms": ms, "hbm_floor_ms": nbytes / hbm * 1e3}

@@ -21,14 +21,6 @@ import torch
 HBM = 4.25e12
 
 
-def _rand_qk(B, H, T, d, gen, dev="cuda"):
-    from kernels.specache import QuantKeys
-    codes = torch.randint(0, 256, (B, H, T // 4, d), device=dev, dtype=torch.uint8, generator=gen)
-    sc = (torch.rand(B, H, T // 64, d, device=dev, generator=gen) * 0.5 + 0.05).to(torch.bfloat16)
-    ze = torch.randn(B, H, T // 64, d, device=dev, generator=gen).to(torch.bfloat16)
-    return QuantKeys(codes, sc, ze, 64)
-
-
 def correctness():
     from kernels.engine.fastselect import specache_select_topk, specache_select_topk_ref, topk_from_scratch
     from kernels.specache import (quantize_keys_2bit, spec_block_m, spec_pass1, specache_chunk_scores_ref, specache_scores_ref,
@@ -113,7 +105,7 @@ def copy_rate():
 def timing(quick=False, reps=3):
     """Every variant `reps` times, interleaved (rep 0 of each, then rep 1, ...); rows for the JSON."""
     from kernels.engine.fastselect import specache_select_topk, topk_from_scratch
-    from kernels.specache import spec_block_m, spec_pass1, specache_scores_triton
+    from kernels.specache import random_quant_keys, spec_block_m, spec_pass1, specache_scores_triton
     rate = copy_rate()
     print(f"HBM copy rate measured: {rate / 1e9:.0f} GB/s (floors below at 4250 GB/s; x{HBM / rate:.3f} for the measured)",
           flush=True)
@@ -122,8 +114,8 @@ def timing(quick=False, reps=3):
     Hq, H, d, C, kk = 32, 8, 128, 8, 256
     shapes = [(8, 32768), (16, 131072)]
     for B, T in shapes:
-        sets = [(torch.randn(B, 2, Hq, d, device="cuda", generator=g).to(torch.bfloat16), _rand_qk(B, H, T, d, g))
-                for _ in range(2)]
+        sets = [(torch.randn(B, 2, Hq, d, device="cuda", generator=g).to(torch.bfloat16),
+                 random_quant_keys(B, H, T, d, generator=g)) for _ in range(2)]
         qk0 = sets[0][1]
         read = qk0.codes.numel() + 2 * qk0.scale.numel() * 2
         f_p1 = read / HBM * 1e3
@@ -181,14 +173,14 @@ def waves_sweep(reps=3):
     programs per SM (the default: 8), `reps` times interleaved; rows for the JSON."""
     import triton
     from kernels.engine.fastselect import specache_select_topk
-    from kernels.specache import spec_pass1
+    from kernels.specache import random_quant_keys, spec_pass1
     out = []
     g = torch.Generator(device="cuda").manual_seed(9)
     Hq, H, d, C, kk = 32, 8, 128, 8, 256
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for B, T in [(1, 32768), (8, 32768), (32, 32768), (1, 131072), (16, 131072), (32, 131072)]:
-        sets = [(torch.randn(B, 2, Hq, d, device="cuda", generator=g).to(torch.bfloat16), _rand_qk(B, H, T, d, g))
-                for _ in range(2)]
+        sets = [(torch.randn(B, 2, Hq, d, device="cuda", generator=g).to(torch.bfloat16),
+                 random_quant_keys(B, H, T, d, generator=g)) for _ in range(2)]
         qk0 = sets[0][1]
         floor = (qk0.codes.numel() + 2 * qk0.scale.numel() * 2) / HBM * 1e3
         ng = T // 64

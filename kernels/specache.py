@@ -2,6 +2,7 @@
 
     quantize_keys_2bit(k, group=64) -> QuantKeys(codes uint8 [B, H, T/4, d], scale, zero [B, H, T/group, d])
         codes pack 4 consecutive tokens per byte (2 bits each); key ~ zero + scale * code.
+    random_quant_keys(B, H, T, d, group=64, generator=None) -> random QuantKeys (timing inputs)
     dequantize_keys(qk) -> [B, H, T, d]
     specache_scores(q, qk) -> probs [B, nq, H, T] fp32: max over the GQA group of softmax_t(q . k~_t / sqrt(d))
     specache_scores_ref(q, qk)                          twin: dequantize in fp32, then the same softmax/max
@@ -58,6 +59,14 @@ class QuantKeys:
     @property
     def tokens(self) -> int:
         return self.codes.shape[2] * 4
+
+
+def random_quant_keys(B: int, H: int, T: int, d: int, group: int = 64, generator=None, device="cuda") -> QuantKeys:
+    """Random 2-bit codes with bf16 scale and zero per group (timing inputs: quantizing real keys is slow)."""
+    codes = torch.randint(0, 256, (B, H, T // 4, d), device=device, dtype=torch.uint8, generator=generator)
+    scale = (torch.rand(B, H, T // group, d, device=device, generator=generator) * 0.5 + 0.05).to(torch.bfloat16)
+    zero = torch.randn(B, H, T // group, d, device=device, generator=generator).to(torch.bfloat16)
+    return QuantKeys(codes, scale, zero, group)
 
 
 def quantize_keys_2bit(k: torch.Tensor, group: int = 64) -> QuantKeys:

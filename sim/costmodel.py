@@ -135,6 +135,7 @@ class CostModel:
         self.model, self.gpu, self.link, self.bundle = model, gpu, link, bundle
         self.notes: list[str] = []
         self._cache: dict = {}
+        self.quant_scan_groups: list[int] = []   # quant groups of the bundle's triton_quant_scan rows
         if bundle is None:
             self.source_gpu = gpu
             self.peak_flops = gpu.bf16_tflops * 1e12
@@ -363,7 +364,7 @@ class CostModel:
         m = self.model
         nbytes = batch * m.num_kv_heads * context * (m.head_dim * bits / 8 + 2 * E * m.head_dim / group)
         flops = 2.0 * batch * q * m.num_heads * context * m.head_dim
-        groups = getattr(self, "quant_scan_groups", []) if self.bundle is not None else []
+        groups = self.quant_scan_groups
         if groups and bits == 2 and group in groups:
             return self._kernel("triton_quant_scan", q, nbytes, flops, nbytes)
         if groups:

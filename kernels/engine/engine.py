@@ -32,9 +32,9 @@ import torch
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
-from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope, rope_tables
+from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope_tables
 from kernels.engine.fastselect import fused_plan_fits
-from kernels.engine.rowcand import select_topk_rowcand, use_rowcand
+from kernels.engine.rowcand import select_topk_rowcand
 from kernels.engine.transfer import (Sched, gather_slots, gather_slots_ref, perturb, perturb_fast, plan_misses,
                                      plan_buffers, plan_misses_fast)
 
@@ -209,9 +209,9 @@ class Engine:
         self.prefetch = s.prefetch if (cfg.transfers and not s.kv_on_gpu) else "none"
         # the dual-token top-k plans the misses in its own merge kernel where its "seg" method runs
         self.fuse_plan = not ref and not s.kv_on_gpu and fused_plan_fits(self.B, self.H, self.N, self.kc)
-        # landmark selection from per-row candidates (rowcand.py: no score rows written) where it fits
-        self.rowcand = not ref and s.landmarks and use_rowcand(self.B, self.H, self.nq, model.num_heads // self.H,
-                                                               self.N, self.kc, self.dev)
+        # landmark selection from per-row candidates (rowcand.py): off, measured slower; devcheck_rowcand
+        # switches it on for its A/B
+        self.rowcand = False
         self.sched = Sched(self.dev, urgent_priority=s.urgent_priority, log=log)
         self.gen = torch.Generator(device=self.dev).manual_seed(cfg.seed + 1)
         self.g = 0                       # generated tokens persisted so far (host mirror, eager only)

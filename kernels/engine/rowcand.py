@@ -32,8 +32,8 @@ selection alone 2.8-12x (32K, batch 16, 2 tokens: 697 against 57 us), whole comp
 while the merge is cheaper than the seg top-k's two kernels there (100 against 137 us); a larger
 buffer (fewer, longer cuts) did not help (cap 1024: 775 against 720 us at 32K, batch 16). A pass 1 at
 select.py's speed less its score writes would make the selection about 646 against 746 us per layer
-at 128K, batch 64 (an estimate from these numbers, -3.2 ms per step). The engine does not use it (ROWCAND_MIN_ROWS is None; `Engine.rowcand` switches
-it on for such A/B runs).
+at 128K, batch 64 (an estimate from these numbers, -3.2 ms per step). The engine does not use it
+(`Engine.rowcand`, off by default, switches it on for such A/B runs).
 
 Exact, with one caveat: two raw scores of one row that exp2 maps to the same fp32 probability are
 ordered by score in pass 1 and by id in the merge, so at a row's k-th place such a tie can resolve to
@@ -264,15 +264,6 @@ def rowcand_fits(B, H, nq, G, N, k, *, splits=None, device=None) -> bool:
         return False
     _, n_split, _, _, SKP, KP = geometry(B, H, nq, G, N, k, splits=splits, device=device)
     return SKP < 32768 and triton.next_power_of_2(G) * KP < 32768
-
-
-ROWCAND_MIN_ROWS = None   # the engine uses row candidates from this many (request, KV head) pairs up: never, measured slower
-
-
-def use_rowcand(B, H, nq, G, N, k, device) -> bool:
-    """The engine's choice: row candidates where they fit and B x H reaches ROWCAND_MIN_ROWS."""
-    return ROWCAND_MIN_ROWS is not None and B * H >= ROWCAND_MIN_ROWS and \
-        rowcand_fits(B, H, nq, G, N, k, device=torch.device(device))
 
 
 def select_topk_rowcand(q, lm, k, out=None, *, plan=None, splits=None, block_n=64, cap=None, block_m=None, cuts=2):
