@@ -32,7 +32,8 @@ LOG2E = 1.4426950408889634
 def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
                  H, G, NQ, n_split, split_len, scale_log2,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Raw scores of one (request, KV head, split) to scratch; that split's row max and sum."""
+    """Raw scores of one (request, KV head, split) to scratch (in its dtype: fp32, or fp16 for the
+    engine); that split's row max and sum, from the unrounded scores."""
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
     dd = tl.arange(0, D)
@@ -47,7 +48,7 @@ def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
         kt = tl.load(lb + n[None, :].to(tl.int64) * s_ln + dd[:, None], mask=nv[None, :], other=0.0)
         s = tl.dot(qt, kt) * scale_log2
         s = tl.where(nv[None, :], s, float("-inf"))
-        tl.store(sb + r[:, None] * N + n[None, :], s, mask=rv[:, None] & nv[None, :])
+        tl.store(sb + r[:, None] * N + n[None, :], s.to(scratch.dtype.element_ty), mask=rv[:, None] & nv[None, :])
         m_new = tl.maximum(m, tl.max(s, 1))
         l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
         m = m_new
@@ -73,7 +74,7 @@ def _score_pass2(scratch, pml, out, N, H, G, NQ, n_split, split_len,
     for n0 in range(sp * split_len, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nv = n < end
-        s = tl.load(sb + r[:, None] * N + n[None, :], mask=rv[:, None] & nv[None, :], other=float("-inf"))
+        s = tl.load(sb + r[:, None] * N + n[None, :], mask=rv[:, None] & nv[None, :], other=float("-inf")).to(tl.float32)
         p = tl.exp2(s - m[:, None]) * inv[:, None]
         for tt in tl.static_range(2):
             if tt < NQ:

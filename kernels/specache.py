@@ -213,7 +213,7 @@ def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt,
                 ch1 = gi * (R4 // PER1) + cc1
                 cok1 = (gi + cc1 // (R4 // PER1)) < g1
                 sb = scratch + bh.to(tl.int64) * BLOCK_M * T_out
-                tl.store(sb + r[:, None] * T_out + ch1[None, :], crow, mask=rv[:, None] & cok1[None, :])
+                tl.store(sb + r[:, None] * T_out + ch1[None, :], crow.to(scratch.dtype.element_ty), mask=rv[:, None] & cok1[None, :])
         if PASS == 2:
             if CHUNK != 0:
                 PER: tl.constexpr = CHUNK // 4
@@ -326,7 +326,8 @@ def _codes_kernel(q, codes, scale, zero, zs, pml, out, scratch, n_groups, s_qb, 
             if CHUNK != 0:
                 # the raw max of each chunk for every row: the row's softmax is monotone (pass 2 normalises)
                 cm = tl.max(tl.reshape(smax, [GB, PER, NCH, BLOCK_M]), 1) + zr[:, None, :]     # [GB, chunk, rows]
-                tl.store(sbase + r[None, None, :] * T_out + (gg[:, None, None] * NCH + cc[None, :, None]), cm,
+                tl.store(sbase + r[None, None, :] * T_out + (gg[:, None, None] * NCH + cc[None, :, None]),
+                         cm.to(scratch.dtype.element_ty),
                          mask=rv[None, None, :] & gv[:, None, None])
             m_new = tl.maximum(m, tl.max(smax, 1) + zr)
             mz = (m_new - zr)[:, None, :]
@@ -465,23 +466,24 @@ def _groups_per_iter(impl: str, groups_per_iter: int | None, num_warps: int) -> 
 
 def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, groups_per_iter: int | None = None,
                num_warps: int = 4, rowload: bool = False, impl: str = "codes", maxnreg: int | None = None,
-               rows: int | None = None):
+               rows: int | None = None, scores=torch.float32):
     """One pass over the codes: per (request, KV head) the raw log2-scaled scores' max per chunk for
-    every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only), and each
+    every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only; dtype
+    `scores`, fp32 or fp16), and each
     split's row max and sum of exp in `pml` (the layout of kernels/select.py's pass 1), with BLOCK_M =
     spec_block_m(nq, G, impl, rows): pass it to fastselect.topk_from_scratch as `block_m`."""
     gb = _groups_per_iter(impl, groups_per_iter, num_warps)
     L = _launch(q, qk, splits, gb, _WAVES[impl], _block_m(q, qk, impl, rows))
-    return _pass1(q, qk, chunk, L, gb, num_warps, rowload, impl, maxnreg)
+    return _pass1(q, qk, chunk, L, gb, num_warps, rowload, impl, maxnreg, scores)
 
 
 def _pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, L: _Launch, groups_per_iter: int, num_warps: int,
-           rowload: bool, impl: str = "codes", maxnreg: int | None = None):
+           rowload: bool, impl: str = "codes", maxnreg: int | None = None, scores=torch.float32):
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     codes, sc, ze, G, GP, BLOCK_M, ng, split_groups, n_split = L
     Nc = qk.tokens // chunk
-    scratch = torch.empty(B * H * BLOCK_M * Nc, device=q.device, dtype=torch.float32)
+    scratch = torch.empty(B * H * BLOCK_M * Nc, device=q.device, dtype=scores)
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
     common = (ng, q.stride(0), q.stride(1), q.stride(2), *codes.stride()[:3], *sc.stride()[:3], H, G, nq, n_split,
               split_groups, LOG2E / math.sqrt(d), Nc)

@@ -189,14 +189,28 @@ def test_topk_underflow_zeros():
                            want)
 
 
+def _near_selection(got, q, lm, k):
+    """fp16 stored scores: each score moves by at most half an fp16 ulp of the largest |score| (log2
+    domain), so a chosen chunk's probability is within 2 such steps of the true top-k's, rank by rank."""
+    assert (got.diff(dim=-1) > 0).all()
+    probs = score_chunks_ref(q, lm)
+    s = torch.einsum("bthd,bhnd->bthn", q.float(), lm.float().repeat_interleave(q.shape[2] // lm.shape[1], 1))
+    top = float((s / q.shape[-1] ** 0.5 * 1.4426950408889634).abs().max())
+    half_ulp = 2.0 ** (torch.tensor(top).log2().floor() - 11)
+    want = probs.topk(k, dim=-1).values.sort(-1).values
+    have = probs.gather(-1, got.long()).sort(-1).values
+    assert (have >= want * 2.0 ** (-2 * half_ulp)).all()
+
+
 @pytest.mark.parametrize("nq,N,k", [(1, 96, 16), (2, 300, 40), (2, 64, 64)])
 def test_select_topk_landmarks(nq, N, k, dev="cpu"):
+    """fp32 stored scores: the true top-k probabilities exactly; fp16 (the engine's): within their rounding."""
     g = torch.Generator().manual_seed(N + nq)
     B, Hq, H, d = 2, 8, 2, 32
     q = torch.randn(B, nq, Hq, d, generator=g).to(dev)
     lm = torch.randn(B, H, N, d, generator=g).to(dev)
-    got = fastselect.select_topk(q, lm, k, splits=2, blk=64)
-    _same_selection(got, score_chunks_ref(q, lm), k)
+    _same_selection(fastselect.select_topk(q, lm, k, splits=2, blk=64, scores=torch.float32), score_chunks_ref(q, lm), k)
+    _near_selection(fastselect.select_topk(q, lm, k, splits=2, blk=64), q, lm, k)
 
 
 def test_topk_ties_and_zeros(dev="cpu"):
@@ -205,8 +219,34 @@ def test_topk_ties_and_zeros(dev="cpu"):
     B, nq, Hq, H, d, N, k = 1, 1, 4, 1, 32, 128, 20
     q = torch.randn(B, nq, Hq, d, generator=g) * 30
     lm = torch.randn(B, H, N, d, generator=g) * 30
-    got = fastselect.select_topk(q, lm, k, splits=1, blk=32)
-    _same_selection(got, score_chunks_ref(q, lm), k)
+    _same_selection(fastselect.select_topk(q, lm, k, splits=1, blk=32, scores=torch.float32), score_chunks_ref(q, lm), k)
+    _near_selection(fastselect.select_topk(q, lm, k, splits=1, blk=32), q, lm, k)
+
+
+@pytest.mark.parametrize("nq", [1, 2])
+def test_fp16_scores_are_rounded_fp32(nq):
+    """Pass 1 with fp16 stored scores writes the fp32 scores rounded, and the same split statistics
+    (computed before the rounding); the top-k kernels agree with the twin on fp16 scratch, ties included."""
+    g = torch.Generator().manual_seed(40 + nq)
+    B, Hq, H, d, N, k = 2, 8, 2, 32, 300, 40
+    q, lm = torch.randn(B, nq, Hq, d, generator=g), torch.randn(B, H, N, d, generator=g)
+    s32, p32, G = fastselect._landmark_pass1(q, lm, splits=3, scores=torch.float32)
+    s16, p16, _ = fastselect._landmark_pass1(q, lm, splits=3)
+    assert s16.dtype == torch.float16 and torch.equal(p16, p32)
+    rows = [t * triton.next_power_of_2(G) + g for t in range(nq) for g in range(G)]   # the rows pass 1 writes
+    BM = fastselect._block_m(nq, G)
+    assert torch.equal(s16.view(B * H, BM, N)[:, rows], s32.view(B * H, BM, N)[:, rows].half())
+    want = fastselect.topk_from_scratch_ref(s16, p16, B, H, nq, G, N, k)
+    for method in ("seg", "stream", "bits"):
+        got = fastselect.topk_from_scratch(s16, p16, B, H, nq, G, N, k, method=method,
+                                           **(dict(seg=64) if method == "seg" else {}))
+        assert torch.equal(got, want), method
+
+
+def test_stored_scores_dtype_checked():
+    q, lm = torch.randn(1, 1, 4, 32), torch.randn(1, 1, 64, 32)
+    with pytest.raises(ValueError, match="stored scores"):
+        fastselect.select_topk(q, lm, 8, scores=torch.bfloat16)
 
 
 @pytest.mark.parametrize("nq", [1, 2])
@@ -258,9 +298,9 @@ def test_select_topk_gpu(nq):
     B, Hq, H, d, N, k = 4, 32, 8, 128, 16384, 256
     q = torch.randn(B, nq, Hq, d, device="cuda", generator=g).bfloat16()
     lm = torch.randn(B, H, N, d, device="cuda", generator=g).bfloat16()
-    got = fastselect.select_topk(q, lm, k)
+    got = fastselect.select_topk(q, lm, k, scores=torch.float32)
     from kernels.select import score_chunks
-    probs = score_chunks(q, lm)          # the same pass 1 and normaliser
+    probs = score_chunks(q, lm)          # the same pass 1 and normaliser (fp32 stored scores)
     assert (got.diff(dim=-1) > 0).all()
     want = probs.topk(k, dim=-1).values.sort(-1).values
     have = probs.gather(-1, got.long()).sort(-1).values

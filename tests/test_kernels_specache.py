@@ -95,6 +95,21 @@ def test_specache_rows_8_and_16_agree_cpu(nq, chunk):
                               rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("nq", [1, 2])
+def test_specache_fp16_scores_are_rounded_fp32(nq):
+    """The engine's fp16 stored chunk maxima are the fp32 ones rounded; the normalisers are unchanged."""
+    from kernels.specache import spec_pass1
+    g = torch.Generator().manual_seed(60 + nq)
+    B, Hq, H, T, d, chunk = 2, 8, 2, 384, 32, 8
+    qk = quantize_keys_2bit(torch.randn(B, H, T, d, generator=g))
+    q = torch.randn(B, nq, Hq, d, generator=g)
+    s32, p32 = spec_pass1(q, qk, chunk, splits=2)
+    s16, p16 = spec_pass1(q, qk, chunk, splits=2, scores=torch.float16)
+    rows = nq * 4
+    assert s16.dtype == torch.float16 and torch.equal(p16, p32)
+    assert torch.equal(s16.view(B * H, 8, -1)[:, :rows], s32.view(B * H, 8, -1)[:, :rows].half())
+
+
 def test_specache_rows_rejected():
     from ddbench.core.errors import DDBenchError
     from kernels.specache import spec_block_m

@@ -33,7 +33,7 @@ import torch
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
 from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope_tables
-from kernels.engine.fastselect import fused_plan_fits
+from kernels.engine.fastselect import SCORES, fused_plan_fits
 from kernels.engine.rowcand import select_topk_rowcand
 from kernels.engine.transfer import (Sched, gather_slots, gather_slots_ref, perturb, perturb_fast, plan_misses,
                                      plan_buffers, plan_misses_fast)
@@ -212,6 +212,8 @@ class Engine:
         # landmark selection from per-row candidates (rowcand.py): off, measured slower; devcheck_rowcand
         # switches it on for its A/B
         self.rowcand = False
+        # dtype of pass 1's stored scores (fastselect.SCORES, fp16); devcheck_scores sets fp32 for its A/B
+        self.scores = SCORES
         self.sched = Sched(self.dev, urgent_priority=s.urgent_priority, log=log)
         self.gen = torch.Generator(device=self.dev).manual_seed(cfg.seed + 1)
         self.g = 0                       # generated tokens persisted so far (host mirror, eager only)
@@ -491,6 +493,8 @@ class Engine:
     def _select(self, i, q, **kw):
         s = self.sys
         with nvtx_range("select"):   # ids [B, nq, H, k], ascending (or into kw["out"])
+            if not self.ref and not (s.landmarks and self.rowcand):
+                kw["scores"] = self.scores
             if s.landmarks:
                 sel = select_topk_rowcand if self.rowcand else self.ops.select
                 return self._map(lambda t: sel(t.contiguous(), self.lm[i], self.kc, **kw), q)

@@ -77,6 +77,9 @@ from kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
 
 MAX_CAP = 8192          # candidate buffer (entries) of the stream kernel; larger k: bits
 STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see kernels/engine/README.md)
+# pass 1's stored scores (log2 domain): fp16 halves their write and the top-k's read of them (the
+# largest traffic of the selection after the landmarks: 8 rows x N per KV head with two tokens)
+SCORES = torch.float16
 MAX_MERGE = 16384       # "seg": most candidates (power of two) stage 2 holds in registers; more: bits
 SEG_MAX = 4096          # "seg": longest segment (chunks) of stage 1
 SEG_MIN = 2048          # "seg": shortest default segment (batch 1 at 32K: 2048 with 8 warps measured fastest)
@@ -145,7 +148,7 @@ def _bits_topk_kernel(scratch, pml, out, out1, N, H, G, NQ, n_split, K,
         if g < G:
             r = t * GP + g
             m, inv = _row_norm(pml, bh, n_split, r, BLOCK_M, SP)
-            s = tl.load(sb + r * N + n, mask=nv, other=float("-inf"))
+            s = tl.load(sb + r * N + n, mask=nv, other=float("-inf")).to(tl.float32)
             p = tl.maximum(p, tl.exp2(s - m) * inv)
     bits = p.to(tl.int32, bitcast=True)
     bits = tl.where(nv, bits, -1)       # padding is never chosen
@@ -239,7 +242,7 @@ def _stream_topk_kernel(scratch, pml, out, out1, buf, N, H, G, NQ, n_split, K,
     for n0 in range(0, N, BLK):
         n = n0 + tl.arange(0, BLK)
         nv = n < N
-        s = tl.load(sb + n[None, :], mask=gv[:, None] & nv[None, :], other=float("-inf"))
+        s = tl.load(sb + n[None, :], mask=gv[:, None] & nv[None, :], other=float("-inf")).to(tl.float32)
         e = tl.exp2(s - mv[:, None]) * iv[:, None]         # rows g >= G: exp2(-inf) * 0 = 0
         bits = tl.max(e, 0).to(tl.int32, bitcast=True)
         keep = nv & (bits > T)
@@ -390,7 +393,7 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
     sb = scratch + bh.to(tl.int64) * BLOCK_M * N + (t * GP + gg).to(tl.int64)[:, None] * N
     n = s * SEG + tl.arange(0, SEG)
     nv = n < N
-    x = tl.load(sb + n[None, :], mask=gv[:, None] & nv[None, :], other=float("-inf"))
+    x = tl.load(sb + n[None, :], mask=gv[:, None] & nv[None, :], other=float("-inf")).to(tl.float32)
     e = tl.exp2(x - mv[:, None]) * iv[:, None]             # rows g >= G: exp2(-inf) * 0 = 0
     bits = tl.where(nv, tl.max(e, 0).to(tl.int32, bitcast=True), -1)
     ci = (row * S + s).to(tl.int64)
@@ -603,6 +606,12 @@ def _plan_args(plan, B, H, N, k, o0):
     return (pred, mp.count, mp.bh, mp.chunk, mp.slot, mp.assembled), dict(PLAN=True, KP=KP, LOG_KP=KP.bit_length() - 1)
 
 
+def _score_dtype(scores):
+    if scores not in (torch.float16, torch.float32):
+        raise ValueError(f"stored scores must be torch.float16 or torch.float32, got {scores}")
+    return scores
+
+
 def probs_from_scratch_ref(scratch, pml, B, H, nq, G, N, block_m=None):
     """Torch twin of the kernels' group-max probabilities [B*H, nq, N] (fp32, the same formula; on the
     GPU tl.exp2 may differ from torch.exp2 in the last bits)."""
@@ -618,7 +627,7 @@ def probs_from_scratch_ref(scratch, pml, B, H, nq, G, N, block_m=None):
             pm, pl = st[:, :, r, 0], st[:, :, r, 1]
             m = pm.max(-1, keepdim=True).values
             inv = 1.0 / (pl * torch.exp2(pm - m)).sum(-1, keepdim=True)
-            p[:, t] = torch.maximum(p[:, t], torch.exp2(sc[:, r] - m) * inv)
+            p[:, t] = torch.maximum(p[:, t], torch.exp2(sc[:, r].float() - m) * inv)
     return p
 
 
@@ -632,15 +641,15 @@ def topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k, block_m=None):
     return ids.view(B, H, nq, k).transpose(1, 2).contiguous()
 
 
-def select_topk(q, lm, k, *, block_n=64, splits=None, **topk_kw):
+def select_topk(q, lm, k, *, block_n=64, splits=None, scores=SCORES, **topk_kw):
     B, nq, Hq, d, H, N = _check(q, lm)
     if not 0 < k <= N:
         raise ValueError(f"budget of {k} chunks must be within 1..{N} landmarks")
-    scratch, pml, G = _landmark_pass1(q, lm, block_n=block_n, splits=splits)
+    scratch, pml, G = _landmark_pass1(q, lm, block_n=block_n, splits=splits, scores=scores)
     return topk_from_scratch(scratch, pml, B, H, nq, G, N, k, **topk_kw)
 
 
-def _landmark_pass1(q, lm, *, block_n=64, splits=None):
+def _landmark_pass1(q, lm, *, block_n=64, splits=None, scores=SCORES):
     B, nq, Hq, d, H, N = _check(q, lm)
     G = Hq // H
     GP = triton.next_power_of_2(G)
@@ -650,7 +659,7 @@ def _landmark_pass1(q, lm, *, block_n=64, splits=None):
         splits = max(1, min(triton.cdiv(4 * sms, B * H), N // PASS1_MIN_SPLIT))
     split_len = triton.cdiv(triton.cdiv(N, splits), block_n) * block_n
     n_split = triton.cdiv(N, split_len)
-    scratch = torch.empty(B * H * BLOCK_M * N, device=q.device, dtype=torch.float32)
+    scratch = torch.empty(B * H * BLOCK_M * N, device=q.device, dtype=_score_dtype(scores))
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
     _score_pass1[(B * H, n_split)](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
                                    H, G, nq, n_split, split_len, LOG2E / math.sqrt(d),
@@ -658,11 +667,11 @@ def _landmark_pass1(q, lm, *, block_n=64, splits=None):
     return scratch, pml, G
 
 
-def specache_select_topk(q, qk, chunk, k, *, rows=None, splits=None, **topk_kw):
+def specache_select_topk(q, qk, chunk, k, *, rows=None, splits=None, scores=SCORES, **topk_kw):
     from kernels.specache import spec_block_m, spec_pass1
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
-    scratch, pml = spec_pass1(q, qk, chunk, rows=rows, splits=splits)
+    scratch, pml = spec_pass1(q, qk, chunk, rows=rows, splits=splits, scores=_score_dtype(scores))
     return topk_from_scratch(scratch, pml, B, H, nq, Hq // H, qk.tokens // chunk, k,
                              block_m=spec_block_m(nq, Hq // H, rows=rows), **topk_kw)
 

@@ -1,0 +1,136 @@
+"""fp16 against fp32 stored scores in the engine's selection: kernels alone and whole steps (H200).
+
+    PYTHONPATH=. python -m kernels.engine.devcheck_scores [--reps 3] [--out FILE.json] [--skip-engine]
+
+Pass 1 stores the raw (log2-domain) scores of the group's rows, which the top-k reads back: with two
+query tokens 8 rows x N per KV head, the selection's largest traffic after the landmarks. fp16 halves
+it (fastselect.SCORES).
+(a) Kernels: landmark selection (fastselect.select_topk) of Llama-3-8B heads (32 q / 8 KV, d = 128),
+    budget 256 chunks, one and two tokens, and SpeCache's (specache_select_topk, 2-bit keys, chunk 8),
+    on fresh random bf16 inputs: the share of ids both dtypes choose, then CUDA-graph timings (2 input
+    sets alternated, median of 20 replays), `--reps` times interleaved.
+(b) Engine: DualDecoder, its single-token step and SpeCache, compute only (CUDA graph, the model's own
+    selection), each engine built once and captured with `Engine.scores` fp32 and fp16 in turn, `--reps`
+    times; dual / single with each.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+
+import torch
+
+KERNEL_POINTS = ((32768, 16), (131072, 16), (131072, 64))
+ENGINE_POINTS = ((32768, 64), (131072, 16), (131072, 64))
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
+def _shared(a, b, k):
+    """Mean share of a row's k ids that both selections hold."""
+    hits = (a.unsqueeze(-1) == b.unsqueeze(-2)).any(-1).sum(-1)
+    return float(hits.float().mean()) / k
+
+
+def kernels(reps, rows):
+    from kernels.engine import fastselect
+    from kernels.specache import random_quant_keys
+    from kernels.timing import capture_graph, event_times
+    g = torch.Generator(device="cuda").manual_seed(7)
+    k = 256
+    for ctx, B in KERNEL_POINTS:
+        N = ctx // 8
+        for method, nq in (("landmarks", 1), ("landmarks", 2), ("specache", 2)):
+            if method == "landmarks":
+                sets = [(torch.randn(B, nq, 32, 128, device="cuda", generator=g).to(torch.bfloat16),
+                         torch.randn(B, 8, N, 128, device="cuda", generator=g).to(torch.bfloat16)) for _ in range(2)]
+
+                def fn(s, dt):
+                    return fastselect.select_topk(*s, k, scores=dt)
+            else:
+                sets = [(torch.randn(B, nq, 32, 128, device="cuda", generator=g).to(torch.bfloat16),
+                         random_quant_keys(B, 8, ctx, 128, generator=g)) for _ in range(2)]
+
+                def fn(s, dt):
+                    return fastselect.specache_select_topk(*s, 8, k, scores=dt)
+            shared = _shared(fn(sets[0], torch.float32), fn(sets[0], torch.float16), k)
+            for rep in range(reps):
+                t = {}
+                for name, dt in DTYPES.items():
+                    calls = [lambda s=s, dt=dt: fn(s, dt) for s in sets]
+                    graph = capture_graph(lambda: [c() for c in calls for _ in range(2)], calls)
+                    t[name] = statistics.median(event_times(graph.replay, 20, warmup=3, per_call=4))
+                rows.append(dict(part="kernels", method=method, context=ctx, batch=B, nq=nq, rep=rep,
+                                 fp32_ms=t["fp32"], fp16_ms=t["fp16"], fp32_over_fp16=t["fp32"] / t["fp16"],
+                                 ids_shared=shared))
+                print(f"kernels {method:9s} {ctx:6d} B={B:3d} nq={nq} rep {rep}: fp32 {t['fp32'] * 1e3:8.1f} us, "
+                      f"fp16 {t['fp16'] * 1e3:8.1f} us ({t['fp32'] / t['fp16']:.3f}); ids shared {shared:.4f}",
+                      flush=True)
+            del sets
+            torch.cuda.empty_cache()
+
+
+def engine(reps, rows, hbm):
+    from ddbench.core.catalog import get_model
+    from kernels.engine.bench import run_point
+    from kernels.engine.model import Weights
+    from kernels.timing import event_times
+    model = get_model("llama-3-8b")
+    weights = Weights.random(model, "cuda", seed=0)
+    for ctx, B in ENGINE_POINTS:
+        t = {}
+        for design in ("dualdecoder-single", "dualdecoder", "specache"):
+            r = run_point(model, weights, None, design, ctx, B, miss_rate=None, transfers=False, graph=True,
+                          reps=5, hbm=hbm, keep=True)
+            if not isinstance(r, tuple):
+                print(f"engine {design} {ctx}:{B}: {r['status']}", flush=True)
+                continue
+            row, e = r
+            for rep in range(reps):
+                for name, dt in DTYPES.items():
+                    e.scores = dt
+                    e.capture(2)
+                    t[(design, name, rep)] = statistics.median(event_times(e.replay, 5, warmup=1, per_call=2))
+                rows.append(dict(part="engine", design=design, context=ctx, batch=B, rep=rep,
+                                 fp32_ms=t[(design, "fp32", rep)], fp16_ms=t[(design, "fp16", rep)],
+                                 floor_ms=row["floor_ms"]))
+                print(f"engine {design:18s} {ctx:6d} B={B:3d} rep {rep}: fp32 {t[(design, 'fp32', rep)]:.3f} ms, "
+                      f"fp16 {t[(design, 'fp16', rep)]:.3f} ms, floor {row['floor_ms']:.3f} ms", flush=True)
+            del e, r
+            gc.collect()
+            torch.cuda.empty_cache()
+        for rep in range(reps):
+            if all((d, n, rep) in t for d in ("dualdecoder-single", "dualdecoder") for n in DTYPES):
+                ratio = {n: t[("dualdecoder", n, rep)] / t[("dualdecoder-single", n, rep)] for n in DTYPES}
+                rows.append(dict(part="dual/single", context=ctx, batch=B, rep=rep, **ratio))
+                print(f"engine dual/single {ctx:6d} B={B:3d} rep {rep}: fp32 {ratio['fp32']:.3f}, "
+                      f"fp16 {ratio['fp16']:.3f}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--skip-engine", action="store_true")
+    a = ap.parse_args(argv)
+    from kernels.timing import devcheck_refusal
+    if (err := devcheck_refusal("devcheck_scores", a.reps)):
+        print(err, file=sys.stderr)
+        return 2
+    from kernels.engine.bench import hbm_gbps
+    from kernels.timing import provenance
+    hbm = hbm_gbps()
+    rows = []
+    kernels(a.reps, rows)
+    if not a.skip_engine:
+        engine(a.reps, rows, hbm)
+    if a.out:
+        from ddbench.core.io import write_json
+        write_json(a.out, dict(provenance=provenance("python -m kernels.engine.devcheck_scores"), hbm_copy_gbps=hbm,
+                               rows=rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
