@@ -1,6 +1,6 @@
 """fp16 against fp32 stored scores in the engine's selection: kernels alone and whole steps (H200).
 
-    PYTHONPATH=. python -m kernels.engine.devcheck_scores [--reps 3] [--out FILE.json] [--skip-engine]
+    PYTHONPATH=. python -m kernels.engine.devcheck_scores [--reps 3] [--out FILE.json] [--skip-engine | --topk-grid]
 
 Pass 1 stores the raw (log2-domain) scores of the group's rows, which the top-k reads back: with two
 query tokens 8 rows x N per KV head, the selection's largest traffic after the landmarks. fp16 halves
@@ -12,6 +12,7 @@ it (fastselect.SCORES).
 (b) Engine: DualDecoder, its single-token step and SpeCache, compute only (CUDA graph, the model's own
     selection), each engine built once and captured with `Engine.scores` fp32 and fp16 in turn, `--reps`
     times; dual / single with each.
+--topk-grid: instead, the seg top-k's segment, cuts and warps on fp16 pass-1 output (see topk_grid).
 """
 from __future__ import annotations
 
@@ -71,6 +72,54 @@ def kernels(reps, rows):
             torch.cuda.empty_cache()
 
 
+def topk_grid(rows):
+    """The seg top-k's parameters on fp16 pass-1 output (real landmark scores), two tokens with the
+    fused miss plan as the engine runs it, and one token: every (segment, cuts, warps) once, then the
+    default and the fastest three again, 3 times interleaved."""
+    import itertools
+    from kernels.engine import fastselect
+    from kernels.engine.transfer import plan_buffers
+    from kernels.timing import capture_graph, event_times
+    g = torch.Generator(device="cuda").manual_seed(8)
+    k = 256
+    for ctx, B, nq in ((131072, 64, 2), (131072, 64, 1), (32768, 64, 2), (131072, 16, 2)):
+        N = ctx // 8
+        q = torch.randn(B, nq, 32, 128, device="cuda", generator=g).to(torch.bfloat16)
+        lm = torch.randn(B, 8, N, 128, device="cuda", generator=g).to(torch.bfloat16)
+        sc, pml, G = fastselect._landmark_pass1(q, lm)
+        pred = torch.rand(B * 8, N, device="cuda", generator=g).topk(k).indices.sort(-1).values
+        pred = pred.to(torch.int32).view(B, 8, k)
+        plan = (pred, plan_buffers(B, 8, k, q.device)) if nq == 2 else None
+        outs = tuple(torch.empty(B, 8, k, device="cuda", dtype=torch.int32) for _ in range(nq))
+        want = fastselect.topk_from_scratch(sc, pml, B, 8, nq, G, N, k)
+
+        def timed(cfg):
+            fn = lambda: fastselect.topk_from_scratch(sc, pml, B, 8, nq, G, N, k, out=outs, plan=plan, **cfg)  # noqa: E731
+            fn()
+            same = all(torch.equal(o, want[:, t]) for t, o in enumerate(outs))
+            graph = capture_graph(lambda: [fn() for _ in range(4)], [fn])
+            return statistics.median(event_times(graph.replay, 20, warmup=3, per_call=4)), same
+
+        grid = [dict(seg=s, cuts=c, num_warps=w) for s, c, w in itertools.product((2048, 4096, 8192), (1, 2, 3), (4, 8))]
+        first = []
+        for cfg in [{}] + grid:
+            try:
+                first.append((timed(cfg)[0], cfg))
+            except Exception as exc:  # noqa: BLE001  (a config that does not compile or fit is recorded)
+                rows.append(dict(part="topk-grid", context=ctx, batch=B, nq=nq, config=str(cfg),
+                                 error=str(exc).splitlines()[0][:200]))
+        best = [c for _, c in sorted(first, key=lambda x: x[0]) if c][:3]
+        for rep in range(3):
+            for cfg in [{}] + best:
+                ms, same = timed(cfg)
+                rows.append(dict(part="topk-grid", context=ctx, batch=B, nq=nq, config=str(cfg or "default"),
+                                 rep=rep, ms=ms, same_ids=same))
+                print(f"topk-grid {ctx:6d} B={B:3d} nq={nq} {str(cfg or 'default'):45s} rep {rep}: "
+                      f"{ms * 1e3:8.1f} us  same ids {same}", flush=True)
+        del q, lm, sc, pml
+        torch.cuda.empty_cache()
+
+
 def engine(reps, rows, hbm):
     from ddbench.core.catalog import get_model
     from kernels.engine.bench import run_point
@@ -113,6 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--topk-grid", action="store_true", help="only the seg top-k's parameter grid on fp16 scores")
     a = ap.parse_args(argv)
     from kernels.timing import devcheck_refusal
     if (err := devcheck_refusal("devcheck_scores", a.reps)):
@@ -122,8 +172,11 @@ def main(argv=None) -> int:
     from kernels.timing import provenance
     hbm = hbm_gbps()
     rows = []
-    kernels(a.reps, rows)
-    if not a.skip_engine:
+    if a.topk_grid:
+        topk_grid(rows)
+    else:
+        kernels(a.reps, rows)
+    if not a.skip_engine and not a.topk_grid:
         engine(a.reps, rows, hbm)
     if a.out:
         from ddbench.core.io import write_json
