@@ -146,12 +146,10 @@ def test_seg_geometry():
     dev = torch.device("cpu")                 # 4 'SMs' off the GPU
     seg, S, KK, CP = fastselect._seg_geometry(1, 1, 1, 16384, 256, None, dev)
     assert seg == fastselect.SEG_MIN and KK == 512 and CP == triton.next_power_of_2(S * KK) <= fastselect.MAX_MERGE
-    assert fastselect._seg_geometry(64, 8, 2, 16384, 256, None, dev)[:3] == (8192, 2, 512)
-    assert fastselect._seg_geometry(1, 8, 2, 16384, 256, None, dev)[:2] == (4096, 4)    # batch 1, 128K
+    assert fastselect._seg_geometry(64, 8, 2, 16384, 256, None, dev)[:3] == (fastselect.SEG_MAX, 4, 512)
     assert fastselect._seg_geometry(1, 8, 2, 4096, 256, None, dev)[:2] == (2048, 2)     # batch 1, 32K
     assert fastselect._seg_warps(2048, 32) == 8 and fastselect._seg_warps(2048, 4096) == 4
-    assert fastselect._seg_warps(8192, 4096) == 4 and fastselect._seg_warps(4096, 64) == 8
-    assert fastselect._seg_warps(64, 1) == 1
+    assert fastselect._seg_warps(4096, 4096) == 8 and fastselect._seg_warps(64, 1) == 1
     assert fastselect._seg_geometry(1, 1, 1, 100, 256, None, dev)[:3] == (128, 1, 128)   # k > N's segment
     assert fastselect._seg_geometry(64, 8, 2, 16384, 256, 1024, dev)[:3] == (1024, 16, 512)
     assert fastselect._seg_geometry(64, 8, 2, 16384, 256, 1024, dev, slots=300)[:3] == (1024, 16, 300)

@@ -45,7 +45,7 @@ MAX_MERGE candidates, i.e. k close to N at large N): the whole row in registers,
 search on the bits over all N entries.
 
 "seg" (two kernels, the default): stage 1 (`_seg_topk_kernel`) runs one program per (row, segment of
-`seg` chunks; 8192, halved down to 2048 while there are few rows), so even batch 1 has 64 programs: the segment's
+`seg` chunks; 4096, or 2048 when there are few rows), so even batch 1 has 64 programs: the segment's
 group-max probabilities in registers, then a coarse cut: T rises from the segment's smallest value by
 a search that counts `cuts` (default 2) evenly spaced thresholds per reduction (16-bit fields of one
 sum) and stops as soon as at most `slots` (default 2 k) chunks are >= T (at least k are). Those
@@ -81,8 +81,8 @@ STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see k
 # largest traffic of the selection after the landmarks: 8 rows x N per KV head with two tokens)
 SCORES = torch.float16
 MAX_MERGE = 16384       # "seg": most candidates (power of two) stage 2 holds in registers; more: bits
-SEG_MAX = 8192          # "seg": longest segment (chunks) of stage 1 (8192 with 4 warps: 5-10 % faster than
-                        # 4096 with 8 at 128K, batch 16 / 64, fp16 scores; devcheck-topk-grid.json)
+SEG_MAX = 4096          # "seg": longest segment (chunks) of stage 1 (8192 with 4 warps: 5-10 % faster alone,
+                        # with the scores warm in L2, but no faster in the engine's steps; kernels/engine/README.md)
 SEG_MIN = 2048          # "seg": shortest default segment (batch 1 at 32K: 2048 with 8 warps measured fastest)
 SEG_PROGRAMS = 64       # "seg": segments halve while stage 1 would have fewer programs than this
 SEG_FEW = 128           # "seg": stage 1 with fewer programs than this runs 8 warps each (shorter search latency)
@@ -497,12 +497,11 @@ def _seg_geometry(B, H, nq, N, k, seg, device, slots=None):
 
 
 def _seg_warps(seg, programs):
-    """Warps of a stage-1 program: 8 when there are few programs, else 4 (measured on the H200: 8 warps
-    at batch 1, 4 at batch 16 / 64 for 2048 chunks, and for 8192 at 128K, batch 16 / 64, where 4096
-    chunks with 8 warps were 5-10 % slower; devcheck-topk-grid.json)."""
+    """Warps of a stage-1 program: 4 up to 2048 chunks, 8 for longer segments or when there are few
+    programs (measured on the H200: 8 warps at batch 1, 4 at batch 16 / 64 for 2048 chunks)."""
     if seg < 256:
         return max(1, seg // 64)
-    return 8 if programs < SEG_FEW else 4
+    return 8 if seg > 2048 or programs < SEG_FEW else 4
 
 
 def _outputs(out, B, H, nq, k, device):
