@@ -33,9 +33,12 @@ compiled kernel. In the CPU interpreter the tiles are upcast to fp32 before tl.d
 wrong in triton 3.9; the upcast is exact and the products are exact in fp32).
 
 Floor: the weight bytes K x N x 2 at the HBM copy rate (4277 GB/s on the H200: qkv 11.8 us, o 7.8,
-gate_up 54.9, down 27.5). Measured: nothing yet. `default_config` and the constants of `model_us`
-are an untuned guess until `python -m kernels.engine.devcheck_skinny` has run on the device; the
-measured winners replace them.
+gate_up 54.9, down 27.5). Measured on the H200 (`python -m kernels.engine.devcheck_skinny --quick`,
+traces/engine/h200/devcheck-skinny.json, the best of about 12 configurations per point against
+cuBLAS, 3 repetitions): faster at 4 of 12 points only, the o-projection at 2 and 32 rows by 7-10 %
+(12.1 against 13.3 us) and down at 2 and 32 rows by 1 %; 7-13 % slower on qkv, 5-10 % on gate_up, and
+on o at 128 rows. The engine keeps cuBLAS (kernels/engine/README.md). `default_config` and the
+constants of `model_us` are the untuned first guess; the sweep's winners are in that file.
 """
 
 from __future__ import annotations
