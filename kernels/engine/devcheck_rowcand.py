@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 
@@ -84,43 +83,14 @@ def kernel_split(rows):
 
 
 def engine(reps, rows, hbm):
-    from ddbench.core.catalog import get_model
-    from kernels.engine.bench import run_point
-    from kernels.engine.model import Weights
+    from kernels.engine.engine_ab import engine_ab
     from kernels.engine.rowcand import rowcand_fits
-    from kernels.timing import event_times
-    model = get_model("llama-3-8b")
-    weights = Weights.random(model, "cuda", seed=0)
-    for ctx, B in ENGINE_POINTS:
-        t = {}
-        for design in ("dualdecoder-single", "dualdecoder"):
-            r = run_point(model, weights, None, design, ctx, B, miss_rate=None, transfers=False, graph=True,
-                          reps=5, hbm=hbm, keep=True)
-            if not isinstance(r, tuple):
-                print(f"engine {design} {ctx}:{B}: {r['status']}", flush=True)
-                continue
-            row, e = r
-            if not rowcand_fits(B, e.H, e.nq, e.Hq // e.H, e.N, e.kc, device=e.dev):
-                print(f"engine {design} {ctx}:{B}: row candidates do not fit", flush=True)
-                continue
-            for rep in range(reps):
-                for rc in (False, True):
-                    e.rowcand = rc
-                    e.capture(2)
-                    t[(design, rc, rep)] = statistics.median(event_times(e.replay, 5, warmup=1, per_call=2))
-                rows.append(dict(part="engine", design=design, context=ctx, batch=B, rep=rep,
-                                 seg_ms=t[(design, False, rep)], rowcand_ms=t[(design, True, rep)],
-                                 floor_ms=row["floor_ms"]))
-                print(f"engine {design:18s} {ctx:6d} B={B:3d} rep {rep}: seg {t[(design, False, rep)]:.3f} ms, rowcand "
-                      f"{t[(design, True, rep)]:.3f} ms, floor {row['floor_ms']:.3f} ms", flush=True)
-            del e, r
-            gc.collect()
-            torch.cuda.empty_cache()
-        for rep in range(reps):
-            if all((d, rc, rep) in t for d in ("dualdecoder-single", "dualdecoder") for rc in (False, True)):
-                print(f"engine dual/single {ctx:6d} B={B:3d} rep {rep}: seg "
-                      f"{t[('dualdecoder', False, rep)] / t[('dualdecoder-single', False, rep)]:.3f}, rowcand "
-                      f"{t[('dualdecoder', True, rep)] / t[('dualdecoder-single', True, rep)]:.3f}", flush=True)
+
+    def fits(e):
+        return rowcand_fits(e.B, e.H, e.nq, e.Hq // e.H, e.N, e.kc, device=e.dev)
+    engine_ab(rows, hbm, ENGINE_POINTS, ("dualdecoder-single", "dualdecoder"),
+              {"seg": lambda e: setattr(e, "rowcand", False), "rowcand": lambda e: setattr(e, "rowcand", True)},
+              reps, fits)
 
 
 def main(argv=None) -> int:

@@ -17,7 +17,6 @@ it (fastselect.SCORES).
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 
@@ -121,40 +120,12 @@ def topk_grid(rows):
 
 
 def engine(reps, rows, hbm):
-    from ddbench.core.catalog import get_model
-    from kernels.engine.bench import run_point
-    from kernels.engine.model import Weights
-    from kernels.timing import event_times
-    model = get_model("llama-3-8b")
-    weights = Weights.random(model, "cuda", seed=0)
-    for ctx, B in ENGINE_POINTS:
-        t = {}
-        for design in ("dualdecoder-single", "dualdecoder", "specache"):
-            r = run_point(model, weights, None, design, ctx, B, miss_rate=None, transfers=False, graph=True,
-                          reps=5, hbm=hbm, keep=True)
-            if not isinstance(r, tuple):
-                print(f"engine {design} {ctx}:{B}: {r['status']}", flush=True)
-                continue
-            row, e = r
-            for rep in range(reps):
-                for name, dt in DTYPES.items():
-                    e.scores = dt
-                    e.capture(2)
-                    t[(design, name, rep)] = statistics.median(event_times(e.replay, 5, warmup=1, per_call=2))
-                rows.append(dict(part="engine", design=design, context=ctx, batch=B, rep=rep,
-                                 fp32_ms=t[(design, "fp32", rep)], fp16_ms=t[(design, "fp16", rep)],
-                                 floor_ms=row["floor_ms"]))
-                print(f"engine {design:18s} {ctx:6d} B={B:3d} rep {rep}: fp32 {t[(design, 'fp32', rep)]:.3f} ms, "
-                      f"fp16 {t[(design, 'fp16', rep)]:.3f} ms, floor {row['floor_ms']:.3f} ms", flush=True)
-            del e, r
-            gc.collect()
-            torch.cuda.empty_cache()
-        for rep in range(reps):
-            if all((d, n, rep) in t for d in ("dualdecoder-single", "dualdecoder") for n in DTYPES):
-                ratio = {n: t[("dualdecoder", n, rep)] / t[("dualdecoder-single", n, rep)] for n in DTYPES}
-                rows.append(dict(part="dual/single", context=ctx, batch=B, rep=rep, **ratio))
-                print(f"engine dual/single {ctx:6d} B={B:3d} rep {rep}: fp32 {ratio['fp32']:.3f}, "
-                      f"fp16 {ratio['fp16']:.3f}", flush=True)
+    from kernels.engine.engine_ab import engine_ab
+
+    def scores(dt):
+        return lambda e: setattr(e, "scores", dt)
+    engine_ab(rows, hbm, ENGINE_POINTS, ("dualdecoder-single", "dualdecoder", "specache"),
+              {name: scores(dt) for name, dt in DTYPES.items()}, reps)
 
 
 def main(argv=None) -> int:
