@@ -41,9 +41,9 @@ def engine_ab(rows, hbm, points, designs, variants, reps, fits=None):
                     apply(e)
                     e.capture(2)
                     t[(design, name, rep)] = statistics.median(event_times(e.replay, 5, warmup=1, per_call=2))
-                ms = {f"{n}_ms": t[(design, n, rep)] for n in variants}
-                rows.append(dict(part="engine", design=design, context=ctx, batch=B, rep=rep, **ms,
-                                 floor_ms=row["floor_ms"]))
+                ms = {n: t[(design, n, rep)] for n in variants}
+                rows.append(dict(part="engine", design=design, context=ctx, batch=B, rep=rep,
+                                 **{f"{n}_ms": v for n, v in ms.items()}, floor_ms=row["floor_ms"]))
                 print(f"engine {design:18s} {ctx:6d} B={B:3d} rep {rep}: "
                       + ", ".join(f"{n} {v:.3f} ms" for n, v in ms.items()) + f", floor {row['floor_ms']:.3f} ms",
                       flush=True)
