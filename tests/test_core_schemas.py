@@ -63,6 +63,13 @@ def test_engine_rows_not_ok_may_leave_measurements_empty(tmp_path):
     assert df.batch.tolist() == [4, 64] and df.context.dtype.kind == "i"
 
 
+def test_engine_git_sha_stays_text(tmp_path):
+    """A sha of digits and one 'e' (0996e93, the 2026-11-30 sweep) is text, not 9.96e+95."""
+    from ddbench.core.traces import provenance
+    df = load_engine(_write(tmp_path, "engine.csv", ENGINE_HEAD + ENGINE_OK.replace(",abc,", ",0996e93,")))
+    assert df.git_sha.tolist() == ["0996e93"] and "git 0996e93" in provenance(df)
+
+
 KERNEL = ("schema,kernel,variant,batch,bytes,latency_ms,gpu,git_sha,date_utc\n"
           "1,gather,uva,8,4096,0.5,H200,abc,2026\n")
 

@@ -103,18 +103,19 @@ def test_reuse_fetch_bundle_derived_hand_computed():
 
 
 def test_fitted_reuse_fetch_reproduces_the_records():
-    """The committed bundle's reuse_fetch records (engine sweep 427b6a6, 24 records) are fitted as
+    """The committed bundle's reuse_fetch records (engine sweep 0996e93, 24 records) are fitted as
     fixed + copy at a fitted rate + rounds x (hit (1 - p) + miss p + mix p (1 - p)); the fit reproduces
-    every record within its stated max |relative residual| (14.0 %, batch 4 with no misses: the spare
-    in L2), within 7 % at every record with misses and within 5.5 % from batch 2 up."""
+    every record within its stated max |relative residual| (14.7 %, batch 4 with no misses: the spare
+    in L2), within 8.5 % at every record with misses (batch 1, 25 %: -8.2 %) and within 5.5 % from
+    batch 2 up."""
     from ddbench.core.calibration import load_bundle
     cm = cost_model("llama-3-8b", "h200", "pcie5")
     recs = load_bundle(str(traces_dir("calibration", "h200"))).rows["reuse_fetch"]
     assert len(recs) == 24 and cm.reuse_fetch_model(2048, 32, 2) == "fitted"
     fit = cm.reuse_fits[(2048, 32, 2)]
-    assert fit.records == 24 and fit.max_rel_residual == pytest.approx(0.1397, abs=5e-4)
-    assert fit.fixed_s == pytest.approx(51.33e-6, rel=2e-3) and fit.copy_Bps == pytest.approx(1798e9, rel=2e-3)
-    assert (fit.hit_s, fit.miss_s, fit.mix_s) == pytest.approx((0.799e-6, 2.916e-6, 1.489e-6), rel=2e-3)
+    assert fit.records == 24 and fit.max_rel_residual == pytest.approx(0.1469, abs=5e-4)
+    assert fit.fixed_s == pytest.approx(51.62e-6, rel=2e-3) and fit.copy_Bps == pytest.approx(1749e9, rel=2e-3)
+    assert (fit.hit_s, fit.miss_s, fit.mix_s) == pytest.approx((0.820e-6, 2.941e-6, 1.449e-6), rel=2e-3)
     worst = 0.0
     for r in recs:
         t = cm.reuse_fetch_s(r["slots"], r["chunk_bytes"], r["programs"], r["items"], r["miss_chunks"] / r["slots"])
@@ -122,13 +123,13 @@ def test_fitted_reuse_fetch_reproduces_the_records():
         worst = max(worst, e)
         assert e <= fit.max_rel_residual + 1e-9
         if r["miss_rate"] > 0:
-            assert e < 0.07 and (r["batch"] < 2 or e < 0.055)
+            assert e < 0.085 and (r["batch"] < 2 or e < 0.055)
     assert worst == pytest.approx(fit.max_rel_residual, rel=1e-9)
     # hand-computed at batch 16, 25 % misses: 512 rounds
     p, slots = 0.25, 16 * 8 * 256
-    hand = 51.3337e-6 + 2 * slots * 2048 / 1798.11e9 + 512 * (0.79904 * 0.75 + 2.91612 * 0.25 + 1.48868 * 0.1875) * 1e-6
+    hand = 51.6161e-6 + 2 * slots * 2048 / 1749.16e9 + 512 * (0.82045 * 0.75 + 2.94066 * 0.25 + 1.44870 * 0.1875) * 1e-6
     assert cm.reuse_fetch_s(slots, 2048, 32, 2, p) == pytest.approx(hand, rel=1e-4)
-    assert any("FITTED" in n and "14.0%" in n for n in cm.notes)
+    assert any("FITTED" in n and "14.7%" in n for n in cm.notes)
     with pytest.raises(ValueError):
         cm.reuse_fetch_s(slots, 2048, 32, 2)                 # the fitted fetch needs the miss share
     # another gather shape has no records: the bundle-derived model, and the notes say so

@@ -55,7 +55,8 @@ def load_engine(path: str):
     import math
 
     from ddbench.core.schemas import EngineRow
-    df = _frame(path, EngineRow, "engine sweep", dtype={"miss_rate": str})
+    # provenance as text: a sha of digits and one 'e' (0996e93) would otherwise read as a float
+    df = _frame(path, EngineRow, "engine sweep", dtype={"miss_rate": str, "git_sha": str})
     for col in ("step_ms", "prefetch_mib", "urgent_mib", "link_mib", "link_gbps", "exposed_ms"):
         df[col] = [math.nan if v is None else v for v in df[col]]
     return df
