@@ -48,7 +48,8 @@ def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
         kt = tl.load(lb + n[None, :].to(tl.int64) * s_ln + dd[:, None], mask=nv[None, :], other=0.0)
         s = tl.dot(qt, kt) * scale_log2
         s = tl.where(nv[None, :], s, float("-inf"))
-        tl.store(sb + r[:, None] * N + n[None, :], s.to(scratch.dtype.element_ty), mask=rv[:, None] & nv[None, :])
+        tl.store(sb + r[:, None] * N + n[None, :], s.to(scratch.dtype.element_ty),
+                 mask=rv[:, None] & nv[None, :])
         m_new = tl.maximum(m, tl.max(s, 1))
         l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
         m = m_new
@@ -74,7 +75,8 @@ def _score_pass2(scratch, pml, out, N, H, G, NQ, n_split, split_len,
     for n0 in range(sp * split_len, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nv = n < end
-        s = tl.load(sb + r[:, None] * N + n[None, :], mask=rv[:, None] & nv[None, :], other=float("-inf")).to(tl.float32)
+        s = tl.load(sb + r[:, None] * N + n[None, :], mask=rv[:, None] & nv[None, :],
+                    other=float("-inf")).to(tl.float32)
         p = tl.exp2(s - m[:, None]) * inv[:, None]
         for tt in tl.static_range(2):
             if tt < NQ:

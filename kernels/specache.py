@@ -213,7 +213,8 @@ def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt,
                 ch1 = gi * (R4 // PER1) + cc1
                 cok1 = (gi + cc1 // (R4 // PER1)) < g1
                 sb = scratch + bh.to(tl.int64) * BLOCK_M * T_out
-                tl.store(sb + r[:, None] * T_out + ch1[None, :], crow.to(scratch.dtype.element_ty), mask=rv[:, None] & cok1[None, :])
+                tl.store(sb + r[:, None] * T_out + ch1[None, :], crow.to(scratch.dtype.element_ty),
+                         mask=rv[:, None] & cok1[None, :])
         if PASS == 2:
             if CHUNK != 0:
                 PER: tl.constexpr = CHUNK // 4
@@ -468,10 +469,10 @@ def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, group
                num_warps: int = 4, rowload: bool = False, impl: str = "codes", maxnreg: int | None = None,
                rows: int | None = None, scores=torch.float32):
     """One pass over the codes: per (request, KV head) the raw log2-scaled scores' max per chunk for
-    every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only; dtype
-    `scores`, fp32 or fp16), and each
-    split's row max and sum of exp in `pml` (the layout of kernels/select.py's pass 1), with BLOCK_M =
-    spec_block_m(nq, G, impl, rows): pass it to fastselect.topk_from_scratch as `block_m`."""
+    every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only; in the dtype
+    `scores`, fp32 or fp16), and each split's row max and sum of exp in `pml` (the layout of
+    kernels/select.py's pass 1), with BLOCK_M = spec_block_m(nq, G, impl, rows): pass it to
+    fastselect.topk_from_scratch as `block_m`."""
     gb = _groups_per_iter(impl, groups_per_iter, num_warps)
     L = _launch(q, qk, splits, gb, _WAVES[impl], _block_m(q, qk, impl, rows))
     return _pass1(q, qk, chunk, L, gb, num_warps, rowload, impl, maxnreg, scores)

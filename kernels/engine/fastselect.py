@@ -1,8 +1,9 @@
 """Chunk selection for the engine: scores, softmax, max over the GQA group and top-k with one pass
 over the selection state and no torch top-k or sort.
 
-    select_topk(q, lm, k) -> idx [B, nq, H, k] int32, ascending chunk ids     (landmarks)
-    specache_select_topk(q, qk, chunk, k, rows=None, splits=None) -> the same from SpeCache's 2-bit keys
+    select_topk(q, lm, k, scores=SCORES) -> idx [B, nq, H, k] int32, ascending chunk ids     (landmarks)
+    specache_select_topk(q, qk, chunk, k, rows=None, splits=None, scores=SCORES) -> the same from SpeCache's
+        2-bit keys
         (`rows`: the codes kernel's fewest query rows per program, kernels.specache.spec_block_m; `splits`
         its programs per (request, KV head), automatic by default)
     topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search=None,
@@ -20,8 +21,11 @@ over the selection state and no torch top-k or sort.
 
 Pass 1 is kernels/select.py's `_score_pass1` (landmarks, raw scores of the group's rows to a
 scratch and each split's row max / sum of exp) or kernels/specache.py's `spec_pass1` (2-bit keys,
-per-row chunk maxima of the raw scores). The second kernel runs one program per (request, KV head,
-query token) and combines the splits' max / sum into each row's normaliser. Probabilities are
+per-row chunk maxima of the raw scores). The scratch holds them in `scores` (fp16 by default,
+SCORES: half the traffic of fp32 for pass 1's writes and the top-k's reads; the row statistics come
+from the unrounded scores, and the top-k kernels compute in fp32). The second kernel runs one
+program per (request, KV head, query token) and combines the splits' max / sum into each row's
+normaliser. Probabilities are
 non-negative fp32, so their bits order as int32. The contract, for both methods: the k chunks that
 are largest in the order (probability descending, id ascending), written ascending: every chunk
 above the k-th largest probability, then chunks equal to it in id order until k. Ties at the
