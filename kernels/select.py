@@ -29,6 +29,19 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def landmark_block(qt, lb, n0, end, s_ln, dd, m, l, scale_log2, BLOCK_N: tl.constexpr):
+    """One block of landmarks in pass 1: the group rows' raw log2-domain scores [BLOCK_M, BLOCK_N]
+    (-inf past `end`), and the rows' running max and sum of exp updated with them. Returns (n, nv, s, m, l)."""
+    n = n0 + tl.arange(0, BLOCK_N)
+    nv = n < end
+    kt = tl.load(lb + n[None, :].to(tl.int64) * s_ln + dd[:, None], mask=nv[None, :], other=0.0)
+    s = tl.where(nv[None, :], tl.dot(qt, kt) * scale_log2, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
+    return n, nv, s, m_new, l
+
+
+@triton.jit
 def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
                  H, G, NQ, n_split, split_len, scale_log2,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -43,16 +56,9 @@ def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
     l = tl.zeros([BLOCK_M], tl.float32)
     end = tl.minimum(sp * split_len + split_len, N)
     for n0 in range(sp * split_len, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        nv = n < end
-        kt = tl.load(lb + n[None, :].to(tl.int64) * s_ln + dd[:, None], mask=nv[None, :], other=0.0)
-        s = tl.dot(qt, kt) * scale_log2
-        s = tl.where(nv[None, :], s, float("-inf"))
+        n, nv, s, m, l = landmark_block(qt, lb, n0, end, s_ln, dd, m, l, scale_log2, BLOCK_N)
         tl.store(sb + r[:, None] * N + n[None, :], s.to(scratch.dtype.element_ty),
                  mask=rv[:, None] & nv[None, :])
-        m_new = tl.maximum(m, tl.max(s, 1))
-        l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
-        m = m_new
     base = (bh * n_split + sp) * BLOCK_M + r
     tl.store(pml + 2 * base, m)
     tl.store(pml + 2 * base + 1, l)

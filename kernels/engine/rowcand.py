@@ -52,7 +52,7 @@ import triton.language as tl
 from kernels.engine.fastselect import PASS1_MIN_SPLIT, _bisect, _out_row, _outputs, _plan_args, _row_norm
 from kernels.engine.transfer import plan_row_sorted
 from kernels.grouprows import group_rows, load_group_queries
-from kernels.select import LOG2E, _check
+from kernels.select import LOG2E, _check, landmark_block
 
 INT_MIN: tl.constexpr = tl.constexpr(-2147483648)
 INT_MAX: tl.constexpr = tl.constexpr(2147483647)
@@ -106,8 +106,8 @@ def _cand_pass1_kernel(q, lm, ckey, cid, cinfo, pml, count, N, s_qb, s_qt, s_qh,
                        D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        CAP: tl.constexpr, PLAN: tl.constexpr):
     """One (request, KV head, split): raw scores of the group's rows block by block (select.py's
-    pass 1), each row's top-K of them (key, chunk id) in id order to its buffer, the count to cinfo,
-    the split's row max and sum of exp to pml."""
+    landmark_block, as its pass 1), each row's top-K of them (key, chunk id) in id order to its
+    buffer, the count to cinfo, the split's row max and sum of exp to pml."""
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     if PLAN:                                          # the fused miss plan's counter, before the merge adds
         if bh + sp == 0:
@@ -123,14 +123,7 @@ def _cand_pass1_kernel(q, lm, ckey, cid, cinfo, pml, count, N, s_qb, s_qt, s_qh,
     T = tl.full([BLOCK_M], INT_MIN, tl.int32)
     end = tl.minimum(sp * split_len + split_len, N)
     for n0 in range(sp * split_len, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        nv = n < end
-        kt = tl.load(lb + n[None, :].to(tl.int64) * s_ln + dd[:, None], mask=nv[None, :], other=0.0)
-        s = tl.dot(qt, kt) * scale_log2
-        s = tl.where(nv[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
-        m = m_new
+        n, nv, s, m, l = landmark_block(qt, lb, n0, end, s_ln, dd, m, l, scale_log2, BLOCK_N)
         key = _f2key(s)
         keep = rv[:, None] & nv[None, :] & (key > T[:, None])
         pos = cnt[:, None] + tl.cumsum(keep.to(tl.int32), 1) - 1
