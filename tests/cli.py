@@ -1,0 +1,49 @@
+"""The one helper for running ddbench (or a `python -m` module of the repo) as a subprocess in tests.
+
+    from tests.cli import ddbench, module, ROOT
+    r = ddbench("plan", "--model", "llama-3-8b", cwd=tmp_path)      # CompletedProcess, text
+    assert_one_line_error(r)                                          # exit 2, one stderr line
+
+The child sees the repository on PYTHONPATH, so it runs from any folder; `env=` adds or removes
+variables (a value of None removes one).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env(extra: dict | None) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def module(name: str, *args, cwd=ROOT, env: dict | None = None, timeout: float = 300, stdin=None):
+    """`python -m NAME ARGS...` as a subprocess; returns the CompletedProcess (text mode)."""
+    return subprocess.run([sys.executable, "-m", name, *map(str, args)], capture_output=True, text=True,
+                          cwd=str(cwd), env=_env(env), timeout=timeout, input=stdin)
+
+
+def ddbench(*args, cwd=ROOT, env: dict | None = None, timeout: float = 300, stdin=None):
+    """`python -m ddbench ARGS...` as a subprocess."""
+    return module("ddbench", *args, cwd=cwd, env=env, timeout=timeout, stdin=stdin)
+
+
+def assert_one_line_error(r, code: int = 2, contains: str | None = None) -> str:
+    """The run failed with `code` and printed exactly one line on stderr, with no traceback."""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    if contains is not None:
+        assert contains in lines[0], lines[0]
+    return lines[0]
