@@ -1,0 +1,353 @@
+"""The one output guard: every command that writes files goes through `output_folder`.
+
+What it promises:
+- it never deletes or overwrites a file that ddbench did not write. What ddbench wrote is listed,
+  with each file's SHA-256, in the folder's manifest `.ddbench-manifest.json`; a listed file that
+  was changed since is no longer ddbench's;
+- `--force` replaces only what ddbench wrote: with `force`, a folder that holds other files is
+  written beside them (they are kept); a new file that would land on one of them is refused;
+- it refuses the current folder (and every folder above it), the data root (and every folder above
+  it), the home folder and a filesystem root;
+- it takes a lock (`flock` on the folder) against a concurrent writer, which is refused in one line;
+- its writes are atomic: files are built in a staging folder inside the target and renamed into
+  place together when the block ends without an error (signals held off meanwhile); on any error or
+  Ctrl-C, nothing of the run is left;
+- it leaves no parent folders behind: folders it created are removed again if the run fails.
+
+Kinds of output:
+- an exclusive folder (`simulate --out`, `sweep --out`, `figures --out`): a folder that holds an
+  earlier ddbench run is replaced only with `force` (or `own_ok`, for outputs that are regenerated
+  or resumed in place); with `prune`, the earlier run's files that this run does not write again
+  are removed;
+- a shared folder (`shared=True`: `profile --out`, `plan --plot`'s folder, a calibration bundle):
+  other files are expected there and kept; only a file this run writes is checked.
+
+Live files (`Writer.live`) are written in place, not staged: a sweep's store of finished points,
+appended as points finish so that a rerun resumes. They are ddbench's whatever their content.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from ddbench.core.errors import DDBenchError
+
+MANIFEST = ".ddbench-manifest.json"
+STAGE_PREFIX = ".ddbench-stage-"
+LEGACY_MARKERS = (".ddbench-run", ".ddbench-figures")   # earlier versions' markers: ddbench's own
+SCHEMA = 1
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_path(out, flag: str = "--out") -> Path:
+    """The absolute output folder, or a one-line DDBenchError for one ddbench must not write into."""
+    if out is None or not str(out).strip():
+        raise DDBenchError(f"{flag} is empty: name an output folder")
+    path = Path(os.path.abspath(os.path.expanduser(str(out))))
+    real = Path(os.path.realpath(path))
+    if real == Path(real.anchor):
+        raise DDBenchError(f"{flag} {out} is a filesystem root; name a folder of its own")
+    cwd = Path(os.path.realpath(os.getcwd()))
+    if real == cwd or real in cwd.parents:
+        raise DDBenchError(f"{flag} {out} is the current folder or above it; name a folder of its own")
+    home = os.path.expanduser("~")
+    if home and home != "~" and real == Path(os.path.realpath(home)):
+        raise DDBenchError(f"{flag} {out} is the home folder; name a folder of its own")
+    from ddbench.core.paths import data_root
+    try:
+        data = Path(os.path.realpath(data_root()))
+    except DDBenchError:
+        data = None
+    if data is not None and (real == data or real in data.parents):
+        raise DDBenchError(f"{flag} {out} is the data root or above it ({data}); name a folder of its own")
+    if path.exists() and not path.is_dir():
+        raise DDBenchError(f"{flag} {out} exists and is not a folder")
+    above = path
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise DDBenchError(f"{flag} {out}: {above} is a file, not a folder")
+    return path
+
+
+def read_manifest(folder: Path) -> dict:
+    """{relative path: entry} of what ddbench wrote into `folder` ({} where there is no manifest)."""
+    p = folder / MANIFEST
+    if not p.exists():
+        return {}
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+        files = data["files"]
+        if not isinstance(files, dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DDBenchError(f"{p} is unreadable; ddbench cannot tell which files there are its own") from None
+    return files
+
+
+def _owned(folder: Path, manifest: dict) -> set[str]:
+    """The files in `folder` that ddbench wrote and nobody changed since."""
+    own = set()
+    for rel, entry in manifest.items():
+        p = folder / rel
+        if not p.is_file() or p.is_symlink():
+            continue
+        if entry.get("live") or entry.get("sha256") == sha256(str(p)):
+            own.add(rel)
+    for m in LEGACY_MARKERS:
+        if (folder / m).is_file():
+            own.add(m)
+    return own
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file (and link) under `folder`, relative, except the manifest and staging folders."""
+    out = []
+    for root, dirs, names in os.walk(folder):
+        rel_root = os.path.relpath(root, folder)
+        if rel_root == ".":
+            dirs[:] = [d for d in dirs if not d.startswith(STAGE_PREFIX)]
+        for d in list(dirs):
+            if os.path.islink(os.path.join(root, d)):
+                out.append(os.path.normpath(os.path.join(rel_root, d)))
+                dirs.remove(d)
+        for n in names:
+            rel = os.path.normpath(os.path.join(rel_root, n))
+            if rel != MANIFEST:
+                out.append(rel)
+    return sorted(out)
+
+
+def _names(items, k: int = 3) -> str:
+    items = sorted(items)
+    return ", ".join(items[:k]) + (f" and {len(items) - k} more" if len(items) > k else "")
+
+
+class Writer:
+    """What a command writes through: staged files, and live files written in place."""
+
+    def __init__(self, folder: Path, stage: Path, command: str):
+        self.folder, self._stage, self.command = folder, stage, command
+        self._live: set[str] = set()
+
+    def _rel(self, rel: str) -> str:
+        norm = os.path.normpath(rel)
+        if os.path.isabs(rel) or norm.startswith("..") or norm in (".", MANIFEST) or norm.startswith(STAGE_PREFIX):
+            raise DDBenchError(f"internal: output name {rel!r} is not a plain name inside the folder")
+        return norm
+
+    def stage_path(self, rel: str) -> str:
+        """Where to write `rel` now (a path in the staging folder); it is moved in on commit."""
+        p = self._stage / self._rel(rel)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return str(p)
+
+    def write_text(self, rel: str, text: str) -> str:
+        p = self.stage_path(rel)
+        with open(p, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return p
+
+    def write_json(self, rel: str, obj) -> str:
+        from ddbench.core.io import dumps_json
+        return self.write_text(rel, dumps_json(obj) + "\n")
+
+    def live(self, rel: str) -> str:
+        """A file written in place (appended as work finishes), recorded at once as ddbench's."""
+        rel = self._rel(rel)
+        p = self.folder / rel
+        if p.exists() and rel not in _owned(self.folder, read_manifest(self.folder)):
+            raise DDBenchError(f"{p} exists and was not written by ddbench; refusing to write it")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        self._live.add(rel)
+        _update_manifest(self.folder, {rel: {"live": True, "command": self.command}}, ())
+        return str(p)
+
+    def staged(self) -> list[str]:
+        return _files(self._stage)
+
+
+def _update_manifest(folder: Path, add: dict, remove) -> None:
+    files = read_manifest(folder)
+    for rel in remove:
+        files.pop(rel, None)
+    files.update(add)
+    text = json.dumps({"schema": SCHEMA, "written_by": "ddbench", "files": dict(sorted(files.items()))},
+                      indent=1, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-manifest-", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, folder / MANIFEST)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """mkdir -p, returning the folders it created (outermost first)."""
+    made = []
+    for p in reversed([path, *path.parents]):
+        if not p.exists():
+            try:
+                p.mkdir()
+            except FileExistsError:   # a concurrent run made it: not ours
+                continue
+            os.chmod(p, 0o777 & ~_umask())
+            made.append(p)
+    return made
+
+
+def _remove_empty(made: list[Path]) -> None:
+    for p in reversed(made):
+        try:
+            p.rmdir()
+        except OSError:
+            break
+
+
+@contextmanager
+def _locked(folder: Path, flag: str, out):
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise DDBenchError(f"{flag} {out}: another ddbench run is writing there; wait for it, or choose"
+                                   " another folder") from None
+            raise
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _signals_held():
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    prev = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, prev)
+
+
+@contextmanager
+def output_folder(out, *, command: str, flag: str = "--out", force: bool = False, own_ok: bool = False,
+                  shared: bool = False, prune: bool = True, before_commit=None):
+    """Yield a Writer for the folder `out`; its staged files move in when the block ends cleanly.
+
+    `force`: write into a folder that holds other files (kept), and replace ddbench's own files.
+    `own_ok`: replace ddbench's own files without `force` (regenerated or resumed outputs).
+    `shared`: other files are expected in the folder (no `force` needed beside them).
+    `prune`: remove the earlier run's files that this run does not write again.
+    `before_commit(writer)`: a last check before anything moves in (raise DDBenchError to abort).
+    """
+    path = check_path(out, flag)
+    try:
+        made = _make_dirs(path)
+    except OSError as exc:
+        raise DDBenchError(f"cannot write {flag} {out}: {_why(exc)}") from None
+    ok = False
+    try:
+        with _locked(path, flag, out):
+            manifest = read_manifest(path)
+            own = _owned(path, manifest)
+            for d in path.iterdir():   # staging folders of a run that was killed: ours, and unlocked now
+                if d.name.startswith(STAGE_PREFIX) and d.is_dir() and not d.is_symlink():
+                    shutil.rmtree(d, ignore_errors=True)
+            present = _files(path)
+            foreign = [f for f in present if f not in own]
+            if foreign and not (force or shared):
+                raise DDBenchError(f"{flag} {out} holds files ddbench did not write ({_names(foreign)}); choose"
+                                   " another folder, or pass --force to write beside them (they are kept)")
+            if own and not (force or own_ok or shared):
+                raise DDBenchError(f"{flag} {out} holds an earlier ddbench run; pass --force to replace it")
+            try:
+                stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=path))
+            except OSError as exc:
+                raise DDBenchError(f"cannot write {flag} {out}: {_why(exc)}") from None
+            try:
+                w = Writer(path, stage, command)
+                yield w
+                if before_commit is not None:
+                    before_commit(w)
+                _commit(w, path, own, set(foreign), force or own_ok, shared, prune, flag, out)
+                ok = True
+            finally:
+                shutil.rmtree(stage, ignore_errors=True)
+    finally:
+        if not ok:
+            _remove_empty(made)
+
+
+def _commit(w: Writer, path: Path, own: set, foreign: set, replace_own: bool, shared: bool, prune: bool,
+            flag: str, out) -> None:
+    new = w.staged()
+    for rel in new:
+        dest = path / rel
+        if rel in foreign or (dest.exists() and rel not in own) or dest.is_symlink():
+            raise DDBenchError(f"{flag} {out}: {rel} exists and was not written by ddbench; refusing to overwrite it"
+                               " (even with --force); move it away or choose another folder")
+        if rel in own and shared and not replace_own:
+            raise DDBenchError(f"{flag} {out}: {rel} exists (an earlier ddbench run); pass --force to replace it")
+        for parent in Path(rel).parents:
+            if str(parent) != "." and (parent_path := path / parent).exists() and not parent_path.is_dir():
+                raise DDBenchError(f"{flag} {out}: {parent} exists and is not a folder")
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    entries = {}
+    mask = _umask()
+    for rel in new:
+        src = w._stage / rel
+        os.chmod(src, 0o666 & ~mask)
+        entries[rel] = {"sha256": sha256(str(src)), "command": w.command, "written_utc": now}
+    stale = sorted(own - set(new) - w._live) if prune else []
+    legacy = [m for m in LEGACY_MARKERS if m in own]
+    with _signals_held():
+        for rel in new:
+            dest = path / rel
+            _make_dirs(dest.parent)
+            os.replace(w._stage / rel, dest)
+        for rel in stale + legacy:
+            try:
+                (path / rel).unlink()
+            except FileNotFoundError:
+                pass
+            _remove_empty([p for p in reversed((path / rel).parents) if path in p.parents])
+        _update_manifest(path, entries, stale + legacy)
+
+
+def adopt(folder, rels, command: str) -> None:
+    """Record files already in `folder` as ddbench's own (committed traces a ddbench command wrote)."""
+    folder = Path(folder)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    _update_manifest(folder, {r: {"sha256": sha256(str(folder / r)), "command": command, "written_utc": now}
+                              for r in rels}, ())
