@@ -10,12 +10,12 @@ finished measurement is written at once; an interrupted run resumes where it sto
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
 from ddbench.core.errors import DDBenchError
-from ddbench.core.io import check_out
+from ddbench.core import flags
+from ddbench.core.outputs import check_path, output_folder
 from ddbench.core.paths import traces_dir
 
 EXAMPLE = """examples:
@@ -29,10 +29,10 @@ SECTION_NAMES = ("ceilings", "link", "linear", "kernels", "interference", "engin
 def register(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this GPU: link, linear layers, kernels, interference",
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="bundle root (default: the data root's calibration/)")
-    p.add_argument("--gpu", help="catalog GPU name for the bundle folder (default: from the device name)")
-    p.add_argument("--sections", default="all", help=f"'all' or a comma list of {', '.join(SECTION_NAMES)}")
-    p.add_argument("--budget-s", type=float, default=1800.0,
+    p.add_argument("--out", type=flags.text(), help="bundle root (default: the data root's calibration/)")
+    p.add_argument("--gpu", type=flags.text(), help="catalog GPU name for the bundle folder (default: from the device name)")
+    p.add_argument("--sections", default="all", type=flags.text(), help=f"'all' or a comma list of {', '.join(SECTION_NAMES)}")
+    p.add_argument("--budget-s", type=flags.number(lo=0, lo_open=True), default=1800.0,
                    help="stop starting measurements after this many seconds (rerun to resume)")
     p.add_argument("--fresh", action="store_true", help="discard an existing bundle instead of resuming it")
     p.set_defaults(func=run)
@@ -46,10 +46,8 @@ def run(args) -> int:
         bad = [s for s in sections if s not in SECTION_NAMES]
         if bad:
             raise DDBenchError(f"unknown section(s) {', '.join(bad)}; known: {', '.join(SECTION_NAMES)}")
-    if not (args.budget_s > 0 and math.isfinite(args.budget_s)):
-        raise DDBenchError(f"--budget-s must be positive and finite, got {args.budget_s}")
     if args.out is not None:
-        args.out = check_out(args.out)
+        args.out = str(check_path(args.out))
     try:
         import torch
     except ImportError:
@@ -61,8 +59,13 @@ def run(args) -> int:
     command = "ddbench " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith(("ddbench", "__main__.py")) \
         else "ddbench calibrate " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                              if k not in ("func", "command") and v not in (None, False))
-    from tqdm import tqdm
-    bar = tqdm(total=len(sections), desc="calibrate", unit="section", disable=None, file=sys.stderr)
+    from ddbench.core.calibration import SECTIONS, bundle_dir
+    from ddbench.core.catalog.gpus import catalog_gpu_name
+    from ddbench.progress import bar as progress_bar
+    from ddbench.progress import say
+    root = os.path.normpath(args.out or str(traces_dir("calibration")))
+    gpu = args.gpu or catalog_gpu_name(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
+    bar = progress_bar(total=len(sections), desc="calibrate", unit="section")
     started = []
 
     def log(message: str) -> None:
@@ -72,14 +75,15 @@ def run(args) -> int:
                 bar.update(1)
             started.append(message)
             bar.set_postfix_str(message.split()[1])
-        if bar.disable:
-            print(message, file=sys.stderr, flush=True)
-        else:
-            bar.write(message, file=sys.stderr)
+        say(bar, message)
 
     try:
-        result = run_calibration(os.path.normpath(args.out or str(traces_dir("calibration"))), args.gpu, sections,
-                                 args.budget_s, args.fresh, command, log=log)
+        # the bundle is written in place as each measurement finishes (a rerun resumes): its files are
+        # the guard's live files, refused up front where they exist and ddbench did not write them
+        with output_folder(bundle_dir(gpu, root), command="ddbench calibrate", shared=True, own_ok=True) as w:
+            for name in [s["file"] for s in SECTIONS.values()] + ["bundle.json"]:
+                w.live(name)
+            result = run_calibration(root, gpu, sections, args.budget_s, args.fresh, command, log=log)
         bar.update(bar.total - bar.n)
     finally:
         bar.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from ddbench.core import flags
 from ddbench.core.errors import DDBenchError
 from ddbench.core.units import parse_tokens
 
@@ -20,51 +21,38 @@ EXAMPLE = """examples:
       --tasks single,multikey,multivalue,vt --budget 1024,2048 --temperature 0,0.6,1.0 --device cuda"""
 
 
-def _list(text: str, conv, what: str) -> tuple:
-    try:
-        items = tuple(conv(x.strip()) for x in str(text).split(",") if x.strip())
-    except (ValueError, DDBenchError):
-        raise DDBenchError(f"cannot parse --{what} {text!r}") from None
-    if not items:
-        raise DDBenchError(f"--{what} is empty")
-    return items
-
-
 def register(sub) -> None:
     p = sub.add_parser("profile", help="per-layer KV-prediction accuracy of a real model (torch, transformers)",
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layer-accuracy", action="store_true", help="the profile to run (the only one so far)")
-    p.add_argument("--model", required=True, help="Hugging Face folder (config.json + safetensors) or a .gguf file")
-    p.add_argument("--context", default="4k", help="prompt tokens, comma list (default 4k)")
-    p.add_argument("--tasks", default="single,multikey,vt",
+    p.add_argument("--model", required=True, type=flags.text(), help="Hugging Face folder (config.json + safetensors) or a .gguf file")
+    p.add_argument("--context", default=(4096,), type=flags.items(parse_tokens), help="prompt tokens, comma list (default 4k)")
+    p.add_argument("--tasks", default=("single", "multikey", "vt"), type=flags.items(),
                    help="comma list of single, multikey, multivalue, vt (default single,multikey,vt)")
-    p.add_argument("--steps", type=int, default=64, help="measured dual-token decode steps per run (default 64)")
-    p.add_argument("--budget", default="1024,2048",
+    p.add_argument("--steps", type=flags.integer(lo=1), default=64, help="measured dual-token decode steps per run (default 64)")
+    p.add_argument("--budget", default=(1024, 2048), type=flags.items(lambda x: parse_tokens(x, "budget")),
                    help="sparse budgets in tokens, comma list; those at or above a context are skipped there"
                         " (default 1024,2048)")
-    p.add_argument("--chunk", type=int, default=8, help="tokens per chunk (default 8)")
+    p.add_argument("--chunk", type=flags.integer(lo=1), default=8, help="tokens per chunk (default 8)")
     p.add_argument("--init", default="both", choices=("t2", "random", "both"),
                    help="first speculative token: T2 from a pre-decoding step, a random token, or both (default)")
-    p.add_argument("--temperature", default="0,0.6,1.0", help="output-token sampling temperatures (default 0,0.6,1.0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus cut-off for the output token (default 1.0)")
-    p.add_argument("--seed", type=int, default=0, help="seed of prompts and sampling (default 0)")
-    p.add_argument("--samples", type=int, default=1, help="prompts per (context, task) (default 1)")
-    p.add_argument("--rank", type=int, default=160, help="ShadowKV low-rank key rank (default 160)")
-    p.add_argument("--lowrank-threshold", type=float, default=0.8,
+    p.add_argument("--temperature", default=(0.0, 0.6, 1.0), type=flags.items(flags.number(lo=0)), help="output-token sampling temperatures (default 0,0.6,1.0)")
+    p.add_argument("--top-p", type=flags.number(lo=0, lo_open=True, hi=1), default=1.0, help="nucleus cut-off for the output token (default 1.0)")
+    p.add_argument("--seed", type=flags.integer(lo=0), default=0, help="seed of prompts and sampling (default 0)")
+    p.add_argument("--samples", type=flags.integer(lo=1), default=1, help="prompts per (context, task) (default 1)")
+    p.add_argument("--rank", type=flags.integer(lo=1), default=160, help="ShadowKV low-rank key rank (default 160)")
+    p.add_argument("--lowrank-threshold", type=flags.number(lo=0, hi=1), default=0.8,
                    help="layers with a mean hit rate below this get low-rank keys (§5.3; default 0.8)")
     p.add_argument("--no-quality", action="store_true", help="skip the task-accuracy evaluation")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda when present")
-    p.add_argument("--out", help="output folder (default: the package's traces/accuracy/)")
+    p.add_argument("--out", type=flags.text(), help="output folder (default: the data root's accuracy/)")
+    p.add_argument("--force", action="store_true", help="replace this model's earlier traces in --out (ddbench's own only)")
     p.add_argument("--allow-extrapolation", action="store_true",
                    help="allow contexts beyond the model's max_position_embeddings")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=flags.integer(lo=0), default=0,
                    help="torch CPU threads (default: torch's own); 1 is faster on a CPU shared with other work")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="no progress bars (transformers' too)")
     p.set_defaults(func=run)
-
-
-def _temperature(x: str) -> float:
-    return float(x)
 
 
 def run(args) -> int:
@@ -74,16 +62,21 @@ def run(args) -> int:
     require()
     from ddbench.profile.run import ProfileConfig, command_line
     from ddbench.profile.run import run as run_profile
+    from ddbench.progress import quiet_third_party
 
+    from ddbench.core.outputs import check_path
+    quiet_third_party(args.quiet)
+    if args.out is not None:
+        check_path(args.out)             # a folder ddbench must not write into is refused before the model loads
     cfg = ProfileConfig(
-        model=args.model, contexts=_list(args.context, parse_tokens, "context"),
-        tasks=_list(args.tasks, str, "tasks"), steps=args.steps,
-        budgets=_list(args.budget, lambda x: parse_tokens(x, "budget"), "budget"), chunk=args.chunk,
+        model=args.model, contexts=tuple(args.context), tasks=tuple(args.tasks), steps=args.steps,
+        budgets=tuple(args.budget), chunk=args.chunk,
         inits=("t2", "random") if args.init == "both" else (args.init,),
-        temperatures=_list(args.temperature, _temperature, "temperature"), top_p=args.top_p, seed=args.seed,
+        temperatures=tuple(args.temperature), top_p=args.top_p, seed=args.seed,
         samples=args.samples, rank=args.rank, lowrank_threshold=args.lowrank_threshold,
-        quality=not args.no_quality, device=args.device, out=args.out,
-        allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, threads=args.threads, command=command_line())
+        quality=not args.no_quality, device=args.device, out=args.out, force=args.force,
+        allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, threads=args.threads,
+        command=command_line())
     result = run_profile(cfg)
     print(render(result))
     return 0

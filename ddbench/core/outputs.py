@@ -153,9 +153,15 @@ def _names(items, k: int = 3) -> str:
 class Writer:
     """What a command writes through: staged files, and live files written in place."""
 
-    def __init__(self, folder: Path, stage: Path, command: str):
+    def __init__(self, folder: Path, stage: Path, command: str, check):
         self.folder, self._stage, self.command = folder, stage, command
         self._live: set[str] = set()
+        self._check = check
+
+    def claim(self, rels) -> None:
+        """Refuse now (before the work) the files that could not be written at the end."""
+        for rel in rels:
+            self._check(self._rel(rel))
 
     def _rel(self, rel: str) -> str:
         norm = os.path.normpath(rel)
@@ -296,7 +302,9 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
             except OSError as exc:
                 raise DDBenchError(f"cannot write {flag} {out}: {_why(exc)}") from None
             try:
-                w = Writer(path, stage, command)
+                def check(rel):
+                    _check_one(rel, path, own, set(foreign), force or own_ok, shared, flag, out)
+                w = Writer(path, stage, command, check)
                 yield w
                 if before_commit is not None:
                     before_commit(w)
@@ -306,22 +314,40 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
                 shutil.rmtree(stage, ignore_errors=True)
     finally:
         if not ok:
+            _forget_missing(path)
             _remove_empty(made)
+
+
+def _forget_missing(path: Path) -> None:
+    """After a failed run: drop manifest entries of files that were never written, and an empty manifest."""
+    try:
+        files = read_manifest(path)
+    except DDBenchError:
+        return
+    gone = [rel for rel in files if not (path / rel).exists()]
+    if gone and len(gone) == len(files) and _files(path) == []:
+        (path / MANIFEST).unlink()
+    elif gone:
+        _update_manifest(path, {}, gone)
+
+
+def _check_one(rel: str, path: Path, own: set, foreign: set, replace_own: bool, shared: bool, flag: str, out):
+    dest = path / rel
+    if rel in foreign or (dest.exists() and rel not in own) or dest.is_symlink():
+        raise DDBenchError(f"{flag} {out}: {rel} exists and was not written by ddbench; refusing to overwrite it"
+                           " (even with --force); move it away or choose another folder")
+    if rel in own and shared and not replace_own:
+        raise DDBenchError(f"{flag} {out}: {rel} exists (an earlier ddbench run); pass --force to replace it")
+    for parent in Path(rel).parents:
+        if str(parent) != "." and (path / parent).exists() and not (path / parent).is_dir():
+            raise DDBenchError(f"{flag} {out}: {parent} exists and is not a folder")
 
 
 def _commit(w: Writer, path: Path, own: set, foreign: set, replace_own: bool, shared: bool, prune: bool,
             flag: str, out) -> None:
     new = w.staged()
     for rel in new:
-        dest = path / rel
-        if rel in foreign or (dest.exists() and rel not in own) or dest.is_symlink():
-            raise DDBenchError(f"{flag} {out}: {rel} exists and was not written by ddbench; refusing to overwrite it"
-                               " (even with --force); move it away or choose another folder")
-        if rel in own and shared and not replace_own:
-            raise DDBenchError(f"{flag} {out}: {rel} exists (an earlier ddbench run); pass --force to replace it")
-        for parent in Path(rel).parents:
-            if str(parent) != "." and (parent_path := path / parent).exists() and not parent_path.is_dir():
-                raise DDBenchError(f"{flag} {out}: {parent} exists and is not a folder")
+        _check_one(rel, path, own, foreign, replace_own, shared, flag, out)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     entries = {}
     mask = _umask()

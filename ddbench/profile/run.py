@@ -13,6 +13,7 @@ accuracy of dense, sparse exact top-k and low-rank-key attention (ddbench/profil
 from __future__ import annotations
 
 import datetime
+import os
 import shlex
 import subprocess
 import sys
@@ -47,6 +48,7 @@ class ProfileConfig:
     quality: bool = True
     device: str = "auto"
     out: str | None = None
+    force: bool = False       # replace this model's earlier traces (ddbench's own only)
     allow_extrapolation: bool = False
     progress: bool = True
     threads: int = 0          # torch CPU threads; 0 = torch's default
@@ -147,20 +149,31 @@ def _mean(acc):
 
 def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
     t_start = time.perf_counter()
-    _, gguf_file, _, _, mcfg = model_mod.inspect(cfg.model)
+    from ddbench.core.outputs import output_folder
+    from ddbench.profile import trace
+
+    _, gguf_file, _, name, mcfg = model_mod.inspect(cfg.model)
     sw = getattr(mcfg, "sliding_window", None) if getattr(mcfg, "use_sliding_window", True) else None
     budget_plan = validate(cfg, int(mcfg.max_position_embeddings), sw)
     out_dir = cfg.out
     if out_dir is None:
         from ddbench.core.paths import traces_dir
         out_dir = str(traces_dir("accuracy"))
+    with output_folder(out_dir, command="ddbench profile", shared=True, force=cfg.force) as w:
+        w.claim(trace.names(name).values())          # refused now, not after the sweep
+        result = _sweep(cfg, budget_plan, t_start, prefill_fn)
+        result["files"] = trace.write(w, result.pop("name"), *result.pop("tables"))
+    return result
+
+
+def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) -> dict:
 
     import torch
     import transformers
-    from tqdm import tqdm
     from transformers import DynamicCache
 
     from ddbench.profile import decode, quality, selection, trace
+    from ddbench.progress import bar as progress_bar
     from ddbench.profile.attention import SparsePlan, install
     from ddbench.profile.lowrank import lowrank_keys
     from ddbench.profile.metrics import overlaps
@@ -172,7 +185,7 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     ctx_time = {}
-    with tqdm(total=1, desc="load", disable=quiet, file=sys.stderr) as bar:
+    with progress_bar(total=1, desc="load", quiet=quiet) as bar:
         t0 = time.perf_counter()
         loaded = model_mod.load(cfg.model, cfg.device)
         t_load = time.perf_counter() - t0
@@ -194,11 +207,11 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
                 prompt = make_prompt(tok, task, c, cfg.seed + s)
                 cache = DynamicCache(config=model.config)
                 try:
-                    with tqdm(total=c, desc=f"prefill {task} {c}", unit="tok", disable=quiet, file=sys.stderr) as bar:
+                    with progress_bar(total=c, desc=f"prefill {task} {c}", unit="tok", quiet=quiet) as bar:
                         first = prefill_fn(model, prompt.ids, cache, bar=bar)
                     lm = selection.landmarks(cache, geo)
                     total = len(runs) * (cfg.steps + 1)
-                    with tqdm(total=total, desc=f"steps {task} {c}", disable=quiet, file=sys.stderr) as bar:
+                    with progress_bar(total=total, desc=f"steps {task} {c}", quiet=quiet) as bar:
                         for init, temp in runs:
                             seed = cfg.seed * 1_000_003 + s * 1009 + int(round(temp * 1000))
                             r = decode.dual_run(model, probe, cache, c, first, steps=cfg.steps, init=init,
@@ -264,8 +277,8 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
     summary = summarize(cfg, loaded, rows, task_acc, provenance, runtime)
     summary["runtime_by_context_s"] = {str(c): v for c, v in ctx_time.items()}
     summary["load_s"] = round(t_load, 1)
-    files = trace.write(out_dir, loaded.name, rows, step_rows, summary, provenance)
-    return {"summary": summary, "files": files, "rows": rows}
+    return {"summary": summary, "rows": rows, "name": loaded.name,
+            "tables": (rows, step_rows, summary, provenance)}
 
 
 def _agg(rows, keys, cols=("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share", "token_acc")):
@@ -290,7 +303,8 @@ def summarize(cfg, loaded, rows, task_acc, provenance, runtime) -> dict:
         basis_rows, basis = rows, "all rows (no sampled t2 run in this sweep)"
     per_layer = _agg(basis_rows, ("layer",), ("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share"))
     low = [r["layer"] for r in per_layer if r["hit_rate"] < cfg.lowrank_threshold]
-    cfg_d = {k: v for k, v in asdict(cfg).items() if k not in ("progress", "command", "out")}
+    cfg_d = {k: v for k, v in asdict(cfg).items() if k not in ("progress", "command", "out", "force")}
+    cfg_d["model"] = os.path.basename(str(cfg_d["model"]).rstrip(os.sep))
     return {
         "schema": SCHEMA, "model": loaded.name, "provenance": provenance,
         "shape": {"model_type": loaded.model_type, "layers": loaded.layers, "q_heads": loaded.q_heads,
@@ -316,5 +330,11 @@ def summarize(cfg, loaded, rows, task_acc, provenance, runtime) -> dict:
 
 
 def command_line() -> str:
-    return "ddbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    """The command as typed, with local paths cut to their last part (no machine's paths in traces)."""
+    def local(a: str) -> str:
+        if "=" in a and a.startswith("--"):
+            flag, _, value = a.partition("=")
+            return f"{flag}={local(value)}"
+        return os.path.basename(a.rstrip(os.sep)) or a if (os.path.isabs(a) or a.startswith("~")) else a
+    return "ddbench " + " ".join(shlex.quote(local(a)) for a in sys.argv[1:])
 

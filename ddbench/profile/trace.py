@@ -53,7 +53,6 @@ import csv
 import io
 import os
 
-from ddbench.core.io import write_json, write_text
 
 SCHEMA = 1
 ROW_COLUMNS = ["layer", "context_tokens", "task", "init", "temperature", "top_p", "budget_tokens", "chunk_tokens",
@@ -77,18 +76,15 @@ def _csv(columns, rows) -> str:
     return buf.getvalue()
 
 
-def paths(out_dir: str, model: str) -> dict:
-    return {"csv": os.path.join(out_dir, f"{model}.csv"),
-            "steps": os.path.join(out_dir, f"{model}.steps.csv"),
-            "summary": os.path.join(out_dir, f"{model}.summary.json")}
+def names(model: str) -> dict:
+    """The three files of one model's profile, by role."""
+    return {"csv": f"{model}.csv", "steps": f"{model}.steps.csv", "summary": f"{model}.summary.json"}
 
 
-def write(out_dir: str, model: str, rows: list, step_rows: list, summary: dict, provenance: dict) -> dict:
-    """Render everything first, then write the three files atomically; returns their paths."""
-    p = paths(out_dir, model)
-    main = _csv(ROW_COLUMNS + PROVENANCE, [r | provenance for r in rows])
-    steps = _csv(STEP_COLUMNS, step_rows)
-    write_text(p["csv"], main)
-    write_text(p["steps"], steps)
-    write_json(p["summary"], summary)
-    return p
+def write(w, model: str, rows: list, step_rows: list, summary: dict, provenance: dict) -> dict:
+    """Stage the three files in the output guard's writer `w` (they move in together); their paths."""
+    n = names(model)
+    w.write_text(n["csv"], _csv(ROW_COLUMNS + PROVENANCE, [r | provenance for r in rows]))
+    w.write_text(n["steps"], _csv(STEP_COLUMNS, step_rows))
+    w.write_json(n["summary"], summary)
+    return {k: os.path.join(str(w.folder), v) for k, v in n.items()}

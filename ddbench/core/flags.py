@@ -1,0 +1,136 @@
+"""argparse `type=` checkers: every flag value is checked once, where it is parsed.
+
+Each returns a function that converts the text or raises argparse.ArgumentTypeError, which the
+CLI's parser reports in one line with exit status 2. Empty text is always an error; numbers are
+finite and in range; nothing is silently defaulted.
+
+    p.add_argument("--steps", type=flags.integer(lo=1))
+    p.add_argument("--top-p", type=flags.number(lo=0, lo_open=True, hi=1))
+    p.add_argument("--context", type=flags.items(parse_tokens))      # a non-empty comma list
+    p.add_argument("--slo", type=flags.checked(parse_slo))            # any parser raising DDBenchError
+    p.add_argument("--hit-rate", type=flags.fraction_or_path())       # a number in [0, 1], or a file
+    p.add_argument("--out", type=flags.plain_name())                  # letters, digits, ._- (no path)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+from ddbench.core.errors import DDBenchError
+
+
+def _bad(text, why: str):
+    return argparse.ArgumentTypeError(f"{text!r}: {why}")
+
+
+def _range(lo, hi, lo_open=False, hi_open=False) -> str:
+    if lo is not None and hi is not None:
+        return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    if lo is not None:
+        return f"{'above' if lo_open else 'at least'} {lo}"
+    return f"{'below' if hi_open else 'at most'} {hi}"
+
+
+def _check_range(x, text, lo, hi, lo_open, hi_open=False):
+    if (lo is not None and (x <= lo if lo_open else x < lo)) or (hi is not None and (x >= hi if hi_open else x > hi)):
+        raise _bad(text, f"must be {_range(lo, hi, lo_open, hi_open)}")
+    return x
+
+
+def text():
+    """A non-empty string (stripped)."""
+    def conv(t: str) -> str:
+        if not t.strip():
+            raise _bad(t, "is empty")
+        return t.strip()
+    return conv
+
+
+def integer(lo: int | None = None, hi: int | None = None):
+    def conv(t: str) -> int:
+        try:
+            x = int(t.strip())
+        except ValueError:
+            raise _bad(t, "is not a whole number") from None
+        return _check_range(x, t, lo, hi, False)
+    return conv
+
+
+def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False):
+    """A finite float in range."""
+    def conv(t: str) -> float:
+        try:
+            x = float(t.strip())
+        except ValueError:
+            raise _bad(t, "is not a number") from None
+        if not math.isfinite(x):
+            raise _bad(t, "must be finite")
+        return _check_range(x, t, lo, hi, lo_open, hi_open)
+    return conv
+
+
+def checked(parse):
+    """`parse(text)`, a parser that raises DDBenchError on bad input, as a type function; empty text is an
+    error before it is called."""
+    def conv(t: str):
+        if not t.strip():
+            raise _bad(t, "is empty")
+        try:
+            return parse(t.strip())
+        except DDBenchError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return conv
+
+
+def word_or(words: tuple, conv):
+    """One of `words` as it is, else `conv(text)`."""
+    def parse(t: str):
+        return t.strip() if t.strip() in words else conv(t)
+    return parse
+
+
+def fraction_or_path():
+    """A number in [0, 1] (a float), or else the name of a file (a string); empty text is an error."""
+    frac = number(lo=0, hi=1)
+
+    def conv(t: str) -> float | str:
+        if not t.strip():
+            raise _bad(t, "is empty: give a number in [0, 1] or a file")
+        try:
+            float(t)
+        except ValueError:
+            return t.strip()
+        return frac(t)
+    return conv
+
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]*")
+
+
+def plain_name():
+    """A name that is no path: letters, digits and ._-, not starting with '.'."""
+    def conv(t: str) -> str:
+        if not PLAIN_NAME.fullmatch(t):
+            raise _bad(t, "must be a plain name: letters, digits and ._-, not starting with '.'")
+        return t
+    return conv
+
+
+def items(conv=None):
+    """A non-empty comma list, each item converted by `conv` (a type function or a DDBenchError raiser)."""
+    conv = conv or text()
+
+    def parse(t: str) -> tuple:
+        parts = [p.strip() for p in t.split(",")]
+        if not t.strip() or any(not p for p in parts):
+            raise _bad(t, "is an empty list or has an empty item")
+        out = []
+        for p in parts:
+            try:
+                out.append(conv(p))
+            except DDBenchError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+        return tuple(out)
+    return parse
