@@ -13,8 +13,8 @@ rotation and the store happen in registers, so HBM sees U's rows once and K once
 from the SFU after a Cody-Waite range reduction (libdevice in the interpreter). Two kernels: "blocks"
 (8 chunks = 64 tokens per program, rank blocks of 64: SV[b, h] reloaded from L2 per block) and
 "resident" (about four programs per SM, each loads SV[b, h] once and loops over its blocks); "auto"
-(the default) takes resident where each program gets several blocks. Launch parameters: LAUNCH, from the H200 sweep in
-kernels/devcheck_rebuild.py (traces/engine/h200/devcheck-rebuild.json).
+(the default) takes resident where each program gets several blocks. Launch parameters: LAUNCH, from the H200 sweep of
+devtools/devcheck_rebuild.py (traces/engine/h200/devcheck-rebuild.json).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def _check(U, SV, idx, k_out, chunk, slot_offset):
     return B, T, R, H, d
 
 
-# launch defaults per kernel: the fastest correct ones of the H200 sweep (kernels/devcheck_rebuild.py,
+# launch defaults per kernel: the fastest correct ones of the H200 sweep (devtools/devcheck_rebuild.py,
 # traces/engine/h200/devcheck-rebuild.json; r=160, H=8, d=128, C=8, n=256, B 1-64, T 32K-128K)
 LAUNCH = {"blocks": dict(block_chunks=8, rank_block=64, num_warps=4, num_stages=3),
           "resident": dict(block_chunks=4, num_warps=4, num_stages=3)}

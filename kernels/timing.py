@@ -10,8 +10,6 @@ time_cuda(fns, inner=..., reps=...) -> median ms per call: event_times around CU
 time_host(fn, reps) -> median ms per call with a host clock and device syncs (for CPU-side work).
 provenance(command) -> dict: gpu, driver, torch, triton, git sha (DDBENCH_GIT_SHA, else HEAD, +dirty
     when tracked files differ from it), date, command.
-devcheck_refusal(name, reps=None) -> the one-line error of a GPU devcheck that cannot run (no CUDA GPU,
-    or --reps below 1), else None.
 """
 
 from __future__ import annotations
@@ -23,14 +21,6 @@ import subprocess
 import time
 
 import torch
-
-
-def devcheck_refusal(name: str, reps: int | None = None) -> str | None:
-    if not torch.cuda.is_available():
-        return f"{name}: needs a CUDA GPU"
-    if reps is not None and reps < 1:
-        return f"{name}: --reps must be at least 1"
-    return None
 
 
 def event_times(fn, reps: int, warmup: int = 1, per_call: int = 1) -> list[float]:

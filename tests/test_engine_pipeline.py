@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ddbench.core.catalog.models import ModelSpec
-from ddbench.core.systems import SYSTEMS
+from ddbench.core.designs import DESIGNS as SYSTEMS
 from kernels.attention import dual_sparse_attention_ref
 from kernels.engine.engine import Engine, EngineConfig
 from kernels.engine.model import Weights
@@ -247,8 +247,8 @@ def test_invalid_config_one_line():
                                          ("dualdecoder:4096:4", ["--budget", "8192"]),
                                          ("dualdecoder:4096:4", ["--chunk", "24"]), ("nosuch:4096:4", []),
                                          ("dualdecoder:4096", [])])
-def test_bench_bad_point_exits_2(point, extra, capsys):
-    from kernels.engine.bench import main
+def test_sweep_bad_point_exits_2(point, extra, capsys):
+    from kernels.engine.sweep import main
     assert main(["--point", point] + extra) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err

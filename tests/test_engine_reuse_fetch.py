@@ -1,4 +1,4 @@
-"""The reuse-fetch record (kernels/engine/bench.py phase `reuse-fetch`) and its import into a calibration
+"""The reuse-fetch record (kernels/engine/sweep.py phase `reuse-fetch`) and its import into a calibration
 bundle (ddbench/core/calibration.py): phase selection, the point plan, the sweep's files (engine.csv keeps
 step points only), the bundle's reuse_fetch section with and without the records (CPU); the engine's
 factored reuse fetch against its torch twin and one measured point (GPU)."""
@@ -14,7 +14,7 @@ import torch
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 
-bench = pytest.importorskip("kernels.engine.bench")
+sweep = pytest.importorskip("kernels.engine.sweep")
 
 PROV = {"gpu": "NVIDIA H200", "git_sha": "abc", "date_utc": "2026-12-01T00:00:00Z", "command": "pytest"}
 
@@ -22,28 +22,28 @@ PROV = {"gpu": "NVIDIA H200", "git_sha": "abc", "date_utc": "2026-12-01T00:00:00
 # ------------------------------------------------------------------ phases and points
 
 def test_phase_selection_and_point_plan():
-    assert bench.PHASES[-1] == "reuse-fetch"                     # after the existing phases
-    assert bench.parse_phases("reuse-fetch") == ("reuse-fetch",)
-    assert bench.parse_phases("reuse-fetch,floor") == ("floor", "reuse-fetch")
-    assert bench.out_folder("h200", ("reuse-fetch",)) == "h200-reuse-fetch"
-    assert bench.out_folder("h200", bench.PHASES) == "h200"
-    pts = bench.plan_points(False, 3, ("reuse-fetch",))
-    assert pts == bench.reuse_points() and len(pts) == 24
+    assert sweep.PHASES[-1] == "reuse-fetch"                     # after the existing phases
+    assert sweep.parse_phases("reuse-fetch") == ("reuse-fetch",)
+    assert sweep.parse_phases("reuse-fetch,floor") == ("floor", "reuse-fetch")
+    assert sweep.out_folder("h200", ("reuse-fetch",)) == "h200-reuse-fetch"
+    assert sweep.out_folder("h200", sweep.PHASES) == "h200"
+    pts = sweep.plan_points(False, 3, ("reuse-fetch",))
+    assert pts == sweep.reuse_points() and len(pts) == 24
     assert {p[0] for p in pts} == {"reuse-fetch"} and {p[2] for p in pts} == {"shadowkv"}
     want = {(32768, b, m) for b in (1, 2, 4, 8, 16, 32, 64) for m in (0.0, 0.25, 1.0)}
     want |= {(131072, 16, m) for m in (0.0, 0.25, 1.0)}
     assert {(p[3], p[4], p[5]) for p in pts} == want
     assert all(p[6] is True and p[7] is True and p[1] == 0 for p in pts)
-    allp = bench.plan_points(False, 3)                            # the default run includes it, last
+    allp = sweep.plan_points(False, 3)                            # the default run includes it, last
     assert allp[-len(pts):] == pts and len({json.dumps(p) for p in allp}) == len(allp)
     for ph in ("floor", "mechanism", "validation"):
-        assert not any(p[0] == "reuse-fetch" for p in bench.plan_points(False, 3, (ph,)))
+        assert not any(p[0] == "reuse-fetch" for p in sweep.plan_points(False, 3, (ph,)))
     for p in pts:                                                 # resume keys: 8 fields, as the others
         assert len(json.loads(json.dumps(list(p)))) == 8
 
 
 def test_cli_bad_phase_is_one_line(capsys):
-    assert bench.main(["--phases", "reuse_fetch"]) == 2
+    assert sweep.main(["--phases", "reuse_fetch"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "reuse-fetch" in err and "Traceback" not in err
 
@@ -75,8 +75,8 @@ def _sweep(tmp_path, name, reuse=True):
     if reuse:
         rows += [_reuse_row(1, 0.0), _reuse_row(1, 0.25), _reuse_row(64, 1.0, status="oom"),
                  _reuse_row(16, 1.0, ctx=131072)]
-    meta = dict(provenance=PROV, run_id=name, phases=list(bench.PHASES), seed=0)
-    bench.write(str(d), rows, dict(meta))
+    meta = dict(provenance=PROV, run_id=name, phases=list(sweep.PHASES), seed=0)
+    sweep.write(str(d), rows, dict(meta))
     (d / "meta.json").write_text(json.dumps(meta))
     return d
 
@@ -211,7 +211,7 @@ def test_reuse_fetch_point_gpu():
     from ddbench.core.catalog import get_model
     model = get_model("llama-3-8b")
     flat = torch.empty(1 << 29, dtype=torch.bfloat16, pin_memory=True)     # 1 GiB: 8 host layers at batch 1
-    r = bench.reuse_fetch_point(model, flat, 32768, 1, 0.25, reps=3, log=lambda t: None)
+    r = sweep.reuse_fetch_point(model, flat, 32768, 1, 0.25, reps=3, log=lambda t: None)
     assert r["status"] == "ok" and r["host_layers"] >= 1
     k = 2048 // 8
     assert r["slots"] == 8 * k and r["miss_chunks"] == 8 * round(0.25 * k)
@@ -235,18 +235,18 @@ def test_import_reuse_records_from_a_separate_run(tmp_path):
 
 
 def test_point_memory_turns_out_of_memory_into_a_status(monkeypatch):
-    """Both measuring functions share bench.point_memory: an out-of-memory error (or a capture's
+    """Both measuring functions share sweep.point_memory: an out-of-memory error (or a capture's
     RuntimeError saying so) marks the row 'oom' and the sweep goes on; any other error propagates."""
     for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
         monkeypatch.setattr(torch.cuda, name, lambda: None)
     row = dict(status="ok")
-    with bench.point_memory(row):
+    with sweep.point_memory(row):
         raise RuntimeError("CUDA error: out of memory while capturing")
     assert row["status"] == "oom"
     row = dict(status="ok")
-    with bench.point_memory(row):
+    with sweep.point_memory(row):
         raise torch.cuda.OutOfMemoryError("no room")
     assert row["status"] == "oom"
     with pytest.raises(RuntimeError, match="illegal"):
-        with bench.point_memory(dict(status="ok")):
+        with sweep.point_memory(dict(status="ok")):
             raise RuntimeError("illegal memory access")

@@ -36,13 +36,3 @@ def test_git_sha_marks_a_dirty_tree(monkeypatch):
     answers["rev-parse"] = ""
     assert timing.git_sha("/r") == "unknown"
 
-
-def test_devcheck_refusal(monkeypatch):
-    """The GPU devchecks' one-line refusals: no CUDA GPU, or fewer than one repetition."""
-    import torch
-    from kernels.timing import devcheck_refusal
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert devcheck_refusal("devcheck_x", 3) == "devcheck_x: needs a CUDA GPU"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert devcheck_refusal("devcheck_x", 0) == "devcheck_x: --reps must be at least 1"
-    assert devcheck_refusal("devcheck_x", 1) is None and devcheck_refusal("devcheck_x") is None

@@ -2,12 +2,13 @@
 
 Targets:
   engine    the decode-step engine (kernels/engine): every design at Llama-3-8B shapes, 32K-128K;
-            writes traces/engine/<gpu>/ (python -m kernels.engine.bench --help for its options)
+            writes traces/engine/<gpu>/ (python -m kernels.engine.sweep --help for its options)
   kernels   the Triton kernels (gather, dual-token attention, selection, key rebuild, SpeCache
             scoring) against their floors measured in the same run; writes
             traces/kernels/<gpu>/kernels.csv with provenance columns.
 
-Each output file is written whole (a temporary file renamed into place) or not at all.
+Outputs go through the output guard (ddbench/core/outputs.py): written whole or not at all, never
+over a file ddbench did not write; an earlier run's file is replaced only with --force.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import sys
 from ddbench.core.catalog.gpus import catalog_gpu_name
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from ddbench.core.io import atomic_path, check_out
+from ddbench.core import flags
+from ddbench.core.outputs import check_path, output_folder
 
 TARGETS = ("kernels", "engine")
 EXAMPLE = """examples:
@@ -34,7 +36,8 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="GPU microbenchmarks (needs CUDA)", description=__doc__, epilog=EXAMPLE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", choices=TARGETS, help="what to benchmark")
-    p.add_argument("--out", help="output root (default: the data root's kernels/ or engine/)")
+    p.add_argument("--out", type=flags.text(), help="output root (default: the data root's kernels/ or engine/)")
+    p.add_argument("--force", action="store_true", help="replace an earlier run's files (ddbench's own only)")
     p.add_argument("--quick", action="store_true", help="fewer batch sizes (a smoke run)")
     p.set_defaults(func=run)
 
@@ -53,30 +56,32 @@ def _need_cuda():
 
 
 def write_csv(path: str, rows: list[dict], prov: dict) -> None:
-    from kernels.bench import COLUMNS
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, fieldnames=["schema"] + COLUMNS + list(PROVENANCE))
-            w.writeheader()
-            for r in rows:
-                w.writerow({"schema": 1, **r, **{k: prov[k] for k in PROVENANCE}})
+    """Write the kernels table to `path` (a staged file of the output guard)."""
+    from kernels.microbench import COLUMNS
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=["schema"] + COLUMNS + list(PROVENANCE))
+        w.writeheader()
+        for r in rows:
+            w.writerow({"schema": 1, **r, **{k: prov[k] for k in PROVENANCE}})
 
 
 def run(args) -> int:
     if args.out is not None:
-        args.out = check_out(args.out)
+        args.out = str(check_path(args.out))
     _need_cuda()
     if args.target == "engine":
-        from kernels.engine.bench import main as engine_main
+        from kernels.engine.sweep import main as engine_main
         out = args.out or str(traces_dir("engine"))
-        return engine_main(["--out", out] + (["--quick"] if args.quick else []))
-    from kernels.bench import run_all
+        return engine_main(["--out", out] + (["--quick"] if args.quick else []) + (["--force"] if args.force else []))
+    from kernels.microbench import run_all
     from kernels.timing import provenance
-    prov = provenance("ddbench " + " ".join(sys.argv[1:]) if sys.argv[1:] else "ddbench bench kernels")
-    rows, _ = run_all(quick=args.quick)
     import torch
+    prov = provenance("ddbench " + " ".join(sys.argv[1:]) if sys.argv[1:] else "ddbench bench kernels")
     gpu = catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory)
-    path = os.path.join(args.out or str(traces_dir("kernels")), gpu, "kernels.csv")
-    write_csv(path, rows, prov)
-    print(f"wrote {path} ({len(rows)} rows)")
+    folder = os.path.join(args.out or str(traces_dir("kernels")), gpu)
+    with output_folder(folder, command="ddbench bench kernels", shared=True, force=args.force) as w:
+        w.claim(["kernels.csv"])
+        rows, _ = run_all(quick=args.quick)
+        write_csv(w.stage_path("kernels.csv"), rows, prov)
+    print(f"wrote {os.path.join(folder, 'kernels.csv')} ({len(rows)} rows)")
     return 0

@@ -4,12 +4,12 @@
 
 For each design (dualdecoder, its single-token step, shadowkv, specache, full-kv) at each point
 (context:batch, compute only, the model's own selection, CUDA graph): the step as timed by
-kernels/engine/bench.run_point (median of graph replays), then one replay profiled with
+kernels/engine/sweep.run_point (median of graph replays), then one replay profiled with
 torch.profiler. Kernels are put into categories by name (GEMM, selection, attention, misses,
 key rebuild, on-GPU gathers, glue); per category the summed kernel time and the kernel count per step; `busy_ms`
 is the union of all kernel intervals (overlapping streams counted once) and `idle_ms` the step
 minus it: the time the GPU ran no kernel inside the step (graph node launch gaps, dependencies).
-The floor is bench's (weights + resident selection state + attended K/V at the HBM copy rate of
+The floor is the sweep's (weights + resident selection state + attended K/V at the HBM copy rate of
 the same run); `weights_floor_ms` is the weights' share of it, against which the GEMMs are set.
 
 Writes <out>/breakdown.json (default: the data root's engine/<gpu>/) with provenance.
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: the breakdown needs a CUDA GPU; none is visible to torch", file=sys.stderr)
         return 2
-    from kernels.engine.bench import hbm_gbps, run_point
+    from kernels.engine.sweep import hbm_gbps, run_point
     from kernels.engine.model import Weights
     from kernels.timing import provenance
     prov = provenance("python -m kernels.engine.breakdown " + " ".join(sys.argv[1:] if argv is None else argv))

@@ -1,5 +1,5 @@
 """The decode-step engine: one real layer stack, every design's pipeline chosen by its registry
-switches (ddbench.core.systems.SystemSpec), never by its name.
+switches (ddbench.core.designs.DesignSpec), never by its name.
 
     Engine(model, system, cfg, weights, device, host_kv=None, ref=False)
     engine.step() -> next tokens [B, nq] (the first call of a prediction design is the pre-decoding
@@ -33,8 +33,7 @@ import torch
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
 from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope_tables
-from kernels.engine.fastselect import SCORES, fused_plan_fits
-from kernels.engine.rowcand import select_topk_rowcand
+from kernels.engine.fastselect import fused_plan_fits
 from kernels.engine.transfer import (Sched, gather_slots, gather_slots_ref, perturb, perturb_fast, plan_misses,
                                      plan_buffers, plan_misses_fast)
 
@@ -145,7 +144,7 @@ def buffer_rows(cfg: EngineConfig, system) -> tuple[int, int, int, int]:
 
 
 # ShadowKV's fetch of one layer (the reuse branch of Engine._sparse_attention), in its two parts, so
-# that the engine and the reuse-fetch record of kernels/engine/bench.py run the same code. kb, vb: the
+# that the engine and the reuse-fetch record of kernels/engine/sweep.py run the same code. kb, vb: the
 # layer's buffers (kb None: values only); pk, pv: the spare buffer's first kC = k*C tokens (pk None:
 # values only); prev_true, true: the previous and this step's selections [B, H, k].
 
@@ -197,7 +196,6 @@ class Engine:
         self.debug = [] if debug else None
         self.timing = timing and self.dev.type == "cuda"
         self.graph = None                # CUDA graph of `graph_steps` whole steps (capture())
-        self.capturing = False
         s = system
         cfg.validate(model)
         if s.gather == "cpu" and ref:
@@ -209,11 +207,6 @@ class Engine:
         self.prefetch = s.prefetch if (cfg.transfers and not s.kv_on_gpu) else "none"
         # the dual-token top-k plans the misses in its own merge kernel where its "seg" method runs
         self.fuse_plan = not ref and not s.kv_on_gpu and fused_plan_fits(self.B, self.H, self.N, self.kc)
-        # landmark selection from per-row candidates (rowcand.py): off, measured slower; devcheck_rowcand
-        # switches it on for its A/B
-        self.rowcand = False
-        # dtype of pass 1's stored scores (fastselect.SCORES, fp16); devcheck_scores sets fp32 for its A/B
-        self.scores = SCORES
         self.sched = Sched(self.dev, urgent_priority=s.urgent_priority, log=log)
         self.gen = torch.Generator(device=self.dev).manual_seed(cfg.seed + 1)
         self.g = 0                       # generated tokens persisted so far (host mirror, eager only)
@@ -417,8 +410,6 @@ class Engine:
         timing, self.timing = self.timing, False
         self.sched.used.clear()          # join only the side streams this capture forks
         g = torch.cuda.CUDAGraph()
-        self.capturing = True
-        self.sched.capturing = True
         self.out = None
         try:
             with torch.cuda.graph(g):
@@ -426,8 +417,6 @@ class Engine:
                     self.out = self.step()
                 self.sched.join()
         finally:
-            self.capturing = False
-            self.sched.capturing = False
             self.timing = timing
         self.graph, self.graph_steps = g, steps
         self.free_ev = [None] * len(getattr(self, "free_ev", []))
@@ -491,13 +480,11 @@ class Engine:
         return o, pre, pre
 
     def _select(self, i, q, **kw):
+        """ids [B, nq, H, k], ascending (or into kw["out"]); pass 1 stores its scores in fastselect.SCORES."""
         s = self.sys
-        with nvtx_range("select"):   # ids [B, nq, H, k], ascending (or into kw["out"])
-            if not self.ref and not (s.landmarks and self.rowcand):
-                kw["scores"] = self.scores
+        with nvtx_range("select"):
             if s.landmarks:
-                sel = select_topk_rowcand if self.rowcand else self.ops.select
-                return self._map(lambda t: sel(t.contiguous(), self.lm[i], self.kc, **kw), q)
+                return self._map(lambda t: self.ops.select(t.contiguous(), self.lm[i], self.kc, **kw), q)
             return self._map(lambda t: self.ops.spec_select(t.contiguous(), self.qk[i], self.C, self.kc, **kw), q)
 
     def _sparse_attention(self, i, q, k, v, nq, predecode):

@@ -41,8 +41,8 @@ only) and sets T to the k-th largest. Exact: top-k(A u B) = top-k(top-k(A) u B) 
 and a later chunk equal to T ranks below every kept one (larger id), so only chunks strictly above T
 are appended. The final top-k of the buffer is the answer. Extra memory: 2 x CAP int32 per program.
 The cut's K-th largest is a 31-step binary search (default) or, with search="5ary", a 5-ary search
-with packed counts (14 reductions; not timed on the GPU yet). Measured on the H200 (devcheck_select,
-tree 0149cb3): 1.40x faster than the bit search at 128K, batch 64 (3.67x its byte floor), about
+with packed counts (14 reductions; not timed on the GPU yet). Measured on the H200 (the issue-9
+check, tree 0149cb3): 1.40x faster than the bit search at 128K, batch 64 (3.67x its byte floor), about
 equal at batch 4, slower at N = 4096 (hence STREAM_MIN_N).
 "bits" (`_bits_topk_kernel`, the first kernel; the default only where "seg"'s merge would exceed
 MAX_MERGE candidates, i.e. k close to N at large N): the whole row in registers, a 31-step binary
@@ -62,7 +62,7 @@ row's top-k is in its segment's top-k, hence among the candidates, and the candi
 same total order is the row's. Extra memory: 2 x slots int32 per (row, segment). search="radix"
 (a 4-digit radix select with tl.histogram), "binary" or "5ary" make both stages exact searches
 instead (slower, kept for comparison). Measured on the H200 (traces/engine/h200/devcheck-topk.json,
-`python -m kernels.engine.devcheck_select topk`): at 128K 1.6-2.9x faster than "stream" and
+`python3 -m devtools.devcheck_topk`): at 128K 1.6-2.9x faster than "stream" and
 1.5-2.9x than "bits" (batch 16, 2 tokens: 51.4 against 86.2 and 93.9 us, 3.3x its byte floor); at
 32K 1.0-1.3x faster than "bits" (batch 16, 2 tokens: even). Stage 1 is most of it (42.9 of 51.4 us
 there): its load and its search alternate within each program.
@@ -80,13 +80,13 @@ from kernels.engine.transfer import plan_row_sorted
 from kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
 
 MAX_CAP = 8192          # candidate buffer (entries) of the stream kernel; larger k: bits
-STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see kernels/engine/README.md)
+STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see docs/engine.md)
 # pass 1's stored scores (log2 domain): fp16 halves their write and the top-k's read of them (the
 # largest traffic of the selection after the landmarks: 8 rows x N per KV head with two tokens)
 SCORES = torch.float16
 MAX_MERGE = 16384       # "seg": most candidates (power of two) stage 2 holds in registers; more: bits
 SEG_MAX = 4096          # "seg": longest segment (chunks) of stage 1 (8192 with 4 warps: 5-10 % faster alone,
-                        # with the scores warm in L2, but no faster in the engine's steps; kernels/engine/README.md)
+                        # with the scores warm in L2, but no faster in the engine's steps; docs/engine.md)
 SEG_MIN = 2048          # "seg": shortest default segment (batch 1 at 32K: 2048 with 8 warps measured fastest)
 SEG_PROGRAMS = 64       # "seg": segments halve while stage 1 would have fewer programs than this
 SEG_FEW = 128           # "seg": stage 1 with fewer programs than this runs 8 warps each (shorter search latency)

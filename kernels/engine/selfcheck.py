@@ -14,7 +14,7 @@ import sys
 import torch
 
 from ddbench.core.catalog.models import ModelSpec
-from ddbench.core.systems import SYSTEMS
+from ddbench.core.designs import DESIGNS as SYSTEMS
 
 SMALL = ModelSpec("gpu-small", 3, 32, 8, 128, 1024, 2048, 1000)
 

@@ -1,10 +1,12 @@
-"""The engine README's tables, rendered from an engine sweep (no GPU, no torch).
+"""The engine's result tables, rendered from an engine sweep (no GPU, no torch).
 
-    python -m kernels.engine.tables [DIR]        (default: the data root's engine/h200)
+    python -m kernels.engine.tables [DIR] [--markdown]     (default DIR: the data root's engine/h200)
 
-Prints markdown: step against its floor per design, context and batch (the floor phase), the
-dual-token over single-token step, and every mechanism ratio with its min-max over repetitions
-and whether the effect is larger than that spread (summary.json of kernels/engine/bench.py).
+Step against its floor per design, context and batch (the floor phase), the dual-token over
+single-token step, and every mechanism ratio with its min-max over repetitions and whether the
+effect is larger than that spread (summary.json and rows.jsonl of kernels/engine/sweep.py).
+Prints aligned plain-text tables; --markdown prints a markdown section (headings, one caption per
+table) to paste into or generate docs from. render(DIR) returns the markdown tables.
 """
 
 from __future__ import annotations
@@ -104,23 +106,67 @@ def mechanism_table(summary: dict) -> str:
     return "\n".join(out)
 
 
+def _head(folder: str, summary: dict) -> str:
+    prov = summary.get("provenance", {})
+    return (f"From {folder}: {prov.get('gpu')}, git {prov.get('git_sha')}, {prov.get('date_utc')}, "
+            f"`{prov.get('command')}`; HBM copy {summary.get('hbm_copy_gbps', 0):.0f} GB/s.")
+
+
 def render(folder: str) -> str:
     summary, rows = load(folder)
-    prov = summary.get("provenance", {})
-    head = (f"From {folder}: {prov.get('gpu')}, git {prov.get('git_sha')}, {prov.get('date_utc')}, "
-            f"`{prov.get('command')}`; HBM copy {summary.get('hbm_copy_gbps', 0):.0f} GB/s.")
-    return "\n\n".join([head, step_floor_table(summary, rows), dual_single_line(summary), mechanism_table(summary)])
+    return "\n\n".join([_head(folder, summary), step_floor_table(summary, rows), dual_single_line(summary),
+                        mechanism_table(summary)])
+
+
+def render_markdown(folder: str) -> str:
+    """A markdown section: the provenance line, then each table under its heading with a caption."""
+    summary, rows = load(folder)
+    return "\n\n".join([
+        "## Engine sweep results", _head(folder, summary),
+        "### Step against its floor",
+        "Compute only (no host reads), CUDA graph, the model's own selection; floor = weights + resident "
+        "selection state + attended K/V, read once at the HBM copy rate of the same run.",
+        step_floor_table(summary, rows),
+        "### Dual-token against single-token step", dual_single_line(summary) + ".",
+        "### Mechanism ratios",
+        "Median (min-max) of the per-repetition ratios; an effect is claimed only where |median - 1| "
+        "exceeds max - min.",
+        mechanism_table(summary)])
+
+
+def plain(text: str) -> str:
+    """Markdown tables of `text` as aligned plain-text columns (bold and code marks dropped)."""
+    out, block = [], []
+
+    def flush():
+        if block:
+            cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in block
+                     if not re.fullmatch(r"\|[\s\-|]+\|", ln.strip())]
+            widths = [max(len(r[i]) for r in cells if i < len(r)) for i in range(max(map(len, cells)))]
+            out.extend("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+            block.clear()
+    for line in text.replace("**", "").replace("`", "").splitlines():
+        if line.startswith("|"):
+            block.append(line)
+        else:
+            flush()
+            out.append(line)
+    flush()
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        folder = argv[0]
-    else:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m kernels.engine.tables", description=__doc__.split("\n")[0])
+    ap.add_argument("folder", nargs="?", help="an engine sweep folder (default: the data root's engine/h200)")
+    ap.add_argument("--markdown", action="store_true", help="a markdown section instead of plain-text tables")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    folder = a.folder
+    if folder is None:
         from ddbench.core.paths import traces_dir
         folder = os.path.join(str(traces_dir("engine")), "h200")
     try:
-        print(render(folder))
+        print(render_markdown(folder) if a.markdown else plain(render(folder)))
     except (OSError, KeyError, ValueError) as exc:
         print(f"error: {folder}: not an engine sweep summary ({exc})", file=sys.stderr)
         return 2

@@ -162,7 +162,6 @@ class Sched:
             self.streams = {"compute": None, "prefetch": None, "urgent": None}
         self.alias = {"urgent": "urgent" if urgent_priority else "prefetch"}
         self._n = 0
-        self.capturing = False
         self.used = set()
 
     def stream(self, sname):

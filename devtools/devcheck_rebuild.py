@@ -1,6 +1,6 @@
-"""GPU check of the low-rank key rebuild (kernels/rebuild.py): correctness, then old vs new timing.
+"""GPU check of the low-rank key rebuild (kernels/rebuild.py): correctness, then its launch variants timed.
 
-    PYTHONPATH=. python3 kernels/devcheck_rebuild.py [--out FILE.json] [--quick] [--final]
+    PYTHONPATH=. python3 -m devtools.devcheck_rebuild [--out FILE.json] [--quick] [--final]
 
 (a) every timed variant against the fp32 twin (rebuild_keys_ref) on fresh random bf16 factors, NaN-poisoned
     key buffers, ShadowKV's shapes (r=160, H=8, d=128, C=8, n=256 chunks, slot offset 32), and the fast
@@ -13,8 +13,11 @@
     + SV (B*H*r*d*2) + K written (B*H*n*C*d*2) + idx (B*H*n*4). `floor_brief_us` counts U rows once per
     (b, selected slot) without the per-head factor (B*n*C*r*2), which holds only when every head selects
     the same chunks; the engine's heads select different ones.
-The old kernel (kernels/rebuild.py at 69d6717, copied below verbatim as the baseline) runs in the same process.
---final times only the old kernel, the default (impl="auto") and the two launches of rebuild.LAUNCH.
+The variants: the default (impl="auto"), the block kernel's launch grid (block_chunks, rank_block, warps,
+stages), the SV-resident kernel's, and libdevice sin/cos; the fastest correct ones are rebuild.LAUNCH.
+--final times only the default and the two launches of rebuild.LAUNCH. BUDGET_S (default 200) skips
+the shapes not started after that many seconds.
+(traces/engine/h200/devcheck-rebuild.json also holds the kernel before issue 9, timed in that run.)
 """
 from __future__ import annotations
 
@@ -26,74 +29,20 @@ import sys
 import time
 
 import torch
-import triton
-import triton.language as tl
+
+from devtools._common import command, refusal
 
 HBM = 4.3e12
 R, H, D, C, N = 160, 8, 128, 8, 256
 
 
-# ---- baseline: _rebuild_kernel and its launch as of 69d6717 (libdevice sin/cos, 4 chunks, rank 32, 4 warps)
-@triton.jit
-def _old_rebuild_kernel(U, SV, idx, inv_freq, k_out, n_sel, R, H,
-                        s_ub, s_ut, s_sb, s_sh, s_sr, s_ob, s_oh, s_ot, slot_offset,
-                        C: tl.constexpr, D: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr):
-    bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
-    HALF: tl.constexpr = D // 2
-    BT: tl.constexpr = BC * C
-    rr = tl.arange(0, BT)
-    j = tl.program_id(1) * BC + rr // C
-    jv = j < n_sel
-    ch = tl.load(idx + bh.to(tl.int64) * n_sel + j, mask=jv, other=0)
-    tok = (ch * C + rr % C).to(tl.int64)
-    hd = tl.arange(0, HALF)
-    ub = U + b.to(tl.int64) * s_ub
-    sb = SV + b.to(tl.int64) * s_sb + h * s_sh
-    x1 = tl.zeros([BT, HALF], tl.float32)
-    x2 = tl.zeros([BT, HALF], tl.float32)
-    for r0 in range(0, R, RB):
-        rk = r0 + tl.arange(0, RB)
-        rkv = rk < R
-        u = tl.load(ub + tok[:, None] * s_ut + rk[None, :], mask=jv[:, None] & rkv[None, :], other=0.0)
-        s1 = tl.load(sb + rk[:, None] * s_sr + hd[None, :], mask=rkv[:, None], other=0.0)
-        s2 = tl.load(sb + rk[:, None] * s_sr + HALF + hd[None, :], mask=rkv[:, None], other=0.0)
-        x1 += tl.dot(u, s1)
-        x2 += tl.dot(u, s2)
-    ang = tok.to(tl.float32)[:, None] * tl.load(inv_freq + hd)[None, :]
-    kk = tl.floor(ang * 0.15915494309189535 + 0.5)
-    ang = (ang - kk * 6.28125) - kk * 1.9353071795864769e-3
-    cos = tl.cos(ang)
-    sin = tl.sin(ang)
-    dst = k_out + b.to(tl.int64) * s_ob + h * s_oh + (slot_offset + j * C + rr % C).to(tl.int64)[:, None] * s_ot + hd[None, :]
-    ty = k_out.dtype.element_ty
-    tl.store(dst, (x1 * cos - x2 * sin).to(ty), mask=jv[:, None])
-    tl.store(dst + HALF, (x2 * cos + x1 * sin).to(ty), mask=jv[:, None])
-
-
-def old_rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=4, rank_block=32,
-                     num_warps=4):
-    from kernels.rebuild import _check, rope_inv_freq
-    B, T, R_, H_, d = _check(U, SV, idx, k_out, chunk, slot_offset)
-    n = idx.shape[2]
-    idx = idx.to(device=U.device, dtype=torch.int32).contiguous()
-    inv = rope_inv_freq(d, rope_theta, U.device)
-    _old_rebuild_kernel[(B * H_, triton.cdiv(n, block_chunks))](
-        U, SV, idx, inv, k_out, n, R_, H_, U.stride(0), U.stride(1), SV.stride(0), SV.stride(1), SV.stride(2),
-        *k_out.stride()[:3], slot_offset, C=chunk, D=d, BC=block_chunks, RB=rank_block, num_warps=num_warps)
-    return k_out
-# ---- end of the baseline
-
-
 def variants(quick=False, final=False):
-    """name -> callable(U, SV, idx, k_out, **kw). `new` launches kernels/rebuild.py's block kernel with the given
+    """name -> callable(U, SV, idx, k_out, **kw). `blocks` launches kernels/rebuild.py's block kernel with the given
     block_chunks (bc), rank_block (rb), num_warps (w), num_stages (s); `resident` its SV-resident kernel
     (impl="resident"; programs per SM, or rebuild_keys' default); `default` is rebuild_keys as it stands.
-    final: the old kernel, the default and the launches LAUNCH names (the check of the chosen default)."""
+    final: the default and the launches LAUNCH names (the check of the chosen default)."""
     from kernels.rebuild import LAUNCH, rebuild_keys
-    v = {"old 69d6717 bc4 rb32 w4 (libdevice sin/cos)": old_rebuild_keys,
-         "default rebuild_keys (impl auto)": rebuild_keys}
+    v = {"default rebuild_keys (impl auto)": rebuild_keys}
     cfgs = [(4, 32, 4, 3), (8, 32, 4, 3), (8, 32, 8, 3), (8, 64, 4, 3), (16, 32, 8, 2), (16, 32, 8, 3),
             (16, 64, 8, 3), (16, 32, 16, 3), (32, 32, 16, 3), (32, 32, 8, 3)]
     res = [(8, 4, 2, 2), (8, 8, 2, 2), (16, 8, 2, 2), (8, 4, 2, 4), (4, 4, 3, 2), (4, 4, 3, None)]
@@ -105,14 +54,14 @@ def variants(quick=False, final=False):
         res = [(r["block_chunks"], r["num_warps"], r["num_stages"], None)]
     for bc, rb, w, s in cfgs:
         kw = dict(impl="blocks", block_chunks=bc, rank_block=rb, num_warps=w, num_stages=s)
-        v[f"new bc{bc} rb{rb} w{w} s{s}"] = (lambda *a, kw=kw, **k: rebuild_keys(*a, **kw, **k))
+        v[f"blocks bc{bc} rb{rb} w{w} s{s}"] = (lambda *a, kw=kw, **k: rebuild_keys(*a, **kw, **k))
     for bc, w, s, per_sm in res:
         kw = dict(impl="resident", block_chunks=bc, num_warps=w, num_stages=s)
         name = f"resident bc{bc} w{w} s{s} " + (f"{per_sm}/SM" if per_sm else "default programs")
         v[name] = (lambda *a, kw=kw, per_sm=per_sm, **k: rebuild_keys(
             *a, **kw, programs=per_sm and per_sm * torch.cuda.get_device_properties(0).multi_processor_count, **k))
     if not final:
-        v["new bc16 rb32 w8 s3 libdevice sin/cos"] = (
+        v["blocks bc16 rb32 w8 s3 libdevice sin/cos"] = (
             lambda *a, **k: rebuild_keys(*a, impl="blocks", block_chunks=16, rank_block=32, num_warps=8, num_stages=3,
                                          fast_rope=False, **k))
     return v
@@ -272,15 +221,26 @@ def timing(vs, ok, out_path, prov, quick=False, t_start=None, budget_s=200.0):
     return res
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "devcheck-rebuild.json"))
+    ap.add_argument("--quick", action="store_true", help="fewer launch variants (two of the block kernel, one resident)")
+    ap.add_argument("--final", action="store_true", help="only the default and rebuild.LAUNCH's two launches")
+    a = ap.parse_args(argv)
+    if (err := refusal("devcheck_rebuild")):
+        print(err, file=sys.stderr)
+        return 2
     from kernels.timing import provenance
-    args = sys.argv[1:]
-    out = args[args.index("--out") + 1] if "--out" in args else os.path.join(os.environ.get("OUT", "."),
-                                                                             "devcheck-rebuild.json")
     t0 = time.time()
-    prov = provenance("PYTHONPATH=. python3 kernels/devcheck_rebuild.py " + " ".join(args))
+    prov = provenance(command("devcheck_rebuild", argv))
     print(prov, flush=True)
-    vs = variants(quick="--quick" in args, final="--final" in args)
+    vs = variants(quick=a.quick, final=a.final)
     ok = correctness(vs)
     print(f"correctness: {'ALL PASS' if all(ok.values()) else 'SOME FAIL'}", flush=True)
-    timing(vs, ok, out, prov, quick="--quick" in args, t_start=t0, budget_s=float(os.environ.get("BUDGET_S", 200)))
+    timing(vs, ok, a.out, prov, quick=a.quick, t_start=t0, budget_s=float(os.environ.get("BUDGET_S", 200)))
+    return 0 if all(ok.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
-"""GPU check of SpeCache's 2-bit scoring (kernels/specache.py): correctness, then old vs new timing.
+"""GPU check of SpeCache's 2-bit scoring (kernels/specache.py): correctness, then its launch variants timed.
 
-    PYTHONPATH=. python3 kernels/devcheck_specache.py [--quick] [--reps 3] [--out FILE.json]
+    PYTHONPATH=. python3 -m devtools.devcheck_specache [--quick] [--reps 3] [--out FILE.json] [--waves]
 
 (a) against the fp32 twins on fresh random bf16 inputs (queries and keys), NaN-poisoned outputs:
     the per-token and per-chunk forms, 1 and 2 query tokens, odd split counts, each launch variant,
@@ -9,7 +9,8 @@
     do not stay in L2), after warm-up; min / median / max over 25 replays, per call; Llama-3-8B heads
     (32 q / 8 KV, d=128), 2 query tokens, chunk 8, B=8 x 32K and B=16 x 128K tokens. Floors: bytes read
     (codes, scales, zeros) and written (the output) at 4.25 TB/s, and at the copy rate measured here.
-The old kernel (impl="dequant": dequantise in registers, dot on fp16 keys) is timed in the same run.
+The dequantising kernel (impl="dequant": dequantise in registers, dot on fp16 keys; "old" in the rows) is
+timed in the same run. --waves: instead, pass 1 and the engine's path at 2 / 4 / 8 / 16 programs per SM.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import statistics
 import sys
 
 import torch
+
+from devtools._common import command, refusal
 
 HBM = 4.25e12
 
@@ -208,12 +211,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the timings and the provenance to this JSON file")
     ap.add_argument("--waves", action="store_true", help="only the programs-per-SM sweep (no correctness run)")
     a = ap.parse_args(argv)
-    from kernels.timing import devcheck_refusal
-    if (err := devcheck_refusal("devcheck_specache", a.reps)):
+    if (err := refusal("devcheck_specache", a.reps)):
         print(err, file=sys.stderr)
         return 2
     from kernels.timing import provenance
-    prov = provenance("kernels/devcheck_specache.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    prov = provenance(command("devcheck_specache", argv))
     print(prov, flush=True)
     if a.waves:
         rows = waves_sweep(a.reps)

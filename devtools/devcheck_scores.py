@@ -1,6 +1,6 @@
 """fp16 against fp32 stored scores in the engine's selection: kernels alone and whole steps (H200).
 
-    PYTHONPATH=. python -m kernels.engine.devcheck_scores [--reps 3] [--out FILE.json] [--skip-engine | --topk-grid]
+    PYTHONPATH=. python3 -m devtools.devcheck_scores [--reps 3] [--out FILE.json] [--skip-engine | --topk-grid]
 
 Pass 1 stores the raw (log2-domain) scores of the group's rows, which the top-k reads back: with two
 query tokens 8 rows x N per KV head, the selection's largest traffic after the landmarks. fp16 halves
@@ -10,17 +10,23 @@ it (fastselect.SCORES).
     on fresh random bf16 inputs: the share of ids both dtypes choose, then CUDA-graph timings (2 input
     sets alternated, median of 20 replays), `--reps` times interleaved.
 (b) Engine: DualDecoder, its single-token step and SpeCache, compute only (CUDA graph, the model's own
-    selection), each engine built once and captured with `Engine.scores` fp32 and fp16 in turn, `--reps`
-    times; dual / single with each.
+    selection, Llama-3-8B with random weights), each engine built once, then `--reps` times captured
+    with its selection ops storing fp32 and fp16 scores in turn (`with_scores`), each the median of 5
+    replays of 2 steps; dual / single with each.
 --topk-grid: instead, the seg top-k's segment, cuts and warps on fp16 pass-1 output (see topk_grid).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import gc
 import statistics
 import sys
 
 import torch
+
+from devtools._common import command, refusal
 
 KERNEL_POINTS = ((32768, 16), (131072, 16), (131072, 64))
 ENGINE_POINTS = ((32768, 64), (131072, 16), (131072, 64))
@@ -119,13 +125,57 @@ def topk_grid(rows):
         torch.cuda.empty_cache()
 
 
-def engine(reps, rows, hbm):
-    from kernels.engine.engine_ab import engine_ab
+def with_scores(dt):
+    """fn(engine): the engine's selection ops (landmarks and SpeCache) store pass 1's scores in `dt`
+    (the engine itself always uses fastselect.SCORES)."""
+    from kernels.engine import fastselect
 
-    def scores(dt):
-        return lambda e: setattr(e, "scores", dt)
-    engine_ab(rows, hbm, ENGINE_POINTS, ("dualdecoder-single", "dualdecoder", "specache"),
-              {name: scores(dt) for name, dt in DTYPES.items()}, reps)
+    def apply(e):
+        e.ops = dataclasses.replace(e.ops, select=functools.partial(fastselect.select_topk, scores=dt),
+                                    spec_select=functools.partial(fastselect.specache_select_topk, scores=dt))
+    return apply
+
+
+def engine(reps, rows, hbm, points=ENGINE_POINTS, designs=("dualdecoder-single", "dualdecoder", "specache")):
+    """Same-run A/B of whole steps: per point and design one engine, then `reps` times each dtype in
+    turn applied, captured and timed. One row per (design, point, repetition), and one dual / single
+    row per repetition where both DualDecoder steps ran."""
+    from ddbench.core.catalog import get_model
+    from kernels.engine.model import Weights
+    from kernels.engine.sweep import run_point
+    from kernels.timing import event_times
+    model = get_model("llama-3-8b")
+    weights = Weights.random(model, "cuda", seed=0)
+    variants = {name: with_scores(dt) for name, dt in DTYPES.items()}
+    for ctx, B in points:
+        t = {}
+        for design in designs:
+            r = run_point(model, weights, None, design, ctx, B, miss_rate=None, transfers=False, graph=True,
+                          reps=5, hbm=hbm, keep=True)
+            if not isinstance(r, tuple):
+                print(f"engine {design} {ctx}:{B}: {r['status']}", flush=True)
+                continue
+            row, e = r
+            for rep in range(reps):
+                for name, apply in variants.items():
+                    apply(e)
+                    e.capture(2)
+                    t[(design, name, rep)] = statistics.median(event_times(e.replay, 5, warmup=1, per_call=2))
+                ms = {n: t[(design, n, rep)] for n in variants}
+                rows.append(dict(part="engine", design=design, context=ctx, batch=B, rep=rep,
+                                 **{f"{n}_ms": v for n, v in ms.items()}, floor_ms=row["floor_ms"]))
+                print(f"engine {design:18s} {ctx:6d} B={B:3d} rep {rep}: "
+                      + ", ".join(f"{n} {v:.3f} ms" for n, v in ms.items()) + f", floor {row['floor_ms']:.3f} ms",
+                      flush=True)
+            del e, r
+            gc.collect()
+            torch.cuda.empty_cache()
+        for rep in range(reps):
+            if all((d, n, rep) in t for d in ("dualdecoder-single", "dualdecoder") for n in variants):
+                ratio = {n: t[("dualdecoder", n, rep)] / t[("dualdecoder-single", n, rep)] for n in variants}
+                rows.append(dict(part="dual/single", context=ctx, batch=B, rep=rep, **ratio))
+                print(f"engine dual/single {ctx:6d} B={B:3d} rep {rep}: "
+                      + ", ".join(f"{n} {v:.3f}" for n, v in ratio.items()), flush=True)
 
 
 def main(argv=None) -> int:
@@ -135,11 +185,10 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--topk-grid", action="store_true", help="only the seg top-k's parameter grid on fp16 scores")
     a = ap.parse_args(argv)
-    from kernels.timing import devcheck_refusal
-    if (err := devcheck_refusal("devcheck_scores", a.reps)):
+    if (err := refusal("devcheck_scores", a.reps)):
         print(err, file=sys.stderr)
         return 2
-    from kernels.engine.bench import hbm_gbps
+    from kernels.engine.sweep import hbm_gbps
     from kernels.timing import provenance
     hbm = hbm_gbps()
     rows = []
@@ -151,7 +200,7 @@ def main(argv=None) -> int:
         engine(a.reps, rows, hbm)
     if a.out:
         from ddbench.core.io import write_json
-        write_json(a.out, dict(provenance=provenance("python -m kernels.engine.devcheck_scores"), hbm_copy_gbps=hbm,
+        write_json(a.out, dict(provenance=provenance(command("devcheck_scores", argv)), hbm_copy_gbps=hbm,
                                rows=rows))
     return 0
 

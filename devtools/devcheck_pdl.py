@@ -1,6 +1,6 @@
 """Does programmatic dependent launch (PDL) shorten a CUDA graph of small dependent kernels? (H200)
 
-    PYTHONPATH=. python -m kernels.engine.devcheck_pdl [--out FILE.json]
+    PYTHONPATH=. python3 -m devtools.devcheck_pdl [--out FILE.json]
 
 A chain of `n` dependent elementwise Triton kernels (x -> y -> x ...) captured in one CUDA graph,
 timed with CUDA events over graph replays (median of 20 after warm-up), without and with PDL
@@ -60,8 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--kernels", type=int, default=400)
     a = ap.parse_args(argv)
-    from kernels.timing import devcheck_refusal
-    if (err := devcheck_refusal("devcheck_pdl", None)):
+    from devtools._common import command, refusal
+    if (err := refusal("devcheck_pdl", None)):
         print(err, file=sys.stderr)
         return 2
     dev = torch.device("cuda")
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     if a.out:
         from ddbench.core.io import write_json
         from kernels.timing import provenance
-        write_json(a.out, dict(provenance=provenance("python -m kernels.engine.devcheck_pdl"), gemv_ms=t_gemv,
+        write_json(a.out, dict(provenance=provenance(command("devcheck_pdl", argv)), gemv_ms=t_gemv,
                                kernels=a.kernels, rows=rows))
     return 0
 

@@ -1,35 +1,37 @@
-"""Device-side checks used while bringing the engine to its floor (one call, several checks).
+"""Device-side checks used while bringing the engine to its floor (H200).
 
-    python -m kernels.engine.devcheck spec      SpeCache Triton scoring: groups per iteration x warps
-    python -m kernels.engine.devcheck prof D:C:B [...]   kernel time by name in one graph replay
+    PYTHONPATH=. python3 -m devtools.devcheck spec           SpeCache Triton scoring and its top-256 against
+                                                             the bytes they read (codes + scales)
+    PYTHONPATH=. python3 -m devtools.devcheck select         the fused landmark selection (fastselect) against
+                                                             the torch top-k path and the landmark floor
+    PYTHONPATH=. python3 -m devtools.devcheck prof D:C:B ... kernel time by name in one graph replay of a
+                                                             compute-only step (design:context:batch)
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 
+from devtools._common import rand_bf16, refusal
+
 
 def specache_kernel():
-    from kernels.bench import _rand_bf16
-    from kernels.engine.bench import hbm_gbps
+    from kernels.engine.sweep import hbm_gbps
     from kernels.engine.fastselect import specache_select_topk
     from kernels.specache import quantize_keys_2bit, spec_pass1, specache_scores_triton
     from kernels.timing import time_cuda
     hbm = hbm_gbps()
     Hq, H, d = 32, 8, 128
     for B, T in [(8, 32768), (16, 131072)]:
-        sets = [(_rand_bf16(B, 2, Hq, d), quantize_keys_2bit(_rand_bf16(B, H, T, d))) for _ in range(2)]
+        sets = [(rand_bf16(B, 2, Hq, d), quantize_keys_2bit(rand_bf16(B, H, T, d))) for _ in range(2)]
         qk = sets[0][1]
         read = qk.codes.numel() + 2 * qk.scale.numel() * 2
         fl = read / hbm / 1e6
-        for gb in (2,):
-            for nw in (4,):
-                for rl in (False,):
-                    t = time_cuda([lambda q=q, qk=qk: spec_pass1(q, qk, 8, groups_per_iter=gb, num_warps=nw, rowload=rl)
-                                   for q, qk in sets], inner=2, reps=10)
-                    print(f"spec pass1 B={B:3d} T={T:6d} gb={gb} warps={nw} rowload={rl}: {t:.4f} ms  floor(codes+scales)"
-                          f" {fl:.4f} ms  {100 * fl / t:5.1f}%", flush=True)
+        t = time_cuda([lambda q=q, qk=qk: spec_pass1(q, qk, 8) for q, qk in sets], inner=2, reps=10)
+        print(f"spec pass1 B={B:3d} T={T:6d} (default launch): {t:.4f} ms  floor(codes+scales) {fl:.4f} ms  "
+              f"{100 * fl / t:5.1f}%", flush=True)
         out_b = B * 2 * H * (T // 8) * 4
         t = time_cuda([lambda q=q, qk=qk: specache_scores_triton(q, qk, chunk=8) for q, qk in sets], inner=2, reps=10)
         f2 = (read + out_b) / hbm / 1e6
@@ -45,14 +47,13 @@ def specache_kernel():
 
 
 def select_kernel():
-    from kernels.bench import _rand_bf16
-    from kernels.engine.bench import hbm_gbps
+    from kernels.engine.sweep import hbm_gbps
     from kernels.engine.fastselect import select_topk
     from kernels.select import select_chunks
     from kernels.timing import time_cuda
     hbm = hbm_gbps()
     for B, N, nq in [(4, 4096, 2), (16, 16384, 2), (64, 16384, 2), (64, 16384, 1)]:
-        sets = [(_rand_bf16(B, nq, 32, 128), _rand_bf16(B, 8, N, 128)) for _ in range(2)]
+        sets = [(rand_bf16(B, nq, 32, 128), rand_bf16(B, 8, N, 128)) for _ in range(2)]
         fl = B * 8 * N * 128 * 2 / hbm / 1e6
         t1 = time_cuda([lambda q=q, lm=lm: select_topk(q, lm, 256) for q, lm in sets], inner=2, reps=10)
         t0 = time_cuda([lambda q=q, lm=lm: select_chunks(q, lm, 256) for q, lm in sets], inner=2, reps=10)
@@ -64,14 +65,18 @@ def select_kernel():
 def profile(points):
     from torch.profiler import ProfilerActivity, profile as prof
     from ddbench.core.catalog import get_model
-    from kernels.engine.bench import hbm_gbps, run_point
+    from kernels.engine.sweep import hbm_gbps, run_point
     from kernels.engine.model import Weights
     model = get_model("llama-3-8b")
     w = Weights.random(model, "cuda", seed=0)
     hbm = hbm_gbps()
     for p in points:
         d, c, b = p.split(":")
-        row, e = run_point(model, w, None, d, int(c), int(b), transfers=False, graph=True, reps=3, hbm=hbm, keep=True)
+        r = run_point(model, w, None, d, int(c), int(b), transfers=False, graph=True, reps=3, hbm=hbm, keep=True)
+        if not isinstance(r, tuple):
+            print(f"== {p}: {r['status']}", flush=True)
+            continue
+        row, e = r
         with prof(activities=[ProfilerActivity.CUDA]) as pr:
             e.replay()
             torch.cuda.synchronize()
@@ -90,10 +95,22 @@ def profile(points):
         torch.cuda.empty_cache()
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "spec":
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("check", choices=("spec", "select", "prof"))
+    ap.add_argument("points", nargs="*", help="prof: design:context:batch points (e.g. dualdecoder:131072:16)")
+    a = ap.parse_args(argv)
+    if (err := refusal("devcheck")):
+        print(err, file=sys.stderr)
+        return 2
+    if a.check == "spec":
         specache_kernel()
-    elif sys.argv[1] == "select":
+    elif a.check == "select":
         select_kernel()
-    elif sys.argv[1] == "prof":
-        profile(sys.argv[2:])
+    else:
+        profile(a.points)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,16 +1,22 @@
-"""Small gather runs (plain, values-only, reuse) for `compute-sanitizer --tool memcheck`.
+"""Small gather runs (plain, values-only, reuse, an odd grid) for `compute-sanitizer --tool memcheck`.
 
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 -m kernels.sanitize_gather
-Exits non-zero if any result differs from the torch twin.
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=. compute-sanitizer --tool memcheck python3 -m devtools.sanitize_gather
+Exits non-zero if any result differs from the torch twin (2 without a CUDA GPU).
 """
+
+import sys
 
 import torch
 
-from kernels.gather import gather_ref, gather_uva
-from kernels.layout import alloc_host_kv
+from devtools._common import refusal
 
 
 def main() -> int:
+    if (err := refusal("sanitize_gather")):
+        print(err, file=sys.stderr)
+        return 2
+    from kernels.gather import gather_ref, gather_uva
+    from kernels.layout import alloc_host_kv
     B, H, N, n, C, d = 2, 8, 64, 13, 8, 128
     host = alloc_host_kv(2, B, H, N, C, d)
     host.copy_(torch.randn(host.shape).to(torch.bfloat16))

@@ -1,7 +1,7 @@
 """Engine measurement sweep on the local CUDA GPU: Llama-3-8B shapes, every design, 32K and 128K.
 
-    python -m kernels.engine.bench [--quick] [--reps 3] [--host-gib 16] [--budget-s 420] [--out DIR]
-    python -m kernels.engine.bench --point dualdecoder:131072:16 [--miss 0.33] [--budget 2048] [--chunk 8]
+    python -m kernels.engine.sweep [--quick] [--reps 3] [--host-gib 16] [--budget-s 420] [--out DIR]
+    python -m kernels.engine.sweep --point dualdecoder:131072:16 [--miss 0.33] [--budget 2048] [--chunk 8]
 
 Every step is timed as CUDA-graph replays (kernels/timing.event_times: events between back-to-back
 replays, no host sync inside or between them) after the pre-decoding step, one eager warm-up step
@@ -59,7 +59,7 @@ from ddbench.core.catalog.gpus import catalog_gpu_name, get_gpu
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, max_batch
 from ddbench.core.paths import traces_dir
-from ddbench.core.systems import SYSTEMS
+from ddbench.core.designs import DESIGNS as SYSTEMS
 
 GIB = 1 << 30
 COLUMNS = ["phase", "rep", "design", "context", "batch", "miss_rate", "transfers", "graph", "urgent_programs",
@@ -427,6 +427,8 @@ def main(argv=None):
     ap.add_argument("--replays", type=int, default=5, help="timed graph replays (2 steps each) per point")
     ap.add_argument("--out", help="output root (default: the data root's engine/)")
     ap.add_argument("--resume", action="store_true", help="skip points already in <out>/<gpu>/rows.jsonl")
+    ap.add_argument("--force", action="store_true", help="replace an earlier sweep in the folder (ddbench's own files"
+                                                         " only)")
     ap.add_argument("--profile", action="store_true", help="also write a one-step kernel timeline (torch.profiler)")
     ap.add_argument("--point", help="one point only: DESIGN:CONTEXT:BATCH (checked, then run and printed)")
     ap.add_argument("--miss", type=float, default=0.174)
@@ -491,7 +493,6 @@ def _append(path, obj):
 
 
 def run(a):
-    from kernels.engine.model import Weights
     from kernels.timing import provenance
     phases = parse_phases(a.phases)             # before touching the GPU: bad input exits 2 anywhere
     if not torch.cuda.is_available():
@@ -499,12 +500,30 @@ def run(a):
     if a.reps < 1 or a.replays < 1:
         raise DDBenchError("--reps and --replays must be >= 1")
     t_start = time.perf_counter()
-    prov = provenance("python -m kernels.engine.bench " + " ".join(sys.argv[1:]))
+    prov = provenance("python -m kernels.engine.sweep " + " ".join(sys.argv[1:]))
     model = get_model("llama-3-8b")
     out = os.path.join(a.out or str(traces_dir("engine")),
                        out_folder(catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory),
                                   phases, a.folder))
-    os.makedirs(out, exist_ok=True)
+    from ddbench.core.outputs import output_folder
+    # written in place as points finish (--resume picks up): every file is one of the guard's live files,
+    # refused up front where it exists and ddbench did not write it; an earlier sweep is replaced only
+    # with --force or resumed with --resume
+    with output_folder(out, command="python -m kernels.engine.sweep", shared=True, own_ok=a.resume,
+                       force=a.force) as w:
+        for name in OUT_FILES:
+            if os.path.exists(os.path.join(out, name)) and not (a.resume or a.force):
+                raise DDBenchError(f"{out} holds an earlier sweep ({name}); pass --resume or --force")
+            w.live(name)
+        return _sweep(a, phases, prov, model, out, t_start)
+
+
+OUT_FILES = ("meta.json", "rows.jsonl", "current.json", "engine.csv", "summary.json", "reuse_fetch.csv",
+             "timeline.json")
+
+
+def _sweep(a, phases, prov, model, out, t_start):
+    from kernels.engine.model import Weights
     print(f"[engine] {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}  sha {prov['git_sha']}", flush=True)
     cg = copy_gbps()
     hbm = hbm_gbps()

@@ -1,6 +1,6 @@
 """Which weight layout runs the engine's decode GEMMs closest to their HBM floor? (H200)
 
-    PYTHONPATH=. python -m kernels.engine.devcheck_gemm [--out FILE.json]
+    PYTHONPATH=. python3 -m devtools.devcheck_gemm [--out FILE.json]
 
 Llama-3-8B's four linear layers (qkv 4096x6144, o 4096x4096, gate_up 4096x28672, down 14336x4096),
 bf16, at M = 1, 16, 64, 128 rows (batch x query tokens): `x @ w` with w stored [K, N] (the engine's layout)
@@ -25,11 +25,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args(argv)
-    from kernels.timing import devcheck_refusal
-    if (err := devcheck_refusal("devcheck_gemm", a.reps)):
+    from devtools._common import command, refusal
+    if (err := refusal("devcheck_gemm", a.reps)):
         print(err, file=sys.stderr)
         return 2
-    from kernels.engine.bench import hbm_gbps
+    from kernels.engine.sweep import hbm_gbps
     from kernels.timing import capture_graph, event_times
     hbm = hbm_gbps()
     dev, bf = torch.device("cuda"), torch.bfloat16
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     if a.out:
         from ddbench.core.io import write_json
         from kernels.timing import provenance
-        write_json(a.out, dict(provenance=provenance("python -m kernels.engine.devcheck_gemm"), hbm_copy_gbps=hbm,
+        write_json(a.out, dict(provenance=provenance(command("devcheck_gemm", argv)), hbm_copy_gbps=hbm,
                                rows=rows))
     return 0
 

@@ -2,15 +2,16 @@
 (`transfer.plan_misses_fast`, the forced-miss path) on predictions with repeated ids (an all-zero row,
 mixed repeats) and without, against its twin `plan_misses`.
 
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 -m kernels.engine.sanitize_plan
-Exits non-zero if any plan differs from the twin (per (b, h) the same items in the same order).
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=. compute-sanitizer --tool memcheck python3 -m devtools.sanitize_plan
+    (also --tool initcheck). Exits non-zero if any plan differs from the twin (per (b, h) the same items
+    in the same order; 2 without a CUDA GPU).
 """
 
 import sys
 
 import torch
 
-from kernels.engine.transfer import plan_misses, plan_misses_fast
+from devtools._common import refusal
 
 
 def _items(mp):
@@ -20,10 +21,10 @@ def _items(mp):
 
 
 def main() -> int:
-    from kernels.timing import devcheck_refusal
-    if (err := devcheck_refusal("sanitize_plan")):
+    if (err := refusal("sanitize_plan")):
         print(err, file=sys.stderr)
         return 2
+    from kernels.engine.transfer import plan_misses, plan_misses_fast
     g = torch.Generator(device="cuda").manual_seed(3)
     bad = 0
     for B, H, N, k in ((2, 8, 512, 64), (3, 4, 4096, 256)):

@@ -1,6 +1,6 @@
 """The fused miss plan against the separate plan kernel, in whole engine steps (H200).
 
-    PYTHONPATH=. python -m kernels.engine.devcheck_plan [--reps 3] [--out FILE.json]
+    PYTHONPATH=. python3 -m devtools.devcheck_plan [--reps 3] [--out FILE.json]
 
 DualDecoder's compute-only step (CUDA graph, the model's own selection: the step plans its misses
 against the last prediction) at 32K batch 1 and 16, 128K batch 16 and 64. Each engine is built
@@ -25,12 +25,12 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    from kernels.timing import devcheck_refusal
-    if (err := devcheck_refusal("devcheck_plan", a.reps)):
+    from devtools._common import command, refusal
+    if (err := refusal("devcheck_plan", a.reps)):
         print(err, file=sys.stderr)
         return 2
     from ddbench.core.catalog import get_model
-    from kernels.engine.bench import hbm_gbps, run_point
+    from kernels.engine.sweep import hbm_gbps, run_point
     from kernels.engine.model import Weights
     from kernels.timing import event_times, provenance
     model, hbm = get_model("llama-3-8b"), hbm_gbps()
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     if a.out:
         from ddbench.core.io import write_json
-        write_json(a.out, dict(provenance=provenance("python -m kernels.engine.devcheck_plan"), hbm_copy_gbps=hbm,
+        write_json(a.out, dict(provenance=provenance(command("devcheck_plan", argv)), hbm_copy_gbps=hbm,
                                rows=rows))
     return 0
 
