@@ -1,5 +1,9 @@
 # The two commands a newcomer needs: `make figures` and `make test`.
 # Each creates (or reuses) .venv and installs what it needs.
+#   make test        the fast CPU suite (pytest's addopts: -m 'not gpu and not slow'), slowest 30 listed
+#   make test-slow   the tests marked slow (real-model profiling, the wheel install)
+#   make test-gpu    the tests marked gpu, on a CUDA machine
+#   make docs        regenerate the result tables of README.md and docs/ from traces/
 #
 # The venv sees system site-packages, so a CUDA torch/triton already installed
 # (a GPU machine) is used as it is. Where no torch is importable, torch==2.13.0
@@ -11,7 +15,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: figures test test-gpu clean-venv
+.PHONY: figures test test-slow test-gpu docs clean-venv
 
 $(PY):
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -35,7 +39,13 @@ figures: $(VENV)/.installed-base
 	$(PY) -m ddbench figures
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=30
+
+test-slow: $(VENV)/.installed-test
+	$(PY) -m pytest -m 'slow and not gpu' --durations=30
+
+docs: $(VENV)/.installed-base
+	$(PY) -m ddbench.doctables
 
 # On a CUDA machine (no install there): PYTHONPATH=. python3 -m pytest -m gpu. Test modules that
 # need a package the machine lacks (simpy, nvtx) are skipped with the reason (tests/conftest.py).

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="ddbench",
         description="DualDecoder replay: sparse-KV kernels, simulator and capacity planning.",
-        epilog="example: ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --system all",
+        epilog="example: ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --design all",
     )
     parser.add_argument("--data", metavar="DIR",
                         help="data root holding the traces (default: the installed package's; env DDBENCH_DATA)")

@@ -1,4 +1,4 @@
-"""Per-step aggregate: the time of one decode step from the same StepPlan, without events.
+"""Per-step aggregate: the time of one decode step from the same StepLayers, without events.
 
 Used by serving mode, where one event stands for one or more batch steps. The step is bound
 either by the link or by the compute path with its waits:
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.plan import StepPlan
+from sim.steplayers import StepLayers
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,9 @@ class AggStep:
         return min(1.0, self.link_s / self.step_s) if self.step_s else 0.0
 
 
-def aggregate_step(plan: StepPlan) -> AggStep:
+def aggregate_step(plan: StepLayers) -> AggStep:
     L = plan.layers
-    sysx = plan.system
+    design = plan.design
     r = plan.rates
     if r is None:
         c = plan.compute_s
@@ -68,11 +68,11 @@ def aggregate_step(plan: StepPlan) -> AggStep:
     t0 = r.h2d_t0_s
     n_pf = sum(1 for x in plan.pf_work if x > 0)
     n_ur = sum(1 for x in plan.ur_work if x > 0)
-    fifo = not sysx.urgent_priority
+    fifo = not design.urgent_priority
     cpu_gather = any(plan.cpu_pf_work) or any(plan.cpu_ur_work)
     if cpu_gather:      # the copy engine stage keeps the per-burst rule (sim/resources.py)
-        free = max(0, n_pf + n_ur - 1) if sysx.prefetch != "none" else 0
-    elif sysx.prefetch == "none":
+        free = max(0, n_pf + n_ur - 1) if design.prefetch != "none" else 0
+    elif design.prefetch == "none":
         free = n_pf + n_ur
     else:
         free = n_pf if fifo and n_ur else n_ur
@@ -83,10 +83,10 @@ def aggregate_step(plan: StepPlan) -> AggStep:
     t_link = W + min(D / beta, W) * (1.0 - beta) if W else 0.0
     t_cpu = sum(plan.cpu_pf_work) + sum(plan.cpu_ur_work)
     slow = r.compute_slowdown if r.method == "uva_gather" else 1.0
-    s_u = r.urgent_slowdown if sysx.urgent_priority else 1.0
+    s_u = r.urgent_slowdown if design.urgent_priority else 1.0
     chunk_s = r.chunk_bytes / (r.h2d_gbps * 1e9)
     c_pure = plan.compute_s
-    pf = sysx.prefetch != "none"
+    pf = design.prefetch != "none"
     # below the link-bound edge every gather starts on an idle stream and pays bytes only
     w_idle = sum(plan.pf_work) + sum(plan.ur_work) - (n_pf + n_ur) * (0.0 if cpu_gather else t0)
     # a GPU gather in flight slows compute by `slow`: it is in flight while the GPU computes for the
@@ -123,9 +123,9 @@ def _compute_path(plan, s_bg, slow, s_u, chunk_s, t0, cpu_gather, exp_prev):
     """(compute path with its waits, FIFO bubbles, stalls, gathers queued, each layer's wait) of one step,
     every compute slowed by s_bg; exp_prev: each layer's wait from the previous pass."""
     L = plan.layers
-    sysx = plan.system
-    la = sysx.prefetch == "layer-ahead"
-    prio = sysx.urgent_priority
+    design = plan.design
+    la = design.prefetch == "layer-ahead"
+    prio = design.urgent_priority
     t0p = 0.0 if cpu_gather else t0
     u_all = [plan.ur_work[i] + plan.cpu_ur_work[i] for i in range(L)]
     p_all = [plan.pf_work[i] + plan.cpu_pf_work[i] for i in range(L)]
@@ -137,7 +137,7 @@ def _compute_path(plan, s_bg, slow, s_u, chunk_s, t0, cpu_gather, exp_prev):
         u = u_all[i]
         mid = plan.mid[i] * (slow if u > 0 else s_bg)
         own = 0.0
-        if sysx.prefetch != "none" and L > 1:
+        if design.prefetch != "none" and L > 1:
             # the compute beside a prefetch in flight runs at 1/slow (it is the gather's window)
             pre_i = plan.pre[i] * slow
             post_p = plan.post[i - 1] * slow

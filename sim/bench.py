@@ -12,9 +12,9 @@ import time
 
 from ddbench.core.catalog import get_gpu, get_model
 from ddbench.core.memory import Workload
-from ddbench.core.systems import SYSTEMS
+from ddbench.core.designs import DESIGNS
 from sim.aggregate import aggregate_step
-from sim.plan import step_plan
+from sim.steplayers import step_layers
 from sim.serving import draw_requests, run_serving
 from sim.setup import cost_model
 
@@ -24,7 +24,7 @@ def serving(model, context, output, rate, n, system="dualdecoder", seed=0):
     cm = cost_model(model, "h200")
     reqs = draw_requests(n, rate, context, output, seed)
     t0 = time.perf_counter()
-    res = run_serving(SYSTEMS[system], m, g, cm, Workload(context=131072), reqs, [0.88] * m.num_layers,
+    res = run_serving(DESIGNS[system], m, g, cm, Workload(context=131072), reqs, [0.88] * m.num_layers,
                       [0.88] * m.num_layers)
     wall = time.perf_counter() - t0
     return wall, res
@@ -49,7 +49,7 @@ def main() -> None:
     w = Workload(context=131072)
     for system in ("dualdecoder", "shadowkv", "specache", "full-kv", "dualdecoder-cpu-gather"):
         for b in (1, 32):
-            plan = step_plan(SYSTEMS[system], m, cm, w, b, 131072, [0.88] * 32, [0.88] * 32)
+            plan = step_layers(DESIGNS[system], m, cm, w, b, 131072, [0.88] * 32, [0.88] * 32)
             t0 = time.perf_counter()
             run_timeline(plan, steps=200, warmup=2)
             wall = time.perf_counter() - t0
@@ -57,7 +57,7 @@ def main() -> None:
     print("aggregate vs timeline, dualdecoder, Llama-3-8B 128K, hit 0.88:")
     worst = 0.0
     for b in (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128):
-        plan = step_plan(SYSTEMS["dualdecoder"], m, cm, w, b, 131072, [0.88] * 32, [0.88] * 32)
+        plan = step_layers(DESIGNS["dualdecoder"], m, cm, w, b, 131072, [0.88] * 32, [0.88] * 32)
         tl = run_timeline(plan, steps=7, warmup=3).steady_step_s
         ag = aggregate_step(plan).step_s
         worst = max(worst, abs(ag / tl - 1))

@@ -46,13 +46,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ddbench.core import defaults as D
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.traces import accuracy_summary
 
-PAPER_HIT = 0.88          # the paper's average KV prediction accuracy (§4.1)
-DEFAULT_INIT = "t2"
-DEFAULT_TEMPERATURE = 0.6
+PAPER_HIT = D.HIT_RATE    # the paper's average KV prediction accuracy (§4.1)
+DEFAULT_INIT = D.PROFILE_INIT
+DEFAULT_TEMPERATURE = D.PROFILE_TEMPERATURE
 SMALLEST = -1             # Select.budget: the smallest budget the profile measured
 
 
@@ -254,6 +255,8 @@ def resolve(spec: str | float | None, model_name: str, layers: int, default: flo
     if isinstance(spec, (int, float)):
         h = constant(float(spec), layers)
         return h, h, f"constant hit rate {float(spec)}"
+    if not str(spec).strip():
+        raise DDBenchError("the hit rate is empty: give a number in [0, 1] or an accuracy CSV")
     try:
         rate = float(spec)
     except ValueError:

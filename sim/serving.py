@@ -13,7 +13,7 @@ request gets one token per step, and per-request times are exact at step boundar
 - Prefill: admitted requests are prefilled in chunks of `prefill_chunk` tokens, one chunk per
   iteration beside the decode step of the running batch (its GPU time adds to the step; its KV
   copy to host runs on the D2H direction). The first token comes out of the last chunk: TTFT.
-- Decode: step time from `sim.aggregate` on the same StepPlan as the timeline, evaluated at the
+- Decode: step time from `sim.aggregate` on the same StepLayers as the timeline, evaluated at the
   batch's mean context at the start of each stretch (contexts grow by one token per step).
 """
 
@@ -32,11 +32,11 @@ from ddbench.core.catalog.gpus import GPUSpec
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import CATEGORIES, Workload, activation_bytes, memory_breakdown
-from ddbench.core.systems import SystemSpec
+from ddbench.core.designs import DesignSpec
 from ddbench.core.units import parse_tokens
 from sim.aggregate import AggStep, aggregate_step
 from sim.costmodel import CostModel
-from sim.plan import prefill_chunk_s, step_plan
+from sim.steplayers import prefill_chunk_s, step_layers
 from sim.resources import MemoryLedger
 
 PER_REQUEST = ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers")
@@ -169,15 +169,15 @@ def percentile(xs, p: float) -> float | None:
 class _Model:
     """Memoized per-request bytes, activations and step times of one scenario."""
 
-    def __init__(self, sys, m, gpu, cm, w, hit, reuse, lowrank=None):
-        self.sys, self.m, self.gpu, self.cm, self.w, self.hit, self.reuse = sys, m, gpu, cm, w, hit, reuse
+    def __init__(self, design, m, gpu, cm, w, hit, reuse, lowrank=None):
+        self.design, self.m, self.gpu, self.cm, self.w, self.hit, self.reuse = design, m, gpu, cm, w, hit, reuse
         self.lowrank = lowrank
         self._req, self._act, self._step, self._pre = {}, {}, {}, {}
 
     def per_request(self, ctx: int) -> dict:
         v = self._req.get(ctx)
         if v is None:
-            bd = memory_breakdown(self.sys, self.m, self.gpu, replace(self.w, context=ctx, batch=1))
+            bd = memory_breakdown(self.design, self.m, self.gpu, replace(self.w, context=ctx, batch=1))
             v = {c: getattr(bd, c) for c in PER_REQUEST}
             self._req[ctx] = v
         return v
@@ -186,7 +186,7 @@ class _Model:
         key = (batch, ctx)
         v = self._act.get(key)
         if v is None:
-            v = activation_bytes(self.sys, self.m, replace(self.w, context=ctx, batch=batch))
+            v = activation_bytes(self.design, self.m, replace(self.w, context=ctx, batch=batch))
             self._act[key] = v
         return v
 
@@ -194,7 +194,7 @@ class _Model:
         key = (batch, ctx)
         v = self._step.get(key)
         if v is None:
-            plan = step_plan(self.sys, self.m, self.cm, self.w, batch, ctx, self.hit, self.reuse, self.lowrank)
+            plan = step_layers(self.design, self.m, self.cm, self.w, batch, ctx, self.hit, self.reuse, self.lowrank)
             v = aggregate_step(plan)
             self._step[key] = v
         return v
@@ -220,12 +220,12 @@ class _Model:
         key = (tokens, prefix, last, ctx if last else 0)
         v = self._pre.get(key)
         if v is None:
-            v = prefill_chunk_s(self.sys, self.m, self.cm, self.w, tokens, prefix, last, ctx)
+            v = prefill_chunk_s(self.design, self.m, self.cm, self.w, tokens, prefix, last, ctx)
             self._pre[key] = v
         return v
 
 
-def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: Workload,
+def run_serving(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: Workload,
                 requests: list[Request], hit: list[float], reuse: list[float],
                 max_batch: int | None = None, prefill_here: bool = True, progress=None,
                 lowrank: frozenset | None = None) -> ServingResult:
@@ -233,17 +233,17 @@ def run_serving(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: W
     request joins the decode batch at once with its first token, its prompt's KV already in place
     (TTFT is then the wait for memory alone); memory is accounted as before.
     progress: called with 1 whenever a request completes or is rejected (a progress bar).
-    lowrank: an adaptive design's low-rank key layers (sim.plan.step_plan), else its worst-predicted."""
+    lowrank: an adaptive design's low-rank key layers (sim.steplayers.step_layers), else its worst-predicted."""
     if not requests:
         raise DDBenchError("no requests to serve")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise DDBenchError(f"--max-batch must be at least 1, got {max_batch}")
     tick = progress or (lambda n: None)
     for r in requests:
-        if r.context < w.budget and not sys.kv_on_gpu:
+        if r.context < w.budget and not design.kv_on_gpu:
             raise DDBenchError(f"request {r.rid}: context {r.context} is smaller than the sparse budget {w.budget}")
     env = simpy.Environment()
-    mdl = _Model(sys, m, gpu, cm, w, hit, reuse, lowrank)
+    mdl = _Model(design, m, gpu, cm, w, hit, reuse, lowrank)
     static = {"weights": m.weight_bytes, "runtime_overhead": gpu.runtime_overhead_bytes}
     ledger = MemoryLedger(gpu.hbm_bytes, static)
     waiting: deque = deque()

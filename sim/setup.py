@@ -1,5 +1,6 @@
 """Build a cost model from catalog names: the GPU's own bundle, else a measured bundle scaled to it,
-else a pure roofline. The choice is written into `CostModel.notes` and so into every output."""
+else a pure roofline. The choice is written into `CostModel.notes` and so into every output. An
+empty name (link, calibration root) is an error, never the default."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ PREFERRED_SOURCE = "h200"
 def cost_model(model: str, gpu: str, link: str | LinkSpec | None = None, root: str | None = None,
                roofline: bool = False) -> CostModel:
     """`link`: a catalog name, a LinkSpec (e.g. a host-shared link from the planner), or the GPU's own."""
+    if root is not None and not str(root).strip():
+        raise DDBenchError("the calibration root is empty: name a folder, or leave it out for the data root's")
     m, g = get_model(model), get_gpu(gpu)
-    lk = link if isinstance(link, LinkSpec) else get_link(link or g.default_link)
+    lk = link if isinstance(link, LinkSpec) else get_link(g.default_link if link is None else link)
     if roofline:
         return CostModel(m, g, lk, None)
     path = find_bundle(g.name, root)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from sim.plan import StepPlan
+from sim.steplayers import StepLayers
 from sim.resources import FluidGroup, FluidServer, Job, duplex_link
 
 
@@ -58,19 +58,19 @@ class TimelineResult:
         return self.h2d_busy_s / self.sim_time_s if self.sim_time_s else 0.0
 
 
-def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool = False) -> TimelineResult:
+def run_timeline(plan: StepLayers, steps: int = 8, warmup: int = 2, record: bool = False) -> TimelineResult:
     """`steps` batch steps of `plan`. The GPU stream is a SimPy process that yields once per step;
     within the step its segments are placed in order in closed form, and the link (a FluidGroup) is
     advanced lazily to each submission and each wait, so queueing on the link is simulated exactly."""
     env = simpy.Environment()
-    sysx = plan.system
+    design = plan.design
     L = plan.layers
     events: list | None = [] if record else None
     link_rec: list | None = [] if record else None
     offload = plan.rates is not None
     if offload:
-        h2d, d2h = duplex_link(plan.rates, sysx.urgent_priority, link_rec)
-        cpu = FluidServer("host_cpu", sysx.urgent_priority, 1.0, 0.0, 1.0, link_rec) \
+        h2d, d2h = duplex_link(plan.rates, design.urgent_priority, link_rec)
+        cpu = FluidServer("host_cpu", design.urgent_priority, 1.0, 0.0, 1.0, link_rec) \
             if any(plan.cpu_pf_work) or any(plan.cpu_ur_work) else None
         slow = plan.rates.compute_slowdown if plan.rates.method == "uva_gather" else 1.0
         group = FluidGroup([h2d, d2h, cpu])
@@ -81,7 +81,7 @@ def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool =
     occupancy = [0.0]
     peak_occ = [0.0]
     filled: set = set()
-    set_bytes = plan.slot_bytes / max(1, sysx.buffer_sets)
+    set_bytes = plan.slot_bytes / max(1, design.buffer_sets)
 
     def fill(layer_key):
         if layer_key not in filled:
@@ -137,8 +137,8 @@ def run_timeline(plan: StepPlan, steps: int = 8, warmup: int = 2, record: bool =
     pre, mid, att, post = plan.pre, plan.mid, plan.att, plan.post
     pf_bytes, pf_work, cpu_pf = plan.pf_bytes, plan.pf_work, plan.cpu_pf_work
     ur_bytes, ur_work, cpu_ur = plan.ur_bytes, plan.ur_work, plan.cpu_ur_work
-    layer_ahead, next_step = sysx.prefetch == "layer-ahead", sysx.prefetch == "next-step"
-    urgent_prio = sysx.urgent_priority
+    layer_ahead, next_step = design.prefetch == "layer-ahead", design.prefetch == "next-step"
+    urgent_prio = design.urgent_priority
 
     def prefetch(t, step, layer):
         if pf_bytes[layer] > 0:

@@ -128,18 +128,18 @@ def replay_plan(design: str, context: int, batch: int, miss: float, transfers: b
     """The simulator's plan of one engine point."""
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
-    from ddbench.core.systems import get_system
-    from sim.plan import step_plan
+    from ddbench.core.designs import get_design
+    from sim.steplayers import step_layers
     from sim.setup import cost_model
     m = get_model(MODEL)
     cm = cm or cost_model(MODEL, GPU, LINK)
     hit = [1.0 - miss] * m.num_layers
-    sysx = get_system(design)
-    if not sysx.kv_on_gpu:
+    design = get_design(design)
+    if not design.kv_on_gpu:
         # the engine runs the Triton kernels of kernels/ for every sparse design (attention, scoring,
         # key rebuild: kernels/engine/engine.py _ops), so its compute splits as they do
-        sysx = replace(sysx, kernels="triton")
-    plan = step_plan(sysx, m, cm, Workload(context=context, batch=batch), batch, context, hit, hit)
+        design = replace(design, kernels="triton")
+    plan = step_layers(design, m, cm, Workload(context=context, batch=batch), batch, context, hit, hit)
     if not transfers and plan.rates is not None:   # compute only: no host reads, nothing on the link
         z = [0.0] * m.num_layers
         plan = replace(plan, pf_bytes=z, ur_bytes=z, d2h_bytes=z, pf_work=z, ur_work=z, d2h_work=z,
@@ -171,14 +171,14 @@ def reuse_fetch(plan, cm, batch: int) -> list[float]:
     transfers. A layer without misses is charged nothing (no replayed point has one)."""
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
-    sysx = plan.system
-    if plan.rates is None or not sysx.reuse or sysx.prefetch != "none" or sysx.gather != "gpu":
+    design = plan.design
+    if plan.rates is None or not design.reuse or design.prefetch != "none" or design.gather != "gpu":
         return []
     m, w = get_model(MODEL), Workload(context=1)
     slots = batch * m.num_kv_heads * (w.budget // w.chunk)
     out = []
     for i in range(plan.layers):
-        values_only = sysx.fetch == "values" or i in plan.lowrank
+        values_only = design.fetch == "values" or i in plan.lowrank
         chunk_bytes = (1 if values_only else 2) * w.chunk * m.head_dim * 2
         miss = plan.ur_bytes[i] / (slots * chunk_bytes)
         out.append(cm.reuse_fetch_s(slots, chunk_bytes, REUSE_PROGRAMS, REUSE_IN_FLIGHT, miss)
@@ -190,11 +190,11 @@ def reuse_fetch_model(plan, cm) -> str:
     """'fitted' or 'bundle-derived' (CostModel.reuse_fetch_model) for a plan with a reuse fetch, else ''."""
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
-    sysx = plan.system
-    if plan.rates is None or not sysx.reuse or sysx.prefetch != "none" or sysx.gather != "gpu":
+    design = plan.design
+    if plan.rates is None or not design.reuse or design.prefetch != "none" or design.gather != "gpu":
         return ""
     m, w = get_model(MODEL), Workload(context=1)
-    models = {cm.reuse_fetch_model((1 if sysx.fetch == "values" or i in plan.lowrank else 2) * w.chunk * m.head_dim * 2,
+    models = {cm.reuse_fetch_model((1 if design.fetch == "values" or i in plan.lowrank else 2) * w.chunk * m.head_dim * 2,
                                    REUSE_PROGRAMS, REUSE_IN_FLIGHT) for i in range(plan.layers) if plan.ur_bytes[i]}
     return "+".join(sorted(models))
 
@@ -267,7 +267,7 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         miss = effective_miss(rate, w0.budget, w0.chunk)
         plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cm)
         harness = 0.0
-        if r.miss_rate != "none" and not plan.system.kv_on_gpu:
+        if r.miss_rate != "none" and not plan.design.kv_on_gpu:
             harness = cm.engine_harness_s(key, int(r.batch), int(r.context)) or 0.0
         f = (eng_s + harness) / plan.compute_s
         plan = scale_compute(plan, f)

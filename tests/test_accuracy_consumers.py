@@ -204,12 +204,12 @@ def test_lowrank_from_summary(tmp_path):
 def test_lowrank_by_threshold_and_plan_agree_on_lowest_layers():
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
-    from ddbench.core.systems import get_system
-    from sim.plan import lowrank_layers
+    from ddbench.core.designs import get_design
+    from sim.steplayers import lowrank_layers
     hit = [0.9, 0.5, 0.95, 0.6, 0.99, 0.65]
     by_rule = P.lowrank_by_threshold(hit, 0.7)
     assert by_rule == {1, 3, 5}
     m = get_model("llama-3-8b")
     hit32 = hit + [0.99] * (m.num_layers - len(hit))
-    chosen = lowrank_layers(get_system("dualdecoder"), m, Workload(context=131072, lowrank_layers=len(by_rule)), hit32)
+    chosen = lowrank_layers(get_design("dualdecoder"), m, Workload(context=131072, lowrank_layers=len(by_rule)), hit32)
     assert chosen == P.lowrank_by_threshold(hit32, 0.7)

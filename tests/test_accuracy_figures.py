@@ -158,11 +158,11 @@ def test_malformed_steps_name_line_and_field(fixture_root):
 
 
 def test_figures_command_writes_the_accuracy_figures(fixture_root, tmp_path):
+    from ddbench.cli import build_parser
     from ddbench.commands.figures import run
 
-    class Args:
-        out, only, force = str(tmp_path / "figs"), ",".join(IDS), False
-    assert run(Args()) == 0
+    args = build_parser().parse_args(["figures", "--out", str(tmp_path / "figs"), "--only", ",".join(IDS), "--quiet"])
+    assert run(args) == 0
     for fid in IDS:
         for ext in ("png", "pdf"):
             assert (tmp_path / "figs" / f"{fid}.{ext}").stat().st_size > 5000

@@ -2,18 +2,10 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def ddbench(*args, cwd=ROOT):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "ddbench", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=120)
+from tests.cli import assert_one_line_error, ddbench
 
 
 def test_plan_table():
@@ -69,7 +61,10 @@ def test_plan_hf_config(tmp_path):
     (["--model", "llama-3-8b", "--gpu", "h100", "--context=-4k"], "context must be positive"),
     (["--model", "llama-3-8b", "--gpu", "h100", "--context", "1k"], "sparse budget 2048 is larger than the context"),
     (["--model", "llama-3-8b", "--gpu", "h100", "--context", "8k", "--budget", "16k"], "larger than the context"),
-    (["--model", "llama-3-8b", "--gpu", "h100", "--context", "8k", "--batch", "0"], "--batch must be at least 1"),
+    (["--model", "llama-3-8b", "--gpu", "h100", "--context", "8k", "--batch", "0"],
+     "argument --batch: '0': must be at least 1"),
+    (["--model", "llama-3-8b", "--gpu", "h100", "--context", "uniform:8k:16k"], "cannot parse context 'uniform"),
+    (["--model", "", "--gpu", "h100", "--context", "8k"], "argument --model: '': is empty"),
     (["--gpu", "h100", "--context", "8k"], "required: --model"),
 ])
 def test_plan_errors(args, message):
@@ -98,6 +93,31 @@ def test_help_has_examples():
     for cmd in (["--help"], ["plan", "--help"], ["figures", "--help"]):
         r = ddbench(*cmd)
         assert r.returncode == 0 and "example" in r.stdout
+
+
+def test_design_is_the_flag_and_system_its_alias():
+    a = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--design", "shadowkv", "--json")
+    b = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--system", "shadowkv", "--json")
+    assert a.returncode == 0 and a.stdout == b.stdout
+    assert [s["system"] for s in json.loads(a.stdout)["systems"]] == ["shadowkv"]   # the published key stays
+
+
+def test_plan_memory_answer_where_nothing_fits_is_exit_3():
+    """Weights larger than the GPU: each row says so, a status line names it, exit 3."""
+    r = ddbench("plan", "--model", "llama-3-70b", "--gpu", "l40s", "--context", "128k", "--json")
+    assert r.returncode == 3, r.stderr
+    out = json.loads(r.stdout)
+    assert {s["status"] for s in out["systems"]} == {"does-not-fit"} and "no design fits" in out["verdict"]
+    t = ddbench("plan", "--model", "llama-3-70b", "--gpu", "l40s", "--context", "128k")
+    assert t.returncode == 3 and t.stdout.strip().splitlines()[-1].startswith("no design fits one request")
+
+
+@pytest.mark.parametrize("only, message", [("", "names no figure"), (",,", "names no figure"),
+                                           ("fig02,,fig14", "has an empty item")])
+def test_empty_figure_selection_is_one_line(tmp_path, only, message):
+    r = ddbench("figures", "--only", only, "--out", str(tmp_path / "f"))
+    assert_one_line_error(r, contains=message)
+    assert os.listdir(tmp_path) == []
 
 
 def test_unknown_figure_id(tmp_path):

@@ -3,7 +3,8 @@
     ddbench.core  <-  sim, kernels  <-  the rest of ddbench (CLI, experiments, planner, profiler)
 
 core imports nothing of the project outside itself; sim and kernels import only the core (and
-themselves); the component graph has no cycle, nor do the core's module-level imports."""
+themselves); the component graph has no cycle, nor do the core's modules: every import counts,
+at the top of a file or inside a function, and `from pkg import mod` is an import of pkg.mod."""
 
 import ast
 import graphlib
@@ -27,21 +28,22 @@ def _modules():
                     yield mod, path
 
 
-def _imports(mod: str, path: str, top_level_only: bool = False):
-    """(imported module, line) for every project import in the file."""
+def _imports(mod: str, path: str, known=frozenset()):
+    """(imported module, line) for every project import anywhere in the file (lazy ones included);
+    `from pkg import name` counts as an import of pkg.name where that is a module in `known`."""
     tree = ast.parse(open(path, encoding="utf-8").read(), path)
-    nodes = tree.body if top_level_only else ast.walk(tree)
     pkg = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
-    for node in nodes:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg.split(".")
                 base = base[:len(base) - node.level + 1]
-                names = [".".join(base + ([node.module] if node.module else []))]
+                source = ".".join(base + ([node.module] if node.module else []))
             else:
-                names = [node.module]
+                source = node.module
+            names = [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source for a in node.names]
         else:
             continue
         for n in names:
@@ -82,28 +84,48 @@ def test_layers_import_only_downwards():
     assert order.index("core") < order.index("sim") < order.index("cli")
 
 
+def core_graph() -> dict:
+    """module -> the core modules it imports (anywhere in the file)."""
+    core = {mod: path for mod, path in _modules() if component(mod) == "core"}
+    return {mod: {t for t, _ in _imports(mod, path, frozenset(core)) if t in core and t != mod}
+            for mod, path in core.items()}
+
+
 def test_core_modules_have_no_import_cycle():
-    graph = {}
-    for mod, path in _modules():
-        if component(mod) == "core":
-            graph[mod] = {t for t, _ in _imports(mod, path, top_level_only=True)}
-    list(graphlib.TopologicalSorter(graph).static_order())
+    try:
+        list(graphlib.TopologicalSorter(core_graph()).static_order())
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle among core modules: {' -> '.join(exc.args[1])}")
+
+
+def test_cycle_checker_sees_a_lazy_cycle(tmp_path, monkeypatch):
+    """A cycle through a function-level import, or through `from pkg import mod`, is found."""
+    core = tmp_path / "ddbench" / "core"
+    core.mkdir(parents=True)
+    (core / "a.py").write_text("from ddbench.core.b import x\n")
+    (core / "b.py").write_text("x = 1\n\n\ndef f():\n    from ddbench.core import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+    graph = core_graph()
+    assert graph["ddbench.core.a"] == {"ddbench.core.b"} and graph["ddbench.core.b"] == {"ddbench.core.a"}
+    with pytest.raises(graphlib.CycleError):
+        list(graphlib.TopologicalSorter(graph).static_order())
 
 
 def test_checker_sees_a_violation(tmp_path, monkeypatch):
     """The checker is not vacuous: a core module importing sim is reported."""
     bad = tmp_path / "ddbench" / "core"
     bad.mkdir(parents=True)
-    (bad / "oops.py").write_text("def f():\n    from sim.plan import step_plan\n")
+    (bad / "oops.py").write_text("def f():\n    from sim.steplayers import step_layers\n")
     (tmp_path / "sim").mkdir()
     (tmp_path / "sim" / "x.py").write_text("from ddbench.commands import simulate\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
     _, found = component_graph()
-    assert len(found) == 2 and "imports sim.plan (sim)" in found[0] + found[1]
+    assert len(found) == 2 and "imports sim.steplayers (sim)" in found[0] + found[1]
 
 
 @pytest.mark.parametrize("module", ["ddbench.core.memory", "ddbench.core.calibration", "ddbench.core.schemas",
-                                    "ddbench.core.workload", "ddbench.core.traces", "ddbench.core.catalog"])
+                                    "ddbench.core.workload", "ddbench.core.traces", "ddbench.core.catalog",
+                                    "ddbench.core.designs", "ddbench.core.defaults", "ddbench.core.flags"])
 def test_importing_core_loads_nothing_else(module):
     code = (f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('sim', 'kernels', 'torch', 'triton', 'simpy') or (m.startswith('ddbench.') and "

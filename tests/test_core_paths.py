@@ -1,23 +1,18 @@
 """Data is found from the package, never from the working directory; a missing bundle is an error."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import SOURCE_TRACES, data_root, traces_dir
+from tests.cli import ROOT, assert_one_line_error, ddbench
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIM = ["simulate", "--model", "llama-3-8b", "--gpu", "h200", "--batch", "4", "--steps", "3", "--json"]
 
 
-def _ddbench(args, cwd, **env):
-    e = {k: v for k, v in os.environ.items() if k != "DDBENCH_DATA"}
-    e.update(PYTHONPATH=ROOT, **env)
-    return subprocess.run([sys.executable, "-m", "ddbench", *args], capture_output=True, text=True, cwd=cwd, env=e)
+def _ddbench(args, cwd):
+    return ddbench(*args, cwd=cwd, env={"DDBENCH_DATA": None})
 
 
 def test_default_root_is_the_source_tree(monkeypatch):
@@ -47,6 +42,6 @@ def test_missing_calibration_is_an_error(tmp_path, how):
     else:
         (tmp_path / "empty").mkdir()
         p = _ddbench(["--data", str(tmp_path / "empty")] + SIM + ["--out", str(tmp_path / "o")], str(tmp_path))
-    assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert p.stderr.strip().count("\n") == 0 and "calibration" in p.stderr and "--roofline" in p.stderr
+    line = assert_one_line_error(p, 2, "calibration")
+    assert "--roofline" in line
     assert not (tmp_path / "o").exists()

@@ -1,19 +1,15 @@
 """Typed trace loaders: every committed trace validates, and each defect is one line naming file, line and field."""
 
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from ddbench.core.calibration import load_bundle
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from ddbench.core.schemas import AccuracyRow, EngineRow, KernelRow, read_csv
+from ddbench.core.schemas import AccuracyRow, KernelRow, read_csv
 from ddbench.core.traces import load_engine
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.cli import assert_one_line_error, ddbench
 
 
 def test_committed_traces_validate():
@@ -115,11 +111,9 @@ def test_bad_calibration_row_through_the_cli(tmp_path):
     cells[-1] = "fast"
     lines[4] = ",".join(cells) + "\n"
     link.write_text("".join(lines))
-    p = subprocess.run([sys.executable, "-m", "ddbench", "simulate", "--model", "llama-3-8b", "--gpu", "h200",
-                        "--batch", "2", "--steps", "2", "--calibration", str(root), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
-    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
-    assert f"{link} line 5, field gbps: is not a number, got 'fast'" in p.stderr
+    p = ddbench("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--batch", "2", "--steps", "2",
+                "--calibration", str(root), "--out", str(tmp_path / "o"))
+    assert_one_line_error(p, contains=f"{link} line 5, field gbps: is not a number, got 'fast'")
     assert not (tmp_path / "o").exists()
 
 

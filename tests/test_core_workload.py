@@ -51,13 +51,30 @@ def test_excluded_fields_come_from_the_command():
 
 @pytest.mark.parametrize("argv, message", [
     (["--context", "1k"], "larger than the context"),
-    (["--context", "128k", "--chunk", "0"], "chunk must be an integer >= 1"),
     (["--context", "128k", "--lowrank-layers", "99"], "exceeds the model's 32 layers"),
     (["--context", "128k", "--budget", "1004"], "not a multiple of the chunk size"),
 ])
 def test_validation_errors(argv, message):
     with pytest.raises(DDBenchError, match=message):
         workload_from_args(_parser().parse_args(argv), M8)
+
+
+def test_validate_refuses_a_value_below_its_minimum():
+    with pytest.raises(DDBenchError, match="chunk must be an integer >= 1"):
+        Workload(context=131072, chunk=0).validate(M8)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--context", "128k", "--chunk", "0"], "chunk must be an integer >= 1"),
+    (["--context", "128k", "--gen-tokens", "-1"], "gen_tokens must be an integer >= 0"),
+    (["--context", "128k", "--rank", str(1 << 60)], "at most"),
+    (["--context", "2000000000000m"], "context must be at most"),
+])
+def test_out_of_range_flags_are_usage_errors(argv, message, capsys):
+    """A value out of range is refused where argparse parses it (one line, exit 2)."""
+    with pytest.raises(SystemExit) as e:
+        _parser().parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_token_flags_reject_garbage_as_usage_errors(capsys):

@@ -7,7 +7,7 @@ from ddbench.core.calibration import Bundle, load_bundle
 from ddbench.core.catalog import get_gpu, get_link, get_model
 from ddbench.core.memory import Workload
 from ddbench.core.paths import traces_dir
-from ddbench.core.systems import SYSTEMS
+from ddbench.core.designs import DESIGNS
 from sim.costmodel import E, CostModel
 
 M8 = get_model("llama-3-8b")
@@ -123,11 +123,11 @@ def test_other_head_configuration_uses_the_fit_and_says_so():
 def test_specache_plan_selection_is_the_measured_scan_only():
     """SpeCache's per-layer selection in the step plan is quant_scan_s alone: the measured row already
     holds the top-k, and nothing adds another."""
-    from sim.plan import step_plan
+    from sim.steplayers import step_layers
     cm = _cm(True)
     w = Workload(context=131072)
     hit = [0.9] * M8.num_layers
-    p = step_plan(SYSTEMS["specache"], M8, cm, w, 16, 131072, hit, hit)
+    p = step_layers(DESIGNS["specache"], M8, cm, w, 16, 131072, hit, hit)
     lin = cm.linear_s(M8.hidden, (M8.num_heads + 2 * M8.num_kv_heads) * M8.head_dim, 16 * p.q_tokens)
     sel = cm.quant_scan_s(16, p.q_tokens, 131072, 2, w.quant_group)
     assert p.pre[0] == pytest.approx(lin + sel, rel=1e-12)

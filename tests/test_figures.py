@@ -11,9 +11,11 @@ from ddbench.experiments import load_all
 from ddbench.core.paper import load_reported, reported
 
 
-class Args:
-    def __init__(self, out, only=None, force=False):
-        self.out, self.only, self.force = out, only, force
+def Args(out, only=None, force=False):
+    """The figures command's namespace, as the CLI parses it (so every flag has its default)."""
+    from ddbench.cli import build_parser
+    return build_parser().parse_args(["figures", "--out", out, "--quiet"] + (["--only", only] if only else [])
+                                     + (["--force"] if force else []))
 
 
 @pytest.fixture(scope="module")

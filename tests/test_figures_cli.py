@@ -10,15 +10,19 @@ import time
 
 import pytest
 
-from ddbench.commands.figures import MARKER
+from ddbench.core.outputs import MANIFEST as MARKER
+from tests.cli import ROOT, ddbench
 
 FAST = "fig05"     # a memory-model figure: about a second
 
 
-def ddb(*args, cwd, umask=None, **kw):
-    pre = (lambda: os.umask(umask)) if umask is not None else None
+def ddb(*args, cwd, umask=None):
+    if umask is None:
+        return ddbench("figures", *args, cwd=cwd)
+    # a umask of its own: tests.cli.ddbench takes no preexec_fn
     return subprocess.run([sys.executable, "-m", "ddbench", "figures", *args], cwd=cwd, capture_output=True,
-                          text=True, preexec_fn=pre, timeout=300, **kw)
+                          text=True, preexec_fn=lambda: os.umask(umask), timeout=300,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
 
 
 def one_line_error(p, pattern):
@@ -55,7 +59,7 @@ def test_refuses_a_foreign_folder_unless_forced(tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
-    one_line_error(ddb("--only", FAST, "--out", str(out), cwd=tmp_path), "not a figures folder")
+    one_line_error(ddb("--only", FAST, "--out", str(out), cwd=tmp_path), "holds files ddbench did not write")
     assert os.listdir(out) == ["notes.txt"]
     p = ddb("--only", FAST, "--out", str(out), "--force", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -64,8 +68,8 @@ def test_refuses_a_foreign_folder_unless_forced(tmp_path):
 
 @pytest.mark.parametrize("where, pattern", [
     ("", "--out is empty"),
-    ("/proc/x", "cannot write there"),
-    ("FILE/sub", "is a file, not a folder"),
+    ("/proc/x", "cannot write --out /proc/x"),
+    ("FILE/sub", "FILE is not a folder"),
     ("FILE", "exists and is not a folder"),
 ])
 def test_bad_out_is_one_line(tmp_path, where, pattern):
@@ -79,7 +83,7 @@ def test_unwritable_parent_is_one_line(tmp_path):
         pytest.skip("root writes anywhere")
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o555)
-    one_line_error(ddb("--only", FAST, "--out", str(ro / "x"), cwd=tmp_path), "cannot write there")
+    one_line_error(ddb("--only", FAST, "--out", str(ro / "x"), cwd=tmp_path), "cannot write")
 
 
 def test_ctrl_c_leaves_the_previous_folder_whole(tmp_path):
@@ -88,13 +92,13 @@ def test_ctrl_c_leaves_the_previous_folder_whole(tmp_path):
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
     log = tmp_path.parent / f"{tmp_path.name}-stderr.txt"
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "ddbench", "figures", "--only", f"fig13,{FAST}", "--out",
+        proc = subprocess.Popen([sys.executable, "-m", "ddbench", "figures", "--only", f"fig13,fig18,{FAST}", "--out",
                                  str(out)], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=fh, text=True,
+                                 env=dict(os.environ, PYTHONPATH=ROOT),
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not inherited SIG_IGN
         deadline = time.time() + 120
-        while "figures:" not in log.read_text() and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.05)          # the progress bar is up: the figures are being computed
-        time.sleep(1.0)               # fig13 runs first and takes several seconds: interrupt it midway
+        while "fig13:" not in log.read_text() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.02)          # fig13 (first) is done, fig18 (seconds) is being computed: interrupt it
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
     err = log.read_text()

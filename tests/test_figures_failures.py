@@ -4,22 +4,19 @@ whole, exit 2; a failed figure leaves none of its files (with --only, the previo
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from ddbench.commands.figures import MARKER
+from ddbench.core.outputs import MANIFEST as MARKER
 from ddbench.core.paths import SOURCE_TRACES
+from tests.cli import ddbench
 
 FAST = "fig05"       # a memory-model figure: about a second
 FAILS = "fig07"      # needs traces/accuracy/
 
 
 def ddb(*args, data, cwd):
-    env = {**os.environ, "DDBENCH_DATA": str(data)}
-    return subprocess.run([sys.executable, "-m", "ddbench", "figures", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env=env)
+    return ddbench("figures", *args, cwd=cwd, env={"DDBENCH_DATA": str(data)}, timeout=600)
 
 
 @pytest.fixture

@@ -65,13 +65,13 @@ def test_derived_values_follow_from_their_formula():
 def test_table1_avg_row_is_called_inconsistent_exactly_where_it_is():
     p = reported()
     for ctx in ("64k", "128k"):
-        for sys in ("shadowkv", "dualdecoder"):
-            col = [p[f"table1.{d}.{ctx}.{sys}"].value for d in ("niah-1", "niah-2", "niah-3", "qa-2")]
-            avg = p[f"table1.avg.{ctx}.{sys}"]
+        for design in ("shadowkv", "dualdecoder"):
+            col = [p[f"table1.{d}.{ctx}.{design}"].value for d in ("niah-1", "niah-2", "niah-3", "qa-2")]
+            avg = p[f"table1.avg.{ctx}.{design}"]
             mean = sum(col) / len(col)
             # "inconsistent" until replayed; once replayed, the same words move to its inconsistency field
             said = avg.reason if avg.status == "inconsistent" else avg.inconsistency
-            assert (abs(mean - avg.value) > 0.005) == bool(said), (ctx, sys)
+            assert (abs(mean - avg.value) > 0.005) == bool(said), (ctx, design)
             assert f"{mean:.4f}" in said
 
 

@@ -7,7 +7,7 @@ import pytest
 from ddbench.core.catalog import get_gpu, get_model
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import CATEGORIES, Workload, max_batch, memory_breakdown
-from ddbench.core.systems import SYSTEMS, get_system
+from ddbench.core.designs import DESIGNS, get_design
 
 K128 = 131072
 
@@ -15,8 +15,8 @@ K128 = 131072
 def per_token(system, model, category):
     """Bytes of `category` per context token for one request (from two contexts)."""
     m, g = get_model(model), get_gpu("h100-80gb")
-    a = memory_breakdown(get_system(system), m, g, Workload(context=K128))
-    b = memory_breakdown(get_system(system), m, g, Workload(context=2 * K128))
+    a = memory_breakdown(get_design(system), m, g, Workload(context=K128))
+    b = memory_breakdown(get_design(system), m, g, Workload(context=2 * K128))
     return (getattr(b, category) - getattr(a, category)) / K128
 
 
@@ -48,11 +48,11 @@ def test_sparse_buffers_by_hand():
     m, g = get_model("llama-3-8b"), get_gpu("h100-80gb")
     w = Workload(context=K128, batch=3)
     layer_kv = 2048 * 2 * 8 * 128 * 2          # 8 MiB: one layer's 2048 tokens of K and V
-    assert memory_breakdown(get_system("dualdecoder"), m, g, w).sparse_kv_buffers == 3 * 2 * layer_kv
-    assert memory_breakdown(get_system("dualdecoder-per-layer"), m, g, w).sparse_kv_buffers == 3 * 32 * layer_kv
-    assert memory_breakdown(get_system("shadowkv"), m, g, w).sparse_kv_buffers == 3 * 32 * layer_kv
+    assert memory_breakdown(get_design("dualdecoder"), m, g, w).sparse_kv_buffers == 3 * 2 * layer_kv
+    assert memory_breakdown(get_design("dualdecoder-per-layer"), m, g, w).sparse_kv_buffers == 3 * 32 * layer_kv
+    assert memory_breakdown(get_design("shadowkv"), m, g, w).sparse_kv_buffers == 3 * 32 * layer_kv
     # ShadowKV's outliers: 48 chunks of 8 tokens, exact, all layers
-    sk = memory_breakdown(get_system("shadowkv"), m, g, w)
+    sk = memory_breakdown(get_design("shadowkv"), m, g, w)
     u_sv = 3 * 32 * (K128 * 160 + 8 * 128 * 160) * 2
     assert sk.aux_residency == u_sv + 3 * 48 * 8 * 131072
 
@@ -62,9 +62,9 @@ def test_full_kv_8b_128k_on_80gb():
     0.67 GB of the 81,559 MiB that nvidia-smi reports, less than the CUDA context plus one
     chunked prefill and the logits need."""
     m, g = get_model("llama-3-8b"), get_gpu("h100-80gb")
-    sys = get_system("full-kv")
-    assert max_batch(sys, m, g, Workload(context=K128)) == 3
-    four = memory_breakdown(sys, m, g, Workload(context=K128, batch=4))
+    design = get_design("full-kv")
+    assert max_batch(design, m, g, Workload(context=K128)) == 3
+    four = memory_breakdown(design, m, g, Workload(context=K128, batch=4))
     assert four.resident_kv == 4 * (K128 + 128) * 131072       # 16 GiB per request + 128 new tokens
     assert four.weights == 8_030_261_248 * 2
     slack = four.capacity - four.weights - four.resident_kv
@@ -74,37 +74,37 @@ def test_full_kv_8b_128k_on_80gb():
 
 def test_max_batch_is_the_boundary():
     m, g = get_model("qwen2.5-14b"), get_gpu("h100-80gb")
-    for sys in SYSTEMS.values():
+    for design in DESIGNS.values():
         w = Workload(context=K128)
-        b = max_batch(sys, m, g, w)
+        b = max_batch(design, m, g, w)
         if b:
-            assert memory_breakdown(sys, m, g, replace(w, batch=b)).fits
-        assert not memory_breakdown(sys, m, g, replace(w, batch=b + 1)).fits
+            assert memory_breakdown(design, m, g, replace(w, batch=b)).fits
+        assert not memory_breakdown(design, m, g, replace(w, batch=b + 1)).fits
 
 
 def test_max_batch_falls_with_context_and_rises_with_memory():
     m = get_model("llama-3-8b")
     for name in ("full-kv", "shadowkv", "specache", "dualdecoder"):
-        sys = get_system(name)
-        by_ctx = [max_batch(sys, m, get_gpu("h100-80gb"), Workload(context=c)) for c in (32768, K128, 4 * K128)]
+        design = get_design(name)
+        by_ctx = [max_batch(design, m, get_gpu("h100-80gb"), Workload(context=c)) for c in (32768, K128, 4 * K128)]
         assert by_ctx == sorted(by_ctx, reverse=True) and by_ctx[0] > by_ctx[-1]
-        assert max_batch(sys, m, get_gpu("h200"), Workload(context=K128)) > by_ctx[1]
+        assert max_batch(design, m, get_gpu("h200"), Workload(context=K128)) > by_ctx[1]
 
 
 def test_design_ordering_at_128k():
     """DualDecoder fits the most requests of the real designs; full-kv the fewest."""
     m, g = get_model("llama-3-8b"), get_gpu("h100-80gb")
-    b = {n: max_batch(get_system(n), m, g, Workload(context=K128)) for n in SYSTEMS}
+    b = {n: max_batch(get_design(n), m, g, Workload(context=K128)) for n in DESIGNS}
     assert b["full-kv"] < b["specache"] < b["shadowkv"] < b["dualdecoder-per-layer"] < b["dualdecoder"] < b["ideal"]
 
 
 def test_model_larger_than_gpu_fits_nothing():
-    assert max_batch(get_system("dualdecoder"), get_model("llama-3-70b"), get_gpu("h100-80gb"),
+    assert max_batch(get_design("dualdecoder"), get_model("llama-3-70b"), get_gpu("h100-80gb"),
                      Workload(context=K128)) == 0
 
 
 def test_breakdown_sums_categories():
-    bd = memory_breakdown(get_system("shadowkv"), get_model("llama-3-8b"), get_gpu("h200"),
+    bd = memory_breakdown(get_design("shadowkv"), get_model("llama-3-8b"), get_gpu("h200"),
                           Workload(context=K128, batch=5))
     assert bd.total == sum(getattr(bd, c) for c in CATEGORIES)
     assert all(getattr(bd, c) > 0 for c in CATEGORIES)
@@ -119,16 +119,16 @@ def test_breakdown_sums_categories():
 ])
 def test_bad_workloads(kw, message):
     with pytest.raises(DDBenchError, match=message):
-        memory_breakdown(get_system("shadowkv"), get_model("llama-3-8b"), get_gpu("h100"), Workload(**kw))
+        memory_breakdown(get_design("shadowkv"), get_model("llama-3-8b"), get_gpu("h100"), Workload(**kw))
 
 
 def test_specache_holds_two_budget_sets_per_layer():
     """SpeCache keeps the current and the speculative top-k at once: two budget-sized sets per layer."""
     m, g = get_model("llama-3-8b"), get_gpu("h200")
     layer_kv = 2048 * 2 * 8 * 128 * 2
-    sc = memory_breakdown(get_system("specache"), m, g, Workload(context=K128, batch=3))
+    sc = memory_breakdown(get_design("specache"), m, g, Workload(context=K128, batch=3))
     assert sc.sparse_kv_buffers == 3 * 32 * 2 * layer_kv
-    assert get_system("specache").buffer_sets == 2
+    assert get_design("specache").buffer_sets == 2
 
 
 @pytest.mark.parametrize("system, tokens, landmarks", [("dualdecoder", 2, True), ("dualdecoder-two-pass", 1, True),
@@ -142,5 +142,5 @@ def test_activation_bytes_by_hand(system, tokens, landmarks):
     per_request = tokens * (live + logits + (scores if landmarks else 0))
     prefill = 8192 * live + logits
     for b in (1, 5):
-        bd = memory_breakdown(get_system(system), m, g, Workload(context=K128, batch=b))
+        bd = memory_breakdown(get_design(system), m, g, Workload(context=K128, batch=b))
         assert bd.activations == b * per_request + prefill

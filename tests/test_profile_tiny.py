@@ -9,16 +9,14 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.cli import ddbench
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tqdm")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tokenizer():
@@ -58,12 +56,13 @@ def tiny_model(folder, arch: str = "llama", max_pos: int = 2048, **over):
 
 
 def profile(*args, env_extra=None, timeout=300):
-    env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1") | (env_extra or {})
-    return subprocess.run([sys.executable, "-m", "ddbench", "profile", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=ROOT)
+    """`ddbench profile ARGS` in a subprocess (tests/cli.py), offline."""
+    return ddbench("profile", *args, env={"HF_HUB_OFFLINE": "1", **(env_extra or {})}, timeout=timeout)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+# llama in `make test` (the one end-to-end model run there); qwen2 and mistral in `make test-slow`
+@pytest.mark.parametrize("arch", ["llama", pytest.param("qwen2", marks=pytest.mark.slow),
+                                  pytest.param("mistral", marks=pytest.mark.slow)])
 def test_end_to_end_tiny(tmp_path, arch):
     folder = tiny_model(tmp_path / arch, arch)
     out = tmp_path / "out"

@@ -4,9 +4,9 @@ import pytest
 
 from ddbench.core.catalog import get_model
 from ddbench.core.memory import Workload
-from ddbench.core.systems import SYSTEMS
+from ddbench.core.designs import DESIGNS
 from sim.aggregate import aggregate_step
-from sim.plan import step_plan
+from sim.steplayers import step_layers
 from sim.setup import cost_model
 from sim.timeline import run_timeline
 
@@ -22,7 +22,7 @@ def test_timeline_and_aggregate_agree(system, batch):
     m = get_model("llama-3-8b")
     cm = cost_model("llama-3-8b", "h200")
     hit = [0.80 + 0.003 * i for i in range(m.num_layers)]
-    plan = step_plan(SYSTEMS[system], m, cm, Workload(context=131072), batch, 131072, hit, hit)
+    plan = step_layers(DESIGNS[system], m, cm, Workload(context=131072), batch, 131072, hit, hit)
     tl = run_timeline(plan, steps=7, warmup=3)
     steady = tl.step_s[3:]
     assert max(steady) - min(steady) <= 0.01 * max(steady)  # the timeline reached a steady state
@@ -37,9 +37,9 @@ def test_serving_step_times_come_from_the_aggregate():
     w = Workload(context=131072)
     hit = [0.88] * m.num_layers
     reqs = draw_requests(40, 1000.0, "32k", "64", 5)  # all arrive at once: a steady decode batch
-    res = run_serving(SYSTEMS["dualdecoder"], m, get_gpu("h200"), cm, w, reqs, hit, hit)
+    res = run_serving(DESIGNS["dualdecoder"], m, get_gpu("h200"), cm, w, reqs, hit, hit)
     seg = max((s for s in res.segments if s["prefill_tokens"] == 0), key=lambda s: s["steps"])
-    plan = step_plan(SYSTEMS["dualdecoder"], m, cm, w, seg["batch"], 32768 + 32, hit, hit)
+    plan = step_layers(DESIGNS["dualdecoder"], m, cm, w, seg["batch"], 32768 + 32, hit, hit)
     tl = run_timeline(plan, steps=6, warmup=2)
     assert seg["step_s"] == pytest.approx(tl.steady_step_s, rel=0.05)
 
@@ -59,7 +59,7 @@ def test_aggregate_near_the_link_bound_edge(system, batch):
     m = get_model("llama-3-8b")
     cm = cost_model("llama-3-8b", "h200")
     hit = [0.82] * m.num_layers
-    plan = step_plan(SYSTEMS[system], m, cm, Workload(context=131072), batch, 131072, hit, hit)
+    plan = step_layers(DESIGNS[system], m, cm, Workload(context=131072), batch, 131072, hit, hit)
     tl = run_timeline(plan, steps=6, warmup=2)
     assert aggregate_step(plan).step_s == pytest.approx(tl.steady_step_s, rel=0.02)
 
@@ -71,7 +71,7 @@ def test_aggregate_at_32k(system, batch, hit):
     m = get_model("llama-3-8b")
     cm = cost_model("llama-3-8b", "h200", "pcie5")
     h = [hit] * m.num_layers
-    plan = step_plan(SYSTEMS[system], m, cm, Workload(context=32768), batch, 32768, h, h)
+    plan = step_layers(DESIGNS[system], m, cm, Workload(context=32768), batch, 32768, h, h)
     tl = run_timeline(plan, steps=6, warmup=2)
     assert aggregate_step(plan).step_s == pytest.approx(tl.steady_step_s, rel=0.02)
 

@@ -9,11 +9,17 @@ import subprocess
 import sys
 import time
 
+import pandas as pd
 import pytest
 
+from tests.cli import ROOT, assert_one_line_error, ddbench
 
-def _run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "ddbench", *args], capture_output=True, text=True, cwd=cwd)
+_run = ddbench
+REQUEST_COLUMNS = ["id", "arrival_s", "context", "output_tokens", "rejected", "admitted_s", "ttft_s", "tpot_s",
+                   "completion_s", "finished_at_s"]
+STEP_COLUMNS = ["start_s", "steps", "batch", "step_s", "prefill_tokens", "link_util", "memory_bytes"]
+MEMORY_COLUMNS = ["time_s", "weights", "resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers",
+                  "activations", "runtime_overhead", "total"]
 
 
 def test_simulate_serving_writes_outputs(tmp_path):
@@ -23,17 +29,24 @@ def test_simulate_serving_writes_outputs(tmp_path):
              "--out", str(out), "--trace")
     assert p.returncode == 0, p.stderr
     assert "SCALED" in p.stdout  # no H100 bundle: the H200 bundle is scaled, and the output says so
-    for system in ("dualdecoder", "shadowkv"):
-        d = out / system
-        rows = list(csv.DictReader(line for line in open(d / "requests.csv") if not line.startswith("#")))
+    for design in ("dualdecoder", "shadowkv"):
+        d = out / design
+        rows = list(csv.DictReader(open(d / "requests.csv")))
         assert len(rows) == 20 and all(float(r["ttft_s"]) > 0 for r in rows)
         assert all(float(r["completion_s"]) >= float(r["ttft_s"]) for r in rows)
-        assert open(d / "requests.csv").readline().startswith("# cost model:")
+        # plain CSVs: pandas reads them as they are, one header line, no comment lines
+        assert list(pd.read_csv(d / "requests.csv").columns) == REQUEST_COLUMNS
+        assert list(pd.read_csv(d / "steps.csv").columns) == STEP_COLUMNS
+        assert list(pd.read_csv(d / "memory.csv").columns) == MEMORY_COLUMNS
         s = json.load(open(d / "summary.json"))
         assert s["completed"] == 20 and s["tokens_per_s"] > 0 and s["peak_memory_bytes"] <= s["capacity_bytes"]
         assert any("SCALED" in n for n in s["cost_model"])
         t = json.load(open(d / "trace.json"))
         assert any(e.get("ph") == "X" and e["name"].endswith("attention") for e in t["traceEvents"])
+    prov = json.load(open(out / "provenance.json"))   # the cost model's notes, the arguments, version, sha
+    assert prov["command"] == "ddbench simulate" and any("SCALED" in n for n in prov["cost_model"])
+    assert prov["arguments"]["design"] == ["dualdecoder", "shadowkv"] and prov["arguments"]["rate"] == 0.5
+    assert prov["ddbench_version"] and prov["git_sha"]
 
 
 def test_simulate_timeline_mode(tmp_path):
@@ -43,8 +56,11 @@ def test_simulate_timeline_mode(tmp_path):
     s = json.loads(p.stdout)["dualdecoder"]
     assert s["mode"] == "timeline" and s["step_ms"] > 0 and s["peak_buffer_bytes"] <= s["reserved_buffer_bytes"]
     assert s["aggregate_step_ms"] > 0
-    layers = list(csv.DictReader(line for line in open(tmp_path / "layers.csv") if not line.startswith("#")))
-    assert len(layers) == 32 and float(layers[0]["urgent_bytes"]) > 0
+    layers = pd.read_csv(tmp_path / "layers.csv")
+    assert len(layers) == 32 and layers.urgent_bytes[0] > 0
+    assert list(layers.columns) == ["layer", "pre_s", "rebuild_s", "attention_s", "post_s", "prefetch_bytes",
+                                    "urgent_bytes", "stall_s_per_step", "hit_rate", "lowrank_keys"]
+    assert list(pd.read_csv(tmp_path / "steps.csv").columns) == ["step", "step_s", "stall_s"]
 
 
 def _strict_json(text):
@@ -65,20 +81,24 @@ BASE = ["simulate", "--model", "llama-3-8b", "--gpu", "h200", "--requests", "2"]
     (["--system", "nonesuch"], "unknown design"),
     (["--system", ""], "names no design"),
     (["--system", " , "], "names no design"),
-    (["--rate", "0"], "--rate must be positive"),
-    (["--rate", "inf"], "--rate must be positive and finite"),
-    (["--rate", "nan"], "--rate must be positive and finite"),
-    (["--requests", "0"], "--requests must be at least 1"),
-    (["--max-batch", "0"], "--max-batch must be at least 1"),
-    (["--batch", "0"], "--batch must be at least 1"),
-    (["--batch", "2", "--steps", "0"], "--steps must be at least 1"),
+    (["--rate", "0"], "argument --rate: '0': must be at least"),
+    (["--rate", "inf"], "argument --rate: 'inf': must be finite"),
+    (["--rate", "nan"], "argument --rate: 'nan': must be finite"),
+    (["--rate", "1e-308"], "argument --rate: '1e-308': must be at least"),
+    (["--requests", "0"], "argument --requests: '0': must be at least 1"),
+    (["--max-batch", "0"], "argument --max-batch: '0': must be at least 1"),
+    (["--batch", "0"], "argument --batch: '0': must be at least 1"),
+    (["--batch", "2", "--steps", "0"], "argument --steps: '0': must be in [1, 100000]"),
+    (["--link", ""], "argument --link: '': is empty"),
+    (["--calibration", ""], "argument --calibration: '': is empty"),
+    (["--hit-rate", ""], "argument --hit-rate: '': is empty"),
     (["--chunk", "0"], "chunk must be an integer >= 1"),
     (["--budget", "0"], "budget must be positive"),
     (["--context", "1k"], "larger than the context"),
     (["--context", "uniform:1k"], "use uniform:LO:HI"),
-    (["--hit-rate", "1.5"], "hit rate must be within"),
+    (["--hit-rate", "1.5"], "argument --hit-rate: '1.5': must be in [0, 1]"),
     (["--calibration", "BROKEN"], "malformed calibration bundle"),
-    (["--out", ""], "--out is empty"),
+    (["--out", ""], "--out: '': is empty"),
     (["--out", "/proc/x"], "cannot write --out /proc/x"),
     (["--out", "FILE/x"], "is not a folder"),
 ])
@@ -90,8 +110,7 @@ def test_simulate_errors_are_one_line(tmp_path, args, msg):
     args = [str(tmp_path / a) if a in ("BROKEN", "FILE/x") else a for a in args]
     before = sorted(os.listdir(tmp_path))
     p = _run(*BASE, "--out", str(tmp_path / "o"), *args, cwd=tmp_path)
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert msg in p.stderr and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+    assert_one_line_error(p, contains=msg)
     assert p.stdout == ""
     assert sorted(os.listdir(tmp_path)) == before  # nothing left behind, not even a temporary folder
 
@@ -101,19 +120,26 @@ def test_nonempty_out_is_refused_and_force_replaces_it_whole(tmp_path):
     assert _run(*BASE, "--out", str(out)).returncode == 0
     assert (out / "requests.csv").exists()
     p = _run(*BASE, "--batch", "2", "--steps", "2", "--out", str(out))
-    assert p.returncode == 2 and "is not empty; pass --force" in p.stderr and p.stderr.count("\n") == 1
+    assert p.returncode == 2 and "holds an earlier ddbench run; pass --force" in p.stderr and p.stderr.count("\n") == 1
     assert (out / "requests.csv").exists() and not (out / "layers.csv").exists()
     p = _run(*BASE, "--batch", "2", "--steps", "2", "--out", str(out), "--force")
     assert p.returncode == 0, p.stderr
-    assert sorted(os.listdir(out)) == [".ddbench-run", "layers.csv", "steps.csv", "summary.json"]  # serving set gone
+    assert sorted(os.listdir(out)) == [".ddbench-manifest.json", "layers.csv", "provenance.json", "steps.csv",
+                                       "summary.json"]  # serving set gone
     assert _leftovers(tmp_path) == []
 
 
-def test_force_replaces_only_a_folder_ddbench_wrote(tmp_path):
+def test_force_writes_beside_files_ddbench_did_not_write_and_keeps_them(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    p = _run(*BASE, "--out", str(tmp_path), "--force")
-    assert p.returncode == 2 and "was not written by ddbench" in p.stderr and p.stderr.count("\n") == 1
+    p = _run(*BASE, "--out", str(tmp_path))
+    assert p.returncode == 2 and "did not write (notes.txt)" in p.stderr and p.stderr.count("\n") == 1
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+    p = _run(*BASE, "--out", str(tmp_path), "--force")
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "requests.csv").exists()
+    p = _run(*BASE, "--batch", "2", "--steps", "2", "--out", str(tmp_path), "--force")   # replaces its own only
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not (tmp_path / "requests.csv").exists()
 
 
 def test_serving_where_nothing_fits_says_so(tmp_path):
@@ -133,6 +159,21 @@ def test_serving_where_nothing_fits_says_so(tmp_path):
     assert "tokens/s" in next(x for x in p.stdout.splitlines() if x.startswith("dualdecoder:"))
 
 
+def test_weights_that_do_not_fit_are_a_status_not_bad_input(tmp_path):
+    """Llama-3-70B's weights alone exceed an L40S: exit 3, summary.json's status says it, the CSVs read."""
+    out = tmp_path / "o"
+    p = _run("simulate", "--model", "llama-3-70b", "--gpu", "l40s", "--requests", "5", "--out", str(out))
+    assert p.returncode == 3, p.stderr
+    line = p.stdout.splitlines()[0]
+    assert line.startswith("dualdecoder: NOTHING FITS: 5/5 requests rejected (the weights and runtime overhead")
+    s = _strict_json((out / "summary.json").read_text())
+    assert s["status"] == "nothing-fits" and s["completed"] == 0 and "do not fit" in s["reason"]
+    assert list(pd.read_csv(out / "requests.csv").columns) == REQUEST_COLUMNS
+    assert pd.read_csv(out / "requests.csv").rejected.tolist() == [1] * 5
+    assert list(pd.read_csv(out / "steps.csv").columns) == STEP_COLUMNS
+    assert list(pd.read_csv(out / "memory.csv").columns) == MEMORY_COLUMNS
+
+
 def test_timeline_batch_that_does_not_fit_reports_no_throughput(tmp_path):
     p = _run("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--batch", "4096",
              "--out", str(tmp_path / "o"))
@@ -147,7 +188,8 @@ def test_timeline_batch_that_does_not_fit_reports_no_throughput(tmp_path):
 def test_files_follow_the_umask(tmp_path):
     out = tmp_path / "o"
     p = subprocess.run([sys.executable, "-m", "ddbench", *BASE, "--system", "dualdecoder,shadowkv", "--out", str(out)],
-                       capture_output=True, text=True, preexec_fn=lambda: os.umask(0o027))
+                       capture_output=True, text=True, preexec_fn=lambda: os.umask(0o027), cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT))   # (tests.cli.ddbench takes no preexec_fn)
     assert p.returncode == 0, p.stderr
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o750
     assert stat.S_IMODE(os.stat(out / "shadowkv").st_mode) == 0o750
@@ -166,11 +208,11 @@ def test_interrupt_leaves_no_partial_set(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "ddbench", "simulate", "--model", "llama-3-8b", "--gpu", "h200",
                           "--system", "every", "--context", "uniform:16k:64k", "--rate", "5", "--requests", "3000",
                           "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=_default_sigint)
+                         preexec_fn=_default_sigint, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     deadline = time.time() + 60
-    while time.time() < deadline:  # wait until the run folder holds a finished design
-        tmp = [d for d in tmp_path.iterdir() if ".tmp-" in d.name]
-        if tmp and any((d / "summary.json").exists() for d in tmp[0].iterdir()):
+    while time.time() < deadline:  # wait until the staging folder inside --out holds a finished design
+        tmp = [d for d in out.iterdir() if d.name.startswith(".ddbench-stage-")] if out.is_dir() else []
+        if tmp and any((d / "summary.json").exists() for d in tmp[0].iterdir() if d.is_dir()):
             break
         assert p.poll() is None, p.communicate()
         time.sleep(0.02)
@@ -192,8 +234,7 @@ def test_calibrate_without_gpu_is_one_line_error():
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_empty_data_root_is_refused_not_the_working_folder(tmp_path, how):
     args = ["--data", ""] if how == "flag" else []
-    env = dict(os.environ, DDBENCH_DATA="") if how == "env" else None
-    p = subprocess.run([sys.executable, "-m", "ddbench", *args, *BASE, "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    p = _run(*args, *BASE, "--out", str(tmp_path / "o"), cwd=tmp_path,
+             env={"DDBENCH_DATA": ""} if how == "env" else None)
     assert p.returncode == 2 and "data root" in p.stderr and p.stderr.count("\n") == 1
     assert os.listdir(tmp_path) == []

@@ -8,7 +8,7 @@ import pytest
 from ddbench.core.catalog import get_gpu, get_model
 from ddbench.experiments import sim_figures as sf
 from ddbench.core.memory import Workload, max_batch
-from ddbench.core.systems import get_system
+from ddbench.core.designs import get_design
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def f12():
 def test_fig12_oom_follows_the_memory_model(f12):
     df = f12.data
     for r in df.itertuples():
-        mb = max_batch(get_system(r.system), get_model(sf.F12_MODEL), get_gpu(sf.GPU), Workload(context=r.context))
+        mb = max_batch(get_design(r.system), get_model(sf.F12_MODEL), get_gpu(sf.GPU), Workload(context=r.context))
         assert r.max_batch == mb and r.oom == (mb == 0)
         assert math.isnan(r.tokens_per_s) == r.oom
         if not r.oom:   # throughput = batch / simulated step, and never above the link ceiling
@@ -37,9 +37,9 @@ def test_fig12_ratios_are_computed_from_the_table(f12):
 def test_fig03_stays_within_memory_and_throughput_grows_with_batch():
     res = sf.fig03()
     df = res.data
-    for sys in sf.F3_SYSTEMS:
-        cap = df[(df.system == sys) & (df.kind == "capped")].sort_values("batch")
-        assert cap.batch.max() == sf._maxb(sys, sf.F3_MODEL, sf.F3_CTX)
+    for design in sf.F3_SYSTEMS:
+        cap = df[(df.system == design) & (df.kind == "capped")].sort_values("batch")
+        assert cap.batch.max() == sf._maxb(design, sf.F3_MODEL, sf.F3_CTX)
         assert (cap.tokens_per_s.diff().dropna() > -1e-9).all()  # more requests never lose throughput here
 
 
@@ -56,8 +56,8 @@ def test_fig12_reaches_512k_and_its_oom_claims_follow_the_table(f12):
     t = f12.data.set_index(["context", "system"])
     assert 512 * 1024 in set(f12.data.context)
     got = {c.paper_id: c.ours for c in f12.comparisons}
-    for ctx, sys in ((128, "full-kv"), (256, "full-kv"), (256, "specache")):
-        assert got[f"fig12.{ctx}k.{sys}.max_batch"] == t.max_batch[(ctx * 1024, sys)]
+    for ctx, design in ((128, "full-kv"), (256, "full-kv"), (256, "specache")):
+        assert got[f"fig12.{ctx}k.{design}.max_batch"] == t.max_batch[(ctx * 1024, design)]
     assert got["fig12.context.max_tokens"] == max(f12.data.context)
 
 
@@ -66,7 +66,7 @@ def test_budget_figure_follows_the_simulator():
     res = bf.budget()
     df = res.data
     for r in df.itertuples():   # each point: the memory model's batch at that budget, batch / simulated step
-        mb = max_batch(get_system(r.system), get_model(bf.F12_MODEL), get_gpu(bf.GPU),
+        mb = max_batch(get_design(r.system), get_model(bf.F12_MODEL), get_gpu(bf.GPU),
                        Workload(context=r.context, budget=r.budget))
         assert r.max_batch == mb
         assert r.tokens_per_s == pytest.approx(r.max_batch / (r.step_ms / 1e3))
@@ -89,7 +89,7 @@ def test_fig04_timeline_stays_within_memory_and_fills_it():
     parts = df[[f"{c}_gb" for c in CATEGORIES]].sum(axis=1)
     assert (parts - df.total_gb).abs().max() < 1e-6
     assert (df.total_gb <= cap + 1e-9).all()
-    for sys, s in df.groupby("system"):
-        mb = max_batch(get_system(sys), get_model(mf.F4_MODEL), get_gpu(mf.GPU), Workload(context=mf.CONTEXT))
-        assert s.batch.max() == min(mb, mf.F4_N), sys      # the arrivals outpace decoding: memory fills
+    for design, s in df.groupby("system"):
+        mb = max_batch(get_design(design), get_model(mf.F4_MODEL), get_gpu(mf.GPU), Workload(context=mf.CONTEXT))
+        assert s.batch.max() == min(mb, mf.F4_N), design      # the arrivals outpace decoding: memory fills
         assert s.batch.iloc[-1] == 0 and s.time_s.is_monotonic_increasing

@@ -7,10 +7,10 @@ import pytest
 
 from ddbench.core.catalog import get_gpu, get_link, get_model
 from ddbench.core.memory import Workload
-from ddbench.core.systems import SYSTEMS
+from ddbench.core.designs import DESIGNS
 from sim.aggregate import aggregate_step
 from sim.costmodel import CostModel
-from sim.plan import step_plan
+from sim.steplayers import step_layers
 from sim.serving import draw_requests, run_serving
 from sim.setup import cost_model
 from sim.timeline import run_timeline
@@ -22,7 +22,7 @@ HIT = [0.88] * M8.num_layers
 
 def _plan(system, batch, cm=None, hit=HIT, ctx=131072):
     cm = cm or cost_model("llama-3-8b", "h200")
-    return step_plan(SYSTEMS[system], M8, cm, W, batch, ctx, hit, hit)
+    return step_layers(DESIGNS[system], M8, cm, W, batch, ctx, hit, hit)
 
 
 def test_sim_imports_no_torch():
@@ -33,7 +33,7 @@ def test_sim_imports_no_torch():
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("system", [s for s in SYSTEMS if SYSTEMS[s].fetch != "none"])
+@pytest.mark.parametrize("system", [s for s in DESIGNS if DESIGNS[s].fetch != "none"])
 def test_bytes_moved_equal_bytes_planned(system):
     hit = [0.5 + 0.015 * i for i in range(M8.num_layers)]
     plan = _plan(system, 8, hit=hit)
@@ -43,7 +43,7 @@ def test_bytes_moved_equal_bytes_planned(system):
     assert tl.h2d_bytes_moved == pytest.approx(tl.h2d_bytes_planned, rel=1e-12)
     # and what was planned is what the design's switches say: per step, prefetch + urgent
     per_step = plan.h2d_bytes
-    issued_steps = steps + (1 if SYSTEMS[system].prefetch != "none" else 0)
+    issued_steps = steps + (1 if DESIGNS[system].prefetch != "none" else 0)
     lo, hi = steps * per_step, issued_steps * per_step
     assert lo - 1 <= tl.h2d_bytes_planned <= hi + 1
     assert tl.d2h_bytes_moved == pytest.approx(steps * sum(plan.d2h_bytes))
@@ -71,7 +71,7 @@ def _serve(system="dualdecoder", n=150, rate=2.0, seed=3, link=None, model="llam
     m = get_model(model)
     cm = cost_model(model, "h200", link)
     reqs = draw_requests(n, rate, ctx, out, seed)
-    return run_serving(SYSTEMS[system], m, get_gpu("h200"), cm, Workload(context=131072), reqs,
+    return run_serving(DESIGNS[system], m, get_gpu("h200"), cm, Workload(context=131072), reqs,
                        [0.88] * m.num_layers, [0.88] * m.num_layers)
 
 
@@ -137,8 +137,8 @@ def test_halving_link_bandwidth_changes_latency():
 def test_priority_beats_fifo_on_misses():
     hit = [0.67] * M8.num_layers  # the paper's Figure 18: a 33% miss rate
     cm = cost_model("llama-3-8b", "h200")
-    pr = run_timeline(step_plan(SYSTEMS["dualdecoder"], M8, cm, W, 8, 131072, hit, hit), steps=5)
-    ff = run_timeline(step_plan(SYSTEMS["dualdecoder-fifo"], M8, cm, W, 8, 131072, hit, hit), steps=5)
+    pr = run_timeline(step_layers(DESIGNS["dualdecoder"], M8, cm, W, 8, 131072, hit, hit), steps=5)
+    ff = run_timeline(step_layers(DESIGNS["dualdecoder-fifo"], M8, cm, W, 8, 131072, hit, hit), steps=5)
     assert sum(ff.stall_s[2:]) > sum(pr.stall_s[2:])
 
 
@@ -166,12 +166,12 @@ def test_serving_step_interpolation_matches_exact_step(system):
     from sim.serving import STEP_GRID, _Model
     cm = cost_model("llama-3-8b", "h200")
     hit = [0.5 + 0.4 * i / M8.num_layers for i in range(M8.num_layers)]
-    mdl = _Model(SYSTEMS[system], M8, get_gpu("h200"), cm, W, hit, hit)
+    mdl = _Model(DESIGNS[system], M8, get_gpu("h200"), cm, W, hit, hit)
     rng = random.Random(5)
     for _ in range(40):
         b, ctx = rng.randint(1, 96), rng.uniform(4096, 200000)
         assert ctx % STEP_GRID  # off the grid
-        exact = aggregate_step(step_plan(SYSTEMS[system], M8, cm, W, b, ctx, hit, hit))
+        exact = aggregate_step(step_layers(DESIGNS[system], M8, cm, W, b, ctx, hit, hit))
         got = mdl.step(b, ctx)
         assert got.step_s == pytest.approx(exact.step_s, rel=1e-4)
         assert got.link_s == pytest.approx(exact.link_s, rel=1e-4, abs=1e-12)
@@ -183,10 +183,10 @@ def test_triton_kernels_cost_dualdecoder_designs_only():
     cm = cost_model("llama-3-8b", "h200")
     assert cm.attention_decode_s(32, 2, 2100, triton=True) < 1.1 * cm.attention_decode_s(32, 1, 2100, triton=True)
     assert cm.attention_decode_s(32, 2, 2100) > 2 * cm.attention_decode_s(32, 2, 2100, triton=True)
-    from sim.plan import attended_tokens
+    from sim.steplayers import attended_tokens
     for system, triton in (("dualdecoder", True), ("specache", False), ("shadowkv", False)):
         p = _plan(system, 32, cm=cm)
-        kv = round(attended_tokens(SYSTEMS[system], W, 131072))
+        kv = round(attended_tokens(DESIGNS[system], W, 131072))
         assert p.att[0] == cm.attention_decode_s(32, p.q_tokens, kv, triton=triton)
 
 
@@ -195,7 +195,7 @@ def test_prefill_elsewhere_joins_decode_at_once():
     (TTFT 0), one that waits has TTFT = its wait for memory; Little's law and capacity still hold."""
     m = get_model("qwen2.5-32b")
     reqs = draw_requests(80, 0.6, "128k", "64", 4)
-    res = run_serving(SYSTEMS["shadowkv"], m, get_gpu("h100-80gb"), cost_model("qwen2.5-32b", "h100-80gb"),
+    res = run_serving(DESIGNS["shadowkv"], m, get_gpu("h100-80gb"), cost_model("qwen2.5-32b", "h100-80gb"),
                       Workload(context=131072), reqs, [0.88] * m.num_layers, [0.88] * m.num_layers,
                       prefill_here=False)
     done = [r for r in res.requests if not r.rejected]
@@ -245,7 +245,7 @@ def test_lowrank_layers_fetch_values_only():
     from dataclasses import replace
     hit = [0.9 - 0.01 * i for i in range(M8.num_layers)]       # the last layers predict worst
     w = replace(W, lowrank_layers=4)
-    plan = step_plan(SYSTEMS["dualdecoder"], M8, cost_model("llama-3-8b", "h200"), w, 8, 131072, hit, hit)
+    plan = step_layers(DESIGNS["dualdecoder"], M8, cost_model("llama-3-8b", "h200"), w, 8, 131072, hit, hit)
     assert plan.lowrank == frozenset({28, 29, 30, 31})
     full = 8 * W.budget * M8.kv_bytes_per_token_layer
     for i in range(M8.num_layers):

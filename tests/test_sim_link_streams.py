@@ -14,8 +14,8 @@ import pytest
 
 from ddbench.core.catalog import get_model
 from ddbench.core.memory import Workload
-from ddbench.core.systems import SYSTEMS
-from sim.plan import step_plan
+from ddbench.core.designs import DESIGNS
+from sim.steplayers import step_layers
 from sim.setup import cost_model
 from sim.timeline import run_timeline
 
@@ -25,7 +25,7 @@ STEPS = 5
 def _plan(system, batch, hit=0.82):
     m = get_model("llama-3-8b")
     cm = cost_model("llama-3-8b", "h200")
-    return step_plan(SYSTEMS[system], m, cm, Workload(context=131072), batch, 131072, [hit] * 32, [hit] * 32)
+    return step_layers(DESIGNS[system], m, cm, Workload(context=131072), batch, 131072, [hit] * 32, [hit] * 32)
 
 
 def _run(plan):

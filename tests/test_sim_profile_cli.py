@@ -4,20 +4,18 @@ from the profile's summary (--lowrank-layers profile), through a subprocess; bad
 import csv
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from test_accuracy_consumers import rates, write_profile
+from tests.cli import ddbench
 
 SUMMARY_SET = [20, 25]        # not the worst-predicted layers (those are 0 and 1 in write_profile's rates)
 BASE = ("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--system", "dualdecoder", "--context", "128k",
         "--batch", "4", "--steps", "3", "--json")
 
 
-def _run(*args):
-    return subprocess.run([sys.executable, "-m", "ddbench", *args], capture_output=True, text=True, timeout=300)
+_run = ddbench
 
 
 @pytest.fixture
@@ -31,7 +29,7 @@ def prof(tmp_path):
 
 
 def _layers(folder):
-    return list(csv.DictReader(line for line in open(os.path.join(folder, "layers.csv")) if not line.startswith("#")))
+    return list(csv.DictReader(open(os.path.join(folder, "layers.csv"))))
 
 
 def test_profile_flags_pick_the_rows(tmp_path, prof):
@@ -135,25 +133,25 @@ def test_plan_keeps_an_integer_lowrank_layers():
     assert "--lowrank-layers" in p.stderr and "'profile'" in p.stderr
 
 
-def test_step_plan_takes_a_lowrank_set():
+def test_step_layers_takes_a_lowrank_set():
     from ddbench.core.catalog import get_model
     from ddbench.core.errors import DDBenchError
     from ddbench.core.memory import Workload
-    from ddbench.core.systems import get_system
-    from sim.plan import step_plan
+    from ddbench.core.designs import get_design
+    from sim.steplayers import step_layers
     from sim.setup import cost_model
     m, cm = get_model("llama-3-8b"), cost_model("llama-3-8b", "h200", "pcie5")
     hit = [0.5 + i / 100 for i in range(32)]
     w = Workload(context=131072, lowrank_layers=2)
-    given = step_plan(get_system("dualdecoder"), m, cm, w, 4, 131072, hit, hit, lowrank=frozenset({9, 30}))
-    worst = step_plan(get_system("dualdecoder"), m, cm, w, 4, 131072, hit, hit)
+    given = step_layers(get_design("dualdecoder"), m, cm, w, 4, 131072, hit, hit, lowrank=frozenset({9, 30}))
+    worst = step_layers(get_design("dualdecoder"), m, cm, w, 4, 131072, hit, hit)
     assert given.lowrank == {9, 30} and worst.lowrank == {0, 1}
     assert given.mid[9] > 0 and given.mid[0] == 0 and worst.mid[0] > 0
     # values only (keys rebuilt) on the low-rank layers: half the bytes of the others
     assert given.pf_bytes[9] == pytest.approx(given.pf_bytes[8] / 2)
     with pytest.raises(DDBenchError, match="has 3 layers but the workload counts 2"):
-        step_plan(get_system("dualdecoder"), m, cm, w, 4, 131072, hit, hit, lowrank=frozenset({1, 2, 3}))
+        step_layers(get_design("dualdecoder"), m, cm, w, 4, 131072, hit, hit, lowrank=frozenset({1, 2, 3}))
     with pytest.raises(DDBenchError, match="outside the model's 0..31"):
-        step_plan(get_system("dualdecoder"), m, cm, w, 4, 131072, hit, hit, lowrank=frozenset({1, 32}))
-    full = step_plan(get_system("shadowkv"), m, cm, w, 4, 131072, hit, hit, lowrank=frozenset({9, 30}))
+        step_layers(get_design("dualdecoder"), m, cm, w, 4, 131072, hit, hit, lowrank=frozenset({1, 32}))
+    full = step_layers(get_design("shadowkv"), m, cm, w, 4, 131072, hit, hit, lowrank=frozenset({9, 30}))
     assert full.lowrank == set(range(32))

@@ -333,7 +333,7 @@ def test_engine_import_splits_forced_miss_rows_and_replaces_the_section(tmp_path
 # ------------------------------------------------------------------ kernels/engine/bench.py phase selection
 
 def test_bench_phase_selection_and_folders():
-    bench = pytest.importorskip("kernels.engine.bench")
+    bench = pytest.importorskip("kernels.engine.sweep")
     from ddbench.core.errors import DDBenchError
     allp = bench.plan_points(False, 2)
     val = bench.plan_points(False, 2, ("validation",))
@@ -360,7 +360,7 @@ def test_bench_phase_selection_and_folders():
 
 
 def test_bench_cli_rejects_unknown_phase_before_any_gpu_work(capsys):
-    bench = pytest.importorskip("kernels.engine.bench")
+    bench = pytest.importorskip("kernels.engine.sweep")
     assert bench.main(["--phases", "bogus"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--phases" in err and "bogus" in err

@@ -2,14 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pandas as pd
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.cli import assert_one_line_error, ddbench
 
 SPEC = """\
 name: tiny
@@ -22,12 +20,6 @@ grid:
   output: "64"
   rate: [0.5, 4]
 """
-
-
-def ddbench(*args, cwd=ROOT):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "ddbench", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
 
 
 def _spec(tmp_path, text=SPEC, name="spec.yaml"):
@@ -79,7 +71,20 @@ def test_sweep_table_and_resume(tmp_path):
 @pytest.mark.parametrize("text, message", [
     (SPEC.replace("  rate:", "  colour: red\n  rate:"), "grid.colour: unknown field"),
     (SPEC + "workers: 3\n", "workers: unknown field"),
-    (SPEC.replace("[0.5, 4]", "[0.5, -4]"), "grid.rate[1]: Input should be greater than 0"),
+    (SPEC.replace("[0.5, 4]", "[0.5, -4]"), "grid.rate[1]: Input should be greater than or equal to"),
+    (SPEC.replace("[0.5, 4]", "[0.5, .inf]"), "grid.rate[1]: Input should be a finite number"),
+    (SPEC.replace("[0.5, 4]", "[0.5, 1e-308]"), "grid.rate[1]: Input should be greater than or equal to"),
+    (SPEC.replace("  model: llama-3-8b", "  model: llama-3-8b\n  link: ''"), "grid.link[0]: String should have at least"),
+    (SPEC.replace("  model: llama-3-8b", "  model: llama-3-8b\n  hit_rate: .nan"), "grid.hit_rate[0]"),
+    (SPEC.replace("  model: llama-3-8b", "  model: llama-3-8b\n  hit_rate: 1.5"), "grid.hit_rate[0]: Input should be less than or equal to 1"),
+    (SPEC.replace("  model: llama-3-8b", "  model: llama-3-8b\n  chunk: 0"), "grid.chunk[0]: Input should be greater"),
+    (SPEC.replace("  model: llama-3-8b", "  model: llama-3-8b\n  seed: -1"), "grid.seed[0]: Input should be greater"),
+    (SPEC.replace("  system: [shadowkv, dualdecoder]", "  system: [shadowkv]\n  design: [dualdecoder]"),
+     "design: or as system:, not both"),
+    (SPEC.replace("  system: [shadowkv, dualdecoder]", "  system: []"), "grid.system: List should have at least 1"),
+    (SPEC.replace("name: tiny", "name: ../../x"), "name: '../../x' is not a plain name"),
+    (SPEC.replace("name: tiny", "name: .hidden"), "is not a plain name"),
+    (SPEC.replace("name: tiny", "name: a/b"), "is not a plain name"),
     (SPEC.replace("[0.5, 4]", "[0.5, fast]"), "grid.rate[1]: Input should be a valid number"),
     (SPEC.replace("requests: 40", "requests: 0"), "requests: Input should be greater than or equal to 1"),
     (SPEC.replace("  model: llama-3-8b", "  gpu2: x"), "grid.model: Field required"),
@@ -89,6 +94,7 @@ def test_sweep_table_and_resume(tmp_path):
     (SPEC.replace('output: "64"', "output: exp:many"), "grid.output[0]"),
     ("grid: [1, 2\n", "not valid YAML at line"),
     ("- just a list\n", "expected a mapping"),
+    ("when: 2020-13-45\n", "not valid YAML"),
 ])
 def test_sweep_spec_errors(tmp_path, text, message, capsys, monkeypatch):
     """In process (fast); the subprocess test below covers the same path end to end."""
@@ -112,6 +118,54 @@ def test_sweep_spec_errors_subprocess(tmp_path, text, message):
     assert r.stdout == "" and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
     assert sorted(os.listdir(tmp_path)) == ["spec.yaml"]   # nothing left behind
+
+
+def test_binary_spec_is_one_line(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(bytes(range(256)) * 4)
+    r = ddbench("sweep", str(spec), cwd=tmp_path)
+    assert_one_line_error(r, contains="not a text file")
+    assert sorted(os.listdir(tmp_path)) == ["spec.yaml"]
+
+
+@pytest.mark.parametrize("args, message", [(["--out", ""], "argument --out: '': is empty"),
+                                           (["--workers", "0"], "argument --workers: '0': must be"),
+                                           (["--max-points", "-1"], "argument --max-points"),
+                                           (["--address", ""], "argument --address: '': is empty")])
+def test_sweep_flags_are_checked(tmp_path, args, message, capsys, monkeypatch):
+    from ddbench.cli import main
+    spec = _spec(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", spec, *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert sorted(os.listdir(tmp_path)) == ["spec.yaml"]
+
+
+def test_design_key_and_a_point_that_does_not_fit(tmp_path):
+    """`design:` is the grid's designs too; a point whose weights exceed the GPU is a row with status
+    does-not-fit (the other points run); the CSV reads plainly with pandas."""
+    text = SPEC.replace("  model: llama-3-8b\n  gpu: h200", "  model: [llama-3-8b, llama-3-70b]\n  gpu: l40s")
+    text = text.replace("system: [shadowkv, dualdecoder]", "design: dualdecoder").replace("[0.5, 4]", "[0.5]")
+    out = tmp_path / "out"
+    r = ddbench("sweep", _spec(tmp_path, text), "--out", str(out), "--workers", "1", "--quiet")
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(out / "results.csv")
+    assert list(df.columns[:3]) == ["key", "model", "gpu"] and "status" in df.columns and "system" in df.columns
+    rows = df.set_index("model")
+    assert rows.status["llama-3-8b"] == "ok" and rows.completed["llama-3-8b"] == 40
+    assert rows.status["llama-3-70b"] == "does-not-fit" and rows.rejected["llama-3-70b"] == 40
+    assert rows.binding["llama-3-70b"] == "memory" and rows.max_batch_fit["llama-3-70b"] == 0
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["command"] == "ddbench sweep" and prov["arguments"]["workers"] == 1
+
+
+def test_sweep_where_no_point_fits_is_exit_3(tmp_path):
+    text = SPEC.replace("  model: llama-3-8b\n  gpu: h200", "  model: llama-3-70b\n  gpu: l40s")
+    r = ddbench("sweep", _spec(tmp_path, text.replace("[0.5, 4]", "[0.5]")), "--out", str(tmp_path / "o"), "--quiet")
+    assert r.returncode == 3, r.stderr
+    assert "not one point fits" in r.stdout and (tmp_path / "o" / "results.csv").exists()
 
 
 def test_sweep_max_points_guard(tmp_path):

@@ -1,8 +1,9 @@
 """`ddbench bench`: microbenchmarks on the local CUDA GPU.
 
 Targets:
-  engine    the decode-step engine (kernels/engine): every design at Llama-3-8B shapes, 32K-128K;
-            writes traces/engine/<gpu>/ (python -m kernels.engine.sweep --help for its options)
+  engine    the decode-step engine (kernels/engine): every design at a model's shapes (default
+            Llama-3-8B), 32K-128K; --phases paper: each design's largest batch under --gpu-mem-cap;
+            writes traces/engine/<gpu>[-<phases>]/ (python -m kernels.engine.sweep --help for its options)
   kernels   the Triton kernels (gather, dual-token attention, selection, key rebuild, SpeCache
             scoring) against their floors measured in the same run; writes
             traces/kernels/<gpu>/kernels.csv with provenance columns.
@@ -28,7 +29,17 @@ TARGETS = ("kernels", "engine")
 EXAMPLE = """examples:
   ddbench bench kernels                     # into traces/kernels/<this gpu>/kernels.csv
   ddbench bench kernels --quick --out /tmp/bench
-  ddbench bench engine --quick --out /tmp/engine"""
+  ddbench bench engine --quick --out /tmp/engine
+  ddbench bench engine --phases paper --model qwen2.5-32b --contexts 64k,128k,256k --gpu-mem-cap h100-80gb"""
+# engine target only: passed through to python -m kernels.engine.sweep (its --help says more)
+ENGINE_FLAGS = (("--phases", "comma-separated sweep phases (floor, mechanism, validation, reuse-fetch, paper)"),
+                ("--model", "catalog model or path to a config.json (default llama-3-8b)"),
+                ("--gpu-mem-cap", "emulate a GPU of this many GB, or a catalog GPU's memory (h100-80gb)"),
+                ("--contexts", "paper phase: comma-separated contexts (default 128k)"),
+                ("--max-batch", "paper phase: the largest batch searched"),
+                ("--reps", "repetitions (paper phase: timed replays per point)"),
+                ("--budget-s", "stop starting new points after this many seconds"),
+                ("--host-gib", "pinned host KV buffer in GiB"))
 PROVENANCE = ("gpu", "driver", "cuda", "torch", "triton", "git_sha", "date_utc", "command")
 
 
@@ -39,6 +50,9 @@ def register(sub) -> None:
     p.add_argument("--out", type=flags.text(), help="output root (default: the data root's kernels/ or engine/)")
     p.add_argument("--force", action="store_true", help="replace an earlier run's files (ddbench's own only)")
     p.add_argument("--quick", action="store_true", help="fewer batch sizes (a smoke run)")
+    for name, help_ in ENGINE_FLAGS:
+        p.add_argument(name, type=flags.text(), help="engine: " + help_)
+    p.add_argument("--resume", action="store_true", help="engine: skip points already measured in the folder")
     p.set_defaults(func=run)
 
 
@@ -68,11 +82,18 @@ def write_csv(path: str, rows: list[dict], prov: dict) -> None:
 def run(args) -> int:
     if args.out is not None:
         args.out = str(check_path(args.out))
+    if args.target != "engine":
+        given = [name for name, _ in ENGINE_FLAGS if getattr(args, name[2:].replace("-", "_")) is not None]
+        if given or args.resume:
+            raise DDBenchError(f"{(given or ['--resume'])[0]} is a flag of `bench engine` only")
     _need_cuda()
     if args.target == "engine":
         from kernels.engine.sweep import main as engine_main
         out = args.out or str(traces_dir("engine"))
-        return engine_main(["--out", out] + (["--quick"] if args.quick else []) + (["--force"] if args.force else []))
+        extra = [x for name, _ in ENGINE_FLAGS if getattr(args, name[2:].replace("-", "_")) is not None
+                 for x in (name, getattr(args, name[2:].replace("-", "_")))]
+        return engine_main(["--out", out] + (["--quick"] if args.quick else []) + (["--force"] if args.force else [])
+                           + (["--resume"] if args.resume else []) + extra)
     from kernels.microbench import run_all
     from kernels.timing import provenance
     import torch

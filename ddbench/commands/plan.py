@@ -23,99 +23,111 @@ import math
 import os
 from dataclasses import replace
 
-from ddbench.core.catalog import get_gpu, get_model
+from ddbench.core import defaults as D
+from ddbench.core import flags
 from ddbench.core.errors import DDBenchError
-from ddbench.core.memory import CATEGORIES, Workload, max_batch, memory_breakdown
-from ddbench.core.systems import resolve_systems
+from ddbench.core.memory import CATEGORIES, max_batch, memory_breakdown
 from ddbench.core.units import GB, fmt_tokens, parse_tokens
+from ddbench.planner.scenario import resolve
+from ddbench.planner.scenario_args import add_scenario_args, add_workload, given, scenarios_from_args
 
 EXAMPLE = """examples:
-  ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --system all
-  ddbench plan --model qwen2.5-32b --gpu h200 --context 1m --system dualdecoder,shadowkv --json
+  ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --design all
+  ddbench plan --model qwen2.5-32b --gpu h200 --context 1m --design dualdecoder,shadowkv --json
   ddbench plan --model ./my-model/config.json --gpu a100-80gb --context 65536 --batch 8
   ddbench plan --model qwen2.5-32b --gpu h100-80gb --link pcie5 --context uniform:64k:128k --output exp:256 \\
-      --slo p99-completion=60s,p99-tpot=100ms --system all --prefill elsewhere --target-rate 20 --plot p99.png
+      --slo p99-completion=60s,p99-tpot=100ms --design all --prefill elsewhere --target-rate 20 --plot p99.png
   ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --slo p99-tpot=150ms --host paper-testbed \\
-      --system shadowkv,dualdecoder
-  ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --system dualdecoder \\
-      --search budget,chunk,lowrank-layers,cache --plot pareto.png"""
+      --design shadowkv,dualdecoder
+  ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --design dualdecoder \\
+      --search budget,chunk,lowrank-layers,cache --plot pareto.png
+
+exit status: 0 with an answer (a design that does not fit says so in its row's status), 2 for bad
+input, 3 when no design fits one request (or, with --batch, that batch) in GPU memory."""
+
+NO_FIT = 3
+# flags only the serving what-if reads (besides those of scenario_args.OPTIONAL and --roofline)
+SERVING_ONLY = ("host", "fetching", "prefill", "seeds", "tol", "max_runs", "workers", "plot")
+
+
+def _slo(text: str):
+    from ddbench.planner.slo import parse_slo
+    return parse_slo(text)
+
+
+def _search(text: str):
+    from ddbench.planner.knobs import parse_search
+    return parse_search(text)
+
+
+def _plot_path(text: str) -> str:
+    if os.path.splitext(text)[1].lower() not in (".png", ".pdf", ".svg"):
+        raise DDBenchError(f"--plot must name a .png, .pdf or .svg file, got '{text}'")
+    return text
 
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="capacity planning: max batch and memory, or max rate under an SLO",
                        description=__doc__, epilog=EXAMPLE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="catalog name or path to a Hugging Face config.json")
-    p.add_argument("--gpu", required=True, help="catalog GPU name, e.g. h100-80gb, h200")
-    p.add_argument("--context", required=True,
-                   help="prompt tokens per request: 131072, 128k or 1m; with --slo also uniform:LO:HI")
-    p.add_argument("--system", default="all",
-                   help="'all' (the paper's four designs), 'every' (whole registry) or a comma list")
-    p.add_argument("--batch", type=int, help="show the breakdown at this batch instead of the maximum")
-    p.add_argument("--budget", default="2048", help="sparse budget in tokens (default 2048)")
-    p.add_argument("--chunk", type=int, default=8, help="tokens per chunk (default 8)")
-    p.add_argument("--rank", type=int, default=160, help="low-rank key rank (default 160)")
-    p.add_argument("--gen-tokens", type=int, default=128, help="generated-token slots on the GPU (default 128)")
-    p.add_argument("--lowrank-layers", type=int, default=0,
-                   help="DualDecoder layers with low-rank key reconstruction (default 0)")
-    g = p.add_argument_group("serving what-if (any of --slo, --target-rate, --search)")
-    g.add_argument("--slo", help="service-level objectives, e.g. p99-completion=60s,p99-tpot=100ms"
-                                 " (metrics completion, ttft, tpot; any percentile; units s, ms, us)")
-    g.add_argument("--output", default="256", help="output tokens per request: 256, uniform:LO:HI or exp:MEAN")
-    g.add_argument("--link", help="host link (default: the GPU's usual link, or the host's)")
-    g.add_argument("--host", help="multi-GPU host whose GPUs share PCIe switches and host memory"
-                                  " (paper-testbed, hgx-h100, hgx-h200, dgx-a100, pcie-8gpu-direct, single-h200)")
-    g.add_argument("--fetching", type=int, help="GPUs of --host fetching at once (default: all of them)")
-    g.add_argument("--prefill", choices=("here", "elsewhere"), default="here",
-                   help="prefill on this GPU beside decode (default) or on other GPUs (disaggregated)")
-    g.add_argument("--hit-rate", help="prediction hit rate: a number or an accuracy CSV (default: the model's"
-                                      " profile, else 0.88)")
-    g.add_argument("--max-batch", type=int, help="cap on concurrent requests (default: memory only)")
-    g.add_argument("--target-rate", type=float, help="fleet load in requests/s: GPUs (and hosts) needed per design")
-    g.add_argument("--search", help="knob search per design: budget,chunk,lowrank-layers,cache"
-                                    " (each optionally =V1:V2:..., e.g. budget=1k:2k:4k)")
-    g.add_argument("--requests", type=int, default=1000, help="requests per simulator run (default 1000)")
-    g.add_argument("--seeds", default="0", help="comma list of seeds; a rate passes only if every seed does"
-                                                " (default 0)")
-    g.add_argument("--tol", type=float, default=0.05, help="relative rate tolerance of the search (default 0.05)")
-    g.add_argument("--max-runs", type=int, default=12, help="simulator runs per design or setting (default 12)")
-    g.add_argument("--workers", type=int, help="local processes for the searches (default: the CPUs here)")
-    g.add_argument("--calibration", help="bundle root (default: the data root's calibration/)")
-    g.add_argument("--roofline", action="store_true", help="ignore calibration bundles; pure roofline")
-    g.add_argument("--plot", metavar="PNG", help="draw P99 against rate with the SLO lines (or, with --search,"
-                                                 " the Pareto fronts) into this file")
+    g = p.add_argument_group("serving what-if (any of --slo, --target-rate, --search; the flags of this group"
+                             " need one of them)")
+    add_scenario_args(p, design=D.DESIGNS, context_required=True, requests=D.PLAN_REQUESTS, serving=g)
+    p.add_argument("--batch", type=flags.integer(lo=1, hi=D.MAX_COUNT),
+                   help="show the breakdown at this batch instead of the maximum")
+    g.add_argument("--slo", type=flags.checked(_slo),
+                   help="service-level objectives, e.g. p99-completion=60s,p99-tpot=100ms"
+                        " (metrics completion, ttft, tpot; any percentile; units s, ms, us)")
+    g.add_argument("--host", type=flags.text(), help="multi-GPU host whose GPUs share PCIe switches and host memory"
+                   " (paper-testbed, hgx-h100, hgx-h200, dgx-a100, pcie-8gpu-direct, single-h200)")
+    g.add_argument("--fetching", type=flags.integer(lo=1, hi=D.MAX_COUNT),
+                   help="GPUs of --host fetching at once (default: all of them)")
+    g.add_argument("--prefill", choices=("here", "elsewhere"),
+                   help=f"prefill on this GPU beside decode ({D.PREFILL}, the default) or on other GPUs (disaggregated)")
+    g.add_argument("--target-rate", type=flags.number(lo=0, lo_open=True, hi=D.MAX_RATE),
+                   help="fleet load in requests/s: GPUs (and hosts) needed per design")
+    g.add_argument("--search", type=flags.checked(_search),
+                   help="knob search per design: budget,chunk,lowrank-layers,cache"
+                        " (each optionally =V1:V2:..., e.g. budget=1k:2k:4k)")
+    g.add_argument("--seeds", type=flags.items(flags.integer(lo=0, hi=2 ** 63 - 1)),
+                   help="comma list of seeds; a rate passes only if every seed does"
+                        f" (default {','.join(map(str, D.SEEDS))})")
+    g.add_argument("--tol", type=flags.number(lo=0, hi=1, lo_open=True, hi_open=True),
+                   help=f"relative rate tolerance of the search, in (0, 1) (default {D.TOL})")
+    g.add_argument("--max-runs", type=flags.integer(lo=2, hi=D.MAX_COUNT),
+                   help=f"simulator runs per design or setting (default {D.MAX_RUNS})")
+    g.add_argument("--workers", type=flags.integer(lo=1, hi=4096),
+                   help="local processes for the searches (default: the CPUs here)")
+    g.add_argument("--plot", metavar="PNG", type=flags.checked(_plot_path),
+                   help="draw P99 against rate with the SLO lines (or, with --search, the Pareto fronts) into this"
+                        " file (.png, .pdf or .svg)")
+    p.add_argument("--force", action="store_true", help="replace an earlier --plot file (ddbench's own only)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--csv", action="store_true", help="one CSV row per design (or knob setting) on stdout")
+    add_workload(p)
     p.set_defaults(func=run)
 
 
 # ------------------------------------------------------------------ memory answer (no SLO)
 def plan(args) -> dict:
-    model = get_model(args.model)
-    gpu = get_gpu(args.gpu)
-    systems = _systems(args.system)
-    workload = Workload(context=parse_tokens(args.context), budget=parse_tokens(args.budget, "budget"),
-                        chunk=args.chunk, rank=args.rank, gen_tokens=args.gen_tokens,
-                        lowrank_layers=args.lowrank_layers)
-    workload.validate(model)
-    if args.batch is not None and args.batch < 1:
-        raise DDBenchError(f"--batch must be at least 1, got {args.batch}")
+    parse_tokens(args.context)   # the memory answer is at one context
+    resolved = [resolve(sc) for sc in scenarios_from_args(args, D.PLAN_REQUESTS)]
+    r0 = resolved[0]
+    model, gpu, workload = r0.model, r0.gpu, r0.workload
     rows = []
-    for sys in systems:
-        best = max_batch(sys, model, gpu, workload)
+    for r in resolved:
+        best = max_batch(r.design, model, gpu, workload)
         shown = args.batch if args.batch is not None else max(best, 1)
-        bd = memory_breakdown(sys, model, gpu, replace(workload, batch=shown))
-        rows.append({"system": sys.name, "max_batch": best, "breakdown_batch": shown,
-                     "fits": bd.fits, "bytes": {c: getattr(bd, c) for c in CATEGORIES} | {"total": bd.total}})
-    return {"model": model.name, "gpu": gpu.name, "capacity_bytes": gpu.hbm_bytes,
-            "context": workload.context, "workload": dict(vars(workload)), "systems": rows}
-
-
-def _systems(text: str):
-    systems = resolve_systems(text)
-    if not systems:
-        raise DDBenchError(f"--system names no design (got '{text}'); use all, every or a comma list")
-    return systems
+        bd = memory_breakdown(r.design, model, gpu, replace(workload, batch=shown))
+        rows.append({"system": r.design.name, "max_batch": best, "breakdown_batch": shown, "fits": bd.fits,
+                     "status": "ok" if bd.fits else "does-not-fit",
+                     "bytes": {c: getattr(bd, c) for c in CATEGORIES} | {"total": bd.total}})
+    out = {"model": model.name, "gpu": gpu.name, "capacity_bytes": gpu.hbm_bytes,
+           "context": workload.context, "workload": dict(vars(workload)), "systems": rows}
+    if not any(r["fits"] for r in rows):
+        what = f"batch {args.batch}" if args.batch is not None else "one request"
+        out["verdict"] = f"no design fits {what} in the {gpu.hbm_bytes / GB:.1f} GB of GPU memory"
+    return out
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -135,7 +147,7 @@ def render(result: dict) -> str:
         table.append([r["system"], str(r["max_batch"]), str(r["breakdown_batch"])]
                      + [f"{b[c] / GB:.2f}" for c in CATEGORIES]
                      + [f"{b['total'] / GB:.2f}", f"{100 * b['total'] / cap:.0f}%" + ("" if r["fits"] else " OOM")])
-    return "\n".join([head] + _table(table))
+    return "\n".join([head] + _table(table) + ([result["verdict"]] if "verdict" in result else []))
 
 
 # ------------------------------------------------------------------ serving what-if
@@ -150,56 +162,33 @@ def _search_task(task):
     return max_rate(sc, slos, seeds, tol, max_runs)
 
 
-def _check_args(args):
-    from ddbench.planner.slo import parse_slo
-    if args.slo is not None and not args.slo.strip():
-        raise DDBenchError("--slo is empty; give terms like p99-tpot=100ms, or leave --slo out for the memory answer")
-    slos = parse_slo(args.slo)
-    try:
-        seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
-    except ValueError:
-        raise DDBenchError(f"--seeds must be a comma list of integers, got '{args.seeds}'") from None
-    if not seeds:
-        raise DDBenchError("--seeds names no seed")
-    if not 0 < args.tol < 1:
-        raise DDBenchError(f"--tol must be within (0, 1), got {args.tol}")
-    if args.max_runs < 2 * len(seeds):
+def _serving_args(args) -> tuple:
+    """(slos, seeds, tol, max_runs) of the serving what-if; the cross-flag checks."""
+    seeds = args.seeds if args.seeds is not None else D.SEEDS
+    tol = args.tol if args.tol is not None else D.TOL
+    max_runs = args.max_runs if args.max_runs is not None else D.MAX_RUNS
+    if max_runs < 2 * len(seeds):
         raise DDBenchError(f"--max-runs must allow at least two probes ({2 * len(seeds)} runs with"
-                           f" {len(seeds)} seeds), got {args.max_runs}")
-    if args.requests < 1:
-        raise DDBenchError(f"--requests must be at least 1, got {args.requests}")
-    if args.target_rate is not None and not args.target_rate > 0:
-        raise DDBenchError(f"--target-rate must be positive (requests/s), got {args.target_rate}")
+                           f" {len(seeds)} seeds), got {max_runs}")
     if args.batch is not None:
         raise DDBenchError("--batch is for the memory answer; with --slo the batch follows from the load")
-    if args.gen_tokens != 128:
-        raise DDBenchError("--gen-tokens is for the memory answer only")
-    return slos, seeds
+    return args.slo or [], tuple(seeds), tol, max_runs
 
 
 def _scenarios(args):
-    from ddbench.planner.scenario import Scenario, resolve
-    systems = _systems(args.system)
-    base = dict(model=args.model, gpu=args.gpu, context=args.context, output=args.output, link=args.link,
-                host=args.host, fetching=args.fetching, budget=parse_tokens(args.budget, "budget"),
-                chunk=args.chunk, rank=args.rank, lowrank_layers=args.lowrank_layers,
-                hit_rate=args.hit_rate, prefill=args.prefill, requests=args.requests, max_batch=args.max_batch,
-                calibration=args.calibration, roofline=args.roofline)
-    out = []
-    for s in systems:
-        sc = Scenario(system=s.name, **base)
-        resolve(sc)  # validates names, knobs and distributions before any run
-        from sim.serving import parse_dist
-        parse_dist(args.output, "output")
-        out.append(sc)
-    return out
+    """One checked scenario per design (names, knobs, distributions, profile, bundle) before any run."""
+    scenarios = scenarios_from_args(args, D.PLAN_REQUESTS, host=args.host, fetching=args.fetching,
+                                    prefill=args.prefill or D.PREFILL)
+    for sc in scenarios:
+        resolve(sc).check()
+    return scenarios
 
 
 def _row_view(res, slos) -> dict:
     """One design's (or setting's) answer as a flat dict (JSON/CSV)."""
-    from ddbench.planner.scenario import CATEGORIES as CATS
     sc, row = res.scenario, res.row or {}
-    d = {"system": sc.label(), "budget": sc.budget, "chunk": sc.chunk, "lowrank_layers": sc.lowrank_layers,
+    d = {"system": sc.label(), "budget": sc.knob("budget"), "chunk": sc.knob("chunk"),
+         "lowrank_layers": sc.knob("lowrank_layers"),
          "cache": sc.cache, "status": res.status,
          "max_rate_req_per_s": res.rate if res.status == "met" else 0.0,
          "failed_rate_req_per_s": res.hi if math.isfinite(res.hi) else None,
@@ -214,7 +203,7 @@ def _row_view(res, slos) -> dict:
         d[s.column] = row.get(s.column)
     for p in ("completion_p99_s", "ttft_p99_s", "tpot_p99_s"):
         d.setdefault(p, row.get(p))
-    for c in CATS:
+    for c in CATEGORIES:
         d[f"{c}_gb"] = row.get(f"peak_{c}_gb")
     return d
 
@@ -266,19 +255,18 @@ def _verdict(results, slos) -> str | None:
 
 def serving_plan(args) -> dict:
     from ddbench.planner.executors import run_tasks
-    from ddbench.planner.scenario import capacity, resolve
-    slos, seeds = _check_args(args)
+    from ddbench.planner.runs import capacity
+    slos, seeds, tol, max_runs = _serving_args(args)
     scenarios = _scenarios(args)
-    knobs = None
-    if args.search is not None:
+    sc0, r0 = scenarios[0], resolve(scenarios[0])
+    knobs = args.search
+    if knobs is not None:
         from ddbench.planner import knobs as K
-        from ddbench.planner.scenario import _min_context
-        knobs = K.parse_search(args.search)
-        m = get_model(args.model)
+        from ddbench.planner.scenario import min_context
         tasks = []
         for sc in scenarios:
-            for s in K.settings(sc, knobs, _min_context(args.context), m.num_layers):
-                resolve(s)
+            for s in K.settings(sc, knobs, min_context(sc.context), r0.model.num_layers):
+                resolve(s).check()
                 tasks.append(s)
     else:
         tasks = list(scenarios)
@@ -286,14 +274,13 @@ def serving_plan(args) -> dict:
 
     def keep(i, res):
         results[i] = res
-    run_tasks(_search_task, [(sc, slos, seeds, args.tol, args.max_runs) for sc in tasks], keep,
+    run_tasks(_search_task, [(sc, slos, seeds, tol, max_runs) for sc in tasks], keep,
               workers=args.workers, desc="rate searches")
-    r0 = resolve(scenarios[0])
     out = {"model": r0.model.name, "gpu": r0.gpu.name, "capacity_gb": r0.gpu.hbm_bytes / GB,
            "link": r0.link.name, "link_gbps_per_gpu": r0.link.achievable_gbps,
-           "context": args.context, "output": args.output, "prefill": args.prefill,
-           "slo": [s.text for s in slos], "slo_columns": [s.column for s in slos], "seeds": list(seeds), "requests_per_run": args.requests,
-           "tolerance": args.tol, "max_runs": args.max_runs,
+           "context": sc0.context, "output": sc0.output, "prefill": sc0.prefill,
+           "slo": [s.text for s in slos], "slo_columns": [s.column for s in slos], "seeds": list(seeds),
+           "requests_per_run": sc0.requests, "tolerance": tol, "max_runs": max_runs,
            "sustainable_rule": "no rejected request and completion-time slope against arrival time <= 0.05",
            "cost_model": list(r0.cm.notes), "hit_rates": r0.hit_note}
     if r0.share is not None:
@@ -301,7 +288,7 @@ def serving_plan(args) -> dict:
                        "alone_gbps": r0.share.alone_gbps, "limit": r0.share.limit, "note": r0.share.describe()}
     by_design: dict = {}
     for res in results:
-        by_design.setdefault(res.scenario.system, []).append(res)
+        by_design.setdefault(res.scenario.design, []).append(res)
     best = []
     for name, rs in by_design.items():
         rs_sorted = sorted(rs, key=lambda r: (r.status == "met", r.rate,
@@ -316,13 +303,15 @@ def serving_plan(args) -> dict:
             from ddbench.planner.knobs import knob_label
             d["setting"] = knob_label(res.scenario, knobs)
         if args.target_rate is not None:
-            d["gpus"] = math.ceil(args.target_rate / res.rate - 1e-9) if res.status == "met" else None
+            # at least one GPU: a load far below one GPU's rate still needs that GPU
+            d["gpus"] = max(1, math.ceil(args.target_rate / res.rate - 1e-9)) if res.status == "met" else None
             if r0.share is not None and d["gpus"] is not None:
                 from ddbench.core.catalog import get_host
                 d["hosts"] = math.ceil(d["gpus"] / get_host(args.host).gpus)
         if r0.share is not None:
             alone = capacity(replace(res.scenario, host=None, fetching=None,
-                                     link=res.scenario.link or get_host_link(args.host)), seeds[0])
+                                     link=get_host_link(args.host) if res.scenario.link is None
+                                     else res.scenario.link), seeds[0])
             d["peak_tokens_per_s_alone"] = alone.get("tokens_per_s")
             d["peak_tokens_per_s_shared"] = res.capacity.get("tokens_per_s")
         d["probes"] = [{"rate_req_per_s": p[0], "passed": p[1], "why": p[3],
@@ -354,14 +343,14 @@ def _pareto_rows(results, slos, knobs) -> list[dict]:
     lat_front = set(pareto([(r.row["tokens_per_s"], r.row.get(metric) or math.inf) for r in met]))
     rows = []
     for i, r in enumerate(met):
-        rows.append({"system": r.scenario.system, "setting": knob_label(r.scenario, knobs),
+        rows.append({"system": r.scenario.design, "setting": knob_label(r.scenario, knobs),
                      "max_rate_req_per_s": r.rate, "tokens_per_s": r.row["tokens_per_s"],
                      "peak_memory_gb": r.row["peak_memory_gb"], metric: r.row.get(metric),
                      "binding": r.binding, "pareto_memory": i in mem_front, "pareto_latency": i in lat_front,
                      "runs": r.runs})
     for r in results:
         if r.status != "met":
-            rows.append({"system": r.scenario.system, "setting": knob_label(r.scenario, knobs),
+            rows.append({"system": r.scenario.design, "setting": knob_label(r.scenario, knobs),
                          "max_rate_req_per_s": 0.0, "tokens_per_s": None, "peak_memory_gb": None, metric: None,
                          "binding": r.status, "pareto_memory": False, "pareto_latency": False, "runs": r.runs})
     rows.sort(key=lambda d: (d["system"], -(d["tokens_per_s"] or 0.0)))
@@ -464,8 +453,8 @@ def _csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def plot(out: dict, path: str) -> None:
-    from ddbench.core.io import atomic_path
+def plot(out: dict, path: str, fmt: str = "png") -> None:
+    """Draw the plot into `path` (a staged file of the output guard) as `fmt`."""
     from ddbench.plotting import SYSTEM_COLORS, new_figure
     if "settings" in out:
         fig = new_figure(8.0, 3.4)
@@ -474,11 +463,11 @@ def plot(out: dict, path: str) -> None:
         metric = out["settings_metric"]
         for ax, (xkey, flag, xlabel) in zip(axes, [("peak_memory_gb", "pareto_memory", "peak GPU memory (GB)"),
                                                    (metric, "pareto_latency", f"{metric} at that rate (s)")]):
-            for sysn in sorted({s["system"] for s in met}):
-                pts = [s for s in met if s["system"] == sysn]
-                c = SYSTEM_COLORS.get(sysn, None)
+            for name in sorted({s["system"] for s in met}):
+                pts = [s for s in met if s["system"] == name]
+                c = SYSTEM_COLORS.get(name, None)
                 ax.scatter([s[xkey] for s in pts], [s["tokens_per_s"] for s in pts], s=12, color=c, alpha=0.5,
-                           label=sysn)
+                           label=name)
             front = sorted((s for s in met if s[flag]), key=lambda s: s[xkey])
             ax.plot([s[xkey] for s in front], [s["tokens_per_s"] for s in front], color="black", lw=0.8,
                     marker="o", ms=3, mfc="none", label="Pareto front")
@@ -512,8 +501,7 @@ def plot(out: dict, path: str) -> None:
         axes[0].legend(fontsize=7)
         fig.suptitle(f"{out['model']} on {out['gpu']}, {out['link']}: P99 against rate (filled: meets the SLO"
                      " and sustainable)", fontsize=8)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=os.path.splitext(path)[1].lstrip(".") or "png")
+    fig.savefig(path, format=fmt)
     import matplotlib.pyplot as plt
     plt.close(fig)
 
@@ -521,22 +509,26 @@ def plot(out: dict, path: str) -> None:
 def run(args) -> int:
     if args.json and args.csv:
         raise DDBenchError("--json and --csv: choose one")
+    if args.force and not args.plot:
+        raise DDBenchError("--force is for --plot (it replaces an earlier plot ddbench wrote)")
     if not _serving_mode(args):
-        for flag, val in (("--plot", args.plot), ("--host", args.host), ("--fetching", args.fetching)):
-            if val is not None:
-                raise DDBenchError(f"{flag} needs --slo (or --target-rate or --search)")
+        serving_only = given(args) + [f"--{k.replace('_', '-')}" for k in SERVING_ONLY if getattr(args, k) is not None]
+        if serving_only:
+            raise DDBenchError(f"{serving_only[0]} needs --slo (or --target-rate or --search)")
         result = plan(args)
         if args.csv:
             print(_csv([{"system": r["system"], "max_batch": r["max_batch"], "at_batch": r["breakdown_batch"],
                          **{f"{k}_bytes": v for k, v in r["bytes"].items()}} for r in result["systems"]]), end="")
         else:
             print(json.dumps(result, indent=1) if args.json else render(result))
-        return 0
-    if args.plot is not None and not os.path.splitext(args.plot)[1].lower() in (".png", ".pdf", ".svg"):
-        raise DDBenchError(f"--plot must name a .png, .pdf or .svg file, got '{args.plot}'")
-    out = _clean(serving_plan(args))
+        return NO_FIT if "verdict" in result else 0
     if args.plot:
-        plot(out, args.plot)
+        from ddbench.core.outputs import output_file
+        with output_file(args.plot, command="ddbench plan", flag="--plot", force=args.force) as staged:
+            out = _clean(serving_plan(args))
+            plot(out, staged, fmt=os.path.splitext(args.plot)[1].lstrip(".") or "png")
+    else:
+        out = _clean(serving_plan(args))
     if args.json:
         print(json.dumps(out, indent=1, allow_nan=False))
     elif args.csv:
@@ -545,4 +537,4 @@ def run(args) -> int:
         print(render_serving(out))
         if args.plot:
             print(f"wrote {args.plot}")
-    return 0
+    return NO_FIT if all(d["status"] == "no fit" for d in out["designs"]) else 0

@@ -6,7 +6,9 @@ runs, arrival rates and seeds; the sweep runs their product, one seeded serving 
 local processes (default) or a Ray cluster (--executor ray [--address HOST:PORT]; without an
 address a local Ray instance is started). Finished points are kept in OUT/points.jsonl as they
 finish: rerun the same command to resume. Writes OUT/results.parquet and OUT/results.csv (one
-tidy row per point, units in the column names), OUT/summary.png and OUT/spec.json.
+tidy row per point, units in the column names; a point where not one request fits is a row with
+status "does-not-fit"), OUT/summary.png, OUT/spec.json and OUT/provenance.json (the command's
+arguments, version and git sha).
 """
 
 from __future__ import annotations
@@ -15,30 +17,39 @@ import argparse
 import os
 import time
 
+from ddbench.core import defaults as D
+from ddbench.core import flags
 from ddbench.core.errors import DDBenchError
 
 EXAMPLE = """examples:
   ddbench sweep examples/fig13-load.yaml
   ddbench sweep examples/fig20-load.yaml --workers 2 --out sweep-out/fig20
   ddbench sweep examples/fig13-load.yaml --executor ray                      # a local Ray instance
-  ddbench sweep big.yaml --executor ray --address 10.0.0.5:6379 --max-points 50000 --yes"""
+  ddbench sweep big.yaml --executor ray --address 10.0.0.5:6379 --max-points 50000 --yes
+
+exit status: 0 when the table is written, 2 for bad input (nothing runs), 3 when not one point fits
+in GPU memory (the table is still written)."""
+
+NO_FIT = 3
 
 
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="grid of serving simulations from a YAML spec (local processes or Ray)",
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", help="sweep spec (YAML)")
-    p.add_argument("--out", help="output folder (default sweep-out/<spec name or file stem>)")
+    p.add_argument("spec", type=flags.text(), help="sweep spec (YAML)")
+    p.add_argument("--out", type=flags.text(), help="output folder (default sweep-out/<spec name or file stem>)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="local process pool (default) or Ray")
-    p.add_argument("--address", help="Ray cluster address HOST:PORT (with --executor ray; default: start a local"
-                                     " Ray instance)")
-    p.add_argument("--workers", type=int, help="local processes, or CPUs of the local Ray instance"
-                                               " (default: the CPUs here)")
-    p.add_argument("--max-points", type=int, default=2000,
-                   help="refuse a grid larger than this unless --yes (default 2000)")
+    p.add_argument("--address", type=flags.text(), help="Ray cluster address HOST:PORT (with --executor ray;"
+                                                         " default: start a local Ray instance)")
+    p.add_argument("--workers", type=flags.integer(lo=1, hi=4096), help="local processes, or CPUs of the local"
+                                                                        " Ray instance (default: the CPUs here)")
+    p.add_argument("--max-points", type=flags.integer(lo=1, hi=D.MAX_COUNT), default=D.MAX_POINTS,
+                   help=f"refuse a grid larger than this unless --yes (default {D.MAX_POINTS})")
     p.add_argument("--yes", action="store_true", help="run a grid above --max-points")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--force", action="store_true",
+                   help="write into an --out that holds files ddbench did not write (they are kept)")
     p.set_defaults(func=run)
 
 
@@ -50,13 +61,9 @@ def run(args) -> int:
     # everything a user can get wrong is checked before anything is written
     spec = load_spec(args.spec)
     n = count_points(spec)
-    if args.max_points < 1:
-        raise DDBenchError(f"--max-points must be at least 1, got {args.max_points}")
     if n > args.max_points and not args.yes:
         raise DDBenchError(f"the grid has {n} points, above --max-points {args.max_points}; pass --yes to run it"
                            " (or raise --max-points)")
-    if args.workers is not None and args.workers < 1:
-        raise DDBenchError(f"--workers must be at least 1, got {args.workers}")
     if args.address is not None and args.executor != "ray":
         raise DDBenchError("--address is for --executor ray")
     check_points(spec, args.spec)
@@ -65,34 +72,38 @@ def run(args) -> int:
         if args.address is not None:
             check_ray_address(args.address)
     name = spec.get("name") or os.path.splitext(os.path.basename(args.spec))[0]
-    out = args.out or os.path.join("sweep-out", name)
+    out = args.out if args.out is not None else os.path.join("sweep-out", name)
     pts = points(spec)
     keys = [point_key(p) for p in pts]
-    os.makedirs(out, exist_ok=True)
-    from ddbench.core.io import write_json
-    write_json(os.path.join(out, "spec.json"), spec)
-    store_path = os.path.join(out, "points.jsonl")
-    done = read_store(store_path)
-    todo = [i for i, k in enumerate(keys) if k not in done]
-    reused = n - len(todo)
-    store = Store(store_path)
-    t0 = time.perf_counter()
-    rows: dict = {k: done[k] for k in keys if k in done}
-    workers_seen = set()
+    from ddbench.core.outputs import output_folder
+    from ddbench.core.provenance import provenance
+    # the store of finished points is written in place as points finish (a rerun resumes from it);
+    # everything else is staged and moves in at the end; the lock keeps a second sweep out
+    with output_folder(out, command="ddbench sweep", force=args.force, own_ok=True, prune=False) as w:
+        w.write_json("spec.json", spec)
+        w.write_json("provenance.json", provenance("sweep", args))
+        store_path = w.live("points.jsonl")
+        done = read_store(store_path)
+        todo = [i for i, k in enumerate(keys) if k not in done]
+        reused = n - len(todo)
+        store = Store(store_path)
+        t0 = time.perf_counter()
+        rows: dict = {k: done[k] for k in keys if k in done}
+        workers_seen = set()
 
-    def keep(j, row):
-        store.append(row)
-        rows[row["key"]] = row
-        workers_seen.add(row.get("worker_pid"))
-    try:
-        info = run_tasks(sweep_point, [pts[i] for i in todo], keep, executor=args.executor, workers=args.workers,
-                  address=args.address, desc=f"sweep {name}", quiet=args.quiet)
-    finally:
-        store.close()
-    wall = time.perf_counter() - t0 - info["startup_s"]
-    ordered = [rows[k] for k in keys]
-    write_table(ordered, out)
-    summary_plot(ordered, spec, os.path.join(out, "summary.png"))
+        def keep(j, row):
+            store.append(row)
+            rows[row["key"]] = row
+            workers_seen.add(row.get("worker_pid"))
+        try:
+            info = run_tasks(sweep_point, [pts[i] for i in todo], keep, executor=args.executor,
+                             workers=args.workers, address=args.address, desc=f"sweep {name}", quiet=args.quiet)
+        finally:
+            store.close()
+        wall = time.perf_counter() - t0 - info["startup_s"]
+        ordered = [rows[k] for k in keys]
+        write_table(ordered, w)
+        summary_plot(ordered, spec, w.stage_path("summary.png"))
     ran = len(todo)
     cpu = sum(rows[keys[i]].get("sim_cpu_s") or 0.0 for i in todo)
     speed = f", {ran / wall:.1f} points/s, {cpu:.0f} CPU-s in the simulator" if ran and wall > 0 else ""
@@ -100,4 +111,7 @@ def run(args) -> int:
           f" on {args.executor} ({len(workers_seen - {None})} worker processes"
           + (f"; Ray startup {info['startup_s']:.1f} s not counted)" if info["startup_s"] else ")"))
     print(f"wrote {os.path.join(out, 'results.parquet')}, results.csv, summary.png")
+    if not any(r.get("completed") for r in ordered):
+        print(f"sweep {name}: not one point fits in GPU memory (every row's status is does-not-fit)")
+        return NO_FIT
     return 0

@@ -10,9 +10,9 @@ A bundle is a folder `traces/calibration/<gpu>/` holding
     interference.csv  urgent-versus-background transfers, and a GEMM beside a background gather
     ceilings.csv      HBM copy bandwidth and the dense bf16 GEMM rate measured in the same run
     engine.csv        the decode-step engine's compute-only step (CUDA graph, no transfers) per design,
-                      batch and context, imported from an engine sweep (kernels/engine/bench.py, its
+                      batch and context, imported from an engine sweep (kernels/engine/sweep.py, its
                       `floor` phase; `layer` = "step": the whole step, LM head included)
-    reuse_fetch.csv   optional: ShadowKV's fetch of one layer alone (kernels/engine/bench.py, its
+    reuse_fetch.csv   optional: ShadowKV's fetch of one layer alone (kernels/engine/sweep.py, its
                       `reuse-fetch` phase: the engine's reuse_fetch as one CUDA graph of 32 layers'
                       fetches): per context, batch and forced miss rate, ms per layer of the device
                       copy into the spare, the reuse plan alone, the gather (its plan included) and the
@@ -39,67 +39,9 @@ import os
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.io import write_json, write_text
-from ddbench.core.schemas import PROVENANCE_KEYS  # noqa: F401  (re-exported)
+from ddbench.core.sections import PROVENANCE_KEYS, SECTIONS, STRING_COLUMNS, columns  # noqa: F401  (re-exported)
 
 SCHEMA_VERSION = 1
-
-# section -> (file, key columns, numeric columns that must be > 0, other columns)
-SECTIONS: dict[str, dict] = {
-    "link": {
-        "file": "link.csv",
-        "key": ["method", "direction", "transfer_bytes", "chunk_bytes", "blocks"],
-        "positive": ["latency_ms", "gbps"],
-        "other": [],
-    },
-    "linear": {
-        "file": "linear.csv",
-        "key": ["model", "layer", "k", "n", "m_tokens"],
-        "positive": ["latency_ms", "tflops"],
-        "other": [],
-    },
-    "kernels": {
-        "file": "kernels.csv",
-        "key": ["kernel", "batch", "q_tokens", "kv_tokens", "num_heads", "num_kv_heads", "head_dim", "param"],
-        "positive": ["latency_ms", "hbm_floor_ms"],
-        "other": [],
-    },
-    "interference": {
-        "file": "interference.csv",
-        "key": ["background", "background_blocks", "urgent", "urgent_stream"],
-        "positive": ["urgent_alone_ms", "urgent_ms", "urgent_slowdown", "gemm_alone_ms", "gemm_ms",
-                     "gemm_slowdown"],
-        "other": [],
-    },
-    "ceilings": {
-        "file": "ceilings.csv",
-        "key": ["name"],
-        "positive": ["value"],
-        "other": ["unit"],
-    },
-    "engine": {
-        "file": "engine.csv",
-        "key": ["system", "model", "batch", "context", "layer"],
-        "positive": ["compute_ms"],
-        "other": ["exposed_transfer_ms", "urgent_bytes", "prefetch_bytes"],
-    },
-    # per layer: ms (median of CUDA-graph replays of 32 layers, / 32); slots = B x H x k chunks;
-    # miss_chunks (chunks read from the host) and link_bytes = miss_chunks x chunk_bytes; programs x
-    # items = the gather's persistent blocks x chunks in flight per block
-    "reuse_fetch": {
-        "file": "reuse_fetch.csv",
-        "key": ["system", "model", "context", "batch", "miss_rate"],
-        "positive": ["fetch_ms", "copy_ms", "plan_ms", "gather_ms", "slots", "chunk_bytes", "programs", "items"],
-        "other": ["miss_chunks", "link_bytes"],
-    },
-}
-STRING_COLUMNS = {"method", "direction", "model", "layer", "kernel", "background", "urgent", "urgent_stream",
-                  "name", "unit", "system"}
-
-
-def columns(section: str) -> list[str]:
-    s = SECTIONS[section]
-    return s["key"] + s["positive"] + s["other"]
-
 
 def _fmt(value) -> str:
     if isinstance(value, float):
@@ -289,7 +231,7 @@ def engine_section_rows(engine_csv: str) -> list[dict]:
     `floor` phase (no host reads, so nothing exposed and no bytes on the link). DualDecoder with one
     query token is named 'dualdecoder-single'. Steps with the model's own selection (miss rate
     'none') are layer 'step'; steps with a forced miss rate (the sweep harness draws the misses,
-    kernels/engine/bench.py) are layer 'step-forced-miss', so that their difference, the harness's
+    kernels/engine/sweep.py) are layer 'step-forced-miss', so that their difference, the harness's
     per-step cost, can be added to forced-miss points (CostModel.engine_harness_s)."""
     rows = _sweep_rows(engine_csv, "the engine sweep")
     out = []
@@ -306,11 +248,11 @@ def engine_section_rows(engine_csv: str) -> list[dict]:
         out.append({"system": name, "model": ENGINE_MODEL, "batch": batch, "context": context, "layer": layer,
                     "compute_ms": ms, "exposed_transfer_ms": 0.0, "urgent_bytes": 0, "prefetch_bytes": 0})
     if not out:
-        raise DDBenchError(f"{engine_csv}: no compute-only 'floor' rows (an engine sweep of kernels/engine/bench.py)")
+        raise DDBenchError(f"{engine_csv}: no compute-only 'floor' rows (an engine sweep of kernels/engine/sweep.py)")
     return out
 
 
-REUSE_FETCH_SWEEP_FILE = "reuse_fetch.csv"    # in the engine sweep's folder (kernels/engine/bench.py)
+REUSE_FETCH_SWEEP_FILE = "reuse_fetch.csv"    # in the engine sweep's folder (kernels/engine/sweep.py)
 
 
 def reuse_fetch_section_rows(reuse_csv: str) -> list[dict]:

@@ -34,8 +34,12 @@ def _range(lo, hi, lo_open=False, hi_open=False) -> str:
 
 
 def _check_range(x, text, lo, hi, lo_open, hi_open=False):
-    if (lo is not None and (x <= lo if lo_open else x < lo)) or (hi is not None and (x >= hi if hi_open else x > hi)):
-        raise _bad(text, f"must be {_range(lo, hi, lo_open, hi_open)}")
+    low = lo is not None and (x <= lo if lo_open else x < lo)
+    high = hi is not None and (x >= hi if hi_open else x > hi)
+    if low or high:
+        if lo is not None and hi is not None and hi - lo <= 1e6:   # a short range: say it whole
+            raise _bad(text, f"must be {_range(lo, hi, lo_open, hi_open)}")
+        raise _bad(text, f"must be {_range(lo, None, lo_open) if low else _range(None, hi, hi_open=hi_open)}")
     return x
 
 

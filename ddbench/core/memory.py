@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 
 from ddbench.core.catalog.gpus import GPUSpec
 from ddbench.core.catalog.models import ModelSpec
-from ddbench.core.systems import SystemSpec
+from ddbench.core.designs import DesignSpec
 from ddbench.core.workload import Workload  # noqa: F401  (the one Workload; re-exported here)
 
 CATEGORIES = ("weights", "resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers",
@@ -66,38 +66,38 @@ def weights_bytes(model: ModelSpec) -> int:
     return model.weight_bytes
 
 
-def resident_kv_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+def resident_kv_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """Exact 16-bit KV kept in HBM for all layers.
 
     full-kv:          b * (S + gen) * L * 2 * H_kv * d * e
     landmark designs: b * (local_chunks * C + gen) * L * 2 * H_kv * d * e  (recent window + new tokens)
     quantized copy:   b * residual * L * 2 * H_kv * d * e                   (KIVI's 16-bit residual)
     """
-    if sys.kv_on_gpu:
+    if design.kv_on_gpu:
         tokens = w.context + w.gen_tokens
-    elif sys.quant_bits:
+    elif design.quant_bits:
         tokens = w.quant_residual
-    elif sys.landmarks:
+    elif design.landmarks:
         tokens = w.local_chunks * w.chunk + w.gen_tokens
     else:
         tokens = 0
     return w.batch * tokens * m.kv_bytes_per_token
 
 
-def landmark_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+def landmark_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """Chunk-mean post-RoPE keys plus their chunk index, every layer and KV head:
     b * L * H_kv * ceil(S / C) * (d * e + 8)."""
-    if not sys.landmarks:
+    if not design.landmarks:
         return 0
     chunks = math.ceil(w.context / w.chunk)
     return w.batch * m.num_layers * m.num_kv_heads * chunks * (m.head_dim * m.dtype_bytes + INDEX_BYTES)
 
 
-def lowrank_layer_count(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
-    return {"none": 0, "all": m.num_layers, "adaptive": w.lowrank_layers}[sys.lowrank_keys]
+def lowrank_layer_count(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
+    return {"none": 0, "all": m.num_layers, "adaptive": w.lowrank_layers}[design.lowrank_keys]
 
 
-def aux_residency_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+def aux_residency_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """KV-cache-auxiliary residency: state kept only to make sparse retrieval fast.
 
     low-rank K (per low-rank layer): U = b * S * r * e  plus  SV = b * H_kv * d * r * e
@@ -108,25 +108,25 @@ def aux_residency_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
         V scale+zero per token per g channels:  S * ceil(d / g) * 2 * e
     """
     total = 0
-    n_lr = lowrank_layer_count(sys, m, w)
+    n_lr = lowrank_layer_count(design, m, w)
     total += w.batch * n_lr * (w.context * w.rank + m.num_kv_heads * m.head_dim * w.rank) * m.dtype_bytes
-    if sys.outliers:
+    if design.outliers:
         total += w.batch * w.outlier_chunks * w.chunk * m.kv_bytes_per_token
-    if sys.quant_bits:
+    if design.quant_bits:
         s, d, g, e = w.context + w.gen_tokens, m.head_dim, w.quant_group, m.dtype_bytes
-        per_head = (2 * s * d * sys.quant_bits) // 8 + math.ceil(s / g) * d * 2 * e + s * math.ceil(d / g) * 2 * e
+        per_head = (2 * s * d * design.quant_bits) // 8 + math.ceil(s / g) * d * 2 * e + s * math.ceil(d / g) * 2 * e
         total += w.batch * m.num_layers * m.num_kv_heads * per_head
     return total
 
 
-def sparse_buffer_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+def sparse_buffer_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """GPU buffers that receive the selected 16-bit KV:
     b * layers * sets * B * 2 * H_kv * d * e, where layers = L, or 2 for the ping-pong buffer,
     and sets = 2 where the current and the speculative selection are held at once."""
-    if sys.kv_on_gpu:
+    if design.kv_on_gpu:
         return 0
-    layers = 2 if sys.buffer_layers == "pingpong" else m.num_layers
-    return w.batch * layers * sys.buffer_sets * w.budget * m.kv_bytes_per_token_layer
+    layers = 2 if design.buffer_layers == "pingpong" else m.num_layers
+    return w.batch * layers * design.buffer_sets * w.budget * m.kv_bytes_per_token_layer
 
 
 def _token_live_bytes(m: ModelSpec) -> int:
@@ -138,7 +138,7 @@ def _token_live_bytes(m: ModelSpec) -> int:
     return e * (m.hidden + max(attn, mlp))
 
 
-def activation_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
+def activation_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """Transient memory of one decode step plus one chunked prefill beside it.
 
     decode, T = b * tokens_per_step (b for a two-pass design, which runs one token at a time):
@@ -150,39 +150,39 @@ def activation_bytes(sys: SystemSpec, m: ModelSpec, w: Workload) -> int:
       + S * H_kv * d * 4 * 2 where keys are factorised (fp32 key matrix and U of the SVD)
     """
     e = m.dtype_bytes
-    t = w.batch * (1 if sys.two_pass else sys.tokens_per_step)
+    t = w.batch * (1 if design.two_pass else design.tokens_per_step)
     logits = m.vocab * (e + FP32)
     decode = t * (_token_live_bytes(m) + logits)
-    if sys.landmarks:
+    if design.landmarks:
         decode += t * m.num_heads * math.ceil(w.context / w.chunk) * 2 * e
-    if sys.quant_bits:
+    if design.quant_bits:
         decode += t * m.num_heads * (w.context + w.gen_tokens) * 2 * e
     prefill = min(w.prefill_chunk, w.context) * _token_live_bytes(m) + logits
-    if lowrank_layer_count(sys, m, w):
+    if lowrank_layer_count(design, m, w):
         prefill += w.context * m.num_kv_heads * m.head_dim * FP32 * 2
     return decode + prefill
 
 
-def memory_breakdown(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> MemoryBreakdown:
+def memory_breakdown(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> MemoryBreakdown:
     """GPU bytes by category for `w.batch` requests of `w.context` tokens."""
     w.validate(m)
     return MemoryBreakdown(
-        system=sys.name, model=m.name, gpu=gpu.name, context=w.context, batch=w.batch,
+        system=design.name, model=m.name, gpu=gpu.name, context=w.context, batch=w.batch,
         weights=weights_bytes(m),
-        resident_kv=resident_kv_bytes(sys, m, w),
-        landmarks=landmark_bytes(sys, m, w),
-        aux_residency=aux_residency_bytes(sys, m, w),
-        sparse_kv_buffers=sparse_buffer_bytes(sys, m, w),
-        activations=activation_bytes(sys, m, w),
+        resident_kv=resident_kv_bytes(design, m, w),
+        landmarks=landmark_bytes(design, m, w),
+        aux_residency=aux_residency_bytes(design, m, w),
+        sparse_kv_buffers=sparse_buffer_bytes(design, m, w),
+        activations=activation_bytes(design, m, w),
         runtime_overhead=gpu.runtime_overhead_bytes,
         capacity=gpu.hbm_bytes,
     )
 
 
-def max_batch(sys: SystemSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> int:
+def max_batch(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> int:
     """Largest batch whose breakdown fits in the GPU (0 if not even one request fits)."""
     def fits(b: int) -> bool:
-        return memory_breakdown(sys, m, gpu, replace(w, batch=b)).fits
+        return memory_breakdown(design, m, gpu, replace(w, batch=b)).fits
 
     if not fits(1):
         return 0

@@ -66,8 +66,9 @@ def sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def check_path(out, flag: str = "--out") -> Path:
-    """The absolute output folder, or a one-line DDBenchError for one ddbench must not write into."""
+def check_path(out, flag: str = "--out", allow_cwd: bool = False) -> Path:
+    """The absolute output folder, or a one-line DDBenchError for one ddbench must not write into.
+    `allow_cwd`: a single file may go into the current folder (nothing else there is touched)."""
     if out is None or not str(out).strip():
         raise DDBenchError(f"{flag} is empty: name an output folder")
     path = Path(os.path.abspath(os.path.expanduser(str(out))))
@@ -75,7 +76,7 @@ def check_path(out, flag: str = "--out") -> Path:
     if real == Path(real.anchor):
         raise DDBenchError(f"{flag} {out} is a filesystem root; name a folder of its own")
     cwd = Path(os.path.realpath(os.getcwd()))
-    if real == cwd or real in cwd.parents:
+    if (real == cwd and not allow_cwd) or real in cwd.parents:
         raise DDBenchError(f"{flag} {out} is the current folder or above it; name a folder of its own")
     home = os.path.expanduser("~")
     if home and home != "~" and real == Path(os.path.realpath(home)):
@@ -93,7 +94,7 @@ def check_path(out, flag: str = "--out") -> Path:
     while not above.exists():
         above = above.parent
     if not above.is_dir():
-        raise DDBenchError(f"{flag} {out}: {above} is a file, not a folder")
+        raise DDBenchError(f"{flag} {out}: {above} is not a folder")
     return path
 
 
@@ -268,7 +269,7 @@ def _signals_held():
 
 @contextmanager
 def output_folder(out, *, command: str, flag: str = "--out", force: bool = False, own_ok: bool = False,
-                  shared: bool = False, prune: bool = True, before_commit=None):
+                  shared: bool = False, prune: bool = True, before_commit=None, allow_cwd: bool = False):
     """Yield a Writer for the folder `out`; its staged files move in when the block ends cleanly.
 
     `force`: write into a folder that holds other files (kept), and replace ddbench's own files.
@@ -277,7 +278,7 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
     `prune`: remove the earlier run's files that this run does not write again.
     `before_commit(writer)`: a last check before anything moves in (raise DDBenchError to abort).
     """
-    path = check_path(out, flag)
+    path = check_path(out, flag, allow_cwd=allow_cwd and shared)
     try:
         made = _make_dirs(path)
     except OSError as exc:
@@ -369,6 +370,22 @@ def _commit(w: Writer, path: Path, own: set, foreign: set, replace_own: bool, sh
                 pass
             _remove_empty([p for p in reversed((path / rel).parents) if path in p.parents])
         _update_manifest(path, entries, stale + legacy)
+
+
+@contextmanager
+def output_file(path, *, command: str, flag: str, force: bool = False):
+    """One file written through the guard into its folder (kept as it is otherwise): yields the staged
+    path to write; it moves in when the block ends cleanly. Refused at once where it cannot be written."""
+    if path is None or not str(path).strip():
+        raise DDBenchError(f"{flag} is empty: name a file")
+    full = os.path.abspath(os.path.expanduser(str(path)))
+    folder, name = os.path.split(full)
+    if not name:
+        raise DDBenchError(f"{flag} {path} names a folder, not a file")
+    with output_folder(folder, command=command, flag=flag, force=force, shared=True, prune=False,
+                       allow_cwd=True) as w:
+        w.claim([name])
+        yield w.stage_path(name)
 
 
 def adopt(folder, rels, command: str) -> None:

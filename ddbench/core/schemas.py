@@ -28,6 +28,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       field_validator, model_validator)
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.sections import PROVENANCE_KEYS, SECTIONS, STRING_COLUMNS
 
 
 def _blank_to_none(v):
@@ -179,8 +180,8 @@ class EngineRow(Row):
     @field_validator("design")
     @classmethod
     def _known_design(cls, v: str) -> str:
-        from ddbench.core.systems import SYSTEMS
-        if v not in SYSTEMS:
+        from ddbench.core.designs import DESIGNS
+        if v not in DESIGNS:
             raise ValueError(f"unknown design {v!r}")
         return v
 
@@ -228,9 +229,8 @@ class AccuracyRow(Row):
 
 @lru_cache(maxsize=None)
 def calibration_row_model(section: str) -> type[BaseModel]:
-    """The row schema of one calibration section, built from calibration.SECTIONS: string columns
+    """The row schema of one calibration section, built from sections.SECTIONS: string columns
     as text, key numbers (integers where whole), positive measurements (> 0, finite), other numbers."""
-    from ddbench.core.calibration import SECTIONS, STRING_COLUMNS
     spec = SECTIONS[section]
     fields: dict[str, Any] = {}
     for c in spec["key"]:
@@ -240,9 +240,6 @@ def calibration_row_model(section: str) -> type[BaseModel]:
     for c in spec["other"]:
         fields[c] = (str if c in STRING_COLUMNS else float, ...)
     return create_model(f"Calibration_{section}", __base__=Row, **fields)
-
-
-PROVENANCE_KEYS = ("gpu", "device_name", "driver", "cuda", "torch", "triton", "git_sha", "date", "command", "host")
 
 
 class SectionInfo(BaseModel):
@@ -272,7 +269,6 @@ class BundleMeta(BaseModel):
     @field_validator("sections")
     @classmethod
     def _sections(cls, v: dict) -> dict:
-        from ddbench.core.calibration import SECTIONS
         bad = [s for s in v if s not in SECTIONS]
         if bad:
             raise ValueError(f"unknown section '{bad[0]}'")

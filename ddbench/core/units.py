@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from ddbench.core.defaults import MAX_TOKENS
 from ddbench.core.errors import DDBenchError
 
 GB = 1e9
@@ -11,7 +12,7 @@ _SUFFIX = {"": 1, "k": 1024, "m": 1024 ** 2}
 
 
 def parse_tokens(text: str | int, what: str = "context") -> int:
-    """'131072', '128k', '128K' or '1m' -> tokens (k = 1024). Positive, or a DDBenchError."""
+    """'131072', '128k', '128K' or '1m' -> tokens (k = 1024). Positive and at most MAX_TOKENS, or a DDBenchError."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
@@ -21,6 +22,8 @@ def parse_tokens(text: str | int, what: str = "context") -> int:
         value = int(match.group(1)) * _SUFFIX[match.group(2).lower()]
     if value <= 0:
         raise DDBenchError(f"{what} must be positive, got '{text}'")
+    if value > MAX_TOKENS:
+        raise DDBenchError(f"{what} must be at most {MAX_TOKENS} tokens, got '{text}'")
     return value
 
 

@@ -1,7 +1,7 @@
 """The one `Workload`: what the memory model, the simulator and the engine know about the requests.
 
-Every field carries its CLI help in its metadata (as Vidur's configs do), so the commands do not
-restate flags or defaults:
+Every field carries its CLI help in its metadata (as Vidur's configs do), and its default comes from
+ddbench/core/defaults.py, so the commands do not restate flags or defaults:
 
     from ddbench.core.workload import Workload, add_workload_args, workload_from_args
 
@@ -11,8 +11,9 @@ restate flags or defaults:
     w = workload_from_args(args, model, context=131072)    # fields the command parsed itself
 
 Flags are the field names with '-' for '_'. Token-valued fields (context, budget, ...) accept 128k /
-1m forms. A flag left out on the command line takes the field's default. Only the standard library
-is used here.
+1m forms; every value is checked where it is parsed (at least the field's minimum, at most
+defaults.MAX_COUNT). A flag left out on the command line takes the field's default. Only the
+standard library is used here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import MISSING, dataclass, field, fields
 
+from ddbench.core import defaults as D
 from ddbench.core.errors import DDBenchError
 from ddbench.core.units import parse_tokens
 
@@ -36,23 +38,24 @@ def _f(default, help: str, tokens: bool = False, minimum: int = 1, cli: bool = T
 class Workload:
     """What the memory model, the simulator and the engine need to know about the requests served."""
     context: int = _f(MISSING, "prompt tokens per request, S: 131072, 128k or 1m", tokens=True)
-    batch: int = _f(1, "concurrent decoding requests, b", minimum=0)
-    budget: int = _f(2048, "sparse budget in tokens, B (ShadowKV's default)", tokens=True)
-    chunk: int = _f(8, "tokens per chunk, C (ShadowKV's default)")
-    rank: int = _f(160, "low-rank key rank, r (ShadowKV's default)")
-    local_chunks: int = _f(4, "most recent chunks kept exact on the GPU (ShadowKV's default)", minimum=0)
-    gen_tokens: int = _f(128, "generated-token slots kept on the GPU (ShadowKV's +128)", minimum=0)
-    outliers_per_1k: int = _f(24, "ShadowKV outlier chunks per 1024 tokens of budget", minimum=0)
-    quant_group: int = _f(64, "SpeCache/KIVI quantization group size")
-    quant_residual: int = _f(64, "SpeCache/KIVI newest tokens kept in 16 bits", minimum=0)
-    lowrank_layers: int = _f(0, "DualDecoder layers with low-rank keys (adaptive key reconstruction)", minimum=0)
-    prefill_chunk: int = _f(8192, "tokens per chunked-prefill pass running beside decode", tokens=True)
+    batch: int = _f(D.BATCH, "concurrent decoding requests, b", minimum=0)
+    budget: int = _f(D.BUDGET, "sparse budget in tokens, B (ShadowKV's default)", tokens=True)
+    chunk: int = _f(D.CHUNK, "tokens per chunk, C (ShadowKV's default)")
+    rank: int = _f(D.RANK, "low-rank key rank, r (ShadowKV's default)")
+    local_chunks: int = _f(D.LOCAL_CHUNKS, "most recent chunks kept exact on the GPU (ShadowKV's default)", minimum=0)
+    gen_tokens: int = _f(D.GEN_TOKENS, "generated-token slots kept on the GPU (ShadowKV's +128)", minimum=0)
+    outliers_per_1k: int = _f(D.OUTLIERS_PER_1K, "ShadowKV outlier chunks per 1024 tokens of budget", minimum=0)
+    quant_group: int = _f(D.QUANT_GROUP, "SpeCache/KIVI quantization group size")
+    quant_residual: int = _f(D.QUANT_RESIDUAL, "SpeCache/KIVI newest tokens kept in 16 bits", minimum=0)
+    lowrank_layers: int = _f(D.LOWRANK_LAYERS, "DualDecoder layers with low-rank keys (adaptive key reconstruction)",
+                             minimum=0)
+    prefill_chunk: int = _f(D.PREFILL_CHUNK, "tokens per chunked-prefill pass running beside decode", tokens=True)
 
     def validate(self, model) -> None:
         """DDBenchError (one line) for a value no design can serve on `model`."""
         for f in fields(self):
             value, minimum = getattr(self, f.name), f.metadata["minimum"]
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= D.MAX_COUNT:
                 raise DDBenchError(f"{f.name} must be an integer >= {minimum}, got {value!r}")
         if self.budget > self.context:
             raise DDBenchError(f"sparse budget {self.budget} is larger than the context {self.context}")
@@ -72,7 +75,8 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _int_arg(name: str, tokens: bool, words: tuple = ()):
+def _int_arg(name: str, tokens: bool, minimum: int, words: tuple = ()):
+    """The flag's parser: an integer (128k forms for tokens) from `minimum` to the largest count, or a word."""
     def parse(text: str) -> int | str:
         if text in words:
             return text
@@ -82,10 +86,14 @@ def _int_arg(name: str, tokens: bool, words: tuple = ()):
             except DDBenchError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
         try:
-            return int(text)
+            value = int(text)
         except ValueError:
             alt = "".join(f" or {w!r}" for w in words)
             raise argparse.ArgumentTypeError(f"{flag(name)} must be an integer{alt}, got {text!r}") from None
+        if not minimum <= value <= D.MAX_COUNT:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= {minimum} and at most {D.MAX_COUNT},"
+                                             f" got {value}")
+        return value
     parse.__name__ = name
     return parse
 
@@ -108,7 +116,7 @@ def add_workload_args(parser: argparse.ArgumentParser, exclude=(), required=("co
         extra = tuple((words or {}).get(f.name, ()))
         help_ = f.metadata["help"] + (f" (default {f.default})" if has_default else "")
         target.add_argument(flag(f.name), dest=f"workload_{f.name}",
-                            type=_int_arg(f.name, f.metadata["tokens"], extra),
+                            type=_int_arg(f.name, f.metadata["tokens"], f.metadata["minimum"], extra),
                             default=argparse.SUPPRESS, required=not has_default and f.name in required,
                             metavar="|".join(("N",) + extra), help=help_)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ddbench.core.errors import unknown
+from ddbench.core.errors import DDBenchError, unknown
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,20 @@ def load_all() -> dict[str, Experiment]:
 
 
 def select(ids: str | None) -> list[Experiment]:
+    """None: every experiment; else the comma list of ids (`--only`): an empty list, an empty item or an
+    unknown id is a DDBenchError."""
     exps = load_all()
-    if not ids:
+    if ids is None:
         return list(exps.values())
+    keys = [k.strip() for k in ids.split(",")]
+    if not any(keys):
+        raise DDBenchError(f"--only {ids!r} names no figure; give figure ids, e.g. --only fig02,fig14")
+    if not all(keys):
+        raise DDBenchError(f"--only {ids!r} has an empty item; give figure ids, e.g. --only fig02,fig14")
     chosen = []
-    for key in (s.strip() for s in ids.split(",") if s.strip()):
+    for key in keys:
         if key not in exps:
             raise unknown("figure", key, exps)
-        chosen.append(exps[key])
+        if exps[key] not in chosen:
+            chosen.append(exps[key])
     return chosen

@@ -416,8 +416,8 @@ def _draw_table1(res: FigureResult, fig) -> None:
     for task in dict.fromkeys(pap.task):
         line = [task]
         for ctx in ("64K", "128K"):
-            for sysn in ("shadowkv", "dualdecoder"):
-                r = pap[(pap.task == task) & (pap.context == ctx) & (pap.method == sysn)]
+            for design in ("shadowkv", "dualdecoder"):
+                r = pap[(pap.task == task) & (pap.context == ctx) & (pap.method == design)]
                 line.append(f"{r.accuracy.iloc[0]:.2f}" if len(r) else "-")
         pcells.append(line)
     t2 = b.table(cellText=pcells, colLabels=["task", "64K ShadowKV", "64K DualDecoder", "128K ShadowKV",
@@ -442,11 +442,11 @@ def table1() -> FigureResult:
     prow = []
     for task in list(TABLE1_TASKS) + ["avg"]:
         for ctx in ("64k", "128k"):
-            for sysn in ("shadowkv", "dualdecoder"):
-                pid = f"table1.{task}.{ctx}.{sysn}"
+            for design in ("shadowkv", "dualdecoder"):
+                pid = f"table1.{task}.{ctx}.{design}"
                 if pid in rep:
                     prow.append({"source": "paper", "model": "Llama-3-8B-Instruct-Gradient-1048k", "task": task,
-                                 "context": ctx.upper(), "method": sysn, "budget_tokens": 1024,
+                                 "context": ctx.upper(), "method": design, "budget_tokens": 1024,
                                  "accuracy": rep[pid].value, "paper_id": pid})
     df = pd.concat([ours, pd.DataFrame(prow)], ignore_index=True)
     top = int(ours.context_tokens.max())
@@ -459,10 +459,10 @@ def table1() -> FigureResult:
                                                            f" {', '.join(str(int(b)) for b in budgets if b != bud) or 'none'}"))
     dense = {r.task: r for r in at[at.method == "dense"].itertuples()}
     for ptask, task in TABLE1_TASKS.items():
-        for sysn, method in TABLE1_SYSTEMS.items():
+        for design, method in TABLE1_SYSTEMS.items():
             r = at[(at.task == task) & (at.method == method) & (at.budget_tokens == bud)] if task else at.iloc[:0]
             for ctx in ("64k", "128k"):
-                pid = f"table1.{ptask}.{ctx}.{sysn}"
+                pid = f"table1.{ptask}.{ctx}.{design}"
                 if pid not in rep or r.empty:
                     continue
                 x = r.iloc[0]
@@ -473,12 +473,12 @@ def table1() -> FigureResult:
                                       f" selection, budget {bud}: {int(x.correct)}/{int(x.total)} prompt(s) correct"
                                       + (f"; dense {int(d.correct)}/{int(d.total)}" if d is not None else "")
                                       + f"; {_who(model)}"))
-    for sysn, method in TABLE1_SYSTEMS.items():
+    for design, method in TABLE1_SYSTEMS.items():
         sub = at[(at.method == method) & (at.budget_tokens == bud)]
         if sub.empty:
             continue
         for ctx in ("64k", "128k"):
-            pid = f"table1.avg.{ctx}.{sysn}"
+            pid = f"table1.avg.{ctx}.{design}"
             if pid in rep:
                 dn = at[at.method == "dense"]
                 cmp.append(Comparison(pid, round(float(sub.accuracy.mean()), 3),
@@ -492,32 +492,31 @@ def table1() -> FigureResult:
 
 
 # ---------------------------------------------------------------- sensitivity at Figure 12's setting
-@lru_cache(maxsize=None)
-def _sens_cm():
-    from sim.setup import cost_model
-    return cost_model(SENS_MODEL, SENS_GPU, SENS_LINK)
+def _sens_scene(design: str):
+    """Figure 12's scenario for `design` (the hit rates are the map's own, so a constant stands in)."""
+    from ddbench.core import defaults as D
+    from ddbench.experiments.scene import scene
+    return scene(SENS_MODEL, design, gpu=SENS_GPU, link=SENS_LINK, hit_rate=D.HIT_RATE)
 
 
-def _sens_batch(system: str) -> int:
-    from ddbench.core.catalog import get_gpu, get_model
-    from ddbench.core.memory import Workload, max_batch
-    from ddbench.core.systems import get_system
-    return max_batch(get_system(system), get_model(SENS_MODEL), get_gpu(SENS_GPU), Workload(context=SENS_CTX))
+def _sens_batch(design: str) -> int:
+    from ddbench.core.memory import max_batch
+    from ddbench.experiments.scene import workload
+    r = _sens_scene(design)
+    return max_batch(r.design, r.model, r.gpu, workload(r, SENS_CTX))
 
 
-def sens_tokens_per_s(system: str, hit, reuse, mode: str = "aggregate") -> float:
-    """Decode tokens/s of `system` at Figure 12's 128K setting and its largest batch, with per-layer (or
+def sens_tokens_per_s(design: str, hit, reuse, mode: str = "aggregate") -> float:
+    """Decode tokens/s of `design` at Figure 12's 128K setting and its largest batch, with per-layer (or
     constant) hit and reuse rates; `mode`: the closed-form aggregate step, or the per-layer timeline."""
-    from ddbench.core.catalog import get_model
-    from ddbench.core.memory import Workload
-    from ddbench.core.systems import get_system
-    from sim.plan import step_plan
-    m = get_model(SENS_MODEL)
-    L = m.num_layers
+    from ddbench.experiments.scene import workload
+    from sim.steplayers import step_layers
+    r = _sens_scene(design)
+    L = r.model.num_layers
     h = [float(hit)] * L if isinstance(hit, (int, float)) else list(hit)
-    r = [float(reuse)] * L if isinstance(reuse, (int, float)) else list(reuse)
-    b = _sens_batch(system)
-    plan = step_plan(get_system(system), m, _sens_cm(), Workload(context=SENS_CTX), b, SENS_CTX, h, r)
+    reu = [float(reuse)] * L if isinstance(reuse, (int, float)) else list(reuse)
+    b = _sens_batch(design)
+    plan = step_layers(r.design, r.model, r.cm, workload(r, SENS_CTX), b, SENS_CTX, h, reu)
     if mode == "timeline":
         from sim.timeline import run_timeline
         return b / run_timeline(plan, steps=6, warmup=2).steady_step_s

@@ -14,19 +14,19 @@ from functools import lru_cache
 
 import pandas as pd
 
-from ddbench.core.catalog import get_gpu, get_model
+from ddbench.core import defaults as D
 from ddbench.core.memory import Workload, max_batch
-from ddbench.core.systems import get_system
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
-from ddbench.experiments.sim_figures import F12_MODEL, GPU, LINK, _cm, _hit, _paper, _scaled_note
+from ddbench.experiments.scene import GPU, LINK, scene, workload
+from ddbench.experiments.sim_figures import F12_MODEL, _hit, _paper, _scaled_note
 from ddbench.plotting import SYSTEM_COLORS, integer_axis, style_handle
 
 BUDGETS = (512, 1024, 2048, 4096)
 CONTEXTS = (64 * 1024, 128 * 1024, 256 * 1024)
-SYSTEMS = ("shadowkv", "dualdecoder")
+DESIGNS = ("shadowkv", "dualdecoder")
 STYLES = {64 * 1024: "-", 128 * 1024: "--", 256 * 1024: ":"}
-REPLAY_BUDGET = Workload(context=1 << 20).budget
+REPLAY_BUDGET = D.BUDGET
 PAPER_BUDGETS = {"Fig. 19": "fig19.budget_tokens", "Table 1": "table1.budget_tokens"}
 PAPER_RATIOS = {64 * 1024: "fig12.64k.over_shadowkv", 128 * 1024: "fig12.128k.over_shadowkv",
                 256 * 1024: "fig12.256k.over_shadowkv"}
@@ -35,15 +35,14 @@ PAPER_RATIOS = {64 * 1024: "fig12.64k.over_shadowkv", 128 * 1024: "fig12.128k.ov
 @lru_cache(maxsize=None)
 def point(system: str, ctx: int, budget: int) -> dict:
     """Largest batch that fits and its steady decode step (per-layer timeline) at one budget."""
-    from sim.plan import step_plan
+    from sim.steplayers import step_layers
     from sim.timeline import run_timeline
-    sysx, m = get_system(system), get_model(F12_MODEL)
-    w = Workload(context=ctx, budget=budget)
-    mb = max_batch(sysx, m, get_gpu(GPU), w)
+    r = scene(F12_MODEL, system, budget=budget)
+    w = workload(r, ctx)
+    mb = max_batch(r.design, r.model, r.gpu, w)
     if not mb:
         return {"max_batch": 0, "step_ms": math.nan, "tokens_per_s": math.nan}
-    h, r, _ = _hit(F12_MODEL)
-    plan = step_plan(sysx, m, _cm(F12_MODEL), w, mb, ctx, list(h), list(r))
+    plan = step_layers(r.design, r.model, r.cm, w, mb, ctx, r.hit, r.reuse)
     step = run_timeline(plan, steps=6, warmup=2).steady_step_s
     return {"max_batch": mb, "step_ms": step * 1e3, "tokens_per_s": mb / step}
 
@@ -53,9 +52,9 @@ def _draw(res: FigureResult, fig) -> None:
     fig.set_size_inches(7.2, 3.4)
     ax_a, ax_b = fig.subplots(1, 2)
     for ctx in CONTEXTS:
-        for sys in SYSTEMS:
-            s = df[(df.context == ctx) & (df.system == sys)]
-            ax_a.plot(s.budget, s.tokens_per_s, ls=STYLES[ctx], marker="o", ms=3, color=SYSTEM_COLORS[sys])
+        for design in DESIGNS:
+            s = df[(df.context == ctx) & (df.system == design)]
+            ax_a.plot(s.budget, s.tokens_per_s, ls=STYLES[ctx], marker="o", ms=3, color=SYSTEM_COLORS[design])
         r = df[(df.context == ctx) & (df.system == "dualdecoder")]
         ax_b.plot(r.budget, r.dd_over_shadowkv, ls=STYLES[ctx], marker="o", ms=3, color="black")
         lvl = _paper(PAPER_RATIOS[ctx])
@@ -95,9 +94,9 @@ def budget() -> FigureResult:
     rows = []
     for ctx in CONTEXTS:
         for b in BUDGETS:
-            pts = {s: point(s, ctx, b) for s in SYSTEMS}
+            pts = {s: point(s, ctx, b) for s in DESIGNS}
             sk, dd = pts["shadowkv"]["tokens_per_s"], pts["dualdecoder"]["tokens_per_s"]
-            for s in SYSTEMS:
+            for s in DESIGNS:
                 rows.append({"context": ctx, "budget": b, "system": s, **pts[s],
                              "dd_over_shadowkv": dd / sk if sk and math.isfinite(sk) else math.nan})
     df = pd.DataFrame(rows)

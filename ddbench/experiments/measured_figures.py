@@ -6,8 +6,6 @@ gather)."""
 
 from __future__ import annotations
 
-import os
-
 import pandas as pd
 
 from ddbench.core.calibration import bundle_dir, load_bundle

@@ -18,7 +18,7 @@ from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.core.memory import CATEGORIES, Workload, max_batch, memory_breakdown
 from ddbench.plotting import (CATEGORY_COLORS, SYSTEM_COLORS, integer_axis, paper_handle, paper_mark,
                               style_handle)
-from ddbench.core.systems import get_system
+from ddbench.core.designs import get_design
 from ddbench.core.units import GB, fmt_tokens
 
 GPU = "h100-80gb"
@@ -35,12 +35,12 @@ def _setup(extra: str = "") -> str:
 
 
 def _bd(system: str, size: str, batch: int, context: int = CONTEXT):
-    return memory_breakdown(get_system(system), get_model(MODELS[size]), get_gpu(GPU),
+    return memory_breakdown(get_design(system), get_model(MODELS[size]), get_gpu(GPU),
                             Workload(context=context, batch=batch))
 
 
 def _max(system: str, size: str, context: int = CONTEXT) -> int:
-    return max_batch(get_system(system), get_model(MODELS[size]), get_gpu(GPU), Workload(context=context))
+    return max_batch(get_design(system), get_model(MODELS[size]), get_gpu(GPU), Workload(context=context))
 
 
 # ---------------------------------------------------------------- Figure 2
@@ -57,15 +57,15 @@ def _draw_fig2(res: FigureResult, fig) -> None:
     sizes = list(dict.fromkeys(df["model_size"]))
     width = 0.8 / len(systems)
     top = 1.0
-    for i, sys in enumerate(systems):
-        sub = df[df["system"] == sys].set_index("model_size").loc[sizes]
+    for i, design in enumerate(systems):
+        sub = df[df["system"] == design].set_index("model_size").loc[sizes]
         xs = [j + (i - (len(systems) - 1) / 2) * width for j in range(len(sizes))]
-        ax.bar(xs, sub["max_batch"], width, label=sys, color=SYSTEM_COLORS.get(sys))
+        ax.bar(xs, sub["max_batch"], width, label=design, color=SYSTEM_COLORS.get(design))
         for x, v, p in zip(xs, sub["max_batch"], sub["paper_max_batch"]):
             if pd.notna(p):
-                ax.plot([x], [p], **paper_mark(SYSTEM_COLORS.get(sys)))
+                ax.plot([x], [p], **paper_mark(SYSTEM_COLORS.get(design)))
             if v == 0:
-                ax.plot([x], [1.0], marker="x", color=SYSTEM_COLORS.get(sys), markersize=7, mew=2, ls="none")
+                ax.plot([x], [1.0], marker="x", color=SYSTEM_COLORS.get(design), markersize=7, mew=2, ls="none")
                 ax.text(x, 1.25, "OOM", ha="center", va="bottom", fontsize=6, rotation=90)
                 continue
             star = pd.notna(p) and p >= v
@@ -92,9 +92,9 @@ def fig02() -> FigureResult:
              ("ideal", "32B"): _paper("fig2.ideal.32b.max_batch")}
     rows = []
     for size in MODELS:
-        for sys in ("full-kv", "shadowkv", "specache", "dualdecoder", "ideal"):
-            rows.append({"model_size": size, "model": MODELS[size], "system": sys,
-                         "max_batch": _max(sys, size), "paper_max_batch": paper.get((sys, size))})
+        for design in ("full-kv", "shadowkv", "specache", "dualdecoder", "ideal"):
+            rows.append({"model_size": size, "model": MODELS[size], "system": design,
+                         "max_batch": _max(design, size), "paper_max_batch": paper.get((design, size))})
     df = pd.DataFrame(rows)
     get = lambda s, z: int(df[(df.system == s) & (df.model_size == z)].max_batch.iloc[0])  # noqa: E731
 
@@ -145,7 +145,7 @@ def _bytes_per_token(system: str, size: str, *categories: str) -> float:
 def _max_at_80gib(system: str, size: str) -> int:
     """Max batch if the GPU had exactly 80 GiB, a common reading of '80 GB'."""
     gpu = replace(get_gpu(GPU), hbm_bytes=80 * 1024 ** 3)
-    return max_batch(get_system(system), get_model(MODELS[size]), gpu, Workload(context=CONTEXT))
+    return max_batch(get_design(system), get_model(MODELS[size]), gpu, Workload(context=CONTEXT))
 
 
 def _per_req(system: str, size: str, context: int = CONTEXT) -> float:
@@ -175,10 +175,10 @@ def _draw_breakdown(res: FigureResult, fig) -> None:
 
 def _breakdown_rows(pairs) -> pd.DataFrame:
     rows = []
-    for sys, size in pairs:
-        b = _max(sys, size)
-        bd = _bd(sys, size, max(b, 1))
-        row = {"system": sys, "model_size": size, "model": MODELS[size], "batch": b}
+    for design, size in pairs:
+        b = _max(design, size)
+        bd = _bd(design, size, max(b, 1))
+        row = {"system": design, "model_size": size, "model": MODELS[size], "batch": b}
         row.update({f"{c}_gb": getattr(bd, c) / GB for c in CATEGORIES})
         row.update({"total_gb": bd.total / GB, "capacity_gb": bd.capacity / GB,
                     "aux_share": bd.aux_residency / bd.capacity,
@@ -203,22 +203,22 @@ def _draw_fig4(res: FigureResult, fig) -> None:
              "aux_residency": "KV-cache-auxiliary residency", "other": "other (resident KV, activations, runtime)"}
     colors = dict(CATEGORY_COLORS, other="#c7c7c7")
     t_end = float(df.time_s.max())
-    for j, sys in enumerate(F4_SYSTEMS):
+    for j, design in enumerate(F4_SYSTEMS):
         ax = fig.add_subplot(grid[0, j])
         ax.set_xlim(0, t_end)
-        sub = df[df.system == sys]
+        sub = df[df.system == design]
         ax.stackplot(sub.time_s, *[sub[f"{c}_gb"] for c in F4_SHOWN], step="post",
                      colors=[colors[c] for c in F4_SHOWN], labels=[names[c] for c in F4_SHOWN])
         ax.axhline(cap, color="black", lw=0.8, ls="--")
         ax.set_ylim(0, cap * 1.08)
         ax.set_xlabel("time (s)")
         ax.set_ylabel("GPU memory (GB)")
-        ax.set_title(f"({'abc'[j]}) {sys}: up to {int(sub.batch.max())} requests", fontsize=7)
+        ax.set_title(f"({'abc'[j]}) {design}: up to {int(sub.batch.max())} requests", fontsize=7)
     ax = fig.add_subplot(grid[1, :])
-    for sys in F4_SYSTEMS:
-        sub = df[df.system == sys]
-        ax.step(sub.time_s, 100 * sub.landmarks_plus_aux_share, where="post", color=SYSTEM_COLORS[sys],
-                label=sys + (" (landmarks only)" if sys == "dualdecoder" else ""))
+    for design in F4_SYSTEMS:
+        sub = df[df.system == design]
+        ax.step(sub.time_s, 100 * sub.landmarks_plus_aux_share, where="post", color=SYSTEM_COLORS[design],
+                label=design + (" (landmarks only)" if design == "dualdecoder" else ""))
     top = 100 * _paper("fig4.landmarks_plus_aux.max_share")
     ax.axhline(top, color="black", lw=0.8, ls=":")
     ax.text(float(df.time_s.max()), top + 1.5, f"paper: up to {top:.0f}%", ha="right", fontsize=7)
@@ -236,13 +236,12 @@ def _draw_fig4(res: FigureResult, fig) -> None:
 
 def _timeline(system: str):
     """Memory by category over one serving run (sim.serving records it whenever it changes)."""
-    from ddbench.experiments.sim_figures import _cm, _hit
+    from ddbench.experiments.scene import scene, workload
     from sim.serving import draw_requests, run_serving
-    h, r, _ = _hit(F4_MODEL)
+    r = scene(F4_MODEL, system, gpu=GPU)
     reqs = draw_requests(F4_N, F4_RATE, str(CONTEXT), str(F4_OUT), 0)
-    res = run_serving(get_system(system), get_model(F4_MODEL), get_gpu(GPU), _cm(F4_MODEL), Workload(context=CONTEXT),
-                      reqs, list(h), list(r), prefill_here=False)
-    per = memory_breakdown(get_system(system), get_model(F4_MODEL), get_gpu(GPU), Workload(context=CONTEXT, batch=1))
+    res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, CONTEXT), reqs, r.hit, r.reuse, prefill_here=False)
+    per = memory_breakdown(r.design, r.model, r.gpu, workload(r, CONTEXT))
     per_req = sum(getattr(per, c) for c in ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers"))
     rows = []
     for m in res.memory:
@@ -264,8 +263,8 @@ def _timeline(system: str):
 @register("fig04", "GPU memory over time of an 8B serving run, by category (paper Figure 4)", _draw_fig4)
 def fig04() -> FigureResult:
     rows, runs = [], {}
-    for sys in F4_SYSTEMS:
-        r, runs[sys] = _timeline(sys)
+    for design in F4_SYSTEMS:
+        r, runs[design] = _timeline(design)
         rows += r
     df = pd.DataFrame(rows)
     base = df[df.system.isin(["shadowkv", "specache"])]
@@ -292,11 +291,11 @@ def fig04() -> FigureResult:
 def _draw_fig5(res: FigureResult, fig) -> None:
     df = res.data
     ax = fig.add_subplot()
-    for sys, sub in df.groupby("system", sort=False):
-        ax.plot(sub["model_size"], 100 * sub["aux_share"], marker="o", label=f"{sys}: aux residency",
-                color=SYSTEM_COLORS.get(sys))
+    for design, sub in df.groupby("system", sort=False):
+        ax.plot(sub["model_size"], 100 * sub["aux_share"], marker="o", label=f"{design}: aux residency",
+                color=SYSTEM_COLORS.get(design))
         ax.plot(sub["model_size"], 100 * sub["landmarks_plus_aux_share"], marker="s", ls="--",
-                label=f"{sys}: + landmarks", color=SYSTEM_COLORS.get(sys), alpha=0.6)
+                label=f"{design}: + landmarks", color=SYSTEM_COLORS.get(design), alpha=0.6)
     floor = 100 * _paper("fig5.aux.min_share")
     ax.axhline(floor, color="black", lw=0.8, ls=":")
     ax.text(0, floor + 1, f"paper: aux residency >= {floor:.0f}% in every setting", fontsize=7)
@@ -330,9 +329,9 @@ def _draw_fig14(res: FigureResult, fig) -> None:
             ax.bar(range(len(sub)), vals, bottom=bottom, color=CATEGORY_COLORS[cat],
                    label=cat.replace("_", " "))
             bottom = [b + v for b, v in zip(bottom, vals)]
-        for i, (v, sys) in enumerate(zip(sub["paper_total_gb"], sub["system"])):
+        for i, (v, design) in enumerate(zip(sub["paper_total_gb"], sub["system"])):
             if pd.notna(v):
-                ax.plot([i], [v], **paper_mark(SYSTEM_COLORS.get(sys)))
+                ax.plot([i], [v], **paper_mark(SYSTEM_COLORS.get(design)))
         ax.axhline(get_gpu(GPU).hbm_bytes / GB, color="black", lw=0.8, ls="--")
         ax.set_xticks(range(len(sub)), sub["system"], rotation=30, fontsize=7)
         ax.set_xlabel("design")
@@ -352,11 +351,11 @@ def fig14() -> FigureResult:
     paper = {(s, "8B"): _paper(f"fig14.{s}.8b.b12.total_gb") for s in SPARSE}
     rows = []
     for size, b in batches.items():
-        for sys in SPARSE:
-            bd = _bd(sys, size, b)
-            row = {"model_size": size, "model": MODELS[size], "batch": b, "system": sys}
+        for design in SPARSE:
+            bd = _bd(design, size, b)
+            row = {"model_size": size, "model": MODELS[size], "batch": b, "system": design}
             row.update({f"{c}_gb": getattr(bd, c) / GB for c in CATEGORIES})
-            row.update({"total_gb": bd.total / GB, "fits": bd.fits, "paper_total_gb": paper.get((sys, size))})
+            row.update({"total_gb": bd.total / GB, "fits": bd.fits, "paper_total_gb": paper.get((design, size))})
             rows.append(row)
     df = pd.DataFrame(rows)
     tot = df.set_index(["system", "model_size"]).total_gb
@@ -367,11 +366,11 @@ def fig14() -> FigureResult:
         best = max(batches, key=lambda z: saving[base, z])
         cmp.append(Comparison(f"fig14.max_saving_vs_{base}", round(float(saving[base, best]), 3),
                               f"largest at {best}: {tot['dualdecoder', best]:.1f} vs {tot[base, best]:.1f} GB"))
-    for sys, size in (("specache", "8B"), ("shadowkv", "32B"), ("specache", "32B")):
-        mb = _max(sys, size)
-        bd = _bd(sys, size, batches[size])
-        cmp.append(Comparison(f"fig14.{sys}.{size.lower()}.max_batch", mb,
-                              f"memory model, 128K: {sys} at the paper's batch {batches[size]} needs {bd.total / GB:.1f} GB of "
+    for design, size in (("specache", "8B"), ("shadowkv", "32B"), ("specache", "32B")):
+        mb = _max(design, size)
+        bd = _bd(design, size, batches[size])
+        cmp.append(Comparison(f"fig14.{design}.{size.lower()}.max_batch", mb,
+                              f"memory model, 128K: {design} at the paper's batch {batches[size]} needs {bd.total / GB:.1f} GB of "
                               f"{bd.capacity / GB:.1f} GB ({'fits' if bd.fits else 'does not fit'}); its largest batch "
                               f"here is {mb} (Figure 2 replay)"))
     fits14 = ", ".join(f"{s} {'fits' if bool(df[(df.system == s) & (df.model_size == '14B')].fits.iloc[0]) else 'OOM'}"
@@ -404,13 +403,13 @@ FIG15_BATCH = 1
 def _draw_fig15(res: FigureResult, fig) -> None:
     df = res.data
     ax = fig.add_subplot()
-    for sys, sub in df.groupby("system", sort=False):
+    for design, sub in df.groupby("system", sort=False):
         ok = sub[sub.fits]
-        ax.plot([fmt_tokens(c) for c in ok.context], ok.total_gb, marker="o", label=sys, color=SYSTEM_COLORS.get(sys))
+        ax.plot([fmt_tokens(c) for c in ok.context], ok.total_gb, marker="o", label=design, color=SYSTEM_COLORS.get(design))
         oom = sub[~sub.fits]
         if len(oom):
             ax.plot([fmt_tokens(c) for c in oom.context], [get_gpu(GPU).hbm_bytes / GB] * len(oom), marker="x",
-                    ls="none", color=SYSTEM_COLORS.get(sys), markersize=8)
+                    ls="none", color=SYSTEM_COLORS.get(design), markersize=8)
     ax.axhline(get_gpu(GPU).hbm_bytes / GB, color="black", lw=0.8, ls="--", label="GPU capacity")
     ax.set_ylim(0, get_gpu(GPU).hbm_bytes / GB * 1.08)
     ax.set_xlabel("context (tokens)")
@@ -422,10 +421,10 @@ def _draw_fig15(res: FigureResult, fig) -> None:
 @register("fig15", "Memory footprint against context length, 64K to 512K (paper Figure 15)", _draw_fig15)
 def fig15() -> FigureResult:
     rows = []
-    for sys in ("full-kv",) + SPARSE:
+    for design in ("full-kv",) + SPARSE:
         for ctx in FIG15_CONTEXTS:
-            bd = _bd(sys, "8B", FIG15_BATCH, ctx)
-            rows.append({"system": sys, "context": ctx, "batch": FIG15_BATCH, "total_gb": bd.total / GB,
+            bd = _bd(design, "8B", FIG15_BATCH, ctx)
+            rows.append({"system": design, "context": ctx, "batch": FIG15_BATCH, "total_gb": bd.total / GB,
                          "fits": bd.fits} | {f"{c}_gb": getattr(bd, c) / GB for c in CATEGORIES})
     df = pd.DataFrame(rows)
     tot = df.set_index(["system", "context"]).total_gb

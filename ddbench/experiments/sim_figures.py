@@ -4,9 +4,9 @@ Qwen2.5-32B by context), Figure 13 (P99 completion time against arrival rate), F
 (per-step latency at a 33% miss rate, priority against FIFO) and Figure 20 (TTFT and TPOT).
 
 The paper's testbed is one 80 GB Hopper GPU per instance on PCIe 5. We replay on the catalog's
-h100-80gb with its PCIe 5 link; no bundle was measured on an H100, so the cost model scales the
-H200 bundle op by op (every setup line says so). Hit rates: the model's accuracy profile in
-traces/accuracy/ where one exists, else the paper's average of 0.88 (§4.1). Nothing here is
+h100-80gb with its PCIe 5 link through the shared scenario (scene.py); no bundle was measured on an
+H100, so the cost model scales the H200 bundle op by op (every setup line says so). Hit rates: the
+model's accuracy profile in traces/accuracy/ where one exists, else the paper's average of 0.88 (§4.1). Nothing here is
 tuned to the paper's numbers: the settings the paper does not state are fixed below, once.
 """
 
@@ -18,33 +18,26 @@ from functools import lru_cache
 import pandas as pd
 
 from ddbench.core.catalog import get_gpu, get_model
-from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.core.memory import Workload, max_batch, memory_breakdown
+from ddbench.core.units import fmt_tokens
+from ddbench.experiments import Comparison, FigureResult, register
+from ddbench.experiments.scene import GPU, LINK, scene, workload
 from ddbench.plotting import (SYSTEM_COLORS, integer_axis, paper_handle, paper_mark, plain_log_axis,
                               style_handle)
-from ddbench.core.systems import get_system
-from ddbench.core.units import fmt_tokens
 
-GPU = "h100-80gb"
-LINK = "pcie5"
 K = 1024
 SEED = 0
 LABEL = {"full-kv": "vLLM (full KV)", "shadowkv": "ShadowKV", "specache": "SpeCache", "dualdecoder": "DualDecoder"}
 
 
-# ---------------------------------------------------------------- shared helpers
-@lru_cache(maxsize=None)
+# ---------------------------------------------------------------- shared helpers (the scenario: scene.py)
 def _cm(model: str):
-    from sim.setup import cost_model
-    return cost_model(model, GPU, LINK)
+    return scene(model).cm
 
 
-@lru_cache(maxsize=None)
 def _hit(model: str):
-    from sim.profile import resolve
-    m = get_model(model)
-    hit, reuse, desc = resolve(None, model, m.num_layers)
-    return tuple(hit), tuple(reuse), desc
+    r = scene(model)
+    return tuple(r.hit), tuple(r.reuse), r.hit_note
 
 
 def _paper(pid: str) -> float:
@@ -58,13 +51,11 @@ def _scaled_note(model: str) -> str:
         "cost model: " + notes[0]
 
 
-def _plan(system: str, model: str, ctx: int, batch: int, hit=None):
-    from sim.plan import step_plan
-    h, r, _ = _hit(model)
-    if hit is not None:
-        h = r = (hit,) * get_model(model).num_layers
-    return step_plan(get_system(system), get_model(model), _cm(model), Workload(context=ctx), batch, ctx,
-                     list(h), list(r))
+def _plan(design: str, model: str, ctx: int, batch: int, hit=None):
+    from sim.steplayers import step_layers
+    r = scene(model, design)
+    h, reuse = (r.hit, r.reuse) if hit is None else ([hit] * r.model.num_layers,) * 2
+    return step_layers(r.design, r.model, r.cm, workload(r, ctx), batch, ctx, list(h), list(reuse))
 
 
 @lru_cache(maxsize=None)
@@ -74,8 +65,9 @@ def _step_s(system: str, model: str, ctx: int, batch: int) -> float:
     return run_timeline(_plan(system, model, ctx, batch), steps=6, warmup=2).steady_step_s
 
 
-def _maxb(system: str, model: str, ctx: int) -> int:
-    return max_batch(get_system(system), get_model(model), get_gpu(GPU), Workload(context=ctx))
+def _maxb(design: str, model: str, ctx: int) -> int:
+    r = scene(model, design)
+    return max_batch(r.design, r.model, r.gpu, workload(r, ctx))
 
 
 def _link_ceiling(system: str, model: str, ctx: int, batch: int) -> float:
@@ -100,17 +92,17 @@ F3_SYSTEMS = ("full-kv", "shadowkv", "dualdecoder")
 def _draw_fig3(res: FigureResult, fig) -> None:
     df = res.data
     ax = fig.add_subplot()
-    for sys in F3_SYSTEMS:
-        s = df[(df.system == sys) & (df.kind == "capped")]
-        ax.plot(s.batch, s.tokens_per_s, marker="o", ms=3, color=SYSTEM_COLORS[sys], label=LABEL[sys])
-        u = df[(df.system == sys) & (df.kind == "uncapped")]
-        ax.plot(u.batch, u.tokens_per_s, ls=":", color=SYSTEM_COLORS[sys])
-        i = df[(df.system == sys) & (df.kind == "ideal")]
+    for design in F3_SYSTEMS:
+        s = df[(df.system == design) & (df.kind == "capped")]
+        ax.plot(s.batch, s.tokens_per_s, marker="o", ms=3, color=SYSTEM_COLORS[design], label=LABEL[design])
+        u = df[(df.system == design) & (df.kind == "uncapped")]
+        ax.plot(u.batch, u.tokens_per_s, ls=":", color=SYSTEM_COLORS[design])
+        i = df[(df.system == design) & (df.kind == "ideal")]
         if len(i):
-            ax.plot(i.batch, i.tokens_per_s, ls="--", lw=0.8, color=SYSTEM_COLORS[sys])
-    for sys in ("full-kv", "shadowkv"):
-        b, v = _paper(f"fig3.{sys}.max_batch"), _paper(f"fig3.{sys}.tokens_per_s")
-        ax.plot([b], [v], **paper_mark(SYSTEM_COLORS[sys]))
+            ax.plot(i.batch, i.tokens_per_s, ls="--", lw=0.8, color=SYSTEM_COLORS[design])
+    for design in ("full-kv", "shadowkv"):
+        b, v = _paper(f"fig3.{design}.max_batch"), _paper(f"fig3.{design}.tokens_per_s")
+        ax.plot([b], [v], **paper_mark(SYSTEM_COLORS[design]))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     top = int(df.batch.max())
@@ -130,31 +122,31 @@ def _draw_fig3(res: FigureResult, fig) -> None:
 def fig03() -> FigureResult:
     ideal_b = _maxb("ideal", F3_MODEL, F3_CTX)
     rows, cap = [], {}
-    for sys in F3_SYSTEMS:
-        mb = _maxb(sys, F3_MODEL, F3_CTX)
-        cap[sys] = mb
+    for design in F3_SYSTEMS:
+        mb = _maxb(design, F3_MODEL, F3_CTX)
+        cap[design] = mb
         grid = sorted({b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= mb} | {mb})
         for b in grid:
-            rows.append({"system": sys, "kind": "capped", "batch": b,
-                         "tokens_per_s": b / _step_s(sys, F3_MODEL, F3_CTX, b)})
+            rows.append({"system": design, "kind": "capped", "batch": b,
+                         "tokens_per_s": b / _step_s(design, F3_MODEL, F3_CTX, b)})
         for b in sorted({b for b in (2 * mb, 4 * mb, 128) if mb < b < ideal_b} | {mb, ideal_b}):
-            rows.append({"system": sys, "kind": "uncapped", "batch": b,
-                         "tokens_per_s": b / _step_s(sys, F3_MODEL, F3_CTX, b)})
-        t_max = mb / _step_s(sys, F3_MODEL, F3_CTX, mb)
+            rows.append({"system": design, "kind": "uncapped", "batch": b,
+                         "tokens_per_s": b / _step_s(design, F3_MODEL, F3_CTX, b)})
+        t_max = mb / _step_s(design, F3_MODEL, F3_CTX, mb)
         for b in (mb, ideal_b):
-            rows.append({"system": sys, "kind": "ideal", "batch": b, "tokens_per_s": t_max * b / mb})
+            rows.append({"system": design, "kind": "ideal", "batch": b, "tokens_per_s": t_max * b / mb})
     df = pd.DataFrame(rows)
     df["max_batch"] = df.system.map(cap)
     df["ideal_batch"] = ideal_b
 
-    def thr(sys, b):
-        return b / _step_s(sys, F3_MODEL, F3_CTX, b)
+    def thr(design, b):
+        return b / _step_s(design, F3_MODEL, F3_CTX, b)
     cmp = []
-    for sys, pid in (("full-kv", "full-kv"), ("shadowkv", "shadowkv")):
-        mb = cap[sys]
-        step = _step_s(sys, F3_MODEL, F3_CTX, mb)
-        t, pot = thr(sys, mb), thr(sys, ideal_b)
-        if sys == "full-kv":
+    for design, pid in (("full-kv", "full-kv"), ("shadowkv", "shadowkv")):
+        mb = cap[design]
+        step = _step_s(design, F3_MODEL, F3_CTX, mb)
+        t, pot = thr(design, mb), thr(design, ideal_b)
+        if design == "full-kv":
             m = get_model(F3_MODEL)
             hbm = (m.weight_bytes + mb * F3_CTX * m.kv_bytes_per_token) / (get_gpu(GPU).hbm_gbps * 1e9)
             why = (f"HBM-bound: {step * 1e3:.1f} ms per step at batch {mb}, of which reading the weights and the whole"
@@ -163,7 +155,7 @@ def fig03() -> FigureResult:
                    f" tokens/s at batch {_paper('fig3.full-kv.max_batch'):.0f} is "
                    f"{_paper('fig3.full-kv.max_batch') / _paper('fig3.full-kv.tokens_per_s') * 1e3:.0f} ms per step")
         else:
-            ceil = _link_ceiling(sys, F3_MODEL, F3_CTX, mb)
+            ceil = _link_ceiling(design, F3_MODEL, F3_CTX, mb)
             why = (f"{step * 1e3:.1f} ms per step; the link alone would allow {ceil:.0f} tokens/s (measured gather "
                    f"rate / values of the reuse misses per token)")
         cmp += [
@@ -201,11 +193,11 @@ def _draw_fig12(res: FigureResult, fig) -> None:
     ctxs = list(dict.fromkeys(df.context))
     width = 0.8 / len(F12_SYSTEMS)
     top = float(df.tokens_per_s.max())
-    for i, sys in enumerate(F12_SYSTEMS):
-        sub = df[df.system == sys].set_index("context").loc[ctxs]
+    for i, design in enumerate(F12_SYSTEMS):
+        sub = df[df.system == design].set_index("context").loc[ctxs]
         xs = [j + (i - (len(F12_SYSTEMS) - 1) / 2) * width for j in range(len(ctxs))]
         vals = sub.tokens_per_s.fillna(0).tolist()
-        ax.bar(xs, vals, width, label=LABEL[sys], color=SYSTEM_COLORS[sys])
+        ax.bar(xs, vals, width, label=LABEL[design], color=SYSTEM_COLORS[design])
         for x, v, oom in zip(xs, vals, sub.oom):
             ax.text(x, v + 0.01 * top, "OOM" if oom else f"{v:.0f}", ha="center", va="bottom", fontsize=6)
     ax.plot([(len(F12_SYSTEMS) - 1) / 2 * width], [_paper("fig12.64k.dualdecoder.tokens_per_s")],
@@ -225,12 +217,12 @@ def _draw_fig12(res: FigureResult, fig) -> None:
 def fig12() -> FigureResult:
     rows = []
     for ctx in F12_CTX:
-        for sys in F12_SYSTEMS:
-            mb = _maxb(sys, F12_MODEL, ctx)
-            step = _step_s(sys, F12_MODEL, ctx, mb) if mb else math.nan
-            rows.append({"context": ctx, "system": sys, "max_batch": mb, "oom": mb == 0, "step_ms": step * 1e3,
+        for design in F12_SYSTEMS:
+            mb = _maxb(design, F12_MODEL, ctx)
+            step = _step_s(design, F12_MODEL, ctx, mb) if mb else math.nan
+            rows.append({"context": ctx, "system": design, "max_batch": mb, "oom": mb == 0, "step_ms": step * 1e3,
                          "tokens_per_s": mb / step if mb else math.nan,
-                         "link_ceiling_tokens_per_s": _link_ceiling(sys, F12_MODEL, ctx, mb) if mb else math.nan})
+                         "link_ceiling_tokens_per_s": _link_ceiling(design, F12_MODEL, ctx, mb) if mb else math.nan})
     df = pd.DataFrame(rows)
     t = {(r.context, r.system): r for r in df.itertuples()}
 
@@ -238,11 +230,11 @@ def fig12() -> FigureResult:
         a, b = t[(ctx, "dualdecoder")], t[(ctx, other)]
         return a.tokens_per_s / b.tokens_per_s if not b.oom and not a.oom else math.nan
 
-    def desc(ctx, sys):
-        r = t[(ctx, sys)]
+    def desc(ctx, design):
+        r = t[(ctx, design)]
         if r.oom:
-            return f"{LABEL[sys]} OOM"
-        return f"{LABEL[sys]} batch {r.max_batch}, {r.step_ms:.0f} ms/step, {r.tokens_per_s:.1f} tokens/s"
+            return f"{LABEL[design]} OOM"
+        return f"{LABEL[design]} batch {r.max_batch}, {r.step_ms:.0f} ms/step, {r.tokens_per_s:.1f} tokens/s"
 
     def note(ctx, other):
         a, b = t[(ctx, "dualdecoder")], t[(ctx, other)]
@@ -272,10 +264,11 @@ def fig12() -> FigureResult:
     ]
     top = F12_CTX[-1]
 
-    def oom(ctx, sys):
-        r = t[(ctx, sys)]
-        bd = memory_breakdown(get_system(sys), get_model(F12_MODEL), get_gpu(GPU), Workload(context=ctx, batch=1))
-        return Comparison(f"fig12.{fmt_tokens(ctx).lower()}.{sys}.max_batch", r.max_batch,
+    def oom(ctx, design):
+        r = t[(ctx, design)]
+        sc = scene(F12_MODEL, design)
+        bd = memory_breakdown(sc.design, sc.model, sc.gpu, workload(sc, ctx))
+        return Comparison(f"fig12.{fmt_tokens(ctx).lower()}.{design}.max_batch", r.max_batch,
                           f"memory model: one request at {fmt_tokens(ctx)} needs {bd.total / 1e9:.1f} GB with the weights, "
                           f"{GPU} has {bd.capacity / 1e9:.1f} GB" + ("" if r.oom else
                                                                     f"; {r.max_batch} fit, {r.tokens_per_s:.1f} tokens/s"))
@@ -304,10 +297,9 @@ F13_PLACE = {True: "prefill on this GPU", False: "prefill elsewhere"}
 @lru_cache(maxsize=None)
 def _serve(system: str, model: str, ctx: int, out: int, rate: float, n: int, prefill_here: bool = True):
     from sim.serving import draw_requests, run_serving
-    m = get_model(model)
-    h, r, _ = _hit(model)
+    r = scene(model, system)
     reqs = draw_requests(n, rate, str(ctx), str(out), SEED)
-    res = run_serving(get_system(system), m, get_gpu(GPU), _cm(model), Workload(context=ctx), reqs, list(h), list(r),
+    res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, ctx), reqs, r.hit, r.reuse,
                       prefill_here=prefill_here)
     return res.summary()
 
@@ -338,13 +330,14 @@ def _max_rate(system: str, here: bool) -> float:
     return lo
 
 
-def _prefill_s(system: str, model: str, ctx: int) -> float:
-    from sim.plan import prefill_chunk_s
-    w = Workload(context=ctx)
+def _prefill_s(design: str, model: str, ctx: int) -> float:
+    from sim.steplayers import prefill_chunk_s
+    r = scene(model, design)
+    w = workload(r, ctx)
     tot, p = 0.0, 0
     while p < ctx:
         c = min(w.prefill_chunk, ctx - p)
-        tot += prefill_chunk_s(get_system(system), get_model(model), _cm(model), w, c, p, p + c >= ctx, ctx)[0]
+        tot += prefill_chunk_s(r.design, r.model, r.cm, w, c, p, p + c >= ctx, ctx)[0]
         p += c
     return tot
 
@@ -353,9 +346,9 @@ def _draw_fig13(res: FigureResult, fig) -> None:
     df = res.data
     axes = fig.subplots(1, 2)
     for ax, here in zip(axes, (False, True)):
-        for sys in F13_SYSTEMS:
-            s = df[(df.system == sys) & (df.prefill_here == here)]
-            ax.plot(s.rate, s.completion_p99_s, marker="o", ms=3, color=SYSTEM_COLORS[sys], label=LABEL[sys])
+        for design in F13_SYSTEMS:
+            s = df[(df.system == design) & (df.prefill_here == here)]
+            ax.plot(s.rate, s.completion_p99_s, marker="o", ms=3, color=SYSTEM_COLORS[design], label=LABEL[design])
         ax.axhline(F13_GOAL, ls="--", lw=0.8, color="black", label=f"P99 goal {F13_GOAL:.0f} s")
         ax.set_yscale("log")
         plain_log_axis(ax.yaxis)
@@ -370,10 +363,10 @@ def _draw_fig13(res: FigureResult, fig) -> None:
 def fig13() -> FigureResult:
     rows = []
     for here in (False, True):
-        for sys in F13_SYSTEMS:
+        for design in F13_SYSTEMS:
             for rate in F13_RATES[here]:
-                s = _serve(sys, F13_MODEL, F13_CTX, F13_OUT, rate, F13_N, here)
-                rows.append({"prefill_here": here, "system": sys, "rate": rate,
+                s = _serve(design, F13_MODEL, F13_CTX, F13_OUT, rate, F13_N, here)
+                rows.append({"prefill_here": here, "system": design, "rate": rate,
                              **{k: s[k] for k in ("completion_p99_s", "completion_p50_s", "ttft_p50_s", "tpot_p50_s",
                                                   "mean_batch", "tokens_per_s")}})
     df = pd.DataFrame(rows)
@@ -420,18 +413,18 @@ def _draw_fig18(res: FigureResult, fig) -> None:
     tr = df[df.kind == "trace"]
     colors = {"dualdecoder": SYSTEM_COLORS["dualdecoder"], "dualdecoder-fifo": "#9467bd"}
     for j, (ax, size) in enumerate(zip(axes, F18_MODELS)):
-        for sys, style in (("dualdecoder", "-"), ("dualdecoder-fifo", "--")):
-            s = tr[(tr.model_size == size) & (tr.system == sys)]
-            ax.plot(s.step, s.step_ms, ls=style, marker="o", ms=3, color=colors[sys],
-                    label="priority" if sys == "dualdecoder" else "FIFO")
+        for design, style in (("dualdecoder", "-"), ("dualdecoder-fifo", "--")):
+            s = tr[(tr.model_size == size) & (tr.system == design)]
+            ax.plot(s.step, s.step_ms, ls=style, marker="o", ms=3, color=colors[design],
+                    label="priority" if design == "dualdecoder" else "FIFO")
         ax.set_ylim(0, 1.15 * max(float(tr.step_ms.max()), _paper("fig18.8b.fifo_ms")))   # from zero: no magnifying
         integer_axis(ax.xaxis)
         ax.set_xlabel("decode step (steps from start)")
         ax.set_ylabel("per-step latency (ms)")
         ax.set_title(f"({'abc'[j]}) {size}, batch {F18_MODELS[size][1]}", fontsize=8)
-    for sys, pid in (("dualdecoder", "fig18.8b.priority_ms"), ("dualdecoder-fifo", "fig18.8b.fifo_ms")):
-        axes[0].axhline(_paper(pid), color=colors[sys], lw=1.0, ls=":")   # the paper states no step: a level
-        axes[0].text(F18_STEPS - 1, _paper(pid) + 1, f"paper {_paper(pid):g}", color=colors[sys], fontsize=6,
+    for design, pid in (("dualdecoder", "fig18.8b.priority_ms"), ("dualdecoder-fifo", "fig18.8b.fifo_ms")):
+        axes[0].axhline(_paper(pid), color=colors[design], lw=1.0, ls=":")   # the paper states no step: a level
+        axes[0].text(F18_STEPS - 1, _paper(pid) + 1, f"paper {_paper(pid):g}", color=colors[design], fontsize=6,
                      ha="right", va="bottom")
     sw = df[df.kind == "sweep"]
     ax = axes[-1]
@@ -482,15 +475,15 @@ def fig18() -> FigureResult:
     from sim.timeline import run_timeline
     rows, res = [], {}
     for size, (model, b) in F18_MODELS.items():
-        for sys in ("dualdecoder", "dualdecoder-fifo"):
-            tl = run_timeline(_plan(sys, model, F18_CTX, b, hit=F18_HIT), steps=F18_STEPS, warmup=2)
-            res[(size, sys)] = tl
+        for design in ("dualdecoder", "dualdecoder-fifo"):
+            tl = run_timeline(_plan(design, model, F18_CTX, b, hit=F18_HIT), steps=F18_STEPS, warmup=2)
+            res[(size, design)] = tl
             for i, (st, sl) in enumerate(zip(tl.step_s, tl.stall_s)):
-                rows.append({"kind": "trace", "model_size": size, "model": model, "batch": b, "system": sys,
+                rows.append({"kind": "trace", "model_size": size, "model": model, "batch": b, "system": design,
                              "step": i, "step_ms": st * 1e3, "stall_ms": sl * 1e3})
             for bb in F18_SWEEP:
-                t = run_timeline(_plan(sys, model, F18_CTX, bb, hit=F18_HIT), steps=6, warmup=2)
-                rows.append({"kind": "sweep", "model_size": size, "model": model, "batch": bb, "system": sys,
+                t = run_timeline(_plan(design, model, F18_CTX, bb, hit=F18_HIT), steps=6, warmup=2)
+                rows.append({"kind": "sweep", "model_size": size, "model": model, "batch": bb, "system": design,
                              "step": -1, "step_ms": t.steady_step_s * 1e3,
                              "stall_ms": sum(t.stall_s[t.warmup:]) / len(t.stall_s[t.warmup:]) * 1e3})
     df = pd.DataFrame(rows)
@@ -560,10 +553,10 @@ def _draw_fig20(res: FigureResult, fig) -> None:
 def fig20() -> FigureResult:
     rate = F20_LOAD / _prefill_s("dualdecoder", F20_MODEL, F20_CTX)
     rows = []
-    for sys in F20_SYSTEMS:
-        s = _serve(sys, F20_MODEL, F20_CTX, F20_OUT, rate, F20_N)
-        rows.append({"system": sys, "rate": rate, "max_batch": _maxb(sys, F20_MODEL, F20_CTX),
-                     "prefill_s": _prefill_s(sys, F20_MODEL, F20_CTX), **{k: s[k] for k in (
+    for design in F20_SYSTEMS:
+        s = _serve(design, F20_MODEL, F20_CTX, F20_OUT, rate, F20_N)
+        rows.append({"system": design, "rate": rate, "max_batch": _maxb(design, F20_MODEL, F20_CTX),
+                     "prefill_s": _prefill_s(design, F20_MODEL, F20_CTX), **{k: s[k] for k in (
                          "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "mean_batch", "completion_p99_s",
                          "rejected")}})
     df = pd.DataFrame(rows)

@@ -94,9 +94,10 @@ def timeline() -> FigureResult:
 
     import pandas as pd
 
+    from ddbench.core import defaults as D
     from ddbench.core.paths import traces_dir
+    from ddbench.experiments.scene import scene
     from sim import validate as v
-    from sim.setup import cost_model
     from sim.timeline import run_timeline
     path = str(traces_dir("engine", v.GPU, "timeline.json"))
     with open(path, encoding="utf-8") as fh:
@@ -104,7 +105,7 @@ def timeline() -> FigureResult:
     p = tl["point"]
     rows = [dict(source="measured", lane=lane, start_ms=a, end_ms=b, what=name)
             for lane, a, b, name in _measured_lanes(tl)]
-    cm = cost_model(v.MODEL, v.GPU, v.LINK)
+    cm = scene(v.MODEL, gpu=v.GPU, link=v.LINK, hit_rate=D.HIT_RATE).cm   # the point's miss rate is its own
     miss = v.effective_miss(float(p["miss_rate"]), 2048, 8)
     plan = v.replay_plan(p["design"], p["context"], p["batch"], miss, True, cm)
     plan = v.scale_compute(plan, cm.engine_step_s(p["design"], p["batch"], p["context"]) / plan.compute_s)

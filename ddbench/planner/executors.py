@@ -2,7 +2,7 @@
 
 `run_tasks(fn, items, on_result, executor=..., workers=..., address=..., desc=...)` calls
 `fn(item)` for every item and `on_result(index, result)` in this process as each one finishes
-(in completion order), with a tqdm progress bar on stderr. `fn` must be a module-level function
+(in completion order), with a progress bar on stderr where that is a terminal (ddbench.progress). `fn` must be a module-level function
 (it is pickled to the workers). With one worker and the local executor it runs in this process.
 
 Ray is an optional extra (`pip install 'ddbench[ray]'`). With --address the cluster must be
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from ddbench.core.errors import DDBenchError
@@ -33,9 +32,8 @@ def default_workers() -> int:
 
 
 def _bar(total: int, desc: str, quiet: bool):
-    from tqdm import tqdm
-    return tqdm(total=total, desc=desc, unit="pt", file=sys.stderr, disable=quiet or total == 0,
-                dynamic_ncols=True, leave=False)
+    from ddbench.progress import bar
+    return bar(total=total, desc=desc, unit="pt", quiet=quiet or total == 0, leave=False)
 
 
 def run_tasks(fn, items: list, on_result, executor: str = "local", workers: int | None = None,

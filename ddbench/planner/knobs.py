@@ -18,8 +18,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+from ddbench.core.designs import get_design
 from ddbench.core.errors import DDBenchError
-from ddbench.core.systems import get_system
 from ddbench.core.units import parse_tokens
 
 DEFAULTS = {"budget": (1024, 2048, 4096), "chunk": (8, 16), "lowrank-layers": (0, 4, 8),
@@ -28,24 +28,26 @@ FIELD = {"budget": "budget", "chunk": "chunk", "lowrank-layers": "lowrank_layers
 
 
 def parse_search(text: str) -> dict:
-    """'budget,chunk=8:16,cache' -> {knob: values}."""
+    """'budget,chunk=8:16,cache' -> {knob: values}; an empty term or value is an error."""
     out = {}
-    for raw in str(text).split(","):
-        term = raw.strip().lower()
+    terms = [t.strip().lower() for t in str(text).split(",")]
+    if not any(terms):
+        raise DDBenchError("--search names no knob; use e.g. --search budget,chunk,lowrank-layers,cache")
+    for term in terms:
         if not term:
-            continue
-        name, _, vals = term.partition("=")
+            raise DDBenchError(f"--search '{text}' has an empty term")
+        name, eq, vals = term.partition("=")
         name = name.strip().replace("_", "-")
         if name not in DEFAULTS:
             raise DDBenchError(f"--search: unknown knob '{name}'; known: {', '.join(DEFAULTS)}")
         if name in out:
             raise DDBenchError(f"--search: knob '{name}' is given twice")
-        if not vals:
+        if not eq:
             out[name] = DEFAULTS[name]
             continue
-        items = [v.strip() for v in vals.split(":") if v.strip()]
-        if not items:
-            raise DDBenchError(f"--search: no values for '{name}'")
+        items = [v.strip() for v in vals.split(":")]
+        if not all(items):
+            raise DDBenchError(f"--search: '{term}' has an empty value; use e.g. {name}=V1:V2")
         if name == "cache":
             bad = [v for v in items if v not in DEFAULTS["cache"]]
             if bad:
@@ -56,42 +58,51 @@ def parse_search(text: str) -> dict:
                 out[name] = tuple(int(v) for v in items)
             except ValueError:
                 raise DDBenchError(f"--search: lowrank-layers values must be integers, got '{vals}'") from None
+            if min(out[name]) < 0:
+                raise DDBenchError(f"--search: lowrank-layers values must be at least 0, got '{vals}'")
         else:
             out[name] = tuple(parse_tokens(v, name) for v in items)
-    if not out:
-        raise DDBenchError("--search names no knob; use e.g. --search budget,chunk,lowrank-layers,cache")
     return out
 
 
 def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
-    """The scenarios of one design's knob grid (the base scenario's values for knobs that do not apply)."""
-    sysx = get_system(base.system)
-    offload = not sysx.kv_on_gpu
-    axes = {k: v for k, v in knobs.items() if applies(k, base.system)}
+    """The scenarios of one design's knob grid (the base scenario's values for knobs that do not apply);
+    a DDBenchError where no setting is left (every budget above the smallest context, or none a
+    multiple of its chunk)."""
+    offload = not get_design(base.design).kv_on_gpu
+    axes = {k: v for k, v in knobs.items() if applies(k, base.design)}
     if "lowrank-layers" in axes:
         axes["lowrank-layers"] = tuple(v for v in axes["lowrank-layers"] if 0 <= v <= num_layers)
     names = list(axes)
     out = []
     for combo in itertools.product(*(axes[n] for n in names)) if names else [()]:
-        sc = replace(base, **{FIELD[n]: v for n, v in zip(names, combo)})
-        if offload and (sc.budget > min_context or sc.budget % sc.chunk):
+        values = dict(zip(names, combo))
+        sc = base.with_knobs(**{FIELD[n]: v for n, v in values.items() if n != "cache"})
+        if "cache" in values:
+            sc = replace(sc, cache=values["cache"])
+        if offload and (sc.knob("budget") > min_context or sc.knob("budget") % sc.knob("chunk")):
             continue
         out.append(sc)
+    if not out:
+        raise DDBenchError(f"--search leaves no setting for {base.design}: every budget is above the smallest"
+                           f" context ({min_context}) or not a multiple of its chunk, or no lowrank-layers value is"
+                           f" within 0..{num_layers}")
     return out
 
 
-def applies(knob: str, system: str) -> bool:
-    sysx = get_system(system)
+def applies(knob: str, name: str) -> bool:
+    """Whether the knob applies to the design `name`."""
+    design = get_design(name)
     if knob in ("budget", "chunk"):
-        return not sysx.kv_on_gpu
+        return not design.kv_on_gpu
     if knob == "lowrank-layers":
-        return sysx.lowrank_keys == "adaptive"
-    return sysx.prefetch == "layer-ahead"
+        return design.lowrank_keys == "adaptive"
+    return design.prefetch == "layer-ahead"
 
 
 def knob_label(sc, knobs: dict) -> str:
     """The searched knobs that apply to the scenario's design, as 'budget=1024 chunk=16'."""
-    parts = [f"{k}={getattr(sc, FIELD[k])}" for k in knobs if applies(k, sc.system)]
+    parts = [f"{k}={sc.cache if k == 'cache' else sc.knob(FIELD[k])}" for k in knobs if applies(k, sc.design)]
     return " ".join(parts) or "(no knob applies)"
 
 

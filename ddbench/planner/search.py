@@ -2,10 +2,10 @@
 
 A probe at rate r runs the simulator once per seed (the same seeds at every rate: with one seed
 the arrival times scale exactly with 1 / r and the drawn lengths stay the same, so probes differ
-only in the rate). It passes when every seed's run is sustainable (scenario.STABLE_SLOPE) and
+only in the rate). It passes when every seed's run is sustainable (runs.STABLE_SLOPE) and
 meets every SLO term.
 
-1. First probe: the closed-form capacity (scenario.capacity), an upper estimate.
+1. First probe: the closed-form capacity (runs.capacity), an upper estimate.
 2. Bracket: passing, double the rate until a probe fails; failing, divide by 4 until one passes.
    Nothing passes down to capacity / FLOOR_DIVISOR (the GPU nearly idle): no rate meets the SLO,
    and the lowest probe's values say by how much.
@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ddbench.planner.scenario import Scenario, binding, capacity, run_point
+from ddbench.planner.runs import binding, capacity, run_point
+from ddbench.planner.scenario import Scenario
 from ddbench.planner.slo import SLO, violations
 
 FLOOR_DIVISOR = 1024.0

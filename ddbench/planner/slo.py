@@ -55,8 +55,8 @@ def parse_slo(text: str | None) -> list[SLO]:
             raise DDBenchError(f"SLO term '{raw.strip()}': unknown metric '{metric}'; known: {', '.join(METRICS)}")
         if not 0 < pct <= 100:
             raise DDBenchError(f"SLO term '{raw.strip()}': percentile must be within (0, 100]")
-        if not value > 0:
-            raise DDBenchError(f"SLO term '{raw.strip()}': the limit must be positive")
+        if not (value > 0 and math.isfinite(value)):
+            raise DDBenchError(f"SLO term '{raw.strip()}': the limit must be positive and finite")
         if (pct, metric) in seen:
             raise DDBenchError(f"SLO term '{raw.strip()}': p{_pct_name(pct)}-{metric} is given twice")
         seen.add((pct, metric))

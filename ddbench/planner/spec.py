@@ -1,6 +1,7 @@
 """The sweep spec (`ddbench sweep SPEC.yaml`), validated with pydantic, and its points.
 
-    name: fig13-load              # optional; the default output folder is sweep-out/<name>
+    name: fig13-load              # optional, a plain name (letters, digits, ._-); the default output
+                                  # folder is sweep-out/<name>
     requests: 2000                # requests per serving run
     max_batch: null               # optional cap on concurrent requests
     grid:                         # every field a value or a list; the sweep is their product
@@ -9,7 +10,7 @@
       link: [pcie5]               # null: the GPU's usual link
       host: [null]                # a multi-GPU host (catalog) whose GPUs fetch at once; null: alone
       fetching: [null]            # GPUs of the host fetching at once; null: all
-      system: [shadowkv, dualdecoder]
+      system: [shadowkv, dualdecoder]   # or design: (the same list; not both)
       context: [128k]             # or uniform:64k:128k
       output: ["256"]             # or exp:256, uniform:LO:HI
       budget: [2048]
@@ -21,8 +22,11 @@
       rate: [0.1, 1, 10]          # Poisson arrivals, requests/s
       seed: [0]
 
-Unknown fields are rejected; every error names its field (`grid.rate[2]: ...`). Catalog names,
-distributions and knob combinations are checked for every point before anything runs.
+Defaults come from ddbench/core/defaults.py. Unknown fields are rejected; empty strings, NaN and
+infinite numbers, numbers out of range are errors, each naming its field (`grid.rate[2]: ...`).
+Catalog names, distributions and knob combinations are checked for every point before anything
+runs. The column and key of the design stay `system` (published in results.csv and in the keys
+of points.jsonl).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 from ddbench.core.errors import DDBenchError
 
@@ -39,28 +43,42 @@ GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "system", "context", 
 
 
 def _models():
-    from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
+    from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-    Tokens = Union[int, str]
+    from ddbench.core import defaults as D
+    from ddbench.core.flags import PLAIN_NAME
+
+    Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+    Tokens = Union[Annotated[int, Field(ge=1, le=D.MAX_TOKENS)], Text]
+    Count = Annotated[int, Field(ge=1, le=D.MAX_COUNT)]
+    Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+    Rate = Annotated[float, Field(ge=D.MIN_RATE, le=D.MAX_RATE, allow_inf_nan=False)]
 
     class Grid(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        model: list[str] = Field(min_length=1)
-        gpu: list[str] = Field(min_length=1)
-        link: list[Optional[str]] = [None]
-        host: list[Optional[str]] = [None]
-        fetching: list[Optional[int]] = [None]
-        system: list[str] = Field(min_length=1)
+        model: list[Text] = Field(min_length=1)
+        gpu: list[Text] = Field(min_length=1)
+        link: list[Optional[Text]] = [None]
+        host: list[Optional[Text]] = [None]
+        fetching: list[Optional[Count]] = [None]
+        system: list[Text] = Field(min_length=1, validation_alias=AliasChoices("system", "design"))
         context: list[Tokens] = Field(min_length=1)
-        output: list[Tokens] = ["256"]
-        budget: list[Tokens] = [2048]
-        chunk: list[int] = [8]
-        lowrank_layers: list[int] = [0]
-        cache: list[Literal["design", "pingpong", "per-layer"]] = ["design"]
-        hit_rate: list[Optional[Union[float, str]]] = [None]
-        prefill: list[Literal["here", "elsewhere"]] = ["here"]
-        rate: list[PositiveFloat] = Field(min_length=1)
-        seed: list[int] = [0]
+        output: list[Tokens] = [D.OUTPUT]
+        budget: list[Tokens] = [D.BUDGET]
+        chunk: list[Count] = [D.CHUNK]
+        lowrank_layers: list[Annotated[int, Field(ge=0, le=D.MAX_COUNT)]] = [D.LOWRANK_LAYERS]
+        cache: list[Literal["design", "pingpong", "per-layer"]] = [D.CACHE]
+        hit_rate: list[Optional[Union[Fraction, Text]]] = [None]
+        prefill: list[Literal["here", "elsewhere"]] = [D.PREFILL]
+        rate: list[Rate] = Field(min_length=1)
+        seed: list[Annotated[int, Field(ge=0, le=2 ** 63 - 1)]] = [D.SEED]
+
+        @model_validator(mode="before")
+        @classmethod
+        def _one_design_key(cls, v):
+            if isinstance(v, dict) and "system" in v and "design" in v:
+                raise ValueError("give the designs as design: or as system:, not both")
+            return v
 
         @field_validator("*", mode="before")
         @classmethod
@@ -70,11 +88,27 @@ def _models():
     class Spec(BaseModel):
         model_config = ConfigDict(extra="forbid")
         name: Optional[str] = None
-        requests: int = Field(2000, ge=1)
-        max_batch: Optional[int] = Field(None, ge=1)
+        requests: int = Field(D.SWEEP_REQUESTS, ge=1, le=D.MAX_REQUESTS)
+        max_batch: Optional[Count] = None
         grid: Grid
 
+        @field_validator("name")
+        @classmethod
+        def _plain_name(cls, v):
+            if v is not None and not PLAIN_NAME.fullmatch(v):
+                raise ValueError(f"{v!r} is not a plain name: letters, digits and ._-, not starting with '.'"
+                                 " (it names the folder sweep-out/<name>)")
+            return v
+
     return Spec
+
+
+TYPE_ERRORS = ("int_type", "int_parsing", "int_from_float", "string_type", "float_type", "float_parsing")
+
+
+def _member(part) -> bool:
+    """A union member's tag that pydantic puts in an error's location (e.g. "int", "constrained-str")."""
+    return isinstance(part, str) and (part in ("int", "str", "float") or part.startswith(("constrained-", "function-")))
 
 
 def _where(loc) -> str:
@@ -96,6 +130,10 @@ def load_spec(path: str) -> dict:
             raw = yaml.safe_load(fh)
     except OSError as exc:
         raise DDBenchError(f"cannot read sweep spec {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise DDBenchError(f"sweep spec {path}: not a text file (UTF-8 YAML)") from None
+    except ValueError as exc:   # a YAML value its constructor refuses (e.g. a date 2020-13-45)
+        raise DDBenchError(f"sweep spec {path}: not valid YAML ({exc})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -105,13 +143,15 @@ def load_spec(path: str) -> dict:
     try:
         spec = _models().model_validate(raw)
     except ValidationError as exc:
-        e = exc.errors()[0]
-        loc = _where(e["loc"])
-        # pydantic appends the member type tried (e.g. "int", "str") for unions; drop it
-        parts = [p for p in e["loc"] if not (isinstance(p, str) and p in ("int", "str", "float"))]
-        loc = _where(parts)
+        errors = [(_where([p for p in e["loc"] if not _member(p)]), e) for e in exc.errors()]
+        loc = errors[0][0]
+        # a union (int or text) reports one error per member: keep the one about the value, not its type
+        same = [e for where, e in errors if where == loc]
+        e = next((x for x in same if x["type"] not in TYPE_ERRORS), same[0])
         msg = "unknown field (not in the spec schema)" if e["type"] == "extra_forbidden" else e["msg"]
-        more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+        msg = msg.removeprefix("Value error, ")
+        others = len({where for where, _ in errors}) - 1
+        more = f" (and {others} more)" if others else ""
         raise DDBenchError(f"sweep spec {path}: {loc}: {msg}{more}") from None
     d = spec.model_dump()
     d["grid"] = {k: [str(x) if k in ("context", "output") else x for x in v] for k, v in d["grid"].items()}
@@ -141,13 +181,14 @@ def point_key(p: dict) -> str:
 
 
 def scenario_of(p: dict):
+    """The scenario of one point (its rate and seed aside)."""
     from ddbench.core.units import parse_tokens
     from ddbench.planner.scenario import Scenario
-    return Scenario(model=p["model"], gpu=p["gpu"], system=p["system"], context=p["context"], output=p["output"],
-                    link=p["link"], host=p["host"], fetching=p["fetching"],
-                    budget=parse_tokens(p["budget"], "budget"), chunk=p["chunk"],
-                    lowrank_layers=p["lowrank_layers"], cache=p["cache"], hit_rate=p["hit_rate"],
-                    prefill=p["prefill"], requests=p["requests"], max_batch=p["max_batch"])
+    return Scenario.make(model=p["model"], gpu=p["gpu"], design=p["system"], context=p["context"],
+                         output=p["output"], link=p["link"], host=p["host"], fetching=p["fetching"],
+                         budget=parse_tokens(p["budget"], "budget"), chunk=p["chunk"],
+                         lowrank_layers=p["lowrank_layers"], cache=p["cache"], hit_rate=p["hit_rate"],
+                         prefill=p["prefill"], requests=p["requests"], max_batch=p["max_batch"])
 
 
 def check_points(spec: dict, path: str) -> None:
@@ -161,9 +202,9 @@ def check_points(spec: dict, path: str) -> None:
         except DDBenchError as exc:
             raise DDBenchError(f"sweep spec {path}: grid.output[{i}]: {exc}") from None
     from ddbench.core.catalog import get_gpu, get_host, get_link, get_model
-    from ddbench.core.systems import get_system
+    from ddbench.core.designs import get_design
     from ddbench.core.units import parse_tokens
-    checks = {"model": get_model, "gpu": get_gpu, "link": get_link, "host": get_host, "system": get_system,
+    checks = {"model": get_model, "gpu": get_gpu, "link": get_link, "host": get_host, "system": get_design,
               "budget": lambda v: parse_tokens(v, "budget")}
     for field, fn in checks.items():
         for i, v in enumerate(g[field]):
@@ -180,7 +221,7 @@ def check_points(spec: dict, path: str) -> None:
             if sc in seen:
                 continue
             seen.add(sc)
-            resolve(sc)
+            resolve(sc).check()
         except DDBenchError as exc:
             what = ", ".join(f"{k}={p[k]}" for k in GRID_FIELDS if len(g[k]) > 1 and k not in ("rate", "seed"))
             raise DDBenchError(f"sweep spec {path}: point {what or 'of the grid'}: {exc}") from None

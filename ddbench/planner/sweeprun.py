@@ -19,8 +19,9 @@ RENAME = {"budget": "budget_tokens", "chunk": "chunk_tokens"}
 
 
 def sweep_point(p: dict) -> dict:
-    """Run one point (in a worker) -> its row: the point's parameters, then the run's results."""
-    from ddbench.planner.scenario import binding, capacity, run_point
+    """Run one point (in a worker) -> its row: the point's parameters, then the run's results. A point
+    where not one request fits in GPU memory is a row too, with status "does-not-fit"."""
+    from ddbench.planner.runs import binding, capacity, run_point
     sc = scenario_of(p)
     res = run_point(sc, float(p["rate"]), int(p["seed"]))
     cap = capacity(sc, int(p["seed"]))
@@ -33,6 +34,7 @@ def sweep_point(p: dict) -> dict:
     row.update(res)
     row["max_batch_fit"] = cap["max_batch"]
     row["binding"] = binding(sc, res, int(p["seed"])) if res["completed"] else "memory"
+    row["status"] = "ok" if res["completed"] else "does-not-fit"
     row["worker_pid"] = os.getpid()
     return row
 
@@ -76,20 +78,18 @@ class Store:
             self.fh.close()
 
 
-def write_table(rows: list[dict], out: str) -> None:
+def write_table(rows: list[dict], w) -> None:
+    """results.parquet and results.csv, staged in the output guard's writer `w`."""
     import pandas as pd
-    from ddbench.core.io import atomic_path
     df = pd.DataFrame(rows)
-    with atomic_path(os.path.join(out, "results.parquet")) as tmp:
-        df.to_parquet(tmp, index=False)
-    with atomic_path(os.path.join(out, "results.csv")) as tmp:
-        df.to_csv(tmp, index=False)
+    df.to_parquet(w.stage_path("results.parquet"), index=False)
+    df.to_csv(w.stage_path("results.csv"), index=False)
 
 
 def summary_plot(rows: list[dict], spec: dict, path: str) -> None:
     """P99 completion and tokens/s against the rate, one line per combination of the other varying
-    fields (first seed only; at most 12 lines, the legend says how many were left out)."""
-    from ddbench.core.io import atomic_path
+    fields (first seed only; at most 12 lines, the legend says how many were left out). `path` is a
+    staged file of the output guard."""
     from ddbench.plotting import new_figure, plt
     g = spec["grid"]
     vary = [k for k in GRID_FIELDS if len(g[k]) > 1 and k not in ("rate", "seed")]
@@ -113,13 +113,13 @@ def summary_plot(rows: list[dict], spec: dict, path: str) -> None:
     for ax in (ax1, ax2):
         ax.set_xscale("log")
         ax.set_xlabel("arrival rate (requests/s)")
-    ax1.set_yscale("log")
+    if any((r["completion_p99_s"] or 0) > 0 for r in rows if r["seed"] == seed0):
+        ax1.set_yscale("log")   # (not where no point completed a request: nothing to draw)
     ax1.set_ylabel("P99 completion (s)")
     ax2.set_ylabel("tokens/s")
     extra = f" (+{len(lines) - len(shown)} not drawn)" if len(lines) > len(shown) else ""
     ax1.legend(fontsize=6, title=(", ".join(vary) or "system") + extra, title_fontsize=6)
     fig.suptitle(f"sweep {spec.get('name') or ''}: {len(rows)} points, {spec['requests']} requests per run"
                  f" (seed {seed0})", fontsize=8)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
+    fig.savefig(path, format="png")
     plt.close(fig)

@@ -1,6 +1,6 @@
 """What one decode step of a design does, layer by layer: the shared input of both simulator modes.
 
-`step_plan(...)` reads only the design's switches (never its name) and the cost model, and
+`step_layers(...)` reads only the design's switches (never its name) and the cost model, and
 returns per-layer compute times and link work. Both the per-layer timeline (sim/timeline.py)
 and the per-step aggregate (sim/aggregate.py) are built on it.
 
@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, lowrank_layer_count
-from ddbench.core.systems import SystemSpec
+from ddbench.core.designs import DesignSpec
 from sim.costmodel import E, CostModel, LinkRates
 
 
 @dataclass
-class StepPlan:
-    system: SystemSpec
+class StepLayers:
+    design: DesignSpec
     batch: int
     context: float                    # mean context per request
     q_tokens: int                     # query rows per request per pass
@@ -54,12 +54,12 @@ class StepPlan:
     lowrank: frozenset = field(default_factory=frozenset)
     # per layer, the shortest time from issuing the urgent fetch to its end, whatever the link does
     # (a latency-bound gather kernel; empty = none). sim/validate.py sets it for the engine's reuse
-    # fetch (CostModel.reuse_fetch_s); step_plan never does, so the paper replays do not use it.
+    # fetch (CostModel.reuse_fetch_s); step_layers never does, so the paper replays do not use it.
     ur_min_s: list = field(default_factory=list)
     # the urgent fetch runs in the compute stream's order (its kernels on the compute stream, not a
     # side stream): the key rebuild (mid) starts when the fetch ends instead of overlapping it.
     # sim/validate.py sets it for the engine's reuse fetch (kernels/engine/engine.py runs it on the
-    # compute stream); step_plan never does (a real ShadowKV rebuilds keys while values arrive).
+    # compute stream); step_layers never does (a real ShadowKV rebuilds keys while values arrive).
     ur_serial: bool = False
 
     @property
@@ -75,36 +75,36 @@ class StepPlan:
         return sum(self.pf_bytes) + sum(self.ur_bytes)
 
 
-def lowrank_layers(sys: SystemSpec, m: ModelSpec, w: Workload, hit: list[float]) -> frozenset:
+def lowrank_layers(design: DesignSpec, m: ModelSpec, w: Workload, hit: list[float]) -> frozenset:
     """Layers with low-rank keys: all, none, or (adaptive) the w.lowrank_layers layers that predict worst
-    (step_plan's `lowrank` replaces this last choice with a given set)."""
-    if sys.lowrank_keys == "all":
+    (step_layers's `lowrank` replaces this last choice with a given set)."""
+    if design.lowrank_keys == "all":
         return frozenset(range(m.num_layers))
-    if sys.lowrank_keys == "adaptive" and w.lowrank_layers:
+    if design.lowrank_keys == "adaptive" and w.lowrank_layers:
         order = sorted(range(m.num_layers), key=lambda i: (hit[i], i))
         return frozenset(order[:w.lowrank_layers])
     return frozenset()
 
 
-def attended_tokens(sys: SystemSpec, w: Workload, context: float) -> float:
+def attended_tokens(design: DesignSpec, w: Workload, context: float) -> float:
     """Tokens each new query attends over."""
-    if sys.kv_on_gpu:
+    if design.kv_on_gpu:
         return context + w.gen_tokens / 2
-    extra = w.quant_residual if sys.quant_bits else w.local_chunks * w.chunk + w.gen_tokens // 2
-    if sys.outliers:
+    extra = w.quant_residual if design.quant_bits else w.local_chunks * w.chunk + w.gen_tokens // 2
+    if design.outliers:
         extra += w.outlier_chunks * w.chunk
     return w.budget + extra
 
 
-def step_plan(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: int, context: float,
-              hit: list[float], reuse: list[float], lowrank: frozenset | None = None) -> StepPlan:
-    """One decode step of `sys`. `lowrank`: for an adaptive design, the layers with low-rank keys
+def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: int, context: float,
+              hit: list[float], reuse: list[float], lowrank: frozenset | None = None) -> StepLayers:
+    """One decode step of `design`. `lowrank`: for an adaptive design, the layers with low-rank keys
     (e.g. the set an accuracy profile's summary picked, sim.profile.lowrank_from_summary) instead of
     the w.lowrank_layers worst-predicted layers; it must hold w.lowrank_layers layers of the model, so
     that the memory model (which counts them) and the plan agree. Ignored by other designs."""
     L = m.num_layers
-    passes = 2 if sys.two_pass else 1
-    q = 1 if sys.two_pass else sys.tokens_per_step
+    passes = 2 if design.two_pass else 1
+    q = 1 if design.two_pass else design.tokens_per_step
     mt = batch * q
     qd, kvd = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     lin_pre = cm.linear_s(m.hidden, qd + 2 * kvd, mt)
@@ -115,16 +115,16 @@ def step_plan(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: 
     # dual-token or single-token sparse attention, key rebuild); "torch" is costed with torch (SDPA
     # decode, matmul/softmax/topk selection, gather + matmul rebuild), standing in for a design's own
     # implementation (ShadowKV: flash-attn and fused CUDA kernels)
-    tri = sys.kernels == "triton"
-    if sys.landmarks:
+    tri = design.kernels == "triton"
+    if design.landmarks:
         sel = cm.select_s(batch, q, ctx_i, w.chunk, triton=tri)
-    elif sys.quant_bits:
-        sel = cm.quant_scan_s(batch, q, ctx_i, sys.quant_bits, w.quant_group)
+    elif design.quant_bits:
+        sel = cm.quant_scan_s(batch, q, ctx_i, design.quant_bits, w.quant_group)
     else:
         sel = 0.0
-    att = cm.attention_decode_s(batch, q, max(1, int(round(attended_tokens(sys, w, context)))),
-                                triton=tri and not sys.kv_on_gpu)
-    if lowrank is not None and sys.lowrank_keys == "adaptive":
+    att = cm.attention_decode_s(batch, q, max(1, int(round(attended_tokens(design, w, context)))),
+                                triton=tri and not design.kv_on_gpu)
+    if lowrank is not None and design.lowrank_keys == "adaptive":
         lr = frozenset(int(i) for i in lowrank)
         if any(not 0 <= i < m.num_layers for i in lr):
             raise DDBenchError(f"low-rank key layers {sorted(lr)} are outside the model's 0..{m.num_layers - 1}")
@@ -132,26 +132,26 @@ def step_plan(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: 
             raise DDBenchError(f"low-rank key layer set has {len(lr)} layers but the workload counts"
                                f" {w.lowrank_layers} (--lowrank-layers); the memory model would disagree")
     else:
-        lr = lowrank_layers(sys, m, w, hit)
+        lr = lowrank_layers(design, m, w, hit)
     reb = cm.rebuild_s(batch, w.budget, w.rank, triton=tri) if lr else 0.0
     kvl = m.kv_bytes_per_token_layer
-    offload = not sys.kv_on_gpu and sys.fetch != "none"
+    offload = not design.kv_on_gpu and design.fetch != "none"
     rates = None
     pf_b, ur_b, d2h_b = [0.0] * L, [0.0] * L, [0.0] * L
     pf_w, ur_w, d2h_w, cpu_pf, cpu_ur = [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L
     if offload:
-        values_only_all = sys.fetch == "values"
+        values_only_all = design.fetch == "values"
         chunk_bytes = (1 if values_only_all else 2) * w.chunk * m.head_dim * E
-        rates = cm.link_rates(sys.gather, chunk_bytes)
-        rates_v = cm.link_rates(sys.gather, w.chunk * m.head_dim * E) if lr and not values_only_all else rates
+        rates = cm.link_rates(design.gather, chunk_bytes)
+        rates_v = cm.link_rates(design.gather, w.chunk * m.head_dim * E) if lr and not values_only_all else rates
         for i in range(L):
             values_only = values_only_all or i in lr
             f = kvl / 2 if values_only else kvl
             r = rates_v if values_only else rates
             full = batch * w.budget * f
-            if sys.prefetch == "none":
+            if design.prefetch == "none":
                 pf_b[i] = 0.0
-                ur_b[i] = full * ((1.0 - reuse[i]) if sys.reuse else 1.0)
+                ur_b[i] = full * ((1.0 - reuse[i]) if design.reuse else 1.0)
             else:
                 pf_b[i] = full
                 ur_b[i] = full * (1.0 - hit[i])
@@ -165,13 +165,13 @@ def step_plan(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: 
     pre = [passes * (lin_pre + sel)] * L
     mid = [passes * reb if i in lr else 0.0 for i in range(L)]
     lm = passes * cm.linear_s(m.hidden, m.vocab, mt)
-    slots = 2 if sys.buffer_layers == "pingpong" else L
-    slot_bytes = 0.0 if sys.kv_on_gpu else batch * sys.buffer_sets * w.budget * kvl
-    return StepPlan(sys, batch, context, q, passes, pre, mid, [passes * att] * L, [passes * lin_post] * L, lm,
+    slots = 2 if design.buffer_layers == "pingpong" else L
+    slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * w.budget * kvl
+    return StepLayers(design, batch, context, q, passes, pre, mid, [passes * att] * L, [passes * lin_post] * L, lm,
                     pf_b, ur_b, d2h_b, pf_w, ur_w, d2h_w, cpu_pf, cpu_ur, slot_bytes, slots, rates, lr)
 
 
-def prefill_chunk_s(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, tokens: int, prefix: int,
+def prefill_chunk_s(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, tokens: int, prefix: int,
                     last: bool, context: int) -> tuple[float, float]:
     """(GPU seconds, D2H seconds) of one chunked-prefill pass of `tokens` after `prefix` tokens.
 
@@ -184,12 +184,12 @@ def prefill_chunk_s(sys: SystemSpec, m: ModelSpec, cm: CostModel, w: Workload, t
     gpu = m.num_layers * (lin + cm.prefill_attention_s(tokens, prefix))
     if last:
         gpu += cm.linear_s(m.hidden, m.vocab, 1)
-        n_lr = lowrank_layer_count(sys, m, w)
+        n_lr = lowrank_layer_count(design, m, w)
         if n_lr:
             gpu += n_lr * cm.svd_s(context, w.rank)
     d2h = 0.0
-    if not sys.kv_on_gpu and sys.fetch != "none":
-        r = cm.link_rates(sys.gather, 2 * w.chunk * m.head_dim * E)
+    if not design.kv_on_gpu and design.fetch != "none":
+        r = cm.link_rates(design.gather, 2 * w.chunk * m.head_dim * E)
         d2h = r.d2h_t0_s + tokens * m.kv_bytes_per_token / (r.d2h_gbps * 1e9)
     return gpu, d2h
 

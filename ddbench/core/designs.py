@@ -1,5 +1,6 @@
 """The registry of serving designs, shared by name by the memory model, the
-simulator and the engine.
+simulator and the engine. A design's name is the one word for it in code and outputs; the CLI's
+`--design` (alias `--system`) and the sweep spec's `design:` (alias `system:`) take these names.
 
 Each design is a frozen set of mechanism switches. The memory model
 (`ddbench.core.memory`) and the cost models read these switches; no code branches on
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddbench.core.errors import unknown
+from ddbench.core.errors import DDBenchError, unknown
 
 
 @dataclass(frozen=True)
-class SystemSpec:
+class DesignSpec:
     name: str
     description: str
     kv_on_gpu: bool = False          # full-kv: the whole context's KV stays in HBM
@@ -35,50 +36,61 @@ class SystemSpec:
                                      # rebuild) or "triton" (kernels/: selection, sparse attention, rebuild)
 
 
-SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in [
-    SystemSpec("full-kv", "vLLM-like: the whole KV cache in GPU memory", kv_on_gpu=True, fetch="none"),
-    SystemSpec("shadowkv", "ShadowKV: low-rank pre-RoPE K + landmarks + outliers on GPU; values of"
+DESIGNS: dict[str, DesignSpec] = {s.name: s for s in [
+    DesignSpec("full-kv", "vLLM-like: the whole KV cache in GPU memory", kv_on_gpu=True, fetch="none"),
+    DesignSpec("shadowkv", "ShadowKV: low-rank pre-RoPE K + landmarks + outliers on GPU; values of"
                " missed chunks fetched on the critical path, reusing the previous selection",
                landmarks=True, lowrank_keys="all", outliers=True, fetch="values", reuse=True),
-    SystemSpec("specache", "SpeCache: 2-bit KV copy on GPU for scoring; top-k 16-bit KV fetched;"
+    DesignSpec("specache", "SpeCache: 2-bit KV copy on GPU for scoring; top-k 16-bit KV fetched;"
                " speculative token prefetches the next step", quant_bits=2, buffer_sets=2,
                tokens_per_step=2, prefetch="next-step"),
-    SystemSpec("dualdecoder", "DualDecoder: landmarks only; dual-token step; prefetch of layer i+2"
+    DesignSpec("dualdecoder", "DualDecoder: landmarks only; dual-token step; prefetch of layer i+2"
                " after layer i's attention; urgent misses first; two-layer ping-pong; GPU gather",
                landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
                prefetch="layer-ahead", urgent_priority=True, kernels="triton"),
-    SystemSpec("dualdecoder-per-layer", "DualDecoder ablation: per-layer sparse KV buffers instead of ping-pong",
+    DesignSpec("dualdecoder-per-layer", "DualDecoder ablation: per-layer sparse KV buffers instead of ping-pong",
                landmarks=True, lowrank_keys="adaptive", tokens_per_step=2, prefetch="layer-ahead",
                urgent_priority=True, kernels="triton"),
-    SystemSpec("dualdecoder-fifo", "DualDecoder ablation: misses queue behind prefetches (no priority)",
+    DesignSpec("dualdecoder-fifo", "DualDecoder ablation: misses queue behind prefetches (no priority)",
                landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
                prefetch="layer-ahead", kernels="triton"),
-    SystemSpec("dualdecoder-cpu-gather", "DualDecoder ablation: CPU index_select into pinned staging + one copy",
+    DesignSpec("dualdecoder-cpu-gather", "DualDecoder ablation: CPU index_select into pinned staging + one copy",
                landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
                prefetch="layer-ahead", urgent_priority=True, gather="cpu", kernels="triton"),
-    SystemSpec("dualdecoder-two-pass", "DualDecoder ablation: the speculative token in a second decoding pass",
+    DesignSpec("dualdecoder-two-pass", "DualDecoder ablation: the speculative token in a second decoding pass",
                landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
                two_pass=True, prefetch="layer-ahead", urgent_priority=True, kernels="triton"),
-    SystemSpec("ideal", "Paper Figure 2's bound: weights, activations and a sparse KV working set;"
+    DesignSpec("ideal", "Paper Figure 2's bound: weights, activations and a sparse KV working set;"
                " no context-sized residency at all", fetch="kv"),
 ]}
 
-# What `--system all` means: the four designs the paper compares.
-MAIN_SYSTEMS = ("full-kv", "shadowkv", "specache", "dualdecoder")
+# What `--design all` means: the four designs the paper compares.
+MAIN_DESIGNS = ("full-kv", "shadowkv", "specache", "dualdecoder")
 
 
-def get_system(name: str) -> SystemSpec:
-    key = name.lower()
-    if key not in SYSTEMS:
-        raise unknown("design", name, SYSTEMS)
-    return SYSTEMS[key]
+def get_design(name: str) -> DesignSpec:
+    key = name.strip().lower()
+    if key not in DESIGNS:
+        raise unknown("design", name, DESIGNS)
+    return DESIGNS[key]
 
 
-def resolve_systems(names: str) -> list[SystemSpec]:
-    """'all' -> the paper's four designs; 'every' -> the whole registry; else a comma list."""
-    key = names.strip().lower()
+def design_names(names: str) -> tuple[str, ...]:
+    """'all' -> the paper's four designs; 'every' -> the whole registry; else a comma list of known
+    names. An empty list, or an empty item, is a DDBenchError."""
+    key = str(names).strip().lower()
     if key == "all":
-        return [SYSTEMS[n] for n in MAIN_SYSTEMS]
+        return MAIN_DESIGNS
     if key == "every":
-        return list(SYSTEMS.values())
-    return [get_system(n.strip()) for n in key.split(",") if n.strip()]
+        return tuple(DESIGNS)
+    parts = [n.strip() for n in key.split(",")]
+    if not key or not any(parts):
+        raise DDBenchError(f"'{names}' names no design; use all, every or a comma list")
+    if not all(parts):
+        raise DDBenchError(f"'{names}' has an empty item; use all, every or a comma list")
+    return tuple(get_design(n).name for n in parts)
+
+
+def resolve_designs(names: str) -> list[DesignSpec]:
+    """The designs `names` (see design_names) stands for."""
+    return [DESIGNS[n] for n in design_names(names)]

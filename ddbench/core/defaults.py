@@ -1,0 +1,50 @@
+"""Every default of a scenario, in one place.
+
+The Workload dataclass (ddbench/core/workload.py), the scenario (ddbench/planner/scenario.py), the
+sweep spec (ddbench/planner/spec.py) and the flags of simulate, plan and sweep read their defaults
+here; nothing else restates them. Limits that keep a value in range (and the arithmetic on it
+finite) are here too.
+"""
+
+# ---------------------------------------------------------------- workload (ShadowKV's defaults)
+BATCH = 1                  # concurrent decoding requests
+BUDGET = 2048              # sparse budget in tokens
+CHUNK = 8                  # tokens per chunk
+RANK = 160                 # low-rank key rank
+LOCAL_CHUNKS = 4           # most recent chunks kept exact on the GPU
+GEN_TOKENS = 128           # generated-token slots kept on the GPU
+OUTLIERS_PER_1K = 24       # ShadowKV outlier chunks per 1024 tokens of budget
+QUANT_GROUP = 64           # SpeCache/KIVI quantization group size
+QUANT_RESIDUAL = 64        # SpeCache/KIVI newest tokens kept in 16 bits
+LOWRANK_LAYERS = 0         # DualDecoder layers with low-rank keys
+PREFILL_CHUNK = 8192       # tokens per chunked-prefill pass
+
+# ---------------------------------------------------------------- scenario
+CONTEXT = "128k"           # prompt tokens (simulate; plan requires --context)
+OUTPUT = "256"             # output tokens per request
+DESIGN = "dualdecoder"     # simulate's design
+DESIGNS = "all"            # plan's designs: the paper's four
+CACHE = "design"           # sparse-KV buffers: the design's own layout
+PREFILL = "here"           # prefill beside decode on this GPU
+HIT_RATE = 0.88            # where no accuracy profile exists: the paper's average KV prediction accuracy (§4.1)
+PROFILE_INIT = "t2"        # accuracy profile rows: the first speculative token is the pre-decoded T2 (§4.1)
+PROFILE_TEMPERATURE = 0.6  # ... and the output token sampled at 0.6 (ShadowKV's benchmark setting)
+
+# ---------------------------------------------------------------- serving runs and searches
+RATE = 0.05                # simulate: Poisson arrivals, requests/s
+SEED = 0
+STEPS = 12                 # simulate timeline mode: batch steps
+SIM_REQUESTS = 100         # simulate: requests per run
+PLAN_REQUESTS = 1000       # plan: requests per simulator run of a search
+SWEEP_REQUESTS = 2000      # sweep spec: requests per point
+SEEDS = (0,)               # plan: a rate passes only if every seed does
+TOL = 0.05                 # plan: relative rate tolerance of the search
+MAX_RUNS = 12              # plan: simulator runs per design or setting
+MAX_POINTS = 2000          # sweep: a larger grid needs --yes
+
+# ---------------------------------------------------------------- limits (values outside are bad input)
+MAX_TOKENS = 1 << 40       # any token count (context, budget, output, ...)
+MAX_COUNT = 1 << 40        # any other count (batch, chunk, rank, layers, ...)
+MAX_REQUESTS = 10_000_000  # requests per run
+MAX_STEPS = 100_000        # timeline batch steps
+MIN_RATE, MAX_RATE = 1e-9, 1e9   # arrival rates, requests/s: arrival times stay finite

@@ -1,0 +1,52 @@
+"""Where an output came from: the command and its arguments, the ddbench version and the git sha.
+
+    write_json(os.path.join(out, "provenance.json"), provenance("simulate", args, cost_model=notes))
+
+The arguments are the parsed namespace (values JSON can hold; tuples as lists). The git sha is the
+checkout's HEAD, or "unknown" for an installed copy or where git is missing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+from functools import lru_cache
+
+from ddbench.core.paths import repo_root
+
+
+@lru_cache(maxsize=1)
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+    try:
+        return dist_version("ddbench")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@lru_cache(maxsize=1)
+def git_sha() -> str:
+    root = repo_root()
+    if root is None:
+        return "unknown"
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def _plain(v):
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return v if v is None or isinstance(v, (str, int, float, bool)) else str(v)
+
+
+def provenance(command: str, args=None, **extra) -> dict:
+    """{command, arguments, ddbench_version, git_sha, date (UTC), **extra}."""
+    arguments = {k: _plain(v) for k, v in sorted(vars(args).items()) if not callable(v)} if args is not None else {}
+    return {"command": f"ddbench {command}", "arguments": arguments, "ddbench_version": version(),
+            "git_sha": git_sha(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            **{k: _plain(v) for k, v in extra.items()}}

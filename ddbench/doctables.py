@@ -1,0 +1,527 @@
+"""The result tables of README.md and docs/*.md, generated from the committed traces.
+
+    python -m ddbench.doctables            rewrite every generated block in README.md and docs/*.md
+    python -m ddbench.doctables --check    change nothing; exit 1 naming each block that is stale
+
+A generated block is everything between a start marker and the next end marker:
+
+    <!-- generated: NAME -->
+    ...                          (replaced by GENERATORS[NAME](root))
+    <!-- end -->
+
+so a table edited by hand fails `--check` (tests/test_doctables.py runs it in `make test`).
+An unknown NAME or a start marker without its end is an error (exit 2).
+
+Every generator reads only files committed under the repository (traces/, figures/) with pandas
+and json; none imports torch, sim or kernels. Numbers are formatted here, not by pandas, so the
+text depends on the data alone. Where a trace holds several repetitions of a point, the cell is
+`median (min-max, n runs)`; a single measurement is printed as it is.
+
+Names (GENERATORS): headline (README.md); calibration, kernels-gather, kernels-attention,
+engine-floor, engine-transfers, engine-mechanism, validation, fig12, sensitivity, accuracy (docs/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+from statistics import median
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The engine sweep (kernels/engine) runs Llama-3-8B shapes at the default budget of 2048 tokens;
+# the traces do not repeat the model's name, so the prose says it here.
+ENGINE_MODEL = "Llama-3-8B"
+CALIBRATION_SWEEP = "engine/h200"              # seed 0: floor, mechanism and validation phases
+VALIDATION_SWEEP = "engine/h200-validation"    # seed 1: the validation phase again, a separate run
+DESIGNS = ("full-kv", "shadowkv", "specache", "dualdecoder")
+CTX = 131072
+
+START = re.compile(r"<!-- generated: ([a-z0-9-]+) -->")
+END = "<!-- end -->"
+
+
+class DocTablesError(Exception):
+    """A malformed generated block or a missing trace."""
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+def _f(x: float, nd: int) -> str:
+    return f"{x:,.{nd}f}" if abs(x) >= 1000 else f"{x:.{nd}f}"
+
+
+def _spread(values: list[float], nd: int, runs: bool = True) -> str:
+    """One value as it is; several as `median (min-max, n runs)` (`median (min-max)` without runs)."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return _f(values[0], nd)
+    tail = f", {len(values)} runs" if runs else ""
+    return f"{_f(median(values), nd)} ({_f(min(values), nd)}-{_f(max(values), nd)}{tail})"
+
+
+def _pct(x: float, nd: int = 1) -> str:
+    return f"{100 * x:.{nd}f} %"
+
+
+def _k(context: int) -> str:
+    return f"{context // 1024}K"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# -- readers ------------------------------------------------------------------------------------
+
+def _csv(path: Path):
+    import pandas as pd
+    if not path.is_file():
+        raise DocTablesError(f"{path}: missing")
+    # comment="#": some traces carry `# cost model: ...` lines above the header
+    return pd.read_csv(path, comment="#")
+
+
+def _json(path: Path) -> dict:
+    if not path.is_file():
+        raise DocTablesError(f"{path}: missing")
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _sweep(root: Path, name: str):
+    """An engine sweep's rows, with its meta.json (git sha, date, seed)."""
+    folder = root / "traces" / name
+    rows = _csv(folder / "engine.csv")
+    meta = _json(folder / "meta.json")
+    return rows, meta
+
+
+def _prov(name: str, meta: dict) -> str:
+    p = meta.get("provenance", {})
+    return f"`traces/{name}` (git {p.get('git_sha')}, {str(p.get('date_utc', ''))[:10]}, seed {meta.get('seed')})"
+
+
+def _own_step(rows):
+    """A design's own step: DualDecoder's and SpeCache's rows with two query tokens (the dual-token
+    step), not the one-token variant the floor phase also runs under the same design name."""
+    return rows[rows["tokens"] == rows["tokens"].max()] if len(rows) else rows
+
+
+# -- generators ---------------------------------------------------------------------------------
+
+def headline(root: Path = ROOT) -> str:
+    cal, cal_meta = _sweep(root, CALIBRATION_SWEEP)
+    val, val_meta = _sweep(root, VALIDATION_SWEEP)
+    floor = cal[(cal["phase"] == "floor") & (cal["context"] == CTX) & (cal["miss_rate"].astype(str) == "none")]
+    both = [cal[cal["phase"] == "validation"], val[val["phase"] == "validation"]]
+    rows = []
+    for d in DESIGNS:
+        f = floor[floor["design"] == d]
+        maxb = int(f["model_max_batch"].iloc[0]) if len(f) else None
+        f16 = _own_step(f[f["batch"] == 16])
+        ok16 = f16[f16["status"] == "ok"]
+        if len(ok16):
+            tok16, sof16 = _spread(list(ok16["tok_s"]), 0), _spread(list(ok16["step_over_floor"]), 2)
+        elif len(f16):
+            tok16, sof16 = f"does not fit ({f16['status'].iloc[0]})", "-"
+        else:
+            tok16, sof16 = "not run", "-"
+        t = []
+        for v in both:
+            t.append(v[(v["design"] == d) & (v["context"] == CTX) & (v["batch"] == 32) & (v["transfers"] == 1)
+                       & (v["miss_rate"].astype(str) == "0.25") & (v["status"] == "ok")])
+        tok = [x for part in t for x in part["tok_s"]]
+        gbps = [x for part in t for x in part["link_gbps"]]
+        rows.append([d, str(maxb) if maxb is not None else "-", tok16, sof16,
+                     _spread(tok, 0) if tok else "not run", _spread(gbps, 1) if gbps else "-"])
+    table = _table(["design", "max batch (memory model)", "compute only, batch 16: tokens/s",
+                    "step / HBM floor", "with transfers, batch 32, 25 % misses: tokens/s", "link GB/s"], rows)
+    head = (f"Decode-step engine on one NVIDIA H200 (PCIe 5), {ENGINE_MODEL} at {_k(CTX)} tokens of context, "
+            f"from {_prov(CALIBRATION_SWEEP, cal_meta)} and {_prov(VALIDATION_SWEEP, val_meta)}. "
+            "Compute only: CUDA-graph steps with no host reads; with transfers: misses forced at 25 % and "
+            "fetched over PCIe.")
+    return "\n\n".join([head, table, validation_line(root)])
+
+
+def _validation_rows(root: Path):
+    v = _csv(root / "traces" / "validation" / "h200-engine.csv")
+    v = v.assign(err=(v["sim_over_engine"] - 1).abs())
+    return v
+
+
+def validation_line(root: Path = ROOT) -> str:
+    v = _validation_rows(root)
+    parts = []
+    for regime in ("link-bound", "overlap", "compute-only"):
+        g = v[v["regime"] == regime]
+        if len(g):
+            parts.append(f"{regime} {_pct(float(g['err'].median()))} ({len(g)} points, worst {_pct(float(g['err'].max()))})")
+    return ("Simulator against the engine (`traces/validation/`: the separate seed-1 run replayed with compute "
+            f"calibrated on the seed-0 run, {len(v)} points), median |error| by regime: " + "; ".join(parts) + ".")
+
+
+def validation(root: Path = ROOT) -> str:
+    v = _validation_rows(root)
+    rows = []
+    for regime in ("link-bound", "overlap", "compute-only"):
+        g = v[v["regime"] == regime]
+        if not len(g):
+            continue
+        w = g.loc[g["err"].idxmax()]
+        worst = (f"{_pct(float(w['err']))} ({w['design']} {_k(int(w['context']))} batch {int(w['batch'])}: "
+                 f"engine {w['engine_step_ms']:.2f} ms, sim {w['sim_step_ms']:.2f} ms)")
+        rows.append([regime, str(len(g)), _pct(float(g["err"].median())), worst,
+                     f"{float(g['sim_over_engine'].median()):.3f}"])
+    table = _table(["regime", "points", "median \\|error\\|", "worst", "sim / engine, median"], rows)
+    t = v[v["transfers"] == 1]
+    exact = int((t["link_bytes_diff"] == 0).sum())
+    return table + f"\n\nLink bytes per step equal to the byte at {exact} of {len(t)} points with transfers."
+
+
+def engine_floor(root: Path = ROOT) -> str:
+    cal, meta = _sweep(root, CALIBRATION_SWEEP)
+    f = cal[(cal["phase"] == "floor") & (cal["miss_rate"].astype(str) == "none")]
+    batches = sorted(f["batch"].unique())
+    rows = []
+    for d in DESIGNS[::-1]:
+        for tokens in sorted(f[f["design"] == d]["tokens"].unique(), reverse=True):
+            label = d + (", one query token" if d == "dualdecoder" and tokens == 1 else "")
+            for c in sorted(f["context"].unique()):
+                cells = []
+                for b in batches:
+                    r = f[(f["design"] == d) & (f["tokens"] == tokens) & (f["context"] == c) & (f["batch"] == b)]
+                    if not len(r):
+                        cells.append("not run")
+                    elif r["status"].iloc[0] != "ok":
+                        cells.append(str(r["status"].iloc[0]))
+                    else:
+                        r = r.iloc[0]
+                        cells.append(f"{r['step_ms']:.2f} / {r['floor_ms']:.2f} ms (**{r['step_over_floor']:.2f}**)")
+                rows.append([label, _k(int(c))] + cells)
+    return (f"Compute-only steps against their HBM floor, from {_prov(CALIBRATION_SWEEP, meta)}:\n\n"
+            + _table(["design", "context"] + [f"batch {b}: step / floor" for b in batches], rows))
+
+
+def engine_transfers(root: Path = ROOT) -> str:
+    cal, cal_meta = _sweep(root, CALIBRATION_SWEEP)
+    val, val_meta = _sweep(root, VALIDATION_SWEEP)
+    both = [x[(x["phase"] == "validation") & (x["transfers"] == 1) & (x["status"] == "ok")] for x in (cal, val)]
+    designs = [d for d in ("dualdecoder", "dualdecoder-fifo", "shadowkv", "specache")
+               if any(len(x[x["design"] == d]) for x in both)]
+    rows = []
+    for c in sorted(both[0]["context"].unique()):
+        for b in sorted(both[0]["batch"].unique()):
+            cells = []
+            for d in designs:
+                pick = [x[(x["design"] == d) & (x["context"] == c) & (x["batch"] == b)
+                          & (x["miss_rate"].astype(str) == "0.25")] for x in both]
+                tok = [v for p in pick for v in p["tok_s"]]
+                util = [v for p in pick for v in p["link_util"]]
+                cells.append(f"{_spread(tok, 0, runs=False)} tok/s, link {_spread([100 * u for u in util], 0, runs=False)} %"
+                             if tok else "not run")
+            rows.append([_k(int(c)), str(int(b))] + cells)
+    return (f"Whole decode steps with transfers (25 % of the chunks missed and fetched urgently), {ENGINE_MODEL}; "
+            f"median (min-max) over the two runs {_prov(CALIBRATION_SWEEP, cal_meta)} and "
+            f"{_prov(VALIDATION_SWEEP, val_meta)}:\n\n"
+            + _table(["context", "batch"] + designs, rows))
+
+
+MECHANISM = (
+    ("fifo_over_priority", "FIFO / priority"),
+    ("exposed_share", "exposed-transfer share (1 - compute-only / full step)"),
+    ("two_pass_over_dual_b16", "two passes / dual-token, full step"),
+    ("two_pass_over_dual_compute_only_b16", "two passes / dual-token, compute only"),
+    ("per_layer_over_pingpong_b16", "per-layer buffers / ping-pong"),
+    ("cpu_gather_over_gpu_gather_eager_b16", "CPU gather / GPU gather, both eager"),
+    ("cpu_gather_over_gpu_gather_graph_b16", "CPU gather (eager) / GPU gather (graph)"),
+    ("eager_over_graph_b16", "eager / graph, full step"),
+)
+
+
+def _point(key: str, prefix: str) -> tuple[tuple, str]:
+    rest = key[len(prefix):].strip("_")
+    m = re.fullmatch(r"b(\d+)(?:_m([0-9.]+))?", rest or "b16")
+    if not m:
+        return (0, 0.0), rest
+    b, miss = int(m.group(1)), m.group(2)
+    return (b, float(miss or 0)), f"batch {b}" + (f", {100 * float(miss):.1f} % misses" if miss else "")
+
+
+def engine_mechanism(root: Path = ROOT) -> str:
+    s = _json(root / "traces" / CALIBRATION_SWEEP / "summary.json")
+    mech = s["ratios"]["mechanism"]
+    rows = []
+    for prefix, label in MECHANISM:
+        keys = [k for k in mech if k == prefix or (k.startswith(prefix + "_b") and not prefix.endswith("_b16"))]
+        for key in sorted(keys, key=lambda k: _point(k, prefix)[0]):
+            v = mech[key]
+            if not v:
+                continue
+            point = _point(key, prefix)[1]
+            clear = "yes" if v.get("clear") else "no"
+            if prefix == "exposed_share":
+                clear = "-"
+            rows.append([label, point, f"{v['median']:.3f} ({v['min']:.3f}-{v['max']:.3f})", str(v["n"]), clear])
+    meta = _json(root / "traces" / CALIBRATION_SWEEP / "meta.json")
+    return (f"{ENGINE_MODEL} at {_k(CTX)}, from {_prov(CALIBRATION_SWEEP, meta)}; median (min-max) over the "
+            "repetitions; larger than spread: |median - 1| > max - min:\n\n"
+            + _table(["ratio", "point", "median (min-max)", "n", "larger than spread?"], rows))
+
+
+def accuracy(root: Path = ROOT) -> str:
+    import numpy as np
+    out = []
+    for path in sorted((root / "traces" / "accuracy").glob("*.csv")):
+        if path.name.endswith(".steps.csv"):
+            continue
+        d = _csv(path)
+        d = d[d["temperature"] > 0]                       # greedy with the T2 start is 1.0 by construction
+        cols = [(i, t) for i in ("t2", "random") for t in sorted(d["temperature"].unique())]
+        rows = []
+        for (c, b), g in d.groupby(["context_tokens", "budget_tokens"]):
+            cells = []
+            for i, t in cols:
+                x = g[(g["init"] == i) & (g["temperature"] == t)]
+                if not len(x):
+                    cells.append("-")
+                    continue
+                hit = np.average(x["hit_rate"], weights=x["n"])
+                reuse = np.average(x["reuse_hit_rate"], weights=x["n"])
+                cells.append(f"{hit:.3f} / {reuse:.3f}")
+            rows.append([_k(int(c)), f"{int(b)} (1/{int(c) // int(b)})"] + cells)
+        acc = []
+        for i, t in cols:
+            x = d[(d["init"] == i) & (d["temperature"] == t)]
+            per_ctx = [f"{np.average(g['token_acc'], weights=g['n']):.3f}" for _, g in x.groupby("context_tokens")]
+            acc.append(" / ".join(per_ctx))
+        rows.append(["token_acc", " / ".join(_k(int(c)) for c in sorted(d["context_tokens"].unique()))] + acc)
+        head = (f"`traces/accuracy/{path.name}` ({d['model'].iloc[0]}, {int(d['layers'].iloc[0])} layers, "
+                f"git {d['git_sha'].iloc[0]}): hit / reuse rate, every layer, task and step, weighted by n:")
+        out.append(head + "\n\n" + _table(["context", "budget (share)"] + [f"{'T2' if i == 't2' else 'random'}, "
+                                                                         f"temperature {t:g}" for i, t in cols], rows))
+    if not out:
+        raise DocTablesError(f"{root / 'traces' / 'accuracy'}: no accuracy profile")
+    return "\n\n".join(out)
+
+
+def sensitivity(root: Path = ROOT) -> str:
+    d = _csv(root / "figures" / "sensitivity.csv")
+    g = d[d["kind"] == "grid"]
+    hits, reuses = sorted(g["hit_rate"].unique()), sorted(g["reuse_rate"].unique())
+    rows = []
+    for h in hits:
+        r = g[g["hit_rate"] == h].set_index("reuse_rate")["ratio"]
+        rows.append([f"{h:.1f}"] + [f"{r[u]:.2f}" if u in r.index else "-" for u in reuses])
+    marked = d[d["kind"] != "grid"]
+    notes = "; ".join(f"{k['kind']}: hit {k['hit_rate']:.3f}, reuse {k['reuse_rate']:.3f}: **{k['ratio']:.2f}** "
+                      f"({k['dualdecoder_tokens_per_s']:.1f} against {k['shadowkv_tokens_per_s']:.1f} tokens/s)"
+                      for _, k in marked.iterrows())
+    return ("DualDecoder / ShadowKV tokens/s, from `figures/sensitivity.csv` (hit rate in rows, reuse rate in columns; "
+            f"DualDecoder at batch {int(g['dd_batch'].iloc[0])}, ShadowKV at {int(g['sk_batch'].iloc[0])}):\n\n"
+            + _table(["hit \\ reuse"] + [f"{u:.1f}" for u in reuses], rows)
+            + (f"\n\nMarked points (per-layer timeline): {notes}." if notes else ""))
+
+
+METHODS = {"copy_engine": "copy engine (pinned host memory)", "uva_gather": "GPU (UVA) gather kernel",
+           "cpu_gather": "CPU gather (index_select into pinned staging) + one copy",
+           "memcpy_per_chunk": "one copy per chunk"}
+
+
+def calibration(root: Path = ROOT) -> str:
+    folder = root / "traces" / "calibration" / "h200"
+    b = _json(folder / "bundle.json")
+    link = _csv(folder / "link.csv")
+    rows = []
+    for method in METHODS:
+        g = link[link["method"] == method]
+        keys = ["direction", "blocks"] if method == "copy_engine" else ["direction", "chunk_bytes", "blocks"]
+        for _, x in g.groupby(keys, sort=True):
+            r = x.loc[x["transfer_bytes"].idxmax()]
+            direction, chunk, blocks = r["direction"], int(r["chunk_bytes"]), int(r["blocks"])
+            size = f"{int(r['transfer_bytes']) / 2 ** 20:g} MiB"
+            piece = "-" if method == "copy_engine" else f"{int(chunk) // 1024} KiB" if chunk >= 1024 else f"{int(chunk)} B"
+            rows.append([METHODS[method], direction, size, piece, str(int(blocks)) if blocks else "-",
+                         f"{r['gbps']:.1f}"])
+    ceil = _csv(folder / "ceilings.csv")
+    lines = [f"- {r['name']}: {r['value']:.0f} {r['unit']}" for _, r in ceil.iterrows()]
+    p = b.get("provenance", {})
+    gen, _, width = str(p.get("pcie", "")).partition(",")
+    return (f"`traces/calibration/h200/` ({p.get('device_name')}, PCIe {gen.strip()} x{width.strip()}, driver {p.get('driver')}, "
+            f"torch {p.get('torch')}; {len(p.get('runs', []))} runs listed in bundle.json), each transfer at its "
+            "largest measured size:\n\n"
+            + _table(["method", "direction", "per call", "chunk", "thread blocks", "GB/s"], rows)
+            + "\n\nCeilings (`ceilings.csv`):\n\n" + "\n".join(lines))
+
+
+def fig12(root: Path = ROOT) -> str:
+    d = _csv(root / "figures" / "fig12.csv")
+    designs = list(dict.fromkeys(d["system"]))
+    rows = []
+    for c, g in d.groupby("context"):
+        cells = []
+        for s in designs:
+            r = g[g["system"] == s]
+            if not len(r) or bool(r["oom"].iloc[0]):
+                cells.append("does not fit")
+            else:
+                r = r.iloc[0]
+                cells.append(f"{r['tokens_per_s']:.1f} (batch {int(r['max_batch'])})")
+        rows.append([_k(int(c))] + cells)
+    return ("Simulated decode tokens/s at each design's largest batch, from `figures/fig12.csv` (Figure 12's "
+            "setting: Qwen2.5-32B on an 80 GB H100, PCIe 5, budget 2048):\n\n"
+            + _table(["context"] + designs, rows))
+
+
+def _kernels(root: Path, kernel: str):
+    d = _csv(root / "traces" / "kernels" / "h200" / "kernels.csv")
+    d = d[d["kernel"] == kernel]
+    if not len(d):
+        raise DocTablesError(f"traces/kernels/h200/kernels.csv: no {kernel} rows")
+    return d, d["git_sha"].iloc[0][:7], str(d["date_utc"].iloc[0])[:10]
+
+
+def _notna(x) -> bool:
+    return x is not None and x == x        # NaN != NaN
+
+
+def _cell(d, variant: str, batch: int):
+    r = d[(d["variant"] == variant) & (d["batch"] == batch)]
+    return r.iloc[0] if len(r) else None
+
+
+def kernels_gather(root: Path = ROOT) -> str:
+    d, sha, date = _kernels(root, "gather")
+    rows = []
+    for b in sorted(d["batch"].unique()):
+        big, uva = _cell(d, "one_big_copy", b), _cell(d, "uva_persistent_32", b)
+        cpu, per = _cell(d, "cpu_index_select_staging", b), _cell(d, "memcpy_per_chunk", b)
+        gb = (lambda r: f"{r['gbps']:.1f} GB/s" if r is not None else "not run")
+        share = f"{uva['pct_of_floor']:.1f} %" if uva is not None and _notna(uva["pct_of_floor"]) else "-"
+        size = f"{int(big['bytes']) // 2 ** 20} MiB" if big is not None else "-"
+        rows.append([f"{size} (batch {int(b)})", gb(big), gb(uva), share, gb(cpu), gb(per)])
+    return (f"Gathers of 4 KiB chunks from pinned host memory, `traces/kernels/h200/kernels.csv` (git {sha}, {date}):\n\n"
+            + _table(["bytes per call", "one big copy", "UVA gather (32 programs)", "of big copy",
+                      "CPU index_select + copy", "one copy per chunk"], rows))
+
+
+def kernels_attention(root: Path = ROOT) -> str:
+    d, sha, date = _kernels(root, "attention")
+    rows = []
+    for b in sorted(d["batch"].unique()):
+        dual, single = _cell(d, "dual_token", b), _cell(d, "single_token", b)
+        two, sdpa = _cell(d, "two_pass", b), _cell(d, "torch_sdpa_two_query", b)
+        if dual is None or single is None:
+            continue
+        rows.append([str(int(b)), f"{dual['latency_ms']:.3f} ms ({dual['pct_of_floor']:.0f} % of floor)",
+                     f"{single['latency_ms']:.3f} ms", f"{dual['latency_ms'] / single['latency_ms']:.2f}",
+                     f"{two['latency_ms'] / dual['latency_ms']:.2f}" if two is not None else "-",
+                     f"{sdpa['latency_ms'] / dual['latency_ms']:.2f}" if sdpa is not None else "-"])
+    shape = d["shape"].iloc[0]
+    return (f"Sparse decode attention ({shape}), `traces/kernels/h200/kernels.csv` (git {sha}, {date}):\n\n"
+            + _table(["batch", "dual-token (Triton)", "single-token", "dual / single", "two passes / dual",
+                      "torch SDPA, two queries / dual"], rows))
+
+
+GENERATORS = {
+    "headline": headline,
+    "kernels-gather": kernels_gather,
+    "kernels-attention": kernels_attention,
+    "calibration": calibration,
+    "fig12": fig12,
+    "engine-floor": engine_floor,
+    "engine-transfers": engine_transfers,
+    "engine-mechanism": engine_mechanism,
+    "validation": validation,
+    "accuracy": accuracy,
+    "sensitivity": sensitivity,
+}
+
+
+# -- blocks -------------------------------------------------------------------------------------
+
+def _wrap(text: str, width: int = 100) -> str:
+    """Prose paragraphs filled to `width`; tables and lists as they are."""
+    paras = []
+    for p in text.split("\n\n"):
+        if "\n" in p or p.startswith(("|", "- ")):
+            paras.append(p)
+        else:
+            paras.append(textwrap.fill(p, width, break_long_words=False, break_on_hyphens=False))
+    return "\n\n".join(paras)
+
+
+def render(text: str, root: Path = ROOT, where: str = "text") -> tuple[str, list[str]]:
+    """`text` with every generated block rewritten, and the names of the blocks that changed."""
+    out, changed, pos, cache = [], [], 0, {}
+    while True:
+        m = START.search(text, pos)
+        if not m:
+            out.append(text[pos:])
+            break
+        name = m.group(1)
+        if name not in GENERATORS:
+            raise DocTablesError(f"{where}: unknown generated block {name!r}; known: {', '.join(GENERATORS)}")
+        end = text.find(END, m.end())
+        nxt = START.search(text, m.end())
+        if end < 0 or (nxt and nxt.start() < end):
+            raise DocTablesError(f"{where}: block {name!r} has no {END}")
+        if name not in cache:
+            cache[name] = _wrap(GENERATORS[name](root).strip("\n"))
+        body = "\n" + cache[name] + "\n"
+        if text[m.end():end] != body:
+            changed.append(name)
+        out.append(text[pos:m.end()] + body + END)
+        pos = end + len(END)
+    return "".join(out), changed
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.is_file()]
+
+
+def run(root: Path = ROOT, check: bool = False) -> list[str]:
+    """Rewrite (or with check, only compare) every document; returns `FILE: block` for each stale block."""
+    stale = []
+    for path in documents(root):
+        text = path.read_text(encoding="utf-8")
+        new, changed = render(text, root, where=str(path.relative_to(root)))
+        stale += [f"{path.relative_to(root)}: {name}" for name in changed]
+        if changed and not check:
+            tmp = path.with_name(f".{path.name}.doctables.tmp")
+            tmp.write_text(new, encoding="utf-8")
+            tmp.replace(path)
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ddbench.doctables", description=__doc__.split("\n\n")[0],
+                                 epilog="example: python -m ddbench.doctables --check")
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is stale")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the repository (default: the one holding this package)")
+    args = ap.parse_args(argv)
+    try:
+        stale = run(args.root, check=args.check)
+    except (DocTablesError, KeyError, ValueError, OSError) as exc:
+        print(f"doctables: error: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        if stale:
+            print("doctables: stale generated blocks (run `python -m ddbench.doctables`): " + ", ".join(stale),
+                  file=sys.stderr)
+            return 1
+        return 0
+    for s in stale:
+        print(f"rewrote {s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
