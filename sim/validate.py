@@ -380,25 +380,24 @@ def summarize(t, skipped, meta) -> dict:
     }
 
 
+def header_lines(summary: dict, notes) -> list[str]:
+    """What the run replayed and how it was costed: the summary JSON's "header" (the CSV stays plain)."""
+    lines = [f"sim vs engine: {MODEL} on {GPU} + {LINK}, timeline mode {STEPS} steps ({WARMUP} warm-up)"]
+    lines += [f"cost model: {n}" for n in notes]
+    lines.append(f"regime rule: {summary['rule']}")
+    lines += [_sweep_line(k + " sweep", summary["sweeps"].get(k, {})) for k in ("calibration", "validated")]
+    if summary["sweeps"].get("same_run"):
+        lines.append("SAME RUN: the validated points come from the calibration run")
+    return lines
+
+
 def write(t, summary, notes, out: str) -> str:
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    tmp = out + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(f"# sim vs engine: {MODEL} on {GPU} + {LINK}, timeline mode {STEPS} steps ({WARMUP} warm-up)\n")
-        for n in notes:
-            f.write(f"# cost model: {n}\n")
-        f.write(f"# regime rule: {summary['rule']}\n")
-        for k in ("calibration", "validated"):
-            f.write(f"# {_sweep_line(k + ' sweep', summary['sweeps'].get(k, {}))}\n")
-        if summary["sweeps"].get("same_run"):
-            f.write("# SAME RUN: the validated points come from the calibration run\n")
-        t.to_csv(f, index=False, float_format="%.6g")
-    os.replace(tmp, out)
+    """The points as a plain CSV at `out` and the summary, with its header lines, beside it; the JSON's path."""
+    from ddbench.core.io import atomic_path, write_json
+    with atomic_path(out) as tmp:
+        t.to_csv(tmp, index=False, float_format="%.6g")
     js = os.path.splitext(out)[0] + "-summary.json"
-    with open(js + ".tmp", "w") as f:
-        json.dump(summary, f, indent=1)
-        f.write("\n")
-    os.replace(js + ".tmp", js)
+    write_json(js, {**summary, "header": header_lines(summary, notes)})
     return js
 
 

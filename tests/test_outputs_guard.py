@@ -170,9 +170,19 @@ def test_an_unreadable_manifest_is_one_line(tmp_path):
     assert_one_line_error(ddbench(*FIG, "--out", str(out), "--force", cwd=tmp_path), contains="unreadable")
 
 
-def test_the_committed_figures_folder_is_ddbenchs_own():
-    from ddbench.core.outputs import _files, _owned, read_manifest
+@pytest.mark.parametrize("folder,files", [
+    ("figures", None),                                   # every file
+    ("traces/accuracy", None),
+    ("traces/calibration/h200", ["bundle.json", "link.csv", "engine.csv"]),
+    ("traces/engine/h200", ["engine.csv", "meta.json", "rows.jsonl", "summary.json"]),
+    ("traces/kernels/h200", ["kernels.csv"]),
+])
+def test_committed_outputs_are_ddbenchs_own(folder, files):
+    """What ddbench commands wrote into the repository is in their folders' manifests, unchanged since, so
+    a rerun (`make figures`, `ddbench profile --force`, ...) may replace it and nothing else."""
     from pathlib import Path
-    folder = Path(ROOT) / "figures"
-    own = _owned(folder, read_manifest(folder))
-    assert [f for f in _files(folder) if f not in own] == []
+
+    from ddbench.core.outputs import _files, _owned, read_manifest
+    path = Path(ROOT) / folder
+    own = _owned(path, read_manifest(path))
+    assert [f for f in (files or _files(path)) if f not in own] == []

@@ -36,6 +36,7 @@ ENGINE_FLAGS = (("--phases", "comma-separated sweep phases (floor, mechanism, va
                 ("--model", "catalog model or path to a config.json (default llama-3-8b)"),
                 ("--gpu-mem-cap", "emulate a GPU of this many GB, or a catalog GPU's memory (h100-80gb)"),
                 ("--contexts", "paper phase: comma-separated contexts (default 128k)"),
+                ("--paper-points", "paper phase: ordered MODEL:CONTEXT pairs (qwen2.5-32b:128k,llama-3-8b:128k)"),
                 ("--max-batch", "paper phase: the largest batch searched"),
                 ("--reps", "repetitions (paper phase: timed replays per point)"),
                 ("--budget-s", "stop starting new points after this many seconds"),
@@ -97,7 +98,8 @@ def run(args) -> int:
     from kernels.microbench import run_all
     from kernels.timing import provenance
     import torch
-    prov = provenance("ddbench " + " ".join(sys.argv[1:]) if sys.argv[1:] else "ddbench bench kernels")
+    from ddbench.core.provenance import command_line
+    prov = provenance(command_line() if sys.argv[1:] else "ddbench bench kernels")
     gpu = catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory)
     folder = os.path.join(args.out or str(traces_dir("kernels")), gpu)
     with output_folder(folder, command="ddbench bench kernels", shared=True, force=args.force) as w:

@@ -56,9 +56,10 @@ def run(args) -> int:
         raise DDBenchError("ddbench calibrate needs a CUDA GPU; none is visible to torch")
     from kernels.calibrate import run_calibration
 
-    command = "ddbench " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith(("ddbench", "__main__.py")) \
-        else "ddbench calibrate " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                                             if k not in ("func", "command") and v not in (None, False))
+    from ddbench.core.provenance import command_line
+    command = command_line() if sys.argv and sys.argv[0].endswith(("ddbench", "__main__.py")) \
+        else command_line(argv=[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                                if k not in ("func", "command") and v not in (None, False)], prefix="ddbench calibrate")
     from ddbench.core.calibration import SECTIONS, bundle_dir
     from ddbench.core.catalog.gpus import catalog_gpu_name
     from ddbench.progress import bar as progress_bar

@@ -80,8 +80,19 @@ class Bundle:
 
     def describe(self) -> str:
         p = self.provenance
-        return (f"calibration bundle {self.path} measured on {p.get('device_name')} "
+        return (f"calibration bundle {shown_path(self.path)} measured on {p.get('device_name')} "
                 f"({p.get('date')}, git {str(p.get('git_sha'))[:10]})")
+
+
+def shown_path(path: str) -> str:
+    """A bundle's path as outputs name it: relative to the data root where it lies there (traces/...),
+    so that no machine's absolute path lands in a trace; as given elsewhere."""
+    from ddbench.core.paths import data_root
+    try:
+        rel = os.path.relpath(os.path.realpath(path), os.path.realpath(data_root()))
+    except (DDBenchError, ValueError):
+        return str(path)
+    return str(path) if rel.startswith("..") else os.path.join("traces", rel)
 
 
 def _bad(path: str, why: str) -> DDBenchError:

@@ -9,7 +9,10 @@ checkout's HEAD, or "unknown" for an installed copy or where git is missing.
 from __future__ import annotations
 
 import datetime
+import os
+import shlex
 import subprocess
+import sys
 from functools import lru_cache
 
 from ddbench.core.paths import repo_root
@@ -50,3 +53,19 @@ def provenance(command: str, args=None, **extra) -> dict:
     return {"command": f"ddbench {command}", "arguments": arguments, "ddbench_version": version(),
             "git_sha": git_sha(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             **{k: _plain(v) for k, v in extra.items()}}
+
+
+def local_part(arg: str) -> str:
+    """An argument as a trace may record it: a local path cut to its last part (no machine's paths)."""
+    if arg.startswith("--") and "=" in arg:
+        flag, _, value = arg.partition("=")
+        return f"{flag}={local_part(value)}"
+    if os.path.isabs(arg) or arg.startswith("~"):
+        return os.path.basename(arg.rstrip(os.sep)) or arg
+    return arg
+
+
+def command_line(prefix: str = "ddbench", argv=None) -> str:
+    """The command as typed (sys.argv[1:] by default), local paths cut to their last part."""
+    argv = sys.argv[1:] if argv is None else argv
+    return " ".join([prefix] + [shlex.quote(local_part(a)) for a in argv])

@@ -467,7 +467,7 @@ def _engine_fifo_note() -> str:
                 f" ({p['engine_min']:.3f}-{p['engine_max']:.3f}, {p['reps']} reps)"
                 f" against {p['sim']:.3f}" for p in pairs)
             + f"; the simulator is within {worst:.3f} of the engine's median at every point and inside its spread"
-              f" at {inside} of {len(pairs)} (sim/README.md).")
+              f" at {inside} of {len(pairs)} (docs/simulator.md).")
 
 
 @register("fig18", "Per-step latency at a 33% miss rate, priority against FIFO (paper Figure 18)", _draw_fig18)

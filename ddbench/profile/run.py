@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import shlex
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -132,15 +129,9 @@ def largest_fit(loaded, context: int, steps: int, prefill_fn, grain: int = 256) 
 
 
 def _git_sha() -> str:
-    from ddbench.core.paths import repo_root
-    root = repo_root()
-    if root is None:
-        return "unknown"
-    try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    from ddbench.core.provenance import git_sha
+    sha = git_sha()
+    return sha[:12] if sha != "unknown" else sha
 
 
 def _mean(acc):
@@ -330,11 +321,5 @@ def summarize(cfg, loaded, rows, task_acc, provenance, runtime) -> dict:
 
 
 def command_line() -> str:
-    """The command as typed, with local paths cut to their last part (no machine's paths in traces)."""
-    def local(a: str) -> str:
-        if "=" in a and a.startswith("--"):
-            flag, _, value = a.partition("=")
-            return f"{flag}={local(value)}"
-        return os.path.basename(a.rstrip(os.sep)) or a if (os.path.isabs(a) or a.startswith("~")) else a
-    return "ddbench " + " ".join(shlex.quote(local(a)) for a in sys.argv[1:])
-
+    from ddbench.core.provenance import command_line as typed
+    return typed()
