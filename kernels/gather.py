@@ -1,7 +1,7 @@
 """Gather selected KV chunks from pinned host memory into a compact GPU buffer.
 
     gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=2)
-        host_kv [L, B, H, N, 2, C, d] pinned (kernels.layout); idx [B, H, n] int32 chunk ids;
+        host_kv [L, B, H, N, 2, C, d] pinned (kernels.layout; request and layer strides free); idx [B, H, n] int32 chunk ids;
         k_out, v_out [B, H, S, d] on the GPU (k_out=None: values only, as ShadowKV fetches).
         Slot j of (b, h) receives chunk idx[b, h, j] at tokens slot_offset + j*C .. + C.
         prev=(prev_idx, prev_k, prev_v): chunks found in prev_idx are copied from the previous
@@ -29,7 +29,7 @@ from kernels.layout import check_host_kv
 
 @triton.jit
 def _gather_kernel(host, idx, src_slot, prev_k, prev_v, k_out, v_out,
-                   n_items, n_sel, H, N,
+                   n_items, n_sel, H, N, s_hb,
                    s_ob, s_oh, s_ot, s_pb, s_ph, s_pt, slot_offset,
                    CD: tl.constexpr, C: tl.constexpr, ITEMS: tl.constexpr,
                    FETCH_K: tl.constexpr, REUSE: tl.constexpr):
@@ -44,7 +44,7 @@ def _gather_kernel(host, idx, src_slot, prev_k, prev_v, k_out, v_out,
         h = bh % H
         b = bh // H
         ch = tl.load(idx + it, mask=ok, other=0).to(tl.int64)
-        row = ((b.to(tl.int64) * H + h) * N + ch) * (2 * CD)
+        row = b.to(tl.int64) * s_hb + (h.to(tl.int64) * N + ch) * (2 * CD)   # s_hb: the host's request stride
         dst = (b.to(tl.int64) * s_ob + h * s_oh + (slot_offset + j * C).to(tl.int64) * s_ot)[:, None] + e
         fetch = ok
         if REUSE:
@@ -108,7 +108,7 @@ def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, p
         return None
     grid = (max(1, min(programs, triton.cdiv(n_items, items))),)
     _gather_kernel[grid](host_kv[layer], idx, src_slot, pk, pv, v_out if k_out is None else k_out, v_out,
-                         n_items, n_sel, H, N, *v_out.stride()[:3], *ps[:3], slot_offset,
+                         n_items, n_sel, H, N, host_kv.stride(1), *v_out.stride()[:3], *ps[:3], slot_offset,
                          CD=C * d, C=C, ITEMS=items, FETCH_K=k_out is not None, REUSE=prev is not None,
                          num_warps=4)
     return src_slot if prev is not None else None

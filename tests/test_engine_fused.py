@@ -36,13 +36,17 @@ def test_add_rmsnorm(dev, dt, seed=2):
 
 @pytest.mark.parametrize("dev,dt", _dev_dtypes())
 @pytest.mark.parametrize("T", [1, 2])
-def test_rope_split(dev, dt, T):
+@pytest.mark.parametrize("bias", [False, True])    # Qwen2.5's QKV bias, added in the same kernel
+def test_rope_split(dev, dt, T, bias):
     g = torch.Generator().manual_seed(T)
-    Hq, H, d = 4, 2, 32
+    Hq, H, d = 10, 2, 32                           # a group of 5, as Qwen2.5-14B/32B (40 / 8)
     qkv = torch.randn(3, T, (Hq + 2 * H) * d, generator=g).to(dev, dt)
+    b = torch.randn((Hq + 2 * H) * d, generator=g).to(dev, dt) if bias else None
     cos, sin = rope_tables(torch.tensor([1000, 1001][:T], device=dev), d, 5e5)
-    got = fused.rope_split(qkv, cos, sin, Hq, H, d)
-    ref = fused.rope_split_ref(qkv, cos, sin, Hq, H, d)
+    got = fused.rope_split(qkv, cos, sin, Hq, H, d, bias=b)
+    ref = fused.rope_split_ref(qkv, cos, sin, Hq, H, d, bias=b)
+    if bias:                                       # the bias really is in: v is the biased slice, exactly
+        torch.testing.assert_close(got[2], (qkv + b)[..., (Hq + H) * d:].reshape(3, T, H, d), rtol=0, atol=0)
     for a, b in zip(got, ref):
         assert a.shape == b.shape and a.is_contiguous()
         torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)

@@ -61,6 +61,7 @@ class EngineConfig:
     prefetch_programs: int = 32
     urgent_programs: int = 64
     transfers: bool = True            # False: compute only, no host reads (exposed-transfer baseline)
+    quant_values: bool = False        # SpeCache: also hold its 2-bit value copy (memory only: the step reads keys)
     seed: int = 0
 
     @staticmethod
@@ -141,6 +142,48 @@ def buffer_rows(cfg: EngineConfig, system) -> tuple[int, int, int, int]:
     R0 = out_rows + cfg.local
     Rcap = R0 + cfg.gen_slots
     return out_rows, R0, Rcap, (cfg.budget // C) * C + -(-(Rcap + 2) // C) * C
+
+
+PLAN_CATEGORIES = ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers")
+
+
+def plan_bytes(model, system, cfg: EngineConfig, dtype_bytes: int = 2) -> dict:
+    """GPU bytes an Engine keeps once built and stepped (its own tensors; the shared weights apart:
+    kernels.engine.model.weight_bytes), by ddbench/core/memory.py's categories, computed from the shapes Engine.__init__
+    and step() allocate, so that a point can be refused before anything is allocated:
+      resident_kv        full-kv: K and V of every token; sparse: the local window and generated-token slots
+      landmarks          chunk-mean keys [L, B, H, N, d]
+      aux_residency      ShadowKV's outlier rows, the low-rank key factors (U, SV), SpeCache's 2-bit keys
+                         (and with cfg.quant_values its 2-bit values) with their scales and zeros
+      sparse_kv_buffers  the selected-KV buffers (ping-pong, per layer, + the reuse spare), the selection
+                         ids kept across steps (prediction, the previous selection), CPU-gather staging
+    Transient work (scores, plans, logits, the CUDA graph's pool) is not here: it is measured."""
+    s, E = system, dtype_bytes
+    L, B, H, d = model.num_layers, cfg.batch, model.num_kv_heads, model.head_dim
+    out = dict.fromkeys(PLAN_CATEGORIES, 0)
+    if s.kv_on_gpu:
+        out["resident_kv"] = 2 * L * B * H * (cfg.context + cfg.gen_slots + 2) * d * E
+        return out
+    C, N, kc = cfg.chunk, cfg.context // cfg.chunk, cfg.budget // cfg.chunk
+    out_rows, R0, Rcap, S = buffer_rows(cfg, s)
+    row = 2 * L * B * H * d * E                   # one row of the recent K and V, every layer
+    out["resident_kv"] = row * (Rcap - out_rows)
+    out["aux_residency"] = row * out_rows
+    if s.landmarks:
+        out["landmarks"] = L * B * H * N * d * E
+    if s.quant_bits:                              # 2-bit keys: 4 tokens a byte, scale and zero per 64 tokens;
+        T = cfg.context                           # 2-bit values: 4 channels a byte, scale and zero per 64 channels
+        out["aux_residency"] += L * B * H * d * (T // 4 + 2 * (T // 64) * E)
+        if cfg.quant_values:
+            out["aux_residency"] += L * B * H * T * (d // 4 + 2 * -(-d // 64) * E)
+    n_lr = {"all": L, "adaptive": len(set(cfg.lowrank_layers)), "none": 0}[s.lowrank_keys]
+    out["aux_residency"] += n_lr * B * (cfg.context * cfg.rank + H * cfg.rank * d) * E
+    nbuf = 2 if s.buffer_layers == "pingpong" else L * s.buffer_sets + (1 if s.reuse else 0)
+    ids = 1 + (s.prefetch != "none" and (cfg.transfers or s.tokens_per_step == 2)) + bool(s.reuse)
+    out["sparse_kv_buffers"] = nbuf * 2 * B * H * S * d * E + ids * L * B * H * kc * 4
+    if s.gather == "cpu":
+        out["sparse_kv_buffers"] += 2 * B * H * kc * 2 * C * d * E
+    return out
 
 
 # ShadowKV's fetch of one layer (the reuse branch of Engine._sparse_attention), in its two parts, so
@@ -231,6 +274,8 @@ class Engine:
             if tuple(host_kv.shape[1:]) != (B, H, self.N, 2, C, d):
                 raise DDBenchError(f"host_kv shape {tuple(host_kv.shape)} does not match the engine")
             self.hl = host_kv.shape[0]
+            if s.gather == "cpu" and not host_kv.is_contiguous():
+                raise DDBenchError("the CPU-gather ablation needs a contiguous host KV (no aliased requests)")
         elif cfg.transfers:
             raise DDBenchError("a sparse design needs host_kv")
         self.out_rows, self.R0, self.Rcap, self.S = buffer_rows(cfg, s)
@@ -245,6 +290,11 @@ class Engine:
                                  torch.rand(B, H, T // 64, d, device=self.dev, generator=g0).to(dt) * 0.5,
                                  torch.randn(B, H, T // 64, d, device=self.dev, generator=g0).to(dt) * 0.5, 64)
                        for _ in range(L)]
+            if cfg.quant_values:
+                # the 2-bit value copy (KIVI: per token, scale and zero per 64 channels) SpeCache keeps beside
+                # the keys: resident as in SpeCache, not read by this step (selection scores keys only)
+                self.qv = (torch.empty(L, B, H, T, d // 4, device=self.dev, dtype=torch.uint8),
+                           torch.empty(L, B, H, T, 2, -(-d // 64), device=self.dev, dtype=dt))
         self.lowrank = [False] * L
         if s.lowrank_keys == "all":
             self.lowrank = [True] * L
@@ -254,7 +304,7 @@ class Engine:
         self.U, self.SV = {}, {}
         for i in range(L):
             if self.lowrank[i]:
-                self.U[i] = torch.randn(B, cfg.context, cfg.rank, device=self.dev, generator=g0).to(dt)
+                self.U[i] = torch.empty(B, cfg.context, cfg.rank, device=self.dev, dtype=dt).normal_(generator=g0)
                 self.SV[i] = (torch.randn(B, H, cfg.rank, d, device=self.dev, generator=g0) / math.sqrt(cfg.rank)).to(dt)
         # buffers: ping-pong (2 uses in flight), per layer (x sets), or per layer + a spare (reuse)
         if s.buffer_layers == "pingpong":
@@ -441,7 +491,8 @@ class Engine:
             else:
                 x, hn = self._addnorm(x, pend, w.ln1[i])
             qkv = self._lin(hn, w.wqkv[i])
-            q, k, v = self.ops.rope_split(qkv, self.cos, self.sin, Hq, H, d)
+            q, k, v = self.ops.rope_split(qkv, self.cos, self.sin, Hq, H, d,
+                                          bias=None if w.bqkv is None else w.bqkv[i])
         if s.kv_on_gpu:
             o, pre, post = self._full_attention(i, q, k, v, nq)
         else:
@@ -714,6 +765,7 @@ class Engine:
         L, B, H, d, E = self.L, self.B, self.H, self.d, self.dt.itemsize
         w = self.w
         weights = sum(t.numel() for i in range(L) for t in (w.wqkv[i], w.wo[i], w.wgu[i], w.wdown[i]))
+        weights += 0 if w.bqkv is None else sum(b.numel() for b in w.bqkv)
         weights = (weights + w.lm_head.numel()) * E
         s, cfg = self.sys, self.cfg
         nq = 1 if s.kv_on_gpu else self.nq

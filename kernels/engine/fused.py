@@ -9,9 +9,9 @@ the weights' and KV's HBM time of a few hundred microseconds per layer at small 
     add_rmsnorm(x, y, w, eps=1e-5) -> (s, rmsnorm(s, w)) with s = x + y (bf16 as torch): the
         residual add and the next norm in one kernel, so that the linear layers need no addmm
         (cuBLAS copies the addend first: one more kernel per residual); twin add_rmsnorm_ref
-    rope_split(qkv, cos, sin, Hq, H, d) -> q [B, T, Hq, d], k, v [B, T, H, d]
-        RoPE (rotate-half, fp32 math, as model.rope) on the q and k heads of the fused QKV output,
-        v copied out; one launch
+    rope_split(qkv, cos, sin, Hq, H, d, bias=None) -> q [B, T, Hq, d], k, v [B, T, H, d]
+        the QKV bias added where the model has one (rounded as torch's bf16 add), RoPE (rotate-half,
+        fp32 math, as model.rope) on the q and k heads of the fused QKV output, v copied out; one launch
     swiglu(gu) -> silu(gu[..., :I]) * gu[..., I:] (bf16 rounding of silu as torch)
     assemble(kb, vb, recent_k, recent_v, k, v, g, kC, R0)
         kb[:, :, kC + r] = recent_k[:, :, r] for r < Rcap, except rows R0+g+t (t < nq) which get the
@@ -78,7 +78,7 @@ def add_rmsnorm_ref(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: floa
 
 
 @triton.jit
-def _rope_split_kernel(qkv, cos, sin, q, k, v, T, Hq, H, D: tl.constexpr):
+def _rope_split_kernel(qkv, bias, cos, sin, q, k, v, T, Hq, H, D: tl.constexpr, HAS_BIAS: tl.constexpr):
     row = tl.program_id(0)            # b * T + t
     head = tl.program_id(1)           # 0..Hq+2H-1
     t = row % T
@@ -87,6 +87,9 @@ def _rope_split_kernel(qkv, cos, sin, q, k, v, T, Hq, H, D: tl.constexpr):
     src = qkv + row.to(tl.int64) * (Hq + 2 * H) * D + head * D
     x1 = tl.load(src + i).to(tl.float32)
     x2 = tl.load(src + HALF + i).to(tl.float32)
+    if HAS_BIAS:
+        x1 = (x1 + tl.load(bias + head * D + i).to(tl.float32)).to(q.dtype.element_ty).to(tl.float32)
+        x2 = (x2 + tl.load(bias + head * D + HALF + i).to(tl.float32)).to(q.dtype.element_ty).to(tl.float32)
     if head < Hq + H:
         c = tl.load(cos + t * HALF + i)
         s = tl.load(sin + t * HALF + i)
@@ -105,19 +108,22 @@ def _rope_split_kernel(qkv, cos, sin, q, k, v, T, Hq, H, D: tl.constexpr):
     tl.store(dst + HALF + i, y2.to(q.dtype.element_ty))
 
 
-def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, Hq: int, H: int, d: int):
+def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, Hq: int, H: int, d: int, bias=None):
     B, T, _ = qkv.shape
     qkv = qkv.contiguous()
     q = torch.empty(B, T, Hq, d, device=qkv.device, dtype=qkv.dtype)
     k = torch.empty(B, T, H, d, device=qkv.device, dtype=qkv.dtype)
     v = torch.empty_like(k)
-    _rope_split_kernel[(B * T, Hq + 2 * H)](qkv, cos.float().contiguous(), sin.float().contiguous(), q, k, v,
-                                            T, Hq, H, D=d, num_warps=1)
+    _rope_split_kernel[(B * T, Hq + 2 * H)](qkv, qkv if bias is None else bias, cos.float().contiguous(),
+                                            sin.float().contiguous(), q, k, v, T, Hq, H, D=d,
+                                            HAS_BIAS=bias is not None, num_warps=1)
     return q, k, v
 
 
-def rope_split_ref(qkv, cos, sin, Hq, H, d):
+def rope_split_ref(qkv, cos, sin, Hq, H, d, bias=None):
     from kernels.engine.model import rope
+    if bias is not None:
+        qkv = qkv + bias
     B, T, _ = qkv.shape
     q = qkv[..., :Hq * d].reshape(B, T, Hq, d)
     k = qkv[..., Hq * d:(Hq + H) * d].reshape(B, T, H, d)

@@ -2,6 +2,7 @@
 RMSNorm, fused QKV, Llama RoPE (rotate-half), output projection, gated MLP, LM head; NVTX ranges.
 
     Weights.random(model, device, seed, dtype=bf16) -> Weights   (one shared set for all designs)
+    weight_bytes(model, dtype_bytes=2) -> the bytes Weights.random allocates (checked before allocating)
     rmsnorm(x, w), rope(x, cos, sin), rope_tables(pos, d, theta)
     nvtx_range(name)   `nvtx` package if importable, else torch.cuda.nvtx, else a no-op (CPU)
 """
@@ -46,6 +47,7 @@ class Weights:
     wo: list                     # L x [Hq d, h]
     wgu: list                    # L x [2 I, h] (nn.Linear's layout: used transposed, see below)
     wdown: list                  # L x [I, h]
+    bqkv: list | None = None     # L x [(Hq + 2H) d] where the model has a QKV bias (Qwen2.5), else None
 
     @staticmethod
     def random(model, device, seed: int, dtype=torch.bfloat16, layers: int | None = None) -> "Weights":
@@ -65,10 +67,27 @@ class Weights:
         # 1.03-1.14x at 1-64 rows (traces/engine/h200/devcheck-gemm.json); the others are best [K, N]
         sets = [(w(h, nqkv), w(model.num_heads * d, h), w(h, 2 * I).t().contiguous(), w(I, h)) for _ in range(n)]
         L = model.num_layers
-        return Weights(embed=w(V, h) * (h ** 0.5 / 4), lm_head=w(V, h), norm=one,
+        embed = w(V, h).mul_(h ** 0.5 / 4)     # in place: no second embedding-sized transient
+        lm_head = w(V, h)
+        bias = None
+        if model.qkv_bias:
+            bs = [torch.empty(nqkv, device=device, dtype=dtype).normal_(0.0, 0.02, generator=g) for _ in range(n)]
+            bias = [bs[i % n] for i in range(L)]
+        return Weights(embed=embed, lm_head=lm_head, norm=one,
                        ln1=[one] * L, ln2=[one] * L,
                        wqkv=[sets[i % n][0] for i in range(L)], wo=[sets[i % n][1] for i in range(L)],
-                       wgu=[sets[i % n][2] for i in range(L)], wdown=[sets[i % n][3] for i in range(L)])
+                       wgu=[sets[i % n][2] for i in range(L)], wdown=[sets[i % n][3] for i in range(L)],
+                       bqkv=bias)
+
+
+def weight_bytes(model, dtype_bytes: int = 2) -> int:
+    """Bytes of Weights.random(model) (every layer distinct): embedding and LM head, one shared norm
+    vector, per layer the fused QKV (and its bias), o-proj, gate_up and down. Differs from the
+    catalog's ModelSpec.weight_bytes only by the norms (one vector here, 2L + 1 in a checkpoint)."""
+    h, d, I, V = model.hidden, model.head_dim, model.intermediate, model.vocab
+    nqkv = (model.num_heads + 2 * model.num_kv_heads) * d
+    layer = h * nqkv + model.num_heads * d * h + 3 * I * h + (nqkv if model.qkv_bias else 0)
+    return (2 * V * h + h + model.num_layers * layer) * dtype_bytes
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

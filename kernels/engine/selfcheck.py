@@ -17,20 +17,22 @@ from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DESIGNS as SYSTEMS
 
 SMALL = ModelSpec("gpu-small", 3, 32, 8, 128, 1024, 2048, 1000)
+# Qwen2.5-14B / 32B heads (40 query heads over 8 KV heads: a group of 5; QKV bias), small otherwise
+SMALL_QWEN = ModelSpec("gpu-small-qwen", 3, 40, 8, 128, 1024, 2048, 1000, qkv_bias=True, rope_theta=1e6)
 
 
-def build(name, miss_rate=0.33, B=3, ctx=8192, budget=512, seed=0, lowrank=(1,), debug=True):
+def build(name, miss_rate=0.33, B=3, ctx=8192, budget=512, seed=0, lowrank=(1,), debug=True, model=SMALL):
     from kernels.engine.engine import Engine, EngineConfig
     from kernels.engine.model import Weights
     from kernels.layout import alloc_host_kv
     g = torch.Generator(device="cuda").manual_seed(seed)
-    host = alloc_host_kv(SMALL.num_layers, B, 8, ctx // 8, 8, 128)
+    host = alloc_host_kv(model.num_layers, B, model.num_kv_heads, ctx // 8, 8, model.head_dim)
     tmp = torch.empty(host.shape, device="cuda", dtype=host.dtype).normal_(generator=g)
     host.copy_(tmp)
-    w = Weights.random(SMALL, "cuda", seed)
+    w = Weights.random(model, "cuda", seed)
     cfg = EngineConfig.of(context=ctx, batch=B, budget=budget, local_chunks=4, gen_tokens=16, rank=32, outliers_per_1k=16,
                           miss_rate=miss_rate, lowrank_layers=lowrank, seed=seed, prefetch_programs=8, urgent_programs=16)
-    return Engine(SMALL, SYSTEMS[name], cfg, w, "cuda", host_kv=host, debug=debug), host
+    return Engine(model, SYSTEMS[name], cfg, w, "cuda", host_kv=host, debug=debug), host
 
 
 def reference_output(e, rec, host):

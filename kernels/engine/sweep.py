@@ -1,7 +1,8 @@
-"""Engine measurement sweep on the local CUDA GPU: Llama-3-8B shapes, every design, 32K and 128K.
+"""Engine measurement sweep on the local CUDA GPU: a model's shapes (--model, default Llama-3-8B), every design.
 
     python -m kernels.engine.sweep [--quick] [--reps 3] [--host-gib 16] [--budget-s 420] [--out DIR]
     python -m kernels.engine.sweep --point dualdecoder:131072:16 [--miss 0.33] [--budget 2048] [--chunk 8]
+    python -m kernels.engine.sweep --phases paper --model qwen2.5-32b --contexts 64k,128k,256k --gpu-mem-cap h100-80gb
 
 Every step is timed as CUDA-graph replays (kernels/timing.event_times: events between back-to-back
 replays, no host sync inside or between them) after the pre-decoding step, one eager warm-up step
@@ -28,6 +29,16 @@ Phases (one process, one run):
              of copy, plan (reuse_plan alone), gather (its plan included) and the whole fetch is one
              CUDA graph of the 32 layers' calls back to back; median of the replays / 32 (ms per
              layer). Written to reuse_fetch.csv (not engine.csv: no step to replay); sim/README.md.
+  paper      (not in the default list) the paper's own points: every design at the largest batch that fits
+             under --gpu-mem-cap at each context of --contexts, with the batches its search measured (the
+             throughput-against-batch series), GPU memory by category and the memory model's largest
+             batch per row; forced miss rate --miss (default 1 - the core's default hit rate). See
+             kernels/engine/paper.py.
+
+--model: a catalog model or a path to a Hugging Face config.json (rows carry its name: `model`).
+--gpu-mem-cap GB (or a catalog GPU name, e.g. h100-80gb): emulate a smaller GPU; a point whose planned
+bytes exceed it is reported `oom` with them (planned_gib) and not allocated; a cap at or below the
+weights, or above the GPU's memory, is one line and exit 2.
 
 --phases floor,validation runs a subset (default all, reuse-fetch last) into <out>/<gpu>-<phases>
 (e.g. h200-validation; --folder names it); --seed seeds the weights, the host KV values and the forced-miss draws; meta.json
@@ -57,17 +68,24 @@ import torch
 from ddbench.core.catalog import get_model
 from ddbench.core.catalog.gpus import catalog_gpu_name, get_gpu
 from ddbench.core.errors import DDBenchError
-from ddbench.core.memory import Workload, max_batch
+from ddbench.core.memory import max_batch
 from ddbench.core.paths import traces_dir
 from ddbench.core.designs import DESIGNS as SYSTEMS
+from kernels.engine import paper as paper_phase
 
 GIB = 1 << 30
-COLUMNS = ["phase", "rep", "design", "context", "batch", "miss_rate", "transfers", "graph", "urgent_programs",
-           "host_layers", "status", "step_ms", "step_ms_min", "step_ms_max", "tok_s", "peak_gib",
+SCHEMA = 3    # engine.csv and reuse_fetch.csv; 3: the model column, memory by category, the paper phase's columns
+MEM_COLUMNS = ["mem_weights_gib", "mem_resident_kv_gib", "mem_landmarks_gib", "mem_aux_residency_gib",
+               "mem_sparse_kv_buffers_gib", "mem_activations_gib", "mem_runtime_overhead_gib"]
+COLUMNS = ["phase", "model", "rep", "design", "context", "batch", "miss_rate", "transfers", "graph", "urgent_programs",
+           "host_layers", "host_alias", "status", "step_ms", "step_ms_min", "step_ms_max", "tok_s", "tok_s_min",
+           "tok_s_max", "peak_gib", "peak_reserved_gib", "planned_gib", *MEM_COLUMNS,
            "floor_ms", "step_over_floor", "weights_gib", "selection_gib", "kv_gib",
            "prefetch_mib", "urgent_mib", "link_mib", "link_gbps", "link_util", "floor_link_ms",
-           "model_max_batch", "steps", "error"]
+           "model_max_batch", "model_mem_gib", "gpu_mem_cap", "cap_gib", "largest_batch", "largest_basis",
+           "next_planned_gib", "paper_role", "steps", "wall_s", "error"]
 K128, K32 = 131072, 32768
+DEFAULT_MODEL = "llama-3-8b"
 MECH_POINTS = ((1, 0.33), (2, 0.33), (4, 0.33), (16, 0.33), (2, 0.174), (4, 0.174))   # (batch, miss rate) at 128K
 
 
@@ -131,17 +149,18 @@ def alloc_host(gib, seed=0):
     return flat, t1 - t0, time.perf_counter() - t1
 
 
-def host_view(flat, model, ctx, batch, chunk=8):
-    H, d = model.num_kv_heads, model.head_dim
-    N = ctx // chunk
-    per_layer = batch * H * N * 2 * chunk * d
-    hl = min(model.num_layers, flat.numel() // per_layer)
-    if hl == 0:
-        return None
-    return flat[:hl * per_layer].view(hl, batch, H, N, 2, chunk, d)
+def host_view(flat, model, ctx, batch, chunk=8, requests=True):
+    """(view, alias) of the pinned buffer as the point's host KV (kernels.layout.host_kv_view: aliased
+    layers, then with `requests` aliased requests), or (None, None) where it does not fit."""
+    from kernels.layout import host_kv_view
+    view, alias = host_kv_view(flat, model.num_layers, batch, model.num_kv_heads, ctx // chunk, chunk, model.head_dim)
+    if alias == "layers+requests" and not requests:
+        return None, None
+    return view, alias
 
 
-def make_config(ctx, batch, miss_rate=0.174, transfers=True, urgent_programs=64, budget=None, chunk=None, seed=0):
+def make_config(ctx, batch, miss_rate=0.174, transfers=True, urgent_programs=64, budget=None, chunk=None, seed=0,
+                quant_values=False):
     wl = {}
     if budget is not None:
         wl["budget"] = budget
@@ -149,7 +168,7 @@ def make_config(ctx, batch, miss_rate=0.174, transfers=True, urgent_programs=64,
         wl["chunk"] = chunk
     from kernels.engine.engine import EngineConfig
     return EngineConfig.of(context=ctx, batch=batch, miss_rate=miss_rate, transfers=transfers,
-                           urgent_programs=urgent_programs, seed=seed, **wl)
+                           urgent_programs=urgent_programs, seed=seed, quant_values=quant_values, **wl)
 
 
 @contextlib.contextmanager
@@ -171,29 +190,54 @@ def point_memory(row):
 
 
 def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, transfers=True, graph=True,
-              reps=5, urgent_programs=64, hbm=None, cfg=None, log=print, keep=False, seed=0):
-    """One engine point: build, pre-decode, warm up, capture, time `reps` graph replays (2 steps each)."""
-    from kernels.engine.engine import Engine
+              reps=5, urgent_programs=64, hbm=None, cfg=None, log=print, keep=False, seed=0, limit=None,
+              mem_gpu=None, overhead=0):
+    """One engine point: build, pre-decode, warm up, capture, time `reps` graph replays (2 steps each).
+
+    Memory: `limit` (bytes torch may allocate; None: no check) refuses a point whose planned bytes (what
+    is allocated now, the weights, + kernels.engine.engine.plan_bytes) exceed it, before allocating:
+    status oom, planned_gib. Every row has the peak (allocated and reserved) and the peak by category:
+    mem_weights_gib (allocated before the point), the plan's categories, mem_activations_gib (the rest of
+    the allocated peak: transient work and the CUDA graph's pool), mem_runtime_overhead_gib (`overhead`:
+    the CUDA context and cuBLAS outside torch's allocator); model_max_batch and model_mem_gib are the
+    memory model's (ddbench.core.memory) on `mem_gpu` (default the H200) for the same workload."""
+    from dataclasses import replace
+
+    from ddbench.core.memory import memory_breakdown
+    from kernels.engine.engine import PLAN_CATEGORIES, Engine, plan_bytes
     from kernels.timing import event_times
     sys_ = design_spec(design)
     base = SYSTEMS[design[:-7]] if design.endswith("-single") else sys_
-    row = dict(design=design, context=ctx, batch=batch, miss_rate="none" if miss_rate is None else miss_rate,
-               transfers=int(transfers), graph=int(graph), urgent_programs=urgent_programs, host_layers=0,
-               status="ok", model_max_batch=max_batch(base, model, get_gpu("h200"), Workload(context=ctx)))
     cfg = cfg or make_config(ctx, batch, miss_rate, transfers, urgent_programs, seed=seed)
+    gpu = mem_gpu or get_gpu("h200")
+    row = dict(model=model.name, design=design, context=ctx, batch=batch,
+               miss_rate="none" if miss_rate is None else miss_rate, transfers=int(transfers), graph=int(graph),
+               urgent_programs=urgent_programs, host_layers=0, host_alias="", status="ok",
+               model_max_batch=max_batch(base, model, gpu, cfg.workload),
+               model_mem_gib=memory_breakdown(base, model, gpu, replace(cfg.workload, batch=batch)).total / GIB)
     host = None
     if not sys_.kv_on_gpu and transfers:
-        host = host_view(flat, model, ctx, batch)
+        host, alias = host_view(flat, model, ctx, batch, cfg.chunk)
         if host is None:
             row["status"] = "host-limit"
             return row
-        row["host_layers"] = host.shape[0]
+        row["host_layers"], row["host_alias"] = host.shape[0], alias
+    plan = plan_bytes(model, sys_, cfg)
     e = None
     with point_memory(row):
+        resident = torch.cuda.memory_allocated()
+        row["planned_gib"] = (resident + sum(plan.values())) / GIB
+        if limit is not None and resident + sum(plan.values()) > limit:
+            row.update(status="oom", error=f"planned {row['planned_gib']:.2f} GiB > the limit {limit / GIB:.2f} GiB"
+                                           " (not allocated)")
+            log(f"  {design:26s} ctx={ctx:6d} B={batch:3d}: oom (planned {row['planned_gib']:.1f} GiB)")
+            return row
         e = Engine(model, sys_, cfg, weights, "cuda", host_kv=host)
         e.step()                                  # pre-decoding step (prediction designs) or warm-up
         e.step()                                  # eager warm-up
         if graph:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()              # the eager steps' cached blocks: not beside the graph's pool
             e.capture(2)
             times = event_times(e.replay, reps, warmup=1, per_call=2)
             steps = 2 * reps
@@ -204,6 +248,7 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
         pf, ur = e.step_bytes()                   # miss counts of the last step, read after the timed steps
         fb = e.floor_bytes()
         peak = torch.cuda.max_memory_allocated()
+        peak_res = torch.cuda.max_memory_reserved()
     if row["status"] == "oom":
         e = None
         gc.collect()
@@ -212,6 +257,10 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
         return row
     step = statistics.median(times)
     floor = fb["total"] / (hbm * 1e9) * 1e3 if hbm else None
+    row.update({f"mem_{c}_gib": plan[c] / GIB for c in PLAN_CATEGORIES})
+    row.update(mem_weights_gib=resident / GIB, mem_activations_gib=(peak - resident - sum(plan.values())) / GIB,
+               mem_runtime_overhead_gib=overhead / GIB, peak_reserved_gib=peak_res / GIB,
+               tok_s_min=batch / max(times) * 1e3, tok_s_max=batch / min(times) * 1e3)
     row.update(step_ms=step, step_ms_min=min(times), step_ms_max=max(times), tok_s=batch / step * 1e3,
                peak_gib=peak / GIB, prefetch_mib=pf / 2**20, urgent_mib=ur / 2**20, link_mib=(pf + ur) / 2**20,
                link_gbps=(pf + ur) / (step * 1e-3) / 1e9, steps=steps, floor_ms=floor,
@@ -257,10 +306,10 @@ def reuse_fetch_point(model, flat, ctx, batch, miss_rate, *, reps=5, seed=0, log
     chunk_bytes = C * d * dt.itemsize * (1 if vo else 2)
     slots = batch * H * k
     per_round = launch["programs"] * launch["items"]
-    row = dict(design="shadowkv", context=ctx, batch=batch, miss_rate=miss_rate, transfers=1, graph=1,
-               status="ok", layers=L, host_layers=0, slots=slots, chunk_bytes=chunk_bytes,
+    row = dict(model=model.name, design="shadowkv", context=ctx, batch=batch, miss_rate=miss_rate, transfers=1,
+               graph=1, status="ok", layers=L, host_layers=0, slots=slots, chunk_bytes=chunk_bytes,
                rounds=-(-slots // per_round), replays=reps, buffer_tokens=S, **launch)
-    host = host_view(flat, model, ctx, batch, chunk=C)
+    host, _ = host_view(flat, model, ctx, batch, chunk=C, requests=False)
     if host is None:
         row["status"] = "host-limit"
         return row
@@ -314,11 +363,13 @@ def reuse_fetch_point(model, flat, ctx, batch, miss_rate, *, reps=5, seed=0, log
     return row
 
 
-PHASES = ("floor", "mechanism", "validation", "reuse-fetch")
+PHASES = ("floor", "mechanism", "validation", "reuse-fetch")     # the default run
+PAPER = paper_phase.PAPER
+ALL_PHASES = PHASES + (PAPER,)            # `paper` only when asked for (--phases paper)
 REUSE = "reuse-fetch"
 REUSE_BATCHES = ((K32, (1, 2, 4, 8, 16, 32, 64)), (K128, (16,)))   # (context, batches) of the reuse-fetch record
 REUSE_MISS = (0.0, 0.25, 1.0)             # all hits (HBM), the mix, all host reads
-REUSE_COLUMNS = ["phase", "rep", "design", "context", "batch", "miss_rate", "status", "layers", "host_layers",
+REUSE_COLUMNS = ["phase", "model", "rep", "design", "context", "batch", "miss_rate", "status", "layers", "host_layers",
                  "slots", "miss_chunks", "chunk_bytes", "programs", "items", "rounds", "link_mib", "copy_ms",
                  "plan_ms", "gather_ms", "fetch_ms", "fetch_ms_min", "fetch_ms_max", "replays", "buffer_tokens",
                  "peak_gib", "wall_s", "error"]
@@ -330,18 +381,20 @@ VAL_BATCHES = (2, 8, 32)
 def parse_phases(text):
     """'floor,validation' -> ('floor', 'validation') in run order; one-line error for an unknown name."""
     names = [x.strip() for x in str(text).split(",") if x.strip()]
-    bad = [x for x in names if x not in PHASES]
+    bad = [x for x in names if x not in ALL_PHASES]
     if bad or not names:
-        raise DDBenchError(f"--phases takes a comma-separated subset of {', '.join(PHASES)}, got {text!r}")
-    return tuple(p for p in PHASES if p in names)
+        raise DDBenchError(f"--phases takes a comma-separated subset of {', '.join(ALL_PHASES)}, got {text!r}")
+    return tuple(p for p in ALL_PHASES if p in names)
 
 
-def out_folder(gpu, phases, folder=None):
+def out_folder(gpu, phases, folder=None, model=DEFAULT_MODEL):
     """The sweep's folder name under --out: --folder, else the GPU's catalog name for all phases, else
-    '<gpu>-<phases joined by +>' (a partial run never overwrites a full sweep's folder)."""
+    '<gpu>-<phases joined by +>' (a partial run never overwrites a full sweep's folder); another model
+    than the default adds '-<model>', except to the paper phase's folder (one folder, every model)."""
     if folder:
         return folder
-    return gpu if tuple(phases) == PHASES else gpu + "-" + "+".join(phases)
+    name = gpu if tuple(phases) == PHASES else gpu + "-" + "+".join(phases)
+    return name if model == DEFAULT_MODEL or tuple(phases) == (PAPER,) else f"{name}-{model}"
 
 
 def plan_points(quick, reps, phases=PHASES):
@@ -364,7 +417,7 @@ def plan_points(quick, reps, phases=PHASES):
             pts.append(("mechanism", 0, d, K32, 4, 0.33, True, True))
         pts.append(("mechanism", 0, "dualdecoder-cpu-gather", K32, 2, 0.33, True, False))
         pts.append((REUSE, 0, "shadowkv", K32, 4, 0.25, True, True))
-        return pts
+        return [p for p in pts if p[0] in phases]
     for c in (K32, K128):
         for B in (1, 16, 64):
             for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv"):
@@ -421,8 +474,10 @@ def _validation_points():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions of every mechanism point (>= 3 for ratios)")
-    ap.add_argument("--host-gib", type=float, default=16.0)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of every mechanism point (>= 3 for ratios); in"
+                                                        " the paper phase, the timed replays of every point")
+    ap.add_argument("--host-gib", type=float, default=16.0,
+                    help="pinned host KV buffer (aliased across layers, then requests, where a point needs more)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new points after this many seconds")
     ap.add_argument("--replays", type=int, default=5, help="timed graph replays (2 steps each) per point")
     ap.add_argument("--out", help="output root (default: the data root's engine/)")
@@ -431,13 +486,23 @@ def main(argv=None):
                                                          " only)")
     ap.add_argument("--profile", action="store_true", help="also write a one-step kernel timeline (torch.profiler)")
     ap.add_argument("--point", help="one point only: DESIGN:CONTEXT:BATCH (checked, then run and printed)")
-    ap.add_argument("--miss", type=float, default=0.174)
+    ap.add_argument("--miss", type=float, help="forced miss rate (default 0.174 for --point; the paper phase: 1 -"
+                                               " the core's default hit rate)")
+    ap.add_argument("--model", default=DEFAULT_MODEL,
+                    help="a catalog model (llama-3-8b, qwen2.5-14b, qwen2.5-32b, ...) or a path to a config.json")
+    ap.add_argument("--gpu-mem-cap", help="emulate a GPU of this many GB (1e9 bytes) or a catalog GPU's memory"
+                                          " (h100-80gb); default: this GPU's own")
+    ap.add_argument("--contexts", help="paper phase: comma-separated contexts (default 128k; --quick 32k)")
+    ap.add_argument("--paper-points", help="paper phase: ordered MODEL:CONTEXT pairs, comma-separated, in one process"
+                                           " (qwen2.5-32b:128k,llama-3-8b:128k); default --model at each of --contexts")
+    ap.add_argument("--max-batch", type=int, help=f"paper phase: the largest batch searched (default"
+                                                  f" {paper_phase.MAX_BATCH}; --quick {paper_phase.QUICK['max_batch']})")
     ap.add_argument("--budget", type=int, help="sparse budget in tokens (default: the core Workload's)")
     ap.add_argument("--chunk", type=int, help="tokens per chunk (default: the core Workload's)")
     ap.add_argument("--no-transfers", action="store_true")
     ap.add_argument("--phases", default=",".join(PHASES),
-                    help="comma-separated phases to run (floor, mechanism, validation, reuse-fetch;"
-                         " default all)")
+                    help="comma-separated phases to run (floor, mechanism, validation, reuse-fetch; default"
+                         " these; paper only when named)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the weights, the host KV values and the forced-miss draws (default 0)")
     ap.add_argument("--folder", help="output folder under --out (default the GPU's name for all phases, else"
@@ -471,18 +536,113 @@ def check_point(model, design, ctx, batch, a):
     return cfg
 
 
+def parse_contexts(text, model):
+    """--contexts '64k,128k' -> (65536, 131072), each checked against the model (one-line errors)."""
+    from ddbench.core.units import parse_tokens
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not items:
+        raise DDBenchError(f"--contexts takes comma-separated contexts (128k,256k), got {text!r}")
+    out = tuple(parse_tokens(x, "--contexts") for x in items)
+    for c in out:
+        make_config(c, 1).validate(model)
+    return out
+
+
+def parse_paper_points(text, cap):
+    """--paper-points 'qwen2.5-32b:128k,llama-3-8b:128k' -> [(ModelSpec, 131072), ...] in that order, every
+    model checked against the cap and every context against its model; one model spec per name."""
+    specs, out = {}, []
+    for item in (x.strip() for x in str(text).split(",")):
+        name, _, ctx = item.rpartition(":")
+        if not name or not ctx:
+            raise DDBenchError(f"--paper-points takes MODEL:CONTEXT pairs (qwen2.5-32b:128k), got {item!r}")
+        if name not in specs:
+            specs[name] = get_model(name)
+            paper_phase.check_cap(cap, specs[name])
+        out.append((specs[name], parse_contexts(ctx, specs[name])[0]))
+    return out
+
+
+def check_args(a, phases=()):
+    """Everything checkable without a GPU (bad input exits 2 anywhere): the models, the cap against the
+    weights of each model the run uses (a.cap_models), the paper phase's points and bounds. Sets
+    a.model_spec, a.cap, a.cap_label, a.paper_points, a.cap_models."""
+    a.model_spec = get_model(a.model)
+    a.cap, a.cap_label = paper_phase.parse_cap(a.gpu_mem_cap)
+    if a.reps < 1 or a.replays < 1:
+        raise DDBenchError("--reps and --replays must be >= 1")
+    if not a.host_gib > 0 or not a.budget_s > 0:
+        raise DDBenchError("--host-gib and --budget-s must be positive")
+    q = paper_phase.QUICK if a.quick else {}
+    a.paper_contexts = (parse_contexts(a.contexts, a.model_spec) if a.contexts else
+                        q.get("contexts", paper_phase.DEFAULT_CONTEXTS))
+    a.paper_points = parse_paper_points(a.paper_points, a.cap) if a.paper_points else \
+        [(a.model_spec, c) for c in a.paper_contexts]
+    used = [m for m, _ in a.paper_points] if PAPER in phases else []
+    if set(phases) - {PAPER} or not used:
+        used = [a.model_spec] + used
+    a.cap_models = list({m.name: m for m in used}.values())
+    for m in a.cap_models:
+        paper_phase.check_cap(a.cap, m)
+    a.paper_max_batch = a.max_batch if a.max_batch is not None else q.get("max_batch", paper_phase.MAX_BATCH)
+    if a.paper_max_batch < 1:
+        raise DDBenchError(f"--max-batch must be >= 1, got {a.max_batch}")
+    from ddbench.core import defaults as D
+    a.paper_miss = a.miss if a.miss is not None else round(1.0 - D.HIT_RATE, 6)
+    if not 0.0 <= a.paper_miss <= 1.0:
+        raise DDBenchError(f"--miss must be within 0..1, got {a.miss}")
+
+
+def gpu_memory(a):
+    """On the GPU: the cap checked against its memory and the memory outside torch's allocator (CUDA
+    context, cuBLAS). Returns dict(total, overhead, limit, cap, cap_label, gpu, mem_gpu) with `limit` the
+    bytes torch may allocate: the cap (or the GPU's memory) less that overhead. apply_cap(mem) then
+    holds torch's allocator to it (after the start-up measurements, whose buffers need not fit)."""
+    x = torch.ones(64, 64, device="cuda")
+    (x @ x).sum().item()                              # the CUDA context and cuBLAS exist from here
+    del x
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    overhead = max(0, total - free - torch.cuda.memory_reserved())
+    gpu = catalog_gpu_name(torch.cuda.get_device_name(0), total)
+    limit = (a.cap if a.cap is not None else total) - overhead
+    from kernels.engine.model import weight_bytes
+    for m in a.cap_models:
+        paper_phase.check_cap(a.cap, m, total)
+        if limit <= weight_bytes(m):
+            raise DDBenchError(f"--gpu-mem-cap {a.cap_label}: {limit / 1e9:.1f} GB is left beside the CUDA context"
+                               f" ({overhead / 1e9:.1f} GB), not above {m.name}'s weights ({weight_bytes(m) / 1e9:.1f} GB)")
+    return dict(total=total, overhead=overhead, limit=limit, cap=a.cap, cap_label=a.cap_label, gpu=gpu,
+                mem_gpu=paper_phase.cap_gpu(a.cap, a.cap_label, gpu))
+
+
+def apply_cap(mem):
+    """Torch's allocator held to mem['limit'] (emulating the capped GPU); no cap: left as it is."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    if mem["cap"] is not None:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, mem["limit"] / mem["total"]))
+
+
 def run_one(a):
-    model = get_model("llama-3-8b")
+    if a.miss is None:
+        a.miss = 0.174
+    check_args(a)
+    model = a.model_spec
     d, c, b = parse_point(a.point)
     cfg = check_point(model, d, c, b, a)        # before touching the GPU: bad input exits 2 anywhere
     if not torch.cuda.is_available():
         raise DDBenchError("the engine bench needs a CUDA GPU; none is visible to torch")
     from kernels.engine.model import Weights
+    mem = gpu_memory(a)
     flat = None if a.no_transfers else alloc_host(a.host_gib)[0]
-    weights = Weights.random(model, "cuda", seed=0)
     hbm = hbm_gbps()
+    apply_cap(mem)
+    weights = Weights.random(model, "cuda", seed=0)
     row = run_point(model, weights, flat, d, c, b, miss_rate=a.miss, transfers=not a.no_transfers,
-                    graph=design_spec(d).gather != "cpu", reps=a.replays, hbm=hbm, cfg=cfg)
+                    graph=design_spec(d).gather != "cpu", reps=a.replays, hbm=hbm, cfg=cfg, limit=mem["limit"],
+                    mem_gpu=mem["mem_gpu"], overhead=mem["overhead"])
     print(json.dumps(row))
     return 0
 
@@ -495,16 +655,16 @@ def _append(path, obj):
 def run(a):
     from kernels.timing import provenance
     phases = parse_phases(a.phases)             # before touching the GPU: bad input exits 2 anywhere
+    check_args(a, phases)
     if not torch.cuda.is_available():
         raise DDBenchError("the engine bench needs a CUDA GPU; none is visible to torch")
-    if a.reps < 1 or a.replays < 1:
-        raise DDBenchError("--reps and --replays must be >= 1")
     t_start = time.perf_counter()
     prov = provenance("python -m kernels.engine.sweep " + " ".join(sys.argv[1:]))
-    model = get_model("llama-3-8b")
+    model = a.model_spec
+    mem = gpu_memory(a)
     out = os.path.join(a.out or str(traces_dir("engine")),
                        out_folder(catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory),
-                                  phases, a.folder))
+                                  phases, a.folder, model.name))
     from ddbench.core.outputs import output_folder
     # written in place as points finish (--resume picks up): every file is one of the guard's live files,
     # refused up front where it exists and ddbench did not write it; an earlier sweep is replaced only
@@ -515,36 +675,48 @@ def run(a):
             if os.path.exists(os.path.join(out, name)) and not (a.resume or a.force):
                 raise DDBenchError(f"{out} holds an earlier sweep ({name}); pass --resume or --force")
             w.live(name)
-        return _sweep(a, phases, prov, model, out, t_start)
+        return _sweep(a, phases, prov, model, out, t_start, mem)
 
 
 OUT_FILES = ("meta.json", "rows.jsonl", "current.json", "engine.csv", "summary.json", "reuse_fetch.csv",
              "timeline.json")
 
 
-def _sweep(a, phases, prov, model, out, t_start):
+def _sweep(a, phases, prov, model, out, t_start, mem):
     from kernels.engine.model import Weights
-    print(f"[engine] {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}  sha {prov['git_sha']}", flush=True)
+    print(f"[engine] {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}  sha {prov['git_sha']}  model"
+          f" {model.name}  cap {a.cap_label} (torch may allocate {mem['limit'] / GIB:.1f} GiB; outside it"
+          f" {mem['overhead'] / GIB:.2f} GiB)", flush=True)
     cg = copy_gbps()
     hbm = hbm_gbps()
     flat, t_pin, t_fill = alloc_host(a.host_gib, a.seed)
     print(f"[engine] pinned {a.host_gib} GiB in {t_pin:.1f} s; H2D copy {cg:.1f} GB/s; HBM copy {hbm:.0f} GB/s",
           flush=True)
-    hv = host_view(flat, model, 32768, 16)
+    hv, _ = host_view(flat, model, 32768, 16)
     gg = gather_gbps(hv)
     print(f"[engine] thin gather (32 blocks) alone: {gg:.1f} GB/s", flush=True)
+    apply_cap(mem)
     # the reuse-fetch record builds no engine step: no weights for a run of that phase alone
-    weights = Weights.random(model, "cuda", seed=a.seed) if set(phases) - {REUSE} else None
+    # (the paper phase allocates each of its models' weights itself)
+    weights = Weights.random(model, "cuda", seed=a.seed) if set(phases) - {REUSE, PAPER} else None
     torch.cuda.synchronize()
     from ddbench.core.io import write_json
-    run_id = None
+    prev = {}
     if a.resume and os.path.exists(os.path.join(out, "meta.json")):   # a resumed run keeps its identity
         with open(os.path.join(out, "meta.json"), encoding="utf-8") as fh:
-            run_id = json.load(fh).get("run_id")
+            prev = json.load(fh)
     import uuid
-    meta = dict(provenance=prov, run_id=run_id or uuid.uuid4().hex, phases=list(phases), seed=a.seed,
+    meta = dict(provenance=prov, run_id=prev.get("run_id") or uuid.uuid4().hex, phases=list(phases), seed=a.seed,
                 copy_h2d_gbps=cg, hbm_copy_gbps=hbm, thin_gather_gbps=gg, host_gib=a.host_gib,
-                pin_s=t_pin, fill_s=t_fill)
+                pin_s=t_pin, fill_s=t_fill, model=model.name,
+                models=sorted(set(prev.get("models", [])) | {model.name}
+                              | {m.name for m in a.cap_models}),
+                gpu_mem_cap=a.cap_label,
+                gpu_mem_cap_bytes=a.cap, torch_limit_bytes=mem["limit"], runtime_overhead_bytes=mem["overhead"],
+                gpu_total_bytes=mem["total"],
+                host_kv=("one pinned buffer of host_gib; a point needing more reads aliased layers (l % host_layers),"
+                         " then aliased requests (overlapping windows): row host_alias; every chunk still crosses"
+                         " the link, only the values repeat"))
     write_json(os.path.join(out, "meta.json"), meta)
     rows, done = [], {}
     jl = os.path.join(out, "rows.jsonl")
@@ -558,20 +730,31 @@ def _sweep(a, phases, prov, model, out, t_start):
             with open(cur, encoding="utf-8") as fh:
                 k = json.load(fh)["key"]
             if k not in done:
-                ph, rep, d0, c0, b0, m0, x0, g0 = json.loads(k)
-                done[k] = dict(key=k, row=dict(phase=ph, rep=rep, design=d0, context=c0, batch=b0, miss_rate=m0,
-                                               transfers=int(x0), graph=int(g0), status="crashed"))
-                _append(jl, done[k])
+                kk = json.loads(k)
+                if kk[0] == PAPER:    # the design's search is not retried: its crash is its result
+                    _, m0, cap0, c0, d0, b0 = kk
+                    done[k] = dict(key=k, row=dict(phase=PAPER, model=m0, gpu_mem_cap=cap0, design=d0, context=c0,
+                                                   batch=b0, miss_rate=a.paper_miss, transfers=1, graph=1,
+                                                   urgent_programs=64, status="crashed"))
+                    dk = paper_phase.paper_key(m0, cap0, c0, d0)
+                    done[dk] = dict(key=dk)
+                    _append(jl, done[k])
+                    _append(jl, done[dk])
+                else:
+                    ph, rep, d0, c0, b0, m0, x0, g0 = kk[:8]
+                    done[k] = dict(key=k, row=dict(phase=ph, rep=rep, design=d0, context=c0, batch=b0, miss_rate=m0,
+                                                   transfers=int(x0), graph=int(g0), status="crashed"))
+                    _append(jl, done[k])
     elif os.path.exists(jl):
         os.remove(jl)
     pts = plan_points(a.quick, a.reps, phases)
     for (ph, rep, d, c, B, m, x, g) in pts:
-        key = json.dumps([ph, rep, d, c, B, m, x, g])
+        key = json.dumps([ph, rep, d, c, B, m, x, g] + ([] if model.name == DEFAULT_MODEL else [model.name]))
         if key in done:
             rows.append(done[key]["row"])
             continue
-        base = dict(phase=ph, rep=rep, design=d, context=c, batch=B, miss_rate="none" if m is None else m,
-                    transfers=int(x), graph=int(g))
+        base = dict(phase=ph, model=model.name, rep=rep, design=d, context=c, batch=B,
+                    miss_rate="none" if m is None else m, transfers=int(x), graph=int(g))
         if ph != REUSE:
             base["urgent_programs"] = 64
         if time.perf_counter() - t_start > a.budget_s:
@@ -585,7 +768,8 @@ def _sweep(a, phases, prov, model, out, t_start):
                                       log=lambda t: print(t, flush=True))
             else:
                 r = run_point(model, weights, flat, d, c, B, miss_rate=m, transfers=x, graph=g, reps=a.replays,
-                              hbm=hbm, log=lambda t: print(t, flush=True), seed=a.seed)
+                              hbm=hbm, log=lambda t: print(t, flush=True), seed=a.seed, limit=mem["limit"],
+                              mem_gpu=mem["mem_gpu"], overhead=mem["overhead"])
         except Exception as exc:  # noqa: BLE001 - reported in the row and the log; the sweep goes on
             import traceback
             print(f"  {d} ctx={c} B={B}: ERROR\n" + traceback.format_exc(limit=8), flush=True)
@@ -595,19 +779,51 @@ def _sweep(a, phases, prov, model, out, t_start):
             torch.cuda.empty_cache()
         r = {**base, **r}
         r["phase"], r["rep"] = ph, rep
-        if r.get("step_ms"):
-            r["floor_link_ms"] = r["link_mib"] * 2**20 / (cg * 1e9) * 1e3
-            r["link_util"] = r["link_gbps"] / cg
+        _link(r, cg)
         rows.append(r)
         _append(jl, dict(key=key, row=r))
+    if PAPER in phases:
+        def append(key, row):
+            if row is not None:
+                _link(row, cg)
+            _append(jl, dict(key=key) if row is None else dict(key=key, row=row))
+
+        def current(key):
+            with open(cur, "w", encoding="utf-8") as fh:
+                json.dump(dict(key=key), fh)
+        held = (model, weights) if weights is not None else (None, None)
+        for pm, ctx in a.paper_points:           # in the order given: the budget cuts the tail
+            if held[0] is not pm:
+                weights = held = None
+                gc.collect()
+                torch.cuda.empty_cache()
+                held = (pm, Weights.random(pm, "cuda", seed=a.seed))
+            rows += paper_phase.run_paper(
+                pm, held[1], flat, (ctx,), cap=a.cap, cap_label=a.cap_label, limit=mem["limit"],
+                mem_gpu=mem["mem_gpu"], overhead=mem["overhead"], reps=a.reps, max_batch=a.paper_max_batch,
+                miss_rate=a.paper_miss, hbm=hbm, deadline=t_start + a.budget_s, done=done, append=append,
+                current=current, seed=a.seed, log=lambda t: print(t, flush=True))
+        weights = held[1] if held[0] is model else None
+        if a.resume:      # the searches of other models, caps and contexts in this folder stay in its files
+            mine = {(r.get("model"), r.get("gpu_mem_cap"), r["context"], r["design"]) for r in rows
+                    if r.get("phase") == PAPER}
+            rows += [e["row"] for k, e in done.items() if e.get("row") and json.loads(k)[0] == PAPER
+                     and tuple(json.loads(k)[1:5]) not in mine]
     if os.path.exists(cur):
         os.remove(cur)
-    summary = dict(schema=2, **meta, wall_s=time.perf_counter() - t_start)
+    summary = dict(schema=SCHEMA, **meta, wall_s=time.perf_counter() - t_start)
     write(out, rows, summary)
     if a.profile and "mechanism" in phases:
-        profile_one(model, weights, flat, out, hbm)
+        profile_one(model, weights or Weights.random(model, "cuda", seed=a.seed), flat, out, hbm)
     print(f"[engine] wrote {out} ({len(rows)} points) in {time.perf_counter() - t_start:.0f} s", flush=True)
     return 0
+
+
+def _link(r, cg):
+    """Link share of a measured row, against the run's pinned copy rate `cg` (GB/s)."""
+    if r.get("step_ms"):
+        r["floor_link_ms"] = r["link_mib"] * 2**20 / (cg * 1e9) * 1e3
+        r["link_util"] = r["link_gbps"] / cg
 
 
 PROFILE_POINT = ("dualdecoder", K128, 4, 0.33)
@@ -670,7 +886,7 @@ def add_exposed(rows):
             continue
         d = TWIN.get(r["design"], r["design"])
         twin = [t for t in ok if not t["transfers"] and t["design"] == d and t["context"] == r["context"]
-                and t["batch"] == r["batch"]]
+                and t["batch"] == r["batch"] and t.get("model") == r.get("model")]
         same = [t for t in twin if t.get("rep") == r.get("rep") and t.get("phase") == r.get("phase")]
         t = (same or twin or [None])[0]
         if t is None:
@@ -695,7 +911,7 @@ def write(out, rows, summary):
                 w = csv.DictWriter(fh, fieldnames=["schema"] + REUSE_COLUMNS + pcols, extrasaction="ignore")
                 w.writeheader()
                 for r in reuse:
-                    w.writerow({"schema": 2, **r, **prov})
+                    w.writerow({"schema": SCHEMA, **r, **prov})
         summary["reuse_fetch"] = [{c: r.get(c) for c in REUSE_COLUMNS if c not in ("phase", "rep", "error")}
                                   for r in reuse]
     cols = ["schema"] + COLUMNS + ["tokens", "exposed_ms", "exposed_share", "compute_ms"] + pcols
@@ -707,8 +923,11 @@ def write(out, rows, summary):
                 rr = _csv_row(r)
                 if rr.get("status") == "ok" and rr.get("exposed_ms") is None:
                     rr["status"] = "ok-no-twin"   # measured, but no compute-only twin to split off exposure
-                w.writerow({"schema": 2, **rr, **prov})
+                w.writerow({"schema": SCHEMA, **rr, **prov})
+    summary["schema"] = SCHEMA
     summary["ratios"] = ratios(rows)
+    if any(r.get("phase") == PAPER for r in rows):
+        summary["paper"] = paper_phase.summarize(rows)
     write_json(os.path.join(out, "summary.json"), summary)
 
 
@@ -806,8 +1025,9 @@ def rebuild(folder):
             r = json.loads(line)
             seen[r["key"]] = r
     for r in seen.values():
-        rows.append(r["row"])
-    meta["schema"] = 2
+        if r.get("row"):              # not the paper phase's done markers
+            rows.append(r["row"])
+    meta["schema"] = SCHEMA
     write(folder, rows, meta)
     return rows
 

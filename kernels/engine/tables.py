@@ -106,6 +106,31 @@ def mechanism_table(summary: dict) -> str:
     return "\n".join(out)
 
 
+def paper_table(summary: dict) -> str:
+    """The paper phase (kernels/engine/paper.py): each design's largest batch under the cap, measured
+    and modelled, its tokens/s there, the series, and DualDecoder's tokens/s over ShadowKV's."""
+    out = ["| model | cap | context | design | largest batch (why not one more) | memory model | tokens/s at"
+           " largest: median (min-max) | peak GiB | series (batch: tokens/s) |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    best = {}
+    for e in summary.get("paper", []):
+        big = e.get("largest") or {}
+        tok = (f"{big['tok_s']:.1f} ({big['tok_s_min']:.1f}-{big['tok_s_max']:.1f})" if big.get("tok_s") else "-")
+        peak = f"{big['peak_gib']:.1f}" if big.get("peak_gib") else "-"
+        series = ", ".join(f"{s['batch']}: {s['tok_s']:.0f}" for s in e["series"]) or "-"
+        out.append(f"| {e['model']} | {e['gpu_mem_cap']} | {_ctx(e['context'])} | {e['design']} | {e['largest_batch']}"
+                   f" ({e['largest_basis']}) | {e['model_max_batch']} | {tok} | {peak} | {series} |")
+        best[(e["model"], e["gpu_mem_cap"], e["context"], e["design"])] = big.get("tok_s")
+    ratios = []
+    for (m, cap, c, d), v in best.items():
+        sk = best.get((m, cap, c, "shadowkv"))
+        if d == "dualdecoder" and v and sk:
+            ratios.append(f"{m} {_ctx(c)} cap {cap}: {v / sk:.2f}")
+    if ratios:
+        out.append("\nDualDecoder / ShadowKV tokens/s, each at its largest batch: " + "; ".join(ratios))
+    return "\n".join(out)
+
+
 def _head(folder: str, summary: dict) -> str:
     prov = summary.get("provenance", {})
     return (f"From {folder}: {prov.get('gpu')}, git {prov.get('git_sha')}, {prov.get('date_utc')}, "
@@ -114,8 +139,9 @@ def _head(folder: str, summary: dict) -> str:
 
 def render(folder: str) -> str:
     summary, rows = load(folder)
-    return "\n\n".join([_head(folder, summary), step_floor_table(summary, rows), dual_single_line(summary),
-                        mechanism_table(summary)])
+    parts = [_head(folder, summary), step_floor_table(summary, rows), dual_single_line(summary),
+             mechanism_table(summary)]
+    return "\n\n".join(parts + ([paper_table(summary)] if summary.get("paper") else []))
 
 
 def render_markdown(folder: str) -> str:
@@ -131,7 +157,11 @@ def render_markdown(folder: str) -> str:
         "### Mechanism ratios",
         "Median (min-max) of the per-repetition ratios; an effect is claimed only where |median - 1| "
         "exceeds max - min.",
-        mechanism_table(summary)])
+        mechanism_table(summary)] + ([
+            "### The paper's points: largest batch under the memory cap",
+            "Each design's largest batch (transfers on, forced misses), the memory model's for the same"
+            " point, tokens/s at it over the timed replays, and the batches the search measured.",
+            paper_table(summary)] if summary.get("paper") else []))
 
 
 def plain(text: str) -> str:

@@ -68,7 +68,7 @@ def _used_slots(src: torch.Tensor, miss: torch.Tensor, k: int) -> torch.Tensor:
 
 
 @triton.jit
-def _slot_gather_kernel(host, bh_ptr, ch_ptr, slot_ptr, count_ptr, k_out, v_out, H, N,
+def _slot_gather_kernel(host, bh_ptr, ch_ptr, slot_ptr, count_ptr, k_out, v_out, H, N, s_hb,
                         s_ob, s_oh, s_ot, CD: tl.constexpr, C: tl.constexpr, ITEMS: tl.constexpr,
                         FETCH_K: tl.constexpr):
     p = tl.program_id(0)
@@ -83,7 +83,7 @@ def _slot_gather_kernel(host, bh_ptr, ch_ptr, slot_ptr, count_ptr, k_out, v_out,
         sl = tl.load(slot_ptr + it, mask=ok, other=0).to(tl.int64)
         b = bh // H
         h = bh % H
-        row = (bh * N + ch) * (2 * CD)
+        row = b * s_hb + (h * N + ch) * (2 * CD)        # s_hb: the host's request stride
         dst = (b * s_ob + h * s_oh + sl * C * s_ot)[:, None] + e
         v = tl.load(host + row[:, None] + CD + e, mask=ok[:, None])
         if FETCH_K:
@@ -102,7 +102,8 @@ def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, i
         return
     grid = (max(1, min(programs, triton.cdiv(n, items))),)
     _slot_gather_kernel[grid](host_kv[layer], plan.bh, plan.chunk, plan.slot, plan.count,
-                              v_out if k_out is None else k_out, v_out, H, N, *v_out.stride()[:3],
+                              v_out if k_out is None else k_out, v_out, H, N, host_kv.stride(1),
+                              *v_out.stride()[:3],
                               CD=C * d, C=C, ITEMS=items, FETCH_K=k_out is not None, num_warps=4)
 
 
@@ -114,7 +115,7 @@ def gather_slots_ref(host_kv, layer, plan: MissPlan, k_out, v_out, **_):
     bh = plan.bh[:n].long().cpu()
     ch = plan.chunk[:n].long().cpu()
     sl = plan.slot[:n].long().cpu()
-    src = host_kv[layer].view(B * H, N, 2, C, d)[bh, ch].to(v_out.device)  # [n, 2, C, d]
+    src = host_kv[layer][bh // H, bh % H, ch].to(v_out.device)              # [n, 2, C, d]
     b, h = (bh // H).to(v_out.device), (bh % H).to(v_out.device)
     tok = (sl[:, None] * C + torch.arange(C)).to(v_out.device)             # [n, C]
     v_out[b[:, None], h[:, None], tok] = src[:, 1]
