@@ -34,7 +34,7 @@ either by the link or by the compute path with its waits:
           miss CPU gather and miss copy per layer where the host CPU has the next prefetch ready
 
 In steady state the timeline (sim/timeline.py) and this step agree within 2% at every batch of
-the link-bound edge that tests/test_sim_agreement.py and sim/README.md report.
+the link-bound edge that tests/test_sim_agreement.py and docs/simulator.md report.
 """
 
 from __future__ import annotations

@@ -5,19 +5,23 @@
     assert_one_line_error(r)                                          # exit 2, one stderr line
 
 The child sees the repository on PYTHONPATH, so it runs from any folder; `env=` adds or removes
-variables (a value of None removes one).
+variables (a value of None removes one); `umask=` gives the child a umask of its own. A test that needs
+the process running (an interrupt test) uses `subprocess.Popen(command(...), env=env(),
+preexec_fn=default_sigint, cwd=ROOT)`.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _env(extra: dict | None) -> dict:
+def env(extra: dict | None = None) -> dict:
+    """The child's environment: this one, with the repository on PYTHONPATH and `extra` applied."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     for k, v in (extra or {}).items():
         if v is None:
@@ -27,15 +31,32 @@ def _env(extra: dict | None) -> dict:
     return env
 
 
-def module(name: str, *args, cwd=ROOT, env: dict | None = None, timeout: float = 300, stdin=None):
+_env = env
+
+
+def command(*args, name: str = "ddbench") -> list[str]:
+    """The argv of `python -m NAME ARGS...` (for subprocess.Popen)."""
+    return [sys.executable, "-m", name, *map(str, args)]
+
+
+def default_sigint() -> None:
+    """A Popen preexec_fn: a shell that starts the test run in the background without job control (a CI
+    runner may) passes SIGINT ignored to its children, and Python then installs no KeyboardInterrupt
+    handler: restore the default, so an interrupt test's SIGINT reaches the child as Ctrl-C would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def module(name: str, *args, cwd=ROOT, env: dict | None = None, timeout: float = 300, stdin=None,
+           umask: int | None = None):
     """`python -m NAME ARGS...` as a subprocess; returns the CompletedProcess (text mode)."""
-    return subprocess.run([sys.executable, "-m", name, *map(str, args)], capture_output=True, text=True,
-                          cwd=str(cwd), env=_env(env), timeout=timeout, input=stdin)
+    pre = None if umask is None else (lambda: os.umask(umask))
+    return subprocess.run(command(*args, name=name), capture_output=True, text=True, cwd=str(cwd),
+                          env=_env(env), timeout=timeout, input=stdin, preexec_fn=pre)
 
 
-def ddbench(*args, cwd=ROOT, env: dict | None = None, timeout: float = 300, stdin=None):
+def ddbench(*args, cwd=ROOT, env: dict | None = None, timeout: float = 300, stdin=None, umask: int | None = None):
     """`python -m ddbench ARGS...` as a subprocess."""
-    return module("ddbench", *args, cwd=cwd, env=env, timeout=timeout, stdin=stdin)
+    return module("ddbench", *args, cwd=cwd, env=env, timeout=timeout, stdin=stdin, umask=umask)
 
 
 def assert_one_line_error(r, code: int = 2, contains: str | None = None) -> str:

@@ -5,24 +5,18 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 
 import pytest
 
 from ddbench.core.outputs import MANIFEST as MARKER
-from tests.cli import ROOT, ddbench
+from tests.cli import command, ddbench, default_sigint, env
 
 FAST = "fig05"     # a memory-model figure: about a second
 
 
 def ddb(*args, cwd, umask=None):
-    if umask is None:
-        return ddbench("figures", *args, cwd=cwd)
-    # a umask of its own: tests.cli.ddbench takes no preexec_fn
-    return subprocess.run([sys.executable, "-m", "ddbench", "figures", *args], cwd=cwd, capture_output=True,
-                          text=True, preexec_fn=lambda: os.umask(umask), timeout=300,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+    return ddbench("figures", *args, cwd=cwd, umask=umask)
 
 
 def one_line_error(p, pattern):
@@ -92,10 +86,9 @@ def test_ctrl_c_leaves_the_previous_folder_whole(tmp_path):
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
     log = tmp_path.parent / f"{tmp_path.name}-stderr.txt"
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "ddbench", "figures", "--only", f"fig13,fig18,{FAST}", "--out",
-                                 str(out)], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=fh, text=True,
-                                 env=dict(os.environ, PYTHONPATH=ROOT),
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not inherited SIG_IGN
+        proc = subprocess.Popen(command("figures", "--only", f"fig13,fig18,{FAST}", "--out", out), cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=fh, text=True, env=env(),
+                                preexec_fn=default_sigint)  # not an inherited SIG_IGN
         deadline = time.time() + 120
         while "fig13:" not in log.read_text() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.02)          # fig13 (first) is done, fig18 (seconds) is being computed: interrupt it

@@ -10,7 +10,8 @@ import sysconfig
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.cli import ROOT, ddbench as run_source
+
 IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
                                 "figures", "sim-out", ".whl", ".gl")
 
@@ -75,15 +76,15 @@ def test_wheel_install_matches_the_source_tree(tmp_path):
     installed = subprocess.run([ddbench, *SIM, "--out", str(tmp_path / "a")], capture_output=True, text=True,
                                cwd=run_dir, env=env)
     assert installed.returncode == 0, installed.stderr
-    editable = subprocess.run([sys.executable, "-m", "ddbench", *SIM, "--out", str(tmp_path / "b")],
-                              capture_output=True, text=True, cwd=ROOT, env=dict(env, PYTHONPATH=ROOT))
+    editable = run_source(*SIM, "--out", tmp_path / "b", env={"DDBENCH_DATA": None})
     assert editable.returncode == 0, editable.stderr
     a, b = json.loads(installed.stdout), json.loads(editable.stdout)
-    assert "_traces" in json.dumps(a["dualdecoder"]["cost_model"])  # the installed copy read its own traces
+    # the installed copy read its own traces: outputs name a bundle relative to the data root only where it lies
+    # under it (ddbench.core.calibration.shown_path), and that root is the venv's _traces (`where` above)
+    assert a["dualdecoder"]["cost_model"][0].startswith("measured: calibration bundle traces/calibration/h200 ")
     assert _numbers(a) == _numbers(b) and a["dualdecoder"]["tokens_per_s"] > 0
-    for f in ("requests.csv", "steps.csv", "memory.csv"):
-        body = [open(tmp_path / x / "shadowkv" / f).read().split("\n# cost model: ")[-1] for x in "ab"]
-        assert body[0].split("\n", 1)[1] == body[1].split("\n", 1)[1]
-    plans = [subprocess.run(cmd + PLAN, capture_output=True, text=True, cwd=run_dir, env=e).stdout
-             for cmd, e in (([ddbench], env), ([sys.executable, "-m", "ddbench"], dict(env, PYTHONPATH=ROOT)))]
-    assert json.loads(plans[0]) == json.loads(plans[1])
+    for f in ("requests.csv", "steps.csv", "memory.csv"):    # plain CSVs: no notes, no paths, equal as they are
+        assert (tmp_path / "a" / "shadowkv" / f).read_text() == (tmp_path / "b" / "shadowkv" / f).read_text()
+    plans = [subprocess.run([ddbench, *PLAN], capture_output=True, text=True, cwd=run_dir, env=env),
+             run_source(*PLAN, cwd=run_dir, env={"DDBENCH_DATA": None})]
+    assert json.loads(plans[0].stdout) == json.loads(plans[1].stdout)

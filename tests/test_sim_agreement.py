@@ -67,7 +67,7 @@ def test_aggregate_near_the_link_bound_edge(system, batch):
 @pytest.mark.parametrize("system,batch,hit", [("dualdecoder", 3, 0.2), ("dualdecoder", 5, 0.2),
                                               ("shadowkv", 1, 0.88), ("specache", 2, 0.88)])
 def test_aggregate_at_32k(system, batch, hit):
-    """The worst points of a 32K sweep (batches 1-24, hit 0.2 and 0.88; sim/README.md)."""
+    """The worst points of a 32K sweep (batches 1-24, hit 0.2 and 0.88; docs/simulator.md)."""
     m = get_model("llama-3-8b")
     cm = cost_model("llama-3-8b", "h200", "pcie5")
     h = [hit] * m.num_layers

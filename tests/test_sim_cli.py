@@ -6,13 +6,12 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 
 import pandas as pd
 import pytest
 
-from tests.cli import ROOT, assert_one_line_error, ddbench
+from tests.cli import ROOT, assert_one_line_error, command, ddbench, default_sigint, env
 
 _run = ddbench
 REQUEST_COLUMNS = ["id", "arrival_s", "context", "output_tokens", "rejected", "admitted_s", "ttft_s", "tpot_s",
@@ -187,28 +186,20 @@ def test_timeline_batch_that_does_not_fit_reports_no_throughput(tmp_path):
 
 def test_files_follow_the_umask(tmp_path):
     out = tmp_path / "o"
-    p = subprocess.run([sys.executable, "-m", "ddbench", *BASE, "--system", "dualdecoder,shadowkv", "--out", str(out)],
-                       capture_output=True, text=True, preexec_fn=lambda: os.umask(0o027), cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=ROOT))   # (tests.cli.ddbench takes no preexec_fn)
+    p = _run(*BASE, "--system", "dualdecoder,shadowkv", "--out", str(out), umask=0o027)
     assert p.returncode == 0, p.stderr
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o750
     assert stat.S_IMODE(os.stat(out / "shadowkv").st_mode) == 0o750
     assert {stat.S_IMODE(os.stat(f).st_mode) for f in out.rglob("*") if f.is_file()} == {0o640}
 
 
-def _default_sigint():
-    """A shell that starts the test run in the background without job control (a CI runner may) passes
-    SIGINT ignored to its children, and Python then installs no KeyboardInterrupt handler: restore it."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_interrupt_leaves_no_partial_set(tmp_path):
     """Ctrl-C in the middle of a nine-design run: exit 130, no --out, no temporary folder."""
     out = tmp_path / "o"
-    p = subprocess.Popen([sys.executable, "-m", "ddbench", "simulate", "--model", "llama-3-8b", "--gpu", "h200",
-                          "--system", "every", "--context", "uniform:16k:64k", "--rate", "5", "--requests", "3000",
-                          "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=_default_sigint, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    p = subprocess.Popen(command("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--system", "every",
+                                 "--context", "uniform:16k:64k", "--rate", "5", "--requests", "3000", "--out", out),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
+                         cwd=ROOT, env=env())
     deadline = time.time() + 60
     while time.time() < deadline:  # wait until the staging folder inside --out holds a finished design
         tmp = [d for d in out.iterdir() if d.name.startswith(".ddbench-stage-")] if out.is_dir() else []

@@ -5,7 +5,7 @@ The prefetch that ends the bubble starts on an idle stream and pays bytes only (
 fixed cost only queued behind a gather of its own stream: sim/timeline.py), while under priority
 each prefetch queues behind the previous one and pays it: so FIFO - priority is about the attention
 per layer, not attention + fixed cost (the engine's measured gap at this point, with its spread over
-the repetitions: sim/README.md). The engine point of traces/engine/h200 (Llama-3-8B, 128K, batch 16, 33%
+the repetitions: docs/simulator.md). The engine point of traces/engine/h200 (Llama-3-8B, 128K, batch 16, 33%
 misses)."""
 
 from dataclasses import replace

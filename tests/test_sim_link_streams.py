@@ -1,5 +1,5 @@
 """The gather streams of the timeline (sim/timeline.py), from the engine (kernels/engine/engine.py,
-traces/engine/h200; sim/README.md):
+traces/engine/h200; docs/simulator.md):
 - a layer's misses wait for that layer's own prefetch (they overwrite its slots: the urgent gather
   waits on the prefetch's event), and go on the link no earlier than it lands;
 - a GPU gather pays the fixed cost (the bundle's h2d_t0_s, fitted from back-to-back calls on one
