@@ -37,7 +37,8 @@ def say(b, line: str) -> None:
 
 
 def quiet_third_party(quiet: bool) -> None:
-    """Silence third-party bars (transformers, huggingface_hub) unless they would go to a terminal."""
+    """Silence third-party bars (transformers, huggingface_hub, the GGUF loader's plain tqdm) unless they
+    would go to a terminal. Call it before anything imports tqdm: tqdm reads TQDM_DISABLE at import."""
     if not (quiet or not on_terminal()):
         return
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"

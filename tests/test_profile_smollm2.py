@@ -40,6 +40,7 @@ def test_smollm2_profile(tmp_path):
                 "--budget", "256", "--temperature", "0,1.0", "--init", "both", "--device", "cpu", "--threads", "1",
                 "--quiet", "--out", str(out), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr == ""                      # --quiet: no bar of ours, nor transformers' GGUF loader's
     name = "SmolLM2-135M-Instruct.Q4_1"
     rows = list(csv.DictReader(open(out / f"{name}.csv")))
     assert len(rows) == 30 * 2 * 2                          # layers x inits x temperatures
