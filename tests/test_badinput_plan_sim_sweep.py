@@ -137,7 +137,7 @@ def test_plan_values(flag, value, message, capsys):
 
 @pytest.mark.parametrize("args", [["--output", "256"], ["--link", "pcie5"], ["--hit-rate", "0.5"],
                                   ["--calibration", "x"], ["--roofline"], ["--max-batch", "4"], ["--requests", "9"],
-                                  ["--host", "paper-testbed"], ["--fetching", "2"], ["--prefill", "here"],
+                                  ["--fetching", "2"], ["--prefill", "here"],
                                   ["--seeds", "0"], ["--tol", "0.1"], ["--max-runs", "4"], ["--workers", "1"],
                                   ["--plot", "x.png"]])
 def test_plan_serving_flags_need_slo(args, capsys):

@@ -73,7 +73,7 @@ def test_host_sharing_halves_a_link_bound_design():
     assert fetch_share(get_host("paper-testbed"), 2).per_gpu_gbps == get_link("pcie5").achievable_gbps
     assert shared_link(get_link("pcie5"), fetch_share(get_host("paper-testbed"), 4)) == get_link("pcie5")
     base = dict(model="llama-3-8b", gpu="h200", context="128k", output="256", design="dualdecoder")
-    alone = capacity(Scenario(**base))
+    alone = capacity(Scenario(**base, host_mem_gb=200))
     shared = capacity(Scenario(**base, host="paper-testbed"))
     assert alone["max_batch"] == shared["max_batch"]
     assert 0.45 < shared["tokens_per_s"] / alone["tokens_per_s"] < 0.56

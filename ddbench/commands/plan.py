@@ -1,7 +1,9 @@
 """`ddbench plan`: what-if capacity planning.
 
 Without an SLO: for each design, the largest batch that fits and the GPU memory breakdown at
-that batch (or at --batch).
+that batch (or at --batch). Host memory bounds the batch too where it is given: --host NAME (the
+host's memory / its GPUs, all serving) or --host-mem GB (for this GPU's requests); each design's
+pinned host KV per request, the largest batch by GPU and by host memory, and which one binds.
 
 With --slo (or --target-rate, or --search): for each design, the highest sustainable Poisson
 arrival rate that meets every SLO term, found by a bracketed search over serving runs of the
@@ -25,14 +27,17 @@ from dataclasses import replace
 
 from ddbench.core import defaults as D
 from ddbench.core import flags
+from ddbench.core.catalog import NOT_BOUNDED
 from ddbench.core.errors import DDBenchError
-from ddbench.core.memory import CATEGORIES, max_batch, memory_breakdown
+from ddbench.core.memory import BOUND_BOTH, BOUND_GPU, CATEGORIES, memory_breakdown
 from ddbench.core.units import GB, fmt_tokens, parse_tokens
 from ddbench.planner.scenario import resolve
 from ddbench.planner.scenario_args import add_scenario_args, add_workload, given, scenarios_from_args
 
 EXAMPLE = """examples:
   ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --design all
+  ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --design all --host paper-testbed
+  ddbench plan --model llama-3-8b --gpu h200 --context 128k --host-mem 100 --json
   ddbench plan --model qwen2.5-32b --gpu h200 --context 1m --design dualdecoder,shadowkv --json
   ddbench plan --model ./my-model/config.json --gpu a100-80gb --context 65536 --batch 8
   ddbench plan --model qwen2.5-32b --gpu h100-80gb --link pcie5 --context uniform:64k:128k --output exp:256 \\
@@ -43,11 +48,12 @@ EXAMPLE = """examples:
       --search budget,chunk,lowrank-layers,cache --plot pareto.png
 
 exit status: 0 with an answer (a design that does not fit says so in its row's status), 2 for bad
-input, 3 when no design fits one request (or, with --batch, that batch) in GPU memory."""
+input (a host memory too small for one request's host KV, too), 3 when no design fits one request
+(or, with --batch, that batch) in GPU memory (and host memory)."""
 
 NO_FIT = 3
 # flags only the serving what-if reads (besides those of scenario_args.OPTIONAL and --roofline)
-SERVING_ONLY = ("host", "fetching", "prefill", "seeds", "tol", "max_runs", "workers", "plot")
+SERVING_ONLY = ("fetching", "prefill", "seeds", "tol", "max_runs", "workers", "plot")
 
 
 def _slo(text: str):
@@ -78,8 +84,12 @@ def register(sub) -> None:
     g.add_argument("--slo", type=flags.checked(_slo),
                    help="service-level objectives, e.g. p99-completion=60s,p99-tpot=100ms"
                         " (metrics completion, ttft, tpot; any percentile; units s, ms, us)")
-    g.add_argument("--host", type=flags.text(), help="multi-GPU host whose GPUs share PCIe switches and host memory"
-                   " (paper-testbed, hgx-h100, hgx-h200, dgx-a100, pcie-8gpu-direct, single-h200)")
+    p.add_argument("--host", type=flags.text(), help="multi-GPU host whose GPUs share PCIe switches and host memory"
+                   " (paper-testbed, hgx-h100, hgx-h200, dgx-a100, pcie-8gpu-direct, single-h200); its host memory"
+                   " / its GPUs bounds the batch")
+    p.add_argument("--host-mem", metavar="GB", type=flags.number(lo=0, lo_open=True, hi=D.MAX_HOST_MEM_GB),
+                   help="host memory for this GPU's requests, GB (1e9 bytes): bounds the batch by pinned host KV"
+                        " (default: --host's memory / its GPUs; without --host, not a bound)")
     g.add_argument("--fetching", type=flags.integer(lo=1, hi=D.MAX_COUNT),
                    help="GPUs of --host fetching at once (default: all of them)")
     g.add_argument("--prefill", choices=("here", "elsewhere"),
@@ -111,22 +121,34 @@ def register(sub) -> None:
 # ------------------------------------------------------------------ memory answer (no SLO)
 def plan(args) -> dict:
     parse_tokens(args.context)   # the memory answer is at one context
-    resolved = [resolve(sc) for sc in scenarios_from_args(args, D.PLAN_REQUESTS)]
+    resolved = [resolve(sc).check_host()
+                for sc in scenarios_from_args(args, D.PLAN_REQUESTS, host=args.host, host_mem_gb=args.host_mem)]
     r0 = resolved[0]
     model, gpu, workload = r0.model, r0.gpu, r0.workload
     rows = []
     for r in resolved:
-        best = max_batch(r.design, model, gpu, workload)
+        bounds = r.bounds(workload.context)
+        best = bounds.max_batch
         shown = args.batch if args.batch is not None else max(best, 1)
         bd = memory_breakdown(r.design, model, gpu, replace(workload, batch=shown))
-        rows.append({"system": r.design.name, "max_batch": best, "breakdown_batch": shown, "fits": bd.fits,
-                     "status": "ok" if bd.fits else "does-not-fit",
-                     "bytes": {c: getattr(bd, c) for c in CATEGORIES} | {"total": bd.total}})
+        fits = bd.fits and bounds.host_fits(shown)
+        rows.append({"system": r.design.name, "max_batch": best, "max_batch_gpu": bounds.max_batch_gpu,
+                     "max_batch_host": bounds.max_batch_host, "bound_by": bounds.bound_by,
+                     "host_bytes_per_request": bounds.host_bytes_per_request, "breakdown_batch": shown,
+                     "fits": fits, "fits_gpu": bd.fits, "fits_host": bounds.host_fits(shown),
+                     "status": "ok" if fits else "does-not-fit",
+                     "bytes": {c: getattr(bd, c) for c in CATEGORIES} | {"total": bd.total},
+                     "host_bytes": shown * bounds.host_bytes_per_request})
+    hm = r0.host_mem
     out = {"model": model.name, "gpu": gpu.name, "capacity_bytes": gpu.hbm_bytes,
-           "context": workload.context, "workload": dict(vars(workload)), "systems": rows}
+           "context": workload.context, "workload": dict(vars(workload)),
+           "host_memory": None if hm is None else {"bytes_per_gpu": hm.bytes_per_gpu, "host": hm.host,
+                                                   "note": hm.note},
+           "host_memory_note": NOT_BOUNDED if hm is None else hm.note, "systems": rows}
     if not any(r["fits"] for r in rows):
         what = f"batch {args.batch}" if args.batch is not None else "one request"
-        out["verdict"] = f"no design fits {what} in the {gpu.hbm_bytes / GB:.1f} GB of GPU memory"
+        host = "" if hm is None else f" and the {hm.gb_per_gpu:.1f} GB of host memory for this GPU"
+        out["verdict"] = f"no design fits {what} in the {gpu.hbm_bytes / GB:.1f} GB of GPU memory{host}"
     return out
 
 
@@ -136,18 +158,34 @@ def _table(rows: list[list[str]]) -> list[str]:
             for r in rows]
 
 
+BOUND_SHORT = {BOUND_GPU: "GPU", "host memory": "host", BOUND_BOTH: "both"}
+
+
 def render(result: dict) -> str:
     cap = result["capacity_bytes"]
+    hm = result["host_memory"]
+    host_head = (f"host memory: {hm['bytes_per_gpu'] / GB:.1f} GB per GPU" if hm is not None
+                 else f"host memory: {NOT_BOUNDED}")
     head = (f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])}, "
-            f"budget {result['workload']['budget']}, chunk {result['workload']['chunk']}  [GB = 1e9 bytes]")
-    cols = ["system", "max batch", "at batch"] + [c.replace("_", " ") for c in CATEGORIES] + ["total", "of GPU"]
+            f"budget {result['workload']['budget']}, chunk {result['workload']['chunk']}  [GB = 1e9 bytes];"
+            f" {host_head}")
+    bounded = hm is not None
+    cols = ["system", "max batch"] + (["bound by", "by GPU", "by host"] if bounded else []) + ["at batch"] \
+        + [c.replace("_", " ") for c in CATEGORIES] + ["total", "of GPU", "host GB/req"]
     table = [cols]
     for r in result["systems"]:
         b = r["bytes"]
-        table.append([r["system"], str(r["max_batch"]), str(r["breakdown_batch"])]
+        oom = "" if r["fits"] else (" OOM" if not r["fits_gpu"] else " host OOM")
+        table.append([r["system"], str(r["max_batch"])]
+                     + ([BOUND_SHORT[r["bound_by"]], str(r["max_batch_gpu"]),
+                         "-" if r["max_batch_host"] is None else str(r["max_batch_host"])] if bounded else [])
+                     + [str(r["breakdown_batch"])]
                      + [f"{b[c] / GB:.2f}" for c in CATEGORIES]
-                     + [f"{b['total'] / GB:.2f}", f"{100 * b['total'] / cap:.0f}%" + ("" if r["fits"] else " OOM")])
-    return "\n".join([head] + _table(table) + ([result["verdict"]] if "verdict" in result else []))
+                     + [f"{b['total'] / GB:.2f}", f"{100 * b['total'] / cap:.0f}%" + oom,
+                        f"{r['host_bytes_per_request'] / GB:.2f}"])
+    tail = [f"host memory: {hm['note']}; bound by: the smaller of the GPU's and host memory's batch"
+            " (by host '-': the design keeps no KV on the host)"] if bounded else []
+    return "\n".join([head] + _table(table) + tail + ([result["verdict"]] if "verdict" in result else []))
 
 
 # ------------------------------------------------------------------ serving what-if
@@ -178,9 +216,9 @@ def _serving_args(args) -> tuple:
 def _scenarios(args):
     """One checked scenario per design (names, knobs, distributions, profile, bundle) before any run."""
     scenarios = scenarios_from_args(args, D.PLAN_REQUESTS, host=args.host, fetching=args.fetching,
-                                    prefill=args.prefill or D.PREFILL)
+                                    host_mem_gb=args.host_mem, prefill=args.prefill or D.PREFILL)
     for sc in scenarios:
-        resolve(sc).check()
+        resolve(sc).check().check_host()
     return scenarios
 
 
@@ -195,7 +233,9 @@ def _row_view(res, slos) -> dict:
          "tolerance_reached": res.reached_tol if math.isfinite(res.reached_tol) else None,
          "tokens_per_s": row.get("tokens_per_s") if res.status == "met" else None,
          "binding": res.binding or None, "limited_by": res.limit or None,
-         "max_batch": res.capacity.get("max_batch"), "mean_batch": row.get("mean_batch"),
+         "max_batch": res.capacity.get("max_batch"), "max_batch_gpu": res.capacity.get("max_batch_gpu"),
+         "max_batch_host": res.capacity.get("max_batch_host"), "bound_by": res.capacity.get("bound_by"),
+         "host_bytes_per_request": res.capacity.get("host_bytes_per_request"), "mean_batch": row.get("mean_batch"),
          "capacity_estimate_req_per_s": res.capacity.get("rate"),
          "link_gbps_per_gpu": row.get("link_gbps_per_gpu"), "link_utilisation": row.get("link_utilisation"),
          "peak_memory_gb": row.get("peak_memory_gb"), "runs": res.runs}
@@ -266,7 +306,7 @@ def serving_plan(args) -> dict:
         tasks = []
         for sc in scenarios:
             for s in K.settings(sc, knobs, min_context(sc.context), r0.model.num_layers):
-                resolve(s).check()
+                resolve(s).check().check_host()
                 tasks.append(s)
     else:
         tasks = list(scenarios)
@@ -283,6 +323,7 @@ def serving_plan(args) -> dict:
            "requests_per_run": sc0.requests, "tolerance": tol, "max_runs": max_runs,
            "sustainable_rule": "no rejected request and completion-time slope against arrival time <= 0.05",
            "cost_model": list(r0.cm.notes), "hit_rates": r0.hit_note}
+    out["host_memory"] = NOT_BOUNDED if r0.host_mem is None else r0.host_mem.note
     if r0.share is not None:
         out["host"] = {"name": r0.share.host, "fetching": r0.share.fetching, "per_gpu_gbps": r0.share.per_gpu_gbps,
                        "alone_gbps": r0.share.alone_gbps, "limit": r0.share.limit, "note": r0.share.describe()}
@@ -309,7 +350,9 @@ def serving_plan(args) -> dict:
                 from ddbench.core.catalog import get_host
                 d["hosts"] = math.ceil(d["gpus"] / get_host(args.host).gpus)
         if r0.share is not None:
+            # the GPU alone on its link, with the same host memory for its requests
             alone = capacity(replace(res.scenario, host=None, fetching=None,
+                                     host_mem_gb=None if r0.host_mem is None else r0.host_mem.gb_per_gpu,
                                      link=get_host_link(args.host) if res.scenario.link is None
                                      else res.scenario.link), seeds[0])
             d["peak_tokens_per_s_alone"] = alone.get("tokens_per_s")
@@ -367,6 +410,10 @@ def render_serving(out: dict) -> str:
                  f" {out['requests_per_run']} requests per run, at most {out['max_runs']} runs per search")
     if "host" in out:
         lines.append(f"host: {out['host']['note']}")
+    if "host_memory" in out:
+        lines.append(f"host memory: {out['host_memory']}"
+                     + ("" if out["host_memory"] == NOT_BOUNDED else
+                        "; admission capped at the requests whose host KV fits at the longest context"))
     slo_cols = out["slo_columns"] or ["completion_p99_s", "tpot_p99_s"]
     head = ["rank", "system", "max rate req/s", "tokens/s", "binding", "max batch", "mean batch"] \
         + [c.replace("_s", "").replace("_", " ") for c in slo_cols] + ["peak GB", "runs"]
@@ -518,7 +565,10 @@ def run(args) -> int:
         result = plan(args)
         if args.csv:
             print(_csv([{"system": r["system"], "max_batch": r["max_batch"], "at_batch": r["breakdown_batch"],
-                         **{f"{k}_bytes": v for k, v in r["bytes"].items()}} for r in result["systems"]]), end="")
+                         **{f"{k}_bytes": v for k, v in r["bytes"].items()},
+                         **{k: r[k] for k in ("host_bytes_per_request", "max_batch_gpu", "max_batch_host", "bound_by",
+                                              "status")}}
+                        for r in result["systems"]]), end="")
         else:
             print(json.dumps(result, indent=1) if args.json else render(result))
         return NO_FIT if "verdict" in result else 0

@@ -1,6 +1,8 @@
 """`ddbench simulate`: replay a design on a model, GPU and link with the calibrated simulator.
 
-Serving mode (default): Poisson arrivals, continuous batching with admission by GPU memory,
+Serving mode (default): Poisson arrivals, continuous batching with admission by GPU memory
+(and by host memory with --host or --host-mem: at most the requests whose pinned host KV fits at the
+longest context drawn; summary.json's "host_memory" gives both bounds and which binds),
 chunked prefill (TTFT) and per-step decode on the calibrated cost model. Writes
 requests.csv (TTFT, TPOT, completion per request), steps.csv, memory.csv and summary.json
 into --out, and with --trace a Chrome/Perfetto trace.json.
@@ -30,6 +32,7 @@ from dataclasses import replace
 
 from ddbench.core import defaults as D
 from ddbench.core import flags
+from ddbench.core.catalog import NOT_BOUNDED
 from ddbench.core.finite import check_finite
 from ddbench.core.io import dumps_json
 from ddbench.core.outputs import output_folder
@@ -47,6 +50,8 @@ EXAMPLE = """examples:
   ddbench simulate --model llama-3-8b --gpu h100-80gb --link pcie5 --design all --context uniform:64k:128k \\
       --output exp:256 --rate 0.2 --requests 500 --seed 7 --out sim-out --force --trace
   ddbench simulate --model llama-3-8b --gpu h200 --design dualdecoder --context 128k --batch 32 --steps 20 --trace
+  ddbench simulate --model llama-3-8b --gpu h100-80gb --design dualdecoder --context 128k --rate 0.1 \
+      --host paper-testbed
 
 exit status: 0 when the run is written (a design that does not fit says so in its line and in
 summary.json's "status"), 2 for bad input, 3 when no design fits at all (the folder is still written)."""
@@ -66,6 +71,14 @@ def register(sub) -> None:
                    help="timeline mode: simulate this batch per layer instead of serving")
     p.add_argument("--steps", type=flags.integer(lo=1, hi=D.MAX_STEPS), default=D.STEPS,
                    help=f"timeline mode: batch steps (default {D.STEPS}; 2 warm-up)")
+    p.add_argument("--host", type=flags.text(),
+                   help="multi-GPU host (paper-testbed, hgx-h100, ...): its GPUs share PCIe switches and host DRAM,"
+                        " and its host memory / its GPUs bounds the batch")
+    p.add_argument("--fetching", type=flags.integer(lo=1, hi=D.MAX_COUNT),
+                   help="GPUs of --host fetching at once (default: all of them)")
+    p.add_argument("--host-mem", metavar="GB", type=flags.number(lo=0, lo_open=True, hi=D.MAX_HOST_MEM_GB),
+                   help="host memory for this GPU's requests, GB (1e9 bytes): admission stops where their pinned"
+                        " host KV would not fit (default: --host's memory / its GPUs; without --host, not a bound)")
     p.add_argument("--prefill-elsewhere", action="store_true",
                    help="serving: prefill runs on other GPUs (disaggregated); requests join decoding on admission")
     p.add_argument("--out", default="sim-out", type=flags.text(),
@@ -96,9 +109,10 @@ def _csv(rows: list[dict], columns=None) -> str:
 
 
 def run(args) -> int:
-    scenarios = scenarios_from_args(args, D.SIM_REQUESTS, rows=profile_rows(args),
+    scenarios = scenarios_from_args(args, D.SIM_REQUESTS, rows=profile_rows(args), host=args.host,
+                                    fetching=args.fetching, host_mem_gb=args.host_mem,
                                     prefill="elsewhere" if args.prefill_elsewhere else "here")
-    resolved = [resolve(sc).check() for sc in scenarios]
+    resolved = [resolve(sc).check().check_host() for sc in scenarios]
     ctx = parse_tokens(args.context) if args.batch is not None else None   # the timeline needs one context
     r0 = resolved[0]
     multi = len(resolved) > 1
@@ -129,6 +143,7 @@ def run(args) -> int:
     else:
         for name, s in summaries.items():
             print(_render(name, s))
+        print(_render_host(summaries, r0))
         print("cost model: " + "; ".join(r0.cm.notes))
         print(f"hit rates: {r0.hit_note}")
         if r0.lowrank_note:
@@ -161,6 +176,32 @@ def _render(name: str, s: dict) -> str:
             f" peak memory {s['peak_memory_bytes'] / GB:.1f} of {s['capacity_bytes'] / GB:.1f} GB")
 
 
+def _render_host(summaries: dict, r0) -> str:
+    """One line: host memory not bounded, or per design its bounds and which one binds."""
+    if r0.host_mem is None:
+        return f"host memory: {NOT_BOUNDED}"
+    parts = []
+    for name, s in summaries.items():
+        h = s["host_memory"]
+        by_host = "-" if h["max_batch_host"] is None else h["max_batch_host"]
+        parts.append(f"{name} {h['host_bytes_per_request'] / GB:.1f} GB/request, max batch {h['max_batch']}"
+                     f" (GPU {h['max_batch_gpu']}, host {by_host}: {h['bound_by']})")
+    ctx = next(iter(summaries.values()))["host_memory"]["context"]
+    return f"host memory: {r0.host_mem.note}; at context {ctx}: " + "; ".join(parts)
+
+
+def _host_block(r, ctx: int, cap: int | None) -> dict:
+    """summary.json's "host_memory": the batch bounds by GPU and host memory at `ctx`, the --max-batch cap,
+    the batch admission allows and what binds it."""
+    b = r.bounds(ctx)
+    mb = b.max_batch if cap is None else min(b.max_batch, cap)
+    bound = "batch cap" if cap is not None and cap < b.max_batch else b.bound_by
+    hm = r.host_mem
+    return {"bytes_per_gpu": None if hm is None else hm.bytes_per_gpu, "note": NOT_BOUNDED if hm is None else hm.note,
+            "context": ctx, "host_bytes_per_request": b.host_bytes_per_request, "max_batch_gpu": b.max_batch_gpu,
+            "max_batch_host": b.max_batch_host, "max_batch_cap": cap, "max_batch": mb, "bound_by": bound}
+
+
 def _request_rows(requests) -> list[dict]:
     return [{"id": q.rid, "arrival_s": q.arrival, "context": q.context, "output_tokens": q.output,
              "rejected": int(q.rejected), "admitted_s": q.admitted, "ttft_s": q.ttft, "tpot_s": q.tpot,
@@ -176,6 +217,8 @@ def _serving(args, r, w, out) -> dict:
     head = {"mode": "serving", "system": r.design.name, "model": r.model.name, "gpu": r.gpu.name, "link": r.link.name,
             "rate": args.rate, "seed": args.seed, "context": sc.context, "output": sc.output,
             "prefill": "elsewhere" if sc.prefill == "elsewhere" else "this GPU"}
+    # the host bound at the longest context drawn (exp:MEAN: the longest request drawn)
+    head["host_memory"] = _host_block(r, r.max_context or max(q.context for q in reqs), sc.max_batch)
     no_fit = weights_do_not_fit(r, len(reqs))
     if no_fit is not None:   # nothing can run: every request is rejected
         for q in reqs:
@@ -188,7 +231,7 @@ def _serving(args, r, w, out) -> dict:
         return {**head, **no_fit, "peak_memory_by_category": static}
     bar = progress_bar(total=len(reqs), desc=r.design.name, unit="req", leave=False, quiet=len(reqs) < 200)
     try:
-        res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, sc.max_batch,
+        res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, r.batch_cap,
                           prefill_here=sc.prefill == "here", progress=bar.update, lowrank=r.lowrank)
     finally:
         bar.close()
@@ -224,12 +267,17 @@ def _timeline(args, r, ctx: int, w, out) -> dict:
 
     wl = replace(r.workload, context=ctx)
     bd = memory_breakdown(r.design, r.model, r.gpu, replace(wl, batch=args.batch))
+    host = _host_block(r, ctx, None)
+    host_fits = host["max_batch_host"] is None or args.batch <= host["max_batch_host"]
     head = {"mode": "timeline", "system": r.design.name, "model": r.model.name, "gpu": r.gpu.name,
             "link": r.link.name, "batch": args.batch, "context": ctx, "steps": args.steps,
-            "memory_bytes": bd.as_dict(), "fits": bd.fits}
-    if not bd.fits:
+            "memory_bytes": bd.as_dict(), "fits": bd.fits and host_fits, "host_memory": host}
+    if not bd.fits or not host_fits:
         reason = (f"batch {args.batch} does not fit: it needs {bd.total / GB:.1f} GB of the GPU's"
-                  f" {bd.capacity / GB:.1f} GB")
+                  f" {bd.capacity / GB:.1f} GB" if not bd.fits else
+                  f"batch {args.batch} does not fit: its host KV needs"
+                  f" {args.batch * host['host_bytes_per_request'] / GB:.1f} GB of the"
+                  f" {host['bytes_per_gpu'] / GB:.1f} GB of host memory for this GPU")
         return {**head, "status": "does-not-fit", "reason": reason, "step_ms": None, "tokens_per_s": None,
                 "reasons": {"step_ms": reason, "tokens_per_s": reason}}
     layers_ = step_layers(r.design, r.model, r.cm, wl, args.batch, ctx, r.hit, r.reuse, r.lowrank)

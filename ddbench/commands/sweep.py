@@ -6,9 +6,14 @@ runs, arrival rates and seeds; the sweep runs their product, one seeded serving 
 local processes (default) or a Ray cluster (--executor ray [--address HOST:PORT]; without an
 address a local Ray instance is started). Finished points are kept in OUT/points.jsonl as they
 finish: rerun the same command to resume. Writes OUT/results.parquet and OUT/results.csv (one
-tidy row per point, units in the column names; a point where not one request fits is a row with
-status "does-not-fit"), OUT/summary.png, OUT/spec.json and OUT/provenance.json (the command's
-arguments, version and git sha).
+tidy row per point, units in the column names; a point where not one request fits, in GPU memory
+or in host memory, is a row with status "does-not-fit"), OUT/summary.png, OUT/spec.json and
+OUT/provenance.json (the command's arguments, version and git sha).
+
+Host memory: the grid's host_mem_gb (GB for one GPU's requests; default: a host's memory / its GPUs,
+and without a host no bound), or --host-mem GB for every point. Each row gives
+host_bytes_per_request, max_batch_gpu, max_batch_host, bound_by and max_batch_fit (what admission
+allows).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from ddbench.core.errors import DDBenchError
 EXAMPLE = """examples:
   ddbench sweep examples/fig13-load.yaml
   ddbench sweep examples/fig20-load.yaml --workers 2 --out sweep-out/fig20
+  ddbench sweep examples/fig20-load.yaml --host-mem 200 --out sweep-out/fig20-host200
   ddbench sweep examples/fig13-load.yaml --executor ray                      # a local Ray instance
   ddbench sweep big.yaml --executor ray --address 10.0.0.5:6379 --max-points 50000 --yes
 
@@ -47,6 +53,9 @@ def register(sub) -> None:
     p.add_argument("--max-points", type=flags.integer(lo=1, hi=D.MAX_COUNT), default=D.MAX_POINTS,
                    help=f"refuse a grid larger than this unless --yes (default {D.MAX_POINTS})")
     p.add_argument("--yes", action="store_true", help="run a grid above --max-points")
+    p.add_argument("--host-mem", metavar="GB", type=flags.number(lo=0, lo_open=True, hi=D.MAX_HOST_MEM_GB),
+                   help="host memory for one GPU's requests, GB (1e9 bytes), at every point: replaces the spec's"
+                        " grid.host_mem_gb")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--force", action="store_true",
                    help="write into an --out that holds files ddbench did not write (they are kept)")
@@ -60,6 +69,8 @@ def run(args) -> int:
 
     # everything a user can get wrong is checked before anything is written
     spec = load_spec(args.spec)
+    if args.host_mem is not None:
+        spec["grid"]["host_mem_gb"] = [args.host_mem]
     n = count_points(spec)
     if n > args.max_points and not args.yes:
         raise DDBenchError(f"the grid has {n} points, above --max-points {args.max_points}; pass --yes to run it"

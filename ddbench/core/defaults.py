@@ -48,3 +48,4 @@ MAX_COUNT = 1 << 40        # any other count (batch, chunk, rank, layers, ...)
 MAX_REQUESTS = 10_000_000  # requests per run
 MAX_STEPS = 100_000        # timeline batch steps
 MIN_RATE, MAX_RATE = 1e-9, 1e9   # arrival rates, requests/s: arrival times stay finite
+MAX_HOST_MEM_GB = 1e9      # --host-mem / host_mem_gb, GB for one GPU's requests (an exabyte: any real host fits)

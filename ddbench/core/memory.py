@@ -1,9 +1,10 @@
-"""GPU memory model of every design in the registry.
+"""GPU and host memory model of every design in the registry.
 
 For a model, a GPU, a design and a workload (context, batch, sparse budget,
 chunk size, rank...) it gives GPU bytes by category and the largest batch that
-fits. Every term follows from the mechanism; its formula is in the docstring of
-the function that computes it. Notation: L layers, H query heads, H_kv KV
+fits; and the pinned host bytes each request keeps (`host_kv_bytes`), which bound
+the batch too where host memory is given (`batch_bounds`). Every term follows from
+the mechanism; its formula is in the docstring of the function that computes it. Notation: L layers, H query heads, H_kv KV
 heads, d head dim, h hidden, I intermediate, V vocab, e = 2 bytes (bf16),
 S context tokens, b batch, B sparse budget in tokens, C chunk size, r rank.
 
@@ -193,3 +194,78 @@ def max_batch(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> in
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+# ---------------------------------------------------------------- host memory
+def host_kv_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
+    """Pinned host bytes one request keeps: its prompt's 16-bit KV, whatever a selected chunk may need
+    to fetch (generated tokens stay on the GPU, `resident_kv_bytes`):
+
+        K+V (fetch "kv": dualdecoder and its ablations, specache, ideal):
+            S * ((L - n_lr) * 2 + n_lr) * H_kv * d * e
+            where n_lr low-rank key layers rebuild keys on the GPU and keep only values on the host
+            (adaptive key reconstruction; 0 by default, so S * L * 2 * H_kv * d * e)
+        values only (fetch "values": shadowkv, whose keys are low-rank on the GPU):  S * L * H_kv * d * e
+        nothing (full-kv: the KV stays on the GPU)
+
+    SpeCache's 1-2 bit copy lives on the GPU (aux residency), its 16-bit KV on the host; no design
+    of the registry keeps a quantised copy on the host. For Llama-3-8B at 128K: 16 GiB (K+V) and
+    8 GiB (values)."""
+    w.validate(m)
+    if design.kv_on_gpu or design.fetch == "none":
+        return 0
+    half = m.num_kv_heads * m.head_dim * m.dtype_bytes        # K or V of one token in one layer
+    if design.fetch == "values":
+        per_token = m.num_layers * half
+    else:
+        n_lr = lowrank_layer_count(design, m, w)
+        per_token = ((m.num_layers - n_lr) * 2 + n_lr) * half
+    return w.context * per_token
+
+
+BOUND_GPU, BOUND_HOST, BOUND_BOTH = "gpu memory", "host memory", "gpu and host memory"
+
+
+@dataclass(frozen=True)
+class BatchBounds:
+    """The largest batch by GPU memory and by host memory, and which one binds."""
+    max_batch_gpu: int
+    host_bytes_per_request: int
+    host_bytes_available: int | None      # per GPU; None: host memory is not a bound
+    max_batch_host: int | None            # None: not bounded (no host memory given, or nothing kept there)
+
+    @property
+    def max_batch(self) -> int:
+        return self.max_batch_gpu if self.max_batch_host is None else min(self.max_batch_gpu, self.max_batch_host)
+
+    @property
+    def bound_by(self) -> str:
+        h = self.max_batch_host
+        if h is None or h > self.max_batch_gpu:
+            return BOUND_GPU
+        return BOUND_HOST if h < self.max_batch_gpu else BOUND_BOTH
+
+    def host_fits(self, batch: int) -> bool:
+        return self.max_batch_host is None or batch <= self.max_batch_host
+
+    def as_dict(self) -> dict:
+        return {"host_bytes_per_request": self.host_bytes_per_request,
+                "host_bytes_available": self.host_bytes_available, "max_batch_gpu": self.max_batch_gpu,
+                "max_batch_host": self.max_batch_host, "max_batch": self.max_batch, "bound_by": self.bound_by}
+
+
+def max_batch_host(design: DesignSpec, m: ModelSpec, w: Workload, host_bytes: int | None) -> int | None:
+    """Requests whose host KV fits in `host_bytes`: floor(host_bytes / host_kv_bytes); None where
+    host memory is not a bound (no `host_bytes`, or a design that keeps nothing on the host)."""
+    per = host_kv_bytes(design, m, w)
+    if host_bytes is None or per == 0:
+        return None
+    return int(host_bytes // per)
+
+
+def batch_bounds(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workload,
+                 host_bytes: int | None = None) -> BatchBounds:
+    """The largest batch by GPU memory (`max_batch`) and by `host_bytes` of host memory for this GPU's
+    requests (None: not a bound), at `w.context`."""
+    return BatchBounds(max_batch(design, m, gpu, w), host_kv_bytes(design, m, w), host_bytes,
+                       max_batch_host(design, m, w, host_bytes))

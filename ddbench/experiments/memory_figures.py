@@ -5,6 +5,9 @@ fixed batch) and Figure 15 (memory against context).
 The paper does not state the context, budget or GPU model behind Figures 2, 4, 5
 and 14; we use 128K tokens, ShadowKV's defaults (budget 2048, chunk 8, rank 160)
 and an H100 80GB, and say so in every setup line.
+
+Figure 2 also marks the host-memory bound on the paper's testbed (1.6 TB for 8 GPUs, 200 GB per GPU
+when all serve; core.memory.host_kv_bytes): the paper's batches are GPU-bound only.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from dataclasses import replace
 
 import pandas as pd
 
-from ddbench.core.catalog import get_gpu, get_model
+from ddbench.core.catalog import get_gpu, get_model, host_memory
 from ddbench.experiments import Comparison, FigureResult, register
-from ddbench.core.memory import CATEGORIES, Workload, max_batch, memory_breakdown
+from ddbench.core.memory import CATEGORIES, Workload, host_kv_bytes, max_batch, max_batch_host, memory_breakdown
 from ddbench.plotting import (CATEGORY_COLORS, SYSTEM_COLORS, integer_axis, paper_handle, paper_mark,
                               style_handle)
 from ddbench.core.designs import get_design
@@ -43,6 +46,15 @@ def _max(system: str, size: str, context: int = CONTEXT) -> int:
     return max_batch(get_design(system), get_model(MODELS[size]), get_gpu(GPU), Workload(context=context))
 
 
+TESTBED = "paper-testbed"   # the host whose memory Figure 2 marks
+
+
+def _host_max(system: str, size: str, context: int = CONTEXT) -> int | None:
+    """Requests whose pinned host KV fits in the paper testbed's host memory per GPU (None: none kept)."""
+    return max_batch_host(get_design(system), get_model(MODELS[size]), Workload(context=context),
+                          host_memory(TESTBED, None).bytes_per_gpu)
+
+
 # ---------------------------------------------------------------- Figure 2
 def _paper(pid: str) -> float:
     from ddbench.core.paper import reported
@@ -64,6 +76,10 @@ def _draw_fig2(res: FigureResult, fig) -> None:
         for x, v, p in zip(xs, sub["max_batch"], sub["paper_max_batch"]):
             if pd.notna(p):
                 ax.plot([x], [p], **paper_mark(SYSTEM_COLORS.get(design)))
+        for x, v, h in zip(xs, sub["max_batch"], sub["max_batch_host_testbed"]):
+            if pd.notna(h) and 0 < h < v:   # host memory binds before GPU memory does
+                ax.plot([x], [h], marker="_", color="black", markersize=9, mew=1.6, ls="none",
+                        label="host-memory bound on the paper's\ntestbed (1.6 TB / 8 GPUs)")
             if v == 0:
                 ax.plot([x], [1.0], marker="x", color=SYSTEM_COLORS.get(design), markersize=7, mew=2, ls="none")
                 ax.text(x, 1.25, "OOM", ha="center", va="bottom", fontsize=6, rotation=90)
@@ -81,6 +97,8 @@ def _draw_fig2(res: FigureResult, fig) -> None:
     ax.set_title("Fig. 2: maximum decoding batch per design at 128K (bars and labels: replay)", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
+    host = [k for k in uniq if k.startswith("host-memory")]
+    uniq = {k: v for k, v in uniq.items() if k not in host} | {k: uniq[k] for k in host}   # the bound last
     fig.legend(list(uniq.values()) + [paper_handle()], list(uniq.keys()) + ["paper (star,\ncoloured by design)"],
                fontsize=7, ncol=1, loc="outside right upper")
 
@@ -94,7 +112,10 @@ def fig02() -> FigureResult:
     for size in MODELS:
         for design in ("full-kv", "shadowkv", "specache", "dualdecoder", "ideal"):
             rows.append({"model_size": size, "model": MODELS[size], "system": design,
-                         "max_batch": _max(design, size), "paper_max_batch": paper.get((design, size))})
+                         "max_batch": _max(design, size), "paper_max_batch": paper.get((design, size)),
+                         "host_kv_gb_per_request": host_kv_bytes(get_design(design), get_model(MODELS[size]),
+                                                                 W) / GB,
+                         "max_batch_host_testbed": _host_max(design, size)})
     df = pd.DataFrame(rows)
     get = lambda s, z: int(df[(df.system == s) & (df.model_size == z)].max_batch.iloc[0])  # noqa: E731
 
@@ -128,7 +149,9 @@ def fig02() -> FigureResult:
         Comparison("fig2.shadowkv.32b.share_of_ideal", round(get("shadowkv", "32B") / get("ideal", "32B"), 3),
                    f"{get('shadowkv', '32B')} / {get('ideal', '32B')} under our 'ideal'"),
     ]
-    return FigureResult(df, _setup("designs at their largest batch that fits"), cmp)
+    return FigureResult(df, _setup("designs at their largest batch that fits in GPU memory; black dash: the batch"
+                                   f" whose host KV fits in {TESTBED}'s host memory per GPU"
+                                   f" ({host_memory(TESTBED, None).gb_per_gpu:.0f} GB)"), cmp)
 
 
 def _shadowkv_buffer_tokens() -> int:

@@ -5,6 +5,10 @@ what binds it.
 row (units in the column names). `capacity(scenario)` is the search's first probe; `binding`
 names the limiting resource of a run.
 
+Host memory bounds admission through the run's batch cap: min(--max-batch, the requests whose
+pinned host KV fits at the longest context drawn; `Resolved.batch_cap`). Where not one request's
+host KV fits, nothing runs and every request counts as rejected (`host_does_not_fit`).
+
 Sustainable: no request was rejected, and the latency of the requests does not grow over the
 run: the least-squares slope of completion time against arrival time (`backlog_growth`) is at
 most STABLE_SLOPE. Overloaded, the queue grows at (rate - served rate) and that slope is
@@ -64,15 +68,25 @@ def capacity(sc: Scenario, seed: int = 0) -> dict:
     b = max_batch(r.design, r.model, r.gpu, replace(r.workload, context=max(1, int(round(ctx)))))
     if b < 1 and max_batch(r.design, r.model, r.gpu, r.workload) >= 1:
         b = 1  # the mean request does not fit but the shortest does: the estimate runs one at a time
+    b_gpu, host = b, r.host_cap
     if sc.max_batch is not None:
         b = min(b, sc.max_batch)
+    if host is not None:
+        b = min(b, host)
+    bound = ("batch cap" if sc.max_batch is not None and b == sc.max_batch and b < b_gpu else
+             "host memory" if host is not None and b == host and host < b_gpu else "gpu memory")
+    hb = r.bounds()
+    host_info = {"max_batch_gpu": b_gpu, "max_batch_host": host, "bound_by": bound,
+                 "host_bytes_per_request": hb.host_bytes_per_request,
+                 "host_memory_per_gpu_gb": None if r.host_mem is None else r.host_mem.gb_per_gpu}
     if b < 1:
-        return {"max_batch": 0, "rate": 0.0, "ctx": ctx, "out": out, "prefill_s": math.nan, "step_s": math.nan}
+        return {"max_batch": 0, "rate": 0.0, "ctx": ctx, "out": out, "prefill_s": math.nan, "step_s": math.nan,
+                **host_info}
     st = _step(sc, b, ctx + out / 2)
     pre = _prefill_s(sc, int(round(ctx))) if sc.prefill == "here" else 0.0
     per_req = out * st.step_s / b + pre
     return {"max_batch": b, "rate": 1.0 / per_req, "ctx": ctx, "out": out, "prefill_s": pre,
-            "step_s": st.step_s, "tokens_per_s": b / st.step_s}
+            "step_s": st.step_s, "tokens_per_s": b / st.step_s, **host_info}
 
 
 def binding(sc: Scenario, row: dict, seed: int = 0) -> str:
@@ -82,9 +96,11 @@ def binding(sc: Scenario, row: dict, seed: int = 0) -> str:
     compute seconds of one step there; a TPOT limit is set by the larger batches)."""
     cap = capacity(sc, seed)
     if cap["max_batch"] < 1:
-        return "memory"
+        return "host memory" if cap["bound_by"] == "host memory" else "memory"
     if row["mean_batch"] >= 0.85 * cap["max_batch"]:
-        return "batch cap" if sc.max_batch is not None and sc.max_batch == cap["max_batch"] else "memory"
+        if sc.max_batch is not None and sc.max_batch == cap["max_batch"]:
+            return "batch cap"
+        return "host memory" if cap["bound_by"] == "host memory" else "memory"
     if sc.prefill == "here" and row["rate_req_per_s"] * cap["prefill_s"] >= 0.5:
         return "compute (prefill)"
     st = _step(sc, max(1, int(round(row.get("batch_p90") or row["mean_batch"]))), cap["ctx"] + cap["out"] / 2)
@@ -130,17 +146,34 @@ def weights_do_not_fit(r, n: int) -> dict | None:
             "makespan_s": 0.0, "reasons": {k: why for k in none}}
 
 
+def host_does_not_fit(r, n: int) -> dict | None:
+    """Where not one request's host KV fits in the host memory for this GPU: the serving summary of `n`
+    requests, every one rejected, with the reason; else None."""
+    why = r.host_too_small()
+    if why is None:
+        return None
+    none = ("tokens_per_s", "completion_p50_s", "completion_p99_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
+            "tpot_p99_s")
+    static = r.model.weight_bytes + r.gpu.runtime_overhead_bytes
+    return {"status": "nothing-fits", "reason": why, "requests": n, "completed": 0, "rejected": n,
+            "output_tokens": 0, **{k: None for k in none}, "mean_batch": 0.0, "decode_steps": 0,
+            "link_utilisation": 0.0, "h2d_bytes": 0.0, "peak_memory_bytes": static, "capacity_bytes": r.gpu.hbm_bytes,
+            "makespan_s": 0.0, "reasons": {k: why for k in none}}
+
+
 def run_point(sc: Scenario, rate: float, seed: int = 0, pcts: tuple = ()) -> dict:
     """One seeded serving run at `rate` requests/s -> a flat row (no NaN: missing values are None).
-    Where the weights alone do not fit, nothing runs and every request counts as rejected."""
+    Where the weights alone do not fit, or not one request's host KV fits in host memory, nothing runs
+    and every request counts as rejected. Admission is capped by `Resolved.batch_cap` (--max-batch and
+    host memory)."""
     from sim.serving import draw_requests, run_serving
     from ddbench.planner.slo import percentile
     t0, c0 = time.perf_counter(), time.process_time()
     r = resolve(sc)
     reqs = draw_requests(sc.requests, rate, sc.context, sc.output, seed)
-    s = weights_do_not_fit(r, len(reqs))
+    s = weights_do_not_fit(r, len(reqs)) or host_does_not_fit(r, len(reqs))
     if s is None:
-        res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, sc.max_batch,
+        res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, r.batch_cap,
                           prefill_here=sc.prefill == "here", lowrank=r.lowrank)
         s, done, segments, peaks = res.summary(), [q for q in res.requests if not q.rejected], res.segments, \
             res.peak_by_category

@@ -1,9 +1,9 @@
 """The one scenario: what simulate, plan, sweep and the figures run, and the one `resolve()` of it.
 
 `Scenario` names everything but the arrival rate and the seed, as the user gave it: model, GPU,
-link, host sharing, one design and its sparse-KV buffer layout, the context and output
-distributions, the Workload knobs that differ from their defaults, where the hit rates come from,
-where prefill runs, requests per run, a batch cap, the calibration. Defaults come from
+link, host sharing, the host memory for this GPU's requests, one design and its sparse-KV buffer
+layout, the context and output distributions, the Workload knobs that differ from their defaults,
+where the hit rates come from, where prefill runs, requests per run, a batch cap, the calibration. Defaults come from
 ddbench/core/defaults.py. Flags become scenarios in ddbench/planner/scenario_args.py, a sweep point
 in ddbench/planner/spec.py; the figures build theirs directly.
 
@@ -12,6 +12,11 @@ in ddbench/planner/spec.py; the figures build theirs directly.
 where they come from the profile, and (on first use, or `.check()`) the cost model and the
 per-layer hit and reuse rates. Cost models and hit rates are cached per process, so a worker
 running many points builds them once.
+
+Host memory: `host_mem_gb` (GB for this GPU's requests), else the host's capacity / its GPUs, else
+none (core.catalog.host_memory). `Resolved.host_cap` is the batch whose pinned host KV fits at the
+longest context the scenario draws (HI of uniform:LO:HI): a count cap that never over-commits host
+memory, which serving runs apply beside --max-batch (`Resolved.batch_cap`).
 """
 
 from __future__ import annotations
@@ -21,10 +26,10 @@ from dataclasses import dataclass, fields, replace
 from functools import cached_property, lru_cache
 
 from ddbench.core import defaults as D
-from ddbench.core.catalog import fetch_share, get_gpu, get_host, get_link, get_model, shared_link
+from ddbench.core.catalog import fetch_share, get_gpu, get_host, get_link, get_model, host_memory, shared_link
 from ddbench.core.designs import get_design
 from ddbench.core.errors import DDBenchError
-from ddbench.core.units import parse_tokens
+from ddbench.core.units import GB, fmt_tokens, parse_tokens
 from ddbench.core.workload import Workload
 
 CACHES = ("design", "pingpong", "per-layer")
@@ -44,6 +49,7 @@ class Scenario:
     link: str | None = None           # None: the GPU's usual link (or the host's)
     host: str | None = None           # multi-GPU host sharing switches and DRAM; None: the GPU alone
     fetching: int | None = None       # GPUs of the host fetching at once (None: all of them)
+    host_mem_gb: float | None = None  # host memory for this GPU's requests, GB; None: the host's share, or no bound
     knobs: tuple = ()                 # Workload fields that differ from their defaults: ((name, value), ...)
     cache: str = D.CACHE              # sparse-KV buffers: the design's own, or pingpong / per-layer
     hit_rate: float | str | None = None   # a number, an accuracy CSV, or None: the model's profile, else 0.88
@@ -96,6 +102,59 @@ class Resolved:
     select: object                    # the accuracy profile rows (sim.profile.Select)
     lowrank: frozenset | None = None  # low-rank key layers from the profile, or None: the design's rule
     lowrank_note: str | None = None
+    host_mem: object = None           # core.catalog.HostMemory for this GPU's requests, or None: not a bound
+
+    @property
+    def max_context(self) -> int | None:
+        """The longest context the scenario draws (None: exp:MEAN, any length)."""
+        return max_context(self.scenario.context)
+
+    def bounds(self, context: int | None = None):
+        """core.memory.BatchBounds (GPU and host) at `context` (default: the longest the scenario draws)."""
+        from ddbench.core.memory import batch_bounds
+        ctx = context if context is not None else (self.max_context or self.workload.context)
+        return batch_bounds(self.design, self.model, self.gpu, replace(self.workload, context=ctx),
+                            None if self.host_mem is None else self.host_mem.bytes_per_gpu)
+
+    @cached_property
+    def host_cap(self) -> int | None:
+        """Requests whose host KV fits in host memory at the longest context drawn; None: not a bound."""
+        from ddbench.core.memory import max_batch_host
+        if self.host_mem is None:
+            return None
+        ctx = self.max_context
+        if ctx is None:      # exp:MEAN: only a design that keeps its KV on the GPU draws it
+            if not self.design.kv_on_gpu:
+                raise DDBenchError(f"context '{self.scenario.context}': host memory needs a longest context")
+            return None
+        return max_batch_host(self.design, self.model, replace(self.workload, context=ctx),
+                              self.host_mem.bytes_per_gpu)
+
+    @property
+    def batch_cap(self) -> int | None:
+        """The serving run's cap on concurrent requests: --max-batch and the host cap, the smaller one."""
+        caps = [c for c in (self.scenario.max_batch, self.host_cap) if c is not None]
+        return min(caps) if caps else None
+
+    def host_too_small(self) -> str | None:
+        """Why not one request's host KV fits in host memory (the one-line error), or None."""
+        if self.host_cap is None or self.host_cap >= 1:
+            return None
+        from ddbench.core.memory import host_kv_bytes
+        ctx = self.max_context
+        need = host_kv_bytes(self.design, self.model, replace(self.workload, context=ctx))
+        src = f"--host-mem {self.scenario.host_mem_gb:g}" if self.scenario.host_mem_gb is not None else \
+            f"{self.host_mem.host}'s share"
+        return (f"one {self.design.name} request at context {fmt_tokens(ctx)} pins {need / GB:.1f} GB of KV in host"
+                f" memory, more than the {self.host_mem.gb_per_gpu:.1f} GB for this GPU ({src}); give a larger"
+                " --host-mem, a shorter context or another design")
+
+    def check_host(self) -> "Resolved":
+        """A DDBenchError where not one request's host KV fits in host memory (plan, simulate: bad input)."""
+        why = self.host_too_small()
+        if why:
+            raise DDBenchError(why)
+        return self
 
     @cached_property
     def cm(self):
@@ -150,6 +209,19 @@ def min_context(spec: str) -> int | None:
         return parse_tokens(parts[1], "context")
     if s.startswith("exp:"):
         parse_tokens(s[4:], "context")
+        return None
+    return parse_tokens(s, "context")
+
+
+def max_context(spec: str) -> int | None:
+    """The longest context a distribution draws: the value, HI of uniform:LO:HI; None for exp:MEAN."""
+    s = str(spec).strip().lower()
+    if s.startswith("uniform:"):
+        parts = s.split(":")
+        if len(parts) != 3:
+            raise DDBenchError(f"cannot parse context '{spec}': use uniform:LO:HI")
+        return parse_tokens(parts[2], "context")
+    if s.startswith("exp:"):
         return None
     return parse_tokens(s, "context")
 
@@ -246,4 +318,10 @@ def resolve(sc: Scenario) -> Resolved:
         lowrank, lowrank_note = profile.lowrank_from_summary(path, m.num_layers, m.name,
                                                              explicit=sc.hit_rate is not None)
     w = _workload(sc, design, m, lowrank)
-    return Resolved(sc, m, g, link, share, design, w, select, lowrank, lowrank_note)
+    if sc.host_mem_gb is not None and not (isinstance(sc.host_mem_gb, (int, float))
+                                           and not isinstance(sc.host_mem_gb, bool)
+                                           and 0 < sc.host_mem_gb <= D.MAX_HOST_MEM_GB):
+        raise DDBenchError(f"host memory must be a positive number of GB, at most {D.MAX_HOST_MEM_GB:g},"
+                           f" got {sc.host_mem_gb!r}")
+    host_mem = host_memory(sc.host, sc.host_mem_gb)
+    return Resolved(sc, m, g, link, share, design, w, select, lowrank, lowrank_note, host_mem)

@@ -71,7 +71,9 @@ def max_rate(sc: Scenario, slos: list[SLO], seeds: tuple = (0,), tol: float = 0.
     cap = capacity(sc, seeds[0])
     res.capacity = cap
     if cap["max_batch"] < 1:
-        res.status, res.binding, res.limit = "no fit", "memory", "not one request fits in GPU memory"
+        host = cap.get("bound_by") == "host memory"
+        res.status, res.binding = "no fit", "host memory" if host else "memory"
+        res.limit = f"not one request fits in {'host' if host else 'GPU'} memory"
         return res
     pcts = tuple(sorted({s.pct for s in slos}))
     cache: dict = {}

@@ -10,6 +10,9 @@
       link: [pcie5]               # null: the GPU's usual link
       host: [null]                # a multi-GPU host (catalog) whose GPUs fetch at once; null: alone
       fetching: [null]            # GPUs of the host fetching at once; null: all
+      host_mem_gb: [null]         # host memory for one GPU's requests, GB; null: the host's / its GPUs,
+                                  # or (no host) not a bound; a point where one request's host KV does not
+                                  # fit is a row with status does-not-fit
       system: [shadowkv, dualdecoder]   # or design: (the same list; not both)
       context: [128k]             # or uniform:64k:128k
       output: ["256"]             # or exp:256, uniform:LO:HI
@@ -38,8 +41,8 @@ from typing import Annotated, Literal, Optional, Union
 
 from ddbench.core.errors import DDBenchError
 
-GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "system", "context", "output", "budget", "chunk",
-               "lowrank_layers", "cache", "hit_rate", "prefill", "rate", "seed")
+GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "host_mem_gb", "system", "context", "output", "budget",
+               "chunk", "lowrank_layers", "cache", "hit_rate", "prefill", "rate", "seed")
 
 
 def _models():
@@ -53,6 +56,7 @@ def _models():
     Count = Annotated[int, Field(ge=1, le=D.MAX_COUNT)]
     Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
     Rate = Annotated[float, Field(ge=D.MIN_RATE, le=D.MAX_RATE, allow_inf_nan=False)]
+    HostGB = Annotated[float, Field(gt=0, le=D.MAX_HOST_MEM_GB, allow_inf_nan=False)]
 
     class Grid(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -61,6 +65,7 @@ def _models():
         link: list[Optional[Text]] = [None]
         host: list[Optional[Text]] = [None]
         fetching: list[Optional[Count]] = [None]
+        host_mem_gb: list[Optional[HostGB]] = [None]
         system: list[Text] = Field(min_length=1, validation_alias=AliasChoices("system", "design"))
         context: list[Tokens] = Field(min_length=1)
         output: list[Tokens] = [D.OUTPUT]
@@ -176,8 +181,14 @@ def points(spec: dict) -> list[dict]:
     return out
 
 
+# fields added after points.jsonl stores were written: left out of the key where they are null, so an
+# older store's points keep their keys
+LATER_FIELDS = ("host_mem_gb",)
+
+
 def point_key(p: dict) -> str:
-    return hashlib.sha1(json.dumps(p, sort_keys=True).encode()).hexdigest()[:16]
+    q = {k: v for k, v in p.items() if not (k in LATER_FIELDS and v is None)}
+    return hashlib.sha1(json.dumps(q, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def scenario_of(p: dict):
@@ -186,6 +197,7 @@ def scenario_of(p: dict):
     from ddbench.planner.scenario import Scenario
     return Scenario.make(model=p["model"], gpu=p["gpu"], design=p["system"], context=p["context"],
                          output=p["output"], link=p["link"], host=p["host"], fetching=p["fetching"],
+                         host_mem_gb=p.get("host_mem_gb"),
                          budget=parse_tokens(p["budget"], "budget"), chunk=p["chunk"],
                          lowrank_layers=p["lowrank_layers"], cache=p["cache"], hit_rate=p["hit_rate"],
                          prefill=p["prefill"], requests=p["requests"], max_batch=p["max_batch"])

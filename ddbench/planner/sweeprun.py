@@ -19,8 +19,10 @@ RENAME = {"budget": "budget_tokens", "chunk": "chunk_tokens"}
 
 
 def sweep_point(p: dict) -> dict:
-    """Run one point (in a worker) -> its row: the point's parameters, then the run's results. A point
-    where not one request fits in GPU memory is a row too, with status "does-not-fit"."""
+    """Run one point (in a worker) -> its row: the point's parameters, then the run's results, then
+    the batch bounds: max_batch_fit (what admission allows), max_batch_gpu, max_batch_host (None: host
+    memory not bounded), bound_by, host_bytes_per_request and host_memory_per_gpu_gb. A point where
+    not one request fits in GPU memory, or in host memory, is a row too, with status "does-not-fit"."""
     from ddbench.planner.runs import binding, capacity, run_point
     sc = scenario_of(p)
     res = run_point(sc, float(p["rate"]), int(p["seed"]))
@@ -33,7 +35,10 @@ def sweep_point(p: dict) -> dict:
     row["max_batch_cap"] = p["max_batch"]
     row.update(res)
     row["max_batch_fit"] = cap["max_batch"]
-    row["binding"] = binding(sc, res, int(p["seed"])) if res["completed"] else "memory"
+    for k in ("max_batch_gpu", "max_batch_host", "bound_by", "host_bytes_per_request", "host_memory_per_gpu_gb"):
+        row[k] = cap[k]
+    row["binding"] = binding(sc, res, int(p["seed"])) if res["completed"] else \
+        ("host memory" if cap["bound_by"] == "host memory" else "memory")
     row["status"] = "ok" if res["completed"] else "does-not-fit"
     row["worker_pid"] = os.getpid()
     return row
