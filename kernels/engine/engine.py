@@ -461,11 +461,25 @@ class Engine:
         self.sched.used.clear()          # join only the side streams this capture forks
         g = torch.cuda.CUDAGraph()
         self.out = None
+        self.graph = None
+
+        def body():
+            for _ in range(steps):
+                self.out = self.step()
+
+        # kernels/engine/capture.py: a failure inside the steps (out of memory with prefetches forked)
+        # joins the side streams and ends the capture before it propagates, so torch stays usable; the
+        # capture stream is none of the side streams (torch's stream pool is round-robin)
+        from kernels.engine.capture import capture as guarded_capture
         try:
-            with torch.cuda.graph(g):
-                for _ in range(steps):
-                    self.out = self.step()
-                self.sched.join()
+            guarded_capture(g, body, self.sched.join, avoid=tuple(self.sched.streams.values()))
+        except BaseException:
+            self.sched.used.clear()
+            try:
+                g.reset()                # the fragment and its private pool, now rather than at gc
+            except Exception:  # noqa: BLE001 - a graph whose capture did not end has nothing to reset
+                pass
+            raise
         finally:
             self.timing = timing
         self.graph, self.graph_steps = g, steps

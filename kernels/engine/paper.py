@@ -16,7 +16,17 @@ context and cuBLAS (measured at start, outside torch's allocator) count against 
 is limited to the rest (torch.cuda.set_per_process_memory_fraction), and a batch whose planned bytes
 (the weights and the engine's own tensors, kernels.engine.engine.plan_bytes) exceed that limit is
 refused before anything is allocated. A batch "does not fit" only where its plan is over the limit
-or where it ran out of memory.
+or where it ran out of memory (in building, the eager steps, the CUDA-graph capture or the replays:
+the row's `error` says where). The plan leaves out the step's transient work and the graph's private
+pool (0.2-1.1 GiB measured at 128K): they are not refused on an estimate, they are measured.
+
+Failures: a point that raises is a row and the phase goes on (`oom` where the exception's chain is an
+out-of-memory error, e.g. one raised inside the capture: "does not fit"; else `error`, which ends that
+design's search). The capture joins its side streams before an exception leaves it
+(kernels/engine/capture.py), so a capture that runs out of memory leaves torch usable; after every
+point that is not `ok` the GPU state is checked (capture.gpu_health) and, where it is unusable, every
+later point of the process reads `error` (not run) instead of a wrong `oom`. A model whose weights
+fail is rows of its own (kernels/engine/sweep.py) and the next point runs.
 
 Host KV: a --host-gib pinned buffer viewed by kernels.layout.host_kv_view; a point whose host KV
 exceeds it reads aliased layers, then aliased requests (rows say which: host_alias). Every chunk
@@ -166,6 +176,12 @@ def search_largest(measure, planned, limit: int, max_batch: int) -> Search:
 
 # ------------------------------------------------------------------ the phase
 
+class Poisoned(Stop):
+    """A failed point left the process's GPU state unusable (kernels/engine/capture.gpu_health, or a
+    sticky error): no later point of the process runs (their rows read `error`, not run)."""
+    basis = "error"
+
+
 def paper_key(model, cap_label, ctx, design, batch=None) -> str:
     """rows.jsonl keys: one per measured batch, and a 'paper-done' marker per searched design."""
     if batch is None:
@@ -173,21 +189,140 @@ def paper_key(model, cap_label, ctx, design, batch=None) -> str:
     return json.dumps([PAPER, model, cap_label, ctx, design, batch])
 
 
+def stub_row(model: str, design: str, ctx: int, miss, *, cap_label, cap_gib, status, error=None, batch=1) -> dict:
+    """A paper row without measurements (skipped, not run, failed before run_point returned): the columns
+    engine.csv's reader needs."""
+    r = dict(phase=PAPER, rep=0, model=model, design=design, context=ctx, batch=batch,
+             miss_rate="none" if miss is None else miss, transfers=1, graph=1, urgent_programs=64,
+             gpu_mem_cap=cap_label, cap_gib=cap_gib, status=status)
+    if error:
+        r["error"] = error
+    return r
+
+
+def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status, error, designs=DESIGNS) -> list:
+    """One row per context and design of a model whose points cannot run (its weights failed, or the GPU
+    state was left unusable): `status` and `error` say why; largest batch 0, basis `error`."""
+    from kernels.engine.sweep import design_spec
+    rows = []
+    for ctx in contexts:
+        for d in designs:
+            r = stub_row(model, d, ctx, None if design_spec(d).kv_on_gpu else miss_rate, cap_label=cap_label,
+                         cap_gib=cap_gib, status=status, error=error)
+            r.update(largest_batch=0, largest_basis="error", paper_role="trial")
+            rows.append(r)
+    return rows
+
+
 def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu, overhead, reps, max_batch,
-              miss_rate, hbm, deadline, done, append, current=lambda key: None, seed=0, log=print):
+              miss_rate, hbm, deadline, done, append, current=lambda key: None, seed=0, log=print,
+              gpu_state=None, health=None):
     """Every design of DESIGNS at every context: search_largest on engine points. Returns the rows (the
     search's batches, each measured or refused, with the largest batch and its basis on every row of
     the design's search). `done`: rows.jsonl entries of an earlier run (a design already searched is
     taken from them: --resume); `append(key, row)` records a row (row None: the done marker);
-    `current(key)` names the point about to run (a crash leaves it behind)."""
+    `current(key)` names the point about to run (a crash leaves it behind).
+
+    A point that raises is a row, never the end of the phase: an out-of-memory error anywhere in its
+    exception's chain (one raised inside the CUDA-graph capture included) is status `oom` with the
+    planned bytes, and the search takes it as "does not fit"; any other exception is `error` and ends
+    that design's search. After every point that is not `ok`, `health()` (capture.gpu_health: default)
+    checks that the GPU state is still usable; where it is not, or the error is sticky, the reason goes
+    into `gpu_state["poisoned"]` and this and every later point of the process is not run (`error`)."""
     import gc
 
     import torch
 
+    from kernels.engine import capture as cap_mod
     from kernels.engine.engine import plan_bytes
     from kernels.engine.sweep import design_spec, make_config, run_point
-    rows = []
+    gpu_state = {} if gpu_state is None else gpu_state
+    health = health or cap_mod.gpu_health
     cap_gib = None if cap is None else cap / GIB
+
+    def search(ctx, d, mine):
+        """One design's search at one context: its rows, into `mine` as they are made."""
+        dkey = paper_key(model.name, cap_label, ctx, d)
+        gc.collect()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()      # the weights (and anything else resident)
+        spec = design_spec(d)
+        miss = None if spec.kv_on_gpu else miss_rate
+        steps = []
+
+        def cfg(B):     # SpeCache holds its 2-bit values too: the design's whole residency
+            return make_config(ctx, B, miss, True, seed=seed, quant_values=True)
+
+        def planned(B):
+            return base + sum(plan_bytes(model, spec, cfg(B)).values())
+
+        def point(B):
+            key = paper_key(model.name, cap_label, ctx, d, B)
+            current(key)
+            t0 = time.perf_counter()
+            failure = None
+            try:
+                r = run_point(model, weights, flat, d, ctx, B, miss_rate=miss, transfers=True, graph=True,
+                              reps=reps, hbm=hbm, cfg=cfg(B), limit=limit, mem_gpu=mem_gpu, overhead=overhead,
+                              seed=seed, log=log)
+            except Exception as exc:  # noqa: BLE001 - reported in the row; the phase goes on
+                import traceback
+                log(f"  {d} ctx={ctx} B={B}: ERROR\n" + traceback.format_exc(limit=8))
+                failure = cap_mod.classify(exc)
+            # out of the except block: the exception (and the engine its frames hold) is gone
+            sticky = False
+            if failure is not None:
+                status, text, sticky = failure
+                r = stub_row(model.name, d, ctx, miss, cap_label=cap_label, cap_gib=cap_gib, status=status,
+                             error=text, batch=B)
+                r["planned_gib"] = planned(B) / GIB
+            if r.get("status") != "ok":
+                cap_mod.release()
+                ok, why = health()
+                if sticky or not ok:
+                    why = why or "a sticky CUDA error"
+                    r["error"] = (r.get("error") or r.get("status", "")) + f" | the GPU state is unusable after it: {why}"
+                    gpu_state["poisoned"] = f"{model.name} {d} {ctx // 1024}K B={B} ({why})"
+                    log(f"  [paper] the GPU state is unusable after {gpu_state['poisoned']}: no later point runs")
+            r.update(phase=PAPER, rep=0, gpu_mem_cap=cap_label, cap_gib=cap_gib, wall_s=time.perf_counter() - t0)
+            mine.append(r)
+            append(key, r)
+            return r
+
+        def measure(B):
+            # the next point's time: its step executions (pre-decode, warm-up, a warm-up replay and
+            # `reps` replays of 2 steps) at the last step time scaled by the batch, + building and
+            # capturing (compiles excluded: they fall on the first points)
+            est = POINT_FIXED_S + (4 + 2 * reps) * steps[-1][1] * B / steps[-1][0] if steps else 0.0
+            if time.perf_counter() + est > deadline:
+                raise TimeUp
+            r = point(B)
+            if gpu_state.get("poisoned"):
+                raise Poisoned
+            if r["status"] in ("host-limit", "error"):
+                raise Stop(r["status"])
+            if r["status"] != "ok":
+                return None                           # oom (refused by its plan, or ran out): does not fit
+            steps.append((B, r["step_ms"] / 1e3))
+            return r["peak_reserved_gib"] * GIB
+
+        res = search_largest(measure, planned, limit, max_batch)
+        if not mine and res.basis == "time":
+            mine.append(stub_row(model.name, d, ctx, miss, cap_label=cap_label, cap_gib=cap_gib, status="skipped-time"))
+        elif not mine:                            # batch 1 refused by its plan: its row says how far over
+            point(1)
+        nxt = planned(res.largest + 1) / GIB
+        for r in mine:
+            r.update(largest_batch=res.largest, largest_basis=res.basis, next_planned_gib=nxt,
+                     paper_role=("largest" if r["batch"] == res.largest and r["status"] == "ok" else
+                                 "series" if r["status"] == "ok" else "trial"))
+            append(paper_key(model.name, cap_label, ctx, d, r["batch"]), r)
+        if res.basis not in ("time", "error"):      # a resumed run searches these again
+            append(dkey, None)
+        log(f"  [paper] {model.name} {ctx // 1024}K cap {cap_label}: {d} largest batch {res.largest}"
+            f" ({res.basis}; memory model {mine[0].get('model_max_batch')})")
+
+    rows = []
     for ctx in contexts:
         for d in DESIGNS:
             dkey = paper_key(model.name, cap_label, ctx, d)
@@ -195,72 +330,32 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
             if dkey in done:
                 rows += [e["row"] for k, e in done.items() if k.startswith(prefix) and e.get("row")]
                 continue
-            gc.collect()
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated()      # the weights (and anything else resident)
-            spec = design_spec(d)
-            miss = None if spec.kv_on_gpu else miss_rate
-            mine, steps = [], []
-
-            def cfg(B):     # SpeCache holds its 2-bit values too: the design's whole residency
-                return make_config(ctx, B, miss, True, seed=seed, quant_values=True)
-
-            def planned(B):
-                return base + sum(plan_bytes(model, spec, cfg(B)).values())
-
-            def point(B):
-                key = paper_key(model.name, cap_label, ctx, d, B)
-                current(key)
-                t0 = time.perf_counter()
-                try:
-                    r = run_point(model, weights, flat, d, ctx, B, miss_rate=miss, transfers=True, graph=True,
-                                  reps=reps, hbm=hbm, cfg=cfg(B), limit=limit, mem_gpu=mem_gpu, overhead=overhead,
-                                  seed=seed, log=log)
-                except Exception as exc:  # noqa: BLE001 - reported in the row; the phase goes on
-                    import traceback
-                    log(f"  {d} ctx={ctx} B={B}: ERROR\n" + traceback.format_exc(limit=8))
-                    r = dict(model=model.name, design=d, context=ctx, batch=B, transfers=1, graph=1,
-                             miss_rate="none" if miss is None else miss, urgent_programs=64, status="error",
-                             error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
-                    gc.collect()
-                    torch.cuda.empty_cache()
-                r.update(phase=PAPER, rep=0, gpu_mem_cap=cap_label, cap_gib=cap_gib, wall_s=time.perf_counter() - t0)
-                mine.append(r)
-                append(key, r)
-                return r
-
-            def measure(B):
-                # the next point's time: its step executions (pre-decode, warm-up, a warm-up replay and
-                # `reps` replays of 2 steps) at the last step time scaled by the batch, + building and
-                # capturing (compiles excluded: they fall on the first points)
-                est = POINT_FIXED_S + (4 + 2 * reps) * steps[-1][1] * B / steps[-1][0] if steps else 0.0
-                if time.perf_counter() + est > deadline:
-                    raise TimeUp
-                r = point(B)
-                if r["status"] in ("host-limit", "error"):
-                    raise Stop(r["status"])
-                if r["status"] != "ok":
-                    return None
-                steps.append((B, r["step_ms"] / 1e3))
-                return r["peak_reserved_gib"] * GIB
-
-            res = search_largest(measure, planned, limit, max_batch)
-            if not mine and res.basis == "time":
-                mine.append(dict(phase=PAPER, rep=0, model=model.name, design=d, context=ctx, batch=1,
-                                 miss_rate="none" if miss is None else miss, transfers=1, graph=1, urgent_programs=64,
-                                 gpu_mem_cap=cap_label, cap_gib=cap_gib, status="skipped-time"))
-            elif not mine:                            # batch 1 refused by its plan: its row says how far over
-                point(1)
-            nxt = planned(res.largest + 1) / GIB
-            for r in mine:
-                r.update(largest_batch=res.largest, largest_basis=res.basis, next_planned_gib=nxt,
-                         paper_role=("largest" if r["batch"] == res.largest and r["status"] == "ok" else
-                                     "series" if r["status"] == "ok" else "trial"))
+            if gpu_state.get("poisoned"):
+                for r in not_run_rows(model.name, (ctx,), cap_label=cap_label, cap_gib=cap_gib, miss_rate=miss_rate,
+                                      status="error", designs=(d,),
+                                      error=f"not run: the GPU state is unusable after {gpu_state['poisoned']}"):
+                    append(paper_key(model.name, cap_label, ctx, d, r["batch"]), r)
+                    rows.append(r)
+                continue
+            mine = []
+            try:
+                search(ctx, d, mine)
+            except Exception as exc:  # noqa: BLE001 - a failure outside a point (the search's own): a row
+                import traceback
+                log(f"  [paper] {model.name} {ctx // 1024}K {d}: the search failed\n" + traceback.format_exc(limit=8))
+                failure = cap_mod.classify(exc)
+            else:
+                rows += mine
+                continue
+            cap_mod.release()
+            if not mine:
+                mine = not_run_rows(model.name, (ctx,), cap_label=cap_label, cap_gib=cap_gib, miss_rate=miss_rate,
+                                    status="error", designs=(d,), error=f"the search failed: {failure[1]}")
+            ok = [r["batch"] for r in mine if r.get("status") == "ok"]
+            for r in mine:                        # what it measured stands; why it stopped is on every row
+                r.update(largest_batch=max(ok, default=0), largest_basis="error")
+                r.setdefault("paper_role", "series" if r.get("status") == "ok" else "trial")
                 append(paper_key(model.name, cap_label, ctx, d, r["batch"]), r)
-            if res.basis not in ("time", "error"):      # a resumed run searches these again
-                append(dkey, None)
-            log(f"  [paper] {model.name} {ctx // 1024}K cap {cap_label}: {d} largest batch {res.largest}"
-                f" ({res.basis}; memory model {mine[0].get('model_max_batch')})")
             rows += mine
     return rows
 

@@ -172,21 +172,25 @@ def make_config(ctx, batch, miss_rate=0.174, transfers=True, urgent_programs=64,
 
 
 @contextlib.contextmanager
-def point_memory(row):
+def point_memory(row, stage=None):
     """Around one point's GPU work: cached memory freed and the peak reset first; an out-of-memory
-    error (a capture that runs out surfaces as a RuntimeError) sets row["status"] = "oom"."""
+    error anywhere in the exception's chain (kernels.engine.capture.is_oom: a capture that runs out
+    included) sets row["status"] = "oom", row["error"] (where: `stage`, a dict whose "now" the point
+    updates) and the reserved peak; anything else, or a capture whose end left torch's state suspect
+    (capture.is_sticky), propagates."""
+    from kernels.engine import capture as cap
     torch.cuda.synchronize()
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     try:
         yield
-    except torch.cuda.OutOfMemoryError:
-        row["status"] = "oom"
-    except RuntimeError as exc:
-        if "out of memory" not in str(exc).lower():
+    except Exception as exc:  # noqa: BLE001 - classified below
+        if not cap.is_oom(exc) or cap.is_sticky(exc):
             raise
-        row["status"] = "oom"
+        where = (stage or {}).get("now")
+        row.update(status="oom", error=f"out of memory{' in ' + where if where else ''}: {cap.describe(exc)[:160]}",
+                   peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB)
 
 
 def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, transfers=True, graph=True,
@@ -224,7 +228,8 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
         row["host_layers"], row["host_alias"] = host.shape[0], alias
     plan = plan_bytes(model, sys_, cfg)
     e = None
-    with point_memory(row):
+    stage = dict(now="build")
+    with point_memory(row, stage):
         resident = torch.cuda.memory_allocated()
         row["planned_gib"] = (resident + sum(plan.values())) / GIB
         if limit is not None and resident + sum(plan.values()) > limit:
@@ -233,12 +238,15 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
             log(f"  {design:26s} ctx={ctx:6d} B={batch:3d}: oom (planned {row['planned_gib']:.1f} GiB)")
             return row
         e = Engine(model, sys_, cfg, weights, "cuda", host_kv=host)
+        stage["now"] = "the eager steps"
         e.step()                                  # pre-decoding step (prediction designs) or warm-up
         e.step()                                  # eager warm-up
         if graph:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()              # the eager steps' cached blocks: not beside the graph's pool
+            stage["now"] = "the capture"
             e.capture(2)
+            stage["now"] = "the replays"
             times = event_times(e.replay, reps, warmup=1, per_call=2)
             steps = 2 * reps
         else:
@@ -253,7 +261,7 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
         e = None
         gc.collect()
         torch.cuda.empty_cache()
-        log(f"  {design:26s} ctx={ctx:6d} B={batch:3d}: oom")
+        log(f"  {design:26s} ctx={ctx:6d} B={batch:3d}: oom in {stage['now']} (planned {row['planned_gib']:.1f} GiB)")
         return row
     step = statistics.median(times)
     floor = fb["total"] / (hbm * 1e9) * 1e3 if hbm else None
@@ -652,6 +660,30 @@ def _append(path, obj):
         fh.write(json.dumps(obj) + "\n")
 
 
+SOURCE_DIRS = ("kernels", "ddbench")
+
+
+def source_hash(root=None, dirs=SOURCE_DIRS) -> str:
+    """The first 16 hex digits of the sha256 over the *.py files under `dirs` of the repository `root`
+    (default: this checkout), in sorted order, each as its path relative to root ('/'-separated), a NUL,
+    its bytes, a NUL: the code a run used, whether or not the tree's .git is there or current. Caches
+    (__pycache__) and hidden folders are left out; file times do not count."""
+    import hashlib
+    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    files = []
+    for d in dirs:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, d)):
+            dirnames[:] = [x for x in dirnames if x != "__pycache__" and not x.startswith(".")]
+            files += [os.path.join(dirpath, f) for f in filenames if f.endswith(".py")]
+    h = hashlib.sha256()
+    for rel in sorted(os.path.relpath(f, root).replace(os.sep, "/") for f in files):
+        h.update(rel.encode() + b"\0")
+        with open(os.path.join(root, rel), "rb") as fh:
+            h.update(fh.read())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
 def run(a):
     from kernels.timing import provenance
     phases = parse_phases(a.phases)             # before touching the GPU: bad input exits 2 anywhere
@@ -660,6 +692,7 @@ def run(a):
         raise DDBenchError("the engine bench needs a CUDA GPU; none is visible to torch")
     t_start = time.perf_counter()
     prov = provenance("python -m kernels.engine.sweep " + " ".join(sys.argv[1:]))
+    prov["source_hash"] = source_hash()         # the code that ran, where the device's .git is stale
     model = a.model_spec
     mem = gpu_memory(a)
     out = os.path.join(a.out or str(traces_dir("engine")),
@@ -684,7 +717,8 @@ OUT_FILES = ("meta.json", "rows.jsonl", "current.json", "engine.csv", "summary.j
 
 def _sweep(a, phases, prov, model, out, t_start, mem):
     from kernels.engine.model import Weights
-    print(f"[engine] {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}  sha {prov['git_sha']}  model"
+    print(f"[engine] {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}  sha {prov['git_sha']}"
+          f"  source {prov.get('source_hash')}  model"
           f" {model.name}  cap {a.cap_label} (torch may allocate {mem['limit'] / GIB:.1f} GiB; outside it"
           f" {mem['overhead'] / GIB:.2f} GiB)", flush=True)
     cg = copy_gbps()
@@ -706,7 +740,8 @@ def _sweep(a, phases, prov, model, out, t_start, mem):
         with open(os.path.join(out, "meta.json"), encoding="utf-8") as fh:
             prev = json.load(fh)
     import uuid
-    meta = dict(provenance=prov, run_id=prev.get("run_id") or uuid.uuid4().hex, phases=list(phases), seed=a.seed,
+    meta = dict(provenance=prov, source_hash=prov.get("source_hash") or source_hash(),
+                run_id=prev.get("run_id") or uuid.uuid4().hex, phases=list(phases), seed=a.seed,
                 copy_h2d_gbps=cg, hbm_copy_gbps=hbm, thin_gather_gbps=gg, host_gib=a.host_gib,
                 pin_s=t_pin, fill_s=t_fill, model=model.name,
                 models=sorted(set(prev.get("models", [])) | {model.name}
@@ -747,6 +782,45 @@ def _sweep(a, phases, prov, model, out, t_start, mem):
                     _append(jl, done[k])
     elif os.path.exists(jl):
         os.remove(jl)
+    src = meta["source_hash"]
+    gpu_state = dict(poisoned=None)           # set where a failed point left the GPU state unusable
+    completed = False
+    try:
+        weights = _run_points(a, phases, model, weights, flat, hbm, cg, mem, rows, done, jl, cur, t_start, src,
+                              gpu_state)
+        if PAPER in phases:
+            box, weights = [weights], None    # the paper phase holds the only reference (it swaps models)
+            weights = _run_paper_points(a, model, box, flat, hbm, cg, mem, rows, done, jl, cur, t_start, src,
+                                        gpu_state)
+        completed = True
+    finally:
+        # engine.csv and summary.json whatever happened (a crash of the sweep itself included); a
+        # process killed outright leaves rows.jsonl for `rebuild` and current.json for --resume
+        if completed and os.path.exists(cur):
+            os.remove(cur)
+        summary = dict(schema=SCHEMA, **meta, wall_s=time.perf_counter() - t_start,
+                       gpu_state=gpu_state["poisoned"] or "ok", completed=completed)
+        try:
+            write(out, rows, summary)
+        except Exception:  # noqa: BLE001 - do not hide the exception that ended the sweep
+            if completed:
+                raise
+            import traceback
+            print("[engine] writing engine.csv / summary.json failed:\n" + traceback.format_exc(limit=4), flush=True)
+    if a.profile and "mechanism" in phases and not gpu_state["poisoned"]:
+        profile_one(model, weights or Weights.random(model, "cuda", seed=a.seed), flat, out, hbm)
+    print(f"[engine] wrote {out} ({len(rows)} points) in {time.perf_counter() - t_start:.0f} s"
+          + (f"; the GPU state became unusable after {gpu_state['poisoned']}" if gpu_state["poisoned"] else ""),
+          flush=True)
+    return 0
+
+
+def _run_points(a, phases, model, weights, flat, hbm, cg, mem, rows, done, jl, cur, t_start, src, gpu_state):
+    """The plan_points phases (floor, mechanism, validation, reuse-fetch): one row each into `rows` and
+    rows.jsonl. A point that raises is a row (`oom` where its exception's chain is out of memory, else
+    `error`) and the sweep goes on; once the GPU state is unusable (capture.gpu_health) the remaining
+    points are `error`, not run. Returns the weights (kept for the paper phase and --profile)."""
+    from kernels.engine import capture as cap_mod
     pts = plan_points(a.quick, a.reps, phases)
     for (ph, rep, d, c, B, m, x, g) in pts:
         key = json.dumps([ph, rep, d, c, B, m, x, g] + ([] if model.name == DEFAULT_MODEL else [model.name]))
@@ -760,8 +834,15 @@ def _sweep(a, phases, prov, model, out, t_start, mem):
         if time.perf_counter() - t_start > a.budget_s:
             rows.append(dict(base, status="skipped-time"))
             continue
+        if gpu_state["poisoned"]:
+            r = dict(base, status="error", error=f"not run: the GPU state is unusable after {gpu_state['poisoned']}",
+                     source_hash=src)
+            rows.append(r)
+            _append(jl, dict(key=key, row=r))
+            continue
         with open(cur, "w", encoding="utf-8") as fh:
             json.dump(dict(key=key), fh)
+        failure = None
         try:
             if ph == REUSE:
                 r = reuse_fetch_point(model, flat, c, B, m, reps=a.replays, seed=a.seed,
@@ -773,50 +854,105 @@ def _sweep(a, phases, prov, model, out, t_start, mem):
         except Exception as exc:  # noqa: BLE001 - reported in the row and the log; the sweep goes on
             import traceback
             print(f"  {d} ctx={c} B={B}: ERROR\n" + traceback.format_exc(limit=8), flush=True)
-            r = dict(status="error", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-            gc.collect()
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+            failure = cap_mod.classify(exc)
+        if failure is not None:                   # out of the except block: the point's engine is gone
+            r = dict(status=failure[0], error=failure[1])
+        if r.get("status") != "ok":
+            cap_mod.release()
+            ok, why = cap_mod.gpu_health()
+            if not ok or (failure is not None and failure[2]):
+                why = why or "a sticky CUDA error"
+                r["error"] = (r.get("error") or r["status"]) + f" | the GPU state is unusable after it: {why}"
+                gpu_state["poisoned"] = f"{ph} {d} {c // 1024}K B={B} ({why})"
+                print(f"[engine] the GPU state is unusable after {gpu_state['poisoned']}: no later point runs",
+                      flush=True)
         r = {**base, **r}
         r["phase"], r["rep"] = ph, rep
+        r.setdefault("source_hash", src)
         _link(r, cg)
         rows.append(r)
         _append(jl, dict(key=key, row=r))
-    if PAPER in phases:
-        def append(key, row):
-            if row is not None:
-                _link(row, cg)
-            _append(jl, dict(key=key) if row is None else dict(key=key, row=row))
+    return weights
 
-        def current(key):
-            with open(cur, "w", encoding="utf-8") as fh:
-                json.dump(dict(key=key), fh)
-        held = (model, weights) if weights is not None else (None, None)
-        for pm, ctx in a.paper_points:           # in the order given: the budget cuts the tail
-            if held[0] is not pm:
-                weights = held = None
-                gc.collect()
-                torch.cuda.empty_cache()
+
+def _run_paper_points(a, model, box, flat, hbm, cg, mem, rows, done, jl, cur, t_start, src, gpu_state):
+    """The paper phase's --paper-points in order, into `rows` and rows.jsonl: each model's weights built
+    where the model changes, after every reference to the last model's (weights, engines, graphs) is
+    dropped and the cache released (`box`: [the weights of `model` or None], emptied here: the caller
+    keeps no reference). A model whose weights fail (out of memory included), or a search
+    that raises, is rows (`oom` / `error`) and the next point runs; once the GPU state is unusable every
+    later point is `error`, not run. Returns the weights of `model` if they are the ones held last."""
+    from kernels.engine import capture as cap_mod
+    from kernels.engine.model import Weights
+
+    def append(key, row):
+        if row is not None:
+            row.setdefault("source_hash", src)
+            _link(row, cg)
+        _append(jl, dict(key=key) if row is None else dict(key=key, row=row))
+
+    def current(key):
+        with open(cur, "w", encoding="utf-8") as fh:
+            json.dump(dict(key=key), fh)
+
+    def not_run(pm, ctx, status, error):
+        for r in paper_phase.not_run_rows(pm.name, (ctx,), cap_label=a.cap_label,
+                                          cap_gib=None if a.cap is None else a.cap / GIB, miss_rate=a.paper_miss,
+                                          status=status, error=error):
+            append(paper_phase.paper_key(pm.name, a.cap_label, ctx, r["design"], r["batch"]), r)
+            rows.append(r)
+
+    log = lambda t: print(t, flush=True)      # noqa: E731
+    weights = box.pop() if box else None
+    held = (model, weights) if weights is not None else (None, None)
+    weights = None
+    for pm, ctx in a.paper_points:           # in the order given: the budget cuts the tail
+        if gpu_state["poisoned"]:
+            not_run(pm, ctx, "error", f"not run: the GPU state is unusable after {gpu_state['poisoned']}")
+            continue
+        if held[0] is not pm:
+            held = None                       # the last model's weights: their only reference
+            cap_mod.release()
+            failure = None
+            try:
                 held = (pm, Weights.random(pm, "cuda", seed=a.seed))
-            rows += paper_phase.run_paper(
+            except Exception as exc:  # noqa: BLE001 - the model's points are rows; the next point runs
+                import traceback
+                log(f"  [paper] the weights of {pm.name} failed:\n" + traceback.format_exc(limit=6))
+                failure = cap_mod.classify(exc)
+            if failure is not None:
+                held = (None, None)
+                cap_mod.release()
+                ok, why = cap_mod.gpu_health()
+                text = f"the weights of {pm.name} failed: {failure[1]}"
+                if not ok or failure[2]:
+                    gpu_state["poisoned"] = f"the weights of {pm.name} ({why or 'a sticky CUDA error'})"
+                    text += f" | the GPU state is unusable after it: {why or 'a sticky CUDA error'}"
+                not_run(pm, ctx, failure[0], text)
+                continue
+        failure = None
+        try:
+            rows.extend(paper_phase.run_paper(
                 pm, held[1], flat, (ctx,), cap=a.cap, cap_label=a.cap_label, limit=mem["limit"],
                 mem_gpu=mem["mem_gpu"], overhead=mem["overhead"], reps=a.reps, max_batch=a.paper_max_batch,
                 miss_rate=a.paper_miss, hbm=hbm, deadline=t_start + a.budget_s, done=done, append=append,
-                current=current, seed=a.seed, log=lambda t: print(t, flush=True))
-        weights = held[1] if held[0] is model else None
-        if a.resume:      # the searches of other models, caps and contexts in this folder stay in its files
-            mine = {(r.get("model"), r.get("gpu_mem_cap"), r["context"], r["design"]) for r in rows
-                    if r.get("phase") == PAPER}
-            rows += [e["row"] for k, e in done.items() if e.get("row") and json.loads(k)[0] == PAPER
-                     and tuple(json.loads(k)[1:5]) not in mine]
-    if os.path.exists(cur):
-        os.remove(cur)
-    summary = dict(schema=SCHEMA, **meta, wall_s=time.perf_counter() - t_start)
-    write(out, rows, summary)
-    if a.profile and "mechanism" in phases:
-        profile_one(model, weights or Weights.random(model, "cuda", seed=a.seed), flat, out, hbm)
-    print(f"[engine] wrote {out} ({len(rows)} points) in {time.perf_counter() - t_start:.0f} s", flush=True)
-    return 0
+                current=current, seed=a.seed, log=log, gpu_state=gpu_state, health=cap_mod.gpu_health))
+        except Exception as exc:  # noqa: BLE001 - run_paper makes rows of its failures; this is a last guard
+            import traceback
+            log(f"  [paper] {pm.name} {ctx // 1024}K failed:\n" + traceback.format_exc(limit=8))
+            failure = cap_mod.classify(exc)
+        if failure is not None:
+            cap_mod.release()
+            not_run(pm, ctx, "error", f"the paper phase failed at {pm.name} {ctx // 1024}K: {failure[1]}")
+    if held[0] is model:
+        weights = held[1]
+    held = None
+    if a.resume:      # the searches of other models, caps and contexts in this folder stay in its files
+        mine = {(r.get("model"), r.get("gpu_mem_cap"), r["context"], r["design"]) for r in rows
+                if r.get("phase") == PAPER}
+        rows += [e["row"] for k, e in done.items() if e.get("row") and json.loads(k)[0] == PAPER
+                 and tuple(json.loads(k)[1:5]) not in mine]
+    return weights
 
 
 def _link(r, cg):
@@ -923,7 +1059,8 @@ def write(out, rows, summary):
                 rr = _csv_row(r)
                 if rr.get("status") == "ok" and rr.get("exposed_ms") is None:
                     rr["status"] = "ok-no-twin"   # measured, but no compute-only twin to split off exposure
-                w.writerow({"schema": SCHEMA, **rr, **prov})
+                w.writerow({"schema": SCHEMA, **rr, **prov,
+                            **({"source_hash": rr["source_hash"]} if rr.get("source_hash") else {})})
     summary["schema"] = SCHEMA
     summary["ratios"] = ratios(rows)
     if any(r.get("phase") == PAPER for r in rows):
