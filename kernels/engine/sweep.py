@@ -523,6 +523,15 @@ def main(argv=None):
     except DDBenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        release_cap()
+
+
+def release_cap():
+    """Give torch's allocator the whole GPU back (--gpu-mem-cap holds it for the run only: a caller in the
+    same process, such as a test session, must not inherit the cap)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.set_per_process_memory_fraction(1.0)
 
 
 def parse_point(text):
