@@ -74,8 +74,10 @@ def aggregate_step(plan: StepLayers) -> AggStep:
         free = max(0, n_pf + n_ur - 1) if design.prefetch != "none" else 0
     elif design.prefetch == "none":
         free = n_pf + n_ur
+    elif fifo:
+        free = n_pf if n_ur else n_ur
     else:
-        free = n_pf if fifo and n_ur else n_ur
+        free = n_ur + n_pf - _prefetches_behind(plan, t0)
     W = sum(plan.pf_work) + sum(plan.ur_work) - free * t0
     n_d = sum(1 for x in plan.d2h_work if x > 0)
     D = sum(plan.d2h_work) - max(0, n_d - 1) * r.d2h_t0_s   # one D2H copy per step
@@ -117,6 +119,40 @@ def aggregate_step(plan: StepLayers) -> AggStep:
         if all(p - t0 + u >= c + a for p, u, c, a in zip(plan.pf_work, plan.ur_work, plan.cpu_pf_work, plan.att)):
             step = max(step, chain)
     return AggStep(step, total, t_link, t_cpu, plan.h2d_bytes, sum(plan.d2h_bytes))
+
+
+RAMP = 0.25    # _prefetches_behind: the width, in fixed costs, of the ramp between queued and not
+
+
+def _prefetches_behind(plan, t0: float) -> float:
+    """Priority, GPU gather: how many prefetches of a step queue behind an unfinished prefetch of their
+    stream (and so pay the fixed cost) on a saturated link. Layer-ahead: the prefetch of layer i+2 is
+    issued when attention i ends; on a saturated link the one of layer i+1 (issued when attention i-1
+    ended) ran alone while post i-1 and pre i computed, then beside layer i's misses (at the share the
+    misses leave it) until they ended, then alone during attention i: it is still in flight, and the
+    next one queued, where its work outlasts all that (once queued, each pays: its own fixed cost
+    lengthens the next remainder). One whose predecessor ends within RAMP / 2 fixed costs of its issue
+    counts in proportion (the timeline's rule is all or nothing; the ramp keeps the step continuous in
+    the context, which serving interpolates). Next-step and no misses: every prefetch queues (the
+    saturated stream never drains)."""
+    L = plan.layers
+    r = plan.rates
+    if plan.design.prefetch != "layer-ahead" or L < 3:
+        return sum(1 for x in plan.pf_work if x > 0)
+    slow = r.compute_slowdown if r.method == "uva_gather" else 1.0
+    s = max(1.0, r.urgent_slowdown)
+    n = 0
+    for i in range(L):
+        nxt = plan.pf_work[(i + 2) % L]
+        if nxt <= 0:
+            continue
+        p = plan.pf_work[(i + 1) % L] - t0                 # started on an idle stream: bytes only
+        u = plan.ur_work[i] - t0 if plan.ur_work[i] > 0 else 0.0
+        p -= (plan.post[i - 1] + plan.pre[i]) * slow          # alone, before layer i's misses
+        if u > 0 and p > 0:
+            p = p - u * (s - 1.0) if p > u * (s - 1.0) else 0.0   # beside the misses (their share 1 / s)
+        n += min(1.0, max(0.0, 0.5 + (p - plan.att[i] * slow) / (RAMP * t0))) if t0 > 0 else float(p > plan.att[i] * slow)
+    return n
 
 
 def _compute_path(plan, s_bg, slow, s_u, chunk_s, t0, cpu_gather, exp_prev):

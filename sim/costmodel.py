@@ -7,6 +7,15 @@ Sources, in order of preference, and every output says which one was used (`Cost
    roofline(op) = max(FLOPs / datasheet bf16 rate, bytes / datasheet HBM bandwidth);
 3. no bundle at all: a pure roofline from the catalog (datasheet FLOP/s and HBM, link achievable rate).
 
+The decode step's GPU compute (every op of sim/steplayers.py) is RECONCILED with the decode-step
+engine where the bundle has the engine's kernel breakdown (ddbench.core.calibration.load_breakdown:
+kernels/engine/breakdown.py, kernel time by category of compute-only CUDA-graph steps): each category
+is a model linear in a few physical terms (a fixed cost per layer, a time per byte read), fitted to
+the breakdown's categories (EngineFit, fit_engine_terms) and checked against the bundle's engine
+section (whole compute-only steps); every sparse design is then costed with the engine's kernels.
+Without a breakdown, decode ops come from the bundle's microbenchmarks (linear.csv, kernels.csv) as
+before, and the notes say NOT RECONCILED. Prefill is always priced from the microbenchmarks.
+
 Link rates come from the bundle's link table for the bundle's own link (PCIe 5 on the H200); for
 another link they are scaled by the catalog's achievable rate over the bundle's big-copy rate.
 Time is in seconds throughout. No torch here.
@@ -16,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +36,20 @@ from ddbench.core.catalog.links import LinkSpec
 from ddbench.core.catalog.models import ModelSpec
 
 E = 2  # bf16 bytes
+SCORE_BYTES = 2   # the engine's selection stores its pass-1 scores in fp16 (kernels/engine/fastselect.py)
+# the engine's ShadowKV reuse gather (kernels/gather.py gather_uva defaults, kernels/engine/engine.py reuse_launch)
+ENGINE_REUSE_PROGRAMS, ENGINE_REUSE_IN_FLIGHT = 32, 2
+
+# The decode-step engine's kernels by category (kernels/engine/breakdown.py), each priced as a dot product of
+# a parameter vector with the op's feature vector (per layer, or the LM head); the parameters' names and units:
+ENGINE_TERMS = {
+    "gemm": ("s_per_weight_byte", "s_per_weight_byte_per_row"),
+    "selection": ("fixed_s", "per_query_token_s", "s_per_landmark_byte", "s_per_code_byte", "s_per_candidate",
+                  "s_per_row_chunk"),
+    "attention": ("fixed_s", "s_per_kv_byte"),
+    "rebuild": ("fixed_s", "s_per_byte"),
+    "glue": ("fixed_s", "s_per_activation_byte", "s_per_resident_byte"),
+}
 
 
 def _interp(xs: list[float], ys: list[float], x: float) -> float:
@@ -130,12 +154,121 @@ def fit_reuse_fetch(rows: list[dict], source: str = "") -> ReuseFetchFit | None:
                          source)
 
 
+@dataclass(frozen=True)
+class EngineFit:
+    """The decode step's compute as the engine's kernels take it, per category (ENGINE_TERMS), fitted to
+    the engine's kernel breakdown (compute-only CUDA-graph steps of Llama-3-8B, kernels/engine/breakdown.py):
+
+      gemm       t = W x (a + b x M)                  W weight bytes of the GEMM, M its rows (tokens)
+      selection  t = f + g q + landmark bytes x c_l + code bytes x c_q + candidates x c_t + N x c_n
+                 (landmarks: pass 1 reads b Hk N d and writes fp16 scores b Hq q N; SpeCache: the 2-bit codes
+                 with their scales and zeros; top-k over b q Hk N chunk candidates, and a row's walk over its
+                 N chunks, which bounds it at small batch; q query tokens per request, N = S / chunk)
+      attention  t = f + K/V bytes attended x c
+      rebuild    t = f + (U rows + SV + rebuilt K) bytes x c      (ShadowKV's low-rank keys)
+      glue       t = f + rows x hidden bytes x c_a + resident rows copied x c_r
+                 (norms, RoPE, SwiGLU, residual adds; assembling the attended buffer from the resident window)
+
+    per layer (the LM head: one GEMM). The parameters by least squares on the measured times, relative
+    (each weighted by 1 / itself), none negative: the breakdown's categories and, `joint`, the bundle's
+    engine section's whole steps (CostModel.fit_engine_terms). `quant`: the (bits, group) SpeCache's
+    scan was measured at. The points run the engine's Workload (the core defaults)."""
+    theta: dict               # category -> tuple of parameters (ENGINE_TERMS order)
+    residuals: tuple          # (point label, category, fitted / measured - 1)
+    step_residuals: tuple     # (point label, fitted step / measured step - 1): the breakdown's steps
+    floor_residuals: tuple    # the same against the bundle's engine section (whole compute-only steps)
+    points: int
+    quant: tuple
+    source: str = ""
+    joint: bool = False       # the engine section's steps were fitted too (else only checked)
+
+    @property
+    def parameters(self) -> int:
+        return sum(len(v) for v in self.theta.values())
+
+    def max_residual(self, which: str = "residuals") -> tuple:
+        rs = getattr(self, which)
+        return max(rs, key=lambda r: abs(r[-1])) if rs else ("", 0.0)
+
+    def describe(self) -> str:
+        t = self.theta
+        g, sl, a, r, gl = t["gemm"], t["selection"], t["attention"], t["rebuild"], t["glue"]
+
+        def rate(x):
+            return f"{1 / x / 1e9:.0f} GB/s" if x > 0 else "free"
+        cat = self.max_residual()
+        step = self.max_residual("step_residuals")
+        both = f" and the {len(self.floor_residuals)} whole steps of the bundle's engine section" if self.joint else ""
+        out = (f"decode compute RECONCILED with the engine: {self.parameters} terms fitted to the kernel times by"
+               f" category of {self.points} compute-only CUDA-graph engine steps"
+               f"{' (' + self.source + ')' if self.source else ''}{both}:"
+               f" GEMM weights at {rate(g[0])}, {g[1] / g[0] if g[0] else 0:.2%} more per row; selection"
+               f" {sl[0] * 1e6:.1f} us + {sl[1] * 1e6:.1f} us per query token + landmarks at {rate(sl[2])}, 2-bit codes"
+               f" at {rate(sl[3])}, {sl[4] * 1e12:.1f} ps per top-k candidate, {sl[5] * 1e9:.2f} ns per chunk of a row;"
+               f" attention {a[0] * 1e6:.1f} us + K/V at"
+               f" {rate(a[1])}; key rebuild {r[0] * 1e6:.1f} us + {rate(r[1])}; glue {gl[0] * 1e6:.1f} us +"
+               f" activations at {rate(gl[1])} + resident rows at {rate(gl[2])} (per layer); max |residual| by"
+               f" category {abs(cat[-1]):.1%} ({cat[0]} {cat[1]}), whole steps {abs(step[-1]):.1%} ({step[0]})")
+        if self.floor_residuals:
+            fl = self.max_residual("floor_residuals")
+            med = sorted(abs(x[-1]) for x in self.floor_residuals)[len(self.floor_residuals) // 2]
+            out += (f"; {'' if self.joint else 'unfitted check: '}the engine section's steps: median |residual|"
+                    f" {med:.1%}, max {abs(fl[-1]):.1%} ({fl[0]})")
+        return out + "; every sparse design costed with the engine's kernels, whatever its `kernels` switch"
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares x k = y with k >= 0: columns whose coefficient comes out negative are dropped (set
+    to 0) one at a time and the rest re-solved (an active set; the categories have 2-5 terms)."""
+    keep = [j for j in range(x.shape[1]) if np.any(x[:, j])]
+    k = np.zeros(x.shape[1])
+    while keep:
+        sol = np.linalg.lstsq(x[:, keep], y, rcond=None)[0]
+        if (sol >= 0).all():
+            k[keep] = sol
+            break
+        keep.pop(int(np.argmin(sol)))
+    return k
+
+
+_ENGINE_FITS: dict = {}
+
+
+def engine_fit_of(bundle: Bundle) -> EngineFit | None:
+    """The EngineFit of a bundle with an engine breakdown (None without one), cached per bundle folder
+    and breakdown file (fitting prices each breakdown point once per term)."""
+    bd = getattr(bundle, "breakdown", None)
+    if not bd:
+        return None
+
+    def stamp(path):
+        try:
+            return os.path.realpath(path), os.path.getmtime(path)
+        except OSError:
+            return path, None
+    key = (stamp(bd["path"]), stamp(os.path.join(bundle.path, "engine.csv")), bundle.path,
+           len(bundle.rows.get("engine", [])))
+    if key not in _ENGINE_FITS:
+        from ddbench.core.calibration import ENGINE_MODEL
+        from ddbench.core.catalog.links import get_link
+        from ddbench.core.catalog.models import get_model
+        fitter = CostModel(get_model(ENGINE_MODEL), get_gpu(bundle.gpu), get_link("pcie5"), bundle, reconcile=False)
+        _ENGINE_FITS[key] = fitter.fit_engine_terms(bd)
+    return _ENGINE_FITS[key]
+
+
 class CostModel:
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, link: LinkSpec, bundle: Bundle | None = None):
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, link: LinkSpec, bundle: Bundle | None = None,
+                 reconcile: bool = True):
+        """reconcile: fit the decode compute to the bundle's engine breakdown where it has one (False:
+        the microbenchmark op model; the fit itself prices with it)."""
         self.model, self.gpu, self.link, self.bundle = model, gpu, link, bundle
         self.notes: list[str] = []
         self._cache: dict = {}
         self.quant_scan_groups: list[int] = []   # quant groups of the bundle's triton_quant_scan rows
+        self.engine: EngineFit | None = None     # the reconciled decode compute (engine_fit_of), or None
+        self._theta: dict | None = None          # its parameters; unit vectors while fitting
+        self._fitting = False
         if bundle is None:
             self.source_gpu = gpu
             self.peak_flops = gpu.bf16_tflops * 1e12
@@ -157,6 +290,100 @@ class CostModel:
                     f" the catalog's roofline ratio (HBM {gpu.hbm_gbps:.0f} vs {self.source_gpu.hbm_gbps:.0f} GB/s,"
                     f" bf16 {gpu.bf16_tflops:.0f} vs {self.source_gpu.bf16_tflops:.0f} TFLOP/s)")
             self._build_tables(bundle)
+            fit = engine_fit_of(bundle) if reconcile else None
+            if fit is not None:
+                self.engine, self._theta = fit, {k: np.array(v) for k, v in fit.theta.items()}
+                self.notes.append(fit.describe())
+            else:
+                why = "the bundle has no engine kernel breakdown (breakdown.json)" if reconcile else "not asked"
+                self.notes.append(f"NOT RECONCILED with the engine ({why}): decode compute from the bundle's"
+                                  " microbenchmarks (linear layers timed as eager calls, kernels as graph replays),"
+                                  " which were not validated against the engine")
+
+    # ------------------------------------------------------------------ the engine fit
+    def _eng(self, category: str, x, flops: float, nbytes: float) -> float:
+        """An op priced by the engine fit: its parameters . its features x, scaled to another GPU."""
+        t = float(np.dot(self._theta[category], x))
+        return t if self._fitting else self._scale(t, flops, nbytes)
+
+    def fit_engine_terms(self, breakdown: dict, joint: bool = True) -> EngineFit:
+        """Fit ENGINE_TERMS to an engine breakdown (ddbench.core.calibration.load_breakdown) of this cost
+        model's model (the engine's) and, with `joint`, to the whole compute-only steps of the bundle's
+        engine section (its floor phase: every design at more contexts and batches than the breakdown
+        profiled; they fix the terms a breakdown's few shapes cannot separate). Each point is priced by
+        sim/steplayers.step_layers, the code every command runs, once per term with that term alone set
+        to 1: its compute is then the term's feature summed over the step, so the fit and the pricing
+        cannot disagree on what a step runs. One least-squares problem, relative (each measured time
+        weighted by 1 / itself), no term negative: a row per (breakdown point, category) and a row per
+        engine-section step. The design of a point is the registry's by name ('dualdecoder-single':
+        DualDecoder with one query token)."""
+        from dataclasses import replace as _replace
+        from ddbench.core.designs import get_design
+        from ddbench.core.memory import Workload
+        from sim.steplayers import step_layers
+
+        def design_of(name):
+            single = name.endswith("-single")
+            try:
+                d = get_design(name[:-len("-single")] if single else name)
+            except Exception:
+                return None         # a design this registry does not know
+            return _replace(d, name=name, tokens_per_step=1) if single else d
+
+        pts = [(f"{p['design']} {p['context'] // 1024}K b{p['batch']}", design_of(p["design"]), p["context"],
+                p["batch"], p) for p in breakdown["points"]]
+        pts = [x for x in pts if x[1] is not None]
+        if not pts:
+            from ddbench.core.errors import DDBenchError
+            raise DDBenchError(f"{breakdown['path']}: no point of a known design")
+        steps = []
+        for (system, ctx), (bs, ts) in sorted(getattr(self, "engine_tab", {}).items()):
+            if design_of(system) is not None:
+                steps += [(f"{system} {ctx // 1024}K b{b}", design_of(system), ctx, b, t) for b, t in zip(bs, ts)]
+        cats = list(ENGINE_TERMS)
+        offs = np.cumsum([0] + [len(ENGINE_TERMS[c]) for c in cats])
+        n_par = int(offs[-1])
+        # features: per point and category, the step's sum of each term's feature (unit parameters)
+        everything = pts + steps
+        feats = np.zeros((len(everything), len(cats), n_par))
+        self._fitting = True
+        try:
+            for ci, c in enumerate(cats):
+                for j in range(len(ENGINE_TERMS[c])):
+                    self._theta = {k: np.zeros(len(v)) for k, v in ENGINE_TERMS.items()}
+                    self._theta[c][j] = 1.0
+                    for n, (_, design, ctx, b, _) in enumerate(everything):
+                        feats[n, ci, offs[ci] + j] = self._step_compute(step_layers, design, ctx, b)
+        finally:
+            self._fitting = False
+        rows, ys, labels = [], [], []
+        for n, (label, _, _, _, p) in enumerate(pts):
+            for ci, c in enumerate(cats):
+                y = p["categories"].get(c, {}).get("ms", 0.0) / 1e3
+                if y > 0 and feats[n, ci].any():
+                    rows.append(feats[n, ci] / y)
+                    labels.append((n, ci, y))
+        if joint:
+            for n, (_, _, _, _, t) in enumerate(steps, start=len(pts)):
+                rows.append(feats[n].sum(0) / t)
+        k = _nonneg_lstsq(np.array(rows), np.ones(len(rows)))
+        theta = {c: tuple(float(v) for v in k[offs[ci]:offs[ci + 1]]) for ci, c in enumerate(cats)}
+        res = [(pts[n][0], cats[ci], float(feats[n, ci] @ k / y - 1)) for n, ci, y in labels]
+        step_res = [(label, float(feats[n].sum(0) @ k / (sum(v["ms"] for v in p["categories"].values()) / 1e3) - 1))
+                    for n, (label, _, _, _, p) in enumerate(pts)]
+        floor = [(label, float(feats[n].sum(0) @ k / t - 1))
+                 for n, (label, _, _, _, t) in enumerate(steps, start=len(pts))]
+        src = breakdown.get("provenance", {})
+        from ddbench.core.calibration import shown_path
+        source = f"{shown_path(breakdown['path'])}, git {src.get('git_sha')} {src.get('date_utc')}"
+        return EngineFit(theta, tuple(res), tuple(step_res), tuple(floor), len(pts),
+                         (2, Workload(context=1).quant_group), source, bool(joint and steps))
+
+    def _step_compute(self, step_layers, design, context: int, batch: int) -> float:
+        from ddbench.core.memory import Workload
+        w = Workload(context=context, batch=batch)
+        one = [1.0] * self.model.num_layers
+        return step_layers(design, self.model, self, w, batch, context, one, one).compute_s
 
     # ------------------------------------------------------------------ tables
     def _build_tables(self, b: Bundle) -> None:
@@ -216,7 +443,8 @@ class CostModel:
     def _scale(self, t: float, flops: float, nbytes: float) -> float:
         if not self.scaled:
             return t
-        return t * self._roof(flops, nbytes, self.gpu) / self._roof(flops, nbytes, self.source_gpu)
+        den = self._roof(flops, nbytes, self.source_gpu)
+        return t * self._roof(flops, nbytes, self.gpu) / den if den else t   # a fixed cost: as measured
 
     def _roofline(self, flops: float, nbytes: float) -> float:
         return max(flops / self.peak_flops, nbytes / self.hbm)
@@ -251,29 +479,64 @@ class CostModel:
             if fit is not None:
                 self.reuse_fits[key] = fit
 
-    def engine_harness_s(self, system: str, batch: int, context: int) -> float | None:
+    def engine_harness_s(self, system: str, batch: int, context: int, clamp: bool = False) -> float | None:
         """The sweep harness's per-step cost of forcing misses (the forced-miss draw; not a design cost):
         the compute-only step with forced misses minus the one with the model's own selection, both
         from the calibration sweep's floor phase, piecewise linear in the batch; None where either is
-        not measured at this context and batch."""
-        a = self.engine_step_s(system, batch, context, forced=True)
-        b = self.engine_step_s(system, batch, context)
-        return None if a is None or b is None else a - b
+        not measured at this context and batch (clamp: at the nearest measured batch outside them)."""
+        a = self.engine_step_s(system, batch, context, forced=True, clamp=clamp)
+        b = self.engine_step_s(system, batch, context, clamp=clamp)
+        if a is None or b is None:
+            return None
+        if clamp:      # both at the same batch: the nearest one both tables measured
+            tf, to = self.engine_forced_tab[(system, int(context))], self.engine_tab[(system, int(context))]
+            common = sorted(set(tf[0]) & set(to[0]))
+            if common and not common[0] <= batch <= common[-1]:
+                x = common[0] if batch < common[0] else common[-1]
+                return self.engine_step_s(system, x, context, forced=True) - self.engine_step_s(system, x, context)
+        return a - b
 
-    def engine_step_s(self, system: str, batch: int, context: int, forced: bool = False) -> float | None:
+    def engine_step_s(self, system: str, batch: int, context: int, forced: bool = False,
+                      clamp: bool = False) -> float | None:
         """The engine's measured compute-only step (seconds) of `system` at `context`, piecewise linear
-        in the batch between the measured batches (None outside them or without rows). forced: the
-        step with the harness's forced-miss draw (layer 'step-forced-miss')."""
+        in the batch between the measured batches (None outside them, or at the nearest one with clamp,
+        or without rows). forced: the step with the harness's forced-miss draw (layer 'step-forced-miss').
+        Data, not a cost: the cost model prices compute with its fitted terms (EngineFit)."""
         tabs = getattr(self, "engine_forced_tab" if forced else "engine_tab", {})
         tab = tabs.get((system, int(context)))
         if tab is None:
             return None
         bs, ts = tab
-        if not bs[0] <= batch <= bs[-1]:
+        if not bs[0] <= batch <= bs[-1] and not clamp:
             return None
         return _interp([float(x) for x in bs], ts, float(batch))
 
     # ------------------------------------------------------------------ ops (seconds)
+    def decode_linear_s(self, k: int, n: int, m: int) -> float:
+        """A decode step's k x n linear layer at m rows (tokens): the engine fit's GEMM where reconciled,
+        else linear_s (the bundle's eager microbenchmark)."""
+        if self._theta is None:
+            return self.linear_s(k, n, m)
+        return self._eng("gemm", (k * n * E, m * k * n * E), 2.0 * m * k * n, (k * n + m * k + m * n) * E)
+
+    def glue_s(self, rows: int) -> float:
+        """The small kernels of one layer around its GEMMs (norms, RoPE, SwiGLU, residual adds) at `rows`
+        tokens; 0 where not reconciled (the microbenchmarks have none: not modelled)."""
+        if self._theta is None:
+            return 0.0
+        nbytes = rows * self.model.hidden * E
+        return self._eng("glue", (1.0, nbytes, 0.0), 0.0, nbytes)
+
+    def assemble_s(self, batch: int, resident_rows: int) -> float:
+        """Assembling one layer's attended buffer: the engine copies the resident window (outliers,
+        local chunks, generated-token slots: `resident_rows` tokens of K and V) into it and writes the
+        new token's K/V; 0 where not reconciled."""
+        if self._theta is None:
+            return 0.0
+        m = self.model
+        nbytes = 2 * 2 * batch * m.num_kv_heads * resident_rows * m.head_dim * E   # K and V, read + written
+        return self._eng("glue", (0.0, 0.0, nbytes), 0.0, nbytes)
+
     def linear_s(self, k: int, n: int, m: int) -> float:
         key = ("lin", k, n, m)
         hit = self._cache.get(key)
@@ -328,19 +591,29 @@ class CostModel:
         m = self.model
         nbytes = 2 * batch * m.num_kv_heads * kv_tokens * m.head_dim * E
         flops = 4.0 * batch * q * kv_tokens * m.num_heads * m.head_dim
+        if self._theta is not None:      # the engine's attention kernel (whatever `triton` says)
+            return self._eng("attention", (1.0, nbytes), flops, nbytes)
         x = nbytes
         return self._kernel(self._pick("triton_attention", "sdpa_decode", triton), q, x, flops, nbytes)
 
     def select_s(self, batch: int, q: int, context: int, chunk: int, triton: bool = False) -> float:
         """Score q query rows per request against ceil(S/C) landmarks, group max, top-k (one layer)."""
         m = self.model
-        nbytes = batch * m.num_kv_heads * math.ceil(context / chunk) * m.head_dim * E
-        flops = 2.0 * batch * q * m.num_heads * math.ceil(context / chunk) * m.head_dim
+        n = math.ceil(context / chunk)
+        nbytes = batch * m.num_kv_heads * n * m.head_dim * E
+        flops = 2.0 * batch * q * m.num_heads * n * m.head_dim
+        if self._theta is not None:      # the engine's selection: pass 1 (fp16 scores), then its top-k
+            lm = nbytes + batch * m.num_heads * q * n * SCORE_BYTES
+            return self._eng("selection", (1.0, q, lm, 0.0, batch * q * m.num_kv_heads * n, n), flops, lm)
         return self._kernel(self._pick("triton_select", "select_landmarks", triton), q, nbytes, flops, nbytes)
 
     def rebuild_s(self, batch: int, tokens: int, rank: int, triton: bool = False) -> float:
         """Low-rank key rebuild U[rows] @ SV for `tokens` selected rows per request (one layer)."""
         m = self.model
+        if self._theta is not None:      # the engine's rebuild kernel (whatever `triton` says)
+            hk, d = m.num_kv_heads, m.head_dim
+            nbytes = (batch * tokens * rank + batch * hk * rank * d + batch * hk * tokens * d) * E
+            return self._eng("rebuild", (1.0, nbytes), 2.0 * batch * tokens * rank * hk * d, nbytes)
         kernel = self._pick("triton_rebuild", "lowrank_rebuild", triton)
         hk, d = m.num_kv_heads, m.head_dim
         if kernel == "triton_rebuild":
@@ -351,19 +624,25 @@ class CostModel:
         flops = 2.0 * batch * tokens * rank * hk * d
         return self._kernel(kernel, 1, x, flops, nbytes)
 
-    def quant_scan_s(self, batch: int, q: int, context: int, bits: int, group: int) -> float:
+    def quant_scan_s(self, batch: int, q: int, context: int, bits: int, group: int, chunk: int = 8) -> float:
         """SpeCache's selection of one layer: score q query rows per request against a resident `bits`-bit
         key copy (scale and zero per `group` tokens), chunk max, top-k.
 
-        Measured (the bundle has `triton_quant_scan` rows): the decode-step engine's selection
-        (kernels.engine.fastselect.specache_select_topk: pass 1 over the 2-bit codes and the fused top-k,
-        so the top-k is included here and costed nowhere else), fitted like the other kernels against
+        Reconciled (the bundle has an engine breakdown): the engine fit's selection at the engine's
+        (2 bits, group 64): pass 1 over the codes, scales and zeros, then the same top-k terms as the
+        landmark selection. Otherwise, measured (the bundle has `triton_quant_scan` rows): the decode-step
+        engine's selection (kernels.engine.fastselect.specache_select_topk: pass 1 over the 2-bit codes and
+        the fused top-k, so the top-k is included here and costed nowhere else), fitted like the other kernels against
         the bytes read (codes + scales + zeros) and scaled per op on another GPU. Only at the measured
         2 bits and group; any other (bits, group), or a bundle without the rows (older bundles) or no
         bundle: the HBM roofline of the read (no top-k), with a ROOFLINE note saying why."""
         m = self.model
         nbytes = batch * m.num_kv_heads * context * (m.head_dim * bits / 8 + 2 * E * m.head_dim / group)
         flops = 2.0 * batch * q * m.num_heads * context * m.head_dim
+        if self._theta is not None and (bits, group) == tuple(self.engine.quant if self.engine else (bits, group)):
+            # the engine's SpeCache selection: pass 1 over the codes, then the same top-k as the landmarks'
+            cand = batch * q * m.num_kv_heads * math.ceil(context / chunk)
+            return self._eng("selection", (1.0, q, 0.0, nbytes, cand, math.ceil(context / chunk)), flops, nbytes)
         groups = self.quant_scan_groups
         if groups and bits == 2 and group in groups:
             return self._kernel("triton_quant_scan", q, nbytes, flops, nbytes)
@@ -442,12 +721,14 @@ class CostModel:
         if fit is not None:
             if miss_share is None:
                 raise ValueError("the fitted reuse fetch needs the layer's miss share")
-            self._note(f"reuse fetch (the engine's ShadowKV fetch, sim.validate) FITTED to the bundle's reuse_fetch"
-                       f" records at {chunk_bytes} B chunks, {programs} programs x {in_flight}: {fit.describe()}")
+            self._note(f"ShadowKV's fetch as the engine runs it (on the compute stream, the key rebuild after it)"
+                       f" FITTED to the bundle's reuse_fetch records at {chunk_bytes} B chunks, {programs} programs"
+                       f" x {in_flight}: {fit.describe()}")
             return fit.fetch_s(slots, chunk_bytes, math.ceil(slots / (programs * in_flight)), miss_share)
         have = sorted(getattr(self, "reuse_fits", {}))
-        self._note(f"reuse fetch (the engine's ShadowKV fetch, sim.validate) BUNDLE-DERIVED, not measured: the bundle"
-                   f" has no reuse_fetch records at {chunk_bytes} B chunks, {programs} programs x {in_flight}"
+        self._note(f"ShadowKV's fetch as the engine runs it (on the compute stream, the key rebuild after it)"
+                   f" BUNDLE-DERIVED, not measured: the bundle has no reuse_fetch records at {chunk_bytes} B chunks,"
+                   f" {programs} programs x {in_flight}"
                    f" ({'records at ' + str(have) if have else 'no such section: an older bundle'}); copy at the HBM"
                    " copy rate + the gather's fixed cost + ceil(slots / (programs x in flight)) rounds of the 32-block"
                    " gather's round trip (link.csv)")

@@ -6,15 +6,25 @@ and the per-step aggregate (sim/aggregate.py) are built on it.
 
 Per layer i of a step, for a batch of b requests:
   pre[i]   qkv projection (M = b * q tokens) + selection (landmark scoring, or a scan of the
-           quantized key copy); the true index of layer i is known at its end
-  mid[i]   low-rank key rebuild where layer i keeps low-rank keys (overlaps the urgent fetch, unless
-           plan.ur_serial: then it follows it)
+           quantized key copy) + half the layer's glue (norm, RoPE); the true index of layer i is
+           known at its end
+  mid[i]   on the compute stream between the true index and attention: the low-rank key rebuild
+           where layer i keeps low-rank keys, and assembling the attended buffer from the resident
+           window (overlaps the urgent fetch, unless plan.ur_serial: then it follows it)
   att[i]   attention over the sparse working set (or the whole context where KV stays on the GPU)
-  post[i]  output projection and gated MLP
+  post[i]  output projection and gated MLP + the other half of the glue (norm, SwiGLU)
   link     prefetch bytes (the predicted selection, budget B per request) and urgent bytes
            (misses = (1 - hit rate) * B, or with reuse and no prefetch (1 - reuse rate) * B) of
            K+V, or of V alone where keys are rebuilt from the low-rank copy; D2H of the new
            token's KV for designs that offload it
+  reuse    a design that reuses the previous step's selection and fetches its misses on demand
+           (ShadowKV) is priced as the engine runs it (kernels/engine/engine.py, the reuse branch):
+           per layer, on the compute stream, a copy of the previous selection into a spare buffer,
+           the reuse plan and one persistent gather over every selected slot (CostModel.reuse_fetch_s:
+           no sooner than `ur_min_s`), and the key rebuild after it (`ur_serial`)
+
+Every command (simulate in both modes, plan, sweep, the figures) and sim/validate.py price a step
+here, on one cost model (sim/setup.py); sim/validate.py adds only the engine harness's own terms.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, lowrank_layer_count
 from ddbench.core.designs import DesignSpec
-from sim.costmodel import E, CostModel, LinkRates
+from sim.costmodel import E, ENGINE_REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS, CostModel, LinkRates
 
 
 @dataclass
@@ -53,13 +63,12 @@ class StepLayers:
     rates: LinkRates | None
     lowrank: frozenset = field(default_factory=frozenset)
     # per layer, the shortest time from issuing the urgent fetch to its end, whatever the link does
-    # (a latency-bound gather kernel; empty = none). sim/validate.py sets it for the engine's reuse
-    # fetch (CostModel.reuse_fetch_s); step_layers never does, so the paper replays do not use it.
+    # (a latency-bound gather kernel; empty = none): the engine's reuse fetch (CostModel.reuse_fetch_s)
     ur_min_s: list = field(default_factory=list)
     # the urgent fetch runs in the compute stream's order (its kernels on the compute stream, not a
-    # side stream): the key rebuild (mid) starts when the fetch ends instead of overlapping it.
-    # sim/validate.py sets it for the engine's reuse fetch (kernels/engine/engine.py runs it on the
-    # compute stream); step_layers never does (a real ShadowKV rebuilds keys while values arrive).
+    # side stream): the key rebuild (mid) starts when the fetch ends instead of overlapping it; set
+    # for the engine's reuse fetch (kernels/engine/engine.py runs it on the compute stream; ShadowKV's
+    # own code rebuilds keys while values arrive, which was not measured)
     ur_serial: bool = False
 
     @property
@@ -96,6 +105,12 @@ def attended_tokens(design: DesignSpec, w: Workload, context: float) -> float:
     return w.budget + extra
 
 
+def resident_rows(design: DesignSpec, w: Workload) -> int:
+    """Tokens of K/V the engine copies into a layer's attended buffer each step: ShadowKV's outlier
+    chunks, the local window and the generated-token slots (kernels/engine/engine.py buffer_rows)."""
+    return (w.outlier_chunks * w.chunk if design.outliers else 0) + w.local_chunks * w.chunk + w.gen_tokens
+
+
 def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: int, context: float,
               hit: list[float], reuse: list[float], lowrank: frozenset | None = None) -> StepLayers:
     """One decode step of `design`. `lowrank`: for an adaptive design, the layers with low-rank keys
@@ -107,19 +122,23 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     q = 1 if design.two_pass else design.tokens_per_step
     mt = batch * q
     qd, kvd = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    lin_pre = cm.linear_s(m.hidden, qd + 2 * kvd, mt)
-    lin_post = cm.linear_s(qd, m.hidden, mt) + cm.linear_s(m.hidden, 2 * m.intermediate, mt) \
-        + cm.linear_s(m.intermediate, m.hidden, mt)
+    lin_pre = cm.decode_linear_s(m.hidden, qd + 2 * kvd, mt)
+    lin_post = cm.decode_linear_s(qd, m.hidden, mt) + cm.decode_linear_s(m.hidden, 2 * m.intermediate, mt) \
+        + cm.decode_linear_s(m.intermediate, m.hidden, mt)
+    glue = cm.glue_s(mt)
+    asm = 0.0 if design.kv_on_gpu else cm.assemble_s(batch, resident_rows(design, w))
     ctx_i = max(1, int(round(context)))
-    # the design's `kernels` switch: "triton" runs the Triton kernels of kernels/ (selection,
-    # dual-token or single-token sparse attention, key rebuild); "torch" is costed with torch (SDPA
-    # decode, matmul/softmax/topk selection, gather + matmul rebuild), standing in for a design's own
-    # implementation (ShadowKV: flash-attn and fused CUDA kernels)
+    # the design's `kernels` switch picks microbenchmark rows where the cost model is NOT RECONCILED
+    # with the engine: "triton" the Triton kernels of kernels/ (selection, dual-token or single-token
+    # sparse attention, key rebuild), "torch" torch ops (SDPA decode, matmul/softmax/topk selection,
+    # gather + matmul rebuild) standing in for a design's own implementation. Reconciled (the bundle has
+    # the engine's kernel breakdown), every sparse design is costed with the engine's kernels, the only
+    # implementation measured in whole steps (kernels/engine/engine.py runs Triton kernels for all)
     tri = design.kernels == "triton"
     if design.landmarks:
         sel = cm.select_s(batch, q, ctx_i, w.chunk, triton=tri)
     elif design.quant_bits:
-        sel = cm.quant_scan_s(batch, q, ctx_i, design.quant_bits, w.quant_group)
+        sel = cm.quant_scan_s(batch, q, ctx_i, design.quant_bits, w.quant_group, w.chunk)
     else:
         sel = 0.0
     att = cm.attention_decode_s(batch, q, max(1, int(round(attended_tokens(design, w, context)))),
@@ -162,13 +181,23 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
                         cl[i] = b_ / (r.cpu_gather_gbps * 1e9)
             d2h_b[i] = batch * kvl  # the output token's K and V go to host memory
             d2h_w[i] = rates.d2h_t0_s + d2h_b[i] / (rates.d2h_gbps * 1e9)
-    pre = [passes * (lin_pre + sel)] * L
-    mid = [passes * reb if i in lr else 0.0 for i in range(L)]
-    lm = passes * cm.linear_s(m.hidden, m.vocab, mt)
+    ur_min, serial = [], False
+    if offload and design.reuse and design.prefetch == "none" and design.gather == "gpu" and cm.bundle is not None:
+        # the engine's ShadowKV fetch (module doc): latency-bound, on the compute stream, before the rebuild
+        slots_rf = batch * m.num_kv_heads * (w.budget // w.chunk)
+        for i in range(L):
+            cb = (1 if (values_only_all or i in lr) else 2) * w.chunk * m.head_dim * E
+            ur_min.append(passes * cm.reuse_fetch_s(slots_rf, cb, ENGINE_REUSE_PROGRAMS, ENGINE_REUSE_IN_FLIGHT,
+                                                    1.0 - reuse[i]) if ur_b[i] > 0 else 0.0)
+        serial = True
+    pre = [passes * (lin_pre + sel + glue / 2)] * L
+    mid = [passes * ((reb if i in lr else 0.0) + asm) for i in range(L)]
+    lm = passes * cm.decode_linear_s(m.hidden, m.vocab, mt)
     slots = 2 if design.buffer_layers == "pingpong" else L
     slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * w.budget * kvl
-    return StepLayers(design, batch, context, q, passes, pre, mid, [passes * att] * L, [passes * lin_post] * L, lm,
-                    pf_b, ur_b, d2h_b, pf_w, ur_w, d2h_w, cpu_pf, cpu_ur, slot_bytes, slots, rates, lr)
+    return StepLayers(design, batch, context, q, passes, pre, mid, [passes * att] * L,
+                      [passes * (lin_post + glue / 2)] * L, lm, pf_b, ur_b, d2h_b, pf_w, ur_w, d2h_w, cpu_pf, cpu_ur,
+                      slot_bytes, slots, rates, lr, ur_min, serial)
 
 
 def prefill_chunk_s(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, tokens: int, prefix: int,

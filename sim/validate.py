@@ -3,45 +3,54 @@
     python -m sim.validate [--calibration-engine traces/engine/h200] [--engine traces/engine/h200-validation]
                            [--allow-same-run] [--out traces/validation/h200-engine.csv]
 
-Two engine sweeps: `--calibration-engine` (its `floor` phase, compute-only CUDA-graph steps, gives the
-simulator's compute) and `--engine` (its points, outside any `floor` phase, are replayed and compared).
-They must be separate runs of kernels/engine/bench.py (meta.json: run_id, else the provenance's date,
-git sha and command); the same run is refused (one line, exit 2) unless `--allow-same-run`.
+    python -m sim.validate --user-path      # the user's path (ddbench simulate --batch) at the validated
+                                            # sweep's points with transfers, by design and regime; no files
+
+Two engine sweeps: `--calibration-engine` (its `floor` phase gives the harness term below; the bundle's
+engine section, imported from it, is one of the data the compute terms are fitted to) and `--engine`
+(its points, outside any `floor` phase, are replayed and compared). They must be separate runs of
+kernels/engine/sweep.py (meta.json: run_id, else the provenance's date, git sha and command), and the
+validated one must not be the run the bundle's engine section came from; the same run is refused (one
+line, exit 2) unless `--allow-same-run`.
 Defaults: calibration traces/engine/h200-floor where it exists, else traces/engine/h200; validated
 traces/engine/h200-validation where it exists, else traces/engine/h200 (then the same run: only with
 --allow-same-run).
 
-Every engine point of `engine.csv` (kernels/engine/bench.py) is replayed in the simulator's per-layer
-timeline mode (sim/timeline.py) with the same design (by its registry switches), model
-(llama-3-8b), GPU (h200, its own calibration bundle), link (pcie5), context, batch and miss rate.
+Every engine point of `engine.csv` (kernels/engine/sweep.py) is replayed through the code every
+command runs: sim.steplayers.step_layers on the cost model of sim/setup.py (the H200 bundle, its decode
+compute reconciled with the engine's kernel breakdown: sim/costmodel.py EngineFit), then the per-layer
+timeline (sim/timeline.py, as `ddbench simulate --batch N` runs it), with the same design (by its
+registry switches), model (llama-3-8b), GPU (h200), link (pcie5), context, batch and miss rate. A user
+running `ddbench simulate --design D --context C --batch B --hit-rate (1 - miss)` gets the same plan
+and step, less the harness term below (tests/test_one_cost_model.py).
 
 - Miss rate: the engine forces round(rate * k) of the k = budget / chunk predicted chunks of every
-  (request, head) to miss, so the replay uses that effective rate on every layer (hit = 1 - it);
-  then the planned link bytes are the engine's to the byte.
-- `transfers = 0` rows (compute only, no host reads) are replayed with the plan's link work removed.
+  (request, head) to miss, so the replay uses that effective rate on every layer as its hit rate
+  (1 - it) and, for ShadowKV, its reuse rate; then the planned link bytes are the engine's to the byte.
+- `transfers = 0` rows (compute only, no host reads) are replayed with the plan's link work removed
+  (and ShadowKV's fetch with it: the engine skips it).
 - Rows whose miss rate is `none` ran the model's own prediction with random weights: its miss rate
   is unknown, so offloading designs' rows are skipped. Designs that keep the KV cache on the GPU
   (full-kv) move nothing and predict nothing; their `none` rows are replayed.
 - Rows that did not complete (`status` other than ok, e.g. oom) are skipped.
 
 The engine's steps are CUDA-graph replays, so the GPU, not the host, sets their pace; eager steps
-(ablations the engine cannot capture) are skipped. The simulator's compute per layer comes from the
-calibration sweep's floor phase (compute-only graph steps with the model's own selection, piecewise
-linear in the batch; ddbench.core.calibration.engine_section_rows, as the bundle imports it); no
-replayed point is one of those. Two engine-harness terms, stated per point, are not design costs:
-- `harness_ms`: the sweep harness draws forced misses on the compute stream (one kernel per layer);
-  where the calibration sweep's floor phase also measured forced-miss compute-only steps, their
-  difference to the own-selection steps is added to every forced-miss point's compute;
-- `reuse_fetch_ms`: the engine's reuse fetch (ShadowKV) runs on the compute stream, on the critical
-  path: a device copy of the previous selection's values into a spare buffer, the reuse plan, then one
-  persistent gather of 32 programs, 2 chunks in flight each, over every selected slot (hits from that
-  spare, misses from the host), then the layer's key rebuild (plan.ur_serial). Costed per layer by
-  CostModel.reuse_fetch_s at the layer's miss share (its urgent bytes over slots x chunk bytes: the
-  replay's miss rate): FITTED to the bundle's `reuse_fetch` records (the engine's fetch measured alone,
-  kernels/engine/bench.py phase `reuse-fetch`); a bundle without them (older bundles) gets the
-  BUNDLE-DERIVED model (copy at the HBM copy rate, the gather's fixed cost and its latency-bound walk
-  from link.csv), and the column `reuse_fetch_model`, the summary's `reuse_fetch` and the notes say
-  which.
+(ablations the engine cannot capture) are skipped. Nothing of the validated sweep calibrates the
+simulator: the compute terms are fitted to the engine breakdown (traces/engine/h200/breakdown.json,
+batches 1, 16 and 64) and the bundle's engine section (the calibration sweep's floor phase, the same
+batches), the ShadowKV fetch to the calibration sweep's reuse-fetch records, the link to the bundle's
+link.csv and interference.csv. One term is the engine harness's, not a design's, and is added here only,
+stated per point:
+- `harness_ms`: the sweep harness draws forced misses on the compute stream (one kernel per layer,
+  and the miss plan outside the top-k's merge); the calibration sweep's floor phase measures
+  forced-miss compute-only steps beside the own-selection ones, and their difference (piecewise linear
+  in the batch, the nearest measured batch outside them) is added to every forced-miss point's
+  compute, spread over the layers.
+ShadowKV's fetch (`reuse_fetch_ms`, column `reuse_fetch_model`) is the design's cost as the engine
+runs it and is in the user's plan too (sim/steplayers.py): FITTED to the bundle's `reuse_fetch`
+records where it has them, else BUNDLE-DERIVED (older bundles), and the summary and notes say which.
+`compute_scale` is 1 at every point (the compute is the cost model's, unscaled; the column stays for
+the CSV's format).
 Regime of each point:
   compute-only   the engine ran without host reads (transfers = 0)
   link-bound     engine link bytes per step / engine step >= LINK_BOUND x the thin-gather rate
@@ -60,18 +69,19 @@ import statistics
 import sys
 from dataclasses import replace
 
+from ddbench.core import defaults as D
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.traces import load_engine
+from sim.costmodel import ENGINE_REUSE_IN_FLIGHT as REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS as REUSE_PROGRAMS
 
 MODEL, GPU, LINK = "llama-3-8b", "h200", "pcie5"
 ENGINE_REL = "traces/engine/h200"    # under the data root; named so in outputs
 CALIBRATION_SWEEP = GPU               # traces/engine/<this>: the default calibration sweep ...
 CALIBRATION_FLOOR_SWEEP = GPU + "-floor"   # ... unless a floor-only run (bench --phases floor) exists
 VALIDATION_SWEEP = GPU + "-validation"   # traces/engine/<this>: the default validated sweep, where it exists
-REUSE_PROGRAMS, REUSE_IN_FLIGHT = 32, 2   # the engine's reuse gather (kernels/gather.py gather_uva defaults)
 LINK_BOUND = 0.75      # share of the measured gather rate the engine's link must sustain
-STEPS, WARMUP = 6, 2
+STEPS, WARMUP = D.STEPS, min(2, D.STEPS - 1)   # the timeline as `ddbench simulate --batch N` runs it
 MIB = 2 ** 20
 
 def load_meta(engine_dir: str) -> dict:
@@ -125,7 +135,10 @@ def effective_miss(rate: float, budget: int, chunk: int) -> float:
 
 
 def replay_plan(design: str, context: int, batch: int, miss: float, transfers: bool, cm=None):
-    """The simulator's plan of one engine point."""
+    """The simulator's plan of one engine point: exactly the user's (`ddbench simulate --design design
+    --context context --batch batch --hit-rate 1-miss`: step_layers at hit = reuse = 1 - miss on every
+    layer), with the link work (and ShadowKV's fetch) removed where the engine ran compute only. No
+    harness term (with_harness adds it)."""
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
     from ddbench.core.designs import get_design
@@ -134,17 +147,22 @@ def replay_plan(design: str, context: int, batch: int, miss: float, transfers: b
     m = get_model(MODEL)
     cm = cm or cost_model(MODEL, GPU, LINK)
     hit = [1.0 - miss] * m.num_layers
-    design = get_design(design)
-    if not design.kv_on_gpu:
-        # the engine runs the Triton kernels of kernels/ for every sparse design (attention, scoring,
-        # key rebuild: kernels/engine/engine.py _ops), so its compute splits as they do
-        design = replace(design, kernels="triton")
-    plan = step_layers(design, m, cm, Workload(context=context, batch=batch), batch, context, hit, hit)
+    plan = step_layers(get_design(design), m, cm, Workload(context=context, batch=batch), batch, context, hit, hit)
     if not transfers and plan.rates is not None:   # compute only: no host reads, nothing on the link
         z = [0.0] * m.num_layers
         plan = replace(plan, pf_bytes=z, ur_bytes=z, d2h_bytes=z, pf_work=z, ur_work=z, d2h_work=z,
-                       cpu_pf_work=z, cpu_ur_work=z, rates=None)
+                       cpu_pf_work=z, cpu_ur_work=z, rates=None, ur_min_s=[], ur_serial=False)
     return plan
+
+
+def with_harness(plan, harness_s: float):
+    """The plan with the engine harness's forced-miss draw (a sweep-harness term, not a design cost:
+    the module doc) added to the compute stream, spread evenly over the layers before their selection
+    ends (the draw and the plan run between the top-k and the transfers)."""
+    if not harness_s:
+        return plan
+    h = harness_s / plan.layers
+    return replace(plan, pre=[x + h for x in plan.pre])
 
 
 COMPUTE_TWIN = {"dualdecoder-fifo": "dualdecoder", "dualdecoder-per-layer": "dualdecoder",
@@ -160,30 +178,16 @@ def classify(transfers: int, link_gbps: float, thin_gbps: float) -> str:
 
 
 def scale_compute(plan, f: float):
-    """The plan with every GPU compute term scaled by f (link work untouched)."""
+    """The plan with every GPU compute term scaled by f (link work untouched). sim.validate no longer
+    scales anything (its compute is the cost model's); kept for callers that still do."""
     return replace(plan, pre=[x * f for x in plan.pre], mid=[x * f for x in plan.mid], att=[x * f for x in plan.att],
                    post=[x * f for x in plan.post], lm_s=plan.lm_s * f)
 
 
-def reuse_fetch(plan, cm, batch: int) -> list[float]:
-    """Per layer, the engine's reuse fetch (see the module doc; CostModel.reuse_fetch_s) at the layer's
-    miss share, plan.ur_bytes / (slots x chunk bytes); [] for designs without a reuse fetch or without
-    transfers. A layer without misses is charged nothing (no replayed point has one)."""
-    from ddbench.core.catalog import get_model
-    from ddbench.core.memory import Workload
-    design = plan.design
-    if plan.rates is None or not design.reuse or design.prefetch != "none" or design.gather != "gpu":
-        return []
-    m, w = get_model(MODEL), Workload(context=1)
-    slots = batch * m.num_kv_heads * (w.budget // w.chunk)
-    out = []
-    for i in range(plan.layers):
-        values_only = design.fetch == "values" or i in plan.lowrank
-        chunk_bytes = (1 if values_only else 2) * w.chunk * m.head_dim * 2
-        miss = plan.ur_bytes[i] / (slots * chunk_bytes)
-        out.append(cm.reuse_fetch_s(slots, chunk_bytes, REUSE_PROGRAMS, REUSE_IN_FLIGHT, miss)
-                   if plan.ur_bytes[i] else 0.0)
-    return out
+def reuse_fetch(plan, cm=None, batch: int | None = None) -> list[float]:
+    """Per layer, the engine's reuse fetch the plan charges (step_layers: CostModel.reuse_fetch_s at the
+    layer's miss share); [] for designs without a reuse fetch or without transfers."""
+    return list(plan.ur_min_s) if plan.ur_serial and plan.rates is not None else []
 
 
 def reuse_fetch_model(plan, cm) -> str:
@@ -191,7 +195,7 @@ def reuse_fetch_model(plan, cm) -> str:
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
     design = plan.design
-    if plan.rates is None or not design.reuse or design.prefetch != "none" or design.gather != "gpu":
+    if not reuse_fetch(plan):
         return ""
     m, w = get_model(MODEL), Workload(context=1)
     models = {cm.reuse_fetch_model((1 if design.fetch == "values" or i in plan.lowrank else 2) * w.chunk * m.head_dim * 2,
@@ -199,13 +203,21 @@ def reuse_fetch_model(plan, cm) -> str:
     return "+".join(sorted(models))
 
 
+def point_step_s(plan) -> tuple:
+    """(steady step seconds, the timeline) of a plan in the timeline mode, as `ddbench simulate --batch`
+    runs it (D.STEPS batch steps, 2 warm-up)."""
+    from sim.timeline import run_timeline
+    tl = run_timeline(plan, steps=STEPS, warmup=WARMUP)
+    return tl.steady_step_s, tl
+
+
 def validate(engine_dir: str | None = None, calibration_dir: str | None = None, allow_same_run: bool = True):
     """(table of replayed points, list of (row, reason) skipped, meta, cost-model notes).
 
-    The simulator's compute of a point is the calibration sweep's `floor` phase (the engine's
-    compute-only CUDA-graph steps with the model's own selection), interpolated in the batch; the link
-    is the simulator's own (the bundle's link and interference sections). Every point replayed here is
-    outside the validated sweep's `floor` phase. `meta` is the validated sweep's meta.json, with
+    Each point is priced as the user's `ddbench simulate --batch` prices it (replay_plan, point_step_s:
+    the cost model of sim/setup.py, compute and link), plus the harness term from the calibration
+    sweep's `floor` phase (with_harness). Every point replayed here is outside the validated sweep's
+    `floor` phase. `meta` is the validated sweep's meta.json, with
     `sweeps` added (both runs' identities, same_run). allow_same_run=False raises a DDBenchError where
     both folders hold the same run (the CLI's default; this function's default keeps the figures
     working against a single sweep, and `sweeps.same_run` says so)."""
@@ -216,7 +228,6 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     engine_dir = engine_dir or d_val
     calibration_dir = calibration_dir or d_cal
     from sim.setup import cost_model
-    from sim.timeline import run_timeline
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
     meta = load_meta(engine_dir)
     cal_meta = load_meta(calibration_dir)
@@ -227,9 +238,16 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
                            " a separate sweep (kernels.engine.bench --phases validation) or pass --allow-same-run")
     thin = float(meta["thin_gather_gbps"])
     cm = cost_model(MODEL, GPU, LINK)
+    # the bundle's engine section (which the compute terms are fitted to) must not be the validated run
+    src = (cm.bundle.meta.get("sections", {}).get("engine", {}).get("source") or {}) if cm.bundle else {}
+    if src.get("run_id") and src.get("run_id") == meta.get("run_id"):
+        same = True
+        if not allow_same_run:
+            raise DDBenchError(f"{engine_dir} holds the engine run the bundle's engine section was imported from"
+                               f" ({src['run_id']}): validate against a separate sweep or pass --allow-same-run")
+    # the calibration sweep's floor phase gives the harness term only (forced-miss minus own-selection
+    # steps); the compute is the cost model's, as every command's
     cm.set_engine_rows(engine_section_rows(os.path.join(calibration_dir, "engine.csv")))
-    if not cm.engine_tab:
-        raise DDBenchError(f"{calibration_dir}: no compute-only floor steps with the model's own selection")
     ci, vi = run_identity(cal_meta), run_identity(meta)
     meta = dict(meta, sweeps={
         "calibration": dict(folder=_rel(calibration_dir), **ci), "validated": dict(folder=_rel(engine_dir), **vi),
@@ -259,23 +277,16 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
             skipped.append((label, "eager step (the host launches inside the step; the simulator has GPU time only)"))
             continue
         key = COMPUTE_TWIN.get(r.design, r.design)
-        eng_s = cm.engine_step_s(key, int(r.batch), int(r.context))
-        if eng_s is None:
-            skipped.append((label, f"no engine calibration for {key} at this context and batch"))
-            continue
         rate = 0.0 if r.miss_rate == "none" else float(r.miss_rate)
         miss = effective_miss(rate, w0.budget, w0.chunk)
         plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cm)
         harness = 0.0
         if r.miss_rate != "none" and not plan.design.kv_on_gpu:
-            harness = cm.engine_harness_s(key, int(r.batch), int(r.context)) or 0.0
-        f = (eng_s + harness) / plan.compute_s
-        plan = scale_compute(plan, f)
-        walk = reuse_fetch(plan, cm, int(r.batch))
-        if walk:   # the engine's fetch is in the compute stream's order: the key rebuild follows it
-            plan = replace(plan, ur_min_s=walk, ur_serial=True)
-        tl = run_timeline(plan, steps=STEPS, warmup=WARMUP)
-        sim_ms = tl.steady_step_s * 1e3
+            harness = cm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True) or 0.0
+        plan = with_harness(plan, harness)
+        walk = reuse_fetch(plan)
+        step_s, tl = point_step_s(plan)
+        sim_ms = step_s * 1e3
         sim_bytes = plan.h2d_bytes
         eng_bytes = r.link_mib * MIB
         regime = classify(int(r.transfers), r.link_gbps, thin)
@@ -283,7 +294,7 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
             phase=phase, rep=getattr(r, "rep", 0), design=r.design, context=r.context, batch=r.batch,
             miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
             regime=regime, engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
-            sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=f, harness_ms=harness * 1e3,
+            sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=1.0, harness_ms=harness * 1e3,
             reuse_fetch_ms=sum(walk) * 1e3, reuse_fetch_model=reuse_fetch_model(plan, cm) if walk else "",
             sim_stall_ms=statistics.fmean(tl.stall_s[tl.warmup:]) * 1e3, engine_exposed_ms=r.exposed_ms,
             engine_link_bytes=eng_bytes, sim_link_bytes=sim_bytes, link_bytes_diff=sim_bytes - eng_bytes,
@@ -292,6 +303,58 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     if not rows:
         raise DDBenchError(f"{engine_dir}: no engine point to replay ({len(skipped)} skipped, the rest calibration)")
     return pd.DataFrame(rows), skipped, meta, list(cm.notes)
+
+
+def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm=None):
+    """The user's path at every engine point with transfers of a sweep (default the validated one;
+    `phase`: only its rows of that phase, e.g. 'validation' of the calibration sweep): what `ddbench
+    simulate --model llama-3-8b --gpu h200 --design D --context C --batch B --hit-rate (1 - miss)`
+    computes (replay_plan and the timeline, no harness term), against the engine's measured step; `cm`:
+    another cost model than sim.setup's (a test's negative control).
+    Returns (table, summary): one row per point (design, context, batch, miss_rate, regime, engine_step_ms,
+    user_step_ms, user_over_engine, harness_ms: what sim.validate adds on top), and per design and
+    regime the points, median and worst |error|."""
+    import pandas as pd
+    from ddbench.core.calibration import engine_section_rows
+    from ddbench.core.memory import Workload
+    from sim.setup import cost_model
+    engine_dir = engine_dir or default_dirs()[1]
+    df = load_engine(os.path.join(engine_dir, "engine.csv"))
+    meta = load_meta(engine_dir)
+    cm = cm or cost_model(MODEL, GPU, LINK)
+    cm.set_engine_rows(engine_section_rows(os.path.join(default_dirs()[0], "engine.csv")))   # harness_ms only
+    w0 = Workload(context=1)
+    rows = []
+    for r in df.itertuples():
+        if r.status != "ok" or not int(r.transfers) or not int(getattr(r, "graph", 1)):
+            continue
+        if phase is not None and getattr(r, "phase", "") != phase:
+            continue
+        if r.miss_rate == "none" and r.design != "full-kv":
+            continue
+        miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), w0.budget, w0.chunk)
+        plan = replay_plan(r.design, r.context, r.batch, miss, True, cm)
+        step, _ = point_step_s(plan)
+        key = COMPUTE_TWIN.get(r.design, r.design)
+        h = 0.0 if r.miss_rate == "none" else (cm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)
+                                                or 0.0)
+        rows.append(dict(design=r.design, context=int(r.context), batch=int(r.batch), miss_rate=r.miss_rate,
+                         regime=classify(1, r.link_gbps, float(meta["thin_gather_gbps"])),
+                         engine_step_ms=float(r.step_ms), user_step_ms=step * 1e3,
+                         user_over_engine=step * 1e3 / float(r.step_ms), harness_ms=h * 1e3))
+    t = pd.DataFrame(rows)
+    summary = {}
+    if len(t):
+        err = (t.user_over_engine - 1).abs()
+        summary["all"] = {"points": int(len(t)), "median_abs_error": float(err.median()),
+                          "worst_abs_error": float(err.max())}
+        for (d, g), sub in t.assign(err=err).groupby(["design", "regime"]):
+            summary[f"{d} {g}"] = {"points": int(len(sub)), "median_abs_error": float(sub.err.median()),
+                                   "worst_abs_error": float(sub.err.max())}
+        for g, sub in t.assign(err=err).groupby("regime"):
+            summary[g] = {"points": int(len(sub)), "median_abs_error": float(sub.err.median()),
+                          "worst_abs_error": float(sub.err.max())}
+    return t, summary
 
 
 def _rel(path: str) -> str:
@@ -361,14 +424,19 @@ def summarize(t, skipped, meta) -> dict:
     return {
         "points": int(len(t)), "skipped": [f"{a}: {b}" for a, b in skipped],
         "sweeps": sw,
-        "calibration": f"compute: the floor phase of {cal.get('folder')} (compute-only CUDA-graph steps with the"
-                       " model's own selection), piecewise linear in the batch; link: the bundle's link and"
-                       " interference sections (the gather's fixed cost per gather queued behind one of its stream). No replayed point is a calibration"
-                       " point; " + ("the validated points come from the SAME RUN as the calibration points"
-                                     if sw.get("same_run") else
-                                     f"the validated points come from a separate run ({val.get('folder')})") + ".",
-        "harness": "sweep-harness terms, not design costs: forced-miss draw " + harness + "; the engine's reuse fetch"
-                   " (ShadowKV, on the compute stream: copy of the previous selection into a spare, reuse plan, one"
+        "calibration": "one cost model, the user's: every point is priced by sim.steplayers.step_layers and the"
+                       " timeline as `ddbench simulate --batch N` prices it; compute: the bundle's decode terms"
+                       " fitted to the engine's kernel breakdown and engine section (sim/costmodel.py EngineFit; the"
+                       " fit is in the cost-model notes), unscaled (compute_scale 1); link: the bundle's link and"
+                       " interference sections (the gather's fixed cost per gather queued behind one of its stream);"
+                       f" the harness term from the floor phase of {cal.get('folder')}. No replayed point is a"
+                       " calibration point; " + ("the validated points come from the SAME RUN as the calibration"
+                                                 " points" if sw.get("same_run") else
+                                                 f"the validated points come from a separate run ({val.get('folder')})")
+                       + ".",
+        "harness": "the sweep-harness term, not a design cost, added here only: the forced-miss draw, " + harness
+                   + "; the engine's reuse fetch (ShadowKV's design cost as the engine runs it, in the user's plan"
+                   " too: on the compute stream, copy of the previous selection into a spare, reuse plan, one"
                    " gather over every slot; the key rebuild follows it; reuse_fetch_ms) " + reuse,
         "reuse_fetch": {"models": used, "fits": fits},
         "rule": f"link-bound: engine link GB/s >= {LINK_BOUND} x the thin-gather rate of the same run"
@@ -439,7 +507,7 @@ def write_readme(summary: dict, out: str, js: str) -> str:
              f" `{os.path.basename(js)}`. Do not edit; rerun it.", "",
              "Sweeps (kernels/engine/bench.py runs):", "",
              f"- {_sweep_line('calibration', summary['sweeps'].get('calibration', {}))}: its floor phase gives the"
-             " simulator's compute",
+             " harness term (its forced-miss steps against its own-selection ones)",
              f"- {_sweep_line('validated', summary['sweeps'].get('validated', {}))}: its points are replayed", ""]
     if summary["sweeps"].get("same_run"):
         lines += ["**The validated points come from the same run as the calibration points** (other points of"
@@ -475,7 +543,23 @@ def main(argv=None) -> int:
     ap.add_argument("--allow-same-run", action="store_true",
                     help="validate points of the calibration run itself (other points, same run)")
     ap.add_argument("--out", help="output CSV (default the data root's validation/h200-engine.csv)")
+    ap.add_argument("--user-path", action="store_true",
+                    help="print the user's path (ddbench simulate --batch, no harness term) against the validated"
+                         " sweep's points with transfers, by design and regime; writes nothing")
     a = ap.parse_args(argv)
+    if a.user_path:
+        try:
+            t, summ = user_path_errors(a.engine)
+        except DDBenchError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for r in t.itertuples():
+            print(f"{r.design:18s} {r.context // 1024:4d}K b{r.batch:<3d} miss {r.miss_rate:5s} {r.regime:12s} engine"
+                  f" {r.engine_step_ms:8.2f} ms  simulate {r.user_step_ms:8.2f} ms  {r.user_over_engine - 1:+.1%}")
+        for k, x in summ.items():
+            print(f"{k}: {x['points']} points, median |error| {x['median_abs_error']:.1%}, worst"
+                  f" {x['worst_abs_error']:.1%}")
+        return 0
     a.out = a.out or str(traces_dir("validation", "h200-engine.csv"))
     try:
         t, skipped, meta, notes = validate(a.engine, a.calibration_engine, allow_same_run=a.allow_same_run)

@@ -46,7 +46,7 @@ def test_fixed_cost_is_paid_once_per_burst_hand_computed():
 def test_link_bound_step_pays_one_fixed_cost_per_queued_prefetch():
     """Under priority on a saturated link each prefetch queues behind the previous one on the prefetch
     stream and pays the gather's fixed cost; the misses start on their own (idle) stream and pay bytes
-    only: about one fixed cost per layer, as the engine pays (sim/README.md), not one per transfer."""
+    only: about one fixed cost per layer, as the engine pays (docs/simulator.md), not one per transfer."""
     cm = cost_model("llama-3-8b", "h200", "pcie5")
     p = v.replay_plan("dualdecoder", 131072, 16, v.effective_miss(0.33, 2048, 8), True, cm)
     t0, bytes_s = p.rates.h2d_t0_s, p.h2d_bytes / (p.rates.h2d_gbps * 1e9)
@@ -145,7 +145,8 @@ def test_replay_uses_the_fitted_reuse_fetch():
     t, skipped, meta, notes = v.validate()
     s = v.summarize(t, skipped, meta)
     sk = t[(t.design == "shadowkv") & (t.transfers == 1)]
-    assert len(sk) == 5 and set(sk.reuse_fetch_model) == {"fitted"}
+    # 6: 128K batch 32 too (replayed since the compute is the cost model's, not scaled to a floor step)
+    assert len(sk) == 6 and set(sk.reuse_fetch_model) == {"fitted"}
     assert set(t[t.design != "shadowkv"].reuse_fetch_model) == {""}
     cm = cost_model("llama-3-8b", "h200", "pcie5")
     for r in sk.itertuples():
@@ -172,7 +173,7 @@ def test_replay_without_reuse_records_says_bundle_derived(tmp_path, monkeypatch)
     t, skipped, meta, notes = v.validate()
     s = v.summarize(t, skipped, meta)
     sk = t[(t.design == "shadowkv") & (t.transfers == 1)]
-    assert len(sk) == 5 and set(sk.reuse_fetch_model) == {"bundle-derived"}
+    assert len(sk) == 6 and set(sk.reuse_fetch_model) == {"bundle-derived"}
     assert s["reuse_fetch"] == {"models": ["bundle-derived"], "fits": {}} and "BUNDLE-DERIVED" in s["harness"]
     assert any("BUNDLE-DERIVED" in n and "older bundle" in n for n in notes)
     cm = _without_reuse_records(orig("llama-3-8b", "h200", "pcie5"))
@@ -189,8 +190,11 @@ def test_reuse_fetch_is_serial_with_the_key_rebuild(batch):
     (plan.ur_serial): the whole fetch is exposed, each layer by its full length. Negative control:
     without ur_serial the rebuild overlaps it and the step is shorter by the rebuild of every layer."""
     cm = cost_model("llama-3-8b", "h200", "pcie5")
-    p = v.replay_plan("shadowkv", 32768, batch, v.effective_miss(0.25, 2048, 8), True, cm)
-    fetch = v.reuse_fetch(p, cm, batch)
+    plan = v.replay_plan("shadowkv", 32768, batch, v.effective_miss(0.25, 2048, 8), True, cm)
+    fetch = v.reuse_fetch(plan, cm, batch)
+    # the user's plan (step_layers) already charges the engine's fetch, serial; p: the same without it
+    assert plan.ur_serial and plan.ur_min_s == fetch and len(fetch) == 32
+    p = replace(plan, ur_min_s=[], ur_serial=False)
     base = run_timeline(p, steps=4, warmup=2)
     serial = run_timeline(replace(p, ur_min_s=fetch, ur_serial=True), steps=4, warmup=2)
     overlapped = run_timeline(replace(p, ur_min_s=fetch), steps=4, warmup=2)

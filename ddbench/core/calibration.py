@@ -19,6 +19,12 @@ A bundle is a folder `traces/calibration/<gpu>/` holding
                       whole fetch; slots and missed chunks per layer, chunk size, the gather's launch.
                       Imported with the engine section when the sweep has it (older sweeps do not).
 
+Beside the bundle, loading also reads the decode-step engine's kernel breakdown (`breakdown.json`,
+kernels/engine/breakdown.py: kernel time per category of compute-only CUDA-graph steps) where one
+belongs to the bundle: `<bundle>/breakdown.json`, else the engine sweep folder of the same data root,
+`<calibration root>/../engine/<gpu>/breakdown.json`, measured on the bundle's GPU (`Bundle.breakdown`;
+None where there is none). The cost model fits its decode-step terms to it (sim/costmodel.py).
+
 Every number is a measurement with its unit in the column name. Loading validates bundle.json and
 every row against the typed schemas of ddbench/core/schemas.py (pydantic); no torch, no simpy: the
 simulator and the GPU side both import this module.
@@ -68,12 +74,13 @@ def _row_key(section: str, row: dict) -> tuple:
 class Bundle:
     """A validated calibration bundle: rows per section plus provenance."""
 
-    def __init__(self, path: str, meta: dict, rows: dict[str, list[dict]]):
+    def __init__(self, path: str, meta: dict, rows: dict[str, list[dict]], breakdown: dict | None = None):
         self.path = path
         self.meta = meta
         self.rows = rows
         self.gpu = meta["gpu"]
         self.provenance = meta["provenance"]
+        self.breakdown = breakdown      # load_breakdown's answer for this bundle's GPU, or None
 
     def complete(self, section: str) -> bool:
         return bool(self.meta["sections"].get(section, {}).get("complete"))
@@ -135,7 +142,84 @@ def load_bundle(path: str) -> Bundle:
             raise _bad(path, f"section '{section}' is marked complete but has no rows")
     for section in SECTIONS:
         rows.setdefault(section, [])
-    return Bundle(path, meta, rows)
+    bd = find_breakdown(path, meta["gpu"])
+    breakdown = load_breakdown(bd) if bd else None
+    if breakdown is not None and breakdown["provenance"].get("gpu") != meta["provenance"].get("device_name"):
+        breakdown = None      # another GPU's engine: not this bundle's
+    return Bundle(path, meta, rows, breakdown)
+
+
+# --------------------------------------------------------------------------- the engine's kernel breakdown
+
+BREAKDOWN_FILE = "breakdown.json"     # kernels/engine/breakdown.py writes it into the engine sweep's folder
+BREAKDOWN_CATEGORIES = ("gemm", "selection", "attention", "misses", "rebuild", "gather", "glue")
+
+
+def find_breakdown(bundle_path: str, gpu: str) -> str | None:
+    """The engine breakdown that belongs to a bundle folder: its own breakdown.json, else the engine
+    sweep folder of the same data root (<calibration root>/../engine/<gpu>/breakdown.json); None."""
+    own = os.path.join(bundle_path, BREAKDOWN_FILE)
+    if os.path.exists(own):
+        return own
+    sibling = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(bundle_path))), "engine", gpu,
+                           BREAKDOWN_FILE)
+    return sibling if os.path.exists(sibling) else None
+
+
+def load_breakdown(path: str) -> dict:
+    """A breakdown.json (kernels/engine/breakdown.py), validated: {"path", "provenance", "points"}, the
+    points that ran ('ok'; others are dropped), each {design, context, batch, step_ms, categories:
+    {category: {ms, kernels}}} with every time a finite number >= 0. A defect is a one-line
+    DDBenchError naming the file, the point and the field."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DDBenchError(f"malformed engine breakdown {path}: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise DDBenchError(f"cannot read the engine breakdown {path}: {exc.strerror}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("points"), list):
+        raise DDBenchError(f"malformed engine breakdown {path}: no 'points' list")
+    prov = doc.get("provenance") if isinstance(doc.get("provenance"), dict) else {}
+
+    def num(x, what, i, positive=False):
+        ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x > 0 if positive
+                                                                                               else x >= 0)
+        if not ok:
+            raise DDBenchError(f"malformed engine breakdown {path}: point {i}, field {what}: {x!r} is not a finite"
+                               f" number {'> 0' if positive else '>= 0'}")
+        return x
+
+    points = []
+    for i, p in enumerate(doc["points"]):
+        if not isinstance(p, dict):
+            raise DDBenchError(f"malformed engine breakdown {path}: point {i} is not an object")
+        if p.get("status", "ok") != "ok":
+            continue
+        if not isinstance(p.get("design"), str) or not p["design"]:
+            raise DDBenchError(f"malformed engine breakdown {path}: point {i}, field design: missing")
+        cats = p.get("categories")
+        if not isinstance(cats, dict) or not cats:
+            raise DDBenchError(f"malformed engine breakdown {path}: point {i}, field categories: missing")
+        out = {}
+        for c, v in cats.items():
+            if c not in BREAKDOWN_CATEGORIES:
+                raise DDBenchError(f"malformed engine breakdown {path}: point {i}, category {c!r} is not one of"
+                                   f" {', '.join(BREAKDOWN_CATEGORIES)}")
+            if not isinstance(v, dict):
+                raise DDBenchError(f"malformed engine breakdown {path}: point {i}, category {c}: not an object")
+            out[c] = {"ms": float(num(v.get("ms"), f"categories.{c}.ms", i)),
+                      "kernels": float(num(v.get("kernels"), f"categories.{c}.kernels", i))}
+        ctx, batch = p.get("context"), p.get("batch")
+        for k, x in (("context", ctx), ("batch", batch)):
+            if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+                raise DDBenchError(f"malformed engine breakdown {path}: point {i}, field {k}: {x!r} is not a"
+                                   " positive integer")
+        points.append({"design": p["design"], "context": ctx, "batch": batch,
+                       "step_ms": float(num(p.get("step_ms"), "step_ms", i, positive=True)), "categories": out})
+    if not points:
+        raise DDBenchError(f"malformed engine breakdown {path}: no point that ran ('ok')")
+    return {"path": path, "provenance": prov, "points": points}
 
 
 def bundle_dir(gpu: str, root: str | None = None) -> str:
