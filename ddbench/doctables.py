@@ -164,8 +164,9 @@ def validation_line(root: Path = ROOT) -> str:
         g = v[v["regime"] == regime]
         if len(g):
             parts.append(f"{regime} {_pct(float(g['err'].median()))} ({len(g)} points, worst {_pct(float(g['err'].max()))})")
-    return ("Simulator against the engine (`traces/validation/`: the separate seed-1 run replayed with compute "
-            f"calibrated on the seed-0 run, {len(v)} points), median |error| by regime: " + "; ".join(parts) + ".")
+    return ("Simulator against the engine (`traces/validation/`: the separate seed-1 run replayed through the cost"
+            f" model every command uses, fitted to the seed-0 run's kernels, {len(v)} points), median |error| by"
+            " regime: " + "; ".join(parts) + ".")
 
 
 def validation(root: Path = ROOT) -> str:

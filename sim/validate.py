@@ -177,13 +177,6 @@ def classify(transfers: int, link_gbps: float, thin_gbps: float) -> str:
     return "overlap"
 
 
-def scale_compute(plan, f: float):
-    """The plan with every GPU compute term scaled by f (link work untouched). sim.validate no longer
-    scales anything (its compute is the cost model's); kept for callers that still do."""
-    return replace(plan, pre=[x * f for x in plan.pre], mid=[x * f for x in plan.mid], att=[x * f for x in plan.att],
-                   post=[x * f for x in plan.post], lm_s=plan.lm_s * f)
-
-
 def reuse_fetch(plan, cm=None, batch: int | None = None) -> list[float]:
     """Per layer, the engine's reuse fetch the plan charges (step_layers: CostModel.reuse_fetch_s at the
     layer's miss share); [] for designs without a reuse fetch or without transfers."""
@@ -265,6 +258,10 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     for r in df.itertuples():
         label = f"{r.design} {r.context // 1024}K b{r.batch} miss {r.miss_rate} transfers {r.transfers}"
         phase = getattr(r, "phase", "")
+        model = getattr(r, "model", MODEL)
+        if isinstance(model, str) and model and model != MODEL:
+            skipped.append((label, f"model {model}"))   # another model's shapes: not this replay's
+            continue
         if r.status != "ok":
             skipped.append((label, f"status {r.status}"))
             continue

@@ -57,7 +57,7 @@ def test_simulate_timeline_mode(tmp_path):
     assert s["aggregate_step_ms"] > 0
     layers = pd.read_csv(tmp_path / "layers.csv")
     assert len(layers) == 32 and layers.urgent_bytes[0] > 0
-    assert list(layers.columns) == ["layer", "pre_s", "rebuild_s", "attention_s", "post_s", "prefetch_bytes",
+    assert list(layers.columns) == ["layer", "pre_s", "rebuild_assemble_s", "attention_s", "post_s", "prefetch_bytes",
                                     "urgent_bytes", "stall_s_per_step", "hit_rate", "lowrank_keys"]
     assert list(pd.read_csv(tmp_path / "steps.csv").columns) == ["step", "step_s", "stall_s"]
 

@@ -284,7 +284,7 @@ def _timeline(args, r, ctx: int, w, out) -> dict:
     tl = run_timeline(layers_, steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace)
     agg = aggregate_step(layers_)
     steps = [{"step": i, "step_s": s, "stall_s": st} for i, (s, st) in enumerate(zip(tl.step_s, tl.stall_s))]
-    layers = [{"layer": i, "pre_s": layers_.pre[i], "rebuild_s": layers_.mid[i], "attention_s": layers_.att[i],
+    layers = [{"layer": i, "pre_s": layers_.pre[i], "rebuild_assemble_s": layers_.mid[i], "attention_s": layers_.att[i],
                "post_s": layers_.post[i], "prefetch_bytes": layers_.pf_bytes[i], "urgent_bytes": layers_.ur_bytes[i],
                "stall_s_per_step": tl.layer_stall_s[i] / max(1, len(tl.step_s) - tl.warmup),
                "hit_rate": r.hit[i], "lowrank_keys": int(i in layers_.lowrank)} for i in range(layers_.layers)]

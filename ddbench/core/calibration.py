@@ -333,6 +333,8 @@ def engine_section_rows(engine_csv: str) -> list[dict]:
     for i, r in enumerate(rows, start=2):
         if r.get("phase") != "floor" or r.get("status") != "ok" or r.get("transfers") != "0" or r.get("graph") != "1":
             continue
+        if r.get("model") not in (None, "", ENGINE_MODEL):
+            continue                      # the bundle's engine section is the engine model's
         try:
             ms = float(r["step_ms"])
             batch, context = int(r["batch"]), int(r["context"])

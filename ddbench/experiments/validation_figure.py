@@ -108,7 +108,6 @@ def timeline() -> FigureResult:
     cm = scene(v.MODEL, gpu=v.GPU, link=v.LINK, hit_rate=D.HIT_RATE).cm   # the point's miss rate is its own
     miss = v.effective_miss(float(p["miss_rate"]), 2048, 8)
     plan = v.replay_plan(p["design"], p["context"], p["batch"], miss, True, cm)
-    plan = v.scale_compute(plan, cm.engine_step_s(p["design"], p["batch"], p["context"]) / plan.compute_s)
     res = run_timeline(plan, steps=4, warmup=2, record=True)
     t0 = sum(res.step_s[:res.warmup])
     t1 = t0 + res.step_s[res.warmup]
