@@ -198,19 +198,30 @@ def design_of(name: str, cache: str = D.CACHE):
     return replace(design, name=f"{design.name}[{cache}]", buffer_layers=layers)
 
 
-def min_context(spec: str) -> int | None:
-    """The smallest context a distribution draws: the value, LO of uniform:LO:HI; None for exp:MEAN
-    (it can draw any length)."""
+def context_bounds(spec: str) -> tuple[int | None, int | None]:
+    """(shortest, longest) context a distribution draws: the value twice, LO and HI of uniform:LO:HI;
+    None for exp:MEAN (it can draw any length)."""
     s = str(spec).strip().lower()
     if s.startswith("uniform:"):
         parts = s.split(":")
         if len(parts) != 3:
             raise DDBenchError(f"cannot parse context '{spec}': use uniform:LO:HI")
-        return parse_tokens(parts[1], "context")
+        return parse_tokens(parts[1], "context"), parse_tokens(parts[2], "context")
     if s.startswith("exp:"):
         parse_tokens(s[4:], "context")
-        return None
-    return parse_tokens(s, "context")
+        return None, None
+    n = parse_tokens(s, "context")
+    return n, n
+
+
+def min_context(spec: str) -> int | None:
+    """The smallest context a distribution draws (None for exp:MEAN)."""
+    return context_bounds(spec)[0]
+
+
+def max_context(spec: str) -> int | None:
+    """The longest context a distribution draws (None for exp:MEAN)."""
+    return context_bounds(spec)[1]
 
 
 def max_context(spec: str) -> int | None:
