@@ -39,10 +39,10 @@ figures: $(VENV)/.installed-base
 	$(PY) -m ddbench figures
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest --durations=30
+	$(PY) -m pytest -n auto --durations=30
 
 test-slow: $(VENV)/.installed-test
-	$(PY) -m pytest -m 'slow and not gpu' --durations=30
+	$(PY) -m pytest -n auto -m "slow and not gpu" --durations=30
 
 docs: $(VENV)/.installed-base
 	$(PY) -m ddbench.doctables

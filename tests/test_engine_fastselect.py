@@ -70,7 +70,7 @@ def _check_seg(B, H, nq, G, N, k, seg, seed, ties=False, searches=("bisect",), n
 
 
 @pytest.mark.parametrize("B,H,nq,G,N,k,seg,ties", [
-    (2, 2, 2, 4, 1000, 50, 128, False),     # N not a multiple of the segment (last one 104 long)
+    pytest.param(2, 2, 2, 4, 1000, 50, 128, False, marks=pytest.mark.slow),     # N not a multiple of the segment (last one 104 long)
     (1, 2, 1, 4, 1000, 50, 128, True),      # nq = 1, tie-heavy
     (1, 2, 2, 4, 1000, 200, 128, True),     # k > segment: every segment kept whole, merge over N
     (1, 1, 2, 4, 700, 100, 128, False),     # k < segment < 2k; last segment (60) shorter than k
@@ -112,7 +112,8 @@ def test_seg_topk_cuts(cuts, scale, ties):
     torch.testing.assert_close(have, p.topk(k, dim=-1).values.sort(-1).values, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("slots", [pytest.param(40, marks=pytest.mark.slow), 41, 97, 600])
+@pytest.mark.parametrize("slots", [pytest.param(40, marks=pytest.mark.slow), pytest.param(41, marks=pytest.mark.slow),
+                                   97, 600])
 def test_seg_topk_candidate_slots(slots):
     """Stage 1's coarse cut with as many slots as k (it must cut exactly), one more, many (whole
     segments kept below 600): the merge is exact either way."""
@@ -171,7 +172,7 @@ def test_topk_kernels_match_twin(B, H, nq, G, N, k, blk):
 SLOW = pytest.mark.slow      # the larger CPU-interpreter cases: `make test-slow` (and on the GPU, its own tests)
 
 
-@pytest.mark.parametrize("G,N,k,blk", [(4, 300, 40, 64), pytest.param(4, 512, 200, 128, marks=SLOW), (4, 97, 97, 32),
+@pytest.mark.parametrize("G,N,k,blk", [pytest.param(4, 300, 40, 64, marks=SLOW), pytest.param(4, 512, 200, 128, marks=SLOW), (4, 97, 97, 32),
                                        pytest.param(8, 777, 100, None, marks=SLOW),
                                        pytest.param(3, 600, 90, 64, marks=SLOW)])
 def test_topk_many_ties_at_threshold(G, N, k, blk):
@@ -409,7 +410,8 @@ def _check_fused_plan(B, H, G, N, k, pred, seed, dev):
     return n
 
 
-@pytest.mark.parametrize("B,H,G,N,k", [pytest.param(2, 3, 4, 300, 40, marks=SLOW), (1, 2, 8, 97, 32), (3, 1, 1, 130, 5)])
+@pytest.mark.parametrize("B,H,G,N,k", [pytest.param(2, 3, 4, 300, 40, marks=SLOW), (1, 2, 8, 97, 32),
+                                       pytest.param(3, 1, 1, 130, 5, marks=SLOW)])
 def test_fused_miss_plan_matches_twin(B, H, G, N, k, dev="cpu"):
     g = torch.Generator().manual_seed(N + k)
     # the previous step's prediction: ascending (as the top-k writes it) and, in one request, unsorted

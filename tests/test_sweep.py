@@ -189,6 +189,7 @@ def test_sweep_unreachable_ray_address(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["spec.yaml"]
 
 
+@pytest.mark.slow      # a local Ray instance starts (about 8 s); make test-slow
 def test_sweep_on_local_ray_equals_local_pool(tmp_path, capsys):
     """The Ray path on a local Ray instance this test starts and stops: same rows as the local pool,
     computed in Ray's worker processes."""
