@@ -60,13 +60,32 @@ def test_force_never_overwrites_a_file_ddbench_did_not_write(tmp_path):
     assert _tree(out) == ["fig02.csv"]
 
 
+WRITE = """
+    import sys
+    try:
+        with output_folder("out", command="t", force="force" in sys.argv, own_ok=True) as w:
+            w.write_text("a.csv", "x\\n1\\n")
+    except DDBenchError as e:
+        print(e, file=sys.stderr)
+        sys.exit(2)
+    """
+
+
+def _write(cwd, *args):
+    prog = "from ddbench.core.outputs import output_folder\nfrom ddbench.core.errors import DDBenchError\n" + \
+        textwrap.dedent(WRITE)
+    return subprocess.run([sys.executable, "-c", prog, *args], cwd=str(cwd), capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+
+
 def test_a_file_changed_since_ddbench_wrote_it_is_no_longer_ddbenchs(tmp_path):
     out = tmp_path / "out"
-    assert ddbench(*FIG, "--out", str(out), cwd=tmp_path).returncode == 0
-    (out / "fig02.csv").write_text("edited by hand\n")
-    assert_one_line_error(ddbench(*FIG, "--out", str(out), cwd=tmp_path), contains="fig02.csv")
-    assert_one_line_error(ddbench(*FIG, "--out", str(out), "--force", cwd=tmp_path), contains="refusing to overwrite")
-    assert (out / "fig02.csv").read_text() == "edited by hand\n"
+    assert _write(tmp_path).returncode == 0
+    assert _write(tmp_path).returncode == 0                     # its own file: replaced
+    (out / "a.csv").write_text("edited by hand\n")
+    assert_one_line_error(_write(tmp_path), contains="did not write (a.csv)")
+    assert_one_line_error(_write(tmp_path, "force"), contains="refusing to overwrite")
+    assert (out / "a.csv").read_text() == "edited by hand\n"
 
 
 def test_an_earlier_figures_run_is_replaced_and_its_manifest_lists_every_file(tmp_path):
@@ -122,13 +141,13 @@ def test_a_failed_run_leaves_nothing_not_even_the_parent_folders(tmp_path):
 
 def test_a_killed_run_leaves_the_earlier_output_whole(tmp_path):
     out = tmp_path / "out"
-    assert ddbench(*FIG, "--out", str(out), cwd=tmp_path).returncode == 0
+    assert _write(tmp_path).returncode == 0
     before = {f: (out / f).read_bytes() for f in _tree(out)}
     prog = textwrap.dedent("""
         import os, time
         from ddbench.core.outputs import output_folder
         with output_folder("out", command="t", own_ok=True) as w:
-            w.write_text("fig02.csv", "half")
+            w.write_text("a.csv", "half")
             print("ready", flush=True)
             time.sleep(60)
         """)
@@ -138,7 +157,7 @@ def test_a_killed_run_leaves_the_earlier_output_whole(tmp_path):
     p.kill()
     p.wait()
     assert {f: (out / f).read_bytes() for f in _tree(out) if ".ddbench-stage-" not in f} == before
-    r = ddbench(*FIG, "--out", str(out), cwd=tmp_path)     # the next run clears the dead run's staging folder
+    r = _write(tmp_path)                                        # the next run clears the dead run's staging folder
     assert r.returncode == 0, r.stderr
     assert not [f for f in os.listdir(out) if f.startswith(".ddbench-stage-")]
 

@@ -58,16 +58,15 @@ def register(sub) -> None:
 def run(args) -> int:
     if not args.layer_accuracy:
         raise DDBenchError("choose what to profile: --layer-accuracy")
+    from ddbench.core.outputs import check_path
+    if args.out is not None:
+        check_path(args.out)             # a folder ddbench must not write into is refused before any import
     from ddbench.progress import quiet_third_party
-    quiet_third_party(args.quiet)        # first: tqdm reads TQDM_DISABLE when it is imported
+    quiet_third_party(args.quiet)        # before tqdm is imported: it reads TQDM_DISABLE then
     from ddbench.profile.model import require
     require()
     from ddbench.profile.run import ProfileConfig, command_line
     from ddbench.profile.run import run as run_profile
-
-    from ddbench.core.outputs import check_path
-    if args.out is not None:
-        check_path(args.out)             # a folder ddbench must not write into is refused before the model loads
     cfg = ProfileConfig(
         model=args.model, contexts=tuple(args.context), tasks=tuple(args.tasks), steps=args.steps,
         budgets=tuple(args.budget), chunk=args.chunk,
