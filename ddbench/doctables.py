@@ -85,8 +85,7 @@ def _csv(path: Path):
     import pandas as pd
     if not path.is_file():
         raise DocTablesError(f"{path}: missing")
-    # comment="#": some traces carry `# cost model: ...` lines above the header
-    return pd.read_csv(path, comment="#")
+    return pd.read_csv(path)
 
 
 def _json(path: Path) -> dict:

@@ -65,7 +65,8 @@ def run(args) -> int:
     quiet_third_party(args.quiet)        # before tqdm is imported: it reads TQDM_DISABLE then
     from ddbench.profile.model import require
     require()
-    from ddbench.profile.run import ProfileConfig, command_line
+    from ddbench.core.provenance import command_line
+    from ddbench.profile.run import ProfileConfig
     from ddbench.profile.run import run as run_profile
     cfg = ProfileConfig(
         model=args.model, contexts=tuple(args.context), tasks=tuple(args.tasks), steps=args.steps,

@@ -189,9 +189,8 @@ class Writer:
     def live(self, rel: str) -> str:
         """A file written in place (appended as work finishes), recorded at once as ddbench's."""
         rel = self._rel(rel)
+        self._check(rel)                 # the same rule as a staged file's, checked before it is written
         p = self.folder / rel
-        if p.exists() and rel not in _owned(self.folder, read_manifest(self.folder)):
-            raise DDBenchError(f"{p} exists and was not written by ddbench; refusing to write it")
         p.parent.mkdir(parents=True, exist_ok=True)
         self._live.add(rel)
         _update_manifest(self.folder, {rel: {"live": True, "command": self.command}}, ())
@@ -269,14 +268,13 @@ def _signals_held():
 
 @contextmanager
 def output_folder(out, *, command: str, flag: str = "--out", force: bool = False, own_ok: bool = False,
-                  shared: bool = False, prune: bool = True, before_commit=None, allow_cwd: bool = False):
+                  shared: bool = False, prune: bool = True, allow_cwd: bool = False):
     """Yield a Writer for the folder `out`; its staged files move in when the block ends cleanly.
 
     `force`: write into a folder that holds other files (kept), and replace ddbench's own files.
     `own_ok`: replace ddbench's own files without `force` (regenerated or resumed outputs).
     `shared`: other files are expected in the folder (no `force` needed beside them).
     `prune`: remove the earlier run's files that this run does not write again.
-    `before_commit(writer)`: a last check before anything moves in (raise DDBenchError to abort).
     """
     path = check_path(out, flag, allow_cwd=allow_cwd and shared)
     try:
@@ -303,13 +301,13 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
             except OSError as exc:
                 raise DDBenchError(f"cannot write {flag} {out}: {_why(exc)}") from None
             try:
+                foreign_set = set(foreign)
+
                 def check(rel):
-                    _check_one(rel, path, own, set(foreign), force or own_ok, shared, flag, out)
+                    _check_one(rel, path, own, foreign_set, force or own_ok, shared, flag, out)
                 w = Writer(path, stage, command, check)
                 yield w
-                if before_commit is not None:
-                    before_commit(w)
-                _commit(w, path, own, set(foreign), force or own_ok, shared, prune, flag, out)
+                _commit(w, path, own, foreign_set, force or own_ok, shared, prune, flag, out)
                 ok = True
             finally:
                 shutil.rmtree(stage, ignore_errors=True)

@@ -318,8 +318,3 @@ def summarize(cfg, loaded, rows, task_acc, provenance, runtime) -> dict:
                                                                                           kv[0][2] or 0,
                                                                                           METHODS.index(kv[0][3])))],
     }
-
-
-def command_line() -> str:
-    from ddbench.core.provenance import command_line as typed
-    return typed()
