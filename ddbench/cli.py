@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddbench: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:            # the reader went away (`ddbench plan ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -58,3 +58,17 @@ def test_quiet_silences_transformers_bars():
             transformers.utils.logging.enable_progress_bar()
         os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
         os.environ.pop("TQDM_DISABLE", None)
+
+
+def test_a_closed_pipe_is_no_traceback():
+    import subprocess
+    import sys
+
+    from tests.cli import ROOT, env
+    p = subprocess.Popen([sys.executable, "-m", "ddbench", "plan", "--model", "llama-3-8b", "--gpu", "h100-80gb",
+                          "--context", "128k", "--design", "every"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         cwd=ROOT, env=env())
+    p.stdout.close()                    # as `| head` does once it has its lines
+    err = p.stderr.read().decode()
+    p.wait(timeout=120)
+    assert "Traceback" not in err and err == ""
