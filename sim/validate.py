@@ -80,6 +80,7 @@ ENGINE_REL = "traces/engine/h200"    # under the data root; named so in outputs
 CALIBRATION_SWEEP = GPU               # traces/engine/<this>: the default calibration sweep ...
 CALIBRATION_FLOOR_SWEEP = GPU + "-floor"   # ... unless a floor-only run (bench --phases floor) exists
 VALIDATION_SWEEP = GPU + "-validation"   # traces/engine/<this>: the default validated sweep, where it exists
+HELD_OUT_SWEEP = GPU + "-paper"       # traces/engine/<this>: other models' shapes (the held-out validation)
 LINK_BOUND = 0.75      # share of the measured gather rate the engine's link must sustain
 STEPS, WARMUP = D.STEPS, min(2, D.STEPS - 1)   # the timeline as `ddbench simulate --batch N` runs it
 MIB = 2 ** 20
@@ -134,7 +135,7 @@ def effective_miss(rate: float, budget: int, chunk: int) -> float:
     return round(rate * k) / k
 
 
-def replay_plan(design: str, context: int, batch: int, miss: float, transfers: bool, cm=None):
+def replay_plan(design: str, context: int, batch: int, miss: float, transfers: bool, cm=None, model: str = MODEL):
     """The simulator's plan of one engine point: exactly the user's (`ddbench simulate --design design
     --context context --batch batch --hit-rate 1-miss`: step_layers at hit = reuse = 1 - miss on every
     layer), with the link work (and ShadowKV's fetch) removed where the engine ran compute only. No
@@ -144,8 +145,8 @@ def replay_plan(design: str, context: int, batch: int, miss: float, transfers: b
     from ddbench.core.designs import get_design
     from sim.steplayers import step_layers
     from sim.setup import cost_model
-    m = get_model(MODEL)
-    cm = cm or cost_model(MODEL, GPU, LINK)
+    m = get_model(model)
+    cm = cm or cost_model(model, GPU, LINK)
     hit = [1.0 - miss] * m.num_layers
     plan = step_layers(get_design(design), m, cm, Workload(context=context, batch=batch), batch, context, hit, hit)
     if not transfers and plan.rates is not None:   # compute only: no host reads, nothing on the link
@@ -185,12 +186,11 @@ def reuse_fetch(plan, cm=None, batch: int | None = None) -> list[float]:
 
 def reuse_fetch_model(plan, cm) -> str:
     """'fitted' or 'bundle-derived' (CostModel.reuse_fetch_model) for a plan with a reuse fetch, else ''."""
-    from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
     design = plan.design
     if not reuse_fetch(plan):
         return ""
-    m, w = get_model(MODEL), Workload(context=1)
+    m, w = cm.model, Workload(context=1)
     models = {cm.reuse_fetch_model((1 if design.fetch == "values" or i in plan.lowrank else 2) * w.chunk * m.head_dim * 2,
                                    REUSE_PROGRAMS, REUSE_IN_FLIGHT) for i in range(plan.layers) if plan.ur_bytes[i]}
     return "+".join(sorted(models))
@@ -204,7 +204,42 @@ def point_step_s(plan) -> tuple:
     return tl.steady_step_s, tl
 
 
-def validate(engine_dir: str | None = None, calibration_dir: str | None = None, allow_same_run: bool = True):
+COMPLETED = ("ok", "ok-no-twin")   # measured (ok-no-twin: no compute-only twin to split off the exposure)
+
+
+def row_model(r) -> str:
+    """The row's model (sweeps before the --model flag measured MODEL only)."""
+    m = getattr(r, "model", None)
+    return m if isinstance(m, str) and m else MODEL
+
+
+class CostModels:
+    """One cost model per model (sim/setup.py's, as every command builds it), each with the calibration
+    sweep's engine rows (harness term: measured for its model only)."""
+
+    def __init__(self, calibration_dir: str, cm=None):
+        from ddbench.core.calibration import engine_section_rows
+        self.rows = engine_section_rows(os.path.join(calibration_dir, "engine.csv"))
+        self.cms = {} if cm is None else {cm.model.name: cm}
+        for c in self.cms.values():
+            c.set_engine_rows(self.rows)
+
+    def __call__(self, model: str):
+        if model not in self.cms:
+            from sim.setup import cost_model
+            self.cms[model] = cost_model(model, GPU, LINK)
+            self.cms[model].set_engine_rows(self.rows)
+        return self.cms[model]
+
+    def notes(self) -> list[str]:
+        out = []
+        for name, c in self.cms.items():
+            out += [n if len(self.cms) == 1 else f"{name}: {n}" for n in c.notes]
+        return out
+
+
+def validate(engine_dir: str | None = None, calibration_dir: str | None = None, allow_same_run: bool = True,
+             held_out: bool = False):
     """(table of replayed points, list of (row, reason) skipped, meta, cost-model notes).
 
     Each point is priced as the user's `ddbench simulate --batch` prices it (replay_plan, point_step_s:
@@ -213,14 +248,16 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     `floor` phase. `meta` is the validated sweep's meta.json, with
     `sweeps` added (both runs' identities, same_run). allow_same_run=False raises a DDBenchError where
     both folders hold the same run (the CLI's default; this function's default keeps the figures
-    working against a single sweep, and `sweeps.same_run` says so)."""
+    working against a single sweep, and `sweeps.same_run` says so).
+
+    held_out: replay the rows of every model but MODEL, the shapes the compute terms were fitted to
+    (their rows are skipped); else MODEL's rows only. A held-out model's harness term is the
+    calibration sweep's for that model where it measured one, else 0 (stated: `harness_measured`)."""
     import pandas as pd
-    from ddbench.core.calibration import engine_section_rows
     from ddbench.core.memory import Workload
     d_cal, d_val = default_dirs()
     engine_dir = engine_dir or d_val
     calibration_dir = calibration_dir or d_cal
-    from sim.setup import cost_model
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
     meta = load_meta(engine_dir)
     cal_meta = load_meta(calibration_dir)
@@ -230,7 +267,8 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
                            f" ({run_identity(meta)['run_id'] or run_identity(meta)['date_utc']}): validate against"
                            " a separate sweep (kernels.engine.bench --phases validation) or pass --allow-same-run")
     thin = float(meta["thin_gather_gbps"])
-    cm = cost_model(MODEL, GPU, LINK)
+    cms = CostModels(calibration_dir)
+    cm = cms(MODEL)
     # the bundle's engine section (which the compute terms are fitted to) must not be the validated run
     src = (cm.bundle.meta.get("sections", {}).get("engine", {}).get("source") or {}) if cm.bundle else {}
     if src.get("run_id") and src.get("run_id") == meta.get("run_id"):
@@ -238,14 +276,11 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         if not allow_same_run:
             raise DDBenchError(f"{engine_dir} holds the engine run the bundle's engine section was imported from"
                                f" ({src['run_id']}): validate against a separate sweep or pass --allow-same-run")
-    # the calibration sweep's floor phase gives the harness term only (forced-miss minus own-selection
-    # steps); the compute is the cost model's, as every command's
-    cm.set_engine_rows(engine_section_rows(os.path.join(calibration_dir, "engine.csv")))
     ci, vi = run_identity(cal_meta), run_identity(meta)
     meta = dict(meta, sweeps={
         "calibration": dict(folder=_rel(calibration_dir), **ci), "validated": dict(folder=_rel(engine_dir), **vi),
         "same_run": bool(same), "same_code": ci["git_sha"] == vi["git_sha"],
-        "harness_measured": bool(cm.engine_forced_tab)})
+        "harness_measured": bool(cm.engine_forced_tab)}, held_out=bool(held_out), fitted_model=MODEL)
     fits = getattr(cm, "reuse_fits", {})
     meta["reuse_fetch_fits"] = {f"{k[0]} B chunks, {k[1]} programs x {k[2]}": dict(
         describe=f.describe(), fixed_us=f.fixed_s * 1e6, copy_gbps=f.copy_Bps / 1e9, hit_round_us=f.hit_s * 1e6,
@@ -255,14 +290,15 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     w0 = Workload(context=1)
     rows, skipped = [], []
     same_dir = os.path.realpath(calibration_dir) == os.path.realpath(engine_dir)
+    harness_models = {}
     for r in df.itertuples():
         label = f"{r.design} {r.context // 1024}K b{r.batch} miss {r.miss_rate} transfers {r.transfers}"
         phase = getattr(r, "phase", "")
-        model = getattr(r, "model", MODEL)
-        if isinstance(model, str) and model and model != MODEL:
-            skipped.append((label, f"model {model}"))   # another model's shapes: not this replay's
+        model = row_model(r)
+        if (model == MODEL) == bool(held_out):
+            skipped.append((label, f"model {model}" + (" (the fitted shapes)" if held_out else " (held out)")))
             continue
-        if r.status != "ok":
+        if r.status not in COMPLETED:
             skipped.append((label, f"status {r.status}"))
             continue
         if phase == "floor" and (same_dir or same):
@@ -273,13 +309,16 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         if not int(getattr(r, "graph", 1)):
             skipped.append((label, "eager step (the host launches inside the step; the simulator has GPU time only)"))
             continue
+        cmm = cms(model)
         key = COMPUTE_TWIN.get(r.design, r.design)
         rate = 0.0 if r.miss_rate == "none" else float(r.miss_rate)
         miss = effective_miss(rate, w0.budget, w0.chunk)
-        plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cm)
+        plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model)
         harness = 0.0
         if r.miss_rate != "none" and not plan.design.kv_on_gpu:
-            harness = cm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True) or 0.0
+            h = cmm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)
+            harness_models[model] = harness_models.get(model, False) or h is not None
+            harness = h or 0.0
         plan = with_harness(plan, harness)
         walk = reuse_fetch(plan)
         step_s, tl = point_step_s(plan)
@@ -288,55 +327,56 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         eng_bytes = r.link_mib * MIB
         regime = classify(int(r.transfers), r.link_gbps, thin)
         rows.append(dict(
-            phase=phase, rep=getattr(r, "rep", 0), design=r.design, context=r.context, batch=r.batch,
+            phase=phase, rep=getattr(r, "rep", 0), model=model, gpu_mem_cap=getattr(r, "gpu_mem_cap", "none"),
+            design=r.design, context=r.context, batch=r.batch,
             miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
             regime=regime, engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
             sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=1.0, harness_ms=harness * 1e3,
-            reuse_fetch_ms=sum(walk) * 1e3, reuse_fetch_model=reuse_fetch_model(plan, cm) if walk else "",
+            reuse_fetch_ms=sum(walk) * 1e3, reuse_fetch_model=reuse_fetch_model(plan, cmm) if walk else "",
             sim_stall_ms=statistics.fmean(tl.stall_s[tl.warmup:]) * 1e3, engine_exposed_ms=r.exposed_ms,
             engine_link_bytes=eng_bytes, sim_link_bytes=sim_bytes, link_bytes_diff=sim_bytes - eng_bytes,
             engine_link_gbps=r.link_gbps, sim_link_gbps=sim_bytes / (sim_ms * 1e-3) / 1e9 if sim_ms else 0.0,
             sim_link_util=tl.link_util, note=""))
     if not rows:
         raise DDBenchError(f"{engine_dir}: no engine point to replay ({len(skipped)} skipped, the rest calibration)")
-    return pd.DataFrame(rows), skipped, meta, list(cm.notes)
+    meta["harness_by_model"] = harness_models
+    return pd.DataFrame(rows), skipped, meta, cms.notes()
 
 
 def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm=None):
     """The user's path at every engine point with transfers of a sweep (default the validated one;
     `phase`: only its rows of that phase, e.g. 'validation' of the calibration sweep): what `ddbench
-    simulate --model llama-3-8b --gpu h200 --design D --context C --batch B --hit-rate (1 - miss)`
-    computes (replay_plan and the timeline, no harness term), against the engine's measured step; `cm`:
-    another cost model than sim.setup's (a test's negative control).
-    Returns (table, summary): one row per point (design, context, batch, miss_rate, regime, engine_step_ms,
-    user_step_ms, user_over_engine, harness_ms: what sim.validate adds on top), and per design and
-    regime the points, median and worst |error|."""
+    simulate --model M --gpu h200 --design D --context C --batch B --hit-rate (1 - miss)` computes
+    (replay_plan and the timeline, no harness term), against the engine's measured step, for every
+    model the sweep ran (M: the row's); `cm`: another cost model than sim.setup's for MODEL (a test's
+    negative control). Returns (table, summary): one row per point (model, design, context, batch,
+    miss_rate, regime, engine_step_ms, user_step_ms, user_over_engine, harness_ms: what sim.validate adds
+    on top), and per design and regime the points, median and worst |error|."""
     import pandas as pd
-    from ddbench.core.calibration import engine_section_rows
     from ddbench.core.memory import Workload
-    from sim.setup import cost_model
     engine_dir = engine_dir or default_dirs()[1]
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
     meta = load_meta(engine_dir)
-    cm = cm or cost_model(MODEL, GPU, LINK)
-    cm.set_engine_rows(engine_section_rows(os.path.join(default_dirs()[0], "engine.csv")))   # harness_ms only
+    cms = CostModels(default_dirs()[0], cm)     # the calibration sweep's rows: harness_ms only
     w0 = Workload(context=1)
     rows = []
     for r in df.itertuples():
-        if r.status != "ok" or not int(r.transfers) or not int(getattr(r, "graph", 1)):
+        if r.status not in COMPLETED or not int(r.transfers) or not int(getattr(r, "graph", 1)):
             continue
         if phase is not None and getattr(r, "phase", "") != phase:
             continue
         if r.miss_rate == "none" and r.design != "full-kv":
             continue
+        model = row_model(r)
+        cmm = cms(model)
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), w0.budget, w0.chunk)
-        plan = replay_plan(r.design, r.context, r.batch, miss, True, cm)
+        plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model)
         step, _ = point_step_s(plan)
         key = COMPUTE_TWIN.get(r.design, r.design)
-        h = 0.0 if r.miss_rate == "none" else (cm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)
+        h = 0.0 if r.miss_rate == "none" else (cmm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)
                                                 or 0.0)
-        rows.append(dict(design=r.design, context=int(r.context), batch=int(r.batch), miss_rate=r.miss_rate,
-                         regime=classify(1, r.link_gbps, float(meta["thin_gather_gbps"])),
+        rows.append(dict(model=model, design=r.design, context=int(r.context), batch=int(r.batch),
+                         miss_rate=r.miss_rate, regime=classify(1, r.link_gbps, float(meta["thin_gather_gbps"])),
                          engine_step_ms=float(r.step_ms), user_step_ms=step * 1e3,
                          user_over_engine=step * 1e3 / float(r.step_ms), harness_ms=h * 1e3))
     t = pd.DataFrame(rows)
@@ -387,7 +427,7 @@ def _errors(sub) -> dict:
     worst = sub.loc[err.idxmax()]
     return {"points": int(len(sub)), "median_abs_error": float(err.median()), "worst_abs_error": float(err.max()),
             "median_sim_over_engine": float(sub.sim_over_engine.median()),
-            "worst_point": f"{worst.design} {worst.context // 1024}K b{worst.batch} miss {worst.miss_rate}"
+            "worst_point": f"{worst.model + ' ' if worst.model != MODEL else ''}{worst.design} {worst.context // 1024}K b{worst.batch} miss {worst.miss_rate}"
                            f" transfers {worst.transfers}: engine {worst.engine_step_ms:.2f} ms,"
                            f" sim {worst.sim_step_ms:.2f} ms"}
 
@@ -414,12 +454,18 @@ def summarize(t, skipped, meta) -> dict:
                  " per point: column reuse_fetch_model")
     else:
         reuse = "no replayed point has a reuse fetch"
+    unmeasured = sorted(m for m, ok in meta.get("harness_by_model", {}).items() if not ok)
     harness = ("the calibration sweep's forced-miss compute-only steps minus its own-selection ones, added to every"
-               " forced-miss point (harness_ms)" if sw.get("harness_measured") else
+               " forced-miss point (harness_ms)" + (f"; NOT MEASURED for {', '.join(unmeasured)} (the calibration"
+                                                   " sweep ran other shapes): 0 there, as in the user's path"
+                                                   if unmeasured else "") if sw.get("harness_measured") else
                "not measured by the calibration sweep (no forced-miss floor points): forced-miss points carry the"
                " harness's draw and the simulator does not add it")
     return {
         "points": int(len(t)), "skipped": [f"{a}: {b}" for a, b in skipped],
+        "models": sorted(set(t.model)), "held_out": bool(meta.get("held_out")),
+        "fitted_model": meta.get("fitted_model", MODEL),
+        "by_design": {f"{d} {g}": _errors(sub) for (d, g), sub in t.groupby(["design", "regime"])},
         "sweeps": sw,
         "calibration": "one cost model, the user's: every point is priced by sim.steplayers.step_layers and the"
                        " timeline as `ddbench simulate --batch N` prices it; compute: the bundle's decode terms"
@@ -447,7 +493,9 @@ def summarize(t, skipped, meta) -> dict:
 
 def header_lines(summary: dict, notes) -> list[str]:
     """What the run replayed and how it was costed: the summary JSON's "header" (the CSV stays plain)."""
-    lines = [f"sim vs engine: {MODEL} on {GPU} + {LINK}, timeline mode {STEPS} steps ({WARMUP} warm-up)"]
+    lines = [f"sim vs engine: {', '.join(summary.get('models', [MODEL]))} on {GPU} + {LINK}, timeline mode {STEPS}"
+             f" steps ({WARMUP} warm-up)" + (f"; HELD OUT: the compute terms were fitted to {summary['fitted_model']}"
+                                            " only" if summary.get("held_out") else "")]
     lines += [f"cost model: {n}" for n in notes]
     lines.append(f"regime rule: {summary['rule']}")
     lines += [_sweep_line(k + " sweep", summary["sweeps"].get(k, {})) for k in ("calibration", "validated")]
@@ -496,30 +544,37 @@ def report(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def write_readme(summary: dict, out: str, js: str) -> str:
-    """<out folder>/README.md: which sweeps were used, the rule and the errors by regime."""
+def write_readme(sections, out: str) -> str:
+    """<out folder>/README.md: per validation (the fitted shapes, then the held-out ones): which sweeps
+    were used, the rule and the errors by regime and design. sections: [(summary, csv path, json path)]."""
     path = os.path.join(os.path.dirname(out) or ".", "README.md")
+    files = ", ".join(f"`{os.path.basename(c)}` and `{os.path.basename(j)}`" for _, c, j in sections)
     lines = ["# Simulator against the decode-step engine (`python -m sim.validate`)", "",
-             f"Written by `python -m sim.validate`: `{os.path.basename(out)}` (one row per replayed point) and"
-             f" `{os.path.basename(js)}`. Do not edit; rerun it.", "",
-             "Sweeps (kernels/engine/bench.py runs):", "",
-             f"- {_sweep_line('calibration', summary['sweeps'].get('calibration', {}))}: its floor phase gives the"
-             " harness term (its forced-miss steps against its own-selection ones)",
-             f"- {_sweep_line('validated', summary['sweeps'].get('validated', {}))}: its points are replayed", ""]
-    if summary["sweeps"].get("same_run"):
-        lines += ["**The validated points come from the same run as the calibration points** (other points of"
-                  " that run; `--allow-same-run`): not an independent validation.", ""]
-    lines += [summary["calibration"], "", summary["harness"] + ".", "", f"Regimes: {summary['rule']}.", "",
-              "| regime | points | median \\|error\\| | worst | sim / engine, median |", "| --- | --- | --- | --- | --- |"]
-    for k, v in summary["regimes"].items():
-        if v["points"]:
-            lines.append(f"| {k} | {v['points']} | {v['median_abs_error']:.1%} | {v['worst_abs_error']:.1%}"
-                         f" ({v['worst_point']}) | {v['median_sim_over_engine']:.3f} |")
-        else:
-            lines.append(f"| {k} | 0 | | | |")
-    b = summary["link_bytes"]
-    lines += ["", f"Link bytes per step equal to the byte at {b['exact']} of {b['points_with_transfers']} points"
-              f" with transfers. Skipped: {len(summary['skipped'])} rows (listed in the summary).", ""]
+             f"Written by `python -m sim.validate`: {files} (one row per replayed point, and its summary)."
+             " Do not edit; rerun it.", ""]
+    for summary, csv, _ in sections:
+        title = (f"Held out: {', '.join(summary['models'])} (the compute terms were fitted to"
+                 f" {summary['fitted_model']} only)" if summary.get("held_out")
+                 else f"Fitted shapes: {', '.join(summary['models'])}")
+        lines += [f"## {title} (`{os.path.basename(csv)}`)", "", "Sweeps (kernels/engine/sweep.py runs):", "",
+                  f"- {_sweep_line('calibration', summary['sweeps'].get('calibration', {}))}: its floor phase gives"
+                  " the harness term (its forced-miss steps against its own-selection ones)",
+                  f"- {_sweep_line('validated', summary['sweeps'].get('validated', {}))}: its points are replayed", ""]
+        if summary["sweeps"].get("same_run"):
+            lines += ["**The validated points come from the same run as the calibration points** (other points of"
+                      " that run; `--allow-same-run`): not an independent validation.", ""]
+        lines += [summary["calibration"], "", summary["harness"] + ".", "", f"Regimes: {summary['rule']}.", "",
+                  "| regime | points | median \\|error\\| | worst | sim / engine, median |",
+                  "| --- | --- | --- | --- | --- |"]
+        for k, v in list(summary["regimes"].items()) + list(summary.get("by_design", {}).items()):
+            if v["points"]:
+                lines.append(f"| {k} | {v['points']} | {v['median_abs_error']:.1%} | {v['worst_abs_error']:.1%}"
+                             f" ({v['worst_point']}) | {v['median_sim_over_engine']:.3f} |")
+            elif k in summary["regimes"]:
+                lines.append(f"| {k} | 0 | | | |")
+        b = summary["link_bytes"]
+        lines += ["", f"Link bytes per step equal to the byte at {b['exact']} of {b['points_with_transfers']} points"
+                  f" with transfers. Skipped: {len(summary['skipped'])} rows (listed in the summary).", ""]
     write_text_atomic(path, "\n".join(lines))
     return path
 
@@ -543,31 +598,44 @@ def main(argv=None) -> int:
     ap.add_argument("--user-path", action="store_true",
                     help="print the user's path (ddbench simulate --batch, no harness term) against the validated"
                          " sweep's points with transfers, by design and regime; writes nothing")
+    ap.add_argument("--held-out", metavar="DIR",
+                    help="a sweep of other models' shapes (the engine's --model), replayed with the same fitted"
+                         f" cost model: written as <out stem>-heldout.csv (default the data root's engine/{HELD_OUT_SWEEP}"
+                         " where it exists; 'none' skips it)")
     a = ap.parse_args(argv)
-    if a.user_path:
-        try:
-            t, summ = user_path_errors(a.engine)
-        except DDBenchError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        for r in t.itertuples():
-            print(f"{r.design:18s} {r.context // 1024:4d}K b{r.batch:<3d} miss {r.miss_rate:5s} {r.regime:12s} engine"
-                  f" {r.engine_step_ms:8.2f} ms  simulate {r.user_step_ms:8.2f} ms  {r.user_over_engine - 1:+.1%}")
-        for k, x in summ.items():
-            print(f"{k}: {x['points']} points, median |error| {x['median_abs_error']:.1%}, worst"
-                  f" {x['worst_abs_error']:.1%}")
-        return 0
-    a.out = a.out or str(traces_dir("validation", "h200-engine.csv"))
+    held = a.held_out
+    if held is None:
+        d = str(traces_dir("engine", HELD_OUT_SWEEP))
+        held = d if os.path.exists(os.path.join(d, "engine.csv")) else "none"
     try:
-        t, skipped, meta, notes = validate(a.engine, a.calibration_engine, allow_same_run=a.allow_same_run)
+        if a.user_path:
+            for d in [a.engine] + ([] if held == "none" else [held]):
+                t, summ = user_path_errors(d)
+                for r in t.itertuples():
+                    print(f"{r.model:12s} {r.design:18s} {r.context // 1024:4d}K b{r.batch:<3d} miss {r.miss_rate:5s}"
+                          f" {r.regime:12s} engine {r.engine_step_ms:8.2f} ms  simulate {r.user_step_ms:8.2f} ms"
+                          f"  {r.user_over_engine - 1:+.1%}")
+                for k, x in summ.items():
+                    print(f"{k}: {x['points']} points, median |error| {x['median_abs_error']:.1%}, worst"
+                          f" {x['worst_abs_error']:.1%}")
+            return 0
+        a.out = a.out or str(traces_dir("validation", "h200-engine.csv"))
+        runs = [(a.engine, a.out, False)]
+        if held != "none":
+            runs.append((held, os.path.splitext(a.out)[0] + "-heldout.csv", True))
+        results = [(validate(d, a.calibration_engine, allow_same_run=a.allow_same_run, held_out=h), out)
+                   for d, out, h in runs]
     except DDBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = summarize(t, skipped, meta)
-    js = write(t, summary, notes, a.out)
-    readme = write_readme(summary, a.out, js)
-    print(report(summary))
-    print(f"wrote {a.out}, {js} and {readme}")
+    sections = []
+    for (t, skipped, meta, notes), out in results:
+        summary = summarize(t, skipped, meta)
+        js = write(t, summary, notes, out)
+        sections.append((summary, out, js))
+        print(("HELD OUT\n" if summary["held_out"] else "") + report(summary))
+        print(f"wrote {out} and {js}")
+    print(f"wrote {write_readme(sections, a.out)}")
     return 0
 
 

@@ -134,6 +134,25 @@ def test_user_path_meets_the_targets_at_the_calibration_sweeps_validation_phase(
     assert err.max() <= 0.10
 
 
+def test_user_path_meets_the_targets_on_held_out_shapes():
+    """traces/engine/h200-paper: Qwen2.5-32B (64K/128K/256K) and Qwen2.5-14B (128K) under an 80 GB cap,
+    a run separate from the calibration, none of its shapes fitted (the compute terms are fitted to
+    Llama-3-8B only): the same targets, for every design on its own."""
+    t, _ = v.user_path_errors(str(traces_dir("engine", v.HELD_OUT_SWEEP)))
+    assert set(t.model) == {"qwen2.5-32b", "qwen2.5-14b"}
+    err = (t.user_over_engine - 1).abs()
+    assert err.median() <= 0.10 and err.max() <= 0.20
+    assert err[t.regime == "link-bound"].median() <= 0.05
+    for d in (*MAIN, "full-kv"):
+        e = err[t.design == d]
+        assert len(e) >= 3 and e.median() <= 0.10 and e.max() <= 0.20, d
+    # and sim.validate's held-out replay is the same path (no harness term for shapes it did not measure)
+    h, skipped, meta, _ = v.validate(str(traces_dir("engine", v.HELD_OUT_SWEEP)), held_out=True)
+    assert len(h) == len(t) and (h.harness_ms == 0).all() and not any(meta["harness_by_model"].values())
+    s = v.summarize(h, skipped, meta)
+    assert s["held_out"] and "NOT MEASURED for qwen2.5-14b, qwen2.5-32b" in s["harness"]
+
+
 def test_the_microbenchmark_op_model_misses_the_targets():
     """Negative control: the decode ops from the bundle's microbenchmarks (linear layers timed as eager
     calls, about 1.8x the engine's graph-replayed GEMMs) miss the targets at the same points."""

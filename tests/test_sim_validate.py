@@ -181,7 +181,7 @@ def test_replay_without_reuse_records_says_bundle_derived(tmp_path, monkeypatch)
     assert r.reuse_fetch_ms == pytest.approx(32 * cm.reuse_fetch_s(int(r.batch) * 8 * 256, 2048) / MS, rel=1e-9)
     out = str(tmp_path / "val" / "h200-engine.csv")
     js = v.write(t, s, notes, out)
-    assert "BUNDLE-DERIVED" in open(v.write_readme(s, out, js)).read()
+    assert "BUNDLE-DERIVED" in open(v.write_readme([(s, out, js)], out)).read()
 
 
 @pytest.mark.parametrize("batch", [2, 16])
