@@ -39,6 +39,22 @@ def paper_handle(label: str = "paper (star, in its series' colour)"):
                   markeredgecolor="black", label=label)
 
 
+def engine_mark(color: str | None = None, **kw) -> dict:
+    """plot() keywords for a point the decode-step engine measured: a white diamond edged in its
+    series' colour."""
+    d = dict(marker="D", markersize=5, linestyle="none", markerfacecolor="white",
+             markeredgecolor=color or "black", markeredgewidth=1.3, color=color or "black", zorder=6)
+    d.update(kw)
+    return d
+
+
+def engine_handle(label: str = "engine, measured (diamond)"):
+    """One legend entry for every engine diamond."""
+    from matplotlib.lines import Line2D
+    return Line2D([], [], marker="D", markersize=5, linestyle="none", markerfacecolor="white",
+                  markeredgecolor="black", markeredgewidth=1.3, label=label)
+
+
 def style_handle(style: str, label: str, color: str = "black"):
     """A legend entry that explains a line style."""
     from matplotlib.lines import Line2D

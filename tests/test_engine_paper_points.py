@@ -331,7 +331,7 @@ def _fake_run_point(limit, calls, ws=0.05 * 2 ** 30):
     return run_point
 
 
-def _run_paper(monkeypatch, limit, *, done=None, deadline=1e18, contexts=(32768,)):
+def _run_paper(monkeypatch, limit, *, done=None, deadline=1e18, contexts=(32768,), **kw):
     import kernels.engine.sweep as sw
     calls, journal = [], []
     monkeypatch.setattr(sw, "run_point", _fake_run_point(limit, calls))
@@ -340,8 +340,33 @@ def _run_paper(monkeypatch, limit, *, done=None, deadline=1e18, contexts=(32768,
     rows = paper.run_paper(get_model("llama-3-8b"), None, None, contexts, cap=80 * GB, cap_label="80gb", limit=limit,
                            mem_gpu=None, overhead=0, reps=3, max_batch=4096, miss_rate=0.12, hbm=4000.0,
                            deadline=deadline, done=done or {}, append=lambda k, r: journal.append((k, r)),
-                           log=lambda t: None)
+                           log=lambda t: None, **kw)
     return rows, calls, journal
+
+
+def test_repeats_build_the_largest_batch_again_and_a_fixed_batch_is_not_searched(monkeypatch):
+    limit = 30 * 2 ** 30
+    rows, calls, journal = _run_paper(monkeypatch, limit, repeats=3)
+    for d in paper.DESIGNS:
+        rs = [r for r in rows if r["design"] == d]
+        big = rs[0]["largest_batch"]
+        reps = sorted(r["rep"] for r in rs if r["paper_role"] == "repeat")
+        assert reps == [1, 2] and all(r["batch"] == big for r in rs if r["paper_role"] == "repeat"), d
+        assert calls.count((d, 32768, big)) == 3
+    assert len({k for k, r in journal if r is not None and r.get("rep")}) == 2 * len(paper.DESIGNS)  # own keys
+    s = {e["design"]: e for e in paper.summarize(rows)}
+    assert s["shadowkv"]["builds_tok_s"]["n"] == 3 and len(s["shadowkv"]["builds"]) == 3
+    assert [x["batch"] for x in s["shadowkv"]["series"]].count(s["shadowkv"]["largest_batch"]) == 1
+    # Fig. 14: one batch per design, no search; a batch over the cap is `oom`, largest 0
+    rows, calls, _ = _run_paper(monkeypatch, limit, fixed_batch=12, repeats=2)
+    for d in paper.DESIGNS:
+        rs = [r for r in rows if r["design"] == d]
+        assert {r["batch"] for r in rs} == {12}
+        ok = rs[0]["status"] == "ok"
+        assert rs[0]["largest_basis"] == ("fixed" if ok else "oom") and rs[0]["largest_batch"] == (12 if ok else 0)
+        assert calls.count((d, 32768, 12)) == (2 if ok else 1)
+    assert {r["status"] for r in rows if r["design"] == "full-kv"} == {"oom"}
+    assert {r["status"] for r in rows if r["design"] == "shadowkv"} == {"ok"}
 
 
 def test_run_paper_rows_roles_and_resume(monkeypatch):
@@ -528,10 +553,12 @@ def test_tables_render_the_paper_phase(monkeypatch, tmp_path):
 
 
 def test_paper_points_flag():
-    pts = sweep.parse_paper_points("qwen2.5-32b:128k,llama-3-8b:128k,qwen2.5-32b:64k", 80 * GB)
-    assert [(m.name, c) for m, c in pts] == [("qwen2.5-32b", 131072), ("llama-3-8b", 131072), ("qwen2.5-32b", 65536)]
+    pts = sweep.parse_paper_points("qwen2.5-32b:128k,llama-3-8b:128k:12,qwen2.5-32b:64k", 80 * GB)
+    assert [(m.name, c, b) for m, c, b in pts] == [("qwen2.5-32b", 131072, None), ("llama-3-8b", 131072, 12),
+                                                   ("qwen2.5-32b", 65536, None)]
     assert pts[0][0] is pts[2][0]                                   # one spec per model: its weights are kept
-    for bad, word in (("qwen2.5-32b", "MODEL:CONTEXT"), ("nosuch:128k", "model"), ("qwen2.5-32b:1k", "budget")):
+    for bad, word in (("qwen2.5-32b", "MODEL:CONTEXT"), ("nosuch:128k", "model"), ("qwen2.5-32b:1k", "budget"),
+                      ("qwen2.5-32b:128k:0", "batch")):
         with pytest.raises(DDBenchError, match=word):
             sweep.parse_paper_points(bad, None)
     with pytest.raises(DDBenchError, match="weights"):

@@ -19,8 +19,9 @@ import pandas as pd
 from ddbench.core.catalog import get_gpu, get_model, host_memory
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.core.memory import CATEGORIES, Workload, host_kv_bytes, max_batch, max_batch_host, memory_breakdown
-from ddbench.plotting import (CATEGORY_COLORS, SYSTEM_COLORS, integer_axis, paper_handle, paper_mark,
-                              style_handle)
+from ddbench.experiments import engine_points as E
+from ddbench.plotting import (CATEGORY_COLORS, SYSTEM_COLORS, engine_handle, engine_mark, integer_axis, paper_handle,
+                              paper_mark, style_handle)
 from ddbench.core.designs import get_design
 from ddbench.core.units import GB, fmt_tokens
 
@@ -76,6 +77,9 @@ def _draw_fig2(res: FigureResult, fig) -> None:
         for x, v, p in zip(xs, sub["max_batch"], sub["paper_max_batch"]):
             if pd.notna(p):
                 ax.plot([x], [p], **paper_mark(SYSTEM_COLORS.get(design)))
+        for x, v, e in zip(xs, sub["max_batch"], sub["engine_max_batch"]):
+            if pd.notna(e) and (e or v):       # both 0: the OOM cross says it for both
+                ax.plot([x + 0.25 * width], [max(e, 0.9)], **engine_mark(SYSTEM_COLORS.get(design)))
         for x, v, h in zip(xs, sub["max_batch"], sub["max_batch_host_testbed"]):
             if pd.notna(h) and 0 < h < v:   # host memory binds before GPU memory does
                 ax.plot([x], [h], marker="_", color="black", markersize=9, mew=1.6, ls="none",
@@ -99,7 +103,8 @@ def _draw_fig2(res: FigureResult, fig) -> None:
     uniq = dict(zip(labels, handles))
     host = [k for k in uniq if k.startswith("host-memory")]
     uniq = {k: v for k, v in uniq.items() if k not in host} | {k: uniq[k] for k in host}   # the bound last
-    fig.legend(list(uniq.values()) + [paper_handle()], list(uniq.keys()) + ["paper (star,\ncoloured by design)"],
+    fig.legend(list(uniq.values()) + [paper_handle(), engine_handle()],
+               list(uniq.keys()) + ["paper (star,\ncoloured by design)", "engine, H200 capped\nat 80 GB (diamond)"],
                fontsize=7, ncol=1, loc="outside right upper")
 
 
@@ -115,7 +120,8 @@ def fig02() -> FigureResult:
                          "max_batch": _max(design, size), "paper_max_batch": paper.get((design, size)),
                          "host_kv_gb_per_request": host_kv_bytes(get_design(design), get_model(MODELS[size]),
                                                                  W) / GB,
-                         "max_batch_host_testbed": _host_max(design, size)})
+                         "max_batch_host_testbed": _host_max(design, size),
+                         "engine_max_batch": _engine_max(design, size)})
     df = pd.DataFrame(rows)
     get = lambda s, z: int(df[(df.system == s) & (df.model_size == z)].max_batch.iloc[0])  # noqa: E731
 
@@ -149,9 +155,22 @@ def fig02() -> FigureResult:
         Comparison("fig2.shadowkv.32b.share_of_ideal", round(get("shadowkv", "32B") / get("ideal", "32B"), 3),
                    f"{get('shadowkv', '32B')} / {get('ideal', '32B')} under our 'ideal'"),
     ]
+    for i, c in enumerate(cmp):            # the engine's measured largest batch beside the replay's
+        parts = c.paper_id.split(".")
+        if len(parts) == 4 and parts[3] == "max_batch":
+            e = _engine_max(parts[1], parts[2].upper())
+            if e is not None:
+                cmp[i] = Comparison(c.paper_id, c.ours, c.note + f"; measured on the engine (H200 capped at 80 GB): {e}")
     return FigureResult(df, _setup("designs at their largest batch that fits in GPU memory; black dash: the batch"
                                    f" whose host KV fits in {TESTBED}'s host memory per GPU"
-                                   f" ({host_memory(TESTBED, None).gb_per_gpu:.0f} GB)"), cmp)
+                                   f" ({host_memory(TESTBED, None).gb_per_gpu:.0f} GB); diamonds: the engine's largest"
+                                   f" batch measured on an H200 capped at 80 GB (traces/engine/{E.CAPPED})"), cmp)
+
+
+def _engine_max(design: str, size: str):
+    """The engine's largest batch under the 80 GB cap at CONTEXT (None: not measured, e.g. ideal)."""
+    p = E.largest(MODELS[size], CONTEXT, design)
+    return None if p is None else p["batch"]
 
 
 def _shadowkv_buffer_tokens() -> int:
@@ -355,6 +374,9 @@ def _draw_fig14(res: FigureResult, fig) -> None:
         for i, (v, design) in enumerate(zip(sub["paper_total_gb"], sub["system"])):
             if pd.notna(v):
                 ax.plot([i], [v], **paper_mark(SYSTEM_COLORS.get(design)))
+        for i, (v, design) in enumerate(zip(sub["engine_total_gb"], sub["system"])):
+            if pd.notna(v):
+                ax.plot([i + 0.3], [v], **engine_mark(SYSTEM_COLORS.get(design)))
         ax.axhline(get_gpu(GPU).hbm_bytes / GB, color="black", lw=0.8, ls="--")
         ax.set_xticks(range(len(sub)), sub["system"], rotation=30, fontsize=7)
         ax.set_xlabel("design")
@@ -362,9 +384,9 @@ def _draw_fig14(res: FigureResult, fig) -> None:
         ax.set_title(f"{size}, batch {sub.batch.iloc[0]}")
     handles, labels = axes[0].get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    fig.legend(list(uniq.values()) + [paper_handle(), style_handle("--", "GPU capacity")],
-               list(uniq.keys()) + ["paper (star, coloured by design)", "GPU capacity"], fontsize=6,
-               loc="outside lower center", ncol=5)
+    fig.legend(list(uniq.values()) + [paper_handle(), engine_handle(), style_handle("--", "GPU capacity")],
+               list(uniq.keys()) + ["paper (star, coloured by design)", "engine peak, H200 (diamond)", "GPU capacity"],
+               fontsize=6, loc="outside lower center", ncol=5)
     fig.suptitle("Fig. 14: memory at the same batch per model size", fontsize=9)
 
 
@@ -379,6 +401,8 @@ def fig14() -> FigureResult:
             row = {"model_size": size, "model": MODELS[size], "batch": b, "system": design}
             row.update({f"{c}_gb": getattr(bd, c) / GB for c in CATEGORIES})
             row.update({"total_gb": bd.total / GB, "fits": bd.fits, "paper_total_gb": paper.get((design, size))})
+            eng = E.memory_gb(MODELS[size], CONTEXT, design) or {}
+            row.update({"engine_total_gb": eng.get("total")} | {f"engine_{c}_gb": eng.get(c) for c in CATEGORIES})
             rows.append(row)
     df = pd.DataFrame(rows)
     tot = df.set_index(["system", "model_size"]).total_gb
@@ -405,7 +429,13 @@ def fig14() -> FigureResult:
                           f"32B b=4: DualDecoder {tot['dualdecoder', '32B']:.1f} GB vs ShadowKV "
                           f"{tot['shadowkv', '32B']:.1f} and SpeCache {tot['specache', '32B']:.1f} GB "
                           f"(capacity {get_gpu(GPU).hbm_bytes / GB:.1f} GB)"))
-    return FigureResult(df, _setup("batch 12/6/4 for 8B/14B/32B"), cmp)
+    for i, c in enumerate(cmp):            # the engine's measured peak beside the replay's
+        if c.paper_id.endswith(".8b.b12.total_gb"):
+            r = df[(df.system == c.paper_id.split(".")[1]) & (df.model_size == "8B")].iloc[0]
+            cmp[i] = Comparison(c.paper_id, c.ours, c.note + f"; measured on the engine (H200, batch 12, peak):"
+                                                           f" {r.engine_total_gb:.1f} GB")
+    return FigureResult(df, _setup("batch 12/6/4 for 8B/14B/32B; diamonds: the engine's GPU memory at its peak at"
+                                   f" the same batches on an H200 (traces/engine/{E.FIG14})"), cmp)
 
 
 def _fig14_note(system: str, df: pd.DataFrame, paper: dict) -> str:

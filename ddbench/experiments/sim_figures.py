@@ -22,8 +22,9 @@ from ddbench.core.memory import Workload, max_batch, memory_breakdown
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.experiments.scene import GPU, LINK, scene, workload
-from ddbench.plotting import (SYSTEM_COLORS, integer_axis, paper_handle, paper_mark, plain_log_axis,
-                              style_handle)
+from ddbench.experiments import engine_points as E
+from ddbench.plotting import (SYSTEM_COLORS, engine_handle, engine_mark, integer_axis, paper_handle, paper_mark,
+                              plain_log_axis, style_handle)
 
 K = 1024
 SEED = 0
@@ -100,6 +101,8 @@ def _draw_fig3(res: FigureResult, fig) -> None:
         i = df[(df.system == design) & (df.kind == "ideal")]
         if len(i):
             ax.plot(i.batch, i.tokens_per_s, ls="--", lw=0.8, color=SYSTEM_COLORS[design])
+        e = df[(df.system == design) & (df.kind == "engine")]
+        ax.plot(e.batch, e.tokens_per_s, lw=0.6, **engine_mark(SYSTEM_COLORS[design], linestyle="-"))
     for design in ("full-kv", "shadowkv"):
         b, v = _paper(f"fig3.{design}.max_batch"), _paper(f"fig3.{design}.tokens_per_s")
         ax.plot([b], [v], **paper_mark(SYSTEM_COLORS[design]))
@@ -114,7 +117,8 @@ def _draw_fig3(res: FigureResult, fig) -> None:
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     extra = [style_handle("-", "within memory"), style_handle(":", "memory cap lifted (simulated)"),
-             style_handle("--", "proportional scaling from the cap"), paper_handle("paper (coloured by design)")]
+             style_handle("--", "proportional scaling from the cap"), paper_handle("paper (coloured by design)"),
+             engine_handle("engine: H200 capped at 80 GB,\nup to its largest batch")]
     ax.legend(list(uniq.values()) + extra, list(uniq.keys()) + [h.get_label() for h in extra], fontsize=6, ncol=2)
 
 
@@ -135,6 +139,8 @@ def fig03() -> FigureResult:
         t_max = mb / _step_s(design, F3_MODEL, F3_CTX, mb)
         for b in (mb, ideal_b):
             rows.append({"system": design, "kind": "ideal", "batch": b, "tokens_per_s": t_max * b / mb})
+        for b, tok in E.series(F3_MODEL, F3_CTX, design):    # measured: the engine's search under the cap
+            rows.append({"system": design, "kind": "engine", "batch": b, "tokens_per_s": tok})
     df = pd.DataFrame(rows)
     df["max_batch"] = df.system.map(cap)
     df["ideal_batch"] = ideal_b
@@ -158,9 +164,12 @@ def fig03() -> FigureResult:
             ceil = _link_ceiling(design, F3_MODEL, F3_CTX, mb)
             why = (f"{step * 1e3:.1f} ms per step; the link alone would allow {ceil:.0f} tokens/s (measured gather "
                    f"rate / values of the reuse misses per token)")
+        eng = E.largest(F3_MODEL, F3_CTX, design) or {}
+        measured = (f"; measured on the engine (H200 capped at 80 GB, 12 % forced misses): batch {eng['batch']},"
+                    f" {eng['tok_s']:.0f} tokens/s" if eng.get("tok_s") else "")
         cmp += [
             Comparison(f"fig3.{pid}.max_batch", mb,
-                       f"memory model on {GPU} at {fmt_tokens(F3_CTX)}; the paper's limits here are "
+                       f"memory model on {GPU} at {fmt_tokens(F3_CTX)}{measured}; the paper's limits here are "
                        f"{_paper(f'fig3.{pid}.max_batch') / _paper(f'fig2.{pid}.8b.max_batch'):.0f}x its Figure 2"
                        f" limit at 128K, so we take half that context"),
             Comparison(f"fig3.{pid}.tokens_per_s", round(t, 1), f"decode only, steady state at batch {mb}; {why}"),
@@ -177,7 +186,8 @@ def fig03() -> FigureResult:
                                         f"{_link_ceiling('dualdecoder', F3_MODEL, F3_CTX, dd):.0f} tokens/s")
     setup = _setup(F3_MODEL, fmt_tokens(F3_CTX),
                    f"decode-only steady state from the per-layer timeline; ideal batch {ideal_b} from the memory"
-                   " model (weights, activations and a sparse buffer only)")
+                   " model (weights, activations and a sparse buffer only); diamonds: the engine on an H200 capped at"
+                   f" 80 GB (traces/engine/{E.CAPPED}), each batch its search measured")
     return FigureResult(df, setup, cmp)
 
 
@@ -192,7 +202,7 @@ def _draw_fig12(res: FigureResult, fig) -> None:
     ax = fig.add_subplot()
     ctxs = list(dict.fromkeys(df.context))
     width = 0.8 / len(F12_SYSTEMS)
-    top = float(df.tokens_per_s.max())
+    top = float(max(df.tokens_per_s.max(), df.engine_tokens_per_s_max.max()))
     for i, design in enumerate(F12_SYSTEMS):
         sub = df[df.system == design].set_index("context").loc[ctxs]
         xs = [j + (i - (len(F12_SYSTEMS) - 1) / 2) * width for j in range(len(ctxs))]
@@ -200,6 +210,10 @@ def _draw_fig12(res: FigureResult, fig) -> None:
         ax.bar(xs, vals, width, label=LABEL[design], color=SYSTEM_COLORS[design])
         for x, v, oom in zip(xs, vals, sub.oom):
             ax.text(x, v + 0.01 * top, "OOM" if oom else f"{v:.0f}", ha="center", va="bottom", fontsize=6)
+        for x, v, lo, hi in zip(xs, sub.engine_tokens_per_s, sub.engine_tokens_per_s_min, sub.engine_tokens_per_s_max):
+            if pd.notna(v):
+                ax.errorbar([x], [v], yerr=[[v - lo], [hi - v]], ecolor="black", elinewidth=0.8,
+                            **engine_mark(SYSTEM_COLORS[design]))
     ax.plot([(len(F12_SYSTEMS) - 1) / 2 * width], [_paper("fig12.64k.dualdecoder.tokens_per_s")],
             **paper_mark(SYSTEM_COLORS["dualdecoder"]))  # DualDecoder at 64K
     ax.set_xticks(range(len(ctxs)), [fmt_tokens(c) for c in ctxs])
@@ -209,8 +223,9 @@ def _draw_fig12(res: FigureResult, fig) -> None:
     ax.set_title("Fig. 12: Qwen2.5-32B decoding throughput at each design's largest batch", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    ax.legend(list(uniq.values()) + [paper_handle()], list(uniq.keys()) + ["paper (DualDecoder, 64K)"], fontsize=6,
-              ncol=5, loc="upper center")
+    ax.legend(list(uniq.values()) + [paper_handle(), engine_handle()],
+              list(uniq.keys()) + ["paper (DualDecoder, 64K)", "engine: H200 capped at 80 GB"], fontsize=6,
+              ncol=3, loc="upper center")
 
 
 @register("fig12", "Decoding throughput of Qwen2.5-32B at 64K to 512K per design (paper Figure 12)", _draw_fig12)
@@ -220,9 +235,13 @@ def fig12() -> FigureResult:
         for design in F12_SYSTEMS:
             mb = _maxb(design, F12_MODEL, ctx)
             step = _step_s(design, F12_MODEL, ctx, mb) if mb else math.nan
+            eng = E.largest(F12_MODEL, ctx, design) or {}
             rows.append({"context": ctx, "system": design, "max_batch": mb, "oom": mb == 0, "step_ms": step * 1e3,
                          "tokens_per_s": mb / step if mb else math.nan,
-                         "link_ceiling_tokens_per_s": _link_ceiling(design, F12_MODEL, ctx, mb) if mb else math.nan})
+                         "link_ceiling_tokens_per_s": _link_ceiling(design, F12_MODEL, ctx, mb) if mb else math.nan,
+                         "engine_batch": eng.get("batch", math.nan), "engine_tokens_per_s": eng.get("tok_s", math.nan),
+                         "engine_tokens_per_s_min": eng.get("tok_s_min", math.nan),
+                         "engine_tokens_per_s_max": eng.get("tok_s_max", math.nan)})
     df = pd.DataFrame(rows)
     t = {(r.context, r.system): r for r in df.itertuples()}
 
@@ -236,9 +255,19 @@ def fig12() -> FigureResult:
             return f"{LABEL[design]} OOM"
         return f"{LABEL[design]} batch {r.max_batch}, {r.step_ms:.0f} ms/step, {r.tokens_per_s:.1f} tokens/s"
 
+    def measured(ctx, other):
+        a, b = t[(ctx, "dualdecoder")], t[(ctx, other)]
+        if not (a.engine_tokens_per_s > 0 and b.engine_tokens_per_s > 0):
+            return ""
+        return (f"; measured on the engine (H200 capped at 80 GB, 12 % forced misses, 3 builds): DualDecoder batch"
+                f" {a.engine_batch:.0f} {a.engine_tokens_per_s:.1f} tokens/s, {LABEL[other]} batch {b.engine_batch:.0f}"
+                f" {b.engine_tokens_per_s:.1f}: {a.engine_tokens_per_s / b.engine_tokens_per_s:.2f}x"
+                f" ({a.engine_tokens_per_s_min / b.engine_tokens_per_s_max:.2f}-"
+                f"{a.engine_tokens_per_s_max / b.engine_tokens_per_s_min:.2f})")
+
     def note(ctx, other):
         a, b = t[(ctx, "dualdecoder")], t[(ctx, other)]
-        base = f"{desc(ctx, 'dualdecoder')} against {desc(ctx, other)}"
+        base = f"{desc(ctx, 'dualdecoder')} against {desc(ctx, other)}" + measured(ctx, other)
         if b.oom:
             m = get_model(F12_MODEL)
             return (base + f": weights {m.weight_bytes / 1e9:.1f} GB + one request's state exceed {GPU}'s "
@@ -280,7 +309,8 @@ def fig12() -> FigureResult:
                              else "")))
     setup = _setup(F12_MODEL, "/".join(fmt_tokens(c) for c in F12_CTX),
                    "each design at its largest batch that fits (memory model), decode-only steady state from the"
-                   " per-layer timeline (prefill not counted)")
+                   " per-layer timeline (prefill not counted); diamonds: the engine on an H200 capped at 80 GB at its"
+                   f" largest batch, median and range over 3 independently built engines (traces/engine/{E.CAPPED})")
     return FigureResult(df, setup, cmp)
 
 

@@ -118,7 +118,8 @@ def main(argv=None) -> int:
     from kernels.engine.sweep import hbm_gbps, run_point
     from kernels.engine.model import Weights
     from kernels.timing import provenance
-    prov = provenance("python -m kernels.engine.breakdown " + " ".join(sys.argv[1:] if argv is None else argv))
+    from ddbench.core.provenance import command_line
+    prov = provenance(command_line("python -m kernels.engine.breakdown", argv))     # local paths cut
     gpu = catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory)
     out = a.out or os.path.join(str(traces_dir("engine")), gpu)
     os.makedirs(out, exist_ok=True)

@@ -182,11 +182,12 @@ class Poisoned(Stop):
     basis = "error"
 
 
-def paper_key(model, cap_label, ctx, design, batch=None) -> str:
-    """rows.jsonl keys: one per measured batch, and a 'paper-done' marker per searched design."""
+def paper_key(model, cap_label, ctx, design, batch=None, rep=0) -> str:
+    """rows.jsonl keys: one per measured batch (and per repeated build: rep > 0), and a 'paper-done'
+    marker per searched design."""
     if batch is None:
         return json.dumps(["paper-done", model, cap_label, ctx, design])
-    return json.dumps([PAPER, model, cap_label, ctx, design, batch])
+    return json.dumps([PAPER, model, cap_label, ctx, design, batch] + ([rep] if rep else []))
 
 
 def stub_row(model: str, design: str, ctx: int, miss, *, cap_label, cap_gib, status, error=None, batch=1) -> dict:
@@ -216,7 +217,7 @@ def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status,
 
 def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu, overhead, reps, max_batch,
               miss_rate, hbm, deadline, done, append, current=lambda key: None, seed=0, log=print,
-              gpu_state=None, health=None):
+              gpu_state=None, health=None, fixed_batch=None, repeats=1):
     """Every design of DESIGNS at every context: search_largest on engine points. Returns the rows (the
     search's batches, each measured or refused, with the largest batch and its basis on every row of
     the design's search). `done`: rows.jsonl entries of an earlier run (a design already searched is
@@ -228,7 +229,12 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     planned bytes, and the search takes it as "does not fit"; any other exception is `error` and ends
     that design's search. After every point that is not `ok`, `health()` (capture.gpu_health: default)
     checks that the GPU state is still usable; where it is not, or the error is sticky, the reason goes
-    into `gpu_state["poisoned"]` and this and every later point of the process is not run (`error`)."""
+    into `gpu_state["poisoned"]` and this and every later point of the process is not run (`error`).
+
+    fixed_batch: measure that batch only (no search: Fig. 14's batches), largest basis `fixed` where it
+    fits. repeats: the largest (or fixed) batch is built and measured repeats - 1 more times, each a new
+    engine (its host KV values and forced-miss draws seeded seed + rep): rows rep 1.., role `repeat`;
+    the summary's min / median / max over them are over independent builds."""
     import gc
 
     import torch
@@ -256,15 +262,16 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
         def planned(B):
             return base + sum(plan_bytes(model, spec, cfg(B)).values())
 
-        def point(B):
-            key = paper_key(model.name, cap_label, ctx, d, B)
+        def point(B, rep=0):
+            key = paper_key(model.name, cap_label, ctx, d, B, rep)
             current(key)
             t0 = time.perf_counter()
             failure = None
             try:
+                c = cfg(B) if not rep else make_config(ctx, B, miss, True, seed=seed + rep, quant_values=True)
                 r = run_point(model, weights, flat, d, ctx, B, miss_rate=miss, transfers=True, graph=True,
-                              reps=reps, hbm=hbm, cfg=cfg(B), limit=limit, mem_gpu=mem_gpu, overhead=overhead,
-                              seed=seed, log=log)
+                              reps=reps, hbm=hbm, cfg=c, limit=limit, mem_gpu=mem_gpu, overhead=overhead,
+                              seed=seed + rep, log=log)
             except Exception as exc:  # noqa: BLE001 - reported in the row; the phase goes on
                 import traceback
                 log(f"  {d} ctx={ctx} B={B}: ERROR\n" + traceback.format_exc(limit=8))
@@ -284,7 +291,7 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
                     r["error"] = (r.get("error") or r.get("status", "")) + f" | the GPU state is unusable after it: {why}"
                     gpu_state["poisoned"] = f"{model.name} {d} {ctx // 1024}K B={B} ({why})"
                     log(f"  [paper] the GPU state is unusable after {gpu_state['poisoned']}: no later point runs")
-            r.update(phase=PAPER, rep=0, gpu_mem_cap=cap_label, cap_gib=cap_gib, wall_s=time.perf_counter() - t0)
+            r.update(phase=PAPER, rep=rep, gpu_mem_cap=cap_label, cap_gib=cap_gib, wall_s=time.perf_counter() - t0)
             mine.append(r)
             append(key, r)
             return r
@@ -306,7 +313,21 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
             steps.append((B, r["step_ms"] / 1e3))
             return r["peak_reserved_gib"] * GIB
 
-        res = search_largest(measure, planned, limit, max_batch)
+        if fixed_batch is None:
+            res = search_largest(measure, planned, limit, max_batch)
+        else:
+            try:
+                ok = measure(fixed_batch) is not None      # refused by its plan or out of memory: None
+                res = Search(fixed_batch if ok else 0, "fixed" if ok else "oom")
+            except Stop as exc:
+                res = Search(0, exc.basis)
+        if res.largest and res.basis not in ("error",):
+            for rep in range(1, repeats):
+                est = POINT_FIXED_S + (4 + 2 * reps) * steps[-1][1] * res.largest / steps[-1][0] if steps else 0.0
+                if time.perf_counter() + est > deadline or gpu_state.get("poisoned"):
+                    break
+                if point(res.largest, rep)["status"] != "ok" or gpu_state.get("poisoned"):
+                    break
         if not mine and res.basis == "time":
             mine.append(stub_row(model.name, d, ctx, miss, cap_label=cap_label, cap_gib=cap_gib, status="skipped-time"))
         elif not mine:                            # batch 1 refused by its plan: its row says how far over
@@ -314,9 +335,10 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
         nxt = planned(res.largest + 1) / GIB
         for r in mine:
             r.update(largest_batch=res.largest, largest_basis=res.basis, next_planned_gib=nxt,
-                     paper_role=("largest" if r["batch"] == res.largest and r["status"] == "ok" else
+                     paper_role=("repeat" if r.get("rep") else
+                                 "largest" if r["batch"] == res.largest and r["status"] == "ok" else
                                  "series" if r["status"] == "ok" else "trial"))
-            append(paper_key(model.name, cap_label, ctx, d, r["batch"]), r)
+            append(paper_key(model.name, cap_label, ctx, d, r["batch"], r.get("rep", 0)), r)
         if res.basis not in ("time", "error"):      # a resumed run searches these again
             append(dkey, None)
         log(f"  [paper] {model.name} {ctx // 1024}K cap {cap_label}: {d} largest batch {res.largest}"
@@ -362,7 +384,10 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
 
 def summarize(rows) -> list[dict]:
     """Per (model, cap, context, design): the largest batch and its tokens/s (min / median / max over
-    replays), the memory model's largest batch, the series and the memory by category at the largest."""
+    replays), the memory model's largest batch, the series and the memory by category at the largest;
+    where the largest was built more than once (repeats), `builds`: tokens/s of each build and their
+    min / median / max."""
+    import statistics
     out = {}
     for r in rows:
         if r.get("phase") != PAPER:
@@ -370,8 +395,12 @@ def summarize(rows) -> list[dict]:
         k = (r.get("model"), r.get("gpu_mem_cap"), r["context"], r["design"])
         e = out.setdefault(k, dict(model=k[0], gpu_mem_cap=k[1], context=k[2], design=k[3],
                                    largest_batch=r.get("largest_batch"), largest_basis=r.get("largest_basis"),
-                                   model_max_batch=r.get("model_max_batch"), series=[]))
-        if r.get("status") == "ok" and r.get("step_ms"):
+                                   model_max_batch=r.get("model_max_batch"), series=[], builds=[]))
+        if r.get("status") in ("ok", "ok-no-twin") and r.get("step_ms"):
+            if r.get("paper_role") in ("largest", "repeat"):
+                e["builds"].append(dict(rep=r.get("rep", 0), tok_s=r["tok_s"], step_ms=r["step_ms"]))
+            if r.get("paper_role") == "repeat":
+                continue
             e["series"].append(dict(batch=r["batch"], tok_s=r["tok_s"], tok_s_min=r.get("tok_s_min"),
                                     tok_s_max=r.get("tok_s_max"), peak_gib=r.get("peak_gib")))
             if r.get("paper_role") == "largest":
@@ -380,4 +409,7 @@ def summarize(rows) -> list[dict]:
                     "link_gbps", "host_alias")}
     for e in out.values():
         e["series"].sort(key=lambda s: s["batch"])
+        b = sorted(x["tok_s"] for x in e["builds"])
+        if b:
+            e["builds_tok_s"] = dict(n=len(b), min=b[0], median=statistics.median(b), max=b[-1])
     return list(out.values())

@@ -503,6 +503,9 @@ def main(argv=None):
     ap.add_argument("--contexts", help="paper phase: comma-separated contexts (default 128k; --quick 32k)")
     ap.add_argument("--paper-points", help="paper phase: ordered MODEL:CONTEXT pairs, comma-separated, in one process"
                                            " (qwen2.5-32b:128k,llama-3-8b:128k); default --model at each of --contexts")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="paper phase: build and measure each design's largest (or fixed) batch this many times, each a"
+                         " new engine (seed + rep): min / median / max over independent builds")
     ap.add_argument("--max-batch", type=int, help=f"paper phase: the largest batch searched (default"
                                                   f" {paper_phase.MAX_BATCH}; --quick {paper_phase.QUICK['max_batch']})")
     ap.add_argument("--budget", type=int, help="sparse budget in tokens (default: the core Workload's)")
@@ -566,17 +569,29 @@ def parse_contexts(text, model):
 
 
 def parse_paper_points(text, cap):
-    """--paper-points 'qwen2.5-32b:128k,llama-3-8b:128k' -> [(ModelSpec, 131072), ...] in that order, every
-    model checked against the cap and every context against its model; one model spec per name."""
+    """--paper-points 'qwen2.5-32b:128k,llama-3-8b:128k:12' -> [(ModelSpec, 131072, None), (.., 131072, 12)]
+    in that order (a third field: that batch only, no search); every model checked against the cap and
+    every context against its model; one model spec per name."""
     specs, out = {}, []
     for item in (x.strip() for x in str(text).split(",")):
-        name, _, ctx = item.rpartition(":")
+        parts = item.split(":")
+        batch = None
+        if len(parts) >= 3:
+            try:
+                batch = int(parts[-1])
+            except ValueError:
+                batch = None
+            else:
+                parts = parts[:-1]
+                if batch < 1:
+                    raise DDBenchError(f"--paper-points: the batch of {item!r} must be >= 1")
+        name, ctx = ":".join(parts[:-1]), parts[-1] if len(parts) > 1 else ""
         if not name or not ctx:
-            raise DDBenchError(f"--paper-points takes MODEL:CONTEXT pairs (qwen2.5-32b:128k), got {item!r}")
+            raise DDBenchError(f"--paper-points takes MODEL:CONTEXT[:BATCH] items (qwen2.5-32b:128k), got {item!r}")
         if name not in specs:
             specs[name] = get_model(name)
             paper_phase.check_cap(cap, specs[name])
-        out.append((specs[name], parse_contexts(ctx, specs[name])[0]))
+        out.append((specs[name], parse_contexts(ctx, specs[name])[0], batch))
     return out
 
 
@@ -594,8 +609,10 @@ def check_args(a, phases=()):
     a.paper_contexts = (parse_contexts(a.contexts, a.model_spec) if a.contexts else
                         q.get("contexts", paper_phase.DEFAULT_CONTEXTS))
     a.paper_points = parse_paper_points(a.paper_points, a.cap) if a.paper_points else \
-        [(a.model_spec, c) for c in a.paper_contexts]
-    used = [m for m, _ in a.paper_points] if PAPER in phases else []
+        [(a.model_spec, c, None) for c in a.paper_contexts]
+    if a.repeats < 1:
+        raise DDBenchError(f"--repeats must be >= 1, got {a.repeats}")
+    used = [m for m, _, _ in a.paper_points] if PAPER in phases else []
     if set(phases) - {PAPER} or not used:
         used = [a.model_spec] + used
     a.cap_models = list({m.name: m for m in used}.values())
@@ -700,7 +717,8 @@ def run(a):
     if not torch.cuda.is_available():
         raise DDBenchError("the engine bench needs a CUDA GPU; none is visible to torch")
     t_start = time.perf_counter()
-    prov = provenance("python -m kernels.engine.sweep " + " ".join(sys.argv[1:]))
+    from ddbench.core.provenance import command_line
+    prov = provenance(command_line("python -m kernels.engine.sweep"))     # local paths cut
     prov["source_hash"] = source_hash()         # the code that ran, where the device's .git is stale
     model = a.model_spec
     mem = gpu_memory(a)
@@ -913,7 +931,7 @@ def _run_paper_points(a, model, box, flat, hbm, cg, mem, rows, done, jl, cur, t_
     weights = box.pop() if box else None
     held = (model, weights) if weights is not None else (None, None)
     weights = None
-    for pm, ctx in a.paper_points:           # in the order given: the budget cuts the tail
+    for pm, ctx, fixed in a.paper_points:    # in the order given: the budget cuts the tail
         if gpu_state["poisoned"]:
             not_run(pm, ctx, "error", f"not run: the GPU state is unusable after {gpu_state['poisoned']}")
             continue
@@ -943,7 +961,8 @@ def _run_paper_points(a, model, box, flat, hbm, cg, mem, rows, done, jl, cur, t_
                 pm, held[1], flat, (ctx,), cap=a.cap, cap_label=a.cap_label, limit=mem["limit"],
                 mem_gpu=mem["mem_gpu"], overhead=mem["overhead"], reps=a.reps, max_batch=a.paper_max_batch,
                 miss_rate=a.paper_miss, hbm=hbm, deadline=t_start + a.budget_s, done=done, append=append,
-                current=current, seed=a.seed, log=log, gpu_state=gpu_state, health=cap_mod.gpu_health))
+                current=current, seed=a.seed, log=log, gpu_state=gpu_state, health=cap_mod.gpu_health,
+                fixed_batch=fixed, repeats=a.repeats))
         except Exception as exc:  # noqa: BLE001 - run_paper makes rows of its failures; this is a last guard
             import traceback
             log(f"  [paper] {pm.name} {ctx // 1024}K failed:\n" + traceback.format_exc(limit=8))

@@ -1,0 +1,80 @@
+"""The decode-step engine's measurements at the paper's points, for the figures that replay them.
+
+Two committed runs of `python -m kernels.engine.sweep --phases paper` on one H200 (their READMEs
+say how):
+  traces/engine/h200-paper   each design's largest batch under an 80 GB cap (h100-80gb's memory),
+                             the batches its search measured, 3 independently built engines at the
+                             largest: Figs. 2, 3 and 12
+  traces/engine/h200-fig14   Fig. 14's batches (12 / 6 / 4 for 8B / 14B / 32B at 128K), no cap: the
+                             GPU memory at its peak by category
+
+The engine's GPU is an H200 (its compute and HBM), the figures' an H100 80GB: the engine's batches
+and memory compare directly, its tokens/s only as the same design on a faster GPU (every figure
+says so). A missing run is an error naming it, never a figure without its points.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from ddbench.core.errors import DDBenchError
+from ddbench.core.paths import traces_dir
+from ddbench.core.units import GB
+
+CAPPED = "h200-paper"
+FIG14 = "h200-fig14"
+GIB = 1 << 30
+ENGINE_LABEL = "engine (H200, 80 GB cap)"
+
+
+@lru_cache(maxsize=None)
+def _summary(run: str) -> dict:
+    path = traces_dir("engine", run, "summary.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            s = json.load(f)
+    except FileNotFoundError:
+        raise DDBenchError(f"{path}: no such file (the engine's paper points; run"
+                           " `python -m kernels.engine.sweep --phases paper` on a GPU, see its README)") from None
+    return {(p["model"], int(p["context"]), p["design"]): p for p in s.get("paper", [])}
+
+
+def point(model: str, context: int, design: str, run: str = CAPPED) -> dict | None:
+    """The run's entry for a point (largest_batch, series, builds_tok_s, largest), or None."""
+    return _summary(run).get((model, int(context), design))
+
+
+def largest(model: str, context: int, design: str) -> dict | None:
+    """{batch, tok_s, tok_s_min, tok_s_max, builds} at the largest batch under the cap (tokens/s over the
+    independently built engines), {batch: 0} where not even one request fits, None where not measured."""
+    p = point(model, context, design)
+    if p is None:
+        return None
+    b = p.get("builds_tok_s")
+    if not p.get("largest_batch") or not b:
+        return {"batch": 0}
+    return {"batch": int(p["largest_batch"]), "tok_s": b["median"], "tok_s_min": b["min"], "tok_s_max": b["max"],
+            "builds": b["n"]}
+
+
+def series(model: str, context: int, design: str) -> list[tuple[int, float]]:
+    """(batch, tokens/s) of every batch the search measured under the cap, ascending."""
+    p = point(model, context, design)
+    return [(int(s["batch"]), float(s["tok_s"])) for s in (p or {}).get("series", [])]
+
+
+def memory_gb(model: str, context: int, design: str) -> dict | None:
+    """Fig. 14's run: GB (1e9 B) by memory-model category at the peak of the fixed batch, and `total`
+    (the allocated peak + the CUDA context and cuBLAS outside torch); {} where the batch did not fit."""
+    p = point(model, context, design, FIG14)
+    if p is None:
+        return None
+    big = p.get("largest")
+    if not big:
+        return {}
+    from ddbench.core.memory import CATEGORIES
+    out = {c: float(big.get(f"mem_{c}_gib") or 0.0) * GIB / GB for c in CATEGORIES}
+    out["total"] = (float(big["peak_gib"]) + float(big.get("mem_runtime_overhead_gib") or 0.0)) * GIB / GB
+    out["batch"] = int(p["largest_batch"])
+    return out
