@@ -15,7 +15,7 @@ stream has unjoined work"), which hides the out-of-memory error, and then for th
   - the current stream stays the capture stream, so the blocks cached for the default stream (every
     engine built before) are neither reused nor released.
 
-The H200 paper run (traces/engine/h200-paper-run1) showed both: SpeCache on qwen2.5-14b at 128K, batch
+The first H200 paper run (traces/engine/h200-paper-run1, in git history) showed both: SpeCache on qwen2.5-14b at 128K, batch
 11, ran out in its capture; the next point (full-kv, batch 1, planned 51.6 of 79 GiB) was then reported
 out of memory, and the next model's weights could not be allocated with 78.8 GiB reserved and 0.1 GiB
 in use.
