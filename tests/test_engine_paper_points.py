@@ -1085,3 +1085,18 @@ def test_the_default_phases_go_on_after_a_point_raises(monkeypatch, tmp_path):
     assert len(eng) == len(seen) == len(sweep.plan_points(False, 3, ("validation",)))
     assert [r["status"] for r in eng[:2]] == ["error", "oom"] and "Triton" in eng[0]["error"]
     assert {r["status"] for r in eng[2:]} <= {"ok", "ok-no-twin"} and summary["gpu_state"] == "ok"
+
+
+def test_the_memory_model_predicts_the_measured_largest_batches():
+    """traces/engine/h200-paper: at every measured point (3 models, 64K-256K, 80 GB cap) the memory
+    model's largest batch (model_max_batch, priced on the capped GPU) is within one request, or 2 %,
+    of the largest batch the engine ran without running out of memory."""
+    from ddbench.core.paths import traces_dir
+    with open(traces_dir("engine", "h200-paper", "summary.json"), encoding="utf-8") as f:
+        pts = json.load(f)["paper"]
+    assert len(pts) == 24
+    for p in pts:
+        got, want = p["largest_batch"], p["model_max_batch"]
+        assert abs(got - want) <= max(1, 0.02 * got), (p["model"], p["context"], p["design"], got, want)
+        if got:
+            assert p["builds_tok_s"]["n"] == 3

@@ -38,7 +38,8 @@ def load(folder: str) -> tuple[dict, list[dict]]:
     path = os.path.join(folder, "rows.jsonl")
     if os.path.exists(path):
         with open(path, encoding="utf-8") as fh:
-            rows = [json.loads(line)["row"] for line in fh if line.strip()]
+            entries = [json.loads(line) for line in fh if line.strip()]
+        rows = [e["row"] for e in entries if e.get("row")]      # the rest: a search's done markers
     return summary, rows
 
 
@@ -115,7 +116,11 @@ def paper_table(summary: dict) -> str:
     best = {}
     for e in summary.get("paper", []):
         big = e.get("largest") or {}
-        tok = (f"{big['tok_s']:.1f} ({big['tok_s_min']:.1f}-{big['tok_s_max']:.1f})" if big.get("tok_s") else "-")
+        b = e.get("builds_tok_s")
+        if b and b["n"] > 1:           # over independently built engines
+            tok = f"{b['median']:.1f} ({b['min']:.1f}-{b['max']:.1f}, {b['n']} builds)"
+        else:                          # over one engine's replays
+            tok = (f"{big['tok_s']:.1f} ({big['tok_s_min']:.1f}-{big['tok_s_max']:.1f})" if big.get("tok_s") else "-")
         peak = f"{big['peak_gib']:.1f}" if big.get("peak_gib") else "-"
         series = ", ".join(f"{s['batch']}: {s['tok_s']:.0f}" for s in e["series"]) or "-"
         out.append(f"| {e['model']} | {e['gpu_mem_cap']} | {_ctx(e['context'])} | {e['design']} | {e['largest_batch']}"
