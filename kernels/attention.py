@@ -29,11 +29,11 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attn_kernel(q, k, v, lengths, o, po, pml,
-                 s_qb, s_qt, s_qh, s_kb, s_kh, s_kt, s_ob, s_ot, s_oh,
+def _attn_kernel(q, k, v, lengths, o, po, pml, rows,
+                 s_qb, s_qt, s_qh, s_kb, s_kh, s_kt, s_ob, s_ot, s_oh, s_rows,
                  H, G, NQ, n_split, split_len, scale_log2,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 SPLIT: tl.constexpr):
+                 SPLIT: tl.constexpr, ROWS: tl.constexpr):
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
     dd = tl.arange(0, D)
@@ -46,17 +46,22 @@ def _attn_kernel(q, k, v, lengths, o, po, pml,
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     kb = k + b.to(tl.int64) * s_kb + h * s_kh
     vb = v + b.to(tl.int64) * s_kb + h * s_kh
+    rb = rows + (b.to(tl.int64) * H + h) * s_rows
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nv = n < end
-        kt = tl.load(kb + n[None, :] * s_kt + dd[:, None], mask=nv[None, :], other=0.0)
+        if ROWS:      # logical token -> physical row (a chunk cache's slots)
+            pr = tl.load(rb + n, mask=nv, other=0).to(tl.int64)
+        else:
+            pr = n
+        kt = tl.load(kb + pr[None, :] * s_kt + dd[:, None], mask=nv[None, :], other=0.0)
         s = tl.dot(qt, kt) * scale_log2
         s = tl.where((n[None, :] < limit[:, None]) & nv[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
-        vt = tl.load(vb + n[:, None] * s_kt + dd[None, :], mask=nv[:, None], other=0.0)
+        vt = tl.load(vb + pr[:, None] * s_kt + dd[None, :], mask=nv[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
         m = m_new
     if SPLIT:
@@ -107,6 +112,13 @@ def auto_splits(batch: int, kv_heads: int, capacity: int, device) -> int:
     return max(1, min(_sm_count(device) // (batch * kv_heads), capacity // 256))
 
 
+def _check_rows(rows, B, H, S_phys):
+    """rows [B, H, S_log] int32 (logical token -> physical row of k_buf / v_buf); returns S_log."""
+    if rows.dim() != 3 or rows.shape[:2] != (B, H) or rows.dtype != torch.int32 or not rows.is_contiguous():
+        raise DDBenchError(f"rows must be a contiguous int32 [B={B}, H={H}, S] tensor")
+    return rows.shape[2]
+
+
 def _check(q, k_buf, v_buf, lengths):
     if q.dim() != 4 or k_buf.dim() != 4 or k_buf.shape != v_buf.shape:
         raise DDBenchError("need q [B, nq, Hq, d] and k_buf, v_buf [B, H, S, d] of equal shape")
@@ -122,13 +134,15 @@ def _check(q, k_buf, v_buf, lengths):
     return B, nq, Hq, d, k_buf.shape[1]
 
 
-def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, block_n=64, num_warps=4, num_stages=3):
-    """See module docstring. Caller guarantees lengths[b] + nq <= S."""
+def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, block_n=64, num_warps=4, num_stages=3,
+                          rows=None):
+    """See module docstring. Caller guarantees lengths[b] + nq <= S. rows [B, H, S] int32: token n of
+    (b, h) is row rows[b, h, n] of k_buf / v_buf (a chunk cache's slots; its values < k_buf's rows)."""
     B, nq, Hq, d, H = _check(q, k_buf, v_buf, lengths)
     G = Hq // H
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
-    S = k_buf.shape[2]
+    S = k_buf.shape[2] if rows is None else _check_rows(rows, B, H, k_buf.shape[2])
     lengths = lengths.to(device=q.device, dtype=torch.int32)
     n_split = auto_splits(B, H, S, q.device) if splits is None else int(splits)
     n_split = max(1, min(n_split, triton.cdiv(S, block_n)))
@@ -143,12 +157,12 @@ def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, bl
         pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
     else:
         po = pml = o
-    _attn_kernel[(B * H, n_split)](q, k_buf, v_buf, lengths, o, po, pml,
+    _attn_kernel[(B * H, n_split)](q, k_buf, v_buf, lengths, o, po, pml, lengths if rows is None else rows,
                                    q.stride(0), q.stride(1), q.stride(2), *k_buf.stride()[:3],
-                                   o.stride(0), o.stride(1), o.stride(2),
+                                   o.stride(0), o.stride(1), o.stride(2), S,
                                    H, G, nq, n_split, split_len, scale,
                                    D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT=n_split > 1,
-                                   num_warps=num_warps, num_stages=num_stages)
+                                   ROWS=rows is not None, num_warps=num_warps, num_stages=num_stages)
     if n_split > 1:
         _combine_kernel[(B * H, nq * G)](po, pml, o, o.stride(0), o.stride(1), o.stride(2), H, G, n_split,
                                          D=d, GP=GP, BLOCK_M=BLOCK_M, SP=triton.next_power_of_2(n_split),
@@ -156,9 +170,13 @@ def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, bl
     return o
 
 
-def dual_sparse_attention_ref(q, k_buf, v_buf, lengths):
-    """Torch twin in fp32, one request at a time."""
+def dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, **_):
+    """Torch twin in fp32, one request at a time (rows: read through them first)."""
     B, nq, Hq, d, H = _check(q, k_buf, v_buf, lengths)
+    if rows is not None:
+        _check_rows(rows, B, H, k_buf.shape[2])
+        idx = rows.long()[..., None].expand(*rows.shape, d)
+        k_buf, v_buf = k_buf.gather(2, idx), v_buf.gather(2, idx)
     out = torch.empty_like(q)
     for b in range(B):
         L0 = int(lengths[b])

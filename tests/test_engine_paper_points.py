@@ -175,6 +175,8 @@ def _storages(obj, out):
     elif hasattr(obj, "__dataclass_fields__"):
         for f in obj.__dataclass_fields__:
             _storages(getattr(obj, f), out)
+    elif type(obj).__name__ == "ChunkCache":      # dualdecoder-cache's cache and its metadata
+        _storages(vars(obj), out)
     return out
 
 

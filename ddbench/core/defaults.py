@@ -18,6 +18,8 @@ QUANT_GROUP = 64           # SpeCache/KIVI quantization group size
 QUANT_RESIDUAL = 64        # SpeCache/KIVI newest tokens kept in 16 bits
 LOWRANK_LAYERS = 0         # DualDecoder layers with low-rank keys
 PREFILL_CHUNK = 8192       # tokens per chunked-prefill pass
+CACHE_TOKENS = 2 * BUDGET  # dualdecoder-cache: GPU chunk cache per (layer, KV head), tokens (2x the budget)
+CACHE_POLICY = "lru"       # dualdecoder-cache: eviction policy of the GPU chunk cache
 
 # ---------------------------------------------------------------- scenario
 CONTEXT = "128k"           # prompt tokens (simulate; plan requires --context)

@@ -34,6 +34,9 @@ class DesignSpec:
     reuse: bool = False              # keep previous step's chunks, fetch only the misses
     kernels: str = "torch"           # decode kernels: "torch" (SDPA, matmul/top-k selection, gather + matmul
                                      # rebuild) or "triton" (kernels/: selection, sparse attention, rebuild)
+    chunk_cache: bool = False        # a per-request GPU cache of chunks per (layer, KV head), Workload.cache_tokens
+                                     # each; only predicted chunks it misses are prefetched, only true chunks in
+                                     # neither are urgent (dualdecoder-cache)
 
 
 DESIGNS: dict[str, DesignSpec] = {s.name: s for s in [
@@ -48,6 +51,11 @@ DESIGNS: dict[str, DesignSpec] = {s.name: s for s in [
                " after layer i's attention; urgent misses first; two-layer ping-pong; GPU gather",
                landmarks=True, lowrank_keys="adaptive", buffer_layers="pingpong", tokens_per_step=2,
                prefetch="layer-ahead", urgent_priority=True, kernels="triton"),
+    DesignSpec("dualdecoder-cache", "Beyond the paper: DualDecoder plus a per-request GPU chunk cache per"
+               " (layer, KV head), LRU on the GPU; layer-ahead prefetch of the predicted chunks it misses,"
+               " urgent fetch of the true chunks in neither; K and V fetched (no low-rank keys)",
+               landmarks=True, tokens_per_step=2, prefetch="layer-ahead", urgent_priority=True, kernels="triton",
+               chunk_cache=True),
     DesignSpec("dualdecoder-per-layer", "DualDecoder ablation: per-layer sparse KV buffers instead of ping-pong",
                landmarks=True, lowrank_keys="adaptive", tokens_per_step=2, prefetch="layer-ahead",
                urgent_priority=True, kernels="triton"),

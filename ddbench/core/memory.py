@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from ddbench.core.catalog.gpus import GPUSpec
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DesignSpec
+from ddbench.core.errors import DDBenchError
 from ddbench.core.workload import Workload  # noqa: F401  (the one Workload; re-exported here)
 
 CATEGORIES = ("weights", "resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers",
@@ -120,12 +121,45 @@ def aux_residency_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     return total
 
 
+CACHE_MAP_BYTES = 2     # int16 slot of every chunk (-1: not cached)
+CACHE_SLOT_BYTES = 8    # int32 chunk id and int32 last-use stamp of every slot
+
+
+def chunk_cache_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
+    """dualdecoder-cache's GPU chunk cache, every layer and KV head: its K and V slots and its map,
+    b * L * H_kv * (cache_tokens * 2 * d * e + ceil(S / C) * 2 + cache_tokens / C * 8)
+    (kernels/engine/chunkcache.py allocates exactly this); 0 for other designs."""
+    if not design.chunk_cache:
+        return 0
+    slots = w.cache_tokens // w.chunk
+    per_head = w.cache_tokens * 2 * m.head_dim * m.dtype_bytes + math.ceil(w.context / w.chunk) * CACHE_MAP_BYTES \
+        + slots * CACHE_SLOT_BYTES
+    return w.batch * m.num_layers * m.num_kv_heads * per_head
+
+
+def check_chunk_cache(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> None:
+    """One-line DDBenchError for a chunk cache smaller than the budget, or one whose single request leaves
+    no room beside the weights on `gpu`."""
+    if not design.chunk_cache:
+        return
+    if w.cache_tokens < w.budget:
+        raise DDBenchError(f"{design.name}: the chunk cache ({w.cache_tokens} tokens per layer and KV head) must hold"
+                           f" at least the budget ({w.budget} tokens)")
+    one = chunk_cache_bytes(design, m, replace(w, batch=1))
+    if one > gpu.hbm_bytes - m.weight_bytes:
+        raise DDBenchError(f"{design.name}: the chunk cache of one request ({one / 1e9:.1f} GB) leaves no room beside"
+                           f" {m.name}'s weights on {gpu.name} ({(gpu.hbm_bytes - m.weight_bytes) / 1e9:.1f} GB free)")
+
+
 def sparse_buffer_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """GPU buffers that receive the selected 16-bit KV:
     b * layers * sets * B * 2 * H_kv * d * e, where layers = L, or 2 for the ping-pong buffer,
-    and sets = 2 where the current and the speculative selection are held at once."""
+    and sets = 2 where the current and the speculative selection are held at once. A chunk-cache
+    design's buffers are its cache (chunk_cache_bytes)."""
     if design.kv_on_gpu:
         return 0
+    if design.chunk_cache:
+        return chunk_cache_bytes(design, m, w)
     layers = 2 if design.buffer_layers == "pingpong" else m.num_layers
     return w.batch * layers * design.buffer_sets * w.budget * m.kv_bytes_per_token_layer
 
@@ -167,6 +201,7 @@ def activation_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
 def memory_breakdown(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> MemoryBreakdown:
     """GPU bytes by category for `w.batch` requests of `w.context` tokens."""
     w.validate(m)
+    check_chunk_cache(design, m, gpu, w)
     return MemoryBreakdown(
         system=design.name, model=m.name, gpu=gpu.name, context=w.context, batch=w.batch,
         weights=weights_bytes(m),

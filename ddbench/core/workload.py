@@ -50,6 +50,9 @@ class Workload:
     lowrank_layers: int = _f(D.LOWRANK_LAYERS, "DualDecoder layers with low-rank keys (adaptive key reconstruction)",
                              minimum=0)
     prefill_chunk: int = _f(D.PREFILL_CHUNK, "tokens per chunked-prefill pass running beside decode", tokens=True)
+    cache_tokens: int = _f(D.CACHE_TOKENS, "dualdecoder-cache: GPU chunk cache per (layer, KV head) in tokens, at"
+                                           " least the budget (2x the default budget by default)", tokens=True,
+                           minimum=0)
 
     def validate(self, model) -> None:
         """DDBenchError (one line) for a value no design can serve on `model`."""
@@ -63,8 +66,15 @@ class Workload:
             raise DDBenchError(f"sparse budget {self.budget} is not a multiple of the chunk size {self.chunk}")
         if self.lowrank_layers > model.num_layers:
             raise DDBenchError(f"lowrank_layers {self.lowrank_layers} exceeds the model's {model.num_layers} layers")
+        if self.cache_tokens % self.chunk:
+            raise DDBenchError(f"cache_tokens {self.cache_tokens} is not a multiple of the chunk size {self.chunk}")
         if self.rank > model.num_kv_heads * model.head_dim:
             raise DDBenchError(f"rank {self.rank} exceeds H_kv*d = {model.num_kv_heads * model.head_dim}")
+
+    @property
+    def cache_ratio(self) -> float:
+        """The chunk cache's capacity over the budget (dualdecoder-cache)."""
+        return self.cache_tokens / self.budget
 
     @property
     def outlier_chunks(self) -> int:

@@ -62,6 +62,8 @@ class EngineConfig:
     urgent_programs: int = 64
     transfers: bool = True            # False: compute only, no host reads (exposed-transfer baseline)
     quant_values: bool = False        # SpeCache: also hold its 2-bit value copy (memory only: the step reads keys)
+    churn_rate: float | None = None   # chunk cache: forced share of the next prediction new against this one (None:
+                                      # the model's own speculative selection)
     seed: int = 0
 
     @staticmethod
@@ -98,6 +100,8 @@ class EngineConfig:
             raise DDBenchError(f"gen_tokens must be >= 4 for the engine, got {w.gen_tokens}")
         if self.miss_rate is not None and not 0.0 <= self.miss_rate <= 1.0:
             raise DDBenchError(f"miss rate must be within 0..1, got {self.miss_rate}")
+        if self.churn_rate is not None and not 0.0 <= self.churn_rate <= 1.0:
+            raise DDBenchError(f"churn rate must be within 0..1, got {self.churn_rate}")
         if any(not 0 <= i < model.num_layers for i in self.lowrank_layers):
             raise DDBenchError(f"low-rank layer ids {self.lowrank_layers} outside 0..{model.num_layers - 1}")
 
@@ -181,6 +185,11 @@ def plan_bytes(model, system, cfg: EngineConfig, dtype_bytes: int = 2) -> dict:
     nbuf = 2 if s.buffer_layers == "pingpong" else L * s.buffer_sets + (1 if s.reuse else 0)
     ids = 1 + (s.prefetch != "none" and (cfg.transfers or s.tokens_per_step == 2)) + bool(s.reuse)
     out["sparse_kv_buffers"] = nbuf * 2 * B * H * S * d * E + ids * L * B * H * kc * 4
+    if s.chunk_cache:     # kernels/engine/chunkcache.py: slots + tail rows, the map and its sinks, rows, 2 plans
+        slots = cfg.workload.cache_tokens // C
+        out["sparse_kv_buffers"] = (2 * L * B * H * (slots * C + S - kc * C) * d * E + L * B * H * (N + 1) * 2
+                                    + 2 * L * B * H * (slots + 1) * 4 + B * H * S * 4 + 2 * (3 * (B * H * kc + 1) + 1) * 4
+                                    + B * H * kc * 4 + ids * L * B * H * kc * 4)
     if s.gather == "cpu":
         out["sparse_kv_buffers"] += 2 * B * H * kc * 2 * C * d * E
     return out
@@ -257,6 +266,7 @@ class Engine:
         self.seed_dev = torch.full((1,), cfg.seed + 1, device=self.dev, dtype=torch.int32)  # forced misses
         self.ar = torch.arange(4, device=self.dev)
         self.steps = 0
+        self.cache = None                # a chunk-cache design's ChunkCache (sparse designs, below)
         dt = torch.bfloat16 if self.dev.type == "cuda" else weights.embed.dtype
         self.dt = dt
         L, B, H, d, C = self.L, self.B, self.H, self.d, self.C
@@ -306,13 +316,24 @@ class Engine:
             if self.lowrank[i]:
                 self.U[i] = torch.empty(B, cfg.context, cfg.rank, device=self.dev, dtype=dt).normal_(generator=g0)
                 self.SV[i] = (torch.randn(B, H, cfg.rank, d, device=self.dev, generator=g0) / math.sqrt(cfg.rank)).to(dt)
-        # buffers: ping-pong (2 uses in flight), per layer (x sets), or per layer + a spare (reuse)
+        # buffers: ping-pong (2 uses in flight), per layer (x sets), or per layer + a spare (reuse); a chunk
+        # cache design's per-layer buffers are its cache (kernels/engine/chunkcache.py)
         if s.buffer_layers == "pingpong":
             nbuf = 2
         else:
             nbuf = L * s.buffer_sets + (1 if s.reuse else 0)
-        self.kbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]
-        self.vbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]
+        self.cache = None
+        if s.chunk_cache:
+            from kernels.engine.chunkcache import ChunkCache
+            self.cache = ChunkCache(L, B, H, self.N, cfg.workload.cache_tokens // C, C, d, self.S - self.kc * C,
+                                    self.dev, dt, self.kc)
+            self.kbuf, self.vbuf = list(self.cache.k.unbind(0)), list(self.cache.v.unbind(0))
+            self.step_dev = torch.zeros(1, device=self.dev, dtype=torch.int32)   # decode steps (LRU stamps)
+            self.pf_stamp = torch.zeros(L, device=self.dev, dtype=torch.int32)
+            self.fill_ev = {}            # use id -> event after its prefetch fill
+        else:
+            self.kbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]
+            self.vbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]
         self.free_ev = [None] * nbuf     # last reader (attention) of each buffer
         self.ready_ev = {}               # use id -> [events] of transfers into that use's buffer
         self.layer_buf = list(range(L))  # reuse: the buffer of each layer (fixed)
@@ -363,6 +384,8 @@ class Engine:
     # ------------------------------------------------------------------ transfers
     def _issue_prefetch(self, u, pred):
         """Gather `pred` [B, H, k] for layer use u into its buffer, after that buffer's last reader."""
+        if self.cache is not None:
+            return self._issue_cache_prefetch(u, pred)
         layer = u % self.L
         b = self._buf_of_use(u)
         vo = self.lowrank[layer]
@@ -381,11 +404,70 @@ class Engine:
         self.stats.prefetch_items.append(pred.numel())
         self.stats.prefetch_layer.append((layer, vo))
 
+    def _issue_cache_prefetch(self, u, pred):
+        """Chunk cache: the prefetch fill of `pred` for layer use u (stamp 2 x its step) and the gather of
+        the predicted chunks it missed, on the prefetch stream after the layer's last reader."""
+        layer = u % self.L
+        off = u // self.L - self.step_u0 // self.L      # 1: a prefetch for the next step's first layers
+        torch.mul(self.step_dev + off, 2, out=self.pf_stamp[layer:layer + 1])
+        ev_st, _ = self.sched.run("compute", "stamp", lambda: None, layer=layer)
+        box = {}
+
+        def fill():
+            with nvtx_range(f"prefetch fill L{layer}"):
+                box["plan"], _ = self.cache.fill(layer, pred, self.pf_stamp[layer], kind="prefetch")
+        ev_fill, _ = self.sched.run("prefetch", "prefetch-fill", fill, waits=[self.free_ev[layer], ev_st], layer=layer,
+                                    buf=layer, use=u)
+        self.fill_ev[u] = ev_fill
+
+        def go():
+            with nvtx_range(f"prefetch L{layer}"):
+                self.ops.slots(self.host, self._hl(layer), box["plan"], self.kbuf[layer], self.vbuf[layer],
+                               programs=self.cfg.prefetch_programs)
+        ev, _ = self.sched.run("prefetch", "prefetch", go, layer=layer, buf=layer, use=u)
+        self.ready_ev.setdefault(u, []).append(ev)
+        self.prefetched[u] = pred
+        self.stats.prefetch_items.append(box["plan"].count.clone())     # the plan buffers are reused: keep its count
+        self.stats.prefetch_layer.append((layer, False))
+
+    def _cache_fetch(self, i, u, true, have_pred):
+        """Chunk cache, layer i: (events attention waits on, rows). Compute only: both fills on the compute
+        stream (the prediction's, then the truth's), nothing fetched. With transfers: the urgent fill
+        after this use's prefetch fill, then the true chunks in neither fetched on the urgent stream
+        after it and after the layer's prefetch (its victims may be slots the prefetch writes)."""
+        cfg, c = self.cfg, self.cache
+        ur_stamp = self.step_dev * 2 + 1
+        if not cfg.transfers:
+            if self.pred is not None and self.sys.prefetch != "none":
+                with nvtx_range("prefetch fill"):
+                    c.fill(i, self.pred[i], self.step_dev * 2, kind="prefetch")
+            with nvtx_range("urgent fill"):
+                _, slot = c.fill(i, true, ur_stamp)
+            return [], c.set_rows(slot)
+        fill_ev = self.fill_ev.pop(u, None)
+        if fill_ev is not None:
+            self.sched.run("compute", "wait-fill", lambda: None, waits=[fill_ev], layer=i)
+        with nvtx_range("urgent fill"):
+            plan, slot = c.fill(i, true, ur_stamp)
+            rows = c.set_rows(slot)
+        ev_plan, _ = self.sched.run("compute", "plan", lambda: None, layer=i)
+        pre_ev = self.ready_ev.get(u, [])
+
+        def urgent():
+            with nvtx_range(f"urgent L{i}"):
+                self.ops.slots(self.host, self._hl(i), plan, self.kbuf[i], self.vbuf[i], programs=cfg.urgent_programs)
+        ev_u, _ = self.sched.run("urgent", "urgent", urgent, waits=[ev_plan, self.free_ev[i]] + pre_ev, layer=i, buf=i,
+                                 use=u)
+        self.stats.urgent_counts.append(plan.count.clone())
+        self.stats.urgent_layer.append((i, False))
+        return pre_ev + [ev_u], rows
+
     # ------------------------------------------------------------------ one step
     def step(self):
         s = self.sys
         predecode = (self.prefetch != "none" and self.pred is None) and self.steps == 0
         nq = 1 if (predecode or s.kv_on_gpu) else self.nq
+        self.step_u0 = self.use          # the first layer use of this step
         self.stats = StepStats()
         self.rec = [] if self.timing else None
         if self.timing:
@@ -421,12 +503,16 @@ class Engine:
         if predecode:
             self.pending = nxt[:, :1]                            # T_2 -> T'_2; input T_1 kept
             self.pred, self.pred_new = self.pred_new, torch.zeros_like(self.pred_new)
+            if self.cache is not None:
+                self.step_dev.add_(1)
         else:
             self.g += 1
             if self.g >= self.cfg.gen_slots - 2:
                 self.g = 0                                       # reuse the generated-token slots
             self.g_dev.add_(1).remainder_(self.cfg.gen_slots - 2)
             self.seed_dev.add_(1)
+            if self.cache is not None:
+                self.step_dev.add_(1)
             new = nxt[:, :self.nq] if not s.kv_on_gpu else nxt[:, :1]
             if new.shape == self.tokens.shape:
                 self.tokens.copy_(new)                           # static input of a captured step
@@ -457,6 +543,8 @@ class Engine:
         # every earlier event has completed: forget them (a capture may not wait on outside events)
         self.free_ev = [None] * len(getattr(self, "free_ev", []))
         self.ready_ev = {u: [] for u in getattr(self, "ready_ev", {})}
+        if getattr(self, "fill_ev", None):
+            self.fill_ev = {}
         timing, self.timing = self.timing, False
         self.sched.used.clear()          # join only the side streams this capture forks
         g = torch.cuda.CUDAGraph()
@@ -485,6 +573,8 @@ class Engine:
         self.graph, self.graph_steps = g, steps
         self.free_ev = [None] * len(getattr(self, "free_ev", []))
         self.ready_ev = {u: [] for u in getattr(self, "ready_ev", {})}
+        if getattr(self, "fill_ev", None):
+            self.fill_ev = {}
         return g
 
     def replay(self):
@@ -585,12 +675,21 @@ class Engine:
                 true = perturb(base, cfg.miss_rate, self.N, self.gen)
             else:   # one launch; its seed advances on the device once per step (graph replays differ)
                 true = perturb_fast(base, cfg.miss_rate, self.N, self.seed_dev, i)
+        if self.cache is not None and cfg.churn_rate is not None and self.pred is not None and not predecode:
+            # forced prediction churn: the next step's prediction is this one with churn_rate of it new
+            if self.ref:
+                self.pred_new[i] = perturb(self.pred[i], cfg.churn_rate, self.N, self.gen)
+            else:
+                perturb_fast(self.pred[i], cfg.churn_rate, self.N, self.seed_dev, self.L + i, out=self.pred_new[i])
         b = self._buf_of_use(u)
         kb, vb = self.kbuf[b], self.vbuf[b]
         vo = self.lowrank[i]
         waits = []
         assembled = true
-        if not cfg.transfers:
+        rows = None
+        if self.cache is not None:
+            waits, rows = self._cache_fetch(i, u, true, have_pred)
+        elif not cfg.transfers:
             if sim_pred:
                 with nvtx_range("plan_misses"):
                     assembled = (fused_plan or self._plan(self.pred[i], true)).assembled
@@ -671,15 +770,16 @@ class Engine:
             # length R0 + g lives on the device), the new token(s) go right after the used part,
             # and the true token's K/V is persisted at R0 + g for the next steps (one kernel)
             R = self.R0 + self.g
-            self.ops.assemble(kb, vb, self.recent_k[i], self.recent_v[i], k, v, self.g_dev, kC, self.R0)
+            ka, va = (kb, vb) if rows is None else (self.cache.tail_view(kb, kC), self.cache.tail_view(vb, kC))
+            self.ops.assemble(ka, va, self.recent_k[i], self.recent_v[i], k, v, self.g_dev, kC, self.R0)
             lengths = self.lengths
         pre = self.sched.timing_event() if self.timing else None
         ev_wait, _ = self.sched.run("compute", "wait", lambda: None, waits=waits, layer=i, buf=b, use=u)
         post = self.sched.timing_event() if self.timing else None
-        kw = {}
+        kw = {} if rows is None else {"rows": rows}
         if not self.ref and self.B * self.H < 64:   # small batch: about two waves of (request, head, split)
             sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
-            kw["splits"] = max(1, min(2 * sms // (self.B * self.H), kb.shape[2] // 256))
+            kw["splits"] = max(1, min(2 * sms // (self.B * self.H), self.S // 256))
         with nvtx_range("attention"):
             o = self._attn(q, kb, vb, lengths, **kw)
         ev_attn, _ = self.sched.run("compute", "attention", lambda: None, layer=i, buf=b, use=u)
@@ -690,7 +790,9 @@ class Engine:
             self.debug.append(dict(layer=i, q=q.clone(), k=k.clone(), v=v.clone(), true=true.clone(),
                                    assembled=assembled.clone(), out=o.clone(), R=R, g=self.g_dev.clone(), nq=nq,
                                    recent_k=self.recent_k[i].clone(), recent_v=self.recent_v[i].clone(),
-                                   lowrank=vo, step=self.steps, kb=kb.clone(), vb=vb.clone()))
+                                   lowrank=vo, step=self.steps, kb=kb.clone(), vb=vb.clone(),
+                                   rows=None if rows is None else rows.clone(),
+                                   pred=None if self.pred is None or predecode else self.pred[i].clone()))
         self.use += 1
         if self.prefetch == "layer-ahead" and not predecode:
             nu = u + 2
@@ -765,7 +867,7 @@ class Engine:
     def step_bytes(self, stats=None):
         """(prefetch_bytes, urgent_bytes) of the last step, or of a kept `stats` (syncs on the urgent counts)."""
         stats = self.stats if stats is None else stats
-        pf = sum(n * self._item_bytes(l, vo) for n, (l, vo) in zip(stats.prefetch_items, stats.prefetch_layer))
+        pf = sum(int(n) * self._item_bytes(l, vo) for n, (l, vo) in zip(stats.prefetch_items, stats.prefetch_layer))
         ur = 0
         for c, (l, vo) in zip(stats.urgent_counts, stats.urgent_layer):
             ur += int(c) * self._item_bytes(l, vo)

@@ -1,0 +1,101 @@
+"""dualdecoder-cache's GPU chunk cache: per request, layer and KV head, `slots` chunks of K and V, LRU,
+looked up and filled on the device with no host sync (CUDA-graph safe).
+
+    cache = ChunkCache(L, B, H, N, slots, C, d, tail, device, dtype)
+    plan, slot = cache.fill(layer, ids, stamp)   # ids [B, H, k] int32; stamp: a device int32 scalar tensor
+
+fill() makes every chunk of `ids` cached: a cached chunk is a hit (its slot is touched with `stamp`);
+a chunk not cached takes the least recently touched slot among those not touched with `stamp` (empty
+slots first) and is touched with it. It returns the chunks to fetch as a MissPlan (kernels/engine/
+transfer.py: the compacted (b*H + h, chunk, slot) items and their device count, what gather_slots
+reads) and the slot of every id [B, H, k]. Victims are distinct because k <= slots.
+
+The engine fills twice per layer and step t: the prefetch fill with the predicted chunks (stamp 2t,
+layer-ahead, on the prefetch stream) and the urgent fill with the true chunks (stamp 2t + 1, on the
+compute stream): a wrong prediction of this step is evicted only after everything older. This is the
+replay of ddbench/profile/cache.py, so the profile's rates are this cache's.
+
+Layout: k, v [L, B, H, slots * C + tail, d]: the slots' rows, then `tail` rows the engine assembles
+(the resident window, generated tokens, the new tokens). Attention reads the true selection through
+`rows` [B, H, k * C + tail] int32 (kernels/attention.py: logical token -> physical row).
+Metadata: slot_of [L, B, H, N + 1] int16 (-1: not cached; column N a write sink), chunk_of and age
+[L, B, H, slots + 1] int32 (-1: empty; column `slots` a sink). Sizes: ddbench/core/memory.py
+chunk_cache_bytes counts the slots and the map (the sinks, `rows` and the plans are a few MB).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddbench.core.errors import DDBenchError
+from kernels.engine.transfer import MissPlan
+
+
+class ChunkCache:
+    def __init__(self, L, B, H, N, slots, C, d, tail, device, dtype, k_max):
+        if slots < k_max:
+            raise DDBenchError(f"a chunk cache of {slots} chunks cannot hold a selection of {k_max}")
+        if slots >= 2 ** 15:
+            raise DDBenchError(f"a chunk cache of {slots} chunks per head exceeds the int16 map (32767)")
+        self.L, self.B, self.H, self.N, self.S, self.C, self.tail = L, B, H, N, slots, C, tail
+        self.k = torch.zeros(L, B, H, slots * C + tail, d, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.slot_of = torch.full((L, B, H, N + 1), -1, device=device, dtype=torch.int16)
+        self.chunk_of = torch.full((L, B, H, slots + 1), -1, device=device, dtype=torch.int32)
+        self.age = torch.full((L, B, H, slots + 1), -1, device=device, dtype=torch.int32)
+        n = B * H * k_max
+        self.bh_of = torch.arange(B * H, device=device, dtype=torch.int32).repeat_interleave(k_max)
+        self.plans = {}                   # kind -> MissPlan buffers (one per stream that fills)
+        self.n_items = n
+        self.rows = torch.empty(B, H, k_max * C + tail, device=device, dtype=torch.int32)
+        self.rows[:, :, k_max * C:] = slots * C + torch.arange(tail, device=device, dtype=torch.int32)
+        self.lane = torch.arange(C, device=device, dtype=torch.int32)
+
+    def _plan(self, kind, k):
+        if kind not in self.plans:
+            dev, n = self.k.device, self.n_items + 1
+            e = lambda: torch.zeros(n, device=dev, dtype=torch.int32)    # noqa: E731
+            self.plans[kind] = MissPlan(bh=e(), chunk=e(), slot=e(), count=torch.zeros(1, device=dev, dtype=torch.int32),
+                                        assembled=torch.zeros(self.B, self.H, k, device=dev, dtype=torch.int32), k=k)
+        return self.plans[kind]
+
+    def fill(self, layer: int, ids: torch.Tensor, stamp: torch.Tensor, kind: str = "urgent"):
+        """(MissPlan of the chunks to fetch, slot of every id [B, H, k] int64): see the module doc."""
+        so, co, ag = self.slot_of[layer], self.chunk_of[layer], self.age[layer]
+        S, N = self.S, self.N
+        idl = ids.long()
+        s = so.gather(2, idl).long()                                     # [B, H, k]
+        hit = s >= 0
+        miss = ~hit
+        st = stamp.reshape(1, 1, 1).to(torch.int32)
+        ag.scatter_(2, torch.where(hit, s, S), st.expand(s.shape).contiguous())   # touch the hits
+        order = ag[..., :S].argsort(dim=2, stable=True)                  # least recently touched first
+        rank = (miss.to(torch.int32).cumsum(2) - 1).clamp(min=0).long()
+        victim = torch.where(miss, order.gather(2, rank), S)             # hits write the sink
+        old = torch.where(miss, co.gather(2, victim).long(), -1)
+        so.scatter_(2, torch.where(old >= 0, old, N), torch.full_like(victim, -1, dtype=torch.int16))
+        so.scatter_(2, torch.where(miss, idl, N), victim.to(torch.int16))
+        co.scatter_(2, victim, ids.to(torch.int32))
+        ag.scatter_(2, victim, st.expand(s.shape).contiguous())
+        slot = torch.where(hit, s, victim)
+        plan = self._plan(kind, ids.shape[2])
+        flat = miss.reshape(-1)
+        n = flat.numel()
+        dst = torch.where(flat, flat.to(torch.int32).cumsum(0).long() - 1, n)
+        plan.bh.scatter_(0, dst, self.bh_of[:n])
+        plan.chunk.scatter_(0, dst, ids.reshape(-1).to(torch.int32))
+        plan.slot.scatter_(0, dst, slot.reshape(-1).to(torch.int32))
+        plan.count.copy_(flat.sum().to(torch.int32).reshape(1))
+        plan.assembled.copy_(ids)
+        return plan, slot
+
+    def set_rows(self, slot: torch.Tensor) -> torch.Tensor:
+        """rows[:, :, :k*C] = the true selection's physical rows (slot * C + lane), in its order."""
+        B, H, k = slot.shape
+        self.rows[:, :, :k * self.C].view(B, H, k, self.C).copy_(slot.to(torch.int32)[..., None] * self.C + self.lane)
+        return self.rows
+
+    def tail_view(self, t: torch.Tensor, kC: int) -> torch.Tensor:
+        """A view of layer buffer t [B, H, S*C + tail, d] whose rows kC.. are its tail: what the engine's
+        assemble writes at kC onward lands after the slots."""
+        return t[:, :, self.S * self.C - kC:]
