@@ -383,7 +383,11 @@ class CostModel:
         from ddbench.core.memory import Workload
         w = Workload(context=context, batch=batch)
         one = [1.0] * self.model.num_layers
-        return step_layers(design, self.model, self, w, batch, context, one, one).compute_s
+        cache = None
+        if design.chunk_cache:       # compute only: the rates move bytes, not compute
+            from ddbench.core.cacherates import forced
+            cache = forced(0.0, 0.0, self.model.num_layers, "compute only")
+        return step_layers(design, self.model, self, w, batch, context, one, one, cache=cache).compute_s
 
     # ------------------------------------------------------------------ tables
     def _build_tables(self, b: Bundle) -> None:

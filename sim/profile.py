@@ -209,11 +209,7 @@ def read_profile(path: str, sel: Select = Select()) -> Profile:
 
 
 # ---------------------------------------------------------------- applying to a simulated model
-def map_depth(values, target_layers: int) -> list[float]:
-    """Per-layer values of an L-layer model onto an L'-layer one: target layer j takes the source layer
-    at the same relative depth, floor((j + 0.5) * L / L')."""
-    L = len(values)
-    return [float(values[min(L - 1, int((j + 0.5) * L / target_layers))]) for j in range(target_layers)]
+from ddbench.core.cacherates import map_depth  # noqa: E402,F401  (one definition; re-exported here)
 
 
 def apply(prof: Profile, target: str, target_layers: int, explicit: bool) -> tuple[list[float], list[float], str]:

@@ -169,9 +169,9 @@ def percentile(xs, p: float) -> float | None:
 class _Model:
     """Memoized per-request bytes, activations and step times of one scenario."""
 
-    def __init__(self, design, m, gpu, cm, w, hit, reuse, lowrank=None):
+    def __init__(self, design, m, gpu, cm, w, hit, reuse, lowrank=None, cache=None):
         self.design, self.m, self.gpu, self.cm, self.w, self.hit, self.reuse = design, m, gpu, cm, w, hit, reuse
-        self.lowrank = lowrank
+        self.lowrank, self.cache = lowrank, cache
         self._req, self._act, self._step, self._pre = {}, {}, {}, {}
 
     def per_request(self, ctx: int) -> dict:
@@ -194,7 +194,8 @@ class _Model:
         key = (batch, ctx)
         v = self._step.get(key)
         if v is None:
-            plan = step_layers(self.design, self.m, self.cm, self.w, batch, ctx, self.hit, self.reuse, self.lowrank)
+            plan = step_layers(self.design, self.m, self.cm, self.w, batch, ctx, self.hit, self.reuse, self.lowrank,
+                               cache=self.cache)
             v = aggregate_step(plan)
             self._step[key] = v
         return v
@@ -228,12 +229,13 @@ class _Model:
 def run_serving(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: Workload,
                 requests: list[Request], hit: list[float], reuse: list[float],
                 max_batch: int | None = None, prefill_here: bool = True, progress=None,
-                lowrank: frozenset | None = None) -> ServingResult:
+                lowrank: frozenset | None = None, cache=None) -> ServingResult:
     """prefill_here=False: prefill runs on other GPUs (disaggregated, as in DistServe): an admitted
     request joins the decode batch at once with its first token, its prompt's KV already in place
     (TTFT is then the wait for memory alone); memory is accounted as before.
     progress: called with 1 whenever a request completes or is rejected (a progress bar).
-    lowrank: an adaptive design's low-rank key layers (sim.steplayers.step_layers), else its worst-predicted."""
+    lowrank: an adaptive design's low-rank key layers (sim.steplayers.step_layers), else its worst-predicted.
+    cache: a chunk-cache design's rates (ddbench.core.cacherates.CacheRates)."""
     if not requests:
         raise DDBenchError("no requests to serve")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
@@ -243,7 +245,7 @@ def run_serving(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w
         if r.context < w.budget and not design.kv_on_gpu:
             raise DDBenchError(f"request {r.rid}: context {r.context} is smaller than the sparse budget {w.budget}")
     env = simpy.Environment()
-    mdl = _Model(design, m, gpu, cm, w, hit, reuse, lowrank)
+    mdl = _Model(design, m, gpu, cm, w, hit, reuse, lowrank, cache)
     static = {"weights": m.weight_bytes, "runtime_overhead": gpu.runtime_overhead_bytes}
     ledger = MemoryLedger(gpu.hbm_bytes, static)
     waiting: deque = deque()

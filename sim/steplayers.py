@@ -112,11 +112,13 @@ def resident_rows(design: DesignSpec, w: Workload) -> int:
 
 
 def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: int, context: float,
-              hit: list[float], reuse: list[float], lowrank: frozenset | None = None) -> StepLayers:
+              hit: list[float], reuse: list[float], lowrank: frozenset | None = None, cache=None) -> StepLayers:
     """One decode step of `design`. `lowrank`: for an adaptive design, the layers with low-rank keys
     (e.g. the set an accuracy profile's summary picked, sim.profile.lowrank_from_summary) instead of
     the w.lowrank_layers worst-predicted layers; it must hold w.lowrank_layers layers of the model, so
-    that the memory model (which counts them) and the plan agree. Ignored by other designs."""
+    that the memory model (which counts them) and the plan agree. Ignored by other designs.
+    `cache` (ddbench.core.cacherates.CacheRates): a chunk-cache design's per-layer prefetched and urgent chunks
+    over the budget (required for one; `hit` and `reuse` are not used for its link bytes)."""
     L = m.num_layers
     passes = 2 if design.two_pass else 1
     q = 1 if design.two_pass else design.tokens_per_step
@@ -158,6 +160,8 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     rates = None
     pf_b, ur_b, d2h_b = [0.0] * L, [0.0] * L, [0.0] * L
     pf_w, ur_w, d2h_w, cpu_pf, cpu_ur = [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L
+    if design.chunk_cache and (cache is None or len(cache.prefetched) != L):
+        raise DDBenchError(f"{design.name} needs its cache rates for {L} layers (ddbench.core.cacherates)")
     if offload:
         values_only_all = design.fetch == "values"
         chunk_bytes = (1 if values_only_all else 2) * w.chunk * m.head_dim * E
@@ -168,7 +172,10 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
             f = kvl / 2 if values_only else kvl
             r = rates_v if values_only else rates
             full = batch * w.budget * f
-            if design.prefetch == "none":
+            if design.chunk_cache:          # only what the cache misses crosses the link
+                pf_b[i] = full * cache.prefetched[i]
+                ur_b[i] = full * cache.urgent[i]
+            elif design.prefetch == "none":
                 pf_b[i] = 0.0
                 ur_b[i] = full * ((1.0 - reuse[i]) if design.reuse else 1.0)
             else:
@@ -194,7 +201,8 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     mid = [passes * ((reb if i in lr else 0.0) + asm) for i in range(L)]
     lm = passes * cm.decode_linear_s(m.hidden, m.vocab, mt)
     slots = 2 if design.buffer_layers == "pingpong" else L
-    slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * w.budget * kvl
+    slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (
+        w.cache_tokens if design.chunk_cache else w.budget) * kvl
     return StepLayers(design, batch, context, q, passes, pre, mid, [passes * att] * L,
                       [passes * (lin_post + glue / 2)] * L, lm, pf_b, ur_b, d2h_b, pf_w, ur_w, d2h_w, cpu_pf, cpu_ur,
                       slot_bytes, slots, rates, lr, ur_min, serial)

@@ -135,7 +135,22 @@ def effective_miss(rate: float, budget: int, chunk: int) -> float:
     return round(rate * k) / k
 
 
-def replay_plan(design: str, context: int, batch: int, miss: float, transfers: bool, cm=None, model: str = MODEL):
+def engine_cache_rates(r, model: str):
+    """A chunk-cache design's rates at an engine point: the chunks its cache really moved per step (the
+    row's prefetch and urgent bytes, its forced churn and misses through its own LRU cache) over the
+    budget's; the replay takes the workload's rates from the engine as it takes the forced miss rate."""
+    from ddbench.core.cacherates import forced
+    from ddbench.core.catalog import get_model
+    from ddbench.core.memory import Workload
+    m, w = get_model(model), Workload(context=int(r.context))
+    full = int(r.batch) * m.num_layers * m.num_kv_heads * (w.budget // w.chunk) * 2 * w.chunk * m.head_dim * 2
+    pf, ur = float(r.prefetch_mib) * MIB / full, float(r.urgent_mib) * MIB / full
+    return forced(min(pf, 1.0), min(ur, 1.0), m.num_layers,
+                  f"the engine's moved chunks: prefetched {pf:.3f}, urgent {ur:.3f} of the budget per step")
+
+
+def replay_plan(design: str, context: int, batch: int, miss: float, transfers: bool, cm=None, model: str = MODEL,
+                cache=None, cache_tokens: int | None = None):
     """The simulator's plan of one engine point: exactly the user's (`ddbench simulate --design design
     --context context --batch batch --hit-rate 1-miss`: step_layers at hit = reuse = 1 - miss on every
     layer), with the link work (and ShadowKV's fetch) removed where the engine ran compute only. No
@@ -148,7 +163,8 @@ def replay_plan(design: str, context: int, batch: int, miss: float, transfers: b
     m = get_model(model)
     cm = cm or cost_model(model, GPU, LINK)
     hit = [1.0 - miss] * m.num_layers
-    plan = step_layers(get_design(design), m, cm, Workload(context=context, batch=batch), batch, context, hit, hit)
+    w = Workload(context=context, batch=batch, **({} if cache_tokens is None else {"cache_tokens": int(cache_tokens)}))
+    plan = step_layers(get_design(design), m, cm, w, batch, context, hit, hit, cache=cache)
     if not transfers and plan.rates is not None:   # compute only: no host reads, nothing on the link
         z = [0.0] * m.num_layers
         plan = replace(plan, pf_bytes=z, ur_bytes=z, d2h_bytes=z, pf_work=z, ur_work=z, d2h_work=z,
@@ -313,7 +329,8 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         key = COMPUTE_TWIN.get(r.design, r.design)
         rate = 0.0 if r.miss_rate == "none" else float(r.miss_rate)
         miss = effective_miss(rate, w0.budget, w0.chunk)
-        plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model)
+        cache, ct = _cache_of(r, model)
+        plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache, ct)
         harness = 0.0
         if r.miss_rate != "none" and not plan.design.kv_on_gpu:
             h = cmm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)
@@ -370,7 +387,8 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
         model = row_model(r)
         cmm = cms(model)
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), w0.budget, w0.chunk)
-        plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model)
+        cache, ct = _cache_of(r, model)
+        plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model, cache, ct)
         step, _ = point_step_s(plan)
         key = COMPUTE_TWIN.get(r.design, r.design)
         h = 0.0 if r.miss_rate == "none" else (cmm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)
@@ -392,6 +410,14 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
             summary[g] = {"points": int(len(sub)), "median_abs_error": float(sub.err.median()),
                           "worst_abs_error": float(sub.err.max())}
     return t, summary
+
+
+def _cache_of(r, model):
+    """(cache rates, cache tokens) of a chunk-cache design's engine row, else (None, None)."""
+    from ddbench.core.designs import get_design
+    if not get_design(r.design).chunk_cache:
+        return None, None
+    return engine_cache_rates(r, model), int(getattr(r, "cache_tokens"))
 
 
 def _rel(path: str) -> str:

@@ -317,7 +317,8 @@ def _fake_run_point(limit, calls, ws=0.05 * 2 ** 30):
 
     def run_point(model, weights, flat, d, ctx, B, *, miss_rate, transfers, graph, reps, hbm, cfg, limit, mem_gpu,
                   overhead, seed, log):
-        calls.append((d, ctx, B))
+        calls.append((d, ctx, B) if not DESIGNS[d].chunk_cache else (d, ctx, B, cfg.workload.cache_tokens,
+                                                                      cfg.miss_rate, cfg.churn_rate))
         assert cfg.batch == B and cfg.context == ctx and cfg.quant_values
         planned = sum(plan_bytes(model, design_spec(d), cfg).values())
         row = dict(model=model.name, design=d, context=ctx, batch=B, miss_rate="none" if miss_rate is None else miss_rate,
@@ -344,6 +345,25 @@ def _run_paper(monkeypatch, limit, *, done=None, deadline=1e18, contexts=(32768,
                            deadline=deadline, done=done or {}, append=lambda k, r: journal.append((k, r)),
                            log=lambda t: None, **kw)
     return rows, calls, journal
+
+
+def test_the_cache_design_is_searched_at_each_capacity_with_its_rates(monkeypatch):
+    limit = 30 * 2 ** 30
+    seen = []
+
+    def rates(ctx, ct):
+        seen.append((ctx, ct))
+        return 0.05, 0.2, f"test rates at {ct}"
+    rows, calls, _ = _run_paper(monkeypatch, limit, designs=("dualdecoder-cache", "shadowkv"),
+                                cache_tokens=(2048, 8192), cache_rates=rates)
+    assert seen == [(32768, 2048), (32768, 8192)]
+    s = {e["design"]: e for e in paper.summarize(rows)}
+    assert set(s) == {"dualdecoder-cache@2048", "dualdecoder-cache@8192", "shadowkv"}
+    assert s["dualdecoder-cache@8192"]["largest_batch"] < s["dualdecoder-cache@2048"]["largest_batch"]
+    cache_calls = [c for c in calls if c[0] == "dualdecoder-cache"]
+    assert cache_calls and {c[4:] for c in cache_calls} == {(0.05, 0.2)} and {c[3] for c in cache_calls} == {2048, 8192}
+    r = next(r for r in rows if r.get("design_label") == "dualdecoder-cache@2048")
+    assert r["cache_tokens"] == 2048 and r["churn_rate"] == 0.2 and r["rates_note"] == "test rates at 2048"
 
 
 def test_repeats_build_the_largest_batch_again_and_a_fixed_batch_is_not_searched(monkeypatch):

@@ -114,4 +114,4 @@ def test_the_memory_answer_builds_no_cost_model():
 def test_design_aliases_parse_to_one_dest():
     for flag in ("--design", "--system"):
         args = _args("simulate", "--model", "m", "--gpu", "g", flag, "every")
-        assert isinstance(args, argparse.Namespace) and len(args.design) == 9 and not hasattr(args, "system")
+        assert isinstance(args, argparse.Namespace) and len(args.design) == 10 and not hasattr(args, "system")

@@ -8,6 +8,7 @@ import pytest
 from ddbench.core.catalog import get_gpu, get_link, get_model
 from ddbench.core.memory import Workload
 from ddbench.core.designs import DESIGNS
+from ddbench.core.errors import DDBenchError
 from sim.aggregate import aggregate_step
 from sim.costmodel import CostModel
 from sim.steplayers import step_layers
@@ -21,8 +22,10 @@ HIT = [0.88] * M8.num_layers
 
 
 def _plan(system, batch, cm=None, hit=HIT, ctx=131072):
+    from ddbench.core.cacherates import forced
     cm = cm or cost_model("llama-3-8b", "h200")
-    return step_layers(DESIGNS[system], M8, cm, W, batch, ctx, hit, hit)
+    cache = forced(0.2, 0.05, M8.num_layers, "test rates") if DESIGNS[system].chunk_cache else None
+    return step_layers(DESIGNS[system], M8, cm, W, batch, ctx, hit, hit, cache=cache)
 
 
 def test_sim_imports_no_torch():
@@ -55,6 +58,10 @@ def test_fetched_bytes_follow_the_mechanism():
     assert dd.pf_bytes[0] == b * B * kvl and dd.ur_bytes[0] == pytest.approx(b * B * kvl * 0.12)
     sk = _plan("shadowkv", b)
     assert sk.pf_bytes[0] == 0 and sk.ur_bytes[0] == pytest.approx(b * B * kvl / 2 * 0.12)  # values of misses
+    dc = _plan("dualdecoder-cache", b)              # only what the cache misses: its rates, K and V
+    assert dc.pf_bytes[0] == pytest.approx(b * B * kvl * 0.2) and dc.ur_bytes[0] == pytest.approx(b * B * kvl * 0.05)
+    with pytest.raises(DDBenchError, match="needs its cache rates"):
+        step_layers(DESIGNS["dualdecoder-cache"], M8, cost_model("llama-3-8b", "h200"), W, b, 131072, HIT, HIT)
     assert sum(_plan("full-kv", b).pf_bytes + _plan("full-kv", b).ur_bytes) == 0
 
 

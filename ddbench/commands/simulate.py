@@ -232,7 +232,8 @@ def _serving(args, r, w, out) -> dict:
     bar = progress_bar(total=len(reqs), desc=r.design.name, unit="req", leave=False, quiet=len(reqs) < 200)
     try:
         res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, r.batch_cap,
-                          prefill_here=sc.prefill == "here", progress=bar.update, lowrank=r.lowrank)
+                          prefill_here=sc.prefill == "here", progress=bar.update, lowrank=r.lowrank,
+                          cache=r.cache_rates)
     finally:
         bar.close()
     w.write_text(os.path.join(out, "requests.csv"), _csv(_request_rows(res.requests)))
@@ -248,7 +249,8 @@ def _serving(args, r, w, out) -> dict:
             from sim.trace import timeline_events
             b = max(1, round(summary["mean_batch"]))
             ctx = sum(q.context for q in reqs) / len(reqs)
-            tl = run_timeline(step_layers(r.design, r.model, r.cm, r.workload, b, ctx, r.hit, r.reuse, r.lowrank),
+            tl = run_timeline(step_layers(r.design, r.model, r.cm, r.workload, b, ctx, r.hit, r.reuse, r.lowrank,
+                                          cache=r.cache_rates),
                               steps=3, warmup=0, record=True)
             events = timeline_events(tl.events, pid=1)
             notes = [f"pid 1: per-layer timeline of 3 batch steps at the run's mean batch {b}; pid 2: serving counters"]
@@ -280,7 +282,8 @@ def _timeline(args, r, ctx: int, w, out) -> dict:
                   f" {host['bytes_per_gpu'] / GB:.1f} GB of host memory for this GPU")
         return {**head, "status": "does-not-fit", "reason": reason, "step_ms": None, "tokens_per_s": None,
                 "reasons": {"step_ms": reason, "tokens_per_s": reason}}
-    layers_ = step_layers(r.design, r.model, r.cm, wl, args.batch, ctx, r.hit, r.reuse, r.lowrank)
+    layers_ = step_layers(r.design, r.model, r.cm, wl, args.batch, ctx, r.hit, r.reuse, r.lowrank,
+                          cache=r.cache_rates_at(ctx))
     tl = run_timeline(layers_, steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace)
     agg = aggregate_step(layers_)
     steps = [{"step": i, "step_s": s, "stall_s": st} for i, (s, st) in enumerate(zip(tl.step_s, tl.stall_s))]

@@ -56,7 +56,8 @@ def _plan(design: str, model: str, ctx: int, batch: int, hit=None):
     from sim.steplayers import step_layers
     r = scene(model, design)
     h, reuse = (r.hit, r.reuse) if hit is None else ([hit] * r.model.num_layers,) * 2
-    return step_layers(r.design, r.model, r.cm, workload(r, ctx), batch, ctx, list(h), list(reuse))
+    return step_layers(r.design, r.model, r.cm, workload(r, ctx), batch, ctx, list(h), list(reuse),
+                       cache=r.cache_rates_at(ctx))
 
 
 @lru_cache(maxsize=None)

@@ -55,7 +55,8 @@ def _step(sc: Scenario, batch: int, ctx: float):
     from sim.aggregate import aggregate_step
     from sim.steplayers import step_layers
     r = resolve(sc)
-    return aggregate_step(step_layers(r.design, r.model, r.cm, r.workload, batch, ctx, r.hit, r.reuse, r.lowrank))
+    return aggregate_step(step_layers(r.design, r.model, r.cm, r.workload, batch, ctx, r.hit, r.reuse, r.lowrank,
+                                      cache=r.cache_rates))
 
 
 @lru_cache(maxsize=256)
@@ -174,7 +175,7 @@ def run_point(sc: Scenario, rate: float, seed: int = 0, pcts: tuple = ()) -> dic
     s = weights_do_not_fit(r, len(reqs)) or host_does_not_fit(r, len(reqs))
     if s is None:
         res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, r.batch_cap,
-                          prefill_here=sc.prefill == "here", lowrank=r.lowrank)
+                          prefill_here=sc.prefill == "here", lowrank=r.lowrank, cache=r.cache_rates)
         s, done, segments, peaks = res.summary(), [q for q in res.requests if not q.rejected], res.segments, \
             res.peak_by_category
     else:

@@ -176,12 +176,28 @@ class Resolved:
 
     @property
     def hit_note(self) -> str:
-        return self._hits[2]
+        return self._hits[2] + ("" if self.cache_rates is None else "; " + self.cache_rates.note)
+
+    def cache_rates_at(self, context: int):
+        """A chunk-cache design's link rates at `context` (ddbench.core.cacherates: the measured replay whose budget
+        share is nearest), None for other designs."""
+        if not self.design.chunk_cache:
+            return None
+        from ddbench.core.cacherates import from_profile
+        w = self.workload
+        return from_profile(self.model.name, self.model.num_layers, w.budget, int(context), w.cache_tokens,
+                            D.CACHE_POLICY)
+
+    @cached_property
+    def cache_rates(self):
+        """cache_rates_at the longest context the scenario draws (its smallest where unbounded)."""
+        return self.cache_rates_at(self.max_context or self.workload.context)
 
     def check(self) -> "Resolved":
         """Build the hit rates and the cost model now, so that a bad profile or bundle fails before any run."""
         self._hits
         self.cm
+        self.cache_rates
         return self
 
 

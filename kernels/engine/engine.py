@@ -467,7 +467,7 @@ class Engine:
         s = self.sys
         predecode = (self.prefetch != "none" and self.pred is None) and self.steps == 0
         nq = 1 if (predecode or s.kv_on_gpu) else self.nq
-        self.step_u0 = self.use          # the first layer use of this step
+        self.step_u0 = getattr(self, "use", 0)    # the first layer use of this step (sparse designs)
         self.stats = StepStats()
         self.rec = [] if self.timing else None
         if self.timing:

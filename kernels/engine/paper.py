@@ -108,6 +108,21 @@ def cap_gpu(cap: int | None, label: str, device_gpu: str):
     return g if cap is None else replace(g, name=f"{g.name}-cap-{label}", hbm_bytes=cap)
 
 
+def profile_cache_rates(model, budget=None):
+    """(context, cache_tokens) -> (urgent, churn, note): a chunk-cache design's forced rates, the means over
+    layers of the measured replay (ddbench.core.cacherates.from_profile): the true chunks in neither the
+    cache nor the prediction, and the predicted chunks the cache misses, each over the budget."""
+    from ddbench.core import defaults as D
+    from ddbench.core.cacherates import from_profile
+    b = budget or D.BUDGET
+
+    def rates(ctx, ct):
+        r = from_profile(model.name, model.num_layers, b, ctx, ct, D.CACHE_POLICY)
+        L = len(r.urgent)
+        return round(sum(r.urgent) / L, 4), round(sum(r.prefetched) / L, 4), r.note
+    return rates
+
+
 # ------------------------------------------------------------------ the search
 
 @dataclass
@@ -207,17 +222,20 @@ def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status,
     from kernels.engine.sweep import design_spec
     rows = []
     for ctx in contexts:
-        for d in designs:
-            r = stub_row(model, d, ctx, None if design_spec(d).kv_on_gpu else miss_rate, cap_label=cap_label,
-                         cap_gib=cap_gib, status=status, error=error)
+        for d in designs:       # d: a design, or a chunk-cache design's label design@tokens
+            r = stub_row(model, d.partition("@")[0], ctx, None if design_spec(d).kv_on_gpu else miss_rate,
+                         cap_label=cap_label, cap_gib=cap_gib, status=status, error=error)
             r.update(largest_batch=0, largest_basis="error", paper_role="trial")
+            if "@" in d:
+                r.update(design_label=d, cache_tokens=int(d.partition("@")[2]))
             rows.append(r)
     return rows
 
 
 def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu, overhead, reps, max_batch,
               miss_rate, hbm, deadline, done, append, current=lambda key: None, seed=0, log=print,
-              gpu_state=None, health=None, fixed_batch=None, repeats=1):
+              gpu_state=None, health=None, fixed_batch=None, repeats=1, designs=DESIGNS, cache_tokens=(None,),
+              cache_rates=None):
     """Every design of DESIGNS at every context: search_largest on engine points. Returns the rows (the
     search's batches, each measured or refused, with the largest batch and its basis on every row of
     the design's search). `done`: rows.jsonl entries of an earlier run (a design already searched is
@@ -234,7 +252,12 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     fixed_batch: measure that batch only (no search: Fig. 14's batches), largest basis `fixed` where it
     fits. repeats: the largest (or fixed) batch is built and measured repeats - 1 more times, each a new
     engine (its host KV values and forced-miss draws seeded seed + rep): rows rep 1.., role `repeat`;
-    the summary's min / median / max over them are over independent builds."""
+    the summary's min / median / max over them are over independent builds.
+
+    designs: the designs searched (default DESIGNS); a chunk-cache design (dualdecoder-cache) is searched
+    at each capacity of `cache_tokens` (its label `design@tokens`), with the forced rates
+    cache_rates(context, tokens) -> (urgent, churn, note): the true chunks forced to miss the prediction
+    and the prediction's churn (default: the measured profile's, ddbench.core.cacherates)."""
     import gc
 
     import torch
@@ -246,29 +269,34 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     health = health or cap_mod.gpu_health
     cap_gib = None if cap is None else cap / GIB
 
-    def search(ctx, d, mine):
+    def search(ctx, label, mine):
         """One design's search at one context: its rows, into `mine` as they are made."""
-        dkey = paper_key(model.name, cap_label, ctx, d)
+        d, ct = label.partition("@")[0], (int(label.partition("@")[2]) if "@" in label else None)
+        dkey = paper_key(model.name, cap_label, ctx, label)
         gc.collect()
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()      # the weights (and anything else resident)
         spec = design_spec(d)
         miss = None if spec.kv_on_gpu else miss_rate
+        churn, extra = None, {}
+        if spec.chunk_cache:
+            miss, churn, note = (cache_rates or profile_cache_rates(model))(ctx, ct)
+            extra = dict(cache_tokens=ct, churn_rate=churn, rates_note=note, design_label=label)
         steps = []
 
-        def cfg(B):     # SpeCache holds its 2-bit values too: the design's whole residency
-            return make_config(ctx, B, miss, True, seed=seed, quant_values=True)
+        def cfg(B, s=seed):     # SpeCache holds its 2-bit values too: the design's whole residency
+            return make_config(ctx, B, miss, True, seed=s, quant_values=True, cache_tokens=ct, churn_rate=churn)
 
         def planned(B):
             return base + sum(plan_bytes(model, spec, cfg(B)).values())
 
         def point(B, rep=0):
-            key = paper_key(model.name, cap_label, ctx, d, B, rep)
+            key = paper_key(model.name, cap_label, ctx, label, B, rep)
             current(key)
             t0 = time.perf_counter()
             failure = None
             try:
-                c = cfg(B) if not rep else make_config(ctx, B, miss, True, seed=seed + rep, quant_values=True)
+                c = cfg(B, seed + rep)
                 r = run_point(model, weights, flat, d, ctx, B, miss_rate=miss, transfers=True, graph=True,
                               reps=reps, hbm=hbm, cfg=c, limit=limit, mem_gpu=mem_gpu, overhead=overhead,
                               seed=seed + rep, log=log)
@@ -291,7 +319,8 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
                     r["error"] = (r.get("error") or r.get("status", "")) + f" | the GPU state is unusable after it: {why}"
                     gpu_state["poisoned"] = f"{model.name} {d} {ctx // 1024}K B={B} ({why})"
                     log(f"  [paper] the GPU state is unusable after {gpu_state['poisoned']}: no later point runs")
-            r.update(phase=PAPER, rep=rep, gpu_mem_cap=cap_label, cap_gib=cap_gib, wall_s=time.perf_counter() - t0)
+            r.update(phase=PAPER, rep=rep, gpu_mem_cap=cap_label, cap_gib=cap_gib, wall_s=time.perf_counter() - t0,
+                     **extra)
             mine.append(r)
             append(key, r)
             return r
@@ -329,7 +358,8 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
                 if point(res.largest, rep)["status"] != "ok" or gpu_state.get("poisoned"):
                     break
         if not mine and res.basis == "time":
-            mine.append(stub_row(model.name, d, ctx, miss, cap_label=cap_label, cap_gib=cap_gib, status="skipped-time"))
+            mine.append({**stub_row(model.name, d, ctx, miss, cap_label=cap_label, cap_gib=cap_gib, status="skipped-time"),
+                         **extra})
         elif not mine:                            # batch 1 refused by its plan: its row says how far over
             point(1)
         nxt = planned(res.largest + 1) / GIB
@@ -338,15 +368,17 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
                      paper_role=("repeat" if r.get("rep") else
                                  "largest" if r["batch"] == res.largest and r["status"] == "ok" else
                                  "series" if r["status"] == "ok" else "trial"))
-            append(paper_key(model.name, cap_label, ctx, d, r["batch"], r.get("rep", 0)), r)
+            append(paper_key(model.name, cap_label, ctx, label, r["batch"], r.get("rep", 0)), r)
         if res.basis not in ("time", "error"):      # a resumed run searches these again
             append(dkey, None)
-        log(f"  [paper] {model.name} {ctx // 1024}K cap {cap_label}: {d} largest batch {res.largest}"
+        log(f"  [paper] {model.name} {ctx // 1024}K cap {cap_label}: {label} largest batch {res.largest}"
             f" ({res.basis}; memory model {mine[0].get('model_max_batch')})")
 
     rows = []
+    labels = [f"{d}@{t}" if design_spec(d).chunk_cache and t else d for d in designs
+              for t in (cache_tokens if design_spec(d).chunk_cache else (None,))]
     for ctx in contexts:
-        for d in DESIGNS:
+        for d in labels:
             dkey = paper_key(model.name, cap_label, ctx, d)
             prefix = paper_key(model.name, cap_label, ctx, d, 0)[:-2]
             if dkey in done:
@@ -392,7 +424,7 @@ def summarize(rows) -> list[dict]:
     for r in rows:
         if r.get("phase") != PAPER:
             continue
-        k = (r.get("model"), r.get("gpu_mem_cap"), r["context"], r["design"])
+        k = (r.get("model"), r.get("gpu_mem_cap"), r["context"], r.get("design_label") or r["design"])
         e = out.setdefault(k, dict(model=k[0], gpu_mem_cap=k[1], context=k[2], design=k[3],
                                    largest_batch=r.get("largest_batch"), largest_basis=r.get("largest_basis"),
                                    model_max_batch=r.get("model_max_batch"), series=[], builds=[]))

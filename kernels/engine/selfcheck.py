@@ -21,7 +21,7 @@ SMALL = ModelSpec("gpu-small", 3, 32, 8, 128, 1024, 2048, 1000)
 SMALL_QWEN = ModelSpec("gpu-small-qwen", 3, 40, 8, 128, 1024, 2048, 1000, qkv_bias=True, rope_theta=1e6)
 
 
-def build(name, miss_rate=0.33, B=3, ctx=8192, budget=512, seed=0, lowrank=(1,), debug=True, model=SMALL):
+def build(name, miss_rate=0.33, B=3, ctx=8192, budget=512, seed=0, lowrank=(1,), debug=True, model=SMALL, **extra):
     from kernels.engine.engine import Engine, EngineConfig
     from kernels.engine.model import Weights
     from kernels.layout import alloc_host_kv
@@ -31,7 +31,8 @@ def build(name, miss_rate=0.33, B=3, ctx=8192, budget=512, seed=0, lowrank=(1,),
     host.copy_(tmp)
     w = Weights.random(model, "cuda", seed)
     cfg = EngineConfig.of(context=ctx, batch=B, budget=budget, local_chunks=4, gen_tokens=16, rank=32, outliers_per_1k=16,
-                          miss_rate=miss_rate, lowrank_layers=lowrank, seed=seed, prefetch_programs=8, urgent_programs=16)
+                          miss_rate=miss_rate, lowrank_layers=lowrank, seed=seed, prefetch_programs=8, urgent_programs=16,
+                          **extra)
     return Engine(model, SYSTEMS[name], cfg, w, "cuda", host_kv=host, debug=debug), host
 
 
@@ -68,10 +69,10 @@ def check(name, miss_rate=0.33, steps=3):
     return worst, e
 
 
-def check_graph(name, miss_rate=0.33, replays=2):
+def check_graph(name, miss_rate=0.33, replays=2, **extra):
     """Two eager steps, capture two steps into a CUDA graph, replay: the captured layers' outputs
     (debug copies are graph nodes too, so they hold the last replay's values) against the reference."""
-    e, host = build(name, miss_rate)
+    e, host = build(name, miss_rate, **extra)
     e.step()
     e.step()
     n0 = len(e.debug)

@@ -83,7 +83,7 @@ COLUMNS = ["phase", "model", "rep", "design", "context", "batch", "miss_rate", "
            "floor_ms", "step_over_floor", "weights_gib", "selection_gib", "kv_gib",
            "prefetch_mib", "urgent_mib", "link_mib", "link_gbps", "link_util", "floor_link_ms",
            "model_max_batch", "model_mem_gib", "gpu_mem_cap", "cap_gib", "largest_batch", "largest_basis",
-           "next_planned_gib", "paper_role", "steps", "wall_s", "error"]
+           "next_planned_gib", "paper_role", "steps", "wall_s", "error", "cache_tokens", "churn_rate", "design_label"]
 K128, K32 = 131072, 32768
 DEFAULT_MODEL = "llama-3-8b"
 MECH_POINTS = ((1, 0.33), (2, 0.33), (4, 0.33), (16, 0.33), (2, 0.174), (4, 0.174))   # (batch, miss rate) at 128K
@@ -92,6 +92,7 @@ MECH_POINTS = ((1, 0.33), (2, 0.33), (4, 0.33), (16, 0.33), (2, 0.174), (4, 0.17
 def design_spec(name):
     """A registry design, or '<design>-single': the same switches with one query token per step."""
     import dataclasses
+    name = name.partition("@")[0]            # a chunk-cache design's label: design@cache_tokens
     if name.endswith("-single"):
         return dataclasses.replace(SYSTEMS[name[:-7]], name=name, tokens_per_step=1)
     if name not in SYSTEMS:
@@ -160,15 +161,16 @@ def host_view(flat, model, ctx, batch, chunk=8, requests=True):
 
 
 def make_config(ctx, batch, miss_rate=0.174, transfers=True, urgent_programs=64, budget=None, chunk=None, seed=0,
-                quant_values=False):
-    wl = {}
+                quant_values=False, cache_tokens=None, churn_rate=None):
+    wl = {} if cache_tokens is None else {"cache_tokens": cache_tokens}
     if budget is not None:
         wl["budget"] = budget
     if chunk is not None:
         wl["chunk"] = chunk
     from kernels.engine.engine import EngineConfig
     return EngineConfig.of(context=ctx, batch=batch, miss_rate=miss_rate, transfers=transfers,
-                           urgent_programs=urgent_programs, seed=seed, quant_values=quant_values, **wl)
+                           urgent_programs=urgent_programs, seed=seed, quant_values=quant_values,
+                           churn_rate=churn_rate, **wl)
 
 
 @contextlib.contextmanager
@@ -219,6 +221,8 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
                urgent_programs=urgent_programs, host_layers=0, host_alias="", status="ok",
                model_max_batch=max_batch(base, model, gpu, cfg.workload),
                model_mem_gib=memory_breakdown(base, model, gpu, replace(cfg.workload, batch=batch)).total / GIB)
+    if sys_.chunk_cache:
+        row.update(cache_tokens=cfg.workload.cache_tokens, churn_rate=cfg.churn_rate)
     host = None
     if not sys_.kv_on_gpu and transfers:
         host, alias = host_view(flat, model, ctx, batch, cfg.chunk)
@@ -503,6 +507,10 @@ def main(argv=None):
     ap.add_argument("--contexts", help="paper phase: comma-separated contexts (default 128k; --quick 32k)")
     ap.add_argument("--paper-points", help="paper phase: ordered MODEL:CONTEXT pairs, comma-separated, in one process"
                                            " (qwen2.5-32b:128k,llama-3-8b:128k); default --model at each of --contexts")
+    ap.add_argument("--designs", help="paper phase: comma-separated designs to search (default"
+                                      " dualdecoder,shadowkv,specache,full-kv; dualdecoder-cache too)")
+    ap.add_argument("--cache-tokens", help="paper phase: comma-separated chunk-cache capacities in tokens per (layer, KV"
+                                           " head), each searched for dualdecoder-cache (default the Workload's)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="paper phase: build and measure each design's largest (or fixed) batch this many times, each a"
                          " new engine (seed + rep): min / median / max over independent builds")
@@ -612,6 +620,25 @@ def check_args(a, phases=()):
         [(a.model_spec, c, None) for c in a.paper_contexts]
     if a.repeats < 1:
         raise DDBenchError(f"--repeats must be >= 1, got {a.repeats}")
+    a.paper_designs = paper_phase.DESIGNS
+    if a.designs:
+        names = [x.strip() for x in a.designs.split(",")]
+        for n in names:
+            if not n or n not in SYSTEMS or SYSTEMS[n].gather != "gpu" or n == "ideal":
+                raise DDBenchError(f"--designs: {n!r} is not a design the paper phase runs")
+        a.paper_designs = tuple(names)
+    a.paper_cache_tokens = (None,)
+    if a.cache_tokens:
+        from ddbench.core.units import parse_tokens
+        a.paper_cache_tokens = tuple(parse_tokens(x.strip(), "--cache-tokens") for x in a.cache_tokens.split(","))
+        from ddbench.core import defaults as D
+        for t in a.paper_cache_tokens:
+            make_config(paper_phase.DEFAULT_CONTEXTS[0], 1, cache_tokens=t).validate(a.model_spec)
+            if t < (a.budget or D.BUDGET):
+                raise DDBenchError(f"--cache-tokens {t} is smaller than the budget ({a.budget or D.BUDGET} tokens)")
+    if any(SYSTEMS[n].chunk_cache for n in a.paper_designs) and a.paper_cache_tokens == (None,):
+        from ddbench.core import defaults as D
+        a.paper_cache_tokens = (D.CACHE_TOKENS,)
     used = [m for m, _, _ in a.paper_points] if PAPER in phases else []
     if set(phases) - {PAPER} or not used:
         used = [a.model_spec] + used
@@ -962,7 +989,7 @@ def _run_paper_points(a, model, box, flat, hbm, cg, mem, rows, done, jl, cur, t_
                 mem_gpu=mem["mem_gpu"], overhead=mem["overhead"], reps=a.reps, max_batch=a.paper_max_batch,
                 miss_rate=a.paper_miss, hbm=hbm, deadline=t_start + a.budget_s, done=done, append=append,
                 current=current, seed=a.seed, log=log, gpu_state=gpu_state, health=cap_mod.gpu_health,
-                fixed_batch=fixed, repeats=a.repeats))
+                fixed_batch=fixed, repeats=a.repeats, designs=a.paper_designs, cache_tokens=a.paper_cache_tokens))
         except Exception as exc:  # noqa: BLE001 - run_paper makes rows of its failures; this is a last guard
             import traceback
             log(f"  [paper] {pm.name} {ctx // 1024}K failed:\n" + traceback.format_exc(limit=8))
