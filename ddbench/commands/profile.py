@@ -3,7 +3,9 @@ token predicts the next step's chunk selection (hit), how much of it the previou
 holds (ShadowKV's reuse), and task accuracy under dense, sparse and low-rank-key attention.
 
 Writes traces/accuracy/<model>.csv (per layer), <model>.steps.csv (per step) and
-<model>.summary.json; the schema is in ddbench/profile/trace.py. Needs the profile extra:
+<model>.summary.json; with --cache-capacity or --cache-policies also <model>.cache.csv and
+<model>.cache.summary.json (a GPU chunk cache replayed over the selections); the schema is in
+ddbench/profile/trace.py. Needs the profile extra:
 pip install -e '.[profile]'. Uses CUDA when present.
 """
 
@@ -18,7 +20,25 @@ from ddbench.core.units import parse_tokens
 EXAMPLE = """examples:
   ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --steps 64
   ddbench profile --layer-accuracy --model ~/models/Meta-Llama-3-8B-Instruct --context 32k,64k \\
-      --tasks single,multikey,multivalue,vt --budget 1024,2048 --temperature 0,0.6,1.0 --device cuda"""
+      --tasks single,multikey,multivalue,vt --budget 1024,2048 --temperature 0,0.6,1.0 --device cuda
+  ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --budget 64,128,256 \
+      --init t2 --temperature 0.6 --no-quality --cache-policies lru,score --cache-capacity 0,1,1.5,2,4,8"""
+
+CACHE_CAPACITIES = "0,1,1.5,2,4,8"
+
+
+def _capacity(t: str) -> float:
+    x = flags.number(lo=0)(t)
+    if 0 < x < 1:
+        raise DDBenchError(f"{t!r}: a cache capacity must be 0 (no cache) or at least 1")
+    return x
+
+
+def _policy(t: str) -> str:
+    from ddbench.profile.cache import POLICIES
+    if t not in POLICIES:
+        raise DDBenchError(f"{t!r}: unknown cache policy; choose from {', '.join(POLICIES)}")
+    return t
 
 
 def register(sub) -> None:
@@ -51,6 +71,12 @@ def register(sub) -> None:
                    help="allow contexts beyond the model's max_position_embeddings")
     p.add_argument("--threads", type=flags.integer(lo=0), default=0,
                    help="torch CPU threads (default: torch's own); 1 is faster on a CPU shared with other work")
+    p.add_argument("--cache-capacity", type=flags.items(_capacity),
+                   help="replay a GPU chunk cache of CAP x k slots per (layer, KV head) over the selections,"
+                        f" comma list; 0 = no cache (default when the replay is on: {CACHE_CAPACITIES}; off"
+                        " unless this or --cache-policies is given)")
+    p.add_argument("--cache-policies", type=flags.items(_policy),
+                   help="cache eviction policies, comma list of lru, score (default lru,score)")
     p.add_argument("--quiet", action="store_true", help="no progress bars (transformers' too)")
     p.set_defaults(func=run)
 
@@ -76,10 +102,18 @@ def run(args) -> int:
         samples=args.samples, rank=args.rank, lowrank_threshold=args.lowrank_threshold,
         quality=not args.no_quality, device=args.device, out=args.out, force=args.force,
         allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, threads=args.threads,
-        command=command_line())
+        **_cache_args(args), command=command_line())
     result = run_profile(cfg)
     print(render(result))
     return 0
+
+
+def _cache_args(args) -> dict:
+    if args.cache_capacity is None and args.cache_policies is None:
+        return {"cache_capacities": ()}
+    caps = args.cache_capacity or tuple(_capacity(x) for x in CACHE_CAPACITIES.split(","))
+    return {"cache_capacities": tuple(sorted(set(caps))),
+            "cache_policies": tuple(dict.fromkeys(args.cache_policies or ("lru", "score")))}
 
 
 def render(result: dict) -> str:
@@ -99,5 +133,10 @@ def render(result: dict) -> str:
     for r in s["task_accuracy"]:
         b = f" budget {r['budget_tokens']}" if r["budget_tokens"] else ""
         lines.append(f"task {r['task']} @ {r['context_tokens']}{b} {r['method']}: {r['correct']}/{r['total']}")
+    if "cache" in result:
+        lines.append("cache (steady steps): policy capacity  context budget  moved/k  urgent share  coverage")
+        for r in result["cache"][1]["by_capacity"]:
+            lines.append(f"  {r['policy']:<6} {r['capacity']:>4g}  {r['context_tokens']:>7} {r['budget_tokens']:>6}"
+                         f"  {r['moved_per_budget']:.3f}    {r['urgent_share']:.3f}         {r['coverage']:.3f}")
     lines += [f"wrote {p}" for p in result["files"].values()]
     return "\n".join(lines)

@@ -8,6 +8,7 @@ Per prompt (context x task x sample): one chunked dense prefill; exact landmarks
 for every init and temperature one dual-token run (ddbench/profile/decode.py) whose captured
 queries are scored for every budget (ddbench/profile/selection.py, metrics.py); then the task
 accuracy of dense, sparse exact top-k and low-rank-key attention (ddbench/profile/quality.py).
+With cache capacities, each budget's selections also replay a GPU chunk cache (ddbench/profile/cache.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class ProfileConfig:
     allow_extrapolation: bool = False
     progress: bool = True
     threads: int = 0          # torch CPU threads; 0 = torch's default
+    cache_capacities: tuple = ()   # the chunk-cache replay (ddbench/profile/cache.py); () = off
+    cache_policies: tuple = ("lru", "score")
     command: str = ""
 
 
@@ -69,6 +72,11 @@ def validate(cfg: ProfileConfig, max_positions: int, sliding_window: int | None 
         raise DDBenchError(f"--lowrank-threshold must be in [0, 1], got {cfg.lowrank_threshold}")
     if cfg.rank < 1:
         raise DDBenchError(f"--rank must be positive, got {cfg.rank}")
+    from ddbench.profile.cache import POLICIES
+    if any(not (x == 0 or x >= 1) for x in cfg.cache_capacities):
+        raise DDBenchError("--cache-capacity values must be 0 (no cache) or at least 1")
+    if cfg.cache_capacities and (not cfg.cache_policies or any(p not in POLICIES for p in cfg.cache_policies)):
+        raise DDBenchError(f"--cache-policies: choose from {', '.join(POLICIES)}")
     plan = {}
     for c in cfg.contexts:
         if sliding_window and c + cfg.steps + 16 > sliding_window:
@@ -151,9 +159,9 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
         from ddbench.core.paths import traces_dir
         out_dir = str(traces_dir("accuracy"))
     with output_folder(out_dir, command="ddbench profile", shared=True, force=cfg.force) as w:
-        w.claim(trace.names(name).values())          # refused now, not after the sweep
+        w.claim(trace.names(name, bool(cfg.cache_capacities)).values())    # refused now, not after the sweep
         result = _sweep(cfg, budget_plan, t_start, prefill_fn)
-        result["files"] = trace.write(w, result.pop("name"), *result.pop("tables"))
+        result["files"] = trace.write(w, result.pop("name"), *result.pop("tables"), cache=result.get("cache"))
     return result
 
 
@@ -163,6 +171,7 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
     import transformers
     from transformers import DynamicCache
 
+    from ddbench.profile import cache as cache_mod
     from ddbench.profile import decode, quality, selection, trace
     from ddbench.progress import bar as progress_bar
     from ddbench.profile.attention import SparsePlan, install
@@ -188,6 +197,8 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
     groups = defaultdict(lambda: defaultdict(float))   # (layer, c, task, init, temp, budget) -> sums
     step_rows, task_acc = [], defaultdict(lambda: [0, 0])
     runs = [(i, t) for i in cfg.inits for t in cfg.temperatures]
+    cache_groups = {}
+    cache_runs = [r_ for r_ in runs if r_[0] == "t2" and r_[1] > 0] or runs     # the summary's basis
     for c in cfg.contexts:
         budgets = budget_plan[c]
         geo = Geometry(c, budgets[0], cfg.chunk, cfg.local)
@@ -214,6 +225,12 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
                                     selection.select(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l], k)[0]
                                     for l in range(loaded.layers)]) for t in range(cfg.steps + 1)])
                                 # sel [steps+1, L, 2, H, k]
+                                if cfg.cache_capacities and (init, temp) in cache_runs:
+                                    counts = cache_mod.replay(sel[:, :, 0], sel[:-1, :, 1], geo.n_chunks,
+                                                              cfg.cache_capacities, cfg.cache_policies,
+                                                              scores=_pass_scores(r, lm))
+                                    for (pol, cap), cnt in counts.items():
+                                        cache_mod.accumulate(cache_groups, (c, task, b, pol, cap), cnt)
                                 m = overlaps(sel[1:, :, 0], sel[:-1, :, 1], sel[:-1, :, 0], geo.n_chunks)
                                 for l in range(loaded.layers):
                                     g = groups[(l, c, task, init, temp, b)]
@@ -268,8 +285,23 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
     summary = summarize(cfg, loaded, rows, task_acc, provenance, runtime)
     summary["runtime_by_context_s"] = {str(c): v for c, v in ctx_time.items()}
     summary["load_s"] = round(t_load, 1)
-    return {"summary": summary, "rows": rows, "name": loaded.name,
-            "tables": (rows, step_rows, summary, provenance)}
+    out = {"summary": summary, "rows": rows, "name": loaded.name, "tables": (rows, step_rows, summary, provenance)}
+    if cfg.cache_capacities:
+        crows = cache_mod.rows(cache_groups, cfg.chunk)
+        basis = ", ".join(f"init {i} temperature {t:g}" for i, t in cache_runs)
+        out["cache"] = (crows, cache_mod.summary(crows, loaded.name, provenance, cfg.chunk, basis))
+    return out
+
+
+def _pass_scores(r, lm):
+    """t -> pass t's landmark scores [L, H, 2, N] (output, speculative query), for the cache replay."""
+    import torch
+    from ddbench.profile import selection
+
+    def at(t):
+        return torch.stack([selection.scores(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l])[0]
+                            .transpose(0, 1) for l in range(len(lm))])
+    return at
 
 
 def _agg(rows, keys, cols=("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share", "token_acc")):

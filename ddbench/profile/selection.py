@@ -3,6 +3,7 @@
     Geometry(prompt_tokens, budget, chunk, local)      which tokens are selectable, k, N
     landmarks(cache, geo) -> per layer [1, H, N, d]     kernels.landmarks.build_landmarks_ref
     select(q, lm, k) -> [1, nq, H, k] int32             kernels.select.select_chunks_ref
+    scores(q, lm) -> [1, nq, H, N] fp32                 kernels.select.score_chunks_ref (what select ranks)
 
 The rule (kernels/select.py): landmark = mean of a chunk's post-RoPE keys; score = softmax over
 chunks of q . landmark / sqrt(d) per query head; max over the GQA group; top-k of budget/chunk
@@ -73,3 +74,9 @@ def select(q, lm, k: int):
     """q [1, nq, Hq, d] post-RoPE queries; lm [1, H, N, d]; -> [1, nq, H, k] ascending chunk ids."""
     from kernels.select import select_chunks_ref
     return select_chunks_ref(q.float().contiguous(), lm, k)
+
+
+def scores(q, lm):
+    """The landmark scores `select` takes the top-k of: [1, nq, H, N] fp32."""
+    from kernels.select import score_chunks_ref
+    return score_chunks_ref(q.float().contiguous(), lm)

@@ -1,6 +1,6 @@
 """Accuracy-profile traces: schema and atomic writing (traces/accuracy/).
 
-Three files per model, all written only after the whole sweep succeeded (each to a temporary
+Three files per model (five with the cache replay), all written only after the whole sweep succeeded (each to a temporary
 file in the target folder, then renamed), so a failed run leaves none of them half-written.
 
 `<model>.csv`, schema 1: one row per (layer, context_tokens, task, init, temperature, budget_tokens),
@@ -45,6 +45,21 @@ where true = step t+1's selection from its output token's post-RoPE query. sim/p
                          the layers whose per_layer hit_rate is below threshold
     task_accuracy        [{context_tokens, task, budget_tokens (null for dense), method
                            (dense | sparse | lowrank), rank (lowrank only), correct, total, accuracy}]
+
+With --cache-capacity / --cache-policies, two more files (ddbench/profile/cache.py: the replay of a
+GPU chunk cache over the selections of the runs with init t2 and temperature > 0, else of every run):
+`<model>.cache.csv`, schema 1: one row per (layer, context_tokens, task, budget_tokens, policy,
+capacity), means over samples, steady steps (step 0, the cold start, is left out) and KV heads:
+    policy           lru | score;  capacity: slots per (layer, KV head) / k (0 = no cache)
+    coverage         share of T_t cached when attention needs it (1 - urgent_per_budget)
+    prefetched_per_budget  |P_t \ C_{t-1}| / k   (C_{t-1}: the cache before step t)
+    urgent_per_budget      chunks of T_t not cached after the prefetch fill, / k
+    moved_per_budget       their sum;  urgent_share = urgent / moved (0 where nothing moved)
+    n                (sample, step, KV head) items;  model, git_sha, date, command as in <model>.csv
+`<model>.cache.summary.json`, schema 1: {schema, model, provenance, steady_steps_only: true, basis,
+note, by_capacity: [{policy, capacity, context_tokens, budget_tokens, <the five rates>, n}] (means
+over layers and tasks), best: {budget: the policy and capacity with the fewest moved chunks, means
+over layers, tasks and contexts}, evicted_by_prefetch}.
 """
 
 from __future__ import annotations
@@ -61,6 +76,9 @@ PROVENANCE = ["model", "layers", "model_sha256", "transformers_version", "torch_
 STEP_COLUMNS = ["context_tokens", "task", "sample", "init", "temperature", "budget_tokens", "step", "hit_rate",
                 "reuse_hit_rate", "union_hit_rate", "new_pred_share", "token_acc", "output_token", "spec_token"]
 RATES = ("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share")
+CACHE_COLUMNS = ["layer", "context_tokens", "task", "budget_tokens", "chunk_tokens", "policy", "capacity", "coverage",
+                 "prefetched_per_budget", "urgent_per_budget", "moved_per_budget", "urgent_share", "n"]
+CACHE_PROVENANCE = ["model", "git_sha", "date", "command"]
 
 
 def _fmt(v):
@@ -76,15 +94,22 @@ def _csv(columns, rows) -> str:
     return buf.getvalue()
 
 
-def names(model: str) -> dict:
-    """The three files of one model's profile, by role."""
-    return {"csv": f"{model}.csv", "steps": f"{model}.steps.csv", "summary": f"{model}.summary.json"}
+def names(model: str, cache: bool = False) -> dict:
+    """The files of one model's profile, by role (the two cache files with `cache`)."""
+    n = {"csv": f"{model}.csv", "steps": f"{model}.steps.csv", "summary": f"{model}.summary.json"}
+    if cache:
+        n |= {"cache_csv": f"{model}.cache.csv", "cache_summary": f"{model}.cache.summary.json"}
+    return n
 
 
-def write(w, model: str, rows: list, step_rows: list, summary: dict, provenance: dict) -> dict:
-    """Stage the three files in the output guard's writer `w` (they move in together); their paths."""
-    n = names(model)
+def write(w, model: str, rows: list, step_rows: list, summary: dict, provenance: dict, cache=None) -> dict:
+    """Stage the files in the output guard's writer `w` (they move in together); their paths.
+    `cache`: (cache rows, cache summary) or None."""
+    n = names(model, cache is not None)
     w.write_text(n["csv"], _csv(ROW_COLUMNS + PROVENANCE, [r | provenance for r in rows]))
     w.write_text(n["steps"], _csv(STEP_COLUMNS, step_rows))
     w.write_json(n["summary"], summary)
+    if cache is not None:
+        w.write_text(n["cache_csv"], _csv(CACHE_COLUMNS + CACHE_PROVENANCE, [r | provenance for r in cache[0]]))
+        w.write_json(n["cache_summary"], cache[1])
     return {k: os.path.join(str(w.folder), v) for k, v in n.items()}

@@ -511,6 +511,9 @@ def main(argv=None):
                                       " dualdecoder,shadowkv,specache,full-kv; dualdecoder-cache too)")
     ap.add_argument("--cache-tokens", help="paper phase: comma-separated chunk-cache capacities in tokens per (layer, KV"
                                            " head), each searched for dualdecoder-cache (default the Workload's)")
+    ap.add_argument("--churn", type=float, help="dualdecoder-cache: forced share of each step's prediction new"
+                                                " against the last (with --miss: the urgent share), instead of the"
+                                                " profile's measured rates")
     ap.add_argument("--repeats", type=int, default=1,
                     help="paper phase: build and measure each design's largest (or fixed) batch this many times, each a"
                          " new engine (seed + rep): min / median / max over independent builds")
@@ -559,8 +562,12 @@ def parse_point(text):
 
 
 def check_point(model, design, ctx, batch, a):
-    cfg = make_config(ctx, batch, a.miss, not a.no_transfers, budget=a.budget, chunk=a.chunk)
+    ct = a.paper_cache_tokens[0] if design_spec(design).chunk_cache else None
+    cfg = make_config(ctx, batch, a.miss, not a.no_transfers, budget=a.budget, chunk=a.chunk, cache_tokens=ct,
+                      churn_rate=a.churn if design_spec(design).chunk_cache else None)
     cfg.validate(model)
+    if ct is not None and ct < cfg.budget:
+        raise DDBenchError(f"--cache-tokens {ct} is smaller than the budget ({cfg.budget} tokens)")
     return cfg
 
 
@@ -636,9 +643,15 @@ def check_args(a, phases=()):
             make_config(paper_phase.DEFAULT_CONTEXTS[0], 1, cache_tokens=t).validate(a.model_spec)
             if t < (a.budget or D.BUDGET):
                 raise DDBenchError(f"--cache-tokens {t} is smaller than the budget ({a.budget or D.BUDGET} tokens)")
-    if any(SYSTEMS[n].chunk_cache for n in a.paper_designs) and a.paper_cache_tokens == (None,):
+    if a.paper_cache_tokens == (None,):
         from ddbench.core import defaults as D
         a.paper_cache_tokens = (D.CACHE_TOKENS,)
+    if a.churn is not None and not 0.0 <= a.churn <= 1.0:
+        raise DDBenchError(f"--churn must be within 0..1, got {a.churn}")
+    if a.churn is not None and a.miss is None:
+        raise DDBenchError("--churn needs --miss (the urgent share beside it)")
+    a.paper_cache_rates = None if a.churn is None else (
+        lambda ctx, ct: (a.miss, a.churn, f"forced by --miss {a.miss:g} --churn {a.churn:g} (not the profile's)"))
     used = [m for m, _, _ in a.paper_points] if PAPER in phases else []
     if set(phases) - {PAPER} or not used:
         used = [a.model_spec] + used
@@ -989,7 +1002,8 @@ def _run_paper_points(a, model, box, flat, hbm, cg, mem, rows, done, jl, cur, t_
                 mem_gpu=mem["mem_gpu"], overhead=mem["overhead"], reps=a.reps, max_batch=a.paper_max_batch,
                 miss_rate=a.paper_miss, hbm=hbm, deadline=t_start + a.budget_s, done=done, append=append,
                 current=current, seed=a.seed, log=log, gpu_state=gpu_state, health=cap_mod.gpu_health,
-                fixed_batch=fixed, repeats=a.repeats, designs=a.paper_designs, cache_tokens=a.paper_cache_tokens))
+                fixed_batch=fixed, repeats=a.repeats, designs=a.paper_designs, cache_tokens=a.paper_cache_tokens,
+                cache_rates=a.paper_cache_rates))
         except Exception as exc:  # noqa: BLE001 - run_paper makes rows of its failures; this is a last guard
             import traceback
             log(f"  [paper] {pm.name} {ctx // 1024}K failed:\n" + traceback.format_exc(limit=8))
