@@ -216,6 +216,13 @@ def stub_row(model: str, design: str, ctx: int, miss, *, cap_label, cap_gib, sta
     return r
 
 
+def design_labels(designs, cache_tokens) -> list:
+    """The paper phase's design labels: a design, or a chunk-cache design once per capacity (design@tokens)."""
+    from kernels.engine.sweep import design_spec
+    return [f"{d}@{t}" if design_spec(d).chunk_cache and t else d for d in designs
+            for t in (cache_tokens if design_spec(d).chunk_cache else (None,))]
+
+
 def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status, error, designs=DESIGNS) -> list:
     """One row per context and design of a model whose points cannot run (its weights failed, or the GPU
     state was left unusable): `status` and `error` say why; largest batch 0, basis `error`."""
@@ -375,8 +382,7 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
             f" ({res.basis}; memory model {mine[0].get('model_max_batch')})")
 
     rows = []
-    labels = [f"{d}@{t}" if design_spec(d).chunk_cache and t else d for d in designs
-              for t in (cache_tokens if design_spec(d).chunk_cache else (None,))]
+    labels = design_labels(designs, cache_tokens)
     for ctx in contexts:
         for d in labels:
             dkey = paper_key(model.name, cap_label, ctx, d)

@@ -963,7 +963,8 @@ def _run_paper_points(a, model, box, flat, hbm, cg, mem, rows, done, jl, cur, t_
     def not_run(pm, ctx, status, error):
         for r in paper_phase.not_run_rows(pm.name, (ctx,), cap_label=a.cap_label,
                                           cap_gib=None if a.cap is None else a.cap / GIB, miss_rate=a.paper_miss,
-                                          status=status, error=error):
+                                          status=status, error=error,
+                                          designs=paper_phase.design_labels(a.paper_designs, a.paper_cache_tokens)):
             append(paper_phase.paper_key(pm.name, a.cap_label, ctx, r["design"], r["batch"]), r)
             rows.append(r)
 
