@@ -269,6 +269,7 @@ class CostModel:
         self.engine: EngineFit | None = None     # the reconciled decode compute (engine_fit_of), or None
         self._theta: dict | None = None          # its parameters; unit vectors while fitting
         self._fitting = False
+        self.cache_fill: dict | None = None      # dualdecoder-cache's fill (sim/cachefill.py), or None
         if bundle is None:
             self.source_gpu = gpu
             self.peak_flops = gpu.bf16_tflops * 1e12
@@ -290,6 +291,8 @@ class CostModel:
                     f" the catalog's roofline ratio (HBM {gpu.hbm_gbps:.0f} vs {self.source_gpu.hbm_gbps:.0f} GB/s,"
                     f" bf16 {gpu.bf16_tflops:.0f} vs {self.source_gpu.bf16_tflops:.0f} TFLOP/s)")
             self._build_tables(bundle)
+            from sim import cachefill
+            self.cache_fill = cachefill.load(bundle.path)
             fit = engine_fit_of(bundle) if reconcile else None
             if fit is not None:
                 self.engine, self._theta = fit, {k: np.array(v) for k, v in fit.theta.items()}
@@ -540,6 +543,19 @@ class CostModel:
         m = self.model
         nbytes = 2 * 2 * batch * m.num_kv_heads * resident_rows * m.head_dim * E   # K and V, read + written
         return self._eng("glue", (0.0, 0.0, nbytes), 0.0, nbytes)
+
+    def cache_fill_s(self, batch: int, slots: int) -> float:
+        """One chunk-cache fill of one layer (sim/cachefill.py: lookup, LRU eviction, miss plan), FITTED
+        to the engine where the bundle has cache_fill.json; else 0, and the notes say NOT MEASURED."""
+        from sim import cachefill
+        if self.cache_fill is None:
+            self._note("cache fill NOT MEASURED (no cache_fill.json in the bundle): dualdecoder-cache's"
+                       " lookup and eviction are priced at 0")
+            return 0.0
+        if "source" in self.cache_fill:
+            self._note(cachefill.describe(self.cache_fill) + ("; measured on the bundle's GPU, not scaled"
+                                                              if self.scaled else ""))
+        return cachefill.fill_s(self.cache_fill, batch, slots)
 
     def linear_s(self, k: int, n: int, m: int) -> float:
         key = ("lin", k, n, m)

@@ -81,6 +81,7 @@ CALIBRATION_SWEEP = GPU               # traces/engine/<this>: the default calibr
 CALIBRATION_FLOOR_SWEEP = GPU + "-floor"   # ... unless a floor-only run (bench --phases floor) exists
 VALIDATION_SWEEP = GPU + "-validation"   # traces/engine/<this>: the default validated sweep, where it exists
 HELD_OUT_SWEEP = GPU + "-paper"       # traces/engine/<this>: other models' shapes (the held-out validation)
+CACHE_SWEEP = GPU + "-cache"          # traces/engine/<this>: the chunk-cache design against the others
 LINK_BOUND = 0.75      # share of the measured gather rate the engine's link must sustain
 STEPS, WARMUP = D.STEPS, min(2, D.STEPS - 1)   # the timeline as `ddbench simulate --batch N` runs it
 MIB = 2 ** 20
@@ -331,6 +332,7 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         miss = effective_miss(rate, w0.budget, w0.chunk)
         cache, ct = _cache_of(r, model)
         plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache, ct)
+        fill_fitted = bool(ct) and _fill_fitted(cmm, meta, int(r.context))
         harness = 0.0
         if r.miss_rate != "none" and not plan.design.kv_on_gpu:
             h = cmm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)
@@ -345,7 +347,7 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         regime = classify(int(r.transfers), r.link_gbps, thin)
         rows.append(dict(
             phase=phase, rep=getattr(r, "rep", 0), model=model, gpu_mem_cap=getattr(r, "gpu_mem_cap", "none"),
-            design=r.design, context=r.context, batch=r.batch,
+            design=r.design, context=r.context, batch=r.batch, cache_tokens=ct or "", cache_fill_fitted=fill_fitted,
             miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
             regime=regime, engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
             sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=1.0, harness_ms=harness * 1e3,
@@ -412,6 +414,12 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
     return t, summary
 
 
+def _fill_fitted(cm, meta: dict, context: int) -> bool:
+    """Whether the cost model's cache-fill term (sim/cachefill.py) was fitted to this run at this context."""
+    f = cm.cache_fill or {}
+    return bool(f) and f.get("source", {}).get("run_id") == meta.get("run_id") and int(f.get("context", -1)) == context
+
+
 def _cache_of(r, model):
     """(cache rates, cache tokens) of a chunk-cache design's engine row, else (None, None)."""
     from ddbench.core.designs import get_design
@@ -458,6 +466,17 @@ def _errors(sub) -> dict:
                            f" sim {worst.sim_step_ms:.2f} ms"}
 
 
+def _cache_held_out(t) -> dict:
+    """A chunk-cache design's points by capacity, outside the context its fill term was fitted to."""
+    if "cache_fill_fitted" not in t or not (t.cache_tokens.astype(str) != "").any():
+        return {}
+    c = t[(t.cache_tokens.astype(str) != "") & ~t.cache_fill_fitted.astype(bool)]
+    out = {f"{d}@{int(float(k))} (fill not fitted here)": _errors(sub)
+           for (d, k), sub in c.groupby(["design", "cache_tokens"])}
+    out["fitted points"] = {"points": int(((t.cache_tokens.astype(str) != "") & t.cache_fill_fitted.astype(bool)).sum())}
+    return out
+
+
 def summarize(t, skipped, meta) -> dict:
     off = t[t.transfers == 1]
     exact = int((off.link_bytes_diff == 0).sum())
@@ -492,6 +511,7 @@ def summarize(t, skipped, meta) -> dict:
         "models": sorted(set(t.model)), "held_out": bool(meta.get("held_out")),
         "fitted_model": meta.get("fitted_model", MODEL),
         "by_design": {f"{d} {g}": _errors(sub) for (d, g), sub in t.groupby(["design", "regime"])},
+        "cache_held_out": _cache_held_out(t),
         "sweeps": sw,
         "calibration": "one cost model, the user's: every point is priced by sim.steplayers.step_layers and the"
                        " timeline as `ddbench simulate --batch N` prices it; compute: the bundle's decode terms"
@@ -581,6 +601,8 @@ def write_readme(sections, out: str) -> str:
     for summary, csv, _ in sections:
         title = (f"Held out: {', '.join(summary['models'])} (the compute terms were fitted to"
                  f" {summary['fitted_model']} only)" if summary.get("held_out")
+                 else f"The chunk-cache sweep {summary['sweeps'].get('validated', {}).get('folder')}:"
+                      f" {', '.join(summary['models'])}" if summary.get("cache_held_out")
                  else f"Fitted shapes: {', '.join(summary['models'])}")
         lines += [f"## {title} (`{os.path.basename(csv)}`)", "", "Sweeps (kernels/engine/sweep.py runs):", "",
                   f"- {_sweep_line('calibration', summary['sweeps'].get('calibration', {}))}: its floor phase gives"
@@ -592,12 +614,18 @@ def write_readme(sections, out: str) -> str:
         lines += [summary["calibration"], "", summary["harness"] + ".", "", f"Regimes: {summary['rule']}.", "",
                   "| regime | points | median \\|error\\| | worst | sim / engine, median |",
                   "| --- | --- | --- | --- | --- |"]
-        for k, v in list(summary["regimes"].items()) + list(summary.get("by_design", {}).items()):
+        for k, v in (list(summary["regimes"].items()) + list(summary.get("by_design", {}).items())
+                     + [(k, v) for k, v in summary.get("cache_held_out", {}).items() if k != "fitted points"]):
             if v["points"]:
                 lines.append(f"| {k} | {v['points']} | {v['median_abs_error']:.1%} | {v['worst_abs_error']:.1%}"
                              f" ({v['worst_point']}) | {v['median_sim_over_engine']:.3f} |")
             elif k in summary["regimes"]:
                 lines.append(f"| {k} | 0 | | | |")
+        if summary.get("cache_held_out"):
+            lines += ["", "dualdecoder-cache's fill term (sim/cachefill.py) was fitted to this run at one context"
+                      f" (its points in the overlap regime); the {summary['cache_held_out']['fitted points']['points']}"
+                      " points at that context are marked in column cache_fill_fitted, and the rows '(fill not"
+                      " fitted here)' are the other contexts."]
         b = summary["link_bytes"]
         lines += ["", f"Link bytes per step equal to the byte at {b['exact']} of {b['points_with_transfers']} points"
                   f" with transfers. Skipped: {len(summary['skipped'])} rows (listed in the summary).", ""]
@@ -628,8 +656,16 @@ def main(argv=None) -> int:
                     help="a sweep of other models' shapes (the engine's --model), replayed with the same fitted"
                          f" cost model: written as <out stem>-heldout.csv (default the data root's engine/{HELD_OUT_SWEEP}"
                          " where it exists; 'none' skips it)")
+    ap.add_argument("--cache", metavar="DIR",
+                    help="a sweep of the chunk-cache design (its paper phase with --designs dualdecoder-cache,...),"
+                         f" replayed too: written as <out stem>-cache.csv (default the data root's engine/{CACHE_SWEEP}"
+                         " where it exists; 'none' skips it)")
     a = ap.parse_args(argv)
     held = a.held_out
+    cache_dir = a.cache
+    if cache_dir is None:
+        d = str(traces_dir("engine", CACHE_SWEEP))
+        cache_dir = d if os.path.exists(os.path.join(d, "engine.csv")) else "none"
     if held is None:
         d = str(traces_dir("engine", HELD_OUT_SWEEP))
         held = d if os.path.exists(os.path.join(d, "engine.csv")) else "none"
@@ -649,6 +685,8 @@ def main(argv=None) -> int:
         runs = [(a.engine, a.out, False)]
         if held != "none":
             runs.append((held, os.path.splitext(a.out)[0] + "-heldout.csv", True))
+        if cache_dir != "none":
+            runs.append((cache_dir, os.path.splitext(a.out)[0] + "-cache.csv", False))
         results = [(validate(d, a.calibration_engine, allow_same_run=a.allow_same_run, held_out=h), out)
                    for d, out, h in runs]
     except DDBenchError as e:

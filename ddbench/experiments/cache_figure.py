@@ -1,0 +1,141 @@
+"""Beyond the paper: dualdecoder-cache (a GPU chunk cache beside the speculative prefetch) against
+ShadowKV and DualDecoder on the H200, Llama-3-8B at 32K / 64K / 128K, each at its largest batch.
+
+Measured: the engine run traces/engine/h200-cache (its README): tokens/s over 3 independently built
+engines (min / median / max), the batch, the link bytes and urgent bytes per token, the link's
+utilisation and the step over its floors. Simulated: the one cost model of `ddbench simulate`
+(scene(..., gpu='h200'), the profile's cache rates) at the engine's batch, and over capacities the
+engine did not run at the memory model's largest batch. Not a paper figure: no paper number.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pandas as pd
+
+from ddbench.core import defaults as D
+from ddbench.core.errors import DDBenchError
+from ddbench.core.memory import max_batch
+from ddbench.core.paths import traces_dir
+from ddbench.core.units import fmt_tokens
+from ddbench.experiments import FigureResult, register
+from ddbench.experiments.scene import scene, workload
+from ddbench.plotting import SYSTEM_COLORS, style_handle
+
+RUN = "h200-cache"
+MODEL, GPU, LINK = "llama-3-8b", "h200", "pcie5"
+CACHE = "dualdecoder-cache"
+DESIGNS = (CACHE, "shadowkv", "dualdecoder")
+CONTEXTS = (32 * 1024, 64 * 1024, 128 * 1024)
+SIM_CAPACITIES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)     # x the budget
+STYLES = {32 * 1024: ":", 64 * 1024: "--", 128 * 1024: "-"}
+CACHE_COLOR = "#9467bd"
+MIB = 2 ** 20
+
+
+def engine_largest() -> pd.DataFrame:
+    """One row per (context, design label): the largest batch's builds, min / median / max."""
+    path = traces_dir("engine", RUN, "engine.csv")
+    try:
+        e = pd.read_csv(path)
+    except FileNotFoundError:
+        raise DDBenchError(f"{path}: no such file (the chunk-cache comparison; its README says how it was run)") \
+            from None
+    e = e[e.paper_role.isin(["largest", "repeat"]) & e.status.isin(["ok", "ok-no-twin"])].copy()
+    e["label"] = e.design_label.fillna(e.design)
+    e["floor_link_ms"] = e.floor_link_ms.fillna(0.0)
+    rows = []
+    for (ctx, label), g in e.groupby(["context", "label"]):
+        r0 = g.iloc[0]
+        ct = int(r0.cache_tokens) if r0.design == CACHE else None
+        rows.append(dict(
+            source="engine", context=int(ctx), design=r0.design, label=label, cache_tokens=ct,
+            capacity=ct / D.BUDGET if ct else None, batch=int(r0.batch), builds=len(g),
+            tok_s=g.tok_s.median(), tok_s_min=g.tok_s.min(), tok_s_max=g.tok_s.max(),
+            link_mib_per_token=(g.link_mib / g.batch).median(), urgent_mib_per_token=(g.urgent_mib / g.batch).median(),
+            link_util=g.link_util.median(), step_over_hbm_floor=(g.step_ms / g.floor_ms).median(),
+            step_over_link_floor=(g.step_ms / g.floor_link_ms).median() if (g.floor_link_ms > 0).all() else None))
+    if not rows:
+        raise DDBenchError(f"{path}: no largest-batch rows")
+    return pd.DataFrame(rows)
+
+
+@lru_cache(maxsize=None)
+def simulated(design: str, ctx: int, batch: int | None, cache_tokens: int | None) -> dict:
+    """The user's simulator at one point (batch None: the memory model's largest)."""
+    from sim.steplayers import step_layers
+    from sim.timeline import run_timeline
+    knobs = {"cache_tokens": cache_tokens} if cache_tokens else {}
+    r = scene(MODEL, design, gpu=GPU, link=LINK, **knobs)
+    w = workload(r, ctx)
+    b = batch or max_batch(r.design, r.model, r.gpu, w)
+    if not b:
+        return {"batch": 0, "tok_s": float("nan"), "link_mib_per_token": float("nan"), "note": r.hit_note}
+    plan = step_layers(r.design, r.model, r.cm, workload(r, ctx, b), b, ctx, r.hit, r.reuse,
+                       cache=r.cache_rates_at(ctx) if r.design.chunk_cache else None)
+    step = run_timeline(plan, steps=D.STEPS, warmup=2).steady_step_s
+    return {"batch": b, "tok_s": b / step, "link_mib_per_token": plan.h2d_bytes / b / MIB, "note": r.hit_note}
+
+
+def best(df: pd.DataFrame, ctx: int) -> pd.Series:
+    """The measured capacity with the most tokens/s at a context."""
+    c = df[(df.source == "engine") & (df.design == CACHE) & (df.context == ctx)]
+    return c.loc[c.tok_s.idxmax()]
+
+
+def _draw(res: FigureResult, fig) -> None:
+    from matplotlib.lines import Line2D
+    df = res.data
+    fig.set_size_inches(9.6, 3.8)
+    axes = fig.subplots(1, 3)
+    for ctx in CONTEXTS:
+        ls = STYLES[ctx]
+        s = df[(df.source == "simulated") & (df.context == ctx)]
+        m = df[(df.source == "engine") & (df.context == ctx) & (df.design == CACHE)].sort_values("capacity")
+        for ax, col in zip(axes, ("tok_s", "batch", "link_mib_per_token")):
+            ax.plot(s.capacity, s[col], ls=ls, color=CACHE_COLOR, lw=1)
+            ax.plot(m.capacity, m[col], ls="none", marker="D", ms=4, color=CACHE_COLOR)
+        axes[0].errorbar(m.capacity, m.tok_s, yerr=[m.tok_s - m.tok_s_min, m.tok_s_max - m.tok_s], fmt="none",
+                         ecolor="black", lw=0.7)
+        for d in ("shadowkv", "dualdecoder"):
+            r = df[(df.source == "engine") & (df.context == ctx) & (df.design == d)]
+            if len(r):
+                for ax, col in zip(axes, ("tok_s", "batch", "link_mib_per_token")):
+                    ax.axhline(float(r[col].iloc[0]), color=SYSTEM_COLORS[d], ls=ls, lw=0.9)
+    titles = ("(a) decode tokens/s", "(b) largest batch", "(c) link MiB per token")
+    for ax, t in zip(axes, titles):
+        ax.set_xlabel("GPU cache, x the budget")
+        ax.set_title(t, fontsize=8)
+        ax.set_ylim(bottom=0)
+    axes[0].set_ylabel("tokens/s (engine: median, min-max of 3 builds)")
+    handles = [style_handle("-", "dualdecoder-cache, simulated", CACHE_COLOR),
+               Line2D([], [], ls="none", marker="D", ms=4, color=CACHE_COLOR, label="dualdecoder-cache, engine"),
+               style_handle("-", "ShadowKV, engine", SYSTEM_COLORS["shadowkv"]),
+               style_handle("-", "DualDecoder, engine", SYSTEM_COLORS["dualdecoder"])]
+    handles += [style_handle(STYLES[c], fmt_tokens(c), "gray") for c in CONTEXTS]
+    fig.legend(handles, [h.get_label() for h in handles], fontsize=6, ncol=4, loc="outside lower center")
+    fig.suptitle("dualdecoder-cache against ShadowKV and DualDecoder: Llama-3-8B on one H200 (PCIe 5), each at its"
+                 " largest batch", fontsize=9)
+
+
+@register("cache", "dualdecoder-cache: tokens/s against the GPU cache's capacity (H200, Llama-3-8B)", draw=_draw)
+def compute() -> FigureResult:
+    eng = engine_largest()
+    eng["sim_tok_s"] = [simulated(r.design, int(r.context), int(r.batch),
+                                  None if pd.isna(r.cache_tokens) else int(r.cache_tokens))["tok_s"]
+                        for r in eng.itertuples()]
+    eng["sim_over_engine"] = eng.sim_tok_s / eng.tok_s
+    sim_rows = []
+    for ctx in CONTEXTS:
+        for x in SIM_CAPACITIES:
+            ct = int(x * D.BUDGET)
+            s = simulated(CACHE, ctx, None, ct)
+            sim_rows.append(dict(source="simulated", context=ctx, design=CACHE, label=f"{CACHE}@{ct}", cache_tokens=ct,
+                                 capacity=x, batch=s["batch"], tok_s=s["tok_s"],
+                                 link_mib_per_token=s["link_mib_per_token"]))
+    df = pd.concat([eng, pd.DataFrame(sim_rows)], ignore_index=True)
+    note = simulated(CACHE, CONTEXTS[-1], None, 2 * D.BUDGET)["note"]
+    return FigureResult(df, f"{MODEL} on one H200 over PCIe 5, budget {D.BUDGET}, each design at its largest batch;"
+                            f" engine {traces_dir('engine', RUN).name} (3 builds), simulator at the engine's batches"
+                            f" and over capacities ({note})")
