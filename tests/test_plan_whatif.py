@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from ddbench.core import defaults as D
+
 from ddbench.core.catalog import fetch_share, get_host, get_link, shared_link
 from ddbench.core.errors import DDBenchError
 from ddbench.planner.knobs import pareto, parse_search, settings
@@ -92,6 +94,22 @@ def test_knob_grid_and_pareto():
     assert sorted(pareto([(10, 5), (8, 3), (9, 6), (10, 4), (7, 3)])) == [1, 3]
     with pytest.raises(DDBenchError, match="unknown knob"):
         parse_search("budget,temperature")
+
+
+def test_cache_knob_searches_the_chunk_cache_capacity():
+    knobs = parse_search("budget=1k:2k,cache=2x:4x:12k:pingpong")
+    cc = settings(Scenario(design="dualdecoder-cache", **SMALL), knobs, 32768, 32)
+    got = sorted((s.knob("budget"), s.knob("cache_tokens")) for s in cc)
+    assert got == [(1024, 2048), (1024, 4096), (1024, 12288), (2048, 4096), (2048, 8192), (2048, 12288)]
+    assert {s.cache for s in cc} == {"design"}                     # layouts do not apply to it
+    dd = settings(Scenario(design="dualdecoder", **SMALL), knobs, 32768, 32)
+    assert {s.cache for s in dd} == {"pingpong"} and {s.knob("cache_tokens") for s in dd} == {D.CACHE_TOKENS}
+    from ddbench.planner.knobs import knob_label
+    assert knob_label(cc[0], knobs).endswith("x") and "cache=pingpong" in knob_label(dd[0], knobs)
+    assert parse_search("cache")["cache"] == ("pingpong", "per-layer", "2x", "4x", "8x")
+    for bad in ("cache=0.5x", "cache=fast", "cache=-2x", "cache=nanx"):
+        with pytest.raises(DDBenchError, match="cache '"):
+            parse_search(bad)
 
 
 def test_plan_slo_cli_ranks_and_sizes_the_fleet(tmp_path):

@@ -11,6 +11,13 @@ from ddbench.core.paths import traces_dir
 
 KERNEL_COLUMNS = ("schema", "kernel", "variant", "batch", "bytes", "latency_ms", "gpu", "git_sha", "date_utc")
 ENGINE_PROVENANCE = ("gpu", "git_sha", "date_utc")
+# a profile's side files beside its per-layer <model>.csv in traces/accuracy (ddbench/profile/trace.py)
+PROFILE_SIDE_CSVS = (".steps.csv", ".cache.csv")
+
+
+def is_profile_layer_csv(name: str) -> bool:
+    """Whether a CSV of traces/accuracy is a profile's per-layer file, not one of its side files."""
+    return name.endswith(".csv") and not name.endswith(PROFILE_SIDE_CSVS)
 
 
 def _frame(path: str, model, what: str, **read):

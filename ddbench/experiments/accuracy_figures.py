@@ -47,9 +47,10 @@ SENS_GRID = tuple(round(0.1 * i, 1) for i in range(11))      # 0.0 .. 1.0 for bo
 
 # ---------------------------------------------------------------- reading the traces
 def _models() -> tuple:
+    from ddbench.core.traces import is_profile_layer_csv
     folder = traces_dir("accuracy")
     return tuple(sorted(os.path.basename(p)[:-4] for p in glob.glob(os.path.join(str(folder), "*.csv"))
-                        if not p.endswith(".steps.csv")))
+                        if is_profile_layer_csv(os.path.basename(p))))
 
 
 def _need(fig: str) -> tuple:

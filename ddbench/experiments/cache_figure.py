@@ -5,7 +5,9 @@ Measured: the engine run traces/engine/h200-cache (its README): tokens/s over 3 
 engines (min / median / max), the batch, the link bytes and urgent bytes per token, the link's
 utilisation and the step over its floors. Simulated: the one cost model of `ddbench simulate`
 (scene(..., gpu='h200'), the profile's cache rates) at the engine's batch, and over capacities the
-engine did not run at the memory model's largest batch. Not a paper figure: no paper number.
+engine did not run at the memory model's largest batch; and, memory-tight, the paper's Fig. 12 setting
+(Qwen2.5-32B on an 80 GB H100, simulated only: rows `simulated-tight`, not drawn). Not a paper figure:
+no paper number.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ DESIGNS = (CACHE, "shadowkv", "dualdecoder")
 CONTEXTS = (32 * 1024, 64 * 1024, 128 * 1024)
 SIM_CAPACITIES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)     # x the budget
 STYLES = {32 * 1024: ":", 64 * 1024: "--", 128 * 1024: "-"}
+TIGHT_MODEL, TIGHT_GPU = "qwen2.5-32b", "h100-80gb"     # Fig. 12's setting: where GPU memory binds
+TIGHT_CONTEXTS = (64 * 1024, 128 * 1024, 256 * 1024)
 CACHE_COLOR = "#9467bd"
 MIB = 2 ** 20
 
@@ -62,12 +66,13 @@ def engine_largest() -> pd.DataFrame:
 
 
 @lru_cache(maxsize=None)
-def simulated(design: str, ctx: int, batch: int | None, cache_tokens: int | None) -> dict:
+def simulated(design: str, ctx: int, batch: int | None, cache_tokens: int | None, model: str = MODEL,
+              gpu: str = GPU) -> dict:
     """The user's simulator at one point (batch None: the memory model's largest)."""
     from sim.steplayers import step_layers
     from sim.timeline import run_timeline
     knobs = {"cache_tokens": cache_tokens} if cache_tokens else {}
-    r = scene(MODEL, design, gpu=GPU, link=LINK, **knobs)
+    r = scene(model, design, gpu=gpu, link=LINK, **knobs)
     w = workload(r, ctx)
     b = batch or max_batch(r.design, r.model, r.gpu, w)
     if not b:
@@ -103,12 +108,14 @@ def _draw(res: FigureResult, fig) -> None:
             if len(r):
                 for ax, col in zip(axes, ("tok_s", "batch", "link_mib_per_token")):
                     ax.axhline(float(r[col].iloc[0]), color=SYSTEM_COLORS[d], ls=ls, lw=0.9)
-    titles = ("(a) decode tokens/s", "(b) largest batch", "(c) link MiB per token")
-    for ax, t in zip(axes, titles):
-        ax.set_xlabel("GPU cache, x the budget")
+    titles = ("(a) engine: median, bars min-max of 3 builds", "(b) each at its largest batch",
+              "(c) what crosses PCIe")
+    ylabels = ("decode throughput (tokens/s)", "largest batch (requests)", "link bytes per token (MiB)")
+    for ax, t, y in zip(axes, titles, ylabels):
+        ax.set_xlabel("GPU cache per layer and KV head (ratio to the budget)")
+        ax.set_ylabel(y)
         ax.set_title(t, fontsize=8)
         ax.set_ylim(bottom=0)
-    axes[0].set_ylabel("tokens/s (engine: median, min-max of 3 builds)")
     handles = [style_handle("-", "dualdecoder-cache, simulated", CACHE_COLOR),
                Line2D([], [], ls="none", marker="D", ms=4, color=CACHE_COLOR, label="dualdecoder-cache, engine"),
                style_handle("-", "ShadowKV, engine", SYSTEM_COLORS["shadowkv"]),
@@ -134,7 +141,15 @@ def compute() -> FigureResult:
             sim_rows.append(dict(source="simulated", context=ctx, design=CACHE, label=f"{CACHE}@{ct}", cache_tokens=ct,
                                  capacity=x, batch=s["batch"], tok_s=s["tok_s"],
                                  link_mib_per_token=s["link_mib_per_token"]))
+    for ctx in TIGHT_CONTEXTS:           # memory-tight: the paper's Fig. 12 setting, simulated
+        for d, ct in [(d, None) for d in DESIGNS[1:]] + [(CACHE, int(x * D.BUDGET)) for x in (2, 4, 8)]:
+            s = simulated(d, ctx, None, ct, TIGHT_MODEL, TIGHT_GPU)
+            sim_rows.append(dict(source="simulated-tight", model=TIGHT_MODEL, gpu=TIGHT_GPU, context=ctx, design=d,
+                                 label=f"{d}@{ct}" if ct else d, cache_tokens=ct, capacity=ct / D.BUDGET if ct else None,
+                                 batch=s["batch"], tok_s=s["tok_s"], link_mib_per_token=s["link_mib_per_token"]))
     df = pd.concat([eng, pd.DataFrame(sim_rows)], ignore_index=True)
+    df["model"] = df["model"].fillna(MODEL) if "model" in df else MODEL
+    df["gpu"] = df["gpu"].fillna(GPU) if "gpu" in df else GPU
     note = simulated(CACHE, CONTEXTS[-1], None, 2 * D.BUDGET)["note"]
     return FigureResult(df, f"{MODEL} on one H200 over PCIe 5, budget {D.BUDGET}, each design at its largest batch;"
                             f" engine {traces_dir('engine', RUN).name} (3 builds), simulator at the engine's batches"

@@ -6,8 +6,11 @@ design, into the settings that apply to it:
   design that keeps KV in host memory; only budgets within the smallest context and divisible
   by the chunk;
 - lowrank-layers (layers with low-rank keys): designs with adaptive key reconstruction;
-- cache (the GPU's sparse-KV buffers): two-layer ping-pong or one per layer, for designs that
-  prefetch layer-ahead.
+- cache: for a design with a GPU chunk cache (dualdecoder-cache), its capacity as a multiple of
+  the budget per (layer, KV head) (`2x`, or tokens: `8k`); for the other designs that prefetch
+  layer-ahead, their sparse-KV buffers: two-layer ping-pong or one per layer. The default searches
+  both kinds, each where it applies; `cache=2x:4x:8x` only capacities, `cache=pingpong` only
+  buffers.
 Each setting gets its own rate search; the best setting per design is the one with the highest
 rate (ties: tokens/s). Pareto fronts: tokens/s against peak GPU memory, and against the P99 of the
 first SLO term, over the settings that meet the SLO.
@@ -22,8 +25,9 @@ from ddbench.core.designs import get_design
 from ddbench.core.errors import DDBenchError
 from ddbench.core.units import parse_tokens
 
+LAYOUTS = ("pingpong", "per-layer")
 DEFAULTS = {"budget": (1024, 2048, 4096), "chunk": (8, 16), "lowrank-layers": (0, 4, 8),
-            "cache": ("pingpong", "per-layer")}
+            "cache": LAYOUTS + ("2x", "4x", "8x")}
 FIELD = {"budget": "budget", "chunk": "chunk", "lowrank-layers": "lowrank_layers", "cache": "cache"}
 
 
@@ -49,10 +53,7 @@ def parse_search(text: str) -> dict:
         if not all(items):
             raise DDBenchError(f"--search: '{term}' has an empty value; use e.g. {name}=V1:V2")
         if name == "cache":
-            bad = [v for v in items if v not in DEFAULTS["cache"]]
-            if bad:
-                raise DDBenchError(f"--search: unknown cache '{bad[0]}'; known: pingpong, per-layer")
-            out[name] = tuple(items)
+            out[name] = tuple(v if v in LAYOUTS else _capacity(v) for v in items)
         elif name == "lowrank-layers":
             try:
                 out[name] = tuple(int(v) for v in items)
@@ -65,12 +66,40 @@ def parse_search(text: str) -> dict:
     return out
 
 
+def _capacity(v: str) -> str:
+    """A capacity, normalised: '4x' (a multiple of the budget) or '8192' (tokens, from '8k'); else a
+    one-line error."""
+    try:
+        x = float(v[:-1]) if v.endswith("x") else float(parse_tokens(v, "cache"))
+    except (ValueError, DDBenchError):
+        x = float("nan")
+    if not 0 < x < float("inf"):
+        raise DDBenchError(f"--search: cache '{v}' is neither a buffer layout (pingpong, per-layer) nor a capacity"
+                           " (a multiple of the budget such as 4x, or tokens such as 8k)")
+    if v.endswith("x") and x < 1:
+        raise DDBenchError(f"--search: cache '{v}' is smaller than the budget (at least 1x)")
+    return f"{x:g}x" if v.endswith("x") else str(int(x))
+
+
+def cache_tokens(value: str, budget: int) -> int:
+    """A capacity value's tokens per (layer, KV head) at a budget."""
+    return int(round(float(value[:-1]) * budget)) if value.endswith("x") else int(value)
+
+
+def _cache_values(design, values) -> tuple:
+    """The cache knob's values that apply to a design: capacities to a chunk-cache design, buffer
+    layouts to the other layer-ahead designs."""
+    return tuple(v for v in values if (v not in LAYOUTS) == bool(design.chunk_cache))
+
+
 def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
     """The scenarios of one design's knob grid (the base scenario's values for knobs that do not apply);
     a DDBenchError where no setting is left (every budget above the smallest context, or none a
     multiple of its chunk)."""
     offload = not get_design(base.design).kv_on_gpu
-    axes = {k: v for k, v in knobs.items() if applies(k, base.design)}
+    axes = {k: v for k, v in knobs.items() if applies(k, base.design, v)}
+    if "cache" in axes:
+        axes["cache"] = _cache_values(get_design(base.design), axes["cache"])
     if "lowrank-layers" in axes:
         axes["lowrank-layers"] = tuple(v for v in axes["lowrank-layers"] if 0 <= v <= num_layers)
     names = list(axes)
@@ -78,32 +107,47 @@ def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
     for combo in itertools.product(*(axes[n] for n in names)) if names else [()]:
         values = dict(zip(names, combo))
         sc = base.with_knobs(**{FIELD[n]: v for n, v in values.items() if n != "cache"})
-        if "cache" in values:
-            sc = replace(sc, cache=values["cache"])
+        cap = values.get("cache")
+        if cap is not None and cap not in LAYOUTS:
+            ct = cache_tokens(cap, sc.knob("budget"))
+            if ct < sc.knob("budget") or ct % sc.knob("chunk"):
+                continue        # below the budget, or not whole chunks
+            sc = sc.with_knobs(cache_tokens=ct)
+        elif cap is not None:
+            sc = replace(sc, cache=cap)
         if offload and (sc.knob("budget") > min_context or sc.knob("budget") % sc.knob("chunk")):
             continue
         out.append(sc)
     if not out:
         raise DDBenchError(f"--search leaves no setting for {base.design}: every budget is above the smallest"
-                           f" context ({min_context}) or not a multiple of its chunk, or no lowrank-layers value is"
-                           f" within 0..{num_layers}")
+                           f" context ({min_context}) or not a multiple of its chunk, no lowrank-layers value is"
+                           f" within 0..{num_layers}, or no cache capacity is whole chunks of at least the budget")
     return out
 
 
-def applies(knob: str, name: str) -> bool:
-    """Whether the knob applies to the design `name`."""
+def applies(knob: str, name: str, values=None) -> bool:
+    """Whether the knob (with `values`: any of them) applies to the design `name`."""
     design = get_design(name)
     if knob in ("budget", "chunk"):
         return not design.kv_on_gpu
     if knob == "lowrank-layers":
         return design.lowrank_keys == "adaptive"
-    return design.prefetch == "layer-ahead"
+    if design.prefetch != "layer-ahead":
+        return False
+    return bool(_cache_values(design, DEFAULTS["cache"] if values is None else values))
 
 
 def knob_label(sc, knobs: dict) -> str:
     """The searched knobs that apply to the scenario's design, as 'budget=1024 chunk=16'."""
-    parts = [f"{k}={sc.cache if k == 'cache' else sc.knob(FIELD[k])}" for k in knobs if applies(k, sc.design)]
+    parts = [f"{k}={_cache_label(sc) if k == 'cache' else sc.knob(FIELD[k])}" for k in knobs
+             if applies(k, sc.design, knobs[k])]
     return " ".join(parts) or "(no knob applies)"
+
+
+def _cache_label(sc) -> str:
+    if get_design(sc.design).chunk_cache:
+        return f"{sc.knob('cache_tokens') / sc.knob('budget'):g}x"
+    return sc.cache
 
 
 def pareto(points: list[tuple[float, float]]) -> list[int]:
