@@ -34,6 +34,7 @@ from ddbench.core.calibration import Bundle
 from ddbench.core.catalog.gpus import GPUSpec, get_gpu
 from ddbench.core.catalog.links import LinkSpec
 from ddbench.core.catalog.models import ModelSpec
+from ddbench.core.errors import DDBenchError
 
 E = 2  # bf16 bytes
 SCORE_BYTES = 2   # the engine's selection stores its pass-1 scores in fp16 (kernels/engine/fastselect.py)
@@ -337,7 +338,6 @@ class CostModel:
                 p["batch"], p) for p in breakdown["points"]]
         pts = [x for x in pts if x[1] is not None]
         if not pts:
-            from ddbench.core.errors import DDBenchError
             raise DDBenchError(f"{breakdown['path']}: no point of a known design")
         steps = []
         for (system, ctx), (bs, ts) in sorted(getattr(self, "engine_tab", {}).items()):
@@ -756,8 +756,18 @@ class CostModel:
         t0 = self.link_rates("gpu", chunk_bytes).h2d_t0_s if self.bundle is not None else 0.0
         return 2 * copy_bytes / self.hbm + t0 + self.gather_walk_s(slots, chunk_bytes, programs, in_flight)
 
-    def link_rates(self, gather: str, chunk_bytes: int) -> LinkRates:
+    def link_rates(self, gather: str, chunk_bytes: int, measured_only: bool = False) -> LinkRates:
+        """The link's rates for pieces of `chunk_bytes`, interpolated between the bundle's measured piece
+        sizes. measured_only: a DDBenchError for a piece smaller than the smallest measured one (the
+        gather's rate falls with its piece size; below the measurements it is not known)."""
         key = ("link", gather, chunk_bytes)
+        if measured_only and self.bundle is not None:
+            method = "uva_gather" if gather == "gpu" else "cpu_gather"
+            sizes = [r["chunk_bytes"] for r in self.bundle.rows["link"] if r["method"] == method
+                     and r["direction"] == "h2d" and r["chunk_bytes"]]
+            if sizes and chunk_bytes < min(sizes):
+                raise DDBenchError(f"no measured {method} rate for {chunk_bytes} B pieces (the bundle's smallest is"
+                                   f" {min(sizes)} B): measure them (`ddbench calibrate`) before pricing them")
         if key in self._cache:
             return self._cache[key]
         link = self.link

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.errors import DDBenchError
-from ddbench.core.memory import Workload, lowrank_layer_count
+from ddbench.core.memory import Workload, kv_piece_bytes, lowrank_layer_count
 from ddbench.core.designs import DesignSpec
 from sim.costmodel import E, ENGINE_REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS, CostModel, LinkRates
 
@@ -162,14 +162,19 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     pf_w, ur_w, d2h_w, cpu_pf, cpu_ur = [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L
     if design.chunk_cache and (cache is None or len(cache.prefetched) != L):
         raise DDBenchError(f"{design.name} needs its cache rates for {L} layers (ddbench.core.cacherates)")
+    piece = kv_piece_bytes(m, w)     # K or V of a chunk-head as it crosses the link (bf16, or fp8 + scale)
     if offload:
         values_only_all = design.fetch == "values"
-        chunk_bytes = (1 if values_only_all else 2) * w.chunk * m.head_dim * E
-        rates = cm.link_rates(design.gather, chunk_bytes)
-        rates_v = cm.link_rates(design.gather, w.chunk * m.head_dim * E) if lr and not values_only_all else rates
+        chunk_bytes = (1 if values_only_all else 2) * piece
+        rates = cm.link_rates(design.gather, chunk_bytes, measured_only=w.kv_bits != 16)
+        rates_v = cm.link_rates(design.gather, piece, measured_only=w.kv_bits != 16) \
+            if lr and not values_only_all else rates
+        if w.kv_bits != 16:
+            cm._note("fp8 KV: link and host bytes in e4m3 with a scale per chunk-head, gathered at the bundle's"
+                     " measured rate of that piece size; attention priced as the bf16 kernel (no fp8 kernel measured)")
         for i in range(L):
             values_only = values_only_all or i in lr
-            f = kvl / 2 if values_only else kvl
+            f = (1 if values_only else 2) * m.num_kv_heads * piece / w.chunk     # bytes per token and layer
             r = rates_v if values_only else rates
             full = batch * w.budget * f
             if design.chunk_cache:          # only what the cache misses crosses the link
@@ -186,14 +191,14 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
                     wl[i] = r.h2d_t0_s + b_ / (r.h2d_gbps * 1e9)
                     if r.cpu_gather_gbps:
                         cl[i] = b_ / (r.cpu_gather_gbps * 1e9)
-            d2h_b[i] = batch * kvl  # the output token's K and V go to host memory
+            d2h_b[i] = batch * kvl * w.kv_bits / 16  # the output token's K and V go to host memory
             d2h_w[i] = rates.d2h_t0_s + d2h_b[i] / (rates.d2h_gbps * 1e9)
     ur_min, serial = [], False
     if offload and design.reuse and design.prefetch == "none" and design.gather == "gpu" and cm.bundle is not None:
         # the engine's ShadowKV fetch (module doc): latency-bound, on the compute stream, before the rebuild
         slots_rf = batch * m.num_kv_heads * (w.budget // w.chunk)
         for i in range(L):
-            cb = (1 if (values_only_all or i in lr) else 2) * w.chunk * m.head_dim * E
+            cb = (1 if (values_only_all or i in lr) else 2) * piece
             ur_min.append(passes * cm.reuse_fetch_s(slots_rf, cb, ENGINE_REUSE_PROGRAMS, ENGINE_REUSE_IN_FLIGHT,
                                                     1.0 - reuse[i]) if ur_b[i] > 0 else 0.0)
         serial = True

@@ -118,7 +118,7 @@ def test_plan_numbers(flag, value, capsys):
     ("--search", "budget=1k::2k", "has an empty value"),
     ("--search", "warp", "unknown knob 'warp'"),
     ("--search", "lowrank-layers=-1", "must be at least 0"),
-    ("--search", "cache=x", "unknown cache 'x'"),
+    ("--search", "cache=x", "cache 'x' is neither a buffer layout"),
     ("--search", "budget=lots", "cannot parse budget 'lots'"),
     ("--seeds", "", "is an empty list"),
     ("--seeds", "0,,1", "has an empty item"),

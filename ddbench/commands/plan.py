@@ -97,9 +97,9 @@ def register(sub) -> None:
     g.add_argument("--target-rate", type=flags.number(lo=0, lo_open=True, hi=D.MAX_RATE),
                    help="fleet load in requests/s: GPUs (and hosts) needed per design")
     g.add_argument("--search", type=flags.checked(_search),
-                   help="knob search per design: budget,chunk,lowrank-layers,cache (each optionally =V1:V2:...,"
-                        " e.g. budget=1k:2k:4k; cache: dualdecoder-cache's capacity, 2x:4x or tokens, and the other"
-                        " layer-ahead designs' buffers, pingpong:per-layer)")
+                   help="knob search per design: budget,chunk,lowrank-layers,cache,fp8 (each optionally"
+                        " =V1:V2:..., e.g. budget=1k:2k:4k; cache: dualdecoder-cache's capacity, 2x:4x or tokens, and"
+                        " the other layer-ahead designs' buffers, pingpong:per-layer; fp8: off:on)")
     g.add_argument("--seeds", type=flags.items(flags.integer(lo=0, hi=2 ** 63 - 1)),
                    help="comma list of seeds; a rate passes only if every seed does"
                         f" (default {','.join(map(str, D.SEEDS))})")

@@ -19,6 +19,7 @@ QUANT_RESIDUAL = 64        # SpeCache/KIVI newest tokens kept in 16 bits
 LOWRANK_LAYERS = 0         # DualDecoder layers with low-rank keys
 PREFILL_CHUNK = 8192       # tokens per chunked-prefill pass
 CACHE_TOKENS = 2 * BUDGET  # dualdecoder-cache: GPU chunk cache per (layer, KV head), tokens (2x the budget)
+KV_BITS = 16               # bits of the KV kept on the host and moved over the link (16: bf16; 8: fp8 e4m3)
 CACHE_POLICY = "lru"       # dualdecoder-cache: eviction policy of the GPU chunk cache
 
 # ---------------------------------------------------------------- scenario

@@ -125,6 +125,23 @@ CACHE_MAP_BYTES = 2     # int16 slot of every chunk (-1: not cached)
 CACHE_SLOT_BYTES = 8    # int32 chunk id and int32 last-use stamp of every slot
 
 
+def kv_piece_bytes(m: ModelSpec, w: Workload) -> int:
+    """K or V of one chunk and KV head as kept on the host and moved: C * d * kv_bits / 8, plus its fp32
+    scale where kv_bits is 8 (fp8 e4m3, kernels/fp8.py)."""
+    return w.chunk * m.head_dim * w.kv_bits // 8 + (FP32 if w.kv_bits == 8 else 0)
+
+
+def check_kv_bits(design: DesignSpec, gpu: GPUSpec, w: Workload) -> None:
+    """One-line DDBenchError for fp8 KV on a design that keeps no KV on the host, or a GPU without fp8."""
+    if w.kv_bits == 16:
+        return
+    if design.kv_on_gpu or design.fetch == "none" or design.quant_bits:
+        raise DDBenchError(f"{design.name}: fp8 KV (kv_bits 8) applies to designs that keep their KV on the host"
+                           " (dualdecoder, dualdecoder-cache, shadowkv's values)")
+    if not gpu.fp8:
+        raise DDBenchError(f"fp8 KV (kv_bits 8) needs a GPU with fp8 support; {gpu.name} has none")
+
+
 def chunk_cache_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """dualdecoder-cache's GPU chunk cache, every layer and KV head: its K and V slots and its map,
     b * L * H_kv * (cache_tokens * 2 * d * e + ceil(S / C) * 2 + cache_tokens / C * 8)
@@ -132,7 +149,7 @@ def chunk_cache_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     if not design.chunk_cache:
         return 0
     slots = w.cache_tokens // w.chunk
-    per_head = w.cache_tokens * 2 * m.head_dim * m.dtype_bytes + math.ceil(w.context / w.chunk) * CACHE_MAP_BYTES \
+    per_head = slots * 2 * kv_piece_bytes(m, w) + math.ceil(w.context / w.chunk) * CACHE_MAP_BYTES \
         + slots * CACHE_SLOT_BYTES
     return w.batch * m.num_layers * m.num_kv_heads * per_head
 
@@ -161,7 +178,13 @@ def sparse_buffer_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     if design.chunk_cache:
         return chunk_cache_bytes(design, m, w)
     layers = 2 if design.buffer_layers == "pingpong" else m.num_layers
-    return w.batch * layers * design.buffer_sets * w.budget * m.kv_bytes_per_token_layer
+    if w.kv_bits == 16:
+        return w.batch * layers * design.buffer_sets * w.budget * m.kv_bytes_per_token_layer
+    # fp8: the fetched tensors land as they crossed the link (dequantised in attention); ShadowKV's keys,
+    # rebuilt on the GPU, stay bf16
+    keys = (w.chunk * m.head_dim * m.dtype_bytes if design.fetch == "values" else kv_piece_bytes(m, w))
+    per_chunk_head = keys + kv_piece_bytes(m, w)
+    return w.batch * layers * design.buffer_sets * (w.budget // w.chunk) * m.num_kv_heads * per_chunk_head
 
 
 def _token_live_bytes(m: ModelSpec) -> int:
@@ -202,6 +225,7 @@ def memory_breakdown(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workload
     """GPU bytes by category for `w.batch` requests of `w.context` tokens."""
     w.validate(m)
     check_chunk_cache(design, m, gpu, w)
+    check_kv_bits(design, gpu, w)
     return MemoryBreakdown(
         system=design.name, model=m.name, gpu=gpu.name, context=w.context, batch=w.batch,
         weights=weights_bytes(m),
@@ -243,19 +267,21 @@ def host_kv_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
         values only (fetch "values": shadowkv, whose keys are low-rank on the GPU):  S * L * H_kv * d * e
         nothing (full-kv: the KV stays on the GPU)
 
-    SpeCache's 1-2 bit copy lives on the GPU (aux residency), its 16-bit KV on the host; no design
-    of the registry keeps a quantised copy on the host. For Llama-3-8B at 128K: 16 GiB (K+V) and
-    8 GiB (values)."""
+    SpeCache's 1-2 bit copy lives on the GPU (aux residency), its 16-bit KV on the host. With kv_bits 8
+    (fp8 e4m3) every K or V piece of a chunk and KV head is C * d bytes plus a 4-byte scale
+    (kv_piece_bytes). For Llama-3-8B at 128K: 16 GiB (K+V) and 8 GiB (values) in bf16, 8.03 and
+    4.02 GiB in fp8."""
     w.validate(m)
     if design.kv_on_gpu or design.fetch == "none":
         return 0
-    half = m.num_kv_heads * m.head_dim * m.dtype_bytes        # K or V of one token in one layer
     if design.fetch == "values":
-        per_token = m.num_layers * half
+        tensors = m.num_layers
     else:
         n_lr = lowrank_layer_count(design, m, w)
-        per_token = ((m.num_layers - n_lr) * 2 + n_lr) * half
-    return w.context * per_token
+        tensors = (m.num_layers - n_lr) * 2 + n_lr            # K and V per layer, V alone where keys are low-rank
+    if w.kv_bits == 8:     # fp8: whole chunks, each K or V piece with its scale
+        return math.ceil(w.context / w.chunk) * tensors * m.num_kv_heads * kv_piece_bytes(m, w)
+    return w.context * tensors * m.num_kv_heads * m.head_dim * m.dtype_bytes
 
 
 BOUND_GPU, BOUND_HOST, BOUND_BOTH = "gpu memory", "host memory", "gpu and host memory"

@@ -53,6 +53,9 @@ class Workload:
     cache_tokens: int = _f(D.CACHE_TOKENS, "dualdecoder-cache: GPU chunk cache per (layer, KV head) in tokens, at"
                                            " least the budget (2x the default budget by default)", tokens=True,
                            minimum=0)
+    kv_bits: int = _f(D.KV_BITS, "bits of the KV on the host, on the link and in the GPU's sparse buffers: 16 (bf16) or"
+                                 " 8 (fp8 e4m3, one fp32 scale per chunk and KV head; designs that keep KV on the"
+                                 " host: dualdecoder, dualdecoder-cache, ShadowKV's values)", minimum=8)
 
     def validate(self, model) -> None:
         """DDBenchError (one line) for a value no design can serve on `model`."""
@@ -66,6 +69,8 @@ class Workload:
             raise DDBenchError(f"sparse budget {self.budget} is not a multiple of the chunk size {self.chunk}")
         if self.lowrank_layers > model.num_layers:
             raise DDBenchError(f"lowrank_layers {self.lowrank_layers} exceeds the model's {model.num_layers} layers")
+        if self.kv_bits not in (8, 16):
+            raise DDBenchError(f"kv_bits must be 16 (bf16) or 8 (fp8 e4m3), got {self.kv_bits}")
         if self.cache_tokens % self.chunk:
             raise DDBenchError(f"cache_tokens {self.cache_tokens} is not a multiple of the chunk size {self.chunk}")
         if self.rank > model.num_kv_heads * model.head_dim:

@@ -1,6 +1,6 @@
 """Knob search: a grid of a design's mechanism knobs, and Pareto fronts over the results.
 
-`--search budget,chunk,lowrank-layers[,cache]` (each optionally `=V1:V2:...`) expands, per
+`--search budget,chunk,lowrank-layers,cache,fp8` (any of them, each optionally `=V1:V2:...`) expands, per
 design, into the settings that apply to it:
 - budget (sparse tokens fetched per request and layer) and chunk (tokens per chunk): every
   design that keeps KV in host memory; only budgets within the smallest context and divisible
@@ -10,7 +10,9 @@ design, into the settings that apply to it:
   the budget per (layer, KV head) (`2x`, or tokens: `8k`); for the other designs that prefetch
   layer-ahead, their sparse-KV buffers: two-layer ping-pong or one per layer. The default searches
   both kinds, each where it applies; `cache=2x:4x:8x` only capacities, `cache=pingpong` only
-  buffers.
+  buffers;
+- fp8 (off, on: the KV on the host and the link in fp8 e4m3, Workload.kv_bits 8): designs that fetch
+  K and V (ShadowKV's 1 KiB fp8 value pieces have no measured gather rate).
 Each setting gets its own rate search; the best setting per design is the one with the highest
 rate (ties: tokens/s). Pareto fronts: tokens/s against peak GPU memory, and against the P99 of the
 first SLO term, over the settings that meet the SLO.
@@ -27,8 +29,9 @@ from ddbench.core.units import parse_tokens
 
 LAYOUTS = ("pingpong", "per-layer")
 DEFAULTS = {"budget": (1024, 2048, 4096), "chunk": (8, 16), "lowrank-layers": (0, 4, 8),
-            "cache": LAYOUTS + ("2x", "4x", "8x")}
-FIELD = {"budget": "budget", "chunk": "chunk", "lowrank-layers": "lowrank_layers", "cache": "cache"}
+            "cache": LAYOUTS + ("2x", "4x", "8x"), "fp8": ("off", "on")}
+FIELD = {"budget": "budget", "chunk": "chunk", "lowrank-layers": "lowrank_layers", "cache": "cache", "fp8": "kv_bits"}
+FP8_BITS = {"off": 16, "on": 8}
 
 
 def parse_search(text: str) -> dict:
@@ -54,6 +57,11 @@ def parse_search(text: str) -> dict:
             raise DDBenchError(f"--search: '{term}' has an empty value; use e.g. {name}=V1:V2")
         if name == "cache":
             out[name] = tuple(v if v in LAYOUTS else _capacity(v) for v in items)
+        elif name == "fp8":
+            bad = [v for v in items if v not in FP8_BITS]
+            if bad:
+                raise DDBenchError(f"--search: fp8 takes off and on, got '{bad[0]}'")
+            out[name] = tuple(items)
         elif name == "lowrank-layers":
             try:
                 out[name] = tuple(int(v) for v in items)
@@ -106,7 +114,7 @@ def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
     out = []
     for combo in itertools.product(*(axes[n] for n in names)) if names else [()]:
         values = dict(zip(names, combo))
-        sc = base.with_knobs(**{FIELD[n]: v for n, v in values.items() if n != "cache"})
+        sc = base.with_knobs(**{FIELD[n]: FP8_BITS[v] if n == "fp8" else v for n, v in values.items() if n != "cache"})
         cap = values.get("cache")
         if cap is not None and cap not in LAYOUTS:
             ct = cache_tokens(cap, sc.knob("budget"))
@@ -132,6 +140,8 @@ def applies(knob: str, name: str, values=None) -> bool:
         return not design.kv_on_gpu
     if knob == "lowrank-layers":
         return design.lowrank_keys == "adaptive"
+    if knob == "fp8":      # K+V pieces (2 KiB in fp8: measured); ShadowKV's 1 KiB value pieces are not
+        return not design.kv_on_gpu and not design.quant_bits and design.fetch == "kv"
     if design.prefetch != "layer-ahead":
         return False
     return bool(_cache_values(design, DEFAULTS["cache"] if values is None else values))
@@ -139,8 +149,13 @@ def applies(knob: str, name: str, values=None) -> bool:
 
 def knob_label(sc, knobs: dict) -> str:
     """The searched knobs that apply to the scenario's design, as 'budget=1024 chunk=16'."""
-    parts = [f"{k}={_cache_label(sc) if k == 'cache' else sc.knob(FIELD[k])}" for k in knobs
-             if applies(k, sc.design, knobs[k])]
+    def value(k):
+        if k == "cache":
+            return _cache_label(sc)
+        if k == "fp8":
+            return "on" if sc.knob("kv_bits") == 8 else "off"
+        return sc.knob(FIELD[k])
+    parts = [f"{k}={value(k)}" for k in knobs if applies(k, sc.design, knobs[k])]
     return " ".join(parts) or "(no knob applies)"
 
 

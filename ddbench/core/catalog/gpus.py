@@ -24,13 +24,14 @@ class GPUSpec:
     runtime_overhead_bytes: int = 623_706_112  # CUDA context + cuBLAS, measured on our H200
     measured_hbm_gbps: float | None = None     # device-to-device copy (read+write) where measured
     source: str = ""
+    fp8: bool = True                            # fp8 (e4m3) tensor and conversion support (Ada, Hopper, Blackwell)
 
 
 GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     GPUSpec("a100-40gb", 40960 * MIB, 1555.0, 312.0, "pcie4",
-            source="nvidia-smi 40960 MiB; A100 datasheet (SXM4 40GB)"),
+            source="nvidia-smi 40960 MiB; A100 datasheet (SXM4 40GB)", fp8=False),
     GPUSpec("a100-80gb", 81920 * MIB, 2039.0, 312.0, "pcie4",
-            source="nvidia-smi 81920 MiB; A100 datasheet (SXM4 80GB)"),
+            source="nvidia-smi 81920 MiB; A100 datasheet (SXM4 80GB)", fp8=False),
     GPUSpec("h100-80gb", 81559 * MIB, 3350.0, 989.0, "pcie5",
             source="nvidia-smi 81559 MiB; H100 SXM5 datasheet"),
     GPUSpec("h100-pcie-80gb", 81559 * MIB, 2000.0, 756.0, "pcie5",
