@@ -4,6 +4,9 @@ Targets:
   engine    the decode-step engine (kernels/engine): every design at a model's shapes (default
             Llama-3-8B), 32K-128K; --phases paper: each design's largest batch under --gpu-mem-cap;
             writes traces/engine/<gpu>[-<phases>]/ (python -m kernels.engine.sweep --help for its options)
+  host      every GPU of the host fetching at once (1, 2, 4, 8 GPUs): the pinned big copy, the UVA
+            gather of 4 and 2 KiB pieces, with --engine the engine's steps; writes
+            traces/host/<gpu>-x<n>/ with the topology (python -m kernels.hostbench --help)
   kernels   the Triton kernels (gather, dual-token attention, selection, key rebuild, SpeCache
             scoring) against their floors measured in the same run; writes
             traces/kernels/<gpu>/kernels.csv with provenance columns.
@@ -25,11 +28,12 @@ from ddbench.core.paths import traces_dir
 from ddbench.core import flags
 from ddbench.core.outputs import check_path, output_folder
 
-TARGETS = ("kernels", "engine")
+TARGETS = ("kernels", "engine", "host")
 EXAMPLE = """examples:
   ddbench bench kernels                     # into traces/kernels/<this gpu>/kernels.csv
   ddbench bench kernels --quick --out /tmp/bench
   ddbench bench engine --quick --out /tmp/engine
+  ddbench bench host --gpus 1,2,4,8 --engine
   ddbench bench engine --phases paper --model qwen2.5-32b --contexts 64k,128k,256k --gpu-mem-cap h100-80gb"""
 # engine target only: passed through to python -m kernels.engine.sweep (its --help says more)
 ENGINE_FLAGS = (("--phases", "comma-separated sweep phases (floor, mechanism, validation, reuse-fetch, paper)"),
@@ -54,6 +58,9 @@ def register(sub) -> None:
     for name, help_ in ENGINE_FLAGS:
         p.add_argument(name, type=flags.text(), help="engine: " + help_)
     p.add_argument("--resume", action="store_true", help="engine: skip points already measured in the folder")
+    p.add_argument("--gpus", type=flags.text(), help="host: comma list of GPU counts fetching at once")
+    p.add_argument("--seconds", type=flags.text(), help="host: timed seconds per test and count (default 2)")
+    p.add_argument("--engine", action="store_true", help="host: also the engine's decode steps at 128K")
     p.set_defaults(func=run)
 
 
@@ -87,7 +94,14 @@ def run(args) -> int:
         given = [name for name, _ in ENGINE_FLAGS if getattr(args, name[2:].replace("-", "_")) is not None]
         if given or args.resume:
             raise DDBenchError(f"{(given or ['--resume'])[0]} is a flag of `bench engine` only")
+    if args.target != "host" and (args.gpus is not None or args.seconds is not None or args.engine):
+        raise DDBenchError("--gpus, --seconds and --engine are flags of `bench host` only")
     _need_cuda()
+    if args.target == "host":
+        from kernels.hostbench import main as host_main
+        return host_main((["--out", args.out] if args.out else []) + (["--force"] if args.force else [])
+                         + (["--gpus", args.gpus] if args.gpus else []) + (["--engine"] if args.engine else [])
+                         + (["--seconds", args.seconds] if args.seconds else []))
     if args.target == "engine":
         from kernels.engine.sweep import main as engine_main
         out = args.out or str(traces_dir("engine"))
