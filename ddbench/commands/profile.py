@@ -4,7 +4,9 @@ holds (ShadowKV's reuse), and task accuracy under dense, sparse and low-rank-key
 
 Writes traces/accuracy/<model>.csv (per layer), <model>.steps.csv (per step) and
 <model>.summary.json; with --cache-capacity or --cache-policies also <model>.cache.csv and
-<model>.cache.summary.json (a GPU chunk cache replayed over the selections); the schema is in
+<model>.cache.summary.json (a GPU chunk cache replayed over the selections); with --fp8-error also
+<model>.fp8.csv and <model>.fp8.summary.json (fp8 K/V's attention error against bf16); with
+--prompts also <model>.tasks.csv (task accuracy rates with Wilson intervals); the schema is in
 ddbench/profile/trace.py. Needs the profile extra:
 pip install -e '.[profile]'. Uses CUDA when present.
 """
@@ -77,6 +79,14 @@ def register(sub) -> None:
                         " unless this or --cache-policies is given)")
     p.add_argument("--cache-policies", type=flags.items(_policy),
                    help="cache eviction policies, comma list of lru, score (default lru,score)")
+    p.add_argument("--fp8-error", action="store_true",
+                   help="also measure fp8 (e4m3, one scale per chunk-head) K/V against bf16: the attention-output"
+                        " error per layer, dense and over the true top-k (<model>.fp8.csv, .fp8.summary.json),"
+                        " and task accuracy of exact top-k over fp8 K/V (method fp8)")
+    p.add_argument("--prompts", type=flags.integer(lo=1),
+                   help="seeded prompts per (context, task) for task accuracy (default: --samples); the hit"
+                        " rates and fp8 error use the first --samples of them; writes <model>.tasks.csv"
+                        " (rates with Wilson 95%% intervals)")
     p.add_argument("--quiet", action="store_true", help="no progress bars (transformers' too)")
     p.set_defaults(func=run)
 
@@ -102,7 +112,7 @@ def run(args) -> int:
         samples=args.samples, rank=args.rank, lowrank_threshold=args.lowrank_threshold,
         quality=not args.no_quality, device=args.device, out=args.out, force=args.force,
         allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, threads=args.threads,
-        **_cache_args(args), command=command_line())
+        fp8_error=args.fp8_error, prompts=args.prompts, **_cache_args(args), command=command_line())
     result = run_profile(cfg)
     print(render(result))
     return 0
@@ -132,7 +142,13 @@ def render(result: dict) -> str:
     lines.append(f"low-rank layers (hit < {lw['threshold']}): {lw['layers'] or 'none'}")
     for r in s["task_accuracy"]:
         b = f" budget {r['budget_tokens']}" if r["budget_tokens"] else ""
-        lines.append(f"task {r['task']} @ {r['context_tokens']}{b} {r['method']}: {r['correct']}/{r['total']}")
+        lines.append(f"task {r['task']} @ {r['context_tokens']}{b} {r['method']}: {r['correct']}/{r['total']}"
+                     f" [{r['low']:.2f}, {r['high']:.2f}]")
+    if "fp8" in result:
+        lines.append("fp8 error (relative L2 of the attention output): selection budget metric  median  p95  max")
+        for r in result["fp8"][1]["by_selection"]:
+            lines.append(f"  {r['selection']:<5} {r['budget_tokens'] or '-':>6} {r['metric']:<12}"
+                         f" {r['median']:.2e} {r['p95']:.2e} {r['max']:.2e}")
     if "cache" in result:
         lines.append("cache (steady steps): policy capacity  context budget  moved/k  urgent share  coverage")
         for r in result["cache"][1]["by_capacity"]:

@@ -11,8 +11,10 @@ and switches the model to it. The function reads one `Probe` object, attached as
   to the chunks its own exact top-k selection picks, plus the always-resident tokens (the local
   window and generated tokens, everything at or after `plan.resident_from`). For ShadowKV's
   low-rank keys, `plan.keys[layer]` replaces the keys of the selectable region ([B, H, S, d],
-  post-RoPE, rebuilt from the rank-r SVD of the pre-RoPE keys); selection always uses the exact
-  landmarks (ShadowKV builds them from the exact post-RoPE keys at prefill).
+  post-RoPE, rebuilt from the rank-r SVD of the pre-RoPE keys); for fp8 K/V, `plan.keys` and
+  `plan.values` are the region's keys and values through e4m3 (ddbench/profile/run.py `_fp8_kv`);
+  selection always uses the exact landmarks (ShadowKV builds them from the exact post-RoPE keys at
+  prefill; dualdecoder-cache on the GPU at prefill).
 
 Otherwise (prefill, or `sparse` None) attention is transformers' own SDPA path: exact and dense,
 so measuring never changes the generated trajectory.
@@ -32,6 +34,7 @@ class SparsePlan:
     chunk: int
     resident_from: int         # first token index that is always resident (local window, generated)
     keys: list | None = None   # per layer [B, H, S, d] replacement keys for tokens [0, S) (low-rank), or None
+    values: list | None = None  # per layer [B, H, S, d] replacement values for tokens [0, S) (fp8), or None
 
 
 @dataclass
@@ -66,6 +69,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     allow[:, :, plan.resident_from:] = True
     if plan.keys is not None:
         key = torch.cat([plan.keys[layer].to(key.dtype), key[:, :, S:]], dim=2)
+    if plan.values is not None:
+        value = torch.cat([plan.values[layer].to(value.dtype), value[:, :, S:]], dim=2)
     mask = allow.repeat_interleave(Hq // H, dim=1).unsqueeze(2)                               # [B, Hq, 1, T]
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key.repeat_interleave(Hq // H, 1), value.repeat_interleave(Hq // H, 1),

@@ -9,6 +9,11 @@ for every init and temperature one dual-token run (ddbench/profile/decode.py) wh
 queries are scored for every budget (ddbench/profile/selection.py, metrics.py); then the task
 accuracy of dense, sparse exact top-k and low-rank-key attention (ddbench/profile/quality.py).
 With cache capacities, each budget's selections also replay a GPU chunk cache (ddbench/profile/cache.py).
+With fp8_error, every run's output-token queries also measure the attention-output error of fp8 K/V
+against bf16 per layer, dense and over each budget's true selection (ddbench/profile/fp8error.py), and
+task accuracy gains the method fp8 (exact top-k over fp8 K/V). With prompts, task accuracy runs on
+`prompts` seeded prompts per (context, task) (the first `samples` of them also measure the rest) and
+its rates, with Wilson 95 % intervals, also go to <model>.tasks.csv.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from dataclasses import asdict, dataclass
 
 from ddbench.core.errors import DDBenchError
 from ddbench.profile import model as model_mod
+from ddbench.profile.quality import wilson
 from ddbench.profile.selection import LOCAL_TOKENS, Geometry
 from ddbench.profile.tasks import TASKS
 
 METHODS = ("dense", "sparse", "lowrank")
+ALL_METHODS = METHODS + ("fp8",)      # fp8: exact top-k over fp8 K/V (with --fp8-error)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,10 @@ class ProfileConfig:
     threads: int = 0          # torch CPU threads; 0 = torch's default
     cache_capacities: tuple = ()   # the chunk-cache replay (ddbench/profile/cache.py); () = off
     cache_policies: tuple = ("lru", "score")
+    fp8_error: bool = False   # fp8 (e4m3) KV attention error against bf16 (ddbench/profile/fp8error.py) and
+                              # the task accuracy of exact top-k over fp8 K/V (method "fp8")
+    prompts: int | None = None     # prompts per (context, task) for task accuracy (None: --samples); with it,
+                                   # <model>.tasks.csv (rates with Wilson 95 % intervals)
     command: str = ""
 
 
@@ -60,6 +71,8 @@ def validate(cfg: ProfileConfig, max_positions: int, sliding_window: int | None 
         raise DDBenchError(f"--steps must be at least 1, got {cfg.steps}")
     if cfg.samples < 1:
         raise DDBenchError(f"--samples must be at least 1, got {cfg.samples}")
+    if cfg.prompts is not None and cfg.prompts < 1:
+        raise DDBenchError(f"--prompts must be at least 1, got {cfg.prompts}")
     if not cfg.tasks or any(t not in TASKS for t in cfg.tasks):
         raise DDBenchError(f"unknown task in {','.join(cfg.tasks)}: choose from {', '.join(TASKS)}")
     if not cfg.inits or any(i not in ("t2", "random") for i in cfg.inits):
@@ -159,9 +172,11 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
         from ddbench.core.paths import traces_dir
         out_dir = str(traces_dir("accuracy"))
     with output_folder(out_dir, command="ddbench profile", shared=True, force=cfg.force) as w:
-        w.claim(trace.names(name, bool(cfg.cache_capacities)).values())    # refused now, not after the sweep
+        w.claim(trace.names(name, bool(cfg.cache_capacities), cfg.fp8_error,
+                            cfg.prompts is not None).values())    # refused now, not after the sweep
         result = _sweep(cfg, budget_plan, t_start, prefill_fn)
-        result["files"] = trace.write(w, result.pop("name"), *result.pop("tables"), cache=result.get("cache"))
+        result["files"] = trace.write(w, result.pop("name"), *result.pop("tables"), cache=result.get("cache"),
+                                      fp8=result.get("fp8"), tasks=result.get("tasks"))
     return result
 
 
@@ -172,7 +187,7 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
     from transformers import DynamicCache
 
     from ddbench.profile import cache as cache_mod
-    from ddbench.profile import decode, quality, selection, trace
+    from ddbench.profile import decode, fp8error, quality, selection, trace
     from ddbench.progress import bar as progress_bar
     from ddbench.profile.attention import SparsePlan, install
     from ddbench.profile.lowrank import lowrank_keys
@@ -199,32 +214,39 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
     runs = [(i, t) for i in cfg.inits for t in cfg.temperatures]
     cache_groups = {}
     cache_runs = [r_ for r_ in runs if r_[0] == "t2" and r_[1] > 0] or runs     # the summary's basis
+    fp8_errors = fp8error.Collector() if cfg.fp8_error else None
+    n_prompts = cfg.samples if cfg.prompts is None else cfg.prompts
+    methods = METHODS + (("fp8",) if cfg.fp8_error else ())
     for c in cfg.contexts:
         budgets = budget_plan[c]
         geo = Geometry(c, budgets[0], cfg.chunk, cfg.local)
         S = geo.selectable
         t_ctx = time.perf_counter()
         for task in cfg.tasks:
-            for s in range(cfg.samples):
+            for s in range(max(cfg.samples, n_prompts if cfg.quality else 0)):
+                measure = s < cfg.samples       # hit rates (and fp8 error) on the first --samples prompts
                 prompt = make_prompt(tok, task, c, cfg.seed + s)
                 cache = DynamicCache(config=model.config)
                 try:
                     with progress_bar(total=c, desc=f"prefill {task} {c}", unit="tok", quiet=quiet) as bar:
                         first = prefill_fn(model, prompt.ids, cache, bar=bar)
                     lm = selection.landmarks(cache, geo)
-                    total = len(runs) * (cfg.steps + 1)
+                    total = len(runs) * (cfg.steps + 1) if measure else 0
                     with progress_bar(total=total, desc=f"steps {task} {c}", quiet=quiet) as bar:
-                        for init, temp in runs:
+                        for init, temp in (runs if measure else ()):
                             seed = cfg.seed * 1_000_003 + s * 1009 + int(round(temp * 1000))
                             r = decode.dual_run(model, probe, cache, c, first, steps=cfg.steps, init=init,
                                                 temperature=temp, top_p=cfg.top_p, seed=seed, vocab=vocab, bar=bar)
                             acc_t = torch.tensor(r.token_acc, dtype=torch.float32)
+                            sels = {}
                             for b in budgets:
                                 k = b // cfg.chunk
                                 sel = torch.stack([torch.stack([
                                     selection.select(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l], k)[0]
                                     for l in range(loaded.layers)]) for t in range(cfg.steps + 1)])
                                 # sel [steps+1, L, 2, H, k]
+                                if fp8_errors is not None:
+                                    sels[b] = sel[:, :, 0]
                                 if cfg.cache_capacities and (init, temp) in cache_runs:
                                     counts = cache_mod.replay(sel[:, :, 0], sel[:-1, :, 1], geo.n_chunks,
                                                               cfg.cache_capacities, cfg.cache_policies,
@@ -245,15 +267,19 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
                                                       "token_acc": int(r.token_acc[t]),
                                                       "output_token": r.out_tokens[t + 1],
                                                       "spec_token": r.spec_tokens[t]})
-                    if cfg.quality:
+                            if fp8_errors is not None:
+                                _fp8_layers(fp8_errors, model, cache, r.q_out, sels, geo, c, task)
+                    if cfg.quality and s < n_prompts:
                         ok, _ = quality.answer(model, probe, tok, cache, prompt, first, None)
                         task_acc[(c, task, None, "dense")][0] += ok
                         task_acc[(c, task, None, "dense")][1] += 1
                         lk = lowrank_keys(model, cache, S, cfg.rank)
+                        kv8 = _fp8_kv(cache, S, cfg.chunk) if cfg.fp8_error else (None, None)
                         for b in budgets:
-                            for method, keys in (("sparse", None), ("lowrank", lk)):
+                            for method, keys, values in (("sparse", None, None), ("lowrank", lk, None),
+                                                         ("fp8", *kv8))[:len(methods) - 1]:
                                 plan = SparsePlan(landmarks=lm, budget_chunks=b // cfg.chunk, chunk=cfg.chunk,
-                                                  resident_from=S, keys=keys)
+                                                  resident_from=S, keys=keys, values=values)
                                 ok, _ = quality.answer(model, probe, tok, cache, prompt, first, plan)
                                 task_acc[(c, task, b, method)][0] += ok
                                 task_acc[(c, task, b, method)][1] += 1
@@ -283,6 +309,8 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
                   "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
                   "command": cfg.command}
     summary = summarize(cfg, loaded, rows, task_acc, provenance, runtime)
+    if fp8_errors is not None:
+        summary["fp8_error"] = {"file": trace.names(loaded.name, fp8=True)["fp8_summary"]}
     summary["runtime_by_context_s"] = {str(c): v for c, v in ctx_time.items()}
     summary["load_s"] = round(t_load, 1)
     out = {"summary": summary, "rows": rows, "name": loaded.name, "tables": (rows, step_rows, summary, provenance)}
@@ -290,7 +318,40 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
         crows = cache_mod.rows(cache_groups, cfg.chunk)
         basis = ", ".join(f"init {i} temperature {t:g}" for i, t in cache_runs)
         out["cache"] = (crows, cache_mod.summary(crows, loaded.name, provenance, cfg.chunk, basis))
+    if fp8_errors is not None:
+        out["fp8"] = (fp8_errors.rows(cfg.chunk), fp8_errors.summary(loaded.name, provenance, cfg.chunk))
+    if cfg.prompts is not None:
+        out["tasks"] = summary["task_accuracy"]
     return out
+
+
+def _fp8_layers(collector, model, cache, q_out, sels, geo, context, task) -> None:
+    """The fp8 attention error of one run's output-token queries q_out [steps+1, L, Hq, d], every layer:
+    dense over the prompt, and over each budget's true selection sels[b] [steps+1, L, H, k]."""
+    from ddbench.profile import fp8error
+    P = geo.prompt_tokens
+    for l, layer in enumerate(cache.layers):
+        att = model.model.layers[l].self_attn
+        scaling = float(getattr(att, "scaling", None) or layer.keys.shape[-1] ** -0.5)
+        kv = fp8error.variants(layer.keys[0, :, :P], layer.values[0, :, :P], geo.chunk, geo.selectable)
+        q = q_out[:, l]
+        kw = dict(chunk=geo.chunk, selectable=geo.selectable, scaling=scaling, kv=kv)
+        collector.add(l, context, task, None, "dense", fp8error.layer_errors(q, None, None, **kw))
+        for b, sel in sels.items():
+            collector.add(l, context, task, b, "topk", fp8error.layer_errors(q, None, None, sel=sel[:, l], **kw))
+
+
+def _fp8_kv(cache, S: int, chunk: int):
+    """Per layer the selectable region's keys and values [1, H, S, d] through bf16 and fp8 (e4m3, one scale
+    per chunk-head, kernels/fp8.py), dequantised: the "fp8" task-accuracy method's K/V."""
+    import torch
+
+    from kernels.fp8 import dequantize_chunks, quantize_chunks
+
+    def f(x):
+        q, s = quantize_chunks(x[:, :, :S].to(torch.bfloat16), chunk)
+        return dequantize_chunks(q, s, chunk)
+    return [f(layer.keys) for layer in cache.layers], [f(layer.values) for layer in cache.layers]
 
 
 def _pass_scores(r, lm):
@@ -345,8 +406,9 @@ def summarize(cfg, loaded, rows, task_acc, provenance, runtime) -> dict:
                            "threshold": cfg.lowrank_threshold, "basis": basis, "layers": low},
         "task_accuracy": [{"context_tokens": c, "task": t, "budget_tokens": b, "method": m,
                            **({"rank": cfg.rank} if m == "lowrank" else {}),
-                           "correct": v[0], "total": v[1], "accuracy": round(v[0] / v[1], 4)}
+                           "correct": v[0], "total": v[1], "accuracy": round(v[0] / v[1], 4),
+                           **dict(zip(("low", "high"), (round(x, 4) for x in wilson(v[0], v[1]))))}
                           for (c, t, b, m), v in sorted(task_acc.items(), key=lambda kv: (kv[0][0], kv[0][1],
                                                                                           kv[0][2] or 0,
-                                                                                          METHODS.index(kv[0][3])))],
+                                                                                          ALL_METHODS.index(kv[0][3])))],
     }

@@ -60,6 +60,25 @@ capacity), means over samples, steady steps (step 0, the cold start, is left out
 note, by_capacity: [{policy, capacity, context_tokens, budget_tokens, <the five rates>, n}] (means
 over layers and tasks), best: {budget: the policy and capacity with the fewest moved chunks, means
 over layers, tasks and contexts}, evicted_by_prefetch}.
+
+With --fp8-error, two more files (ddbench/profile/fp8error.py: attention output over fp8 K/V against
+bf16, and bf16 against fp32, from every run's real output-token decode queries and the prompt's K/V):
+`<model>.fp8.csv`, schema 1: one row per (layer, context_tokens, task, budget_tokens, selection, metric):
+    layer, context_tokens, task, chunk_tokens   as in <model>.csv (one fp32 scale per chunk-head)
+    budget_tokens    the top-k budget (empty for dense)
+    selection        dense (all prompt tokens) | topk (the query's exact top-k chunks + the local window)
+    metric           fp8_vs_bf16 = ||o_fp8 - o_bf16|| / ||o_bf16|| | bf16_vs_fp32 (the floor) likewise
+    median, p95, max over the items: (sample, run, step, query head) output vectors;  n  their count
+    model, git_sha, date, command                  provenance, as in <model>.cache.csv
+`<model>.fp8.summary.json`, schema 1: {schema, model, provenance, chunk_tokens, note (the method),
+by_selection: [{selection, budget_tokens (null for dense), metric, median, p95, max, n, worst_layer:
+{layer, median, p95} (the layer with the largest median)}] pooled over layers, contexts and tasks}.
+
+With --prompts, `<model>.tasks.csv`, schema 1: the task accuracy as rates, one row per (context_tokens,
+task, budget_tokens (empty for dense), method (dense | sparse | lowrank | fp8 with --fp8-error)):
+    rank (lowrank only), correct, total (--prompts seeded prompts), rate = correct / total,
+    low, high (Wilson score 95 % interval, ddbench/profile/quality.py wilson);  model, git_sha, date, command
+(the same rates, with low and high, are the summary's task_accuracy).
 """
 
 from __future__ import annotations
@@ -79,6 +98,10 @@ RATES = ("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share")
 CACHE_COLUMNS = ["layer", "context_tokens", "task", "budget_tokens", "chunk_tokens", "policy", "capacity", "coverage",
                  "prefetched_per_budget", "urgent_per_budget", "moved_per_budget", "urgent_share", "n"]
 CACHE_PROVENANCE = ["model", "git_sha", "date", "command"]
+FP8_COLUMNS = ["layer", "context_tokens", "task", "budget_tokens", "chunk_tokens", "selection", "metric", "median",
+               "p95", "max", "n"]
+TASK_COLUMNS = ["context_tokens", "task", "budget_tokens", "method", "rank", "correct", "total", "rate", "low",
+                "high"]
 
 
 def _fmt(v):
@@ -94,22 +117,43 @@ def _csv(columns, rows) -> str:
     return buf.getvalue()
 
 
-def names(model: str, cache: bool = False) -> dict:
-    """The files of one model's profile, by role (the two cache files with `cache`)."""
+def names(model: str, cache: bool = False, fp8: bool = False, tasks: bool = False) -> dict:
+    """The files of one model's profile, by role (the two cache files with `cache`, the two fp8-error files
+    with `fp8`, the task rates with `tasks`)."""
     n = {"csv": f"{model}.csv", "steps": f"{model}.steps.csv", "summary": f"{model}.summary.json"}
     if cache:
         n |= {"cache_csv": f"{model}.cache.csv", "cache_summary": f"{model}.cache.summary.json"}
+    if fp8:
+        n |= {"fp8_csv": f"{model}.fp8.csv", "fp8_summary": f"{model}.fp8.summary.json"}
+    if tasks:
+        n |= {"tasks_csv": f"{model}.tasks.csv"}
     return n
 
 
-def write(w, model: str, rows: list, step_rows: list, summary: dict, provenance: dict, cache=None) -> dict:
+def task_rows(task_accuracy: list) -> list:
+    """The summary's task_accuracy as <model>.tasks.csv rows."""
+    return [{"context_tokens": a["context_tokens"], "task": a["task"],
+             "budget_tokens": "" if a["budget_tokens"] is None else a["budget_tokens"], "method": a["method"],
+             "rank": a.get("rank", ""), "correct": a["correct"], "total": a["total"], "rate": a["accuracy"],
+             "low": a["low"], "high": a["high"]} for a in task_accuracy]
+
+
+def write(w, model: str, rows: list, step_rows: list, summary: dict, provenance: dict, cache=None, fp8=None,
+          tasks=None) -> dict:
     """Stage the files in the output guard's writer `w` (they move in together); their paths.
-    `cache`: (cache rows, cache summary) or None."""
-    n = names(model, cache is not None)
+    `cache`: (cache rows, cache summary) or None; `fp8`: (fp8 rows, fp8 summary) or None; `tasks`: the
+    summary's task_accuracy for <model>.tasks.csv, or None."""
+    n = names(model, cache is not None, fp8 is not None, tasks is not None)
     w.write_text(n["csv"], _csv(ROW_COLUMNS + PROVENANCE, [r | provenance for r in rows]))
     w.write_text(n["steps"], _csv(STEP_COLUMNS, step_rows))
     w.write_json(n["summary"], summary)
     if cache is not None:
         w.write_text(n["cache_csv"], _csv(CACHE_COLUMNS + CACHE_PROVENANCE, [r | provenance for r in cache[0]]))
         w.write_json(n["cache_summary"], cache[1])
+    prov = {k: provenance[k] for k in CACHE_PROVENANCE}
+    if fp8 is not None:
+        w.write_text(n["fp8_csv"], _csv(FP8_COLUMNS + CACHE_PROVENANCE, [r | prov for r in fp8[0]]))
+        w.write_json(n["fp8_summary"], fp8[1])
+    if tasks is not None:
+        w.write_text(n["tasks_csv"], _csv(TASK_COLUMNS + CACHE_PROVENANCE, [r | prov for r in task_rows(tasks)]))
     return {k: os.path.join(str(w.folder), v) for k, v in n.items()}
