@@ -13,7 +13,7 @@ wait at one barrier and then each run, for --seconds:
   engine     with --engine: DualDecoder's and ShadowKV's CUDA-graph decode steps at 128K, batch 32,
              25 % forced misses (kernels/engine/sweep.py run_point: its pinned host KV per GPU)
 one test at a time, all n GPUs together; each worker times its own loop with CUDA events after the
-barrier. Rows (host.csv): gpus_fetching, gpu, test, piece_bytes, calls, bytes, seconds, gbps (bytes
+barrier. Rows (host.csv): gpus_fetching, gpu_index, test, piece_bytes, calls, bytes, seconds, gbps (bytes
 over seconds; for engine rows tokens_per_s and step_ms too), numa_node, affinity_set; topology.json
 holds the host's layout (ddbench/core/hosttopo.py) and the provenance. NVLink multicast is left off
 (NCCL_NVLS_ENABLE=0 in every worker's environment).
@@ -33,7 +33,7 @@ CALL_BYTES = 256 * MIB
 HOST_BYTES = GIB
 TESTS = (("copy", 0), ("gather4k", 4096), ("gather2k", 2048))
 ENGINE_POINTS = (("dualdecoder", 131072, 32), ("shadowkv", 131072, 32))
-COLUMNS = ("gpus_fetching", "gpu", "test", "piece_bytes", "calls", "bytes", "seconds", "gbps", "tokens_per_s",
+COLUMNS = ("gpus_fetching", "gpu_index", "test", "piece_bytes", "calls", "bytes", "seconds", "gbps", "tokens_per_s",
            "step_ms", "numa_node", "affinity_set", "pci_bus_id")
 
 
@@ -69,7 +69,7 @@ def _worker(gpu: int, n: int, seconds: float, engine: bool, barrier, queue, topo
         import torch
         from kernels.calibrate import uva_copy
         torch.cuda.set_device(gpu)
-        base = dict(gpus_fetching=n, gpu=gpu, numa_node=node, affinity_set=affinity,
+        base = dict(gpus_fetching=n, gpu_index=gpu, numa_node=node, affinity_set=affinity,
                     pci_bus_id=info.get("pci_bus_id", ""), tokens_per_s=None, step_ms=None)
         host = torch.empty(HOST_BYTES, dtype=torch.uint8, pin_memory=True)
         host.random_()
@@ -205,11 +205,10 @@ def main(argv=None) -> int:
         from ddbench.core.catalog.gpus import catalog_gpu_name
         from ddbench.core.outputs import output_folder
         from ddbench.core.paths import traces_dir
-        from ddbench.core.provenance import command_line
         from kernels.timing import provenance
         gpu = catalog_gpu_name(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
         out = a.out or str(traces_dir("host", f"{gpu}-x{visible}"))
-        prov = provenance(command_line() if sys.argv[1:] else "python -m kernels.hostbench")
+        prov = provenance(" ".join(["python -m kernels.hostbench"] + list(argv if argv is not None else sys.argv[1:])))
         with output_folder(out, command="python -m kernels.hostbench", force=a.force) as w:
             w.claim(["host.csv", "topology.json"])
             rows, topo = run(counts, a.seconds, a.engine)

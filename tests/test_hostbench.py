@@ -12,7 +12,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.hosttopo import numa_of, parse_cpulist, parse_topo, sysfs_name
 from kernels.hostbench import check_counts, summarise
 
-TOPO = ("\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+TOPO = ("\t\x1b[4mGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
         "GPU0\t X \tNV18\tPXB\t0-47,96-143\t0\t\tN/A\n"
         "GPU1\tNV18\t X \tSYS\t48-95,144-191\t1\t\tN/A\n"
         "NIC0\tPXB\tSYS\t X \t\t\t\t\n\n"
@@ -41,7 +41,7 @@ def test_counts_and_summary():
     for bad, why in (("0", "at least 1"), ("1,x", "comma list"), ("16", "only 8 GPU")):
         with pytest.raises(DDBenchError, match=why):
             check_counts(bad, 8)
-    rows = [dict(gpus_fetching=2, gpu=g, test="copy", gbps=v, tokens_per_s=None) for g, v in ((0, 50.0), (1, 40.0))]
+    rows = [dict(gpus_fetching=2, gpu_index=g, test="copy", gbps=v, tokens_per_s=None) for g, v in ((0, 50.0), (1, 40.0))]
     s = summarise(rows, 2, "copy")
     assert s == {"gpus": 2, "per_gpu_gbps": 45.0, "total_gbps": 90.0, "min_gpu_gbps": 40.0}
     assert summarise(rows, 4, "copy")["gpus"] == 0

@@ -10,6 +10,7 @@ anywhere; kernels/hostbench.py records it beside its measurements.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 SYS_PCI = "/sys/bus/pci/devices"
@@ -65,6 +66,7 @@ def numa_of(pci_id: str, root: str = SYS_PCI) -> tuple[int | None, list[int]]:
 
 def parse_topo(text: str) -> dict:
     """`nvidia-smi topo -m`'s matrix: {row device: {column: entry}}; the legend and blank lines are left out."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)              # nvidia-smi underlines its header on a terminal
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
     head = next((ln for ln in lines if ln.lstrip().startswith("GPU0")), None)
     if head is None:
