@@ -202,9 +202,9 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
             ur_min.append(passes * cm.reuse_fetch_s(slots_rf, cb, ENGINE_REUSE_PROGRAMS, ENGINE_REUSE_IN_FLIGHT,
                                                     1.0 - reuse[i]) if ur_b[i] > 0 else 0.0)
         serial = True
-    pre = [passes * (lin_pre + sel + glue / 2)] * L
     fill = 2 * cm.cache_fill_s(batch, w.cache_tokens // w.chunk) if design.chunk_cache else 0.0  # prefetch + urgent
-    mid = [passes * ((reb if i in lr else 0.0) + asm) + fill for i in range(L)]
+    pre = [passes * (lin_pre + sel + glue / 2) + fill] * L     # the fill plans the misses: before they are issued
+    mid = [passes * ((reb if i in lr else 0.0) + asm) for i in range(L)]
     lm = passes * cm.decode_linear_s(m.hidden, m.vocab, mt)
     slots = 2 if design.buffer_layers == "pingpong" else L
     slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (
