@@ -6,7 +6,8 @@ Writes traces/accuracy/<model>.csv (per layer), <model>.steps.csv (per step) and
 <model>.summary.json; with --cache-capacity or --cache-policies also <model>.cache.csv and
 <model>.cache.summary.json (a GPU chunk cache replayed over the selections); with --fp8-error also
 <model>.fp8.csv and <model>.fp8.summary.json (fp8 K/V's attention error against bf16); with
---prompts also <model>.tasks.csv (task accuracy rates with Wilson intervals); the schema is in
+--prompts also <model>.tasks.csv (task accuracy rates with Wilson intervals); with --run-lengths also
+<model>.runs.csv (the true selections' runs of adjacent chunks); the schema is in
 ddbench/profile/trace.py. Needs the profile extra:
 pip install -e '.[profile]'. Uses CUDA when present.
 """
@@ -79,6 +80,9 @@ def register(sub) -> None:
                         " unless this or --cache-policies is given)")
     p.add_argument("--cache-policies", type=flags.items(_policy),
                    help="cache eviction policies, comma list of lru, score (default lru,score)")
+    p.add_argument("--run-lengths", action="store_true",
+                   help="also count the runs of adjacent chunk ids in every true selection (<model>.runs.csv):"
+                        " what a gather that coalesces adjacent chunks could merge")
     p.add_argument("--fp8-error", action="store_true",
                    help="also measure fp8 (e4m3, one scale per chunk-head) K/V against bf16: the attention-output"
                         " error per layer, dense and over the true top-k (<model>.fp8.csv, .fp8.summary.json),"
@@ -112,7 +116,7 @@ def run(args) -> int:
         samples=args.samples, rank=args.rank, lowrank_threshold=args.lowrank_threshold,
         quality=not args.no_quality, device=args.device, out=args.out, force=args.force,
         allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, threads=args.threads,
-        fp8_error=args.fp8_error, prompts=args.prompts, **_cache_args(args), command=command_line())
+        fp8_error=args.fp8_error, run_lengths=args.run_lengths, prompts=args.prompts, **_cache_args(args), command=command_line())
     result = run_profile(cfg)
     print(render(result))
     return 0

@@ -61,6 +61,7 @@ class ProfileConfig:
     cache_policies: tuple = ("lru", "score")
     fp8_error: bool = False   # fp8 (e4m3) KV attention error against bf16 (ddbench/profile/fp8error.py) and
                               # the task accuracy of exact top-k over fp8 K/V (method "fp8")
+    run_lengths: bool = False   # the true selections' run lengths (ddbench/profile/runs.py)
     prompts: int | None = None     # prompts per (context, task) for task accuracy (None: --samples); with it,
                                    # <model>.tasks.csv (rates with Wilson 95 % intervals)
     command: str = ""
@@ -173,10 +174,10 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
         out_dir = str(traces_dir("accuracy"))
     with output_folder(out_dir, command="ddbench profile", shared=True, force=cfg.force) as w:
         w.claim(trace.names(name, bool(cfg.cache_capacities), cfg.fp8_error,
-                            cfg.prompts is not None).values())    # refused now, not after the sweep
+                            cfg.prompts is not None, cfg.run_lengths).values())    # refused now, not after the sweep
         result = _sweep(cfg, budget_plan, t_start, prefill_fn)
         result["files"] = trace.write(w, result.pop("name"), *result.pop("tables"), cache=result.get("cache"),
-                                      fp8=result.get("fp8"), tasks=result.get("tasks"))
+                                      fp8=result.get("fp8"), tasks=result.get("tasks"), runs=result.get("runs"))
     return result
 
 
@@ -188,6 +189,7 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
 
     from ddbench.profile import cache as cache_mod
     from ddbench.profile import decode, fp8error, quality, selection, trace
+    from ddbench.profile import runs as runs_mod
     from ddbench.progress import bar as progress_bar
     from ddbench.profile.attention import SparsePlan, install
     from ddbench.profile.lowrank import lowrank_keys
@@ -215,6 +217,7 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
     cache_groups = {}
     cache_runs = [r_ for r_ in runs if r_[0] == "t2" and r_[1] > 0] or runs     # the summary's basis
     fp8_errors = fp8error.Collector() if cfg.fp8_error else None
+    run_lengths = runs_mod.Collector() if cfg.run_lengths else None
     n_prompts = cfg.samples if cfg.prompts is None else cfg.prompts
     methods = METHODS + (("fp8",) if cfg.fp8_error else ())
     for c in cfg.contexts:
@@ -247,6 +250,8 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
                                 # sel [steps+1, L, 2, H, k]
                                 if fp8_errors is not None:
                                     sels[b] = sel[:, :, 0]
+                                if run_lengths is not None:
+                                    run_lengths.add(sel[1:, :, 0], c, task, b)      # the counted steps' true selections
                                 if cfg.cache_capacities and (init, temp) in cache_runs:
                                     counts = cache_mod.replay(sel[:, :, 0], sel[:-1, :, 1], geo.n_chunks,
                                                               cfg.cache_capacities, cfg.cache_policies,
@@ -322,6 +327,8 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
         out["fp8"] = (fp8_errors.rows(cfg.chunk), fp8_errors.summary(loaded.name, provenance, cfg.chunk))
     if cfg.prompts is not None:
         out["tasks"] = summary["task_accuracy"]
+    if run_lengths is not None:
+        out["runs"] = run_lengths.rows(cfg.chunk)
     return out
 
 

@@ -117,9 +117,9 @@ def _csv(columns, rows) -> str:
     return buf.getvalue()
 
 
-def names(model: str, cache: bool = False, fp8: bool = False, tasks: bool = False) -> dict:
+def names(model: str, cache: bool = False, fp8: bool = False, tasks: bool = False, runs: bool = False) -> dict:
     """The files of one model's profile, by role (the two cache files with `cache`, the two fp8-error files
-    with `fp8`, the task rates with `tasks`)."""
+    with `fp8`, the task rates with `tasks`, the selections' run lengths with `runs`)."""
     n = {"csv": f"{model}.csv", "steps": f"{model}.steps.csv", "summary": f"{model}.summary.json"}
     if cache:
         n |= {"cache_csv": f"{model}.cache.csv", "cache_summary": f"{model}.cache.summary.json"}
@@ -127,6 +127,8 @@ def names(model: str, cache: bool = False, fp8: bool = False, tasks: bool = Fals
         n |= {"fp8_csv": f"{model}.fp8.csv", "fp8_summary": f"{model}.fp8.summary.json"}
     if tasks:
         n |= {"tasks_csv": f"{model}.tasks.csv"}
+    if runs:
+        n |= {"runs_csv": f"{model}.runs.csv"}
     return n
 
 
@@ -139,11 +141,11 @@ def task_rows(task_accuracy: list) -> list:
 
 
 def write(w, model: str, rows: list, step_rows: list, summary: dict, provenance: dict, cache=None, fp8=None,
-          tasks=None) -> dict:
+          tasks=None, runs=None) -> dict:
     """Stage the files in the output guard's writer `w` (they move in together); their paths.
     `cache`: (cache rows, cache summary) or None; `fp8`: (fp8 rows, fp8 summary) or None; `tasks`: the
     summary's task_accuracy for <model>.tasks.csv, or None."""
-    n = names(model, cache is not None, fp8 is not None, tasks is not None)
+    n = names(model, cache is not None, fp8 is not None, tasks is not None, runs is not None)
     w.write_text(n["csv"], _csv(ROW_COLUMNS + PROVENANCE, [r | provenance for r in rows]))
     w.write_text(n["steps"], _csv(STEP_COLUMNS, step_rows))
     w.write_json(n["summary"], summary)
@@ -156,4 +158,7 @@ def write(w, model: str, rows: list, step_rows: list, summary: dict, provenance:
         w.write_json(n["fp8_summary"], fp8[1])
     if tasks is not None:
         w.write_text(n["tasks_csv"], _csv(TASK_COLUMNS + CACHE_PROVENANCE, [r | prov for r in task_rows(tasks)]))
+    if runs is not None:
+        from ddbench.profile.runs import COLUMNS as RUN_COLUMNS
+        w.write_text(n["runs_csv"], _csv(RUN_COLUMNS + CACHE_PROVENANCE, [r | prov for r in runs]))
     return {k: os.path.join(str(w.folder), v) for k, v in n.items()}
