@@ -208,7 +208,7 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     lm = passes * cm.decode_linear_s(m.hidden, m.vocab, mt)
     slots = 2 if design.buffer_layers == "pingpong" else L
     slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (
-        w.cache_tokens if design.chunk_cache else w.budget) * kvl
+        w.cache_tokens if design.chunk_cache else w.budget) * kvl * w.kv_bits / 16
     return StepLayers(design, batch, context, q, passes, pre, mid, [passes * att] * L,
                       [passes * (lin_post + glue / 2)] * L, lm, pf_b, ur_b, d2h_b, pf_w, ur_w, d2h_w, cpu_pf, cpu_ur,
                       slot_bytes, slots, rates, lr, ur_min, serial)

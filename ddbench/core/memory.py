@@ -144,7 +144,8 @@ def check_kv_bits(design: DesignSpec, gpu: GPUSpec, w: Workload) -> None:
 
 def chunk_cache_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """dualdecoder-cache's GPU chunk cache, every layer and KV head: its K and V slots and its map,
-    b * L * H_kv * (cache_tokens * 2 * d * e + ceil(S / C) * 2 + cache_tokens / C * 8)
+    b * L * H_kv * (cache_tokens / C * 2 * piece + ceil(S / C) * 2 + cache_tokens / C * 8), piece =
+    kv_piece_bytes (C * d * e in bf16, i.e. cache_tokens * 2 * d * e for the slots)
     (kernels/engine/chunkcache.py allocates exactly this); 0 for other designs."""
     if not design.chunk_cache:
         return 0
