@@ -64,5 +64,7 @@ def test_planner_fp8_knob():
     assert sorted(s.knob("kv_bits") for s in cc) == [8, 16]
     assert sorted(knob_label(s, knobs) for s in cc) == ["fp8=off cache=4x", "fp8=on cache=4x"]
     assert {s.knob("kv_bits") for s in settings(Scenario(design="shadowkv", **small), knobs, 32768, 32)} == {16}
+    both = settings(Scenario(design="dualdecoder", **small), parse_search("fp8,lowrank-layers=0:4"), 32768, 32)
+    assert sorted((s.knob("kv_bits"), s.knob("lowrank_layers")) for s in both) == [(8, 0), (16, 0), (16, 4)]
     with pytest.raises(DDBenchError, match="fp8 takes off and on"):
         parse_search("fp8=yes")

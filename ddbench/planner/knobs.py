@@ -125,6 +125,8 @@ def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
             sc = replace(sc, cache=cap)
         if offload and (sc.knob("budget") > min_context or sc.knob("budget") % sc.knob("chunk")):
             continue
+        if sc.knob("kv_bits") == 8 and sc.knob("lowrank_layers") > 0:
+            continue            # fp8 values alone (1 KiB pieces) on the low-rank layers: no measured rate
         out.append(sc)
     if not out:
         raise DDBenchError(f"--search leaves no setting for {base.design}: every budget is above the smallest"
