@@ -110,7 +110,7 @@ def fit(engine_dir: str, context: int = DEFAULT_CONTEXT) -> dict:
                              round(float(e) * 1e6, 2) for r, e in zip(rows, res)},
             "source": {"folder": _rel(engine_dir), "run_id": load_meta(engine_dir).get("run_id"),
                        "git_sha": p.get("git_sha"), "date_utc": p.get("date_utc")},
-            "command": "python -m sim.cachefill " + " ".join(sys.argv[1:]) if __name__ == "__main__" else None}
+            "command": " ".join(["python -m sim.cachefill"] + sys.argv[1:]) if __name__ == "__main__" else None}
 
 
 def main(argv=None) -> int:
