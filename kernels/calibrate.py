@@ -28,11 +28,12 @@ import datetime
 import os
 import platform
 import socket
-import subprocess
 import sys
 import time
 
 import torch
+
+from ddbench.core.provenance import command_output
 import triton
 import triton.language as tl
 
@@ -120,27 +121,22 @@ def _rand_bf16(*shape, device="cuda", pin=False):
 
 # ----------------------------------------------------------------------------- provenance
 
-def _cmd(args: list[str]) -> str:
-    try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def provenance(gpu: str, command: str) -> dict:
     props = torch.cuda.get_device_properties(0)
-    sha = os.environ.get("DDBENCH_GIT_SHA") or _cmd(["git", "rev-parse", "HEAD"]) or "unknown"
+    sha = os.environ.get("DDBENCH_GIT_SHA") or command_output(["git", "rev-parse", "HEAD"]) or "unknown"
     dirty = os.environ.get("DDBENCH_GIT_DIRTY")
     if dirty is None:
-        dirty = "yes" if _cmd(["git", "status", "--porcelain"]) else "no"
+        dirty = "yes" if command_output(["git", "status", "--porcelain"]) else "no"
     return {
         "gpu": gpu,
         "device_name": torch.cuda.get_device_name(0),
         "device_total_bytes": int(props.total_memory),
         "sm_count": int(props.multi_processor_count),
-        "driver": (_cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
+        "driver": (command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
                    or ["unknown"])[0],
-        "pcie": _cmd(["nvidia-smi", "--query-gpu=pcie.link.gen.current,pcie.link.width.current",
+        "pcie": command_output(["nvidia-smi", "--query-gpu=pcie.link.gen.current,pcie.link.width.current",
                       "--format=csv,noheader"]),
         "cuda": torch.version.cuda,
         "torch": torch.__version__,

@@ -17,10 +17,11 @@ from __future__ import annotations
 import datetime
 import os
 import statistics
-import subprocess
 import time
 
 import torch
+
+from ddbench.core.provenance import command_output
 
 
 def event_times(fn, reps: int, warmup: int = 1, per_call: int = 1) -> list[float]:
@@ -82,28 +83,23 @@ def time_host(fn, reps: int = 5, warmup: int = 1) -> float:
     return statistics.median(ts)
 
 
-def _cmd(args) -> str:
-    try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def git_sha(root: str) -> str:
     """HEAD of the checkout at `root`, with "+dirty" when tracked files differ from it (a copied tree
     whose .git lags behind its files, as on the device machine, says so instead of naming a commit it
     does not hold); "unknown" without git."""
-    sha = _cmd(["git", "-C", root, "rev-parse", "HEAD"])
+    sha = command_output(["git", "-C", root, "rev-parse", "HEAD"])
     if not sha:
         return "unknown"
-    return sha + ("+dirty" if _cmd(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"]) else "")
+    return sha + ("+dirty" if command_output(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"]) else "")
 
 
 def provenance(command: str) -> dict:
     import triton
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sha = os.environ.get("DDBENCH_GIT_SHA") or git_sha(root)
-    driver = _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
+    driver = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
     return {
         "gpu": torch.cuda.get_device_name(0),
         "driver": driver[0] if driver else "unknown",

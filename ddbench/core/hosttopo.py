@@ -11,21 +11,15 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
+
+from ddbench.core.provenance import command_output
 
 SYS_PCI = "/sys/bus/pci/devices"
 
 
-def _run(args: list[str]) -> str:
-    try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 def gpu_pci_ids() -> list[str]:
     """nvidia-smi's PCI bus id of every GPU, by index; [] where nvidia-smi is missing."""
-    out = _run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"])
+    out = command_output(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], 30)
     ids = {}
     for line in out.splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -85,7 +79,7 @@ def parse_topo(text: str) -> dict:
 def topology() -> dict:
     """What this host says about its GPUs: per GPU its PCI id, NUMA node and local CPUs, and the raw and
     parsed `nvidia-smi topo -m`."""
-    raw = _run(["nvidia-smi", "topo", "-m"])
+    raw = command_output(["nvidia-smi", "topo", "-m"], 30)
     gpus = []
     for i, pci in enumerate(gpu_pci_ids()):
         node, cpus = numa_of(pci)

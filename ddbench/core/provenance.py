@@ -27,16 +27,20 @@ def version() -> str:
         return "unknown"
 
 
+def command_output(args: list[str], timeout: float = 20) -> str:
+    """A command's stdout, stripped; "" where it is missing, fails to start or times out."""
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 @lru_cache(maxsize=1)
 def git_sha() -> str:
     root = repo_root()
     if root is None:
         return "unknown"
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
+    return command_output(["git", "-C", str(root), "rev-parse", "HEAD"], timeout=10) or "unknown"
 
 
 def _plain(v):

@@ -18,15 +18,14 @@ import pandas as pd
 
 from ddbench.core import defaults as D
 from ddbench.core.errors import DDBenchError
-from ddbench.core.memory import max_batch
 from ddbench.core.paths import traces_dir
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import FigureResult, register
-from ddbench.experiments.scene import scene, workload
+from ddbench.experiments.scene import scene
 from ddbench.plotting import SYSTEM_COLORS, style_handle
 
 RUN = "h200-cache"
-MODEL, GPU, LINK = "llama-3-8b", "h200", "pcie5"
+MODEL, GPU = "llama-3-8b", "h200"
 CACHE = "dualdecoder-cache"
 DESIGNS = (CACHE, "shadowkv", "dualdecoder")
 CONTEXTS = (32 * 1024, 64 * 1024, 128 * 1024)
@@ -69,18 +68,15 @@ def engine_largest() -> pd.DataFrame:
 def simulated(design: str, ctx: int, batch: int | None, cache_tokens: int | None, model: str = MODEL,
               gpu: str = GPU) -> dict:
     """The user's simulator at one point (batch None: the memory model's largest)."""
-    from sim.steplayers import step_layers
-    from sim.timeline import run_timeline
+    from ddbench.experiments.sim_figures import _maxb, _plan, _step_s
     knobs = {"cache_tokens": cache_tokens} if cache_tokens else {}
-    r = scene(model, design, gpu=gpu, link=LINK, **knobs)
-    w = workload(r, ctx)
-    b = batch or max_batch(r.design, r.model, r.gpu, w)
+    b = batch or _maxb(design, model, ctx, gpu=gpu, **knobs)
+    note = scene(model, design, gpu=gpu, **knobs).hit_note
     if not b:
-        return {"batch": 0, "tok_s": float("nan"), "link_mib_per_token": float("nan"), "note": r.hit_note}
-    plan = step_layers(r.design, r.model, r.cm, workload(r, ctx, b), b, ctx, r.hit, r.reuse,
-                       cache=r.cache_rates_at(ctx) if r.design.chunk_cache else None)
-    step = run_timeline(plan, steps=D.STEPS, warmup=2).steady_step_s
-    return {"batch": b, "tok_s": b / step, "link_mib_per_token": plan.h2d_bytes / b / MIB, "note": r.hit_note}
+        return {"batch": 0, "tok_s": float("nan"), "link_mib_per_token": float("nan"), "note": note}
+    step = _step_s(design, model, ctx, b, gpu=gpu, **knobs)
+    plan = _plan(design, model, ctx, b, gpu=gpu, **knobs)
+    return {"batch": b, "tok_s": b / step, "link_mib_per_token": plan.h2d_bytes / b / MIB, "note": note}
 
 
 def best(df: pd.DataFrame, ctx: int) -> pd.Series:
@@ -148,8 +144,8 @@ def compute() -> FigureResult:
                                  label=f"{d}@{ct}" if ct else d, cache_tokens=ct, capacity=ct / D.BUDGET if ct else None,
                                  batch=s["batch"], tok_s=s["tok_s"], link_mib_per_token=s["link_mib_per_token"]))
     df = pd.concat([eng, pd.DataFrame(sim_rows)], ignore_index=True)
-    df["model"] = df["model"].fillna(MODEL) if "model" in df else MODEL
-    df["gpu"] = df["gpu"].fillna(GPU) if "gpu" in df else GPU
+    df["model"] = df["model"].fillna(MODEL)
+    df["gpu"] = df["gpu"].fillna(GPU)
     note = simulated(CACHE, CONTEXTS[-1], None, 2 * D.BUDGET)["note"]
     return FigureResult(df, f"{MODEL} on one H200 over PCIe 5, budget {D.BUDGET}, each design at its largest batch;"
                             f" engine {traces_dir('engine', RUN).name} (3 builds), simulator at the engine's batches"

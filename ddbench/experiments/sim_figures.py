@@ -52,23 +52,24 @@ def _scaled_note(model: str) -> str:
         "cost model: " + notes[0]
 
 
-def _plan(design: str, model: str, ctx: int, batch: int, hit=None):
+def _plan(design: str, model: str, ctx: int, batch: int, hit=None, gpu: str = GPU, **knobs):
+    """The step plan of `batch` requests (`knobs`: Workload fields, e.g. cache_tokens; `gpu`: a catalog GPU)."""
     from sim.steplayers import step_layers
-    r = scene(model, design)
+    r = scene(model, design, gpu=gpu, **knobs)
     h, reuse = (r.hit, r.reuse) if hit is None else ([hit] * r.model.num_layers,) * 2
     return step_layers(r.design, r.model, r.cm, workload(r, ctx), batch, ctx, list(h), list(reuse),
                        cache=r.cache_rates_at(ctx))
 
 
 @lru_cache(maxsize=None)
-def _step_s(system: str, model: str, ctx: int, batch: int) -> float:
+def _step_s(system: str, model: str, ctx: int, batch: int, gpu: str = GPU, **knobs) -> float:
     """Steady-state decode step time from the per-layer timeline."""
     from sim.timeline import run_timeline
-    return run_timeline(_plan(system, model, ctx, batch), steps=6, warmup=2).steady_step_s
+    return run_timeline(_plan(system, model, ctx, batch, gpu=gpu, **knobs), steps=6, warmup=2).steady_step_s
 
 
-def _maxb(design: str, model: str, ctx: int) -> int:
-    r = scene(model, design)
+def _maxb(design: str, model: str, ctx: int, gpu: str = GPU, **knobs) -> int:
+    r = scene(model, design, gpu=gpu, **knobs)
     return max_batch(r.design, r.model, r.gpu, workload(r, ctx))
 
 
