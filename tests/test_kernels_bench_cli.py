@@ -29,7 +29,7 @@ def test_git_sha_marks_a_dirty_tree(monkeypatch):
     'unknown' without git."""
     from kernels import timing
     answers = {"rev-parse": "abc123", "status": " M kernels/x.py"}
-    monkeypatch.setattr(timing, "_cmd", lambda args: next((v for k, v in answers.items() if k in args), ""))
+    monkeypatch.setattr(timing, "command_output", lambda args: next((v for k, v in answers.items() if k in args), ""))
     assert timing.git_sha("/r") == "abc123+dirty"
     answers["status"] = ""
     assert timing.git_sha("/r") == "abc123"
