@@ -4,6 +4,14 @@
     y = dequantize_chunks(q, scale, chunk)      # -> fp32 [..., T, d]
     y = gather_dequant(q, scale, ids, chunk)    # the chunks `ids` [..., k] of every row, dequantised [..., k*chunk, d]
 
+Host KV (kernels/layout.py [L, B, H, N, 2, C, d]) in fp8: the e4m3 tensor and its `scales`, a flat fp32
+tensor with one scale per C*d elements of the host tensor's storage (scale i for elements i*C*d ..),
+so every view of the storage (kernels.layout.host_kv_view's aliasing) finds its pieces' scales:
+    q, scales = quantize_host_kv(x)             # x [..., 2, C, d] contiguous -> e4m3 x.shape, fp32 [x.numel() / (C*d)]
+    check_host_scales(host_kv, scales)          # one-line DDBenchError when they do not belong together
+    layer_scales(host_kv, layer, scales)        # the scales from host_kv[layer]'s first piece on (kernel pointer)
+    dequantized_layer(host_kv, layer, scales, dtype)   # host_kv[layer] dequantised (torch twins), or itself in bf16
+
 The scale of a chunk is its largest |value| over E4M3_MAX (448), so the chunk's largest value maps to
 the format's largest finite one; an all-zero chunk gets scale 1. A chunk holding inf or NaN has no
 scale: quantize_chunks raises a one-line DDBenchError naming it (never a silent NaN in attention).
@@ -62,3 +70,48 @@ def piece_bytes(chunk: int, head_dim: int, bits: int, values_only: bool = False)
     fp32 scale per tensor where bits is 8."""
     tensors = 1 if values_only else 2
     return tensors * (chunk * head_dim * bits // 8 + (4 if bits == 8 else 0))
+
+
+def _piece(host_kv: torch.Tensor) -> int:
+    return host_kv.shape[-1] * host_kv.shape[-2]
+
+
+def quantize_host_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 of x's shape, flat fp32 scales, one per K or V piece [C, d] in storage order) of a contiguous
+    host KV x [..., 2, C, d]; DDBenchError on inf or NaN (quantize_chunks)."""
+    if not x.is_contiguous():
+        raise DDBenchError("quantize_host_kv needs a contiguous host KV")
+    q, scale = quantize_chunks(x, x.shape[-2])
+    return q, scale.reshape(-1)
+
+
+def check_host_scales(host_kv: torch.Tensor, scales) -> None:
+    """fp8 host KV needs its scales (flat fp32 covering its storage); a 16-bit one takes none."""
+    if host_kv.dtype != E4M3:
+        if scales is not None:
+            raise DDBenchError(f"scales belong to an fp8 host KV, not a {host_kv.dtype} one")
+        return
+    if scales is None:
+        raise DDBenchError("an fp8 host KV needs its scales (kernels.fp8.quantize_host_kv)")
+    need = host_kv.untyped_storage().nbytes() // _piece(host_kv)
+    if scales.dtype != torch.float32 or scales.dim() != 1 or scales.numel() < need or not scales.is_contiguous():
+        raise DDBenchError(f"fp8 host scales must be a contiguous fp32 vector of at least {need} (one per {_piece(host_kv)}"
+                           f" elements of the host storage), got {tuple(scales.shape)} {scales.dtype}")
+    if torch.cuda.is_available() and scales.device.type == "cpu" and not scales.is_pinned():
+        raise DDBenchError("fp8 host scales must be in pinned host memory (pin_memory=True) for a UVA gather")
+
+
+def layer_scales(host_kv: torch.Tensor, layer: int, scales: torch.Tensor) -> torch.Tensor:
+    """scales from host_kv[layer]'s storage offset on: scale r // (C*d) of the kernel's element offset r."""
+    return scales[host_kv[layer].storage_offset() // _piece(host_kv):]
+
+
+def dequantized_layer(host_kv: torch.Tensor, layer: int, scales, dtype) -> torch.Tensor:
+    """host_kv[layer] [B, H, N, 2, C, d] dequantised in fp32 and cast to `dtype` (fp8), or as it is."""
+    src = host_kv[layer]
+    if host_kv.dtype != E4M3:
+        return src
+    cd = _piece(host_kv)
+    s = layer_scales(host_kv, layer, scales)
+    per = s.as_strided(src.shape[:4], [st // cd for st in src.stride()[:4]])
+    return (src.float() * per[..., None, None]).to(dtype)

@@ -1,8 +1,11 @@
 """Gather selected KV chunks from pinned host memory into a compact GPU buffer.
 
-    gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=2)
+    gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=2, scales=None)
         host_kv [L, B, H, N, 2, C, d] pinned (kernels.layout; request and layer strides free); idx [B, H, n] int32 chunk ids;
         k_out, v_out [B, H, S, d] on the GPU (k_out=None: values only, as ShadowKV fetches).
+        fp8: host_kv float8_e4m3fn with `scales` (kernels.fp8.host_scales: one fp32 per K or V piece of
+        its storage); the pieces cross the link as e4m3 and are dequantised in the kernel into the
+        outputs' dtype (bf16): the GPU buffers, and so attention, stay as in bf16.
         Slot j of (b, h) receives chunk idx[b, h, j] at tokens slot_offset + j*C .. + C.
         prev=(prev_idx, prev_k, prev_v): chunks found in prev_idx are copied from the previous
         GPU buffers (HBM) and only the misses cross PCIe (ShadowKV reuse). prev buffers must not
@@ -23,16 +26,17 @@ import triton
 import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
+from kernels.fp8 import E4M3, check_host_scales, dequantized_layer, layer_scales
 from kernels.indexsets import reuse_plan
 from kernels.layout import check_host_kv
 
 
 @triton.jit
-def _gather_kernel(host, idx, src_slot, prev_k, prev_v, k_out, v_out,
+def _gather_kernel(host, scales, idx, src_slot, prev_k, prev_v, k_out, v_out,
                    n_items, n_sel, H, N, s_hb,
                    s_ob, s_oh, s_ot, s_pb, s_ph, s_pt, slot_offset,
                    CD: tl.constexpr, C: tl.constexpr, ITEMS: tl.constexpr,
-                   FETCH_K: tl.constexpr, REUSE: tl.constexpr):
+                   FETCH_K: tl.constexpr, REUSE: tl.constexpr, FP8: tl.constexpr):
     p = tl.program_id(0)
     G = tl.num_programs(0)
     e = tl.arange(0, CD)[None, :]
@@ -56,6 +60,12 @@ def _gather_kernel(host, idx, src_slot, prev_k, prev_v, k_out, v_out,
         v = tl.load(host + row[:, None] + CD + e, mask=fetch[:, None])
         if FETCH_K:
             k = tl.load(host + row[:, None] + e, mask=fetch[:, None])
+        if FP8:       # e4m3 bytes and the pieces' scales (scale i belongs to the host's CD elements i*CD..)
+            sv = tl.load(scales + row // CD + 1, mask=fetch, other=0.0)
+            v = (v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sv[:, None]).to(v_out.dtype.element_ty)
+            if FETCH_K:
+                sk = tl.load(scales + row // CD, mask=fetch, other=0.0)
+                k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sk[:, None]).to(k_out.dtype.element_ty)
         if REUSE:
             v = tl.where(hit[:, None], tl.load(prev_v + poff, mask=hit[:, None]), v)
             if FETCH_K:
@@ -65,8 +75,16 @@ def _gather_kernel(host, idx, src_slot, prev_k, prev_v, k_out, v_out,
             tl.store(k_out + dst, k, mask=ok[:, None])
 
 
-def _check(host_kv, layer, idx, k_out, v_out, slot_offset):
+def out_dtype_ok(host_kv, t) -> bool:
+    """Outputs keep the host's dtype, or (fp8 host) any floating dtype of at least 16 bits."""
+    if host_kv.dtype == E4M3:
+        return t.dtype in (torch.bfloat16, torch.float16, torch.float32)
+    return t.dtype == host_kv.dtype
+
+
+def _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales=None):
     check_host_kv(host_kv)
+    check_host_scales(host_kv, scales)
     L, B, H, N, _, C, d = host_kv.shape
     if not 0 <= layer < L:
         raise DDBenchError(f"layer {layer} out of range 0..{L - 1}")
@@ -75,8 +93,9 @@ def _check(host_kv, layer, idx, k_out, v_out, slot_offset):
     for t in (k_out, v_out):
         if t is None:
             continue
-        if t.dim() != 4 or t.shape[:2] != (B, H) or t.shape[3] != d or t.dtype != host_kv.dtype:
-            raise DDBenchError(f"output buffers must be [B, H, S, {d}] {host_kv.dtype}, got {tuple(t.shape)} {t.dtype}")
+        if t.dim() != 4 or t.shape[:2] != (B, H) or t.shape[3] != d or not out_dtype_ok(host_kv, t):
+            want = "bf16/fp16/fp32" if host_kv.dtype == E4M3 else host_kv.dtype
+            raise DDBenchError(f"output buffers must be [B, H, S, {d}] {want}, got {tuple(t.shape)} {t.dtype}")
         if t.stride(3) != 1 or t.stride(2) != d:
             raise DDBenchError("output buffers need contiguous token rows (stride(2) == head_dim)")
         if slot_offset + idx.shape[2] * C > t.shape[2]:
@@ -86,9 +105,9 @@ def _check(host_kv, layer, idx, k_out, v_out, slot_offset):
     return B, H, N, C, d
 
 
-def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=2):
+def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=2, scales=None):
     """Persistent UVA gather (see module docstring). Returns the launch's src_slot (None without prev)."""
-    B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset)
+    B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
     n_sel = idx.shape[2]
     n_items = B * H * n_sel
     if C * d & (C * d - 1):
@@ -107,18 +126,22 @@ def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, p
     if n_items == 0:
         return None
     grid = (max(1, min(programs, triton.cdiv(n_items, items))),)
-    _gather_kernel[grid](host_kv[layer], idx, src_slot, pk, pv, v_out if k_out is None else k_out, v_out,
+    fp8 = host_kv.dtype == E4M3
+    src = host_kv[layer].view(torch.uint8) if fp8 else host_kv[layer]
+    sc = layer_scales(host_kv, layer, scales) if fp8 else v_out
+    _gather_kernel[grid](src, sc, idx, src_slot, pk, pv, v_out if k_out is None else k_out, v_out,
                          n_items, n_sel, H, N, host_kv.stride(1), *v_out.stride()[:3], *ps[:3], slot_offset,
                          CD=C * d, C=C, ITEMS=items, FETCH_K=k_out is not None, REUSE=prev is not None,
-                         num_warps=4)
+                         FP8=fp8, num_warps=4)
     return src_slot if prev is not None else None
 
 
-def gather_ref(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, **_):
-    """Torch twin of gather_uva: the same writes, by advanced indexing."""
-    B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset)
+def gather_ref(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, scales=None, **_):
+    """Torch twin of gather_uva: the same writes, by advanced indexing (fp8: dequantised in fp32, then
+    cast to the outputs' dtype, as the kernel rounds)."""
+    B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
     n = idx.shape[2]
-    src = host_kv[layer].to(v_out.device)
+    src = dequantized_layer(host_kv, layer, scales, v_out.dtype).to(v_out.device)
     bi = torch.arange(B, device=v_out.device)[:, None, None]
     hi = torch.arange(H, device=v_out.device)[None, :, None]
     ix = idx.to(v_out.device).long()

@@ -8,8 +8,9 @@ forced-miss perturbation, and the stream/event scheduler with its hazard log.
         order `assembled`, so attention over the k*C selected tokens is attention over the true set.
         All on the device, no host sync: a stable sort puts the misses (and the free slots) first,
         per (b, h) in flat order, so the r-th miss and the r-th free slot share their (b, h).
-    gather_slots(host_kv, layer, plan, k_out, v_out, programs=64)   urgent path: UVA reads of the
-        misses only; the item count is read on the device (`plan.count`), so no host sync.
+    gather_slots(host_kv, layer, plan, k_out, v_out, programs=64, scales=None)   urgent path: UVA reads
+        of the misses only; the item count is read on the device (`plan.count`), so no host sync; an
+        fp8 host KV is dequantised in the kernel (kernels/gather.py)
     gather_slots_ref(...)                                            torch twin
     perturb(base, miss_rate, n_chunks, gen)                          forced-miss index: `base` with
         round(miss_rate*k) chunks per (b, h) replaced by random chunks outside `base` (sorted)
@@ -28,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.fp8 import E4M3, check_host_scales, dequantized_layer, layer_scales
 from kernels.indexsets import reuse_plan
 from kernels.layout import check_host_kv
 
@@ -68,9 +70,9 @@ def _used_slots(src: torch.Tensor, miss: torch.Tensor, k: int) -> torch.Tensor:
 
 
 @triton.jit
-def _slot_gather_kernel(host, bh_ptr, ch_ptr, slot_ptr, count_ptr, k_out, v_out, H, N, s_hb,
+def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, k_out, v_out, H, N, s_hb,
                         s_ob, s_oh, s_ot, CD: tl.constexpr, C: tl.constexpr, ITEMS: tl.constexpr,
-                        FETCH_K: tl.constexpr):
+                        FETCH_K: tl.constexpr, FP8: tl.constexpr):
     p = tl.program_id(0)
     G = tl.num_programs(0)
     n_items = tl.load(count_ptr)
@@ -88,26 +90,37 @@ def _slot_gather_kernel(host, bh_ptr, ch_ptr, slot_ptr, count_ptr, k_out, v_out,
         v = tl.load(host + row[:, None] + CD + e, mask=ok[:, None])
         if FETCH_K:
             k = tl.load(host + row[:, None] + e, mask=ok[:, None])
+        if FP8:       # e4m3 bytes and their pieces' scales (kernels/gather.py)
+            sv = tl.load(scales + row // CD + 1, mask=ok, other=0.0)
+            v = (v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sv[:, None]).to(v_out.dtype.element_ty)
+            if FETCH_K:
+                sk = tl.load(scales + row // CD, mask=ok, other=0.0)
+                k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sk[:, None]).to(k_out.dtype.element_ty)
         tl.store(v_out + dst, v, mask=ok[:, None])
         if FETCH_K:
             tl.store(k_out + dst, k, mask=ok[:, None])
 
 
-def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, items=2):
+def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, items=2, scales=None):
     """Fetch plan's misses from host_kv[layer] into slot plan.slot of (b, h) (k_out None: values only)."""
     check_host_kv(host_kv)
+    check_host_scales(host_kv, scales)
     L, B, H, N, _, C, d = host_kv.shape
     n = plan.bh.numel()
     if n == 0:
         return
     grid = (max(1, min(programs, triton.cdiv(n, items))),)
-    _slot_gather_kernel[grid](host_kv[layer], plan.bh, plan.chunk, plan.slot, plan.count,
+    fp8 = host_kv.dtype == E4M3
+    src = host_kv[layer].view(torch.uint8) if fp8 else host_kv[layer]
+    sc = layer_scales(host_kv, layer, scales) if fp8 else v_out
+    _slot_gather_kernel[grid](src, sc, plan.bh, plan.chunk, plan.slot, plan.count,
                               v_out if k_out is None else k_out, v_out, H, N, host_kv.stride(1),
                               *v_out.stride()[:3],
-                              CD=C * d, C=C, ITEMS=items, FETCH_K=k_out is not None, num_warps=4)
+                              CD=C * d, C=C, ITEMS=items, FETCH_K=k_out is not None, FP8=fp8, num_warps=4)
 
 
-def gather_slots_ref(host_kv, layer, plan: MissPlan, k_out, v_out, **_):
+def gather_slots_ref(host_kv, layer, plan: MissPlan, k_out, v_out, *, scales=None, **_):
+    check_host_scales(host_kv, scales)
     L, B, H, N, _, C, d = host_kv.shape
     n = int(plan.count.item())
     if n == 0:
@@ -115,7 +128,7 @@ def gather_slots_ref(host_kv, layer, plan: MissPlan, k_out, v_out, **_):
     bh = plan.bh[:n].long().cpu()
     ch = plan.chunk[:n].long().cpu()
     sl = plan.slot[:n].long().cpu()
-    src = host_kv[layer][bh // H, bh % H, ch].to(v_out.device)              # [n, 2, C, d]
+    src = dequantized_layer(host_kv, layer, scales, v_out.dtype)[bh // H, bh % H, ch].to(v_out.device)   # [n, 2, C, d]
     b, h = (bh // H).to(v_out.device), (bh % H).to(v_out.device)
     tok = (sl[:, None] * C + torch.arange(C)).to(v_out.device)             # [n, C]
     v_out[b[:, None], h[:, None], tok] = src[:, 1]
