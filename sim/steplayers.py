@@ -171,7 +171,8 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
             if lr and not values_only_all else rates
         if w.kv_bits != 16:
             cm._note("fp8 KV: link and host bytes in e4m3 with a scale per chunk-head, gathered at the bundle's"
-                     " measured rate of that piece size; attention priced as the bf16 kernel (no fp8 kernel measured)")
+                     " measured rate of that piece size; the gathers dequantise into bf16 buffers, so attention"
+                     " is the bf16 kernel")
         for i in range(L):
             values_only = values_only_all or i in lr
             f = (1 if values_only else 2) * m.num_kv_heads * piece / w.chunk     # bytes per token and layer
@@ -208,7 +209,7 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     lm = passes * cm.decode_linear_s(m.hidden, m.vocab, mt)
     slots = 2 if design.buffer_layers == "pingpong" else L
     slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (
-        w.cache_tokens if design.chunk_cache else w.budget) * kvl * w.kv_bits / 16
+        w.cache_tokens if design.chunk_cache else w.budget) * kvl    # 16-bit buffers whatever kv_bits
     return StepLayers(design, batch, context, q, passes, pre, mid, [passes * att] * L,
                       [passes * (lin_post + glue / 2)] * L, lm, pf_b, ur_b, d2h_b, pf_w, ur_w, d2h_w, cpu_pf, cpu_ur,
                       slot_bytes, slots, rates, lr, ur_min, serial)

@@ -151,7 +151,7 @@ def engine_cache_rates(r, model: str):
 
 
 def replay_plan(design: str, context: int, batch: int, miss: float, transfers: bool, cm=None, model: str = MODEL,
-                cache=None, cache_tokens: int | None = None):
+                cache=None, cache_tokens: int | None = None, kv_bits: int = 16):
     """The simulator's plan of one engine point: exactly the user's (`ddbench simulate --design design
     --context context --batch batch --hit-rate 1-miss`: step_layers at hit = reuse = 1 - miss on every
     layer), with the link work (and ShadowKV's fetch) removed where the engine ran compute only. No
@@ -164,7 +164,8 @@ def replay_plan(design: str, context: int, batch: int, miss: float, transfers: b
     m = get_model(model)
     cm = cm or cost_model(model, GPU, LINK)
     hit = [1.0 - miss] * m.num_layers
-    w = Workload(context=context, batch=batch, **({} if cache_tokens is None else {"cache_tokens": int(cache_tokens)}))
+    w = Workload(context=context, batch=batch, kv_bits=kv_bits,
+                 **({} if cache_tokens is None else {"cache_tokens": int(cache_tokens)}))
     plan = step_layers(get_design(design), m, cm, w, batch, context, hit, hit, cache=cache)
     if not transfers and plan.rates is not None:   # compute only: no host reads, nothing on the link
         z = [0.0] * m.num_layers
@@ -331,7 +332,7 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         rate = 0.0 if r.miss_rate == "none" else float(r.miss_rate)
         miss = effective_miss(rate, w0.budget, w0.chunk)
         cache, ct = _cache_of(r, model)
-        plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache, ct)
+        plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache, ct, _kv_bits(r))
         fill_fitted = bool(ct) and _fill_fitted(cmm, meta, int(r.context))
         harness = 0.0
         if r.miss_rate != "none" and not plan.design.kv_on_gpu:
@@ -347,7 +348,8 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         regime = classify(int(r.transfers), r.link_gbps, thin)
         rows.append(dict(
             phase=phase, rep=getattr(r, "rep", 0), model=model, gpu_mem_cap=getattr(r, "gpu_mem_cap", "none"),
-            design=r.design, context=r.context, batch=r.batch, cache_tokens=ct or "", cache_fill_fitted=fill_fitted,
+            design=r.design, context=r.context, batch=r.batch, cache_tokens=ct or "", kv_bits=_kv_bits(r),
+            cache_fill_fitted=fill_fitted,
             miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
             regime=regime, engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
             sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=1.0, harness_ms=harness * 1e3,
@@ -390,13 +392,13 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
         cmm = cms(model)
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), w0.budget, w0.chunk)
         cache, ct = _cache_of(r, model)
-        plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model, cache, ct)
+        plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model, cache, ct, _kv_bits(r))
         step, _ = point_step_s(plan)
         key = COMPUTE_TWIN.get(r.design, r.design)
         h = 0.0 if r.miss_rate == "none" else (cmm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)
                                                 or 0.0)
         rows.append(dict(model=model, design=r.design, context=int(r.context), batch=int(r.batch),
-                         miss_rate=r.miss_rate, regime=classify(1, r.link_gbps, float(meta["thin_gather_gbps"])),
+                         kv_bits=_kv_bits(r), miss_rate=r.miss_rate, regime=classify(1, r.link_gbps, float(meta["thin_gather_gbps"])),
                          engine_step_ms=float(r.step_ms), user_step_ms=step * 1e3,
                          user_over_engine=step * 1e3 / float(r.step_ms), harness_ms=h * 1e3))
     t = pd.DataFrame(rows)
@@ -418,6 +420,12 @@ def _fill_fitted(cm, meta: dict, context: int) -> bool:
     """Whether the cost model's cache-fill term (sim/cachefill.py) was fitted to this run at this context."""
     f = cm.cache_fill or {}
     return bool(f) and f.get("source", {}).get("run_id") == meta.get("run_id") and int(f.get("context", -1)) == context
+
+
+def _kv_bits(r) -> int:
+    """The engine row's kv_bits (rows before the fp8 switch have none: 16)."""
+    v = getattr(r, "kv_bits", None)
+    return 16 if v is None or v != v or v == "" else int(v)
 
 
 def _cache_of(r, model):

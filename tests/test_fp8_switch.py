@@ -27,10 +27,9 @@ def test_host_and_gpu_bytes():
         bf16, fp8 = host_kv_bytes(d, M, _w(16)), host_kv_bytes(d, M, _w(8))
         assert bf16 == 131072 * 32 * tensors * 8 * 128 * 2
         assert fp8 == 131072 // 8 * 32 * tensors * 8 * (8 * 128 + 4)        # chunks x layers x tensors x heads x piece
+        # the gathers dequantise into bf16 buffers (and a bf16 cache): GPU bytes do not change
         a, b = (memory_breakdown(d, M, H200, _w(x, batch=4)).sparse_kv_buffers for x in (16, 8))
-        assert b < a and max_batch(d, M, H200, _w(8)) >= max_batch(d, M, H200, _w(16))
-    c16, c8 = (memory_breakdown(DESIGNS["dualdecoder-cache"], M, H200, _w(x, batch=1)).sparse_kv_buffers for x in (16, 8))
-    assert c8 / c16 == pytest.approx(0.5, abs=0.02)          # the cache's slots hold fp8 too (the map stays)
+        assert b == a and max_batch(d, M, H200, _w(8)) == max_batch(d, M, H200, _w(16))
 
 
 def test_bad_fp8_input():

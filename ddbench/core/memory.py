@@ -144,13 +144,13 @@ def check_kv_bits(design: DesignSpec, gpu: GPUSpec, w: Workload) -> None:
 
 def chunk_cache_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """dualdecoder-cache's GPU chunk cache, every layer and KV head: its K and V slots and its map,
-    b * L * H_kv * (cache_tokens / C * 2 * piece + ceil(S / C) * 2 + cache_tokens / C * 8), piece =
-    kv_piece_bytes (C * d * e in bf16, i.e. cache_tokens * 2 * d * e for the slots)
-    (kernels/engine/chunkcache.py allocates exactly this); 0 for other designs."""
+    b * L * H_kv * (cache_tokens / C * 2 * C * d * e + ceil(S / C) * 2 + cache_tokens / C * 8), the slots
+    16-bit whatever kv_bits (the gathers dequantise fp8 into them; kernels/engine/chunkcache.py allocates
+    exactly this); 0 for other designs."""
     if not design.chunk_cache:
         return 0
     slots = w.cache_tokens // w.chunk
-    per_head = slots * 2 * kv_piece_bytes(m, w) + math.ceil(w.context / w.chunk) * CACHE_MAP_BYTES \
+    per_head = slots * 2 * w.chunk * m.head_dim * m.dtype_bytes + math.ceil(w.context / w.chunk) * CACHE_MAP_BYTES \
         + slots * CACHE_SLOT_BYTES
     return w.batch * m.num_layers * m.num_kv_heads * per_head
 
@@ -170,22 +170,16 @@ def check_chunk_cache(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workloa
 
 
 def sparse_buffer_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
-    """GPU buffers that receive the selected 16-bit KV:
-    b * layers * sets * B * 2 * H_kv * d * e, where layers = L, or 2 for the ping-pong buffer,
-    and sets = 2 where the current and the speculative selection are held at once. A chunk-cache
-    design's buffers are its cache (chunk_cache_bytes)."""
+    """GPU buffers that receive the selected KV, 16-bit whatever kv_bits (the gathers dequantise fp8 pieces
+    into them, kernels/gather.py): b * layers * sets * B * 2 * H_kv * d * e, where layers = L, or 2 for the
+    ping-pong buffer, and sets = 2 where the current and the speculative selection are held at once. A
+    chunk-cache design's buffers are its cache (chunk_cache_bytes)."""
     if design.kv_on_gpu:
         return 0
     if design.chunk_cache:
         return chunk_cache_bytes(design, m, w)
     layers = 2 if design.buffer_layers == "pingpong" else m.num_layers
-    if w.kv_bits == 16:
-        return w.batch * layers * design.buffer_sets * w.budget * m.kv_bytes_per_token_layer
-    # fp8: the fetched tensors land as they crossed the link (dequantised in attention); ShadowKV's keys,
-    # rebuilt on the GPU, stay bf16
-    keys = (w.chunk * m.head_dim * m.dtype_bytes if design.fetch == "values" else kv_piece_bytes(m, w))
-    per_chunk_head = keys + kv_piece_bytes(m, w)
-    return w.batch * layers * design.buffer_sets * (w.budget // w.chunk) * m.num_kv_heads * per_chunk_head
+    return w.batch * layers * design.buffer_sets * w.budget * m.kv_bytes_per_token_layer
 
 
 def _token_live_bytes(m: ModelSpec) -> int:

@@ -53,9 +53,10 @@ class Workload:
     cache_tokens: int = _f(D.CACHE_TOKENS, "dualdecoder-cache: GPU chunk cache per (layer, KV head) in tokens, at"
                                            " least the budget (2x the default budget by default)", tokens=True,
                            minimum=0)
-    kv_bits: int = _f(D.KV_BITS, "bits of the KV on the host, on the link and in the GPU's sparse buffers: 16 (bf16) or"
-                                 " 8 (fp8 e4m3, one fp32 scale per chunk and KV head; designs that keep KV on the"
-                                 " host: dualdecoder, dualdecoder-cache, ShadowKV's values)", minimum=8)
+    kv_bits: int = _f(D.KV_BITS, "bits of the KV on the host and on the link: 16 (bf16) or 8 (fp8 e4m3, one fp32"
+                                 " scale per chunk and KV head, dequantised by the gather into the GPU's bf16"
+                                 " buffers; designs that keep KV on the host: dualdecoder, dualdecoder-cache,"
+                                 " ShadowKV's values)", minimum=8)
 
     def validate(self, model) -> None:
         """DDBenchError (one line) for a value no design can serve on `model`."""

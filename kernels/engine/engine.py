@@ -25,6 +25,7 @@ Keys of low-rank layers are rebuilt (U @ SV + RoPE) and only values cross the li
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields
 
@@ -32,6 +33,7 @@ import torch
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
+from kernels.fp8 import E4M3, check_host_scales
 from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope_tables
 from kernels.engine.fastselect import fused_plan_fits
 from kernels.engine.transfer import (Sched, gather_slots, gather_slots_ref, perturb, perturb_fast, plan_misses,
@@ -239,8 +241,8 @@ class StepStats:
 
 class Engine:
     def __init__(self, model, system, cfg: EngineConfig, weights: Weights, device, *,
-                 host_kv: torch.Tensor | None = None, ref: bool = False, log: bool = False,
-                 debug: bool = False, timing: bool = False):
+                 host_kv: torch.Tensor | None = None, host_scales: torch.Tensor | None = None, ref: bool = False,
+                 log: bool = False, debug: bool = False, timing: bool = False):
         self.m, self.sys, self.cfg, self.w = model, system, cfg, weights
         self.dev = torch.device(device)
         self.ops = _ops(ref)
@@ -280,9 +282,20 @@ class Engine:
             return
         # ---- sparse designs ----
         self.host = host_kv
+        self.gather, self.slots = self.ops.gather, self.ops.slots
         if host_kv is not None:
             if tuple(host_kv.shape[1:]) != (B, H, self.N, 2, C, d):
                 raise DDBenchError(f"host_kv shape {tuple(host_kv.shape)} does not match the engine")
+            fp8 = host_kv.dtype == E4M3
+            if fp8 != (cfg.workload.kv_bits == 8):
+                raise DDBenchError(f"kv_bits {cfg.workload.kv_bits} needs a {'float8_e4m3fn' if not fp8 else '16-bit'}"
+                                   f" host KV, got {host_kv.dtype}")
+            if fp8 and s.gather == "cpu":
+                raise DDBenchError("the CPU-gather ablation moves 16-bit KV only (kv_bits 16)")
+            check_host_scales(host_kv, host_scales)
+            if fp8:     # e4m3 over the link, dequantised by the gathers into the bf16 buffers
+                self.gather = functools.partial(self.ops.gather, scales=host_scales)
+                self.slots = functools.partial(self.ops.slots, scales=host_scales)
             self.hl = host_kv.shape[0]
             if s.gather == "cpu" and not host_kv.is_contiguous():
                 raise DDBenchError("the CPU-gather ablation needs a contiguous host KV (no aliased requests)")
@@ -352,7 +365,10 @@ class Engine:
         return i % self.hl
 
     def _item_bytes(self, i, values_only):
-        return self.C * self.d * self.dt.itemsize * (1 if values_only else 2)
+        """Link bytes of one fetched chunk-head: K and V (or V alone), each C*d*2 in bf16, C*d + its fp32
+        scale in fp8 (ddbench/core/memory.py kv_piece_bytes)."""
+        piece = self.C * self.d * self.dt.itemsize if self.cfg.workload.kv_bits == 16 else self.C * self.d + 4
+        return piece * (1 if values_only else 2)
 
     def _buf_of_use(self, u):
         """Buffer id of a layer use (u = step*L + layer)."""
@@ -396,7 +412,7 @@ class Engine:
                 if self.sys.gather == "cpu":
                     self._cpu_gather_full(layer, pred, kb, self.vbuf[b])
                 else:
-                    self.ops.gather(self.host, self._hl(layer), pred, kb, self.vbuf[b],
+                    self.gather(self.host, self._hl(layer), pred, kb, self.vbuf[b],
                                     programs=self.cfg.prefetch_programs)
         ev, _ = self.sched.run("prefetch", "prefetch", go, waits=[self.free_ev[b]], layer=layer, buf=b, use=u)
         self.ready_ev.setdefault(u, []).append(ev)
@@ -422,7 +438,7 @@ class Engine:
 
         def go():
             with nvtx_range(f"prefetch L{layer}"):
-                self.ops.slots(self.host, self._hl(layer), box["plan"], self.kbuf[layer], self.vbuf[layer],
+                self.slots(self.host, self._hl(layer), box["plan"], self.kbuf[layer], self.vbuf[layer],
                                programs=self.cfg.prefetch_programs)
         ev, _ = self.sched.run("prefetch", "prefetch", go, layer=layer, buf=layer, use=u)
         self.ready_ev.setdefault(u, []).append(ev)
@@ -455,7 +471,7 @@ class Engine:
 
         def urgent():
             with nvtx_range(f"urgent L{i}"):
-                self.ops.slots(self.host, self._hl(i), plan, self.kbuf[i], self.vbuf[i], programs=cfg.urgent_programs)
+                self.slots(self.host, self._hl(i), plan, self.kbuf[i], self.vbuf[i], programs=cfg.urgent_programs)
         ev_u, _ = self.sched.run("urgent", "urgent", urgent, waits=[ev_plan, self.free_ev[i]] + pre_ev, layer=i, buf=i,
                                  use=u)
         self.stats.urgent_counts.append(plan.count.clone())
@@ -707,7 +723,7 @@ class Engine:
                     if s.gather == "cpu":
                         self._cpu_gather_misses(i, plan, kk, vb)
                     else:
-                        self.ops.slots(self.host, self._hl(i), plan, kk, vb, programs=cfg.urgent_programs)
+                        self.slots(self.host, self._hl(i), plan, kk, vb, programs=cfg.urgent_programs)
             ev_u, _ = self.sched.run("urgent", "urgent", urgent, waits=[ev_plan] + pre_ev, layer=i, buf=b, use=u)
             waits = pre_ev + [ev_u]
             assembled = plan.assembled
@@ -727,7 +743,7 @@ class Engine:
 
             def fetch():
                 with nvtx_range(f"fetch L{i}"):
-                    return reuse_fetch(self.ops.gather, self.host, self._hl(i), true, self.prev_true[i],
+                    return reuse_fetch(self.gather, self.host, self._hl(i), true, self.prev_true[i],
                                        None if vo else kb, vb, pk, pv)
             ev, src = self.sched.run("compute", "fetch", fetch, waits=[self.free_ev[b]], layer=i, buf=b, use=u)
             waits = [ev]
@@ -749,7 +765,7 @@ class Engine:
                     if s.gather == "cpu":
                         self._cpu_gather_full(i, true, kk, vb)
                     else:
-                        self.ops.gather(self.host, self._hl(i), true, kk, vb, programs=cfg.urgent_programs)
+                        self.gather(self.host, self._hl(i), true, kk, vb, programs=cfg.urgent_programs)
             # the side stream must also wait for `true`, computed just now on the compute stream
             ev_sel, _ = self.sched.run("compute", "select", lambda: None, layer=i)
             ev, _ = self.sched.run("urgent", "fetch", fetch_all, waits=[self.free_ev[b], ev_sel], layer=i, buf=b,

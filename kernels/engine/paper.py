@@ -216,11 +216,33 @@ def stub_row(model: str, design: str, ctx: int, miss, *, cap_label, cap_gib, sta
     return r
 
 
-def design_labels(designs, cache_tokens) -> list:
-    """The paper phase's design labels: a design, or a chunk-cache design once per capacity (design@tokens)."""
+FP8 = "+fp8"
+
+
+def keeps_kv_on_host(spec) -> bool:
+    """A design whose 16-bit KV lives on the host (what fp8 applies to: ddbench.core.memory.check_kv_bits)."""
+    return not spec.kv_on_gpu and spec.fetch != "none" and not spec.quant_bits
+
+
+def design_labels(designs, cache_tokens, kv_bits=(16,)) -> list:
+    """The paper phase's design labels: a design, a chunk-cache design once per capacity (design@tokens),
+    and with 8 in kv_bits each design that keeps its KV on the host once more in fp8 (label + '+fp8')."""
     from kernels.engine.sweep import design_spec
-    return [f"{d}@{t}" if design_spec(d).chunk_cache and t else d for d in designs
-            for t in (cache_tokens if design_spec(d).chunk_cache else (None,))]
+    out = []
+    for bits in kv_bits:
+        for d in designs:
+            if bits == 8 and not keeps_kv_on_host(design_spec(d)):
+                continue
+            for t in (cache_tokens if design_spec(d).chunk_cache else (None,)):
+                out.append((f"{d}@{t}" if t else d) + (FP8 if bits == 8 else ""))
+    return out
+
+
+def parse_label(label: str) -> tuple[str, int | None, int]:
+    """(design, cache tokens or None, kv_bits) of a label design[@tokens][+fp8]."""
+    base, fp8 = (label[:-len(FP8)], 8) if label.endswith(FP8) else (label, 16)
+    d, _, t = base.partition("@")
+    return d, (int(t) if t else None), fp8
 
 
 def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status, error, designs=DESIGNS) -> list:
@@ -230,11 +252,14 @@ def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status,
     rows = []
     for ctx in contexts:
         for d in designs:       # d: a design, or a chunk-cache design's label design@tokens
-            r = stub_row(model, d.partition("@")[0], ctx, None if design_spec(d).kv_on_gpu else miss_rate,
+            name, ct, bits = parse_label(d)
+            r = stub_row(model, name, ctx, None if design_spec(d).kv_on_gpu else miss_rate,
                          cap_label=cap_label, cap_gib=cap_gib, status=status, error=error)
-            r.update(largest_batch=0, largest_basis="error", paper_role="trial")
-            if "@" in d:
-                r.update(design_label=d, cache_tokens=int(d.partition("@")[2]))
+            r.update(largest_batch=0, largest_basis="error", paper_role="trial", kv_bits=bits)
+            if d != name:
+                r["design_label"] = d
+            if ct is not None:
+                r["cache_tokens"] = ct
             rows.append(r)
     return rows
 
@@ -242,7 +267,7 @@ def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status,
 def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu, overhead, reps, max_batch,
               miss_rate, hbm, deadline, done, append, current=lambda key: None, seed=0, log=print,
               gpu_state=None, health=None, fixed_batch=None, repeats=1, designs=DESIGNS, cache_tokens=(None,),
-              cache_rates=None):
+              cache_rates=None, kv_bits=(16,)):
     """Every design of DESIGNS at every context: search_largest on engine points. Returns the rows (the
     search's batches, each measured or refused, with the largest batch and its basis on every row of
     the design's search). `done`: rows.jsonl entries of an earlier run (a design already searched is
@@ -264,7 +289,8 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     designs: the designs searched (default DESIGNS); a chunk-cache design (dualdecoder-cache) is searched
     at each capacity of `cache_tokens` (its label `design@tokens`), with the forced rates
     cache_rates(context, tokens) -> (urgent, churn, note): the true chunks forced to miss the prediction
-    and the prediction's churn (default: the measured profile's, ddbench.core.cacherates)."""
+    and the prediction's churn (default: the measured profile's, ddbench.core.cacherates). kv_bits (16, 8):
+    each design that keeps its KV on the host is searched once more with an fp8 host KV (label + '+fp8')."""
     import gc
 
     import torch
@@ -278,21 +304,22 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
 
     def search(ctx, label, mine):
         """One design's search at one context: its rows, into `mine` as they are made."""
-        d, ct = label.partition("@")[0], (int(label.partition("@")[2]) if "@" in label else None)
+        d, ct, bits = parse_label(label)
         dkey = paper_key(model.name, cap_label, ctx, label)
         gc.collect()
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()      # the weights (and anything else resident)
         spec = design_spec(d)
         miss = None if spec.kv_on_gpu else miss_rate
-        churn, extra = None, {}
+        churn, extra = None, ({} if label == d else dict(design_label=label))
         if spec.chunk_cache:
             miss, churn, note = (cache_rates or profile_cache_rates(model))(ctx, ct)
-            extra = dict(cache_tokens=ct, churn_rate=churn, rates_note=note, design_label=label)
+            extra.update(cache_tokens=ct, churn_rate=churn, rates_note=note)
         steps = []
 
         def cfg(B, s=seed):     # SpeCache holds its 2-bit values too: the design's whole residency
-            return make_config(ctx, B, miss, True, seed=s, quant_values=True, cache_tokens=ct, churn_rate=churn)
+            return make_config(ctx, B, miss, True, seed=s, quant_values=True, cache_tokens=ct, churn_rate=churn,
+                               kv_bits=bits)
 
         def planned(B):
             return base + sum(plan_bytes(model, spec, cfg(B)).values())
@@ -382,7 +409,7 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
             f" ({res.basis}; memory model {mine[0].get('model_max_batch')})")
 
     rows = []
-    labels = design_labels(designs, cache_tokens)
+    labels = design_labels(designs, cache_tokens, kv_bits)
     for ctx in contexts:
         for d in labels:
             dkey = paper_key(model.name, cap_label, ctx, d)

@@ -83,7 +83,8 @@ COLUMNS = ["phase", "model", "rep", "design", "context", "batch", "miss_rate", "
            "floor_ms", "step_over_floor", "weights_gib", "selection_gib", "kv_gib",
            "prefetch_mib", "urgent_mib", "link_mib", "link_gbps", "link_util", "floor_link_ms",
            "model_max_batch", "model_mem_gib", "gpu_mem_cap", "cap_gib", "largest_batch", "largest_basis",
-           "next_planned_gib", "paper_role", "steps", "wall_s", "error", "cache_tokens", "churn_rate", "design_label"]
+           "next_planned_gib", "paper_role", "steps", "wall_s", "error", "cache_tokens", "churn_rate", "design_label",
+           "kv_bits"]
 K128, K32 = 131072, 32768
 DEFAULT_MODEL = "llama-3-8b"
 MECH_POINTS = ((1, 0.33), (2, 0.33), (4, 0.33), (16, 0.33), (2, 0.174), (4, 0.174))   # (batch, miss rate) at 128K
@@ -92,7 +93,7 @@ MECH_POINTS = ((1, 0.33), (2, 0.33), (4, 0.33), (16, 0.33), (2, 0.174), (4, 0.17
 def design_spec(name):
     """A registry design, or '<design>-single': the same switches with one query token per step."""
     import dataclasses
-    name = name.partition("@")[0]            # a chunk-cache design's label: design@cache_tokens
+    name = name.partition("@")[0].partition("+")[0]   # a label: design[@cache_tokens][+fp8]
     if name.endswith("-single"):
         return dataclasses.replace(SYSTEMS[name[:-7]], name=name, tokens_per_step=1)
     if name not in SYSTEMS:
@@ -150,6 +151,32 @@ def alloc_host(gib, seed=0):
     return flat, t1 - t0, time.perf_counter() - t1
 
 
+_FP8_HOST = {}        # (bytes, seed, piece) -> (e4m3 flat, scales): made once per process, on first need
+
+
+def fp8_host(flat, piece, seed=0):
+    """(e4m3 flat, fp32 scales) of the same pinned bytes as the bf16 host buffer `flat`: random normal
+    values quantised on the GPU one GiB at a time (kernels.fp8.quantize_host_kv, one scale per `piece` =
+    C * d elements), made once and kept for the process."""
+    from kernels.fp8 import quantize_host_kv
+    key = (flat.numel() * flat.element_size(), seed, piece)
+    if key not in _FP8_HOST:
+        n = key[0] // (2 * piece) * (2 * piece)
+        q = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        sc = torch.empty(n // piece, dtype=torch.float32, pin_memory=True)
+        g = torch.Generator(device="cuda").manual_seed(3 + seed)
+        step = GIB // 4 // (2 * piece) * (2 * piece)     # 1 GiB of fp32 at a time
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            x = torch.randn(e - s, device="cuda", generator=g).view(-1, 2, piece)
+            qq, ss = quantize_host_kv(x)
+            q[s:e].copy_(qq.view(torch.uint8).view(-1))
+            sc[s // piece:e // piece].copy_(ss)
+        torch.cuda.synchronize()
+        _FP8_HOST[key] = (q.view(torch.float8_e4m3fn), sc)
+    return _FP8_HOST[key]
+
+
 def host_view(flat, model, ctx, batch, chunk=8, requests=True):
     """(view, alias) of the pinned buffer as the point's host KV (kernels.layout.host_kv_view: aliased
     layers, then with `requests` aliased requests), or (None, None) where it does not fit."""
@@ -161,8 +188,8 @@ def host_view(flat, model, ctx, batch, chunk=8, requests=True):
 
 
 def make_config(ctx, batch, miss_rate=0.174, transfers=True, urgent_programs=64, budget=None, chunk=None, seed=0,
-                quant_values=False, cache_tokens=None, churn_rate=None):
-    wl = {} if cache_tokens is None else {"cache_tokens": cache_tokens}
+                quant_values=False, cache_tokens=None, churn_rate=None, kv_bits=16):
+    wl = {"kv_bits": kv_bits} if cache_tokens is None else {"cache_tokens": cache_tokens, "kv_bits": kv_bits}
     if budget is not None:
         wl["budget"] = budget
     if chunk is not None:
@@ -223,8 +250,11 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
                model_mem_gib=memory_breakdown(base, model, gpu, replace(cfg.workload, batch=batch)).total / GIB)
     if sys_.chunk_cache:
         row.update(cache_tokens=cfg.workload.cache_tokens, churn_rate=cfg.churn_rate)
-    host = None
+    host = scales = None
+    row["kv_bits"] = cfg.workload.kv_bits
     if not sys_.kv_on_gpu and transfers:
+        if cfg.workload.kv_bits == 8:
+            flat, scales = fp8_host(flat, cfg.chunk * model.head_dim, seed)
         host, alias = host_view(flat, model, ctx, batch, cfg.chunk)
         if host is None:
             row["status"] = "host-limit"
@@ -241,7 +271,7 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=0.174, tran
                                            " (not allocated)")
             log(f"  {design:26s} ctx={ctx:6d} B={batch:3d}: oom (planned {row['planned_gib']:.1f} GiB)")
             return row
-        e = Engine(model, sys_, cfg, weights, "cuda", host_kv=host)
+        e = Engine(model, sys_, cfg, weights, "cuda", host_kv=host, host_scales=scales)
         stage["now"] = "the eager steps"
         e.step()                                  # pre-decoding step (prediction designs) or warm-up
         e.step()                                  # eager warm-up
@@ -511,6 +541,9 @@ def main(argv=None):
                                       " dualdecoder,shadowkv,specache,full-kv; dualdecoder-cache too)")
     ap.add_argument("--cache-tokens", help="paper phase: comma-separated chunk-cache capacities in tokens per (layer, KV"
                                            " head), each searched for dualdecoder-cache (default the Workload's)")
+    ap.add_argument("--kv-bits", default="16", help="paper phase: comma-separated 16 (bf16) and/or 8 (fp8 e4m3 host KV,"
+                                                    " dequantised by the gathers): with 8, each design that keeps its"
+                                                    " KV on the host is searched in fp8 too (label design+fp8)")
     ap.add_argument("--churn", type=float, help="dualdecoder-cache: forced share of each step's prediction new"
                                                 " against the last (with --miss: the urgent share), instead of the"
                                                 " profile's measured rates")
@@ -562,9 +595,13 @@ def parse_point(text):
 
 
 def check_point(model, design, ctx, batch, a):
-    ct = a.paper_cache_tokens[0] if design_spec(design).chunk_cache else None
+    """The --point's config; a label design[@tokens][+fp8] sets the cache capacity and the fp8 host KV."""
+    _, lt, bits = paper_phase.parse_label(design)
+    ct = (lt or a.paper_cache_tokens[0]) if design_spec(design).chunk_cache else None
+    if bits == 8 and not paper_phase.keeps_kv_on_host(design_spec(design)):
+        raise DDBenchError(f"--point {design}: fp8 applies to designs that keep their KV on the host")
     cfg = make_config(ctx, batch, a.miss, not a.no_transfers, budget=a.budget, chunk=a.chunk, cache_tokens=ct,
-                      churn_rate=a.churn if design_spec(design).chunk_cache else None)
+                      churn_rate=a.churn if design_spec(design).chunk_cache else None, kv_bits=bits)
     cfg.validate(model)
     if ct is not None and ct < cfg.budget:
         raise DDBenchError(f"--cache-tokens {ct} is smaller than the budget ({cfg.budget} tokens)")
@@ -646,6 +683,12 @@ def check_args(a, phases=()):
     if a.paper_cache_tokens == (None,):
         from ddbench.core import defaults as D
         a.paper_cache_tokens = (D.CACHE_TOKENS,)
+    try:
+        a.paper_kv_bits = tuple(int(x) for x in str(a.kv_bits).split(","))
+    except ValueError:
+        a.paper_kv_bits = ()
+    if not a.paper_kv_bits or any(b not in (8, 16) for b in a.paper_kv_bits):
+        raise DDBenchError(f"--kv-bits takes 16 and/or 8 (comma-separated), got {a.kv_bits!r}")
     if a.churn is not None and not 0.0 <= a.churn <= 1.0:
         raise DDBenchError(f"--churn must be within 0..1, got {a.churn}")
     if a.churn is not None and a.miss is None:
@@ -964,7 +1007,8 @@ def _run_paper_points(a, model, box, flat, hbm, cg, mem, rows, done, jl, cur, t_
         for r in paper_phase.not_run_rows(pm.name, (ctx,), cap_label=a.cap_label,
                                           cap_gib=None if a.cap is None else a.cap / GIB, miss_rate=a.paper_miss,
                                           status=status, error=error,
-                                          designs=paper_phase.design_labels(a.paper_designs, a.paper_cache_tokens)):
+                                          designs=paper_phase.design_labels(a.paper_designs, a.paper_cache_tokens,
+                                                                            a.paper_kv_bits)):
             append(paper_phase.paper_key(pm.name, a.cap_label, ctx, r["design"], r["batch"]), r)
             rows.append(r)
 
@@ -1004,7 +1048,7 @@ def _run_paper_points(a, model, box, flat, hbm, cg, mem, rows, done, jl, cur, t_
                 miss_rate=a.paper_miss, hbm=hbm, deadline=t_start + a.budget_s, done=done, append=append,
                 current=current, seed=a.seed, log=log, gpu_state=gpu_state, health=cap_mod.gpu_health,
                 fixed_batch=fixed, repeats=a.repeats, designs=a.paper_designs, cache_tokens=a.paper_cache_tokens,
-                cache_rates=a.paper_cache_rates))
+                cache_rates=a.paper_cache_rates, kv_bits=a.paper_kv_bits))
         except Exception as exc:  # noqa: BLE001 - run_paper makes rows of its failures; this is a last guard
             import traceback
             log(f"  [paper] {pm.name} {ctx // 1024}K failed:\n" + traceback.format_exc(limit=8))
