@@ -7,6 +7,9 @@ Targets:
   host      every GPU of the host fetching at once (1, 2, 4, 8 GPUs): the pinned big copy, the UVA
             gather of 4 and 2 KiB pieces, with --engine the engine's steps; writes
             traces/host/<gpu>-x<n>/ with the topology (python -m kernels.hostbench --help)
+  link      the gather against the pinned big copy at 8-256 MiB per call, bf16 and fp8 pieces, its
+            interference with compute and the urgent fetch's latency with a prefetch in flight (gated
+            and not); writes traces/link/<gpu>/ (python -m kernels.linkbench --help)
   kernels   the Triton kernels (gather, dual-token attention, selection, key rebuild, SpeCache
             scoring) against their floors measured in the same run; writes
             traces/kernels/<gpu>/kernels.csv with provenance columns.
@@ -28,12 +31,13 @@ from ddbench.core.paths import traces_dir
 from ddbench.core import flags
 from ddbench.core.outputs import check_path, output_folder
 
-TARGETS = ("kernels", "engine", "host")
+TARGETS = ("kernels", "engine", "host", "link")
 EXAMPLE = """examples:
   ddbench bench kernels                     # into traces/kernels/<this gpu>/kernels.csv
   ddbench bench kernels --quick --out /tmp/bench
   ddbench bench engine --quick --out /tmp/engine
   ddbench bench host --gpus 1,2,4,8 --engine
+  ddbench bench link --out /tmp/link
   ddbench bench engine --phases paper --model qwen2.5-32b --contexts 64k,128k,256k --gpu-mem-cap h100-80gb"""
 # engine target only: passed through to python -m kernels.engine.sweep (its --help says more)
 ENGINE_FLAGS = (("--phases", "comma-separated sweep phases (floor, mechanism, validation, reuse-fetch, paper)"),
@@ -44,7 +48,8 @@ ENGINE_FLAGS = (("--phases", "comma-separated sweep phases (floor, mechanism, va
                 ("--max-batch", "paper phase: the largest batch searched"),
                 ("--reps", "repetitions (paper phase: timed replays per point)"),
                 ("--budget-s", "stop starting new points after this many seconds"),
-                ("--host-gib", "pinned host KV buffer in GiB"))
+                ("--host-gib", "pinned host KV buffer in GiB"),
+                ("--kv-bits", "paper phase: 16 and/or 8 (fp8 host KV too, labels design+fp8)"))
 PROVENANCE = ("gpu", "driver", "cuda", "torch", "triton", "git_sha", "date_utc", "command")
 
 
@@ -102,6 +107,10 @@ def run(args) -> int:
         return host_main((["--out", args.out] if args.out else []) + (["--force"] if args.force else [])
                          + (["--gpus", args.gpus] if args.gpus else []) + (["--engine"] if args.engine else [])
                          + (["--seconds", args.seconds] if args.seconds else []))
+    if args.target == "link":
+        from kernels.linkbench import main as link_main
+        return link_main((["--out", args.out] if args.out else []) + (["--force"] if args.force else [])
+                         + (["--rounds", "1", "--sizes", "8,64"] if args.quick else []))
     if args.target == "engine":
         from kernels.engine.sweep import main as engine_main
         out = args.out or str(traces_dir("engine"))

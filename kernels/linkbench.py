@@ -1,0 +1,264 @@
+"""The gather's link against its ceiling: bf16 and fp8 pieces, interference with compute, urgent latency.
+
+    python -m kernels.linkbench [--rounds 3] [--sizes 8,32,64,128,256] [--out DIR] [--force]
+    (or `ddbench bench link ...`)
+
+Every round measures, one after the other (CUDA events after a warm-up, the median of --reps calls):
+  copy       the pinned host-to-device big copy (the copy engine) of each call's link bytes: the ceiling
+  gather     the persistent UVA gather (kernels/gather.py) of random chunk-heads of a 4 GiB pinned host
+             KV (Llama-3-8B's 8 KV heads, chunk 8, head_dim 128; 256 chunks per (request, head)), at
+             --sizes MiB of link bytes per call, for bf16 pieces (K+V 4 KiB), fp8 pieces (K+V 2 KiB + two
+             fp32 scales, dequantised to bf16 in the kernel) and fp8 values alone (1 KiB + a scale), at
+             several launches (programs x chunks in flight per program); pct_of_copy = 100 * copy / gather
+             time for the same link bytes in the same round
+  interference  a decode-like bf16 GEMM loop (64 tokens x 4096 x 14336) alone and with a 32-program
+             fp8 gather running beside it on a low-priority stream: the GEMM's slowdown, the gather's rate
+  urgent     an urgent gather (64 programs, the high-priority stream) of 1/4/16 MiB alone, and issued while
+             a 256 MiB prefetch gather (32 programs, low priority) is in flight: ungated, and gated
+             (the prefetch yields the link while gather.urgent_gate holds its gate). latency_ratio =
+             latency / alone; link_busy = (prefetch + urgent bytes) / (window x the copy's rate), the window
+             from the prefetch's start to the later end of the two
+Rows (link.csv): round, test, variant, piece_bytes, programs, items, call_bytes, ms, gbps, pct_of_copy,
+latency_ratio, link_busy, note; summary.json: min / median / max over the rounds of every (test,
+variant, size), and the provenance (kernels.timing.provenance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+from ddbench.core.errors import DDBenchError
+
+MiB = 1 << 20
+GiB = 1 << 30
+H, C, D, K = 8, 8, 128, 256          # KV heads, chunk tokens, head_dim, chunks per (request, head)
+HOST_BYTES = 4 * GiB
+LAUNCHES = ((32, 2), (32, 4), (32, 8), (64, 4), (132, 2), (132, 4))
+COLUMNS = ["round", "test", "variant", "piece_bytes", "programs", "items", "call_bytes", "ms", "gbps", "pct_of_copy",
+           "latency_ratio", "link_busy", "note"]
+
+
+def _hosts(torch):
+    """(bf16 host flat, e4m3 host flat, its scales): HOST_BYTES each, random normal values."""
+    from kernels.fp8 import quantize_host_kv
+    n = HOST_BYTES // 2
+    h16 = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
+    q8 = torch.empty(HOST_BYTES, dtype=torch.uint8, pin_memory=True)
+    sc = torch.empty(HOST_BYTES // (C * D), dtype=torch.float32, pin_memory=True)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    step = GiB // 4
+    for s in range(0, HOST_BYTES, step):
+        x = torch.randn(step, device="cuda", generator=g)
+        if s < n:
+            h16[s:s + step].copy_(x.to(torch.bfloat16)[: min(step, n - s)])
+        q, scale = quantize_host_kv(x.view(-1, 2, C, D))
+        q8[s:s + step].copy_(q.view(torch.uint8).view(-1))
+        sc[s // (C * D):(s + step) // (C * D)].copy_(scale)
+    torch.cuda.synchronize()
+    return h16, q8.view(torch.float8_e4m3fn), sc
+
+
+class Case:
+    """One gather call of `items` chunk-heads of `kind` (bf16 | fp8 | fp8-values) over the host buffers."""
+
+    def __init__(self, torch, hosts, kind, call_bytes, seed=0):
+        from kernels.layout import host_kv_view
+        h16, q8, sc = hosts
+        self.kind = kind
+        piece = {"bf16": 2 * C * D * 2, "fp8": 2 * (C * D + 4), "fp8-values": C * D + 4}[kind]
+        self.piece = piece
+        n_items = max(H * K, call_bytes // piece // (H * K) * (H * K))
+        B = n_items // (H * K)
+        self.bytes = n_items * piece
+        flat = h16 if kind == "bf16" else q8
+        N = min(16384, flat.numel() // (B * H * 2 * C * D))
+        if N < K:
+            raise DDBenchError(f"{call_bytes / MiB:.0f} MiB per call does not fit the {HOST_BYTES >> 30} GiB host buffer")
+        self.host, _ = host_kv_view(flat, 1, B, H, N, C, D)
+        self.scales = None if kind == "bf16" else sc
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        self.idx = torch.rand(B, H, N, device="cuda", generator=g).argsort(-1)[..., :K].sort(-1).values.int()
+        self.k = None if kind == "fp8-values" else torch.empty(B, H, K * C, D, device="cuda", dtype=torch.bfloat16)
+        self.v = torch.empty(B, H, K * C, D, device="cuda", dtype=torch.bfloat16)
+
+    def __call__(self, programs=32, items=2, gate=None):
+        from kernels.gather import gather_uva
+        gather_uva(self.host, 0, self.idx, self.k, self.v, programs=programs, items=items, scales=self.scales, gate=gate)
+
+
+def _ms(torch, fn, reps):
+    from kernels.timing import event_times
+    return statistics.median(event_times(fn, reps, warmup=2))
+
+
+def _copy_ms(torch, src, dst, nbytes, reps):
+    return _ms(torch, lambda: dst[:nbytes].copy_(src[:nbytes], non_blocking=True), reps)
+
+
+def bench_gather(torch, hosts, rows, rnd, sizes, reps, cp_src, cp_dst):
+    for mib in sizes:
+        for kind in ("bf16", "fp8", "fp8-values"):
+            if kind == "fp8-values" and mib not in (sizes[0], 64, sizes[-1]):
+                continue
+            case = Case(torch, hosts, kind, mib * MiB, seed=rnd)
+            copy = _copy_ms(torch, cp_src, cp_dst, case.bytes, reps)
+            rows.append(dict(round=rnd, test="copy", variant=kind, piece_bytes=case.piece, call_bytes=case.bytes,
+                             ms=copy, gbps=case.bytes / copy / 1e6))
+            for programs, items in LAUNCHES:
+                t = _ms(torch, lambda: case(programs, items), reps)
+                rows.append(dict(round=rnd, test="gather", variant=kind, piece_bytes=case.piece, programs=programs,
+                                 items=items, call_bytes=case.bytes, ms=t, gbps=case.bytes / t / 1e6,
+                                 pct_of_copy=100 * copy / t))
+            print(f"  round {rnd} {mib:4d} MiB {kind:10s} copy {case.bytes / copy / 1e6:6.1f} GB/s  best gather "
+                  f"{max(r['pct_of_copy'] for r in rows[-len(LAUNCHES):]):5.1f} %", flush=True)
+            del case
+
+
+def _overlap(torch, first, second, lo, hi):
+    """Launch first() on `lo` and second() on `hi` (second after first is issued); the (start, end) events."""
+    e = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+    torch.cuda.synchronize()
+    with torch.cuda.stream(lo):
+        e[0].record()
+        first()
+        e[1].record()
+    with torch.cuda.stream(hi):
+        e[2].record()
+        second()
+        e[3].record()
+    torch.cuda.synchronize()
+    return e
+
+
+def bench_interference(torch, hosts, rows, rnd, reps, copy_gbps):
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16)
+    loops = 60
+
+    def gemm():
+        for _ in range(loops):
+            x @ w
+    alone = _ms(torch, gemm, reps)
+    case = Case(torch, hosts, "fp8", 256 * MiB, seed=rnd)
+    lo, hi = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=-1)
+    slow, rate = [], []
+    for _ in range(reps):
+        e = _overlap(torch, lambda: [case(32, 4) for _ in range(3)], gemm, lo, hi)
+        slow.append(e[2].elapsed_time(e[3]) / alone)
+        rate.append(3 * case.bytes / e[0].elapsed_time(e[1]) / 1e6)
+    rows.append(dict(round=rnd, test="interference", variant="gemm-beside-fp8-gather", programs=32, items=4,
+                     call_bytes=3 * case.bytes, ms=statistics.median(slow) * alone, latency_ratio=statistics.median(slow),
+                     gbps=statistics.median(rate), pct_of_copy=100 * statistics.median(rate) / copy_gbps,
+                     note=f"GEMM loop alone {alone:.3f} ms; ratio = GEMM time beside the gather / alone"))
+    print(f"  round {rnd} interference: GEMM x{statistics.median(slow):.3f}, gather {statistics.median(rate):.1f} GB/s",
+          flush=True)
+
+
+def bench_urgent(torch, hosts, rows, rnd, reps, copy_gbps):
+    from kernels.gather import urgent_gate
+    pre = Case(torch, hosts, "fp8", 256 * MiB, seed=100 + rnd)
+    gate = torch.zeros(1, device="cuda", dtype=torch.int32)
+    lo, hi = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=-1)
+    for mib in (1, 4, 16):
+        urg = Case(torch, hosts, "fp8", mib * MiB, seed=200 + rnd)
+        alone = _ms(torch, lambda: urg(64, 4), reps)
+        rows.append(dict(round=rnd, test="urgent", variant="alone", piece_bytes=urg.piece, programs=64, items=4,
+                         call_bytes=urg.bytes, ms=alone, gbps=urg.bytes / alone / 1e6, latency_ratio=1.0))
+        for variant, g in (("beside-prefetch", None), ("beside-gated-prefetch", gate)):
+            lat, busy = [], []
+            for _ in range(reps):
+                def urgent():
+                    if g is None:
+                        urg(64, 4)
+                    else:
+                        urgent_gate(g, lambda: urg(64, 4))
+                # the prefetch is launched first and runs about 5 ms; the urgent fetch starts inside it
+                e = _overlap(torch, lambda: pre(32, 4, gate=g), urgent, lo, hi)
+                lat.append(e[2].elapsed_time(e[3]))
+                window = max(e[0].elapsed_time(e[1]), e[0].elapsed_time(e[3]))
+                busy.append((pre.bytes + urg.bytes) / (window * 1e-3) / (copy_gbps * 1e9))
+            m = statistics.median(lat)
+            rows.append(dict(round=rnd, test="urgent", variant=variant, piece_bytes=urg.piece, programs=64, items=4,
+                             call_bytes=urg.bytes, ms=m, gbps=urg.bytes / m / 1e6, latency_ratio=m / alone,
+                             link_busy=statistics.median(busy),
+                             note="prefetch 256 MiB fp8, 32 programs x 4, low priority"))
+            print(f"  round {rnd} urgent {mib:2d} MiB {variant:22s} x{m / alone:5.2f} of alone ({alone:.3f} ms),"
+                  f" link busy {statistics.median(busy):.2f}", flush=True)
+        del urg
+
+
+def summarise(rows):
+    groups = {}
+    for r in rows:
+        key = (r["test"], r["variant"], r.get("programs"), r.get("items"), r["call_bytes"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (test, variant, programs, items, nbytes), rs in groups.items():
+        e = dict(test=test, variant=variant, programs=programs, items=items, call_bytes=nbytes, n=len(rs))
+        for c in ("gbps", "pct_of_copy", "latency_ratio", "link_busy"):
+            v = sorted(float(r[c]) for r in rs if r.get(c) not in (None, ""))
+            if v:
+                e[c] = dict(min=v[0], median=statistics.median(v), max=v[-1])
+        out.append(e)
+    return out
+
+
+def main(argv=None) -> int:
+    import csv
+    import json
+    ap = argparse.ArgumentParser(prog="python -m kernels.linkbench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3, help="repetitions of the whole sweep (>= 3 for a stated ratio)")
+    ap.add_argument("--reps", type=int, default=5, help="timed calls per measurement (their median)")
+    ap.add_argument("--sizes", default="8,32,64,128,256", help="link MiB per gather call, comma-separated (8..256)")
+    ap.add_argument("--out", default=None, help="output folder (default the data root's link/<gpu>)")
+    ap.add_argument("--force", action="store_true", help="replace an earlier run's files (ddbench's own only)")
+    a = ap.parse_args(argv)
+    try:
+        try:
+            sizes = sorted({int(x) for x in a.sizes.split(",")})
+        except ValueError:
+            raise DDBenchError(f"--sizes takes comma-separated MiB, got {a.sizes!r}") from None
+        if not sizes or sizes[0] < 1 or sizes[-1] > 512:
+            raise DDBenchError(f"--sizes must be within 1..512 MiB, got {a.sizes!r}")
+        if not 1 <= a.rounds <= 20 or not 1 <= a.reps <= 100:
+            raise DDBenchError("--rounds must be within 1..20 and --reps within 1..100")
+        import torch
+        if not torch.cuda.is_available():
+            raise DDBenchError("the link bench needs a CUDA GPU; none is visible to torch")
+        from ddbench.core.catalog.gpus import catalog_gpu_name
+        from ddbench.core.outputs import output_folder
+        from ddbench.core.paths import traces_dir
+        from kernels.timing import provenance
+        gpu = catalog_gpu_name(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
+        out = a.out or str(traces_dir("link", gpu))
+        prov = provenance(" ".join(["python -m kernels.linkbench"] + list(argv if argv is not None else sys.argv[1:])))
+        with output_folder(out, command="python -m kernels.linkbench", force=a.force) as w:
+            w.claim(["link.csv", "summary.json"])
+            hosts = _hosts(torch)
+            cp_src = torch.empty(max(sizes) * MiB + MiB, dtype=torch.uint8, pin_memory=True).random_()
+            cp_dst = torch.empty_like(cp_src, device="cuda")
+            rows = []
+            for rnd in range(a.rounds):
+                bench_gather(torch, hosts, rows, rnd, sizes, a.reps, cp_src, cp_dst)
+                copy_gbps = max(r["gbps"] for r in rows if r["round"] == rnd and r["test"] == "copy")
+                bench_interference(torch, hosts, rows, rnd, a.reps, copy_gbps)
+                bench_urgent(torch, hosts, rows, rnd, a.reps, copy_gbps)
+            with open(w.stage_path("link.csv"), "w", newline="", encoding="utf-8") as fh:
+                wr = csv.DictWriter(fh, fieldnames=COLUMNS + list(prov))
+                wr.writeheader()
+                for r in rows:
+                    wr.writerow({**{c: r.get(c, "") for c in COLUMNS}, **prov})
+            with open(w.stage_path("summary.json"), "w", encoding="utf-8") as fh:
+                json.dump({"provenance": prov, "sizes_mib": sizes, "rounds": a.rounds, "reps": a.reps,
+                           "host_bytes": HOST_BYTES, "summary": summarise(rows)}, fh, indent=1)
+    except DDBenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
