@@ -1,6 +1,6 @@
 """Gather selected KV chunks from pinned host memory into a compact GPU buffer.
 
-    gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=2, scales=None)
+    gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=None, scales=None)
         host_kv [L, B, H, N, 2, C, d] pinned (kernels.layout; request and layer strides free); idx [B, H, n] int32 chunk ids;
         k_out, v_out [B, H, S, d] on the GPU (k_out=None: values only, as ShadowKV fetches).
         fp8: host_kv float8_e4m3fn with `scales` (kernels.fp8.host_scales: one fp32 per K or V piece of
@@ -18,8 +18,9 @@
     gather_per_chunk(host_kv, layer, idx_list, dev_stage, k_out, v_out)             baseline
 
 The Triton kernel reads the host pointer directly (UVA) and is persistent: `programs` blocks
-loop over the (b, h, j) items, `items` chunks per iteration in flight per block. About 32
-blocks fill PCIe (ANCHORS.md); more would only crowd out urgent work on the SMs.
+loop over the (b, h, j) items, `items` chunks per iteration in flight per block (launch_items: 2 for
+bf16, more for the smaller fp8 pieces). About 32 blocks fill PCIe (ANCHORS.md); more would only crowd
+out urgent work on the SMs.
 """
 
 from __future__ import annotations
@@ -88,6 +89,20 @@ def out_dtype_ok(host_kv, t) -> bool:
     return t.dtype == host_kv.dtype
 
 
+FP8_IN_FLIGHT = 256     # fp8 pieces (2 KiB) in flight per launch: 90-91 % of the big copy from 32 programs x 8
+                        # (bench link, traces/link/h200); bf16 pieces (4 KiB) keep 2 per program (92-93 % at 32)
+
+
+def launch_items(items, programs: int, host_kv) -> int:
+    """Chunks in flight per program: `items`, or by default 2 (bf16) and FP8_IN_FLIGHT / programs rounded
+    down to a power of two (fp8)."""
+    if items is not None:
+        return int(items)
+    if host_kv.dtype != E4M3:
+        return 2
+    return max(2, 1 << (max(1, FP8_IN_FLIGHT // max(1, programs)).bit_length() - 1))
+
+
 def _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales=None):
     check_host_kv(host_kv)
     check_host_scales(host_kv, scales)
@@ -111,7 +126,7 @@ def _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales=None):
     return B, H, N, C, d
 
 
-def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=2, scales=None,
+def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=None, scales=None,
                gate=None):
     """Persistent UVA gather (see module docstring). Returns the launch's src_slot (None without prev)."""
     B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
@@ -132,6 +147,7 @@ def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, p
         ps = pv.stride()
     if n_items == 0:
         return None
+    items = launch_items(items, programs, host_kv)
     grid = (max(1, min(programs, triton.cdiv(n_items, items))),)
     fp8 = host_kv.dtype == E4M3
     src = host_kv[layer].view(torch.uint8) if fp8 else host_kv[layer]

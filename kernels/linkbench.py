@@ -10,7 +10,8 @@ Every round measures, one after the other (CUDA events after a warm-up, the medi
              --sizes MiB of link bytes per call, for bf16 pieces (K+V 4 KiB), fp8 pieces (K+V 2 KiB + two
              fp32 scales, dequantised to bf16 in the kernel) and fp8 values alone (1 KiB + a scale), at
              several launches (programs x chunks in flight per program); pct_of_copy = 100 * copy / gather
-             time for the same link bytes in the same round
+             time for the same link bytes in the same round. Each case holds SETS random selections and
+             uses them in turn, so no call finds the last call's pieces in L2 or its pages in the TLBs
   interference  a decode-like bf16 GEMM loop (64 tokens x 4096 x 14336) alone and with a 32-program
              fp8 gather running beside it on a low-priority stream: the GEMM's slowdown, the gather's rate
   urgent     an urgent gather (64 programs, the high-priority stream) of 1/4/16 MiB alone, and issued while
@@ -33,7 +34,8 @@ from ddbench.core.errors import DDBenchError
 
 MiB = 1 << 20
 GiB = 1 << 30
-H, C, D, K = 8, 8, 128, 256          # KV heads, chunk tokens, head_dim, chunks per (request, head)
+H, C, D, K = 8, 8, 128, 256          # KV heads, chunk tokens, head_dim, chunks per (request, head) at most
+SETS = 4                             # index sets per case, used in turn: no call re-reads the last one's pieces
 HOST_BYTES = 4 * GiB
 LAUNCHES = ((32, 2), (32, 4), (32, 8), (64, 4), (132, 2), (132, 4))
 COLUMNS = ["round", "test", "variant", "piece_bytes", "programs", "items", "call_bytes", "ms", "gbps", "pct_of_copy",
@@ -69,23 +71,28 @@ class Case:
         self.kind = kind
         piece = {"bf16": 2 * C * D * 2, "fp8": 2 * (C * D + 4), "fp8-values": C * D + 4}[kind]
         self.piece = piece
-        n_items = max(H * K, call_bytes // piece // (H * K) * (H * K))
-        B = n_items // (H * K)
-        self.bytes = n_items * piece
+        n_items = call_bytes // piece
+        k = max(1, min(K, n_items // H))                # chunks per (request, head); a small call: one request
+        B = max(1, n_items // (H * k))
+        self.bytes = B * H * k * piece
         flat = h16 if kind == "bf16" else q8
         N = min(16384, flat.numel() // (B * H * 2 * C * D))
-        if N < K:
+        if N < k:
             raise DDBenchError(f"{call_bytes / MiB:.0f} MiB per call does not fit the {HOST_BYTES >> 30} GiB host buffer")
         self.host, _ = host_kv_view(flat, 1, B, H, N, C, D)
         self.scales = None if kind == "bf16" else sc
         g = torch.Generator(device="cuda").manual_seed(seed)
-        self.idx = torch.rand(B, H, N, device="cuda", generator=g).argsort(-1)[..., :K].sort(-1).values.int()
-        self.k = None if kind == "fp8-values" else torch.empty(B, H, K * C, D, device="cuda", dtype=torch.bfloat16)
-        self.v = torch.empty(B, H, K * C, D, device="cuda", dtype=torch.bfloat16)
+        self.idx = [torch.rand(B, H, N, device="cuda", generator=g).argsort(-1)[..., :k].sort(-1).values.int()
+                    for _ in range(SETS)]
+        self.calls = 0
+        self.k = None if kind == "fp8-values" else torch.empty(B, H, k * C, D, device="cuda", dtype=torch.bfloat16)
+        self.v = torch.empty(B, H, k * C, D, device="cuda", dtype=torch.bfloat16)
 
     def __call__(self, programs=32, items=2, gate=None):
         from kernels.gather import gather_uva
-        gather_uva(self.host, 0, self.idx, self.k, self.v, programs=programs, items=items, scales=self.scales, gate=gate)
+        idx = self.idx[self.calls % SETS]
+        self.calls += 1
+        gather_uva(self.host, 0, idx, self.k, self.v, programs=programs, items=items, scales=self.scales, gate=gate)
 
 
 def _ms(torch, fn, reps):
@@ -163,12 +170,12 @@ def bench_urgent(torch, hosts, rows, rnd, reps, copy_gbps):
     lo, hi = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=-1)
     for mib in (1, 4, 16):
         urg = Case(torch, hosts, "fp8", mib * MiB, seed=200 + rnd)
-        alone = _ms(torch, lambda: urg(64, 4), reps)
+        alone = _ms(torch, lambda: urg(64, 4), 4 * reps)
         rows.append(dict(round=rnd, test="urgent", variant="alone", piece_bytes=urg.piece, programs=64, items=4,
                          call_bytes=urg.bytes, ms=alone, gbps=urg.bytes / alone / 1e6, latency_ratio=1.0))
         for variant, g in (("beside-prefetch", None), ("beside-gated-prefetch", gate)):
             lat, busy = [], []
-            for _ in range(reps):
+            for _ in range(2 * reps):
                 def urgent():
                     if g is None:
                         urg(64, 4)

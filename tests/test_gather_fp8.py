@@ -169,3 +169,11 @@ def test_gate_holds_a_prefetch_until_released_gpu():
     side.synchronize()
     assert held and still_poisoned
     assert torch.equal(k, kr) and torch.equal(v, vr)
+
+
+def test_launch_items_keep_fp8_pieces_in_flight():
+    from kernels.gather import launch_items
+    q = torch.empty(1, dtype=E4M3)
+    b = torch.empty(1, dtype=torch.bfloat16)
+    assert [launch_items(None, p, q) for p in (32, 64, 132, 5)] == [8, 4, 2, 32]
+    assert launch_items(None, 32, b) == 2 and launch_items(4, 32, q) == 4

@@ -224,11 +224,15 @@ def reuse_fetch(gather, host_kv, layer, true, prev_true, kb, vb, pk, pv):
 
 
 def reuse_launch(gather) -> dict:
-    """{'programs', 'items'} of the reuse gather as the engine launches it: reuse_gather passes
-    neither, so `gather`'s defaults (32 persistent programs, 2 chunks in flight each)."""
+    """{'programs', 'items'} of the reuse gather as the engine launches it over a bf16 host: reuse_gather
+    passes neither, so `gather`'s defaults (32 persistent programs; items None: kernels.gather.launch_items,
+    2 chunks in flight each for bf16 pieces)."""
     import inspect
     p = inspect.signature(gather).parameters
-    return {n: p[n].default for n in ("programs", "items")}
+    out = {n: p[n].default for n in ("programs", "items")}
+    if out["items"] is None:
+        out["items"] = 2
+    return out
 
 
 @dataclass

@@ -168,7 +168,7 @@ def fp8_host(flat, piece, seed=0):
         step = GIB // 4 // (2 * piece) * (2 * piece)     # 1 GiB of fp32 at a time
         for s in range(0, n, step):
             e = min(n, s + step)
-            x = torch.randn(e - s, device="cuda", generator=g).view(-1, 2, piece)
+            x = torch.randn(e - s, device="cuda", generator=g).view(-1, 2, 1, piece)   # one scale per piece
             qq, ss = quantize_host_kv(x)
             q[s:e].copy_(qq.view(torch.uint8).view(-1))
             sc[s // piece:e // piece].copy_(ss)

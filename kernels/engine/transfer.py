@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels.fp8 import E4M3, check_host_scales, dequantized_layer, layer_scales
+from kernels.gather import launch_items
 from kernels.indexsets import reuse_plan
 from kernels.layout import check_host_kv
 
@@ -101,7 +102,7 @@ def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, k_out
             tl.store(k_out + dst, k, mask=ok[:, None])
 
 
-def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, items=2, scales=None):
+def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, items=None, scales=None):
     """Fetch plan's misses from host_kv[layer] into slot plan.slot of (b, h) (k_out None: values only)."""
     check_host_kv(host_kv)
     check_host_scales(host_kv, scales)
@@ -109,6 +110,7 @@ def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, i
     n = plan.bh.numel()
     if n == 0:
         return
+    items = launch_items(items, programs, host_kv)
     grid = (max(1, min(programs, triton.cdiv(n, items))),)
     fp8 = host_kv.dtype == E4M3
     src = host_kv[layer].view(torch.uint8) if fp8 else host_kv[layer]
