@@ -6,9 +6,7 @@
         fp8: host_kv float8_e4m3fn with `scales` (kernels.fp8.host_scales: one fp32 per K or V piece of
         its storage); the pieces cross the link as e4m3 and are dequantised in the kernel into the
         outputs' dtype (bf16): the GPU buffers, and so attention, stay as in bf16.
-        gate: an int32 [1] device tensor; each block starts no new reads while it is above 0 (an urgent
-        fetch in flight holds it: urgent_gate), so a prefetch yields the link to urgent misses.
-    urgent_gate(gate, fn)                 fn() between gate += 1 and gate -= 1 on the current stream
+
         Slot j of (b, h) receives chunk idx[b, h, j] at tokens slot_offset + j*C .. + C.
         prev=(prev_idx, prev_k, prev_v): chunks found in prev_idx are copied from the previous
         GPU buffers (HBM) and only the misses cross PCIe (ShadowKV reuse). prev buffers must not
@@ -36,18 +34,15 @@ from kernels.layout import check_host_kv
 
 
 @triton.jit
-def _gather_kernel(host, scales, idx, src_slot, prev_k, prev_v, k_out, v_out, gate,
+def _gather_kernel(host, scales, idx, src_slot, prev_k, prev_v, k_out, v_out,
                    n_items, n_sel, H, N, s_hb,
                    s_ob, s_oh, s_ot, s_pb, s_ph, s_pt, slot_offset,
                    CD: tl.constexpr, C: tl.constexpr, ITEMS: tl.constexpr,
-                   FETCH_K: tl.constexpr, REUSE: tl.constexpr, FP8: tl.constexpr, GATE: tl.constexpr):
+                   FETCH_K: tl.constexpr, REUSE: tl.constexpr, FP8: tl.constexpr):
     p = tl.program_id(0)
     G = tl.num_programs(0)
     e = tl.arange(0, CD)[None, :]
     for base in range(p * ITEMS, n_items, G * ITEMS):
-        if GATE:      # yield the link: no new reads while an urgent fetch holds the gate (urgent_gate)
-            while tl.load(gate, volatile=True) > 0:
-                pass
         it = base + tl.arange(0, ITEMS)
         ok = it < n_items
         j = it % n_sel
@@ -126,8 +121,7 @@ def _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales=None):
     return B, H, N, C, d
 
 
-def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=None, scales=None,
-               gate=None):
+def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=None, scales=None):
     """Persistent UVA gather (see module docstring). Returns the launch's src_slot (None without prev)."""
     B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
     n_sel = idx.shape[2]
@@ -153,21 +147,10 @@ def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, p
     src = host_kv[layer].view(torch.uint8) if fp8 else host_kv[layer]
     sc = layer_scales(host_kv, layer, scales) if fp8 else v_out
     _gather_kernel[grid](src, sc, idx, src_slot, pk, pv, v_out if k_out is None else k_out, v_out,
-                         idx if gate is None else gate,
                          n_items, n_sel, H, N, host_kv.stride(1), *v_out.stride()[:3], *ps[:3], slot_offset,
                          CD=C * d, C=C, ITEMS=items, FETCH_K=k_out is not None, REUSE=prev is not None,
-                         FP8=fp8, GATE=gate is not None, num_warps=4)
+                         FP8=fp8, num_warps=4)
     return src_slot if prev is not None else None
-
-
-def urgent_gate(gate: torch.Tensor, fn):
-    """Run fn() (an urgent fetch) holding `gate` (int32 [1]) on the current stream: a gated prefetch
-    (gather_uva gate=) issues no new reads from the gate's rise to its fall. Capturable."""
-    gate.add_(1)
-    try:
-        return fn()
-    finally:
-        gate.sub_(1)
 
 
 def gather_ref(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, scales=None, **_):

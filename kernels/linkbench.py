@@ -14,11 +14,10 @@ Every round measures, one after the other (CUDA events after a warm-up, the medi
              uses them in turn, so no call finds the last call's pieces in L2 or its pages in the TLBs
   interference  a decode-like bf16 GEMM loop (64 tokens x 4096 x 14336) alone and with a 32-program
              fp8 gather running beside it on a low-priority stream: the GEMM's slowdown, the gather's rate
-  urgent     an urgent gather (64 programs, the high-priority stream) of 1/4/16 MiB alone, and issued while
-             a 256 MiB prefetch gather (32 programs, low priority) is in flight: ungated, and gated
-             (the prefetch yields the link while gather.urgent_gate holds its gate). latency_ratio =
-             latency / alone; link_busy = (prefetch + urgent bytes) / (window x the copy's rate), the window
-             from the prefetch's start to the later end of the two
+  urgent     an urgent fp8 gather (64 programs, the high-priority stream) of about 1/4/16 MiB alone, and
+             issued while a 256 MiB prefetch gather (32 programs, low priority) is in flight.
+             latency_ratio = latency / alone; link_busy = (prefetch + urgent bytes) / (window x the copy's
+             rate), the window from the prefetch's start to the later end of the two
 Rows (link.csv): round, test, variant, piece_bytes, programs, items, call_bytes, ms, gbps, pct_of_copy,
 latency_ratio, link_busy, note; summary.json: min / median / max over the rounds of every (test,
 variant, size), and the provenance (kernels.timing.provenance).
@@ -88,11 +87,11 @@ class Case:
         self.k = None if kind == "fp8-values" else torch.empty(B, H, k * C, D, device="cuda", dtype=torch.bfloat16)
         self.v = torch.empty(B, H, k * C, D, device="cuda", dtype=torch.bfloat16)
 
-    def __call__(self, programs=32, items=2, gate=None):
+    def __call__(self, programs=32, items=2):
         from kernels.gather import gather_uva
         idx = self.idx[self.calls % SETS]
         self.calls += 1
-        gather_uva(self.host, 0, idx, self.k, self.v, programs=programs, items=items, scales=self.scales, gate=gate)
+        gather_uva(self.host, 0, idx, self.k, self.v, programs=programs, items=items, scales=self.scales)
 
 
 def _ms(torch, fn, reps):
@@ -164,25 +163,18 @@ def bench_interference(torch, hosts, rows, rnd, reps, copy_gbps):
 
 
 def bench_urgent(torch, hosts, rows, rnd, reps, copy_gbps):
-    from kernels.gather import urgent_gate
     pre = Case(torch, hosts, "fp8", 256 * MiB, seed=100 + rnd)
-    gate = torch.zeros(1, device="cuda", dtype=torch.int32)
     lo, hi = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=-1)
     for mib in (1, 4, 16):
         urg = Case(torch, hosts, "fp8", mib * MiB, seed=200 + rnd)
         alone = _ms(torch, lambda: urg(64, 4), 4 * reps)
         rows.append(dict(round=rnd, test="urgent", variant="alone", piece_bytes=urg.piece, programs=64, items=4,
                          call_bytes=urg.bytes, ms=alone, gbps=urg.bytes / alone / 1e6, latency_ratio=1.0))
-        for variant, g in (("beside-prefetch", None), ("beside-gated-prefetch", gate)):
+        for variant in ("beside-prefetch",):
             lat, busy = [], []
             for _ in range(2 * reps):
-                def urgent():
-                    if g is None:
-                        urg(64, 4)
-                    else:
-                        urgent_gate(g, lambda: urg(64, 4))
                 # the prefetch is launched first and runs about 5 ms; the urgent fetch starts inside it
-                e = _overlap(torch, lambda: pre(32, 4, gate=g), urgent, lo, hi)
+                e = _overlap(torch, lambda: pre(32, 8), lambda: urg(64, 4), lo, hi)
                 lat.append(e[2].elapsed_time(e[3]))
                 window = max(e[0].elapsed_time(e[1]), e[0].elapsed_time(e[3]))
                 busy.append((pre.bytes + urg.bytes) / (window * 1e-3) / (copy_gbps * 1e9))
@@ -190,7 +182,7 @@ def bench_urgent(torch, hosts, rows, rnd, reps, copy_gbps):
             rows.append(dict(round=rnd, test="urgent", variant=variant, piece_bytes=urg.piece, programs=64, items=4,
                              call_bytes=urg.bytes, ms=m, gbps=urg.bytes / m / 1e6, latency_ratio=m / alone,
                              link_busy=statistics.median(busy),
-                             note="prefetch 256 MiB fp8, 32 programs x 4, low priority"))
+                             note="prefetch 256 MiB fp8, 32 programs x 8, low priority"))
             print(f"  round {rnd} urgent {mib:2d} MiB {variant:22s} x{m / alone:5.2f} of alone ({alone:.3f} ms),"
                   f" link busy {statistics.median(busy):.2f}", flush=True)
         del urg

@@ -142,9 +142,9 @@ def engine_cache_rates(r, model: str):
     budget's; the replay takes the workload's rates from the engine as it takes the forced miss rate."""
     from ddbench.core.cacherates import forced
     from ddbench.core.catalog import get_model
-    from ddbench.core.memory import Workload
-    m, w = get_model(model), Workload(context=int(r.context))
-    full = int(r.batch) * m.num_layers * m.num_kv_heads * (w.budget // w.chunk) * 2 * w.chunk * m.head_dim * 2
+    from ddbench.core.memory import Workload, kv_piece_bytes
+    m, w = get_model(model), Workload(context=int(r.context), kv_bits=_kv_bits(r))
+    full = int(r.batch) * m.num_layers * m.num_kv_heads * (w.budget // w.chunk) * 2 * kv_piece_bytes(m, w)
     pf, ur = float(r.prefetch_mib) * MIB / full, float(r.urgent_mib) * MIB / full
     return forced(min(pf, 1.0), min(ur, 1.0), m.num_layers,
                   f"the engine's moved chunks: prefetched {pf:.3f}, urgent {ur:.3f} of the budget per step")
@@ -332,7 +332,12 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         rate = 0.0 if r.miss_rate == "none" else float(r.miss_rate)
         miss = effective_miss(rate, w0.budget, w0.chunk)
         cache, ct = _cache_of(r, model)
-        plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache, ct, _kv_bits(r))
+        try:
+            plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache, ct,
+                               _kv_bits(r))
+        except DDBenchError as exc:          # e.g. fp8 pieces smaller than any the bundle measured
+            skipped.append((label + f" kv_bits {_kv_bits(r)}", f"not priced: {exc}"))
+            continue
         fill_fitted = bool(ct) and _fill_fitted(cmm, meta, int(r.context))
         harness = 0.0
         if r.miss_rate != "none" and not plan.design.kv_on_gpu:
@@ -392,7 +397,10 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
         cmm = cms(model)
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), w0.budget, w0.chunk)
         cache, ct = _cache_of(r, model)
-        plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model, cache, ct, _kv_bits(r))
+        try:
+            plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model, cache, ct, _kv_bits(r))
+        except DDBenchError:                 # not priced (validate() lists why)
+            continue
         step, _ = point_step_s(plan)
         key = COMPUTE_TWIN.get(r.design, r.design)
         h = 0.0 if r.miss_rate == "none" else (cmm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)

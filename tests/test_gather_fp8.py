@@ -10,7 +10,7 @@ import torch
 from ddbench.core.errors import DDBenchError
 from kernels.engine.transfer import gather_slots, gather_slots_ref, plan_misses
 from kernels.fp8 import E4M3, REL_ERROR, dequantized_layer, quantize_host_kv
-from kernels.gather import gather_ref, gather_uva, urgent_gate
+from kernels.gather import gather_ref, gather_uva
 from kernels.layout import alloc_host_kv, host_kv_view
 
 GPU = torch.cuda.is_available()
@@ -133,42 +133,6 @@ def test_fp8_gather_rejects_bad_inputs():
     bad[0, 0, 1, 3, 1, 2, 5] = float("inf")
     with pytest.raises(DDBenchError, match="inf or NaN"):
         quantize_host_kv(bad)
-
-
-def test_gate_zero_changes_nothing():
-    B, H, N, n, C, d = 2, 2, 16, 4, 8, 16
-    _, q, s = _host(1, B, H, N, C, d, seed=8)
-    idx = _ids(B, H, N, n, 3)
-    gate = torch.zeros(1, dtype=torch.int32, device=DEV)
-    k, v, kr, vr = (_poison(B, H, n * C, d) for _ in range(4))
-    gather_uva(q, 0, idx, k, v, scales=s, gate=gate)
-    gather_uva(q, 0, idx, kr, vr, scales=s)
-    assert torch.equal(k, kr) and torch.equal(v, vr)
-    assert urgent_gate(gate, lambda: int(gate.item())) == 1 and int(gate.item()) == 0
-
-
-@pytest.mark.gpu
-def test_gate_holds_a_prefetch_until_released_gpu():
-    import time
-    B, H, N, n, C, d = 4, 8, 64, 16, 8, 128
-    _, q, s = _host(1, B, H, N, C, d, seed=4)
-    idx = _ids(B, H, N, n, 5)
-    k, v, kr, vr = (_poison(B, H, n * C, d) for _ in range(4))
-    gather_ref(q, 0, idx, kr, vr, scales=s)
-    gather_uva(q, 0, idx, k, v, scales=s)           # compile first
-    k.fill_(float("nan"))
-    gate = torch.ones(1, dtype=torch.int32, device="cuda")
-    side = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    with torch.cuda.stream(side):
-        gather_uva(q, 0, idx, k, v, scales=s, gate=gate)
-    time.sleep(0.05)
-    held = not side.query()
-    still_poisoned = bool(k.isnan().all())           # default stream: reads k beside the held kernel
-    gate.zero_()
-    side.synchronize()
-    assert held and still_poisoned
-    assert torch.equal(k, kr) and torch.equal(v, vr)
 
 
 def test_launch_items_keep_fp8_pieces_in_flight():
