@@ -73,3 +73,30 @@ def test_sweep_bad_kv_bits_exits_2(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and ("kv-bits" in err or "fp8" in err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", HOST_DESIGNS)
+def test_fp8_engine_equals_dequantised_bf16_gpu(name):
+    """The Triton path on the GPU: the fp8 step equals, bit for bit, the bf16 step over the dequantised
+    host (the gathers round each dequantised value to bf16 as the torch cast does)."""
+    from kernels.engine.selfcheck import SMALL
+    L, B, H, d, ctx = SMALL.num_layers, 3, SMALL.num_kv_heads, SMALL.head_dim, 8192
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(L, B, H, ctx // 8, 2, 8, d, device="cuda", generator=g)
+    q, s = quantize_host_kv(x)
+    deq = torch.stack([dequantized_layer(q, i, s, torch.bfloat16) for i in range(L)])
+    hosts = ((8, q.cpu().pin_memory(), s.cpu().pin_memory()), (16, deq.cpu().pin_memory(), None))
+    toks, outs = [], []
+    for bits, host, scales in hosts:
+        cfg = EngineConfig.of(context=ctx, batch=B, budget=512, local_chunks=4, gen_tokens=16, rank=32,
+                              outliers_per_1k=16, miss_rate=0.33, lowrank_layers=(1,), seed=0, prefetch_programs=8,
+                              urgent_programs=16, kv_bits=bits,
+                              **({"cache_tokens": 1024} if SYSTEMS[name].chunk_cache else {}))
+        e = Engine(SMALL, SYSTEMS[name], cfg, Weights.random(SMALL, "cuda", 0), "cuda", host_kv=host,
+                   host_scales=scales, debug=True)
+        toks.append([e.step().clone() for _ in range(3)])
+        torch.cuda.synchronize()
+        outs.append([r["out"] for r in e.debug])
+    assert all(torch.equal(a, b) for a, b in zip(*toks))
+    assert all(torch.equal(a, b) for a, b in zip(*outs)) and not outs[0][-1].isnan().any()

@@ -141,3 +141,13 @@ def test_launch_items_keep_fp8_pieces_in_flight():
     b = torch.empty(1, dtype=torch.bfloat16)
     assert [launch_items(None, p, q) for p in (32, 64, 132, 5)] == [8, 4, 2, 32]
     assert launch_items(None, 32, b) == 2 and launch_items(4, 32, q) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA")
+def test_fp8_kernels_on_the_gpu():
+    """The fp8 cases above with the compiled kernels (they run through the interpreter on a CPU)."""
+    test_fp8_gather_matches_twin_and_source(32, 8)
+    test_fp8_gather_values_only_and_reuse()
+    test_fp8_slot_gather_matches_twin()
+    test_fp8_scales_follow_an_aliased_view()
