@@ -81,6 +81,7 @@ CALIBRATION_SWEEP = GPU               # traces/engine/<this>: the default calibr
 CALIBRATION_FLOOR_SWEEP = GPU + "-floor"   # ... unless a floor-only run (bench --phases floor) exists
 VALIDATION_SWEEP = GPU + "-validation"   # traces/engine/<this>: the default validated sweep, where it exists
 HELD_OUT_SWEEP = GPU + "-paper"       # traces/engine/<this>: other models' shapes (the held-out validation)
+FP8_SWEEP = "h200-fp8"           # dualdecoder-cache and ShadowKV with fp8 host KV beside bf16 (kernels/engine/paper.py)
 CACHE_SWEEP = GPU + "-cache"          # traces/engine/<this>: the chunk-cache design against the others
 LINK_BOUND = 0.75      # share of the measured gather rate the engine's link must sustain
 STEPS, WARMUP = D.STEPS, min(2, D.STEPS - 1)   # the timeline as `ddbench simulate --batch N` runs it
@@ -676,12 +677,19 @@ def main(argv=None) -> int:
                     help="a sweep of the chunk-cache design (its paper phase with --designs dualdecoder-cache,...),"
                          f" replayed too: written as <out stem>-cache.csv (default the data root's engine/{CACHE_SWEEP}"
                          " where it exists; 'none' skips it)")
+    ap.add_argument("--fp8", metavar="DIR",
+                    help="a sweep with fp8 host KV (its paper phase with --kv-bits 8,16), replayed too: written as"
+                         f" <out stem>-fp8.csv (default the data root's engine/{FP8_SWEEP} where it exists; 'none'"
+                         " skips it)")
     a = ap.parse_args(argv)
     held = a.held_out
-    cache_dir = a.cache
+    cache_dir, fp8_dir = a.cache, a.fp8
     if cache_dir is None:
         d = str(traces_dir("engine", CACHE_SWEEP))
         cache_dir = d if os.path.exists(os.path.join(d, "engine.csv")) else "none"
+    if fp8_dir is None:
+        d = str(traces_dir("engine", FP8_SWEEP))
+        fp8_dir = d if os.path.exists(os.path.join(d, "engine.csv")) else "none"
     if held is None:
         d = str(traces_dir("engine", HELD_OUT_SWEEP))
         held = d if os.path.exists(os.path.join(d, "engine.csv")) else "none"
@@ -703,6 +711,8 @@ def main(argv=None) -> int:
             runs.append((held, os.path.splitext(a.out)[0] + "-heldout.csv", True))
         if cache_dir != "none":
             runs.append((cache_dir, os.path.splitext(a.out)[0] + "-cache.csv", False))
+        if fp8_dir != "none":
+            runs.append((fp8_dir, os.path.splitext(a.out)[0] + "-fp8.csv", False))
         results = [(validate(d, a.calibration_engine, allow_same_run=a.allow_same_run, held_out=h), out)
                    for d, out, h in runs]
     except DDBenchError as e:
