@@ -503,6 +503,30 @@ def cache(root: Path = ROOT) -> str:
                       "link busy", "step / link floor", "simulated tokens/s"], rows) + tight_line)
 
 
+def fp8(root: Path = ROOT) -> str:
+    """fp8 host KV against bf16 on the engine (figures/fp8.csv, from traces/engine/h200-fp8): the drawn
+    bars (each design at its largest batch, dualdecoder-cache at its best capacity) and the headline ratio."""
+    d = _csv(root / "figures" / "fp8.csv")
+    d = d[d["drawn"].astype(str) == "True"]
+    rows, gains = [], []
+    for c in sorted(d["context"].unique()):
+        at = d[d["context"] == c].set_index("bar")
+        for name, r in at.iterrows():
+            cap = f" {r['capacity']:g}x" if r["design"] == "dualdecoder-cache" else ""
+            sim = (f"{r['sim_tok_s']:,.0f} ({r['sim_over_engine'] - 1:+.0%})" if _notna(r["sim_tok_s"])
+                   else "not priced")
+            rows.append([_k(c), f"{name}{cap}", f"{int(r['batch'])}", f"{r['tok_s']:,.0f} ({r['tok_s_min']:,.0f}-"
+                         f"{r['tok_s_max']:,.0f}, {int(r['builds'])})", f"{r['link_mib_per_token']:.1f}", sim])
+        a, b = at.loc["dualdecoder-cache fp8"], at.loc["ShadowKV bf16 (published)"]
+        gains.append(f"{_k(c)} {a['tok_s'] / b['tok_s']:.2f}x ({a['tok_s_min'] / b['tok_s_max']:.2f}-"
+                     f"{a['tok_s_max'] / b['tok_s_min']:.2f})")
+    return ("fp8 (e4m3) host KV on the H200 engine (`traces/engine/h200-fp8`, Llama-3-8B): the host and the link in"
+            " fp8 with one scale per chunk and KV head, dequantised by the gathers into the bf16 buffers; each design"
+            " at its largest batch, tokens/s median (min-max, builds). dualdecoder-cache fp8 / ShadowKV as published"
+            f" (bf16): {'; '.join(gains)}.\n\n"
+            + _table(["context", "design", "batch", "tokens/s", "link MiB / token", "simulated tokens/s"], rows))
+
+
 def _kernels(root: Path, kernel: str):
     d = _csv(root / "traces" / "kernels" / "h200" / "kernels.csv")
     d = d[d["kernel"] == kernel]
@@ -561,6 +585,7 @@ GENERATORS = {
     "fig12": fig12,
     "paper-points": paper_points,
     "cache": cache,
+    "fp8": fp8,
     "engine-floor": engine_floor,
     "engine-transfers": engine_transfers,
     "engine-mechanism": engine_mechanism,

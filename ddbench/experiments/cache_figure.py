@@ -37,9 +37,10 @@ CACHE_COLOR = "#9467bd"
 MIB = 2 ** 20
 
 
-def engine_largest() -> pd.DataFrame:
-    """One row per (context, design label): the largest batch's builds, min / median / max."""
-    path = traces_dir("engine", RUN, "engine.csv")
+def engine_largest(run: str = RUN) -> pd.DataFrame:
+    """One row per (context, design label) of the engine run `run`: the largest batch's builds, min /
+    median / max."""
+    path = traces_dir("engine", run, "engine.csv")
     try:
         e = pd.read_csv(path)
     except FileNotFoundError:
@@ -48,12 +49,13 @@ def engine_largest() -> pd.DataFrame:
     e = e[e.paper_role.isin(["largest", "repeat"]) & e.status.isin(["ok", "ok-no-twin"])].copy()
     e["label"] = e.design_label.fillna(e.design)
     e["floor_link_ms"] = e.floor_link_ms.fillna(0.0)
+    e["kv_bits"] = e.kv_bits.fillna(16).astype(int) if "kv_bits" in e else 16
     rows = []
     for (ctx, label), g in e.groupby(["context", "label"]):
         r0 = g.iloc[0]
         ct = int(r0.cache_tokens) if r0.design == CACHE else None
         rows.append(dict(
-            source="engine", context=int(ctx), design=r0.design, label=label, cache_tokens=ct,
+            source="engine", context=int(ctx), design=r0.design, label=label, cache_tokens=ct, kv_bits=int(r0.kv_bits),
             capacity=ct / D.BUDGET if ct else None, batch=int(r0.batch), builds=len(g),
             tok_s=g.tok_s.median(), tok_s_min=g.tok_s.min(), tok_s_max=g.tok_s.max(),
             link_mib_per_token=(g.link_mib / g.batch).median(), urgent_mib_per_token=(g.urgent_mib / g.batch).median(),
@@ -66,10 +68,12 @@ def engine_largest() -> pd.DataFrame:
 
 @lru_cache(maxsize=None)
 def simulated(design: str, ctx: int, batch: int | None, cache_tokens: int | None, model: str = MODEL,
-              gpu: str = GPU) -> dict:
+              gpu: str = GPU, kv_bits: int = 16) -> dict:
     """The user's simulator at one point (batch None: the memory model's largest)."""
     from ddbench.experiments.sim_figures import _maxb, _plan, _step_s
     knobs = {"cache_tokens": cache_tokens} if cache_tokens else {}
+    if kv_bits != 16:
+        knobs["kv_bits"] = kv_bits
     b = batch or _maxb(design, model, ctx, gpu=gpu, **knobs)
     note = scene(model, design, gpu=gpu, **knobs).hit_note
     if not b:

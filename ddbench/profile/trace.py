@@ -52,7 +52,7 @@ GPU chunk cache over the selections of the runs with init t2 and temperature > 0
 capacity), means over samples, steady steps (step 0, the cold start, is left out) and KV heads:
     policy           lru | score;  capacity: slots per (layer, KV head) / k (0 = no cache)
     coverage         share of T_t cached when attention needs it (1 - urgent_per_budget)
-    prefetched_per_budget  |P_t \ C_{t-1}| / k   (C_{t-1}: the cache before step t)
+    prefetched_per_budget  |P_t \\ C_{t-1}| / k   (C_{t-1}: the cache before step t)
     urgent_per_budget      chunks of T_t not cached after the prefetch fill, / k
     moved_per_budget       their sum;  urgent_share = urgent / moved (0 where nothing moved)
     n                (sample, step, KV head) items;  model, git_sha, date, command as in <model>.csv

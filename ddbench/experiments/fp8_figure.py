@@ -1,0 +1,88 @@
+"""Beyond the paper: fp8 (e4m3) host KV for dualdecoder-cache and ShadowKV on the H200, Llama-3-8B at
+32K / 64K / 128K, each at its largest batch, beside the same designs in bf16 from the same engine run.
+
+Measured: traces/engine/h200-fp8 (its README): tokens/s over 3 independently built engines (min /
+median / max) and the link bytes per token; dualdecoder-cache at its best measured capacity per
+context and kv_bits. Simulated: `ddbench simulate`'s cost model (cache_figure.simulated) at the engine's
+batch; ShadowKV's fp8 values (1 KiB pieces) have no measured rate in the calibration bundle, so they are
+not simulated (NaN, said in the setup). Not a paper figure: no paper number.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ddbench.core.errors import DDBenchError
+from ddbench.core.units import fmt_tokens
+from ddbench.experiments import FigureResult, register
+from ddbench.experiments.cache_figure import CACHE, CACHE_COLOR, CONTEXTS, GPU, MODEL, engine_largest, simulated
+from ddbench.plotting import SYSTEM_COLORS
+
+RUN = "h200-fp8"
+BARS = ((CACHE, 8, "dualdecoder-cache fp8"), (CACHE, 16, "dualdecoder-cache bf16"),
+        ("shadowkv", 16, "ShadowKV bf16 (published)"), ("shadowkv", 8, "ShadowKV fp8 values"))
+
+
+def _sim(r) -> float:
+    try:
+        return simulated(r.design, int(r.context), int(r.batch), None if pd.isna(r.cache_tokens) else int(r.cache_tokens),
+                         kv_bits=int(r.kv_bits))["tok_s"]
+    except DDBenchError:        # a piece size the bundle never measured: not priced
+        return float("nan")
+
+
+def bars(df: pd.DataFrame) -> pd.DataFrame:
+    """Per context and bar: the engine row drawn (dualdecoder-cache: its best capacity at that kv_bits)."""
+    out = []
+    for ctx in CONTEXTS:
+        for design, bits, name in BARS:
+            c = df[(df.context == ctx) & (df.design == design) & (df.kv_bits == bits)]
+            if len(c):
+                out.append({**c.loc[c.tok_s.idxmax()].to_dict(), "bar": name})
+    return pd.DataFrame(out)
+
+
+def _draw(res: FigureResult, fig) -> None:
+    b = res.data[res.data.drawn]
+    fig.set_size_inches(9.0, 3.6)
+    axes = fig.subplots(1, 2)
+    colors = (CACHE_COLOR, "#c5b0d5", SYSTEM_COLORS["shadowkv"], "#ffbb78")
+    width = 0.2
+    for i, ((_, _, name), color) in enumerate(zip(BARS, colors)):
+        s = b[b.bar == name].set_index("context").reindex(CONTEXTS)
+        x = [j + (i - 1.5) * width for j in range(len(CONTEXTS))]
+        axes[0].bar(x, s.tok_s, width, color=color, label=name,
+                    yerr=[s.tok_s - s.tok_s_min, s.tok_s_max - s.tok_s], error_kw=dict(lw=0.7))
+        axes[0].plot(x, s.sim_tok_s, ls="none", marker="x", color="black", ms=4)
+        axes[1].bar(x, s.link_mib_per_token, width, color=color)
+    for ax, y, t in zip(axes, ("decode throughput (tokens/s)", "link bytes per token (MiB)"),
+                        ("(a) engine: median, bars min-max of 3 builds; x: simulated",
+                         "(b) what crosses PCIe, per output token")):
+        ax.set_xticks(range(len(CONTEXTS)), [fmt_tokens(c) for c in CONTEXTS])
+        ax.set_xlabel("context")
+        ax.set_ylabel(y)
+        ax.set_title(t, fontsize=8)
+    axes[0].legend(fontsize=6)
+    fig.suptitle("fp8 host KV: dualdecoder-cache and ShadowKV on one H200 (PCIe 5), Llama-3-8B, each at its largest"
+                 " batch", fontsize=9)
+
+
+@register("fp8", "fp8 host KV: dualdecoder-cache and ShadowKV in fp8 and bf16 (H200, Llama-3-8B)", draw=_draw)
+def compute() -> FigureResult:
+    eng = engine_largest(RUN)
+    eng["sim_tok_s"] = [_sim(r) for r in eng.itertuples()]
+    eng["sim_over_engine"] = eng.sim_tok_s / eng.tok_s
+    drawn = bars(eng)
+    which = dict(zip(zip(drawn.context, drawn.label), drawn.bar))
+    eng["bar"] = [which.get((c, lab), "") for c, lab in zip(eng.context, eng.label)]
+    eng["drawn"] = eng.bar != ""
+    ratio = {}
+    for ctx in CONTEXTS:
+        d = drawn[drawn.context == ctx].set_index("bar").tok_s
+        ratio[ctx] = d.get(BARS[0][2], float("nan")) / d.get(BARS[2][2], float("nan"))
+    eng["model"], eng["gpu"] = MODEL, GPU
+    ratios = ", ".join(f"{fmt_tokens(c)} {r:.2f}x" for c, r in ratio.items())
+    return FigureResult(eng, f"{MODEL} on one H200 over PCIe 5, engine {RUN} (3 builds per design, each at its largest"
+                             f" batch; dualdecoder-cache at its best measured capacity); dualdecoder-cache fp8 over"
+                             f" ShadowKV bf16: {ratios}; simulated at the engine's batches, ShadowKV's fp8 values not"
+                             " (no measured rate for 1 KiB pieces)")
