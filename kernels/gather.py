@@ -3,7 +3,7 @@
     gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=None, scales=None)
         host_kv [L, B, H, N, 2, C, d] pinned (kernels.layout; request and layer strides free); idx [B, H, n] int32 chunk ids;
         k_out, v_out [B, H, S, d] on the GPU (k_out=None: values only, as ShadowKV fetches).
-        fp8: host_kv float8_e4m3fn with `scales` (kernels.fp8.host_scales: one fp32 per K or V piece of
+        fp8: host_kv float8_e4m3fn with `scales` (kernels.fp8.quantize_host_kv: one fp32 per K or V piece of
         its storage); the pieces cross the link as e4m3 and are dequantised in the kernel into the
         outputs' dtype (bf16): the GPU buffers, and so attention, stay as in bf16.
 

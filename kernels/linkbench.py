@@ -229,10 +229,11 @@ def main(argv=None) -> int:
         from ddbench.core.catalog.gpus import catalog_gpu_name
         from ddbench.core.outputs import output_folder
         from ddbench.core.paths import traces_dir
+        from ddbench.core.provenance import command_line
         from kernels.timing import provenance
         gpu = catalog_gpu_name(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
         out = a.out or str(traces_dir("link", gpu))
-        prov = provenance(" ".join(["python -m kernels.linkbench"] + list(argv if argv is not None else sys.argv[1:])))
+        prov = provenance(command_line("python -m kernels.linkbench", argv))
         with output_folder(out, command="python -m kernels.linkbench", force=a.force) as w:
             w.claim(["link.csv", "summary.json"])
             hosts = _hosts(torch)

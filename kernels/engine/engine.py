@@ -1,7 +1,8 @@
 """The decode-step engine: one real layer stack, every design's pipeline chosen by its registry
 switches (ddbench.core.designs.DesignSpec), never by its name.
 
-    Engine(model, system, cfg, weights, device, host_kv=None, ref=False)
+    Engine(model, system, cfg, weights, device, host_kv=None, host_scales=None, ref=False)   (host_scales: an
+        fp8 host KV's scales, kernels.fp8.quantize_host_kv; cfg.workload.kv_bits 8 needs one)
     engine.step() -> next tokens [B, nq] (the first call of a prediction design is the pre-decoding
         step: one token, every chunk fetched on demand, its selection seeds the prediction and its
         output seeds T'_2 = T_2)

@@ -189,7 +189,9 @@ def host_view(flat, model, ctx, batch, chunk=8, requests=True):
 
 def make_config(ctx, batch, miss_rate=0.174, transfers=True, urgent_programs=64, budget=None, chunk=None, seed=0,
                 quant_values=False, cache_tokens=None, churn_rate=None, kv_bits=16):
-    wl = {"kv_bits": kv_bits} if cache_tokens is None else {"cache_tokens": cache_tokens, "kv_bits": kv_bits}
+    wl = {"kv_bits": kv_bits}
+    if cache_tokens is not None:
+        wl["cache_tokens"] = cache_tokens
     if budget is not None:
         wl["budget"] = budget
     if chunk is not None:
