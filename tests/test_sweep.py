@@ -92,6 +92,10 @@ def test_sweep_table_and_resume(tmp_path):
     (SPEC.replace("[shadowkv, dualdecoder]", "[shadowkv, vllm]"), "grid.system[1]: unknown design 'vllm'"),
     (SPEC.replace("context: 32k", "context: 1k"), "sparse budget 2048 is larger than the context"),
     (SPEC.replace('output: "64"', "output: exp:many"), "grid.output[0]"),
+    (SPEC.replace("  rate:", "  kv_bits: [8, 12]\n  rate:"), "grid.kv_bits[1]"),
+    (SPEC.replace("  rate:", "  kv_bits: 8\n  rate:").replace("[shadowkv, dualdecoder]", "specache"),
+     "fp8 KV (kv_bits 8) applies to designs that keep their KV on the host"),
+    (SPEC.replace("  rate:", "  cache_tokens: lots\n  rate:"), "grid.cache_tokens[0]"),
     ("grid: [1, 2\n", "not valid YAML at line"),
     ("- just a list\n", "expected a mapping"),
     ("when: 2020-13-45\n", "not valid YAML"),
@@ -211,3 +215,20 @@ def test_sweep_on_local_ray_equals_local_pool(tmp_path, capsys):
     pd.testing.assert_frame_equal(a[cols], b[cols])
     assert os.getpid() not in set(b.worker_pid)
     assert json.loads((tmp_path / "ray" / "spec.json").read_text())["grid"]["rate"] == [0.5, 4.0]
+
+
+def test_sweep_grid_kv_bits_and_cache_tokens():
+    """kv_bits and cache_tokens are grid axes; left null, a point's key is what it was before them."""
+    from ddbench.planner.spec import point_key, points, scenario_of
+    g = dict(model=["llama-3-8b"], gpu=["h200"], link=[None], host=[None], fetching=[None], host_mem_gb=[None],
+             system=["dualdecoder-cache"], context=["128k"], output=["64"], budget=[2048], chunk=[8],
+             lowrank_layers=[0], cache=["design"], cache_tokens=[None, "8k"], kv_bits=[None, 8], hit_rate=[None],
+             prefill=["here"], rate=[1.0], seed=[0])
+    ps = points(dict(requests=10, max_batch=None, grid=g))
+    assert len(ps) == 4
+    sc = {(p["cache_tokens"], p["kv_bits"]): scenario_of(p) for p in ps}
+    assert sc[("8k", 8)].knob("kv_bits") == 8 and sc[("8k", 8)].knob("cache_tokens") == 8192
+    assert sc[(None, None)].knob("kv_bits") == 16
+    plain = [p for p in ps if p["cache_tokens"] is None and p["kv_bits"] is None][0]
+    old = {k: v for k, v in plain.items() if k not in ("cache_tokens", "kv_bits")}
+    assert point_key(plain) == point_key(old)

@@ -20,6 +20,8 @@
       chunk: [8]
       lowrank_layers: [0]
       cache: [design]             # design | pingpong | per-layer
+      cache_tokens: [null]        # dualdecoder-cache's GPU cache per layer and KV head; null: the default
+      kv_bits: [null]             # 16 (bf16) or 8 (fp8 host KV and link); null: 16
       hit_rate: [null]            # null: the model's profile, else 0.88
       prefill: [here]             # here | elsewhere
       rate: [0.1, 1, 10]          # Poisson arrivals, requests/s
@@ -42,7 +44,7 @@ from typing import Annotated, Literal, Optional, Union
 from ddbench.core.errors import DDBenchError
 
 GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "host_mem_gb", "system", "context", "output", "budget",
-               "chunk", "lowrank_layers", "cache", "hit_rate", "prefill", "rate", "seed")
+               "chunk", "lowrank_layers", "cache", "cache_tokens", "kv_bits", "hit_rate", "prefill", "rate", "seed")
 
 
 def _models():
@@ -73,6 +75,8 @@ def _models():
         chunk: list[Count] = [D.CHUNK]
         lowrank_layers: list[Annotated[int, Field(ge=0, le=D.MAX_COUNT)]] = [D.LOWRANK_LAYERS]
         cache: list[Literal["design", "pingpong", "per-layer"]] = [D.CACHE]
+        cache_tokens: list[Optional[Tokens]] = [None]
+        kv_bits: list[Optional[Literal[8, 16]]] = [None]
         hit_rate: list[Optional[Union[Fraction, Text]]] = [None]
         prefill: list[Literal["here", "elsewhere"]] = [D.PREFILL]
         rate: list[Rate] = Field(min_length=1)
@@ -183,7 +187,7 @@ def points(spec: dict) -> list[dict]:
 
 # fields added after points.jsonl stores were written: left out of the key where they are null, so an
 # older store's points keep their keys
-LATER_FIELDS = ("host_mem_gb",)
+LATER_FIELDS = ("host_mem_gb", "cache_tokens", "kv_bits")
 
 
 def point_key(p: dict) -> str:
@@ -195,7 +199,12 @@ def scenario_of(p: dict):
     """The scenario of one point (its rate and seed aside)."""
     from ddbench.core.units import parse_tokens
     from ddbench.planner.scenario import Scenario
-    return Scenario.make(model=p["model"], gpu=p["gpu"], design=p["system"], context=p["context"],
+    later = {}
+    if p.get("cache_tokens") is not None:
+        later["cache_tokens"] = parse_tokens(p["cache_tokens"], "cache_tokens")
+    if p.get("kv_bits") is not None:
+        later["kv_bits"] = int(p["kv_bits"])
+    return Scenario.make(**later, model=p["model"], gpu=p["gpu"], design=p["system"], context=p["context"],
                          output=p["output"], link=p["link"], host=p["host"], fetching=p["fetching"],
                          host_mem_gb=p.get("host_mem_gb"),
                          budget=parse_tokens(p["budget"], "budget"), chunk=p["chunk"],
@@ -217,7 +226,7 @@ def check_points(spec: dict, path: str) -> None:
     from ddbench.core.designs import get_design
     from ddbench.core.units import parse_tokens
     checks = {"model": get_model, "gpu": get_gpu, "link": get_link, "host": get_host, "system": get_design,
-              "budget": lambda v: parse_tokens(v, "budget")}
+              "budget": lambda v: parse_tokens(v, "budget"), "cache_tokens": lambda v: parse_tokens(v, "cache_tokens")}
     for field, fn in checks.items():
         for i, v in enumerate(g[field]):
             if v is None:
