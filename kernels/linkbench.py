@@ -14,8 +14,9 @@ Every round measures, one after the other (CUDA events after a warm-up, the medi
              uses them in turn, so no call finds the last call's pieces in L2 or its pages in the TLBs
   interference  a decode-like bf16 GEMM loop (64 tokens x 4096 x 14336) alone and with a 32-program
              fp8 gather running beside it on a low-priority stream: the GEMM's slowdown, the gather's rate
-  urgent     an urgent fp8 gather (64 programs, the high-priority stream) of about 1/4/16 MiB alone, and
-             issued while a 256 MiB prefetch gather (32 programs, low priority) is in flight.
+  urgent     an urgent fp8 gather (the high-priority stream; 64 programs x 4 as the engine launches it,
+             and 132 x 8) of about 1/4/16 MiB alone, and issued while a 256 MiB prefetch gather (low
+             priority; 32 x 8 as the engine, and 16 x 8) is in flight.
              latency_ratio = latency / alone; link_busy = (prefetch + urgent bytes) / (window x the copy's
              rate), the window from the prefetch's start to the later end of the two
 Rows (link.csv): round, test, variant, piece_bytes, programs, items, call_bytes, ms, gbps, pct_of_copy,
@@ -162,29 +163,35 @@ def bench_interference(torch, hosts, rows, rnd, reps, copy_gbps):
           flush=True)
 
 
+URGENT_LAUNCHES = ((64, 4), (132, 8))      # the engine's urgent launch, and one with 4x its pieces in flight
+PREFETCH_LAUNCHES = ((32, 8), (16, 8))     # the engine's prefetch launch, and one with half its pieces in flight
+
+
 def bench_urgent(torch, hosts, rows, rnd, reps, copy_gbps):
     pre = Case(torch, hosts, "fp8", 256 * MiB, seed=100 + rnd)
     lo, hi = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=-1)
     for mib in (1, 4, 16):
         urg = Case(torch, hosts, "fp8", mib * MiB, seed=200 + rnd)
-        alone = _ms(torch, lambda: urg(64, 4), 4 * reps)
-        rows.append(dict(round=rnd, test="urgent", variant="alone", piece_bytes=urg.piece, programs=64, items=4,
-                         call_bytes=urg.bytes, ms=alone, gbps=urg.bytes / alone / 1e6, latency_ratio=1.0))
-        for variant in ("beside-prefetch",):
-            lat, busy = [], []
-            for _ in range(2 * reps):
-                # the prefetch is launched first and runs about 5 ms; the urgent fetch starts inside it
-                e = _overlap(torch, lambda: pre(32, 8), lambda: urg(64, 4), lo, hi)
-                lat.append(e[2].elapsed_time(e[3]))
-                window = max(e[0].elapsed_time(e[1]), e[0].elapsed_time(e[3]))
-                busy.append((pre.bytes + urg.bytes) / (window * 1e-3) / (copy_gbps * 1e9))
-            m = statistics.median(lat)
-            rows.append(dict(round=rnd, test="urgent", variant=variant, piece_bytes=urg.piece, programs=64, items=4,
-                             call_bytes=urg.bytes, ms=m, gbps=urg.bytes / m / 1e6, latency_ratio=m / alone,
-                             link_busy=statistics.median(busy),
-                             note="prefetch 256 MiB fp8, 32 programs x 8, low priority"))
-            print(f"  round {rnd} urgent {mib:2d} MiB {variant:22s} x{m / alone:5.2f} of alone ({alone:.3f} ms),"
-                  f" link busy {statistics.median(busy):.2f}", flush=True)
+        for up, ui in URGENT_LAUNCHES:
+            alone = _ms(torch, lambda: urg(up, ui), 4 * reps)
+            rows.append(dict(round=rnd, test="urgent", variant="alone", piece_bytes=urg.piece, programs=up, items=ui,
+                             call_bytes=urg.bytes, ms=alone, gbps=urg.bytes / alone / 1e6, latency_ratio=1.0))
+            for pp, pi in PREFETCH_LAUNCHES:
+                lat, busy = [], []
+                for _ in range(2 * reps):
+                    # the prefetch is launched first and runs about 5 ms; the urgent fetch starts inside it
+                    e = _overlap(torch, lambda: pre(pp, pi), lambda: urg(up, ui), lo, hi)
+                    lat.append(e[2].elapsed_time(e[3]))
+                    window = max(e[0].elapsed_time(e[1]), e[0].elapsed_time(e[3]))
+                    busy.append((pre.bytes + urg.bytes) / (window * 1e-3) / (copy_gbps * 1e9))
+                m = statistics.median(lat)
+                variant = f"beside-prefetch-{pp}x{pi}"
+                rows.append(dict(round=rnd, test="urgent", variant=variant, piece_bytes=urg.piece, programs=up,
+                                 items=ui, call_bytes=urg.bytes, ms=m, gbps=urg.bytes / m / 1e6, latency_ratio=m / alone,
+                                 link_busy=statistics.median(busy),
+                                 note=f"prefetch 256 MiB fp8, {pp} programs x {pi}, low priority"))
+                print(f"  round {rnd} urgent {mib:2d} MiB {up}x{ui} {variant:24s} x{m / alone:5.2f} of alone"
+                      f" ({alone:.3f} ms), link busy {statistics.median(busy):.2f}", flush=True)
         del urg
 
 
