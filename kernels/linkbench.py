@@ -1,7 +1,7 @@
 """The gather's link against its ceiling: bf16 and fp8 pieces, interference with compute, urgent latency.
 
     python -m kernels.linkbench [--rounds 3] [--sizes 8,32,64,128,256] [--out DIR] [--force]
-    (or `ddbench bench link ...`)
+    (or `ddbench bench link [--quick] [--out DIR] [--force]`: 3 rounds, or with --quick 1 round at 8 and 64 MiB)
 
 Every round measures, one after the other (CUDA events after a warm-up, the median of --reps calls):
   copy       the pinned host-to-device big copy (the copy engine) of each call's link bytes: the ceiling
