@@ -184,7 +184,6 @@ def check_counts(text: str, visible: int) -> list[int]:
 
 
 def main(argv=None) -> int:
-    import csv
     import json
     ap = argparse.ArgumentParser(prog="python -m kernels.hostbench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", default=None, help="comma list of GPU counts fetching at once (default 1,2,4,8 up to"
@@ -203,6 +202,7 @@ def main(argv=None) -> int:
         visible = torch.cuda.device_count()
         counts = check_counts(a.gpus or ",".join(str(n) for n in (1, 2, 4, 8) if n <= visible), visible)
         from ddbench.core.catalog.gpus import catalog_gpu_name
+        from ddbench.core.io import write_rows_csv
         from ddbench.core.outputs import output_folder
         from ddbench.core.paths import traces_dir
         from kernels.timing import provenance
@@ -212,11 +212,7 @@ def main(argv=None) -> int:
         with output_folder(out, command="python -m kernels.hostbench", force=a.force) as w:
             w.claim(["host.csv", "topology.json"])
             rows, topo = run(counts, a.seconds, a.engine)
-            with open(w.stage_path("host.csv"), "w", newline="", encoding="utf-8") as fh:
-                wr = csv.DictWriter(fh, fieldnames=list(COLUMNS) + list(prov))
-                wr.writeheader()
-                for r in rows:
-                    wr.writerow({**{c: r.get(c) for c in COLUMNS}, **prov})
+            write_rows_csv(w.stage_path("host.csv"), rows, COLUMNS, prov)
             summary = {f"{n} {t}": summarise(rows, n, t) for n in counts
                        for t in [t for t, _ in TESTS] + ([f"engine-{d}" for d, _, _ in ENGINE_POINTS] if a.engine else [])}
             with open(w.stage_path("topology.json"), "w", encoding="utf-8") as fh:

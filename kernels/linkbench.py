@@ -212,7 +212,6 @@ def summarise(rows):
 
 
 def main(argv=None) -> int:
-    import csv
     import json
     ap = argparse.ArgumentParser(prog="python -m kernels.linkbench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="repetitions of the whole sweep (>= 3 for a stated ratio)")
@@ -234,6 +233,7 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             raise DDBenchError("the link bench needs a CUDA GPU; none is visible to torch")
         from ddbench.core.catalog.gpus import catalog_gpu_name
+        from ddbench.core.io import write_rows_csv
         from ddbench.core.outputs import output_folder
         from ddbench.core.paths import traces_dir
         from ddbench.core.provenance import command_line
@@ -252,11 +252,7 @@ def main(argv=None) -> int:
                 copy_gbps = max(r["gbps"] for r in rows if r["round"] == rnd and r["test"] == "copy")
                 bench_interference(torch, hosts, rows, rnd, a.reps, copy_gbps)
                 bench_urgent(torch, hosts, rows, rnd, a.reps, copy_gbps)
-            with open(w.stage_path("link.csv"), "w", newline="", encoding="utf-8") as fh:
-                wr = csv.DictWriter(fh, fieldnames=COLUMNS + list(prov))
-                wr.writeheader()
-                for r in rows:
-                    wr.writerow({**{c: r.get(c, "") for c in COLUMNS}, **prov})
+            write_rows_csv(w.stage_path("link.csv"), rows, COLUMNS, prov)
             with open(w.stage_path("summary.json"), "w", encoding="utf-8") as fh:
                 json.dump({"provenance": prov, "sizes_mib": sizes, "rounds": a.rounds, "reps": a.reps,
                            "host_bytes": HOST_BYTES, "summary": summarise(rows)}, fh, indent=1)

@@ -12,6 +12,7 @@ written where; these helpers only write one file safely.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import tempfile
@@ -67,3 +68,13 @@ def dumps_json(obj, indent: int | None = 1) -> str:
 
 def write_json(path: str, obj) -> None:
     write_text(path, dumps_json(obj) + "\n")
+
+
+def write_rows_csv(path: str, rows, columns, extra: dict) -> None:
+    """`rows` (dicts) as a CSV of `columns` (a row's missing field: empty), then `extra`'s fields (the same
+    on every row: provenance)."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        wr = csv.DictWriter(fh, fieldnames=list(columns) + list(extra))
+        wr.writeheader()
+        for r in rows:
+            wr.writerow({**{c: r.get(c) for c in columns}, **extra})

@@ -131,11 +131,16 @@ def kv_piece_bytes(m: ModelSpec, w: Workload) -> int:
     return w.chunk * m.head_dim * w.kv_bits // 8 + (FP32 if w.kv_bits == 8 else 0)
 
 
+def keeps_kv_on_host(design: DesignSpec) -> bool:
+    """A design whose 16-bit KV lives on the host and crosses the link: what fp8 (kv_bits 8) applies to."""
+    return not (design.kv_on_gpu or design.fetch == "none" or design.quant_bits)
+
+
 def check_kv_bits(design: DesignSpec, gpu: GPUSpec, w: Workload) -> None:
     """One-line DDBenchError for fp8 KV on a design that keeps no KV on the host, or a GPU without fp8."""
     if w.kv_bits == 16:
         return
-    if design.kv_on_gpu or design.fetch == "none" or design.quant_bits:
+    if not keeps_kv_on_host(design):
         raise DDBenchError(f"{design.name}: fp8 KV (kv_bits 8) applies to designs that keep their KV on the host"
                            " (dualdecoder, dualdecoder-cache, shadowkv's values)")
     if not gpu.fp8:

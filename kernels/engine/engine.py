@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from ddbench.core.errors import DDBenchError
-from ddbench.core.memory import Workload
+from ddbench.core.memory import Workload, kv_piece_bytes
 from kernels.fp8 import E4M3, check_host_scales
 from kernels.engine.model import Weights, nvtx_range, rmsnorm, rope_tables
 from kernels.engine.fastselect import fused_plan_fits
@@ -372,7 +372,8 @@ class Engine:
     def _item_bytes(self, i, values_only):
         """Link bytes of one fetched chunk-head: K and V (or V alone), each C*d*2 in bf16, C*d + its fp32
         scale in fp8 (ddbench/core/memory.py kv_piece_bytes)."""
-        piece = self.C * self.d * self.dt.itemsize if self.cfg.workload.kv_bits == 16 else self.C * self.d + 4
+        w = self.cfg.workload
+        piece = self.C * self.d * self.dt.itemsize if w.kv_bits == 16 else kv_piece_bytes(self.m, w)
         return piece * (1 if values_only else 2)
 
     def _buf_of_use(self, u):

@@ -219,14 +219,10 @@ def stub_row(model: str, design: str, ctx: int, miss, *, cap_label, cap_gib, sta
 FP8 = "+fp8"
 
 
-def keeps_kv_on_host(spec) -> bool:
-    """A design whose 16-bit KV lives on the host (what fp8 applies to: ddbench.core.memory.check_kv_bits)."""
-    return not spec.kv_on_gpu and spec.fetch != "none" and not spec.quant_bits
-
-
 def design_labels(designs, cache_tokens, kv_bits=(16,)) -> list:
     """The paper phase's design labels: a design, a chunk-cache design once per capacity (design@tokens),
     and with 8 in kv_bits each design that keeps its KV on the host once more in fp8 (label + '+fp8')."""
+    from ddbench.core.memory import keeps_kv_on_host
     from kernels.engine.sweep import design_spec
     out = []
     for bits in kv_bits:

@@ -600,7 +600,8 @@ def check_point(model, design, ctx, batch, a):
     """The --point's config; a label design[@tokens][+fp8] sets the cache capacity and the fp8 host KV."""
     _, lt, bits = paper_phase.parse_label(design)
     ct = (lt or a.paper_cache_tokens[0]) if design_spec(design).chunk_cache else None
-    if bits == 8 and not paper_phase.keeps_kv_on_host(design_spec(design)):
+    from ddbench.core.memory import keeps_kv_on_host
+    if bits == 8 and not keeps_kv_on_host(design_spec(design)):
         raise DDBenchError(f"--point {design}: fp8 applies to designs that keep their KV on the host")
     cfg = make_config(ctx, batch, a.miss, not a.no_transfers, budget=a.budget, chunk=a.chunk, cache_tokens=ct,
                       churn_rate=a.churn if design_spec(design).chunk_cache else None, kv_bits=bits)
