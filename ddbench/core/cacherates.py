@@ -11,7 +11,13 @@ by the same rule) into traces/accuracy/<model>.cache.csv. The model's own file w
 the committed profile of another model (SmolLM2), mapped by relative depth. Its budgets are a share of
 a short context: the budget whose share of its context is nearest to budget / context here is used,
 and the capacity (cache_tokens / budget) is interpolated linearly between the profiled capacities.
-The note says all of it; no rate is ever assumed.
+
+Where the profile has a context trend beside it (`<model>.cache-trend.json`, written by
+`python -m ddbench.profile.contexts` from one-prompt runs at 1K-8K and two budget shares), the rates
+are taken from that trend instead, at the context at hand: per depth band, the fitted line
+a + b * log2(context / 1024) of the nearest profiled share (interpolated in log share between the two
+shares, held at the nearer one outside them), with its 95 % interval, and how far beyond the longest
+measured context it reaches. The note says all of it; no rate is ever assumed.
 """
 
 from __future__ import annotations
@@ -59,15 +65,9 @@ def profile_path(model_name: str) -> str:
 
 
 def _read(path: str):
-    import pandas as pd
-    try:
-        df = pd.read_csv(path)
-    except (OSError, ValueError) as exc:
-        raise DDBenchError(f"{path}: not a cache profile CSV ({exc})") from None
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise DDBenchError(f"{path}: not a cache profile CSV (missing {', '.join(missing)})")
-    return df
+    """The replay, every row checked (ddbench.core.schemas.CacheRow): one-line errors name the line and field."""
+    from ddbench.core.traces import cache_profile
+    return cache_profile(path)
 
 
 def map_depth(values, target_layers: int) -> list[float]:
@@ -80,6 +80,9 @@ def map_depth(values, target_layers: int) -> list[float]:
 def from_profile(model_name: str, layers: int, budget: int, context: int, cache_tokens: int,
                  policy: str = "lru", path: str | None = None) -> CacheRates:
     path = path or profile_path(model_name)
+    trend = trend_path(path)
+    if os.path.exists(trend):
+        return from_trend(trend, model_name, layers, budget, context, cache_tokens, policy)
     df = _read(path)
     df = df[df.policy == policy]
     if not len(df):
@@ -109,7 +112,120 @@ def from_profile(model_name: str, layers: int, budget: int, context: int, cache_
     how = f"capacity {want:g}x" + (f" interpolated between {lo:g}x and {hi:g}x" if hi != lo else "")
     note = (f"cache rates from {os.path.basename(path)}: {policy} replay on {src}'s selections"
             f"{'' if src == model_name else f', applied to {model_name} by relative depth'},"
-            f" budget {pb} of {pc} tokens (share {ps:.4f}, nearest to {share:.4f} here), {how}:"
+            f" budget {pb} of {pc} tokens (share {ps:.4f}, nearest to {share:.4f} here; no context trend profiled,"
+            f" so the context is not matched), {how}:"
             f" prefetched {sum(out['prefetched_per_budget']) / layers:.3f}, urgent"
             f" {sum(out['urgent_per_budget']) / layers:.3f} of the budget per step")
     return CacheRates(tuple(out["prefetched_per_budget"]), tuple(out["urgent_per_budget"]), note)
+
+
+def trend_path(profile: str) -> str:
+    """The context trend beside a cache profile: <model>.cache-trend.json for <model>.cache.csv."""
+    return profile[: -len(".cache.csv")] + ".cache-trend.json" if profile.endswith(".cache.csv") else profile + ".trend"
+
+
+def _load_trend(path: str) -> dict:
+    import json
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        fits, bands, ref = doc["fits"], int(doc["bands"]), float(doc["ref_context"])
+        for f in fits:
+            for k in ("a", "b"):
+                if not math.isfinite(float(f[k])):
+                    raise ValueError(f"{k} is not finite")
+            [[float(v) for v in row] for row in f["cov"]]
+            str(f["share"]), str(f["policy"]), float(f["capacity"]), str(f["band"]), str(f["metric"])
+            int(f["dof"]), float(f["t975"]), max(int(c) for c in f["contexts"])
+    except OSError as exc:
+        raise DDBenchError(f"cannot read cache trend {path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise DDBenchError(f"malformed cache trend {path}: {type(exc).__name__}: {exc}") from None
+    if bands < 1 or ref <= 0 or not fits:
+        raise DDBenchError(f"malformed cache trend {path}: no fits, or bands/ref_context not positive")
+    return doc
+
+
+def _share_value(label: str) -> float:
+    num, _, den = label.partition("/")
+    return float(num) / float(den)
+
+
+def from_trend(path: str, model_name: str, layers: int, budget: int, context: int, cache_tokens: int,
+               policy: str = "lru") -> CacheRates:
+    """The rates of the context trend at `context` (see the module's docstring)."""
+    doc = _load_trend(path)
+    fits = [f for f in doc["fits"] if f["policy"] == policy and f["band"] != "all"]
+    if not fits:
+        raise DDBenchError(f"{path}: no fits of cache policy '{policy}'")
+    shares = sorted({f["share"] for f in fits}, key=_share_value)
+    here = budget / context
+    logs = [math.log(_share_value(s)) for s in shares]
+    x = min(max(math.log(here), logs[0]), logs[-1])
+    hi_i = next((i for i, v in enumerate(logs) if v >= x), len(logs) - 1)
+    lo_i = max(hi_i - 1, 0) if logs[hi_i] > x else hi_i
+    ws = 0.0 if lo_i == hi_i else (x - logs[lo_i]) / (logs[hi_i] - logs[lo_i])
+    caps = sorted({float(f["capacity"]) for f in fits if float(f["capacity"]) >= 1})
+    want = cache_tokens / budget
+    if not caps or not caps[0] <= want <= caps[-1]:
+        raise DDBenchError(f"{path}: cache capacity {want:g}x the budget is outside the profiled"
+                           f" {caps[0] if caps else '-'}-{caps[-1] if caps else '-'}x")
+    c_lo = max(c for c in caps if c <= want)
+    c_hi = min(c for c in caps if c >= want)
+    wc = 0.0 if c_hi == c_lo else (want - c_lo) / (c_hi - c_lo)
+    index = {(f["share"], float(f["capacity"]), f["band"], f["metric"]): f for f in fits}
+    bands = int(doc["bands"])
+    ref = float(doc["ref_context"])
+    xc = math.log2(context / ref)
+
+    def at(metric, band):
+        """(value, half-width of its 95 % interval) blended over the two shares and two capacities."""
+        val = half = 0.0
+        for s_i, w1 in ((lo_i, 1 - ws), (hi_i, ws)):
+            for cap, w2 in ((c_lo, 1 - wc), (c_hi, wc)):
+                w = w1 * w2
+                if w == 0:
+                    continue
+                key = (shares[s_i], cap, str(band), metric)
+                if key not in index:
+                    raise DDBenchError(f"{path}: no fit for share {key[0]}, capacity {cap:g}x, band {band}, {metric}")
+                f = index[key]
+                c = f["cov"]
+                var = c[0][0] + 2 * xc * c[0][1] + xc * xc * c[1][1]
+                val += w * (f["a"] + f["b"] * xc)
+                half += w * float(f["t975"]) * math.sqrt(max(var, 0.0))
+        return val, half
+
+    per_band, clamped = {}, []
+    for m in ("prefetched_per_budget", "urgent_per_budget"):
+        vals = []
+        for b in range(bands):
+            v, h = at(m, b)
+            cv = min(max(v, 0.0), 1.0)
+            if cv != v:
+                clamped.append(f"{m.split('_')[0]} band {b} ({v:+.3f})")
+            vals.append((cv, h))
+        per_band[m] = vals
+    pick = [min(bands - 1, int((j + 0.5) * bands / layers)) for j in range(layers)]
+    pre = tuple(per_band["prefetched_per_budget"][b][0] for b in pick)
+    urg = tuple(per_band["urgent_per_budget"][b][0] for b in pick)
+    u_mean = sum(urg) / layers
+    u_half = sum(per_band["urgent_per_budget"][b][1] for b in pick) / layers
+    p_mean = sum(pre) / layers
+    measured = max(max(int(c) for c in f["contexts"]) for f in fits)
+    support = [f for f in fits if f["metric"] == "urgent_per_budget" and float(f["capacity"]) in (c_lo, c_hi)
+               and f["share"] in (shares[lo_i], shares[hi_i])]
+    ok = sum(1 for f in support if f.get("supported"))
+    reach = (f"extrapolated {context / measured:.1f}x beyond the longest measured context ({measured})"
+             if context > measured else f"inside the measured contexts (up to {measured})")
+    src = str(doc.get("model", os.path.basename(path)))
+    share_txt = shares[lo_i] if lo_i == hi_i else f"{shares[lo_i]}-{shares[hi_i]} (interpolated in log share)"
+    cap_txt = f"{want:g}x" + (f" (between {c_lo:g}x and {c_hi:g}x)" if c_hi != c_lo else "")
+    note = (f"cache rates from the context trend {os.path.basename(path)} ({policy} replay on {src},"
+            f" {min(min(int(c) for c in f['contexts']) for f in fits)}-{measured} tokens"
+            f"{'' if src == model_name else f'; applied to {model_name} by relative depth'}): at {context} tokens,"
+            f" share {share_txt} for {here:.4f} here, capacity {cap_txt}: prefetched {p_mean:.3f}, urgent"
+            f" {u_mean:.3f} (95 % interval +-{u_half:.3f}) of the budget per step; {reach}; the straight line"
+            f" in log-context passed its checks in {ok} of {len(support)} depth bands"
+            + (f"; clamped into 0..1: {', '.join(clamped)}" if clamped else ""))
+    return CacheRates(pre, urg, note)

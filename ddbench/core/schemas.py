@@ -11,6 +11,7 @@ Schemas:
   KernelRow     traces/kernels/<gpu>/kernels.csv  (`ddbench bench kernels`)
   EngineRow     traces/engine/<gpu>/engine.csv    (`ddbench bench engine`)
   AccuracyRow   traces/accuracy/<model>.csv       (`ddbench profile --layer-accuracy`)
+  CacheRow      traces/accuracy/<model>.cache.csv (`ddbench profile --cache-capacity ...`)
   calibration_row_model(section)   the sections of a calibration bundle (ddbench/core/calibration.py)
   BundleMeta    a calibration bundle's bundle.json
 Extra columns are kept (extra="allow") unless a schema fixes its columns. Lines starting with '#'
@@ -223,6 +224,23 @@ class AccuracyRow(Row):
     budget_tokens: Annotated[Optional[PosInt], BeforeValidator(_blank_to_none)] = None
     temperature: Annotated[Optional[Annotated[float, Field(ge=0, allow_inf_nan=False)]],
                            BeforeValidator(_blank_to_none)] = None
+
+
+class CacheRow(Row):
+    """One row of a chunk-cache replay, traces/accuracy/<model>.cache.csv (ddbench/profile/trace.py has
+    the columns' meaning). A truncated file fails here: every rate and the row's keys are required."""
+    layer: NonNegInt
+    context_tokens: PosInt
+    budget_tokens: PosInt
+    policy: Literal["lru", "score"]
+    capacity: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    coverage: Rate
+    prefetched_per_budget: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    urgent_per_budget: Rate
+    moved_per_budget: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    urgent_share: Rate
+    n: PosInt
+    model: Text
 
 
 # --------------------------------------------------------------------------- calibration bundles

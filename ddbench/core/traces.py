@@ -100,3 +100,17 @@ def accuracy_rows(path: str) -> list:
     the line and the field. Selecting and averaging rows is sim/profile.py's job."""
     from ddbench.core.schemas import AccuracyRow, read_csv
     return read_csv(str(path), AccuracyRow, what="accuracy profile")
+
+
+def cache_profile(path: str):
+    """A chunk-cache replay (traces/accuracy/<model>.cache.csv) as a DataFrame, every row checked
+    (schemas.CacheRow): a bad layer, policy or rate, or a truncated line, is a one-line error naming
+    the file, the line and the field."""
+    from ddbench.core.schemas import CacheRow
+    return _frame(str(path), CacheRow, "cache profile")
+
+
+def accuracy_frame(path: str):
+    """An accuracy profile (traces/accuracy/<model>.csv) as a DataFrame, every row checked (AccuracyRow)."""
+    from ddbench.core.schemas import AccuracyRow
+    return _frame(str(path), AccuracyRow, "accuracy profile")

@@ -16,7 +16,8 @@ and switches the model to it. The function reads one `Probe` object, attached as
   selection always uses the exact landmarks (ShadowKV builds them from the exact post-RoPE keys at
   prefill; dualdecoder-cache on the GPU at prefill).
 
-Otherwise (prefill, or `sparse` None) attention is transformers' own SDPA path: exact and dense,
+Otherwise (prefill, `sparse` None, or a sliding-window layer of Gemma 3, whose window is resident in
+every design) attention is transformers' own SDPA path: exact and dense,
 so measuring never changes the generated trajectory.
 """
 
@@ -53,7 +54,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if probe is not None and probe.capture is not None:
         probe.capture[layer] = query.detach().transpose(1, 2).float()          # [B, q, Hq, d]
     plan = probe.sparse if probe is not None else None
-    if plan is None or query.shape[2] != 1:
+    if plan is None or query.shape[2] != 1 or getattr(module, "sliding_window", None):   # local layers stay dense
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kw)
     from kernels.select import select_chunks_ref

@@ -139,13 +139,15 @@ NOTE = ("steady steps only: step 0 (cold cache; the pre-decoding step fetches T_
         " moved); capacity 0 = no cache (plain DualDecoder), the same for every policy")
 
 
-def accumulate(groups: dict, key: tuple, counts: dict) -> None:
-    """Add one replay's counts [S, L, H] into groups[key + (layer,)] sums (per layer)."""
-    for l in range(counts["urgent"].shape[1]):
+def accumulate(groups: dict, key: tuple, counts: dict, layer_ids=None) -> None:
+    """Add one replay's counts [S, L, H] into groups[key + (layer,)] sums (per layer); `layer_ids` names
+    the model layer of each of the L (default 0..L-1; Gemma 3's global layers otherwise)."""
+    for i in range(counts["urgent"].shape[1]):
+        l = int(layer_ids[i]) if layer_ids is not None else i
         g = groups.setdefault(key + (l,), {"prefetched": 0.0, "urgent": 0.0, "lost": 0.0, "n": 0})
         for name in COUNTS:
-            g[name] += float(counts[name][:, l].sum())
-        g["n"] += counts["urgent"][:, l].numel()
+            g[name] += float(counts[name][:, i].sum())
+        g["n"] += counts["urgent"][:, i].numel()
 
 
 def _rates(prefetched: float, urgent: float, n: int, k: int) -> dict:

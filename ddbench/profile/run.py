@@ -167,6 +167,8 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
 
     _, gguf_file, _, name, mcfg = model_mod.inspect(cfg.model)
     sw = getattr(mcfg, "sliding_window", None) if getattr(mcfg, "use_sliding_window", True) else None
+    if model_mod.global_layers(mcfg)[1] is not None and model_mod.global_layers(mcfg)[0]:
+        sw = None      # Gemma 3: its global layers see the whole context; only they are measured
     budget_plan = validate(cfg, int(mcfg.max_position_embeddings), sw)
     out_dir = cfg.out
     if out_dir is None:
@@ -208,6 +210,7 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
         t_load = time.perf_counter() - t0
         bar.update(1)
     model, tok = loaded.model, loaded.tokenizer
+    glob = loaded.global_layers or tuple(range(loaded.layers))
     probe = install(model)
     vocab = int(model.config.vocab_size)
 
@@ -229,7 +232,7 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
             for s in range(max(cfg.samples, n_prompts if cfg.quality else 0)):
                 measure = s < cfg.samples       # hit rates (and fp8 error) on the first --samples prompts
                 prompt = make_prompt(tok, task, c, cfg.seed + s)
-                cache = DynamicCache(config=model.config)
+                cache = DynamicCache()      # full layers everywhere: a sliding-window layer cannot crop
                 try:
                     with progress_bar(total=c, desc=f"prefill {task} {c}", unit="tok", quiet=quiet) as bar:
                         first = prefill_fn(model, prompt.ids, cache, bar=bar)
@@ -246,8 +249,8 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
                                 k = b // cfg.chunk
                                 sel = torch.stack([torch.stack([
                                     selection.select(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l], k)[0]
-                                    for l in range(loaded.layers)]) for t in range(cfg.steps + 1)])
-                                # sel [steps+1, L, 2, H, k]
+                                    for l in glob]) for t in range(cfg.steps + 1)])
+                                # sel [steps+1, G, 2, H, k]: G = the global layers (all, but in Gemma 3)
                                 if fp8_errors is not None:
                                     sels[b] = sel[:, :, 0]
                                 if run_lengths is not None:
@@ -255,16 +258,16 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
                                 if cfg.cache_capacities and (init, temp) in cache_runs:
                                     counts = cache_mod.replay(sel[:, :, 0], sel[:-1, :, 1], geo.n_chunks,
                                                               cfg.cache_capacities, cfg.cache_policies,
-                                                              scores=_pass_scores(r, lm))
+                                                              scores=_pass_scores(r, lm, glob))
                                     for (pol, cap), cnt in counts.items():
-                                        cache_mod.accumulate(cache_groups, (c, task, b, pol, cap), cnt)
+                                        cache_mod.accumulate(cache_groups, (c, task, b, pol, cap), cnt, glob)
                                 m = overlaps(sel[1:, :, 0], sel[:-1, :, 1], sel[:-1, :, 0], geo.n_chunks)
-                                for l in range(loaded.layers):
+                                for i, l in enumerate(glob):
                                     g = groups[(l, c, task, init, temp, b)]
                                     for name, v in m.items():
-                                        g[name] += float(v[:, l].sum())
+                                        g[name] += float(v[:, i].sum())
                                     g["token_acc"] += float(acc_t.sum()) * loaded.kv_heads
-                                    g["n"] += v[:, l].numel()
+                                    g["n"] += v[:, i].numel()
                                 for t in range(cfg.steps):
                                     step_rows.append({"context_tokens": c, "task": task, "sample": s, "init": init,
                                                       "temperature": temp, "budget_tokens": b, "step": t,
@@ -273,7 +276,7 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
                                                       "output_token": r.out_tokens[t + 1],
                                                       "spec_token": r.spec_tokens[t]})
                             if fp8_errors is not None:
-                                _fp8_layers(fp8_errors, model, cache, r.q_out, sels, geo, c, task)
+                                _fp8_layers(fp8_errors, model, cache, r.q_out, sels, geo, c, task, glob)
                     if cfg.quality and s < n_prompts:
                         ok, _ = quality.answer(model, probe, tok, cache, prompt, first, None)
                         task_acc[(c, task, None, "dense")][0] += ok
@@ -332,12 +335,13 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
     return out
 
 
-def _fp8_layers(collector, model, cache, q_out, sels, geo, context, task) -> None:
-    """The fp8 attention error of one run's output-token queries q_out [steps+1, L, Hq, d], every layer:
-    dense over the prompt, and over each budget's true selection sels[b] [steps+1, L, H, k]."""
+def _fp8_layers(collector, model, cache, q_out, sels, geo, context, task, glob) -> None:
+    """The fp8 attention error of one run's output-token queries q_out [steps+1, L, Hq, d], every global
+    layer: dense over the prompt, and over each budget's true selection sels[b] [steps+1, G, H, k]."""
     from ddbench.profile import fp8error
     P = geo.prompt_tokens
-    for l, layer in enumerate(cache.layers):
+    for i, l in enumerate(glob):
+        layer = cache.layers[l]
         att = model.model.layers[l].self_attn
         scaling = float(getattr(att, "scaling", None) or layer.keys.shape[-1] ** -0.5)
         kv = fp8error.variants(layer.keys[0, :, :P], layer.values[0, :, :P], geo.chunk, geo.selectable)
@@ -345,7 +349,7 @@ def _fp8_layers(collector, model, cache, q_out, sels, geo, context, task) -> Non
         kw = dict(chunk=geo.chunk, selectable=geo.selectable, scaling=scaling, kv=kv)
         collector.add(l, context, task, None, "dense", fp8error.layer_errors(q, None, None, **kw))
         for b, sel in sels.items():
-            collector.add(l, context, task, b, "topk", fp8error.layer_errors(q, None, None, sel=sel[:, l], **kw))
+            collector.add(l, context, task, b, "topk", fp8error.layer_errors(q, None, None, sel=sel[:, i], **kw))
 
 
 def _fp8_kv(cache, S: int, chunk: int):
@@ -361,14 +365,15 @@ def _fp8_kv(cache, S: int, chunk: int):
     return [f(layer.keys) for layer in cache.layers], [f(layer.values) for layer in cache.layers]
 
 
-def _pass_scores(r, lm):
-    """t -> pass t's landmark scores [L, H, 2, N] (output, speculative query), for the cache replay."""
+def _pass_scores(r, lm, glob):
+    """t -> pass t's landmark scores [G, H, 2, N] (output, speculative query) of the global layers, for the
+    cache replay."""
     import torch
     from ddbench.profile import selection
 
     def at(t):
         return torch.stack([selection.scores(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l])[0]
-                            .transpose(0, 1) for l in range(len(lm))])
+                            .transpose(0, 1) for l in glob])
     return at
 
 

@@ -1,0 +1,256 @@
+"""Rates against context at a fixed budget share: aggregate one-prompt profiles, give 95 % intervals,
+fit the trend, and test whether extrapolating it is supported.
+
+    python -m ddbench.profile.contexts ROOT [--out DIR]
+
+ROOT holds one `ddbench profile --layer-accuracy --samples 1 --cache-capacity ...` run per prompt, as
+devtools/profile_contexts.sh lays them out: ROOT/<context>/<task>-s<seed>/<model>.{csv,cache.csv}.
+A prompt is the unit of the intervals (its steps and KV heads are not independent). Writes into DIR
+(default the data root's accuracy/):
+
+`<model>.contexts.csv`, schema 1: one row per (context_tokens, budget_tokens, band, policy, capacity,
+metric): mean over prompts, low/high (Student t 95 % interval of the mean over prompts), prompts.
+    band     depth band of the layers, 0..BANDS-1 (layer l of L is in band floor(l * BANDS / L)), or "all"
+    policy   lru | score for the cache replay's metrics; "prediction" for hit_rate, reuse_hit_rate,
+             union_hit_rate (capacity empty)
+    metric   coverage, urgent_per_budget, moved_per_budget (the churn: chunks moved per step / k),
+             urgent_share; or the prediction's three rates
+
+`<model>.cache-trend.json`, schema 1: per (share, policy, capacity, band, metric) in the trend metrics,
+an ordinary least-squares line over the prompts, metric = a + b * log2(context / 1024), with the
+parameters' covariance, and two checks of whether a straight line in log-context may be extrapolated:
+`curvature_p` (the p-value of a quadratic term, fitted over the prompts) and `holdout` (the line fitted
+without the longest context, against that context's mean and its interval). `supported` is true where
+the quadratic term is not significant (p >= 0.05) AND the held-out context's mean lies inside the
+held-out line's 95 % prediction interval for a mean of that many prompts. ddbench.core.cacherates
+reads this file to take a design's rates for the context at hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import sys
+
+BANDS = 6
+TREND_METRICS = ("urgent_per_budget", "moved_per_budget", "prefetched_per_budget")
+CACHE_METRICS = ("coverage", "prefetched_per_budget", "urgent_per_budget", "moved_per_budget", "urgent_share")
+PRED_METRICS = ("hit_rate", "reuse_hit_rate", "union_hit_rate")
+COLUMNS = ["context_tokens", "budget_tokens", "share", "band", "policy", "capacity", "metric", "mean", "low", "high",
+           "prompts"]
+REF_CONTEXT = 1024          # the fit's x = log2(context / REF_CONTEXT)
+ALPHA = 0.05
+
+
+def _band(layer, layers):
+    return int(layer) * BANDS // int(layers)
+
+
+def _weighted(df, keys, cols):
+    """Means of `cols` over the rows of each `keys` group, weighted by n."""
+    w = df["n"].astype(float)
+    out = df[keys].copy()
+    for c in cols:
+        out[c] = df[c].astype(float) * w
+    out["n"] = w
+    g = out.groupby(keys, as_index=False).sum()
+    for c in cols:
+        g[c] = g[c] / g["n"]
+    return g
+
+
+def load_prompts(root: str):
+    """(cache rows, prediction rows): per prompt, band and cell; a prompt = one run folder."""
+    import pandas as pd
+    from ddbench.core.errors import DDBenchError
+    from ddbench.core.traces import accuracy_frame, cache_profile
+    cache, pred, model, layers = [], [], None, None
+    runs = sorted(glob.glob(os.path.join(root, "*", "*", ".ddbench-manifest.json")))
+    if not runs:
+        raise DDBenchError(f"{root}: no finished profile runs (<context>/<task>-s<seed>/ with a manifest)")
+    for man in runs:
+        folder = os.path.dirname(man)
+        prompt = os.path.basename(folder)
+        csvs = [p for p in glob.glob(os.path.join(folder, "*.cache.csv"))]
+        if len(csvs) != 1:
+            raise DDBenchError(f"{folder}: expected one <model>.cache.csv, found {len(csvs)}")
+        stem = os.path.basename(csvs[0])[: -len(".cache.csv")]
+        c = cache_profile(csvs[0])
+        p = accuracy_frame(os.path.join(folder, f"{stem}.csv"))
+        if model not in (None, stem):
+            raise DDBenchError(f"{folder}: profile of {stem}, but earlier runs in {root} are of {model}")
+        model, layers = stem, int(p["layers"].iloc[0])
+        for df, sink, cols, keys in ((c, cache, list(CACHE_METRICS), ["policy", "capacity"]),
+                                     (p, pred, list(PRED_METRICS), [])):
+            df = df.copy()
+            df["band"] = [_band(x, layers) for x in df["layer"]]
+            df["prompt"] = prompt
+            base = ["prompt", "context_tokens", "budget_tokens"] + keys
+            by_band = _weighted(df, base + ["band"], cols)
+            every = _weighted(df, base, cols)
+            every["band"] = "all"
+            by_band["band"] = by_band["band"].astype(str)
+            sink.append(pd.concat([by_band, every], ignore_index=True))
+    return pd.concat(cache, ignore_index=True), pd.concat(pred, ignore_index=True), model, layers
+
+
+def t_interval(values) -> tuple[float, float, float]:
+    """(mean, low, high): Student t 95 % interval of the mean; the mean alone for one value."""
+    import numpy as np
+    from scipy import stats
+    x = np.asarray(values, dtype=float)
+    m = float(x.mean())
+    if len(x) < 2:
+        return m, m, m
+    h = float(stats.t.ppf(1 - ALPHA / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return m, m - h, m + h
+
+
+def cells(cache, pred) -> list[dict]:
+    rows = []
+    for df, metrics, keys in ((cache, CACHE_METRICS, ["policy", "capacity"]), (pred, PRED_METRICS, [])):
+        for key, g in df.groupby(["context_tokens", "budget_tokens", "band"] + keys, sort=True):
+            ctx, budget, band = key[:3]
+            for m in metrics:
+                mean, lo, hi = t_interval(g[m])
+                rows.append({"context_tokens": int(ctx), "budget_tokens": int(budget),
+                             "share": round(budget / ctx, 6), "band": band,
+                             "policy": key[3] if keys else "prediction", "capacity": key[4] if keys else "",
+                             "metric": m, "mean": round(mean, 6), "low": round(lo, 6), "high": round(hi, 6),
+                             "prompts": len(g)})
+    return rows
+
+
+def share_of(budget: int, context: int) -> str:
+    """The budget share as the fraction it was profiled at, e.g. '1/64' (budgets are rounded to chunks)."""
+    return f"1/{round(context / budget)}"
+
+
+def _ols(x, y, degree: int = 1):
+    import numpy as np
+    X = np.vander(np.asarray(x, dtype=float), degree + 1, increasing=True)
+    y = np.asarray(y, dtype=float)
+    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+    resid = y - X @ beta
+    dof = max(len(y) - degree - 1, 1)
+    s2 = float(resid @ resid) / dof
+    cov = s2 * np.linalg.pinv(X.T @ X)
+    return beta, cov, s2, dof
+
+
+def fit_trend(g) -> dict:
+    """One cell family's line over the prompts (columns context_tokens, value), with its two checks."""
+    import numpy as np
+    from scipy import stats
+    x = np.log2(g["context_tokens"].to_numpy(dtype=float) / REF_CONTEXT)
+    y = g["value"].to_numpy(dtype=float)
+    beta, cov, s2, dof = _ols(x, y)
+    out = {"a": float(beta[0]), "b": float(beta[1]), "cov": [[float(v) for v in r] for r in cov],
+           "dof": int(dof), "t975": float(stats.t.ppf(1 - ALPHA / 2, dof)), "residual_sd": math.sqrt(s2), "prompts": int(len(y)),
+           "contexts": sorted(int(c) for c in set(g["context_tokens"]))}
+    if len(out["contexts"]) >= 3:
+        bq, covq, _, _ = _ols(x, y, 2)
+        se = math.sqrt(max(float(covq[2, 2]), 1e-300))
+        out["curvature_p"] = float(2 * stats.t.sf(abs(float(bq[2]) / se), max(len(y) - 3, 1)))
+        top = max(out["contexts"])
+        inner = g["context_tokens"] < top
+        bh, covh, s2h, dofh = _ols(x[inner.to_numpy()], y[inner.to_numpy()])
+        xt = math.log2(top / REF_CONTEXT)
+        held = y[~inner.to_numpy()]
+        pred = float(bh[0] + bh[1] * xt)
+        v = np.array([1.0, xt])
+        half = float(stats.t.ppf(1 - ALPHA / 2, dofh) * math.sqrt(float(v @ covh @ v) + s2h / len(held)))
+        out["holdout"] = {"context_tokens": top, "predicted": pred, "low": pred - half, "high": pred + half,
+                          "measured": float(held.mean())}
+        out["supported"] = bool(out["curvature_p"] >= ALPHA and pred - half <= held.mean() <= pred + half)
+    else:
+        out["curvature_p"], out["holdout"], out["supported"] = None, None, False
+    return out
+
+
+def trends(cache) -> list[dict]:
+    out = []
+    cache = cache.copy()
+    cache["share"] = [share_of(b, c) for b, c in zip(cache.budget_tokens, cache.context_tokens)]
+    for (share, policy, cap, band), g in cache.groupby(["share", "policy", "capacity", "band"], sort=True):
+        for m in TREND_METRICS:
+            fit = fit_trend(g.rename(columns={m: "value"})[["context_tokens", "value"]])
+            out.append({"share": share, "policy": policy, "capacity": float(cap), "band": band, "metric": m, **fit})
+    return out
+
+
+def predict(fit: dict, context: int) -> tuple[float, float, float]:
+    """(value, low, high) of a trend line at `context`: the 95 % interval of the mean rate there."""
+    from scipy import stats
+    x = math.log2(context / REF_CONTEXT)
+    y = fit["a"] + fit["b"] * x
+    c = fit["cov"]
+    var = c[0][0] + 2 * x * c[0][1] + x * x * c[1][1]
+    h = float(stats.t.ppf(1 - ALPHA / 2, fit["dof"])) * math.sqrt(max(var, 0.0))
+    return y, y - h, y + h
+
+
+def main(argv=None) -> int:
+    from ddbench.core.errors import DDBenchError
+    ap = argparse.ArgumentParser(prog="python -m ddbench.profile.contexts", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("root", help="the folder of one-prompt profile runs (devtools/profile_contexts.sh ROOT)")
+    ap.add_argument("--out", help="output folder (default: the data root's accuracy/)")
+    ap.add_argument("--force", action="store_true", help="replace this model's earlier context files there")
+    a = ap.parse_args(argv)
+    try:
+        return _run(a)
+    except DDBenchError as exc:
+        print(f"ddbench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(a) -> int:
+    from ddbench.core.io import dumps_json
+    from ddbench.core.outputs import output_folder
+    from ddbench.core.paths import traces_dir
+    from ddbench.core.provenance import command_line, git_sha
+    cache, pred, model, layers = load_prompts(a.root)
+    rows = cells(cache, pred)
+    fits = trends(cache)
+    prov = {"model": model, "git_sha": git_sha()[:12], "command": command_line("python -m ddbench.profile.contexts")}
+    out = a.out or str(traces_dir("accuracy"))
+    import csv
+    import io
+    buf = io.StringIO()
+    wr = csv.DictWriter(buf, fieldnames=COLUMNS + list(prov), lineterminator="\n")
+    wr.writeheader()
+    for r in rows:
+        wr.writerow({**r, **prov})
+    doc = {"schema": 1, "model": model, "layers": layers, "bands": BANDS, "ref_context": REF_CONTEXT,
+           "model_form": "metric = a + b * log2(context / ref_context), ordinary least squares over prompts",
+           "provenance": prov, "prompts_per_context": {str(c): int(n) for c, n in
+                                                      pred[pred.band == "all"].groupby("context_tokens")["prompt"]
+                                                      .nunique().items()},
+           "fits": fits}
+    with output_folder(out, command="ddbench profile", shared=True, force=a.force) as w:
+        w.write_text(f"{model}.contexts.csv", buf.getvalue())
+        w.write_text(f"{model}.cache-trend.json", dumps_json(doc) + "\n")
+    print(summary(fits))
+    print(f"wrote {os.path.join(out, model + '.contexts.csv')} and {model}.cache-trend.json")
+    return 0
+
+
+def summary(fits) -> str:
+    lines = ["share  policy cap  band  metric             slope/doubling  curvature p  8K held out: measured"
+             " [predicted interval]  supported"]
+    for f in fits:
+        if f["band"] != "all" or f["capacity"] not in (0.0, 2.0, 4.0):
+            continue
+        h = f["holdout"]
+        ho = f"{h['measured']:.3f} [{h['low']:.3f}, {h['high']:.3f}]" if h else "-"
+        cp = f"{f['curvature_p']:.3f}" if f["curvature_p"] is not None else "-"
+        lines.append(f"{f['share']:<6} {f['policy']:<6} {f['capacity']:<4g} {f['band']:<5} {f['metric']:<18}"
+                     f" {f['b']:+.4f}         {cp:<11}  {ho:<36} {f['supported']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
