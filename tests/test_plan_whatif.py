@@ -130,6 +130,27 @@ def test_plan_slo_cli_ranks_and_sizes_the_fleet(tmp_path):
             "runtime_overhead")), rel=1e-6)
     assert png.stat().st_size > 10_000
     assert out["verdict"] is None
+    be = out["break_even"]                    # the winner's misses scaled until the ranking flips
+    assert be["winner"] == ds[0]["system"] and be["scaled"].startswith("miss rate")
+    rates = [g["max_rate_req_per_s"] for g in be["grid"]]
+    assert [g["factor"] for g in be["grid"]][0] == 1.0 and rates[0] == ds[0]["max_rate_req_per_s"]
+    assert rates == sorted(rates, reverse=True)       # more misses never raise the rate
+    (pair,) = be["pairs"]
+    assert pair["against"] == ds[1]["system"]
+    assert pair["factor"] is None or 1.0 <= pair["factor"] <= be["grid"][-1]["factor"]
+
+
+def test_break_even_crossing_interpolates_and_says_beyond():
+    from ddbench.planner.breakeven import _crossing, render
+    pts = [(1.0, 2.0), (1.5, 1.5), (2.0, 1.0)]
+    assert _crossing(pts, 1.25) == pytest.approx(1.75)
+    assert _crossing(pts, 2.5) == 1.0 and _crossing(pts, 0.5) is None
+    doc = {"winner": "a", "scaled": "miss rate (1 - hit)", "grid": [{"factor": f, "max_rate_req_per_s": r}
+                                                                    for f, r in pts],
+           "pairs": [{"against": "b", "against_rate_req_per_s": 1.25, "factor": 1.75},
+                     {"against": "c", "against_rate_req_per_s": 0.5, "factor": None}]}
+    lines = render(doc, 0.05)
+    assert len(lines) == 3 and "a over b: flips at 1.8x" in lines[1] and "a over c: holds beyond 2x" in lines[2]
 
 
 def test_plan_slo_nothing_meets_is_a_result():

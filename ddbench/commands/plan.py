@@ -365,6 +365,11 @@ def serving_plan(args) -> dict:
         designs.append(d)
     out["designs"] = designs
     out["verdict"] = _verdict(best, slos)
+    if knobs is None:
+        from ddbench.planner.breakeven import break_even
+        out["break_even"] = break_even(best, lambda tasks, keep: run_tasks(
+            _search_task, [(sc, slos, seeds, tol, max_runs) for sc in tasks], keep, workers=args.workers,
+            desc="break-even searches"))
     if knobs is not None:
         out["search"] = {k: list(v) for k, v in knobs.items()}
         out["settings"] = _pareto_rows(results, slos, knobs)
@@ -449,6 +454,9 @@ def render_serving(out: dict) -> str:
             lo = d["probes"][0] if d["probes"] else None
             lines.append(f"  {d['system']}: fails even at {_fmt_rate(lo['rate_req_per_s'])} req/s: {d['limited_by']}"
                          if lo else f"  {d['system']}: no run")
+    if out.get("break_even"):
+        from ddbench.planner.breakeven import render
+        lines += render(out["break_even"], out["tolerance"])
     met = [d for d in out["designs"] if d["status"] == "met"]
     if met:
         cats = [c for c in CATEGORIES if any((d.get(f"{c}_gb") or 0) > 0 for d in met)]

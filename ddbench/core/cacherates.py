@@ -40,16 +40,19 @@ class CacheRates:
     urgent: tuple           # per layer: true chunks in neither the cache nor the prediction / k
     note: str
 
-    @property
-    def moved_mean(self) -> float:
-        return (sum(self.prefetched) + sum(self.urgent)) / len(self.prefetched)
-
 
 def forced(prefetched: float, urgent: float, layers: int, note: str) -> CacheRates:
     for name, v in (("prefetched", prefetched), ("urgent", urgent)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):
             raise DDBenchError(f"cache rate {name} must be within 0..1, got {v!r}")
     return CacheRates((float(prefetched),) * layers, (float(urgent),) * layers, note)
+
+
+def scaled(rates: CacheRates, factor: float) -> CacheRates:
+    """The same rates with `factor` times the prefetched and urgent chunks (each capped at the budget)."""
+    return CacheRates(tuple(min(1.0, x * factor) for x in rates.prefetched),
+                      tuple(min(1.0, x * factor) for x in rates.urgent),
+                      rates.note + f"; scaled {factor:g}x (break-even what-if)")
 
 
 def profile_path(model_name: str) -> str:

@@ -60,6 +60,8 @@ class Scenario:
     max_batch: int | None = None
     calibration: str | None = None    # bundle root; None: the data root's calibration/
     roofline: bool = False
+    rate_scale: float = 1.0           # the break-even's what-if: the design's misses (1 - hit, 1 - reuse) or, for a
+                                      # chunk cache, its prefetched and urgent chunks, times this (capped at 1)
 
     @classmethod
     def make(cls, **kw) -> "Scenario":
@@ -168,11 +170,11 @@ class Resolved:
 
     @property
     def hit(self) -> list:
-        return list(self._hits[0])
+        return _scaled_hits(self._hits[0], self.scenario.rate_scale)
 
     @property
     def reuse(self) -> list:
-        return list(self._hits[1])
+        return _scaled_hits(self._hits[1], self.scenario.rate_scale)
 
     @property
     def hit_note(self) -> str:
@@ -183,10 +185,11 @@ class Resolved:
         share is nearest), None for other designs."""
         if not self.design.chunk_cache:
             return None
-        from ddbench.core.cacherates import from_profile
+        from ddbench.core.cacherates import from_profile, scaled
         w = self.workload
-        return from_profile(self.model.name, self.model.num_layers, w.budget, int(context), w.cache_tokens,
-                            D.CACHE_POLICY)
+        rates = from_profile(self.model.name, self.model.num_layers, w.budget, int(context), w.cache_tokens,
+                             D.CACHE_POLICY)
+        return rates if self.scenario.rate_scale == 1.0 else scaled(rates, self.scenario.rate_scale)
 
     @cached_property
     def cache_rates(self):
@@ -199,6 +202,13 @@ class Resolved:
         self.cm
         self.cache_rates
         return self
+
+
+def _scaled_hits(hits, factor: float) -> list:
+    """Hit rates whose misses are `factor` times as many (at least 0 hits)."""
+    if factor == 1.0:
+        return list(hits)
+    return [max(0.0, 1.0 - (1.0 - h) * factor) for h in hits]
 
 
 def design_of(name: str, cache: str = D.CACHE):
