@@ -51,7 +51,8 @@ def register(id: str, title: str, draw: Callable):
 def load_all() -> dict[str, Experiment]:
     """Import every experiment module (each registers itself) and return the registry."""
     from ddbench.experiments import (accuracy_figures, budget_figure, cache_figure, fp8_figure,  # noqa: F401
-                                     measured_figures, memory_figures, sim_figures, validation_figure)
+                                     measured_figures, memory_figures, rates_figure, sim_figures,
+                                     validation_figure)
     return EXPERIMENTS
 
 

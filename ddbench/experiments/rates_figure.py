@@ -1,0 +1,122 @@
+"""Beyond the paper: how much the verdict rides on the rates. Throughput of dualdecoder-cache, ShadowKV
+and DualDecoder at 128K on the H200 (Llama-3-8B, each at its largest batch) as their fetch rates grow:
+the cache's prefetched and urgent chunks per step (its churn and urgent share), ShadowKV's miss rate
+(1 - reuse) and DualDecoder's (1 - hit), each scaled by the same factors (Scenario.rate_scale, the
+what-if of `plan`'s break-even). Simulated by the cost model every command uses; the engine's measured
+points (traces/engine/h200-cache, median and min-max of 3 builds) are marked at their own rates. No
+paper figure.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ddbench.core import defaults as D
+from ddbench.core.units import fmt_tokens
+from ddbench.experiments import FigureResult, register
+from ddbench.experiments.cache_figure import CACHE, CACHE_COLOR, GPU, MODEL, engine_largest
+from ddbench.experiments.scene import scene
+from ddbench.plotting import SYSTEM_COLORS, style_handle
+
+CTX = 128 * 1024
+CAPACITY = 4                         # the cache at 4x the budget: the engine's best at 128K
+FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+DESIGNS = (CACHE, "shadowkv", "dualdecoder")
+
+
+def _point(design: str, factor: float) -> dict:
+    from ddbench.experiments.sim_figures import _maxb, _step_s
+    knobs = {"cache_tokens": CAPACITY * D.BUDGET} if design == CACHE else {}
+    r = scene(MODEL, design, gpu=GPU, rate_scale=factor, **knobs)
+    b = _maxb(design, MODEL, CTX, gpu=GPU, **knobs)
+    tok_s = b / _step_s(design, MODEL, CTX, b, gpu=GPU, rate_scale=factor, **knobs)
+    if design == CACHE:
+        c = r.cache_rates_at(CTX)
+        urgent = sum(c.urgent) / len(c.urgent)
+        churn = urgent + sum(c.prefetched) / len(c.prefetched)
+        miss = None
+    else:
+        rates = r.reuse if design == "shadowkv" else r.hit
+        miss = 1 - sum(rates) / len(rates)
+        urgent = churn = None
+    return {"source": "simulated", "design": design, "factor": factor, "batch": b, "tok_s": tok_s,
+            "urgent_per_budget": urgent, "churn_per_budget": churn, "miss_rate": miss, "note": r.hit_note}
+
+
+def _measured() -> list[dict]:
+    eng = engine_largest()
+    eng = eng[eng.context == CTX]
+    rows = []
+    for d in DESIGNS:
+        g = eng[(eng.design == d) & ((eng.capacity == CAPACITY) if d == CACHE else True)]
+        if not len(g):
+            continue
+        r = g.iloc[0]
+        rows.append({"source": "engine", "design": d, "factor": None, "batch": int(r.batch), "tok_s": r.tok_s,
+                     "tok_s_min": r.tok_s_min, "tok_s_max": r.tok_s_max})
+    e = pd.read_csv(_engine_csv(), comment="#")
+    e = e[(e.context == CTX) & e.paper_role.isin(["largest", "repeat"]) & e.status.isin(["ok", "ok-no-twin"])]
+    for r in rows:
+        g = e[(e.design == r["design"]) & (e.batch == r["batch"])]
+        if r["design"] == CACHE:
+            g = g[g.cache_tokens == CAPACITY * D.BUDGET]
+            r["urgent_per_budget"] = float(g.miss_rate.astype(float).median())
+            r["churn_per_budget"] = float(g.miss_rate.astype(float).median() + g.churn_rate.astype(float).median())
+        else:
+            r["miss_rate"] = float(g.miss_rate.astype(float).median())
+    return rows
+
+
+def _engine_csv():
+    from ddbench.core.paths import traces_dir
+    from ddbench.experiments.cache_figure import RUN
+    return traces_dir("engine", RUN, "engine.csv")
+
+
+def _draw(res: FigureResult, fig) -> None:
+    df = res.data
+    fig.set_size_inches(9.0, 3.6)
+    axes = fig.subplots(1, 2)
+    s, m = df[df.source == "simulated"], df[df.source == "engine"]
+    c = s[s.design == CACHE]
+    for ax, col, label in ((axes[0], "churn_per_budget", "dualdecoder-cache: chunks moved per step / budget (churn)"),
+                           (axes[1], "miss_rate", "ShadowKV (1 - reuse), DualDecoder (1 - hit): miss rate")):
+        ax.set_xlabel(label, fontsize=7)
+        ax.set_ylabel("decode throughput (tokens/s)")
+    axes[0].plot(c.churn_per_budget, c.tok_s, color=CACHE_COLOR, lw=1.2, marker=".")
+    for r in c.itertuples():
+        axes[0].annotate(f"{r.factor:g}x", (r.churn_per_budget, r.tok_s), fontsize=6, xytext=(2, 2),
+                         textcoords="offset points")
+    for d in DESIGNS[1:]:
+        x = s[s.design == d]
+        axes[1].plot(x.miss_rate, x.tok_s, color=SYSTEM_COLORS[d], lw=1.2, marker=".")
+        at1 = x[x.factor == 1.0].tok_s
+        if len(at1):
+            axes[0].axhline(float(at1.iloc[0]), color=SYSTEM_COLORS[d], lw=0.8, ls="--")
+    for r in m.itertuples():
+        ax, x = (axes[0], r.churn_per_budget) if r.design == CACHE else (axes[1], r.miss_rate)
+        color = CACHE_COLOR if r.design == CACHE else SYSTEM_COLORS[r.design]
+        ax.errorbar([x], [r.tok_s], yerr=[[r.tok_s - r.tok_s_min], [r.tok_s_max - r.tok_s]], fmt="D", ms=4,
+                    color=color, ecolor="black", lw=0.7)
+    for ax in axes:
+        ax.set_ylim(bottom=0)
+    axes[0].set_title("(a) the cache's rates scaled 0.5-4x; dashed: the others at their profile's rates", fontsize=7)
+    axes[1].set_title("(b) the others' miss rates scaled 0.5-4x", fontsize=7)
+    handles = [style_handle("-", f"{CACHE} {CAPACITY}x, simulated", CACHE_COLOR),
+               style_handle("-", "ShadowKV, simulated", SYSTEM_COLORS["shadowkv"]),
+               style_handle("-", "DualDecoder, simulated", SYSTEM_COLORS["dualdecoder"])]
+    fig.legend(handles, [h.get_label() for h in handles], fontsize=6, ncol=3, loc="outside lower center")
+    fig.suptitle(f"Throughput against the rates: {MODEL} at {fmt_tokens(CTX)} on one H200, each at its largest batch"
+                 " (diamonds: the engine, 3 builds)", fontsize=8)
+
+
+@register("rates", "Throughput against the cache's urgent share and churn and the others' miss rates (H200, 128K)",
+          draw=_draw)
+def compute() -> FigureResult:
+    rows = [_point(d, f) for d in DESIGNS for f in FACTORS] + _measured()
+    df = pd.DataFrame(rows)
+    note = df[(df.design == CACHE) & (df.factor == 1.0)].note.iloc[0]
+    df = df.drop(columns=["note"])
+    return FigureResult(df, f"{MODEL} on one H200 over PCIe 5, context {fmt_tokens(CTX)}, budget {D.BUDGET}, each design"
+                            f" at its largest batch; {CACHE} at {CAPACITY}x the budget; factors"
+                            f" {', '.join(f'{f:g}' for f in FACTORS)} on each design's own rates ({note})")
