@@ -124,7 +124,7 @@ def test_plan_without_host_memory_is_unbounded_and_unchanged():
     for s in out["systems"]:
         assert s["max_batch_host"] is None and s["bound_by"] == BOUND_GPU and s["max_batch"] == s["max_batch_gpu"]
     assert {s["system"]: s["max_batch"] for s in out["systems"]} == \
-        {"full-kv": 3, "shadowkv": 23, "specache": 20, "dualdecoder": 59}
+        {"full-kv": 3, "shadowkv": 23, "specache": 20, "dualdecoder": 59, "dualdecoder-cache": 40}
     t = ddbench(*PLAN, "--design", "all")
     assert t.stdout.splitlines()[0].endswith(f"host memory: {NOT_BOUNDED}")
 

@@ -25,6 +25,7 @@ import math
 import os
 from dataclasses import replace
 
+from ddbench.commands import cost_model_line
 from ddbench.core import defaults as D
 from ddbench.core import flags
 from ddbench.core.catalog import NOT_BOUNDED
@@ -114,6 +115,7 @@ def register(sub) -> None:
                         " file (.png, .pdf or .svg)")
     p.add_argument("--force", action="store_true", help="replace an earlier --plot file (ddbench's own only)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--verbose", action="store_true", help="print the cost model's notes whole (else one line)")
     p.add_argument("--csv", action="store_true", help="one CSV row per design (or knob setting) on stdout")
     add_workload(p)
     p.set_defaults(func=run)
@@ -406,7 +408,7 @@ def _pareto_rows(results, slos, knobs) -> list[dict]:
     return rows
 
 
-def render_serving(out: dict) -> str:
+def render_serving(out: dict, verbose: bool = False) -> str:
     from ddbench.planner.slo import fmt_seconds
     lines = [f"{out['model']} on {out['gpu']} ({out['capacity_gb']:.1f} GB), {out['link']}"
              f" {out['link_gbps_per_gpu']:.1f} GB/s per GPU, context {out['context']}, output {out['output']},"
@@ -465,7 +467,8 @@ def render_serving(out: dict) -> str:
             [d["system"]] + [f"{d[f'{c}_gb']:.2f}" for c in cats] + [f"{d['peak_memory_gb']:.2f}"] for d in met])]
     if "target_rate_req_per_s" in out and met:
         b = met[0]
-        lines.append(f"for {out['target_rate_req_per_s']:g} req/s: {b['gpus']} GPUs of {b['system']}"
+        lines.append(f"for {out['target_rate_req_per_s']:g} req/s: {b['gpus']} GPU{'' if b['gpus'] == 1 else 's'} of"
+                     f" {b['system']}"
                      + (f" ({b['hosts']} hosts of {out['host']['name']})" if "host" in out else "")
                      + f" at {_fmt_rate(b['max_rate_req_per_s'])} req/s per GPU")
     if out.get("verdict"):
@@ -490,7 +493,7 @@ def render_serving(out: dict) -> str:
         lines += ["  " + x for x in _table(rows)]
         if len(shown) < len(out["settings"]):
             lines.append(f"  ({len(out['settings']) - len(shown)} more settings in --json / --csv)")
-    lines.append("cost model: " + "; ".join(out["cost_model"]))
+    lines.append(cost_model_line(out["cost_model"], verbose))
     lines.append("hit rates: " + out["hit_rates"])
     return "\n".join(lines)
 
@@ -593,7 +596,7 @@ def run(args) -> int:
     elif args.csv:
         print(_csv(out["settings"] if "settings" in out else out["designs"]), end="")
     else:
-        print(render_serving(out))
+        print(render_serving(out, verbose=args.verbose))
         if args.plot:
             print(f"wrote {args.plot}")
     return NO_FIT if all(d["status"] == "no fit" for d in out["designs"]) else 0

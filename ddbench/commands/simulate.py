@@ -30,6 +30,7 @@ import os
 import time
 from dataclasses import replace
 
+from ddbench.commands import cost_model_line
 from ddbench.core import defaults as D
 from ddbench.core import flags
 from ddbench.core.catalog import NOT_BOUNDED
@@ -87,6 +88,7 @@ def register(sub) -> None:
                    help="replace an earlier run in --out, or write beside files ddbench did not write (kept)")
     p.add_argument("--trace", action="store_true", help="also write a Chrome/Perfetto trace.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--verbose", action="store_true", help="print the cost model's notes whole (else one line)")
     add_profile_row_args(p)
     add_workload(p, words={"lowrank_layers": ("profile",)},
                  title="workload (the memory model's knobs; --lowrank-layers profile: the profile summary's"
@@ -144,7 +146,7 @@ def run(args) -> int:
         for name, s in summaries.items():
             print(_render(name, s))
         print(_render_host(summaries, r0))
-        print("cost model: " + "; ".join(r0.cm.notes))
+        print(cost_model_line(r0.cm.notes, args.verbose))
         print(f"hit rates: {r0.hit_note}")
         if r0.lowrank_note:
             print(r0.lowrank_note)

@@ -162,14 +162,14 @@ def chunk_cache_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
 
 def check_chunk_cache(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> None:
     """One-line DDBenchError for a chunk cache smaller than the budget, or one whose single request leaves
-    no room beside the weights on `gpu`."""
+    no room beside the weights on `gpu` (where the weights alone do not fit, that is the answer, not an error)."""
     if not design.chunk_cache:
         return
     if w.cache_tokens < w.budget:
         raise DDBenchError(f"{design.name}: the chunk cache ({w.cache_tokens} tokens per layer and KV head) must hold"
                            f" at least the budget ({w.budget} tokens)")
     one = chunk_cache_bytes(design, m, replace(w, batch=1))
-    if one > gpu.hbm_bytes - m.weight_bytes:
+    if gpu.hbm_bytes > m.weight_bytes and one > gpu.hbm_bytes - m.weight_bytes:   # weights too big: "does not fit"
         raise DDBenchError(f"{design.name}: the chunk cache of one request ({one / 1e9:.1f} GB) leaves no room beside"
                            f" {m.name}'s weights on {gpu.name} ({(gpu.hbm_bytes - m.weight_bytes) / 1e9:.1f} GB free)")
 
