@@ -236,7 +236,3 @@ def prefill_chunk_s(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload
         r = cm.link_rates(design.gather, 2 * w.chunk * m.head_dim * E)
         d2h = r.d2h_t0_s + tokens * m.kv_bytes_per_token / (r.d2h_gbps * 1e9)
     return gpu, d2h
-
-
-def hit_rate_note(hit: list[float]) -> str:
-    return f"hit rate mean {sum(hit) / len(hit):.3f} (min {min(hit):.3f}, max {max(hit):.3f})"

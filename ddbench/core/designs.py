@@ -100,6 +100,3 @@ def design_names(names: str) -> tuple[str, ...]:
     return tuple(get_design(n).name for n in parts)
 
 
-def resolve_designs(names: str) -> list[DesignSpec]:
-    """The designs `names` (see design_names) stands for."""
-    return [DESIGNS[n] for n in design_names(names)]

@@ -88,13 +88,6 @@ def checked(parse):
     return conv
 
 
-def word_or(words: tuple, conv):
-    """One of `words` as it is, else `conv(text)`."""
-    def parse(t: str):
-        return t.strip() if t.strip() in words else conv(t)
-    return parse
-
-
 def fraction_or_path():
     """A number in [0, 1] (a float), or else the name of a file (a string); empty text is an error."""
     frac = number(lo=0, hi=1)

@@ -78,11 +78,6 @@ class Workload:
             raise DDBenchError(f"rank {self.rank} exceeds H_kv*d = {model.num_kv_heads * model.head_dim}")
 
     @property
-    def cache_ratio(self) -> float:
-        """The chunk cache's capacity over the budget (dualdecoder-cache)."""
-        return self.cache_tokens / self.budget
-
-    @property
     def outlier_chunks(self) -> int:
         return self.outliers_per_1k * self.budget // 1024
 

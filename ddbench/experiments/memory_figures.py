@@ -196,25 +196,6 @@ def _per_req(system: str, size: str, context: int = CONTEXT) -> float:
 
 
 # ---------------------------------------------------------------- Figures 4 and 5
-def _draw_breakdown(res: FigureResult, fig) -> None:
-    df = res.data
-    ax = fig.add_subplot()
-    labels = [f"{r.system}\n{r.model_size} b={r.batch}" for r in df.itertuples()]
-    bottom = [0.0] * len(df)
-    for cat in CATEGORIES:
-        vals = list(df[f"{cat}_gb"])
-        ax.bar(range(len(df)), vals, bottom=bottom, label=cat.replace("_", " "), color=CATEGORY_COLORS[cat])
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    cap = get_gpu(GPU).hbm_bytes / GB
-    ax.axhline(cap, color="black", lw=0.8, ls="--")
-    ax.text(len(df) - 0.5, cap, f"{GPU} {cap:.1f} GB", ha="right", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(df)), labels, fontsize=6)
-    ax.set_ylim(0, cap * 1.3)
-    ax.set_ylabel("GPU memory (GB)")
-    ax.set_title(res.setup.split(";")[0])
-    ax.legend(fontsize=6, ncol=4, loc="upper center")
-
-
 def _breakdown_rows(pairs) -> pd.DataFrame:
     rows = []
     for design, size in pairs:
