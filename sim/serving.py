@@ -33,7 +33,7 @@ from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import CATEGORIES, Workload, activation_bytes, memory_breakdown
 from ddbench.core.designs import DesignSpec
-from ddbench.core.units import parse_tokens
+from ddbench.core.distribution import Distribution
 from sim.aggregate import AggStep, aggregate_step
 from sim.costmodel import CostModel
 from sim.steplayers import prefill_chunk_s, step_layers
@@ -71,21 +71,9 @@ class Request:
 
 
 def parse_dist(spec: str, what: str):
-    """'128k' (fixed), 'uniform:64k:128k', or 'exp:MEAN' (exponential, at least 1) -> sampler(rng)."""
-    s = str(spec).strip().lower()
-    if s.startswith("uniform:"):
-        parts = s.split(":")
-        if len(parts) != 3:
-            raise DDBenchError(f"cannot parse {what} '{spec}': use uniform:LO:HI")
-        lo, hi = parse_tokens(parts[1], what), parse_tokens(parts[2], what)
-        if lo > hi:
-            raise DDBenchError(f"{what} '{spec}': LO is larger than HI")
-        return lambda rng: rng.randint(lo, hi)
-    if s.startswith("exp:"):
-        mean = parse_tokens(s[4:], what)
-        return lambda rng: max(1, int(round(rng.expovariate(1.0 / mean))))
-    value = parse_tokens(s, what)
-    return lambda rng: value
+    """'128k' (fixed), 'uniform:64k:128k', or 'exp:MEAN' (exponential, at least 1) -> sampler(rng)
+    (the grammar: ddbench.core.distribution)."""
+    return Distribution.parse(spec, what).sample
 
 
 def draw_requests(n: int, rate: float, context: str, output: str, seed: int) -> list[Request]:

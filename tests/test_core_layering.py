@@ -132,3 +132,19 @@ def test_importing_core_loads_nothing_else(module):
             "not m.startswith('ddbench.core'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_one_length_grammar():
+    """`128k | uniform:LO:HI | exp:MEAN` is parsed in one place (ddbench.core.distribution)."""
+    import random
+
+    from ddbench.core.distribution import Distribution
+    from ddbench.core.errors import DDBenchError
+    from ddbench.planner.scenario import context_bounds
+    from sim.serving import parse_dist
+    assert context_bounds("uniform:64k:128k") == (65536, 131072) and context_bounds("exp:4k") == (None, None)
+    assert Distribution.parse("128k").high == 131072
+    assert parse_dist("uniform:1:3", "output")(random.Random(0)) in (1, 2, 3)
+    for bad in ("uniform:2k", "uniform:4k:2k", "exp:", "zero"):
+        with pytest.raises(DDBenchError):
+            Distribution.parse(bad)

@@ -29,7 +29,8 @@ from ddbench.core import defaults as D
 from ddbench.core.catalog import fetch_share, get_gpu, get_host, get_link, get_model, host_memory, shared_link
 from ddbench.core.designs import get_design
 from ddbench.core.errors import DDBenchError
-from ddbench.core.units import GB, fmt_tokens, parse_tokens
+from ddbench.core.distribution import Distribution
+from ddbench.core.units import GB, fmt_tokens
 from ddbench.core.workload import Workload
 
 CACHES = ("design", "pingpong", "per-layer")
@@ -225,19 +226,9 @@ def design_of(name: str, cache: str = D.CACHE):
 
 
 def context_bounds(spec: str) -> tuple[int | None, int | None]:
-    """(shortest, longest) context a distribution draws: the value twice, LO and HI of uniform:LO:HI;
-    None for exp:MEAN (it can draw any length)."""
-    s = str(spec).strip().lower()
-    if s.startswith("uniform:"):
-        parts = s.split(":")
-        if len(parts) != 3:
-            raise DDBenchError(f"cannot parse context '{spec}': use uniform:LO:HI")
-        return parse_tokens(parts[1], "context"), parse_tokens(parts[2], "context")
-    if s.startswith("exp:"):
-        parse_tokens(s[4:], "context")
-        return None, None
-    n = parse_tokens(s, "context")
-    return n, n
+    """(shortest, longest) context a distribution draws (ddbench.core.distribution); None for exp:MEAN."""
+    d = Distribution.parse(spec, "context")
+    return d.low, d.high
 
 
 def min_context(spec: str) -> int | None:
@@ -248,19 +239,6 @@ def min_context(spec: str) -> int | None:
 def max_context(spec: str) -> int | None:
     """The longest context a distribution draws (None for exp:MEAN)."""
     return context_bounds(spec)[1]
-
-
-def max_context(spec: str) -> int | None:
-    """The longest context a distribution draws: the value, HI of uniform:LO:HI; None for exp:MEAN."""
-    s = str(spec).strip().lower()
-    if s.startswith("uniform:"):
-        parts = s.split(":")
-        if len(parts) != 3:
-            raise DDBenchError(f"cannot parse context '{spec}': use uniform:LO:HI")
-        return parse_tokens(parts[2], "context")
-    if s.startswith("exp:"):
-        return None
-    return parse_tokens(s, "context")
 
 
 @lru_cache(maxsize=64)

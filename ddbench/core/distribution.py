@@ -1,0 +1,50 @@
+"""The one grammar of request lengths (contexts and outputs): `128k` (fixed), `uniform:LO:HI`, `exp:MEAN`.
+
+    d = Distribution.parse("uniform:64k:128k", "context")    # one-line DDBenchError on bad text
+    d.low, d.high        # the shortest and longest it draws (None for exp:MEAN: any length)
+    d.sample(rng)        # one draw (random.Random); exp draws at least 1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddbench.core.errors import DDBenchError
+from ddbench.core.units import parse_tokens
+
+
+@dataclass(frozen=True)
+class Distribution:
+    kind: str                 # fixed | uniform | exp
+    a: int                    # the value, LO, or the mean
+    b: int | None = None      # HI of uniform
+
+    @classmethod
+    def parse(cls, spec, what: str = "context") -> "Distribution":
+        s = str(spec).strip().lower()
+        if s.startswith("uniform:"):
+            parts = s.split(":")
+            if len(parts) != 3:
+                raise DDBenchError(f"cannot parse {what} '{spec}': use uniform:LO:HI")
+            lo, hi = parse_tokens(parts[1], what), parse_tokens(parts[2], what)
+            if lo > hi:
+                raise DDBenchError(f"{what} '{spec}': LO is larger than HI")
+            return cls("uniform", lo, hi)
+        if s.startswith("exp:"):
+            return cls("exp", parse_tokens(s[4:], what))
+        return cls("fixed", parse_tokens(s, what))
+
+    @property
+    def low(self) -> int | None:
+        return None if self.kind == "exp" else self.a
+
+    @property
+    def high(self) -> int | None:
+        return {"fixed": self.a, "uniform": self.b, "exp": None}[self.kind]
+
+    def sample(self, rng) -> int:
+        if self.kind == "uniform":
+            return rng.randint(self.a, self.b)
+        if self.kind == "exp":
+            return max(1, int(round(rng.expovariate(1.0 / self.a))))
+        return self.a
