@@ -34,6 +34,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import CATEGORIES, Workload, activation_bytes, memory_breakdown
 from ddbench.core.designs import DesignSpec
 from ddbench.core.distribution import Distribution
+from ddbench.core.stats import percentile
 from sim.aggregate import AggStep, aggregate_step
 from sim.costmodel import CostModel
 from sim.steplayers import prefill_chunk_s, step_layers
@@ -144,14 +145,6 @@ class ServingResult:
             "makespan_s": span,
             "reasons": reasons,
         }
-
-
-def percentile(xs, p: float) -> float | None:
-    """The p-th percentile by nearest rank (the smallest x with at least p% of the values <= x:
-    numpy's 'inverted_cdf'); None for no values."""
-    if len(xs) == 0:
-        return None
-    return float(np.percentile(np.asarray(xs, dtype=float), p, method="inverted_cdf"))
 
 
 class _Model:

@@ -256,7 +256,7 @@ def test_serving_percentiles_match_numpy_on_random_runs():
 
 
 def test_percentile_of_nothing_is_none():
-    from sim.serving import percentile
+    from ddbench.core.stats import percentile
     assert percentile([], 50) is None
     xs = [3.0, 1.0, 2.0, 10.0]
     assert [percentile(xs, p) for p in (1, 25, 26, 50, 51, 75, 76, 100)] == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 10.0, 10.0]

@@ -168,7 +168,7 @@ def run_point(sc: Scenario, rate: float, seed: int = 0, pcts: tuple = ()) -> dic
     and every request counts as rejected. Admission is capped by `Resolved.batch_cap` (--max-batch and
     host memory)."""
     from sim.serving import draw_requests, run_serving
-    from ddbench.planner.slo import percentile
+    from ddbench.core.stats import percentile
     t0, c0 = time.perf_counter(), time.process_time()
     r = resolve(sc)
     reqs = draw_requests(sc.requests, rate, sc.context, sc.output, seed)

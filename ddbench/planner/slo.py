@@ -64,14 +64,6 @@ def parse_slo(text: str | None) -> list[SLO]:
     return out
 
 
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile (as sim.serving's summary computes P50/P99); NaN for no values."""
-    if not sorted_values:
-        return math.nan
-    k = min(len(sorted_values) - 1, max(0, math.ceil(p / 100 * len(sorted_values)) - 1))
-    return sorted_values[k]
-
-
 def violations(row: dict, slos: list[SLO]) -> list[str]:
     """The terms a run row misses (a NaN value misses)."""
     bad = []
