@@ -15,13 +15,12 @@ provenance(command) -> dict: gpu, driver, torch, triton, git sha (DDBENCH_GIT_SH
 from __future__ import annotations
 
 import datetime
-import os
 import statistics
 import time
 
 import torch
 
-from ddbench.core.provenance import command_output
+from ddbench.core.provenance import command_output, git_sha
 
 
 def event_times(fn, reps: int, warmup: int = 1, per_call: int = 1) -> list[float]:
@@ -85,20 +84,9 @@ def time_host(fn, reps: int = 5, warmup: int = 1) -> float:
 
 
 
-def git_sha(root: str) -> str:
-    """HEAD of the checkout at `root`, with "+dirty" when tracked files differ from it (a copied tree
-    whose .git lags behind its files, as on the device machine, says so instead of naming a commit it
-    does not hold); "unknown" without git."""
-    sha = command_output(["git", "-C", root, "rev-parse", "HEAD"])
-    if not sha:
-        return "unknown"
-    return sha + ("+dirty" if command_output(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"]) else "")
-
-
 def provenance(command: str) -> dict:
     import triton
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sha = os.environ.get("DDBENCH_GIT_SHA") or git_sha(root)
+    sha = git_sha()
     driver = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
     return {
         "gpu": torch.cuda.get_device_name(0),

@@ -25,14 +25,23 @@ def test_one_gpu_folder_rule():
 
 
 def test_git_sha_marks_a_dirty_tree(monkeypatch):
-    """provenance's sha: HEAD, '+dirty' when tracked files differ (a copied tree with a stale .git),
-    'unknown' without git."""
-    from kernels import timing
+    """The one git sha (ddbench.core.provenance, kernels' provenance too): HEAD, '+dirty' when tracked files
+    differ (a copied tree with a stale .git), 'unknown' without git, DDBENCH_GIT_SHA where set."""
+    from ddbench.core import provenance
     answers = {"rev-parse": "abc123", "status": " M kernels/x.py"}
-    monkeypatch.setattr(timing, "command_output", lambda args: next((v for k, v in answers.items() if k in args), ""))
-    assert timing.git_sha("/r") == "abc123+dirty"
+    monkeypatch.setattr(provenance, "command_output",
+                        lambda args, timeout=20: next((v for k, v in answers.items() if k in args), ""))
+    monkeypatch.delenv("DDBENCH_GIT_SHA", raising=False)
+
+    def sha():
+        provenance.git_sha.cache_clear()
+        return provenance.git_sha()
+    assert sha() == "abc123+dirty"
     answers["status"] = ""
-    assert timing.git_sha("/r") == "abc123"
+    assert sha() == "abc123"
     answers["rev-parse"] = ""
-    assert timing.git_sha("/r") == "unknown"
+    assert sha() == "unknown"
+    monkeypatch.setenv("DDBENCH_GIT_SHA", "feed42")
+    assert sha() == "feed42"
+    provenance.git_sha.cache_clear()
 

@@ -2,8 +2,10 @@
 
     write_json(os.path.join(out, "provenance.json"), provenance("simulate", args, cost_model=notes))
 
-The arguments are the parsed namespace (values JSON can hold; tuples as lists). The git sha is the
-checkout's HEAD, or "unknown" for an installed copy or where git is missing.
+The arguments are the parsed namespace (values JSON can hold; tuples as lists). The git sha is
+DDBENCH_GIT_SHA where set (a copied tree whose .git lags, as on the device machine), else the
+checkout's HEAD with "+dirty" when tracked files differ from it, or "unknown" for an installed copy or
+where git is missing.
 """
 
 from __future__ import annotations
@@ -37,10 +39,17 @@ def command_output(args: list[str], timeout: float = 20) -> str:
 
 @lru_cache(maxsize=1)
 def git_sha() -> str:
+    """The one git sha every output records (see the module's docstring)."""
+    if os.environ.get("DDBENCH_GIT_SHA"):
+        return os.environ["DDBENCH_GIT_SHA"]
     root = repo_root()
     if root is None:
         return "unknown"
-    return command_output(["git", "-C", str(root), "rev-parse", "HEAD"], timeout=10) or "unknown"
+    sha = command_output(["git", "-C", str(root), "rev-parse", "HEAD"], timeout=10)
+    if not sha:
+        return "unknown"
+    dirty = command_output(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], timeout=10)
+    return sha + ("+dirty" if dirty else "")
 
 
 def _plain(v):
