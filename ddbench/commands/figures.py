@@ -34,6 +34,9 @@ EXAMPLE = """examples:
   ddbench figures --only fig02,fig14 --out /tmp/figs"""
 
 DEFAULT_OUT = "figures"
+# 10 significant digits: the last bits of a float differ between machines' math libraries; this keeps
+# `make figures` byte-identical across them (the PNG and PDF carry no date or software version)
+FLOAT_FORMAT = "%.10g"
 
 
 def register(sub) -> None:
@@ -69,7 +72,7 @@ def _write_figure(exp, w, paper, new_figure, plt):
     stage = tempfile.mkdtemp(prefix=STAGE_PREFIX + exp.id + "-", dir=w.folder)
     try:
         stem = os.path.join(stage, exp.id)
-        res.data.to_csv(stem + ".csv", index=False)
+        res.data.to_csv(stem + ".csv", index=False, float_format=FLOAT_FORMAT)
         fig = new_figure()
         try:
             exp.draw(res, fig)
