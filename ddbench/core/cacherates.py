@@ -14,8 +14,8 @@ and the capacity (cache_tokens / budget) is interpolated linearly between the pr
 
 Where the profile has a context trend beside it (`<model>.cache-trend.json`, written by
 `python -m ddbench.profile.contexts` from one-prompt runs at 1K-8K and two budget shares), the rates
-are taken from that trend instead, at the context at hand: per depth band, the fitted line
-a + b * log2(context / 1024) of the nearest profiled share (interpolated in log share between the two
+are taken from that trend instead, at the context at hand: per depth band, the fitted power law
+exp(log_a + b * log2(context / 1024)) of the nearest profiled share (interpolated in log share between the two
 shares, held at the nearer one outside them), with its 95 % interval, and how far beyond the longest
 measured context it reaches. The note says all of it; no rate is ever assumed.
 """
@@ -134,7 +134,7 @@ def _load_trend(path: str) -> dict:
             doc = json.load(fh)
         fits, bands, ref = doc["fits"], int(doc["bands"]), float(doc["ref_context"])
         for f in fits:
-            for k in ("a", "b"):
+            for k in ("log_a", "b"):
                 if not math.isfinite(float(f[k])):
                     raise ValueError(f"{k} is not finite")
             [[float(v) for v in row] for row in f["cov"]]
@@ -184,6 +184,7 @@ def from_trend(path: str, model_name: str, layers: int, budget: int, context: in
     def at(metric, band):
         """(value, half-width of its 95 % interval) blended over the two shares and two capacities."""
         val = half = 0.0
+        x2 = [1.0, xc]
         for s_i, w1 in ((lo_i, 1 - ws), (hi_i, ws)):
             for cap, w2 in ((c_lo, 1 - wc), (c_hi, wc)):
                 w = w1 * w2
@@ -193,10 +194,10 @@ def from_trend(path: str, model_name: str, layers: int, budget: int, context: in
                 if key not in index:
                     raise DDBenchError(f"{path}: no fit for share {key[0]}, capacity {cap:g}x, band {band}, {metric}")
                 f = index[key]
-                c = f["cov"]
-                var = c[0][0] + 2 * xc * c[0][1] + xc * xc * c[1][1]
-                val += w * (f["a"] + f["b"] * xc)
-                half += w * float(f["t975"]) * math.sqrt(max(var, 0.0))
+                var = sum(x2[i] * x2[j] * float(f["cov"][i][j]) for i in range(2) for j in range(2))
+                y = math.exp(float(f["log_a"]) + float(f["b"]) * xc)
+                val += w * y
+                half += w * y * (math.exp(float(f["t975"]) * math.sqrt(max(var, 0.0))) - 1)
         return val, half
 
     per_band, clamped = {}, []
@@ -228,7 +229,7 @@ def from_trend(path: str, model_name: str, layers: int, budget: int, context: in
             f" {min(min(int(c) for c in f['contexts']) for f in fits)}-{measured} tokens"
             f"{'' if src == model_name else f'; applied to {model_name} by relative depth'}): at {context} tokens,"
             f" share {share_txt} for {here:.4f} here, capacity {cap_txt}: prefetched {p_mean:.3f}, urgent"
-            f" {u_mean:.3f} (95 % interval +-{u_half:.3f}) of the budget per step; {reach}; the straight line"
-            f" in log-context passed its checks in {ok} of {len(support)} depth bands"
+            f" {u_mean:.3f} (95 % interval up to +{u_half:.3f}) of the budget per step; {reach}; the power law"
+            f" passed its checks in {ok} of {len(support)} depth bands"
             + (f"; clamped into 0..1: {', '.join(clamped)}" if clamped else ""))
     return CacheRates(pre, urg, note)

@@ -61,6 +61,8 @@ class Scenario:
     max_batch: int | None = None
     calibration: str | None = None    # bundle root; None: the data root's calibration/
     roofline: bool = False
+    forced_cache: tuple = ()          # (prefetched, urgent) per budget on every layer: a chunk cache's rates as an
+                                      # engine run forced them (replaying that run), instead of the profile's
     rate_scale: float = 1.0           # the break-even's what-if: the design's misses (1 - hit, 1 - reuse) or, for a
                                       # chunk cache, its prefetched and urgent chunks, times this (capped at 1)
 
@@ -186,8 +188,12 @@ class Resolved:
         share is nearest), None for other designs."""
         if not self.design.chunk_cache:
             return None
-        from ddbench.core.cacherates import from_profile, scaled
+        from ddbench.core.cacherates import forced, from_profile, scaled
         w = self.workload
+        if self.scenario.forced_cache:
+            pre, urg = self.scenario.forced_cache
+            return forced(pre, urg, self.model.num_layers, f"cache rates forced as the engine ran them: prefetched"
+                                                           f" {pre:g}, urgent {urg:g} of the budget per step")
         rates = from_profile(self.model.name, self.model.num_layers, w.budget, int(context), w.cache_tokens,
                              D.CACHE_POLICY)
         return rates if self.scenario.rate_scale == 1.0 else scaled(rates, self.scenario.rate_scale)

@@ -17,12 +17,13 @@ metric): mean over prompts, low/high (Student t 95 % interval of the mean over p
              urgent_share; or the prediction's three rates
 
 `<model>.cache-trend.json`, schema 1: per (share, policy, capacity, band, metric) in the trend metrics,
-an ordinary least-squares line over the prompts, metric = a + b * log2(context / 1024), with the
-parameters' covariance, and two checks of whether a straight line in log-context may be extrapolated:
-`curvature_p` (the p-value of a quadratic term, fitted over the prompts) and `holdout` (the line fitted
-without the longest context, against that context's mean and its interval). `supported` is true where
-the quadratic term is not significant (p >= 0.05) AND the held-out context's mean lies inside the
-held-out line's 95 % prediction interval for a mean of that many prompts. ddbench.core.cacherates
+a power law fitted by least squares over the prompts, metric = exp(log_a + b * log2(context / 1024)) (so
+it stays positive where it is extrapolated; `per_doubling` = exp(b), the factor per doubling), with the covariance of (log_a, b),
+and two checks of whether it may be extrapolated: `curvature_p` (the p-value of a term in
+log2(context) ** 2 in the exponent) and `holdout` (the law fitted without the longest context, against
+that context's mean and its interval). `supported` is true where the extra term is not significant
+(p >= 0.05) AND the held-out context's mean lies inside the held-out law's 95 % interval for a mean
+of that many prompts. ddbench.core.cacherates
 reads this file to take a design's rates for the context at hand.
 """
 
@@ -128,45 +129,62 @@ def share_of(budget: int, context: int) -> str:
     return f"1/{round(context / budget)}"
 
 
-def _ols(x, y, degree: int = 1):
+def _power_fit(x, y, degree: int = 1):
+    """Least squares of y = exp(c0 + c1 x + ... ) over the prompts (x = log2(context / REF_CONTEXT)):
+    a power law in context for degree 1, positive wherever it is extrapolated. (coefficients,
+    covariance, residual variance, degrees of freedom)."""
     import numpy as np
-    X = np.vander(np.asarray(x, dtype=float), degree + 1, increasing=True)
-    y = np.asarray(y, dtype=float)
-    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
-    resid = y - X @ beta
+    from scipy.optimize import curve_fit
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+
+    def f(xx, *c):
+        return np.exp(sum(ci * xx ** i for i, ci in enumerate(c)))
+    means = {v: max(float(y[x == v].mean()), 1e-4) for v in np.unique(x)}
+    xs = np.array(sorted(means))
+    p0 = np.polyfit(xs, np.log([means[v] for v in xs]), min(degree, len(xs) - 1))[::-1]
+    p0 = list(p0) + [0.0] * (degree + 1 - len(p0))
+    if float(np.ptp(y)) == 0.0:           # a constant (e.g. the prediction's whole budget at capacity 0)
+        c = np.array([math.log(max(float(y[0]), 1e-12))] + [0.0] * degree)
+        return c, np.zeros((degree + 1, degree + 1)), 0.0, max(len(y) - degree - 1, 1)
+    c, cov = curve_fit(f, x, y, p0=p0, maxfev=20000)
+    resid = y - f(x, *c)
     dof = max(len(y) - degree - 1, 1)
-    s2 = float(resid @ resid) / dof
-    cov = s2 * np.linalg.pinv(X.T @ X)
-    return beta, cov, s2, dof
+    return c, cov, float(resid @ resid) / dof, dof
+
+
+def _at(c, cov, x: float) -> tuple[float, float]:
+    """(value, standard error of its log) of a degree-1 power fit at x."""
+    v = [1.0, x]
+    var = sum(v[i] * v[j] * float(cov[i][j]) for i in range(2) for j in range(2))
+    return math.exp(float(c[0]) + float(c[1]) * x), math.sqrt(max(var, 0.0))
 
 
 def fit_trend(g) -> dict:
-    """One cell family's line over the prompts (columns context_tokens, value), with its two checks."""
+    """One cell family's power law over the prompts (columns context_tokens, value), with its two checks."""
     import numpy as np
     from scipy import stats
     x = np.log2(g["context_tokens"].to_numpy(dtype=float) / REF_CONTEXT)
     y = g["value"].to_numpy(dtype=float)
-    beta, cov, s2, dof = _ols(x, y)
-    out = {"a": float(beta[0]), "b": float(beta[1]), "cov": [[float(v) for v in r] for r in cov],
-           "dof": int(dof), "t975": float(stats.t.ppf(1 - ALPHA / 2, dof)), "residual_sd": math.sqrt(s2), "prompts": int(len(y)),
-           "contexts": sorted(int(c) for c in set(g["context_tokens"]))}
-    if len(out["contexts"]) >= 3:
-        bq, covq, _, _ = _ols(x, y, 2)
-        se = math.sqrt(max(float(covq[2, 2]), 1e-300))
-        out["curvature_p"] = float(2 * stats.t.sf(abs(float(bq[2]) / se), max(len(y) - 3, 1)))
-        top = max(out["contexts"])
-        inner = g["context_tokens"] < top
-        bh, covh, s2h, dofh = _ols(x[inner.to_numpy()], y[inner.to_numpy()])
-        xt = math.log2(top / REF_CONTEXT)
-        held = y[~inner.to_numpy()]
-        pred = float(bh[0] + bh[1] * xt)
-        v = np.array([1.0, xt])
-        half = float(stats.t.ppf(1 - ALPHA / 2, dofh) * math.sqrt(float(v @ covh @ v) + s2h / len(held)))
-        out["holdout"] = {"context_tokens": top, "predicted": pred, "low": pred - half, "high": pred + half,
-                          "measured": float(held.mean())}
-        out["supported"] = bool(out["curvature_p"] >= ALPHA and pred - half <= held.mean() <= pred + half)
-    else:
-        out["curvature_p"], out["holdout"], out["supported"] = None, None, False
+    c, cov, s2, dof = _power_fit(x, y)
+    out = {"log_a": float(c[0]), "b": float(c[1]), "cov": [[float(v) for v in r] for r in cov],
+           "dof": int(dof), "t975": float(stats.t.ppf(1 - ALPHA / 2, dof)), "residual_sd": math.sqrt(s2),
+           "prompts": int(len(y)), "contexts": sorted(int(v) for v in set(g["context_tokens"]))}
+    out["per_doubling"] = float(math.exp(out["b"]))
+    if len(out["contexts"]) < 3 or float(np.ptp(y)) == 0.0:
+        out["curvature_p"], out["holdout"], out["supported"] = None, None, len(out["contexts"]) >= 3
+        return out
+    cq, covq, _, dq = _power_fit(x, y, 2)
+    se = math.sqrt(max(float(covq[2][2]), 1e-300))
+    out["curvature_p"] = float(2 * stats.t.sf(abs(float(cq[2]) / se), dq))
+    top = max(out["contexts"])
+    inner = x < math.log2(top / REF_CONTEXT) - 1e-9
+    ch, covh, s2h, dofh = _power_fit(x[inner], y[inner])
+    held = y[~inner]
+    pred, se_log = _at(ch, covh, math.log2(top / REF_CONTEXT))
+    half = float(stats.t.ppf(1 - ALPHA / 2, dofh)) * math.sqrt((pred * se_log) ** 2 + s2h / len(held))
+    out["holdout"] = {"context_tokens": top, "predicted": pred, "low": pred - half, "high": pred + half,
+                      "measured": float(held.mean())}
+    out["supported"] = bool(out["curvature_p"] >= ALPHA and pred - half <= held.mean() <= pred + half)
     return out
 
 
@@ -182,14 +200,10 @@ def trends(cache) -> list[dict]:
 
 
 def predict(fit: dict, context: int) -> tuple[float, float, float]:
-    """(value, low, high) of a trend line at `context`: the 95 % interval of the mean rate there."""
-    from scipy import stats
-    x = math.log2(context / REF_CONTEXT)
-    y = fit["a"] + fit["b"] * x
-    c = fit["cov"]
-    var = c[0][0] + 2 * x * c[0][1] + x * x * c[1][1]
-    h = float(stats.t.ppf(1 - ALPHA / 2, fit["dof"])) * math.sqrt(max(var, 0.0))
-    return y, y - h, y + h
+    """(value, low, high) of a trend at `context`: the 95 % interval of the mean rate there."""
+    y, se = _at([fit["log_a"], fit["b"]], fit["cov"], math.log2(context / REF_CONTEXT))
+    h = fit["t975"] * se
+    return y, y * math.exp(-h), y * math.exp(h)
 
 
 def main(argv=None) -> int:
@@ -225,7 +239,7 @@ def _run(a) -> int:
     for r in rows:
         wr.writerow({**r, **prov})
     doc = {"schema": 1, "model": model, "layers": layers, "bands": BANDS, "ref_context": REF_CONTEXT,
-           "model_form": "metric = a + b * log2(context / ref_context), ordinary least squares over prompts",
+           "model_form": "metric = exp(log_a + b * log2(context / ref_context)), least squares over prompts",
            "provenance": prov, "prompts_per_context": {str(c): int(n) for c, n in
                                                       pred[pred.band == "all"].groupby("context_tokens")["prompt"]
                                                       .nunique().items()},
@@ -239,7 +253,7 @@ def _run(a) -> int:
 
 
 def summary(fits) -> str:
-    lines = ["share  policy cap  band  metric             slope/doubling  curvature p  8K held out: measured"
+    lines = ["share  policy cap  band  metric                x per doubling  curvature p  longest held out: measured"
              " [predicted interval]  supported"]
     for f in fits:
         if f["band"] != "all" or f["capacity"] not in (0.0, 2.0, 4.0):
@@ -247,8 +261,8 @@ def summary(fits) -> str:
         h = f["holdout"]
         ho = f"{h['measured']:.3f} [{h['low']:.3f}, {h['high']:.3f}]" if h else "-"
         cp = f"{f['curvature_p']:.3f}" if f["curvature_p"] is not None else "-"
-        lines.append(f"{f['share']:<6} {f['policy']:<6} {f['capacity']:<4g} {f['band']:<5} {f['metric']:<18}"
-                     f" {f['b']:+.4f}         {cp:<11}  {ho:<36} {f['supported']}")
+        lines.append(f"{f['share']:<6} {f['policy']:<6} {f['capacity']:<4g} {f['band']:<5} {f['metric']:<21}"
+                     f" {f['per_doubling']:.3f}          {cp:<11}  {ho:<44} {f['supported']}")
     return "\n".join(lines)
 
 
