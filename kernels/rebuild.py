@@ -6,6 +6,12 @@
         idx   [B, H, n]      selected chunk ids; chunk c covers tokens c*C .. c*C+C-1
         k_out [B, H, S, d]   tokens slot_offset + j*C + i receive RoPE(U[c*C+i] @ SV[h], pos=c*C+i)
     rebuild_keys_ref(...)    torch twin (fp32), same arguments
+    rebuild_changed(U, SV, old, new, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, ...)
+        old, new [B, H, n]   the chunk ids each slot held before and holds now (ShadowKV's in-place
+                             buffer: hits keep their slots, misses fill the slots of chunks no longer
+                             selected); only the slots whose id changed are rebuilt, the others keep
+                             their keys untouched
+    rebuild_changed_ref(...) torch twin (fp32), same arguments
     rope_inv_freq(d, theta)  Llama RoPE frequencies (rotate-half convention), fp32
 
 Fused: one program rebuilds a block of chunks of one (request, head); the product, the
@@ -15,6 +21,11 @@ from the SFU after a Cody-Waite range reduction (libdevice in the interpreter). 
 "resident" (about four programs per SM, each loads SV[b, h] once and loops over its blocks); "auto"
 (the default) takes resident where each program gets several blocks. Launch parameters: LAUNCH, from the H200 sweep of
 devtools/devcheck_rebuild.py (traces/engine/h200/devcheck-rebuild.json).
+rebuild_changed: one to `programs` programs per (request, head), each loads SV[b, h] once, finds the
+changed slots (old != new) and compacts them in order (a cumulative sum; slots and ids to a scratch
+row, read back after a barrier), then rebuilds blocks of block_chunks changed chunks (the U rows of
+their tokens gathered, the product and the RoPE in registers, K stored into their slots). At 12 %
+misses a step rebuilds about an eighth of the keys that rebuild_keys rebuilds.
 """
 
 from __future__ import annotations
@@ -166,6 +177,67 @@ def _rebuild_resident_kernel(U, SV, idx, inv_freq, k_out, n_sel, H, tiles,
         tl.store(dst + HALF, (x2 * cos + x1 * sin).to(ty), mask=jv[:, None])
 
 
+@triton.jit
+def _rebuild_changed_kernel(U, SV, old, new, scratch, inv_freq, k_out, n_sel, H, P,
+                            s_ub, s_ut, s_sb, s_sh, s_sr, s_ob, s_oh, s_ot, slot_offset,
+                            R: tl.constexpr, C: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+                            R1: tl.constexpr, R2: tl.constexpr, KP: tl.constexpr, FAST: tl.constexpr):
+    """Program (request*head, p) of P: the changed slots of one (request, head), blocks p, p + P, ..."""
+    bh = tl.program_id(0)
+    p = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    HALF: tl.constexpr = D // 2
+    BT: tl.constexpr = BC * C
+    j = tl.arange(0, KP)
+    jv = j < n_sel
+    ib = bh.to(tl.int64) * n_sel
+    o = tl.load(old + ib + j, mask=jv, other=0)
+    nw = tl.load(new + ib + j, mask=jv, other=0)
+    chg = jv & (o != nw)
+    m = tl.sum(chg.to(tl.int32), 0)
+    pos = tl.cumsum(chg.to(tl.int32), 0) - 1
+    # compacted (slot, id) of the changed slots, in slot order; every program of this (b, h) writes the
+    # same values to the same scratch row, and reads back only after its own stores (barrier, L2 reads)
+    sc = scratch + bh.to(tl.int64) * (2 * KP)
+    tl.store(sc + pos, j, mask=chg)
+    tl.store(sc + KP + pos, nw, mask=chg)
+    tl.debug_barrier()
+    rr = tl.arange(0, BT)
+    hd = tl.arange(0, HALF)
+    ra = tl.arange(0, R1)
+    sb = SV + b.to(tl.int64) * s_sb + h * s_sh
+    sa1 = tl.load(sb + ra[:, None] * s_sr + hd[None, :])
+    sa2 = tl.load(sb + ra[:, None] * s_sr + HALF + hd[None, :])
+    if R2 > 0:
+        rb = R1 + tl.arange(0, R2)
+        rbv = rb < R
+        sb1 = tl.load(sb + rb[:, None] * s_sr + hd[None, :], mask=rbv[:, None], other=0.0)
+        sb2 = tl.load(sb + rb[:, None] * s_sr + HALF + hd[None, :], mask=rbv[:, None], other=0.0)
+    inv = tl.load(inv_freq + hd)
+    ub = U + b.to(tl.int64) * s_ub
+    ob = k_out + b.to(tl.int64) * s_ob + h.to(tl.int64) * s_oh
+    ty = k_out.dtype.element_ty
+    for t in range(p, tl.cdiv(m, BC), P):
+        jj = t * BC + rr // C
+        ok = jj < m
+        sl = tl.load(sc + jj, mask=ok, other=0, cache_modifier=".cg")
+        ch = tl.load(sc + KP + jj, mask=ok, other=0, cache_modifier=".cg")
+        tok = ch * C + rr % C
+        urow = ub + tok.to(tl.int64)[:, None] * s_ut
+        ua = tl.load(urow + ra[None, :], mask=ok[:, None], other=0.0)
+        x1 = tl.dot(ua, sa1)
+        x2 = tl.dot(ua, sa2)
+        if R2 > 0:
+            ubb = tl.load(urow + rb[None, :], mask=ok[:, None] & rbv[None, :], other=0.0)
+            x1 = tl.dot(ubb, sb1, x1)
+            x2 = tl.dot(ubb, sb2, x2)
+        sin, cos = _sincos(tok.to(tl.float32)[:, None] * inv[None, :], FAST)
+        dst = ob + (slot_offset + sl * C + rr % C).to(tl.int64)[:, None] * s_ot + hd[None, :]
+        tl.store(dst, (x1 * cos - x2 * sin).to(ty), mask=ok[:, None])
+        tl.store(dst + HALF, (x2 * cos + x1 * sin).to(ty), mask=ok[:, None])
+
+
 def _check(U, SV, idx, k_out, chunk, slot_offset):
     if U.dim() != 3 or SV.dim() != 4 or idx.dim() != 3 or k_out.dim() != 4:
         raise DDBenchError("need U [B, T, r], SV [B, H, r, d], idx [B, H, n], k_out [B, H, S, d]")
@@ -243,4 +315,66 @@ def rebuild_keys_ref(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_of
             tok = (idx[b, h].long()[:, None] * chunk + torch.arange(chunk, device=idx.device)).view(-1).to(U.device)
             k = U[b, tok].float() @ SV[b, h].float()
             k_out[b, h, slot_offset:slot_offset + n * chunk] = apply_rope_ref(k, tok, rope_theta).to(k_out.dtype)
+    return k_out
+
+
+# rebuild_changed's launch: block_chunks changed chunks per block (32 tokens at C = 8: one mma tile of
+# rows), 4 warps; programs per (request, head): enough for about 4 per SM, at most `max_split`
+LAUNCH_CHANGED = dict(block_chunks=4, num_warps=4, num_stages=2, max_split=4)
+
+
+def _check_changed(U, SV, old, new, k_out, chunk, slot_offset):
+    B, T, R, H, d = _check(U, SV, new, k_out, chunk, slot_offset)
+    if old.shape != new.shape:
+        raise DDBenchError(f"old ids {tuple(old.shape)} and new ids {tuple(new.shape)} differ in shape")
+    if R < 16:
+        raise DDBenchError("rebuild_changed needs rank >= 16")
+    return B, T, R, H, d
+
+
+def rebuild_changed(U, SV, old, new, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=None,
+                    num_warps=None, num_stages=None, programs=None, fast_rope=None):
+    """Rebuild the keys of the slots whose chunk id changed (old[b, h, j] != new[b, h, j]): tokens
+    slot_offset + j*C + i of k_out receive RoPE(U[c*C+i] @ SV[h], pos=c*C+i) with c = new[b, h, j];
+    every other slot is left as it is. `programs` per (request, head) (default: about 4 per SM in
+    all, at most LAUNCH_CHANGED["max_split"]). No host sync: the count of changed slots is found on the
+    device (capturable)."""
+    B, T, R, H, d = _check_changed(U, SV, old, new, k_out, chunk, slot_offset)
+    n = new.shape[2]
+    if n == 0 or B * H == 0:
+        return k_out
+    kw = dict(LAUNCH_CHANGED)
+    for key, v in (("block_chunks", block_chunks), ("num_warps", num_warps), ("num_stages", num_stages)):
+        if v is not None:
+            kw[key] = v
+    sms = torch.cuda.get_device_properties(U.device).multi_processor_count if U.is_cuda else 4
+    P = programs or max(1, min(kw["max_split"], (4 * sms) // (B * H)))
+    KP = triton.next_power_of_2(n)
+    r1 = 1 << (R.bit_length() - 1)
+    r2 = 0 if r1 == R else max(16, triton.next_power_of_2(R - r1))
+    dev = U.device
+    old = old.to(device=dev, dtype=torch.int32).contiguous()
+    new = new.to(device=dev, dtype=torch.int32).contiguous()
+    scratch = torch.empty(B * H * 2 * KP, device=dev, dtype=torch.int32)
+    inv = _inv_freq(d, rope_theta, dev)
+    fast = U.is_cuda if fast_rope is None else bool(fast_rope)
+    _rebuild_changed_kernel[(B * H, P)](
+        U, SV, old, new, scratch, inv, k_out, n, H, P, U.stride(0), U.stride(1), SV.stride(0), SV.stride(1),
+        SV.stride(2), *k_out.stride()[:3], slot_offset, R=R, C=chunk, D=d, BC=kw["block_chunks"], R1=r1, R2=r2,
+        KP=KP, FAST=fast, num_warps=kw["num_warps"], num_stages=kw["num_stages"])
+    return k_out
+
+
+def rebuild_changed_ref(U, SV, old, new, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, **_):
+    B, T, R, H, d = _check_changed(U, SV, old, new, k_out, chunk, slot_offset)
+    ar = torch.arange(chunk, device=new.device)
+    for b in range(B):
+        for h in range(H):
+            js = (old[b, h] != new[b, h]).nonzero().view(-1)
+            if js.numel() == 0:
+                continue
+            tok = (new[b, h, js].long()[:, None] * chunk + ar).view(-1).to(U.device)
+            k = apply_rope_ref(U[b, tok].float() @ SV[b, h].float(), tok, rope_theta)
+            dst = (slot_offset + js.long()[:, None] * chunk + ar).view(-1).to(k_out.device)
+            k_out[b, h, dst] = k.to(k_out.dtype)
     return k_out

@@ -19,7 +19,9 @@ prediction of token 1 (kept for the next step). Transfers (see transfer.py):
       own prefetch (same slots) and after the plan.
   next-step prefetch (specache): the speculative token's chunks for the same layer of the next
       step, into that layer's second buffer set.
-  reuse (shadowkv): the previous step's buffer supplies hits; misses cross PCIe on the critical path.
+  reuse (shadowkv): each layer keeps its buffer in place: hits stay in their slots, the values of the
+      misses (true - held) are fetched into the slots of the chunks no longer selected, on the
+      high-priority stream, on the critical path; meanwhile only the keys of those slots are rebuilt.
 Attention waits on the events of all of its layer's transfers; no global synchronisation.
 Keys of low-rank layers are rebuilt (U @ SV + RoPE) and only values cross the link.
 """
@@ -116,6 +118,7 @@ class _Ops:
     gather: object
     slots: object
     rebuild: object
+    rebuild_changed: object     # (U, SV, old ids, new ids, k_out): the keys of the slots whose id changed
     spec_scores: object
     rmsnorm: object
     add_rmsnorm: object     # (x, y, w) -> (x + y, rmsnorm(x + y, w))
@@ -131,11 +134,12 @@ def _ops(ref: bool) -> _Ops:
     from kernels.engine import fastselect, fused
     if ref:
         return _Ops(select.score_chunks_ref, attention.dual_sparse_attention_ref, gather.gather_ref,
-                    gather_slots_ref, rebuild.rebuild_keys_ref, specache.specache_chunk_scores_ref,
+                    gather_slots_ref, rebuild.rebuild_keys_ref, rebuild.rebuild_changed_ref,
+                    specache.specache_chunk_scores_ref,
                     rmsnorm, fused.add_rmsnorm_ref, fused.rope_split_ref, fused.swiglu_ref, fused.assemble_ref,
                     fastselect.select_topk_ref, fastselect.specache_select_topk_ref)
     return _Ops(select.score_chunks, attention.dual_sparse_attention, gather.gather_uva, gather_slots,
-                rebuild.rebuild_keys, lambda q, qk, chunk: specache.specache_scores_triton(q, qk, chunk=chunk),
+                rebuild.rebuild_keys, rebuild.rebuild_changed, lambda q, qk, chunk: specache.specache_scores_triton(q, qk, chunk=chunk),
                 fused.rmsnorm, fused.add_rmsnorm, fused.rope_split, fused.swiglu, fused.assemble,
                 fastselect.select_topk, fastselect.specache_select_topk)
 
@@ -162,8 +166,8 @@ def plan_bytes(model, system, cfg: EngineConfig, dtype_bytes: int = 2) -> dict:
       landmarks          chunk-mean keys [L, B, H, N, d]
       aux_residency      ShadowKV's outlier rows, the low-rank key factors (U, SV), SpeCache's 2-bit keys
                          (and with cfg.quant_values its 2-bit values) with their scales and zeros
-      sparse_kv_buffers  the selected-KV buffers (ping-pong, per layer, + the reuse spare), the selection
-                         ids kept across steps (prediction, the previous selection), CPU-gather staging
+      sparse_kv_buffers  the selected-KV buffers (ping-pong, or per layer), the selection ids kept across
+                         steps (prediction, the chunks each reuse buffer holds), CPU-gather staging
     Transient work (scores, plans, logits, the CUDA graph's pool) is not here: it is measured."""
     s, E = system, dtype_bytes
     L, B, H, d = model.num_layers, cfg.batch, model.num_kv_heads, model.head_dim
@@ -185,7 +189,7 @@ def plan_bytes(model, system, cfg: EngineConfig, dtype_bytes: int = 2) -> dict:
             out["aux_residency"] += L * B * H * T * (d // 4 + 2 * -(-d // 64) * E)
     n_lr = {"all": L, "adaptive": len(set(cfg.lowrank_layers)), "none": 0}[s.lowrank_keys]
     out["aux_residency"] += n_lr * B * (cfg.context * cfg.rank + H * cfg.rank * d) * E
-    nbuf = 2 if s.buffer_layers == "pingpong" else L * s.buffer_sets + (1 if s.reuse else 0)
+    nbuf = 2 if s.buffer_layers == "pingpong" else L * s.buffer_sets
     ids = 1 + (s.prefetch != "none" and (cfg.transfers or s.tokens_per_step == 2)) + bool(s.reuse)
     out["sparse_kv_buffers"] = nbuf * 2 * B * H * S * d * E + ids * L * B * H * kc * 4
     if s.chunk_cache:     # kernels/engine/chunkcache.py: slots + tail rows, the map and its sinks, rows, 2 plans
@@ -198,8 +202,10 @@ def plan_bytes(model, system, cfg: EngineConfig, dtype_bytes: int = 2) -> dict:
     return out
 
 
-# ShadowKV's fetch of one layer (the reuse branch of Engine._sparse_attention), in its two parts, so
-# that the engine and the reuse-fetch record of kernels/engine/sweep.py run the same code. kb, vb: the
+# ShadowKV's fetch of one layer as the engine ran it before issue 31 (a copy of the previous selection
+# into a spare buffer, then a thin gather of every chunk back: hits from the spare, misses from the
+# host); the reuse-fetch record of kernels/engine/sweep.py still measures it. The engine's reuse branch
+# now keeps each buffer in place and moves only the misses (Engine._sparse_attention). kb, vb: the
 # layer's buffers (kb None: values only); pk, pv: the spare buffer's first kC = k*C tokens (pk None:
 # values only); prev_true, true: the previous and this step's selections [B, H, k].
 
@@ -334,12 +340,12 @@ class Engine:
             if self.lowrank[i]:
                 self.U[i] = torch.empty(B, cfg.context, cfg.rank, device=self.dev, dtype=dt).normal_(generator=g0)
                 self.SV[i] = (torch.randn(B, H, cfg.rank, d, device=self.dev, generator=g0) / math.sqrt(cfg.rank)).to(dt)
-        # buffers: ping-pong (2 uses in flight), per layer (x sets), or per layer + a spare (reuse); a chunk
+        # buffers: ping-pong (2 uses in flight) or per layer (x sets; reuse: one per layer, in place); a chunk
         # cache design's per-layer buffers are its cache (kernels/engine/chunkcache.py)
         if s.buffer_layers == "pingpong":
             nbuf = 2
         else:
-            nbuf = L * s.buffer_sets + (1 if s.reuse else 0)
+            nbuf = L * s.buffer_sets
         self.cache = None
         if s.chunk_cache:
             from kernels.engine.chunkcache import ChunkCache
@@ -355,11 +361,11 @@ class Engine:
         self.free_ev = [None] * nbuf     # last reader (attention) of each buffer
         self.ready_ev = {}               # use id -> [events] of transfers into that use's buffer
         self.layer_buf = list(range(L))  # reuse: the buffer of each layer (fixed)
-        self.spare = nbuf - 1            # reuse: the previous selection is copied here, then gathered back
         self.pred = None                 # [L, B, H, k] prediction for this step (chunks prefetched)
         self.pred_new = torch.zeros(L, B, H, self.kc, device=self.dev, dtype=torch.int32)
-        self.prev_true = None            # reuse: previous step's selection per layer
-        self.prev_ok = [False] * L
+        # reuse: the chunk id each slot of a layer's buffer holds (slot order, not sorted), and whether it does yet
+        self.held = torch.zeros(L, B, H, self.kc, device=self.dev, dtype=torch.int32) if s.reuse else None
+        self.held_ok = [False] * L
         self.prefetched = {}             # use id -> prediction tensor that was prefetched
         self.use = 0                     # global layer-use counter (ping-pong parity)
         if s.gather == "cpu":
@@ -690,7 +696,8 @@ class Engine:
                 self.pred_new[i] = sel[:, 1]
             elif predecode:
                 self.pred_new[i] = true                           # pre-decoding seeds the prediction
-        base = self.pred[i] if (have_pred or sim_pred) else (self.prev_true[i] if (s.reuse and self.prev_ok[i]) else None)
+        inplace = s.reuse and self.held_ok[i]
+        base = self.pred[i] if (have_pred or sim_pred) else (self.held[i] if inplace else None)
         if cfg.miss_rate is not None and base is not None:
             # forced miss rate (timing runs); inside a capture the default generator (graph-safe) draws
             if self.ref:
@@ -711,6 +718,27 @@ class Engine:
         rows = None
         if self.cache is not None:
             waits, rows = self._cache_fetch(i, u, true, have_pred)
+        elif inplace:
+            # ShadowKV: the layer's buffer holds self.held[i] (slot order). Hits stay where they are; the
+            # misses against it go into the slots of the chunks no longer selected: their values (and keys
+            # of a full-rank layer) on the urgent stream, on the critical path, while the compute stream
+            # rebuilds the keys of those slots only (below). Compute only: planned, nothing fetched.
+            b = self.layer_buf[i]
+            kb, vb = self.kbuf[b], self.vbuf[b]
+            with nvtx_range("plan_misses"):
+                plan = self._plan(self.held[i], true)
+            assembled = plan.assembled
+            if cfg.transfers:
+                ev_plan, _ = self.sched.run("compute", "plan", lambda: None, layer=i)
+                kk = None if vo else kb
+
+                def fetch():
+                    with nvtx_range(f"fetch L{i}"):
+                        self.slots(self.host, self._hl(i), plan, kk, vb, programs=cfg.urgent_programs)
+                ev, _ = self.sched.run("urgent", "fetch", fetch, waits=[ev_plan, self.free_ev[b]], layer=i, buf=b, use=u)
+                waits = [ev]
+                self.stats.urgent_counts.append(plan.count)
+                self.stats.urgent_layer.append((i, vo))
         elif not cfg.transfers:
             if sim_pred:
                 with nvtx_range("plan_misses"):
@@ -735,29 +763,6 @@ class Engine:
             assembled = plan.assembled
             self.stats.urgent_counts.append(plan.count)
             self.stats.urgent_layer.append((i, vo))
-        elif s.reuse and self.prev_ok[i]:
-            # ShadowKV: misses against the previous step's selection, on the critical path. The
-            # previous selection's rows are copied into the one spare buffer, then gathered back
-            # (hits from the spare, misses from the host) into this layer's own buffer: every
-            # layer keeps its buffer, so a captured step replays with the same addresses.
-            b = self.layer_buf[i]
-            sp = self.spare
-            kC = self.kc * self.C
-            kb, vb = self.kbuf[b], self.vbuf[b]
-            pk = None if vo else self.kbuf[sp][:, :, :kC]
-            pv = self.vbuf[sp][:, :, :kC]
-
-            def fetch():
-                with nvtx_range(f"fetch L{i}"):
-                    return reuse_fetch(self.gather, self.host, self._hl(i), true, self.prev_true[i],
-                                       None if vo else kb, vb, pk, pv)
-            ev, src = self.sched.run("compute", "fetch", fetch, waits=[self.free_ev[b]], layer=i, buf=b, use=u)
-            waits = [ev]
-            if src is None:  # torch twin returns nothing: count on the host
-                from kernels.indexsets import reuse_plan
-                src = reuse_plan(self.prev_true[i], true)
-            self.stats.urgent_counts.append((src < 0).sum())
-            self.stats.urgent_layer.append((i, vo))
         else:
             # no prediction yet (pre-decoding) or nothing to reuse: every chunk on demand
             kk = None if vo else kb
@@ -779,15 +784,16 @@ class Engine:
             waits = [ev]
             self.stats.urgent_counts.append(true.numel())
             self.stats.urgent_layer.append((i, vo))
-        if s.reuse:
-            if self.prev_true is None:
-                self.prev_true = torch.zeros(self.L, *true.shape, device=self.dev, dtype=torch.int32)
-            self.prev_true[i] = true
-            self.prev_ok[i] = True
         C, kC = self.C, self.kc * self.C
         with nvtx_range("assemble"):
-            if vo:
+            if vo and inplace:      # only the slots whose chunk changed (the misses)
+                self.ops.rebuild_changed(self.U[i], self.SV[i], self.held[i], assembled, kb, chunk=C,
+                                         rope_theta=self.m.rope_theta)
+            elif vo:
                 self.ops.rebuild(self.U[i], self.SV[i], assembled, kb, chunk=C, rope_theta=self.m.rope_theta)
+            if s.reuse:
+                self.held[i].copy_(assembled)
+                self.held_ok[i] = True
             # the resident window and generated tokens: the whole slot range is copied (its used
             # length R0 + g lives on the device), the new token(s) go right after the used part,
             # and the true token's K/V is persisted at R0 + g for the next steps (one kernel)
