@@ -337,13 +337,13 @@ def _fake_run_point(limit, calls, ws=0.05 * 2 ** 30):
 def _run_paper(monkeypatch, limit, *, done=None, deadline=1e18, contexts=(32768,), **kw):
     import kernels.engine.sweep as sw
     calls, journal = [], []
-    monkeypatch.setattr(sw, "run_point", _fake_run_point(limit, calls))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
     rows = paper.run_paper(get_model("llama-3-8b"), None, None, contexts, cap=80 * GB, cap_label="80gb", limit=limit,
                            mem_gpu=None, overhead=0, reps=3, max_batch=4096, miss_rate=0.12, hbm=4000.0,
                            deadline=deadline, done=done or {}, append=lambda k, r: journal.append((k, r)),
-                           log=lambda t: None, **kw)
+                           log=lambda t: None, run_point=_fake_run_point(limit, calls), make_config=sw.make_config,
+                           **kw)
     return rows, calls, journal
 
 
@@ -552,11 +552,11 @@ def test_run_paper_stops_a_design_on_an_error(monkeypatch):
     def boom(model, weights, flat, d, ctx, B, **kw):
         calls.append((d, B))
         raise RuntimeError("Triton compile failed")
-    monkeypatch.setattr(sw, "run_point", boom)
     journal = []
     rows = paper.run_paper(get_model("llama-3-8b"), None, None, (32768,), cap=None, cap_label="none", limit=100 * GB,
                            mem_gpu=None, overhead=0, reps=3, max_batch=64, miss_rate=0.12, hbm=4000.0, deadline=1e18,
-                           done={}, append=lambda k, r: journal.append((k, r)), log=lambda t: None)
+                           done={}, append=lambda k, r: journal.append((k, r)), log=lambda t: None, run_point=boom,
+                           make_config=sw.make_config)
     assert len(calls) == len(paper.DESIGNS) and all(B == 1 for _, B in calls)   # one try per design, then the next
     assert {r["status"] for r in rows} == {"error"} and all("Triton" in r["error"] for r in rows)
     assert {r["largest_basis"] for r in rows} == {"error"} and not [k for k, r in journal if r is None]
@@ -810,7 +810,6 @@ def _raising_run_point(limit, calls, fail):
 def _paper_with(monkeypatch, fail, health=lambda: (True, ""), limit=30 * 2 ** 30, gpu_state=None):
     import kernels.engine.sweep as sw
     calls, journal = [], []
-    monkeypatch.setattr(sw, "run_point", _raising_run_point(limit, calls, fail))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
     seen = []
@@ -821,7 +820,8 @@ def _paper_with(monkeypatch, fail, health=lambda: (True, ""), limit=30 * 2 ** 30
     rows = paper.run_paper(get_model("llama-3-8b"), None, None, (32768,), cap=80 * GB, cap_label="80gb", limit=limit,
                            mem_gpu=None, overhead=0, reps=3, max_batch=4096, miss_rate=0.12, hbm=4000.0,
                            deadline=1e18, done={}, append=lambda k, r: journal.append((k, r)), log=lambda t: None,
-                           gpu_state=gpu_state, health=h)
+                           gpu_state=gpu_state, health=h, run_point=_raising_run_point(limit, calls, fail),
+                           make_config=sw.make_config)
     return rows, calls, journal, seen
 
 

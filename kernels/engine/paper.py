@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 
 from ddbench.core.errors import DDBenchError
+from kernels.engine.designspec import design_spec
 
 PAPER = "paper"
 DESIGNS = ("dualdecoder", "shadowkv", "specache", "full-kv")   # the headline pair first (budget cuts the tail)
@@ -223,7 +224,6 @@ def design_labels(designs, cache_tokens, kv_bits=(16,)) -> list:
     """The paper phase's design labels: a design, a chunk-cache design once per capacity (design@tokens),
     and with 8 in kv_bits each design that keeps its KV on the host once more in fp8 (label + '+fp8')."""
     from ddbench.core.memory import keeps_kv_on_host
-    from kernels.engine.sweep import design_spec
     out = []
     for bits in kv_bits:
         for d in designs:
@@ -244,7 +244,6 @@ def parse_label(label: str) -> tuple[str, int | None, int]:
 def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status, error, designs=DESIGNS) -> list:
     """One row per context and design of a model whose points cannot run (its weights failed, or the GPU
     state was left unusable): `status` and `error` say why; largest batch 0, basis `error`."""
-    from kernels.engine.sweep import design_spec
     rows = []
     for ctx in contexts:
         for d in designs:       # d: a design, or a chunk-cache design's label design@tokens
@@ -263,7 +262,7 @@ def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status,
 def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu, overhead, reps, max_batch,
               miss_rate, hbm, deadline, done, append, current=lambda key: None, seed=0, log=print,
               gpu_state=None, health=None, fixed_batch=None, repeats=1, designs=DESIGNS, cache_tokens=(None,),
-              cache_rates=None, kv_bits=(16,)):
+              cache_rates=None, kv_bits=(16,), run_point, make_config):
     """Every design of DESIGNS at every context: search_largest on engine points. Returns the rows (the
     search's batches, each measured or refused, with the largest batch and its basis on every row of
     the design's search). `done`: rows.jsonl entries of an earlier run (a design already searched is
@@ -286,14 +285,16 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     at each capacity of `cache_tokens` (its label `design@tokens`), with the forced rates
     cache_rates(context, tokens) -> (urgent, churn, note): the true chunks forced to miss the prediction
     and the prediction's churn (default: the measured profile's, ddbench.core.cacherates). kv_bits (16, 8):
-    each design that keeps its KV on the host is searched once more with an fp8 host KV (label + '+fp8')."""
+    each design that keeps its KV on the host is searched once more with an fp8 host KV (label + '+fp8').
+
+    run_point, make_config: the engine sweep's (kernels/engine/sweep.py: one engine point, its config),
+    passed in by the sweep, which sits above this phase."""
     import gc
 
     import torch
 
     from kernels.engine import capture as cap_mod
     from kernels.engine.engine import plan_bytes
-    from kernels.engine.sweep import design_spec, make_config, run_point
     gpu_state = {} if gpu_state is None else gpu_state
     health = health or cap_mod.gpu_health
     cap_gib = None if cap is None else cap / GIB

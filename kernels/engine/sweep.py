@@ -72,6 +72,7 @@ from ddbench.core.memory import max_batch
 from ddbench.core.paths import traces_dir
 from ddbench.core.designs import DESIGNS as SYSTEMS
 from kernels.engine import paper as paper_phase
+from kernels.engine.designspec import design_spec  # noqa: F401  (sweep.design_spec: its old home)
 
 GIB = 1 << 30
 SCHEMA = 3    # engine.csv and reuse_fetch.csv; 3: the model column, memory by category, the paper phase's columns
@@ -88,17 +89,6 @@ COLUMNS = ["phase", "model", "rep", "design", "context", "batch", "miss_rate", "
 K128, K32 = 131072, 32768
 DEFAULT_MODEL = "llama-3-8b"
 MECH_POINTS = ((1, 0.33), (2, 0.33), (4, 0.33), (16, 0.33), (2, 0.174), (4, 0.174))   # (batch, miss rate) at 128K
-
-
-def design_spec(name):
-    """A registry design, or '<design>-single': the same switches with one query token per step."""
-    import dataclasses
-    name = name.partition("@")[0].partition("+")[0]   # a label: design[@cache_tokens][+fp8]
-    if name.endswith("-single"):
-        return dataclasses.replace(SYSTEMS[name[:-7]], name=name, tokens_per_step=1)
-    if name not in SYSTEMS:
-        raise DDBenchError(f"unknown design {name!r}; known: {', '.join(SYSTEMS)} (or <design>-single)")
-    return SYSTEMS[name]
 
 
 def copy_gbps(nbytes=GIB, reps=5):
@@ -1051,7 +1041,8 @@ def _run_paper_points(a, model, box, flat, hbm, cg, mem, rows, done, jl, cur, t_
                 miss_rate=a.paper_miss, hbm=hbm, deadline=t_start + a.budget_s, done=done, append=append,
                 current=current, seed=a.seed, log=log, gpu_state=gpu_state, health=cap_mod.gpu_health,
                 fixed_batch=fixed, repeats=a.repeats, designs=a.paper_designs, cache_tokens=a.paper_cache_tokens,
-                cache_rates=a.paper_cache_rates, kv_bits=a.paper_kv_bits))
+                cache_rates=a.paper_cache_rates, kv_bits=a.paper_kv_bits, run_point=run_point,
+                make_config=make_config))
         except Exception as exc:  # noqa: BLE001 - run_paper makes rows of its failures; this is a last guard
             import traceback
             log(f"  [paper] {pm.name} {ctx // 1024}K failed:\n" + traceback.format_exc(limit=8))
