@@ -98,7 +98,7 @@ def engine_rows(points, miss, reps, host_gib, profile, hbm, cg, log):
             log(f"engine ctx={ctx:6d} B={B:3d} xfer={int(transfers)} step={row['step_ms']:7.2f} ms "
                 f"tok/s={row['tok_s']:7.1f} hbm_floor={row['floor_ms']:6.2f} x{row['step_over_floor']:.2f} "
                 f"link_floor={link_ms:6.2f}" + (f" x{row['step_ms'] / link_ms:.2f}" if link_ms else "") + f" | {cats}")
-            del e
+            del e, r                  # the engine's memory, before the next point's
             gc.collect()
             torch.cuda.empty_cache()
     return rows
@@ -113,6 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--host-gib", type=float, default=8.0)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--skip-rebuild", action="store_true")
     a = ap.parse_args(argv)
     why = refusal("devcheck_shadowkv", a.reps)
     if why:
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
     hbm, cg = hbm_gbps(), copy_gbps()
     print(f"HBM copy {hbm:.0f} GB/s, pinned H2D {cg:.1f} GB/s", flush=True)
     log = lambda t: print(t, flush=True)   # noqa: E731
-    rows = rebuild_rows(pts, a.miss, hbm, log)
+    rows = [] if a.skip_rebuild else rebuild_rows(pts, a.miss, hbm, log)
     if not a.skip_engine:
         rows += engine_rows(pts, a.miss, a.reps, a.host_gib, not a.no_profile, hbm, cg, log)
     if a.out:
