@@ -17,12 +17,14 @@ def _rotate_half(x):
     return torch.cat((-b, a), dim=-1)
 
 
-def _cos_sin(model, S, device):
+def _cos_sin(model, S, device, layer_type=None):
+    """cos, sin [S, d] and the attention scaling of the model's rotary embedding; `layer_type` for a model
+    whose local and global layers rotate differently (Gemma 3: its rotary embedding takes the type)."""
     import torch
     rot = model.model.rotary_emb
     pos = torch.arange(S, device=device).view(1, -1)
     probe = torch.zeros(1, device=device, dtype=torch.float32)
-    cos, sin = rot(probe, pos)
+    cos, sin = rot(probe, pos) if layer_type is None else rot(probe, pos, layer_type)
     scale = float(getattr(rot, "attention_scaling", 1.0) or 1.0)
     return cos[0].float() / scale, sin[0].float() / scale, scale          # [S, d]
 
@@ -30,11 +32,14 @@ def _cos_sin(model, S, device):
 def lowrank_keys(model, cache, S: int, rank: int) -> list:
     import torch
     out = []
-    cos = sin = None
-    for layer in cache.layers:
+    types = getattr(model.config, "layer_types", None)
+    rotations = {}
+    for i, layer in enumerate(cache.layers):
         k = layer.keys[0, :, :S].float()                                   # [H, S, d] post-RoPE
-        if cos is None:
-            cos, sin, scale = _cos_sin(model, S, k.device)
+        kind = types[i] if types and "layer_type" in _params(model.model.rotary_emb) else None
+        if kind not in rotations:
+            rotations[kind] = _cos_sin(model, S, k.device, kind)
+        cos, sin, scale = rotations[kind]
         pre = (k * cos - _rotate_half(k) * sin) / scale                     # inverse rotation
         H, _, d = pre.shape
         flat = pre.permute(1, 0, 2).reshape(S, H * d)
@@ -43,3 +48,8 @@ def lowrank_keys(model, cache, S: int, rank: int) -> list:
         rebuilt = ((U[:, :r] * s[:r]) @ Vh[:r]).view(S, H, d).permute(1, 0, 2)
         out.append(((rebuilt * cos + _rotate_half(rebuilt) * sin) * scale).unsqueeze(0))
     return out
+
+
+def _params(module) -> tuple:
+    import inspect
+    return tuple(inspect.signature(module.forward).parameters)
