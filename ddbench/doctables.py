@@ -577,6 +577,74 @@ def kernels_attention(root: Path = ROOT) -> str:
                       "torch SDPA, two queries / dual"], rows))
 
 
+def contexts(root: Path = ROOT) -> str:
+    """The cache and prediction rates against context at a fixed budget share (traces/accuracy/**/
+    <model>.contexts.csv and .cache-trend.json, `python -m ddbench.profile.contexts`): per model, LRU at
+    capacities 0 (DualDecoder), 2x and 4x, mean [95 % interval] over prompts, the power law's factor per
+    doubling, its checks and its value at 32K and 128K."""
+    import json
+
+    from ddbench.profile.contexts import predict
+    out = []
+    for path in sorted((root / "traces" / "accuracy").rglob("*.contexts.csv")):
+        d = _csv(path)
+        doc = json.loads(path.with_name(path.name[: -len(".contexts.csv")] + ".cache-trend.json").read_text())
+        model, rel = d["model"].iloc[0], path.relative_to(root)
+        ctxs = sorted(int(c) for c in d["context_tokens"].unique())
+        lab = {c: _k(c) if c % 1024 == 0 else str(c) for c in ctxs}
+        a = d[(d["band"].astype(str) == "all")]
+        fits = {(f["share"], f["capacity"], f["metric"]): f for f in doc["fits"]
+                if f["band"] == "all" and f["policy"] == "lru"}
+        rows = []
+        for share in sorted({f[0] for f in fits}, key=lambda x: -int(x.split("/")[1])):
+            for cap in (0.0, 2.0, 4.0):
+                for metric, label in (("urgent_per_budget", "urgent"), ("moved_per_budget", "churn (moved)")):
+                    cells = []
+                    for c in ctxs:
+                        x = a[(a["policy"] == "lru") & (a["capacity"].astype(float) == cap) & (a["metric"] == metric)
+                              & (a["context_tokens"] == c) & ((a["budget_tokens"] * int(share.split("/")[1]) - c).abs()
+                                                              < 8 * int(share.split("/")[1]))]
+                        cells.append(f"{x['mean'].iloc[0]:.3f} [{x['low'].iloc[0]:.3f}, {x['high'].iloc[0]:.3f}]"
+                                     if len(x) else "-")
+                    f = fits.get((share, cap, metric))
+                    if f is None:
+                        continue
+                    h = f["holdout"]
+                    check = ("-" if h is None else f"{h['measured']:.3f} in [{h['low']:.3f}, {h['high']:.3f}]"
+                             + ("" if h["low"] <= h["measured"] <= h["high"] else " (outside)"))
+                    curv = "-" if f["curvature_p"] is None else f"{f['curvature_p']:.2f}"
+                    far = [predict(f, t) for t in (32768, 131072)]
+                    rows.append([share, f"{cap:g}x" if cap else "0 (DualDecoder)", label] + cells
+                                + [f"{f['per_doubling']:.2f}", curv, check]
+                                + [f"{v:.3f} [{lo:.3f}, {hi:.3f}]" for v, lo, hi in far])
+        pr = a[a["policy"] == "prediction"]
+        pred = []
+        for share in sorted({f[0] for f in fits}, key=lambda x: -int(x.split("/")[1])):
+            n = int(share.split("/")[1])
+            for metric in ("hit_rate", "reuse_hit_rate"):
+                cells = []
+                for c in ctxs:
+                    x = pr[(pr["metric"] == metric) & (pr["context_tokens"] == c)
+                           & ((pr["budget_tokens"] * n - c).abs() < 8 * n)]
+                    cells.append(f"{x['mean'].iloc[0]:.3f} [{x['low'].iloc[0]:.3f}, {x['high'].iloc[0]:.3f}]"
+                                 if len(x) else "-")
+                pred.append([share, metric.replace("_rate", "").replace("_hit", "")] + cells)
+        prompts = ", ".join(f"{lab.get(int(c), c)}: {n}" for c, n in sorted(doc["prompts_per_context"].items(),
+                                                                     key=lambda kv: int(kv[0])))
+        out.append(f"`{rel}` ({model}, {doc['layers']} layers; prompts per context {prompts}; git"
+                   f" {d['git_sha'].iloc[0]}): LRU replay, all layers, per step over the budget's k chunks,"
+                   " mean [95 % interval over prompts]; the power law fitted over the prompts, its factor per"
+                   " doubling of the context, the p-value of a curved term, the longest context held out"
+                   " (measured in the interval the law fitted without it predicts), and the law at 32K and"
+                   " 128K with its 95 % interval:\n\n"
+                   + _table(["share", "capacity", "rate"] + [lab[c] for c in ctxs]
+                            + ["x per doubling", "curvature p", f"{lab[ctxs[-1]]} held out", "32K", "128K"], rows)
+                   + "\n\nThe prediction's rates (hit: the speculative token's selection; reuse: the previous"
+                   " step's), same prompts:\n\n"
+                   + _table(["share", "rate"] + [lab[c] for c in ctxs], pred))
+    return "\n\n".join(out) if out else "No context profile is committed (`python -m ddbench.profile.contexts`)."
+
+
 GENERATORS = {
     "headline": headline,
     "kernels-gather": kernels_gather,
@@ -591,6 +659,7 @@ GENERATORS = {
     "engine-mechanism": engine_mechanism,
     "validation": validation,
     "accuracy": accuracy,
+    "contexts": contexts,
     "sensitivity": sensitivity,
 }
 
