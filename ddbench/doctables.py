@@ -500,7 +500,32 @@ def cache(root: Path = ROOT) -> str:
             " budget; the best of 2x/4x/8x, all in `figures/cache.csv`); link-bound where the step is under 1.3x"
             f" its link floor; simulated by `ddbench simulate` at the same batch. Cache / ShadowKV: {g}.\n\n"
             + _table(["context", "design", "batch", "tokens/s", "link MiB / token", "urgent MiB / token",
-                      "link busy", "step / link floor", "simulated tokens/s"], rows) + tight_line)
+                      "link busy", "step / link floor", "simulated tokens/s"], rows) + tight_line + _margin(root))
+
+
+def _margin(root: Path) -> str:
+    """The 128K verdict's margin from figures/rates.csv: the factor on the cache's rates at which its
+    simulated tokens/s falls to ShadowKV's at ShadowKV's own rates (linear between the figure's factors)."""
+    path = root / "figures" / "rates.csv"
+    if not path.exists():
+        return ""
+    d = _csv(path)
+    s = d[d["source"] == "simulated"]
+    c = s[s["design"] == "dualdecoder-cache"].sort_values("factor")
+    one = c[c["factor"] == 1.0].iloc[0]
+    sk = float(s[(s["design"] == "shadowkv") & (s["factor"] == 1.0)]["tok_s"].iloc[0])
+    pts = list(zip(c["factor"], c["tok_s"], c["urgent_per_budget"], c["churn_per_budget"]))
+    flip = next(((f0 + (f1 - f0) * (t0 - sk) / (t0 - t1), u0 + (u1 - u0) * (t0 - sk) / (t0 - t1),
+                  m0 + (m1 - m0) * (t0 - sk) / (t0 - t1))
+                 for (f0, t0, u0, m0), (f1, t1, u1, m1) in zip(pts, pts[1:]) if f0 >= 1.0 and t0 >= sk > t1), None)
+    if flip is None:
+        return ("\n\nMargin at 128K (simulated, `figures/rates.csv`): the cache stays ahead of ShadowKV at every factor"
+                " drawn.")
+    f, u, m = flip
+    return (f"\n\nMargin at 128K (simulated, `figures/rates.csv`, the cache at {one['batch']:.0f} requests and"
+            f" ShadowKV at its own rates): the cache's lead holds until its prefetched and urgent chunks grow"
+            f" {f:.1f}x, from urgent {one['urgent_per_budget']:.3f} and churn {one['churn_per_budget']:.3f} of the"
+            f" budget per step to {u:.3f} and {m:.3f} (`plan --slo` prints the break-even of its own ranking, under an SLO).")
 
 
 def fp8(root: Path = ROOT) -> str:
