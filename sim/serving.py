@@ -217,197 +217,257 @@ def run_serving(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w
     progress: called with 1 whenever a request completes or is rejected (a progress bar).
     lowrank: an adaptive design's low-rank key layers (sim.steplayers.step_layers), else its worst-predicted.
     cache: a chunk-cache design's rates (ddbench.core.cacherates.CacheRates)."""
+    _check_inputs(design, w, requests, max_batch)
+    mdl = _Model(design, m, gpu, cm, w, hit, reuse, lowrank, cache)
+    ledger = MemoryLedger(gpu.hbm_bytes, {"weights": m.weight_bytes, "runtime_overhead": gpu.runtime_overhead_bytes})
+    server = _Server(mdl, ledger, w.prefill_chunk, requests, max_batch, prefill_here, progress or (lambda n: None))
+    return server.run(list(cm.notes))
+
+
+def _check_inputs(design: DesignSpec, w: Workload, requests: list[Request], max_batch: int | None) -> None:
+    """A one-line DDBenchError for no requests, a bad batch cap, or a context below the sparse budget."""
     if not requests:
         raise DDBenchError("no requests to serve")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise DDBenchError(f"--max-batch must be at least 1, got {max_batch}")
-    tick = progress or (lambda n: None)
     for r in requests:
         if r.context < w.budget and not design.kv_on_gpu:
             raise DDBenchError(f"request {r.rid}: context {r.context} is smaller than the sparse budget {w.budget}")
-    env = simpy.Environment()
-    mdl = _Model(design, m, gpu, cm, w, hit, reuse, lowrank, cache)
-    static = {"weights": m.weight_bytes, "runtime_overhead": gpu.runtime_overhead_bytes}
-    ledger = MemoryLedger(gpu.hbm_bytes, static)
-    waiting: deque = deque()
-    prefill: deque = deque()
-    # decoding requests, kept incrementally: G counts decode steps so far; a request that entered
-    # decoding with one token when the count was G0 holds generated = G - off (off = G0 - 1) tokens
-    # and finishes at G = off + output (a heap); dec_sum = sum of (context - off) over them
-    dec_heap: list = []
-    dec = {"n": 0, "sum": 0, "G": 0}
-    ctx_count: dict = {}           # contexts of the active requests (prefill + decoding) -> count
-    cmax = [0]                     # their maximum
-    segments: list[dict] = []
-    memory_rows: list[dict] = []
-    state = {"wake": None, "act": 0.0, "in_sys": 0, "last_t": 0.0, "integral": 0.0, "busy": 0.0,
-             "h2d": 0.0, "steps": 0, "arrived": 0}
-    reqs = sorted(requests, key=lambda r: r.arrival)
 
-    def count(delta):
-        now = env.now
-        state["integral"] += state["in_sys"] * (now - state["last_t"])
-        state["last_t"] = now
-        state["in_sys"] += delta
 
-    def arrivals():
-        for r in reqs:
+class _Server:
+    """One serving run: the arrival process and the GPU's engine process (SimPy), the waiting and
+    prefill queues, the decode batch, GPU memory, and the counters the ServingResult reports.
+
+    The decode batch is kept incrementally: `G` counts decode steps so far; a request that entered
+    decoding with one token when the count was G0 holds generated = G - off (off = G0 - 1) tokens and
+    finishes at G = off + output (a heap); `dec_sum` = sum of (context - off) over them."""
+
+    def __init__(self, mdl: _Model, ledger: MemoryLedger, prefill_chunk: int, requests: list[Request],
+                 max_batch: int | None, prefill_here: bool, tick):
+        self.env = simpy.Environment()
+        self.mdl, self.ledger, self.prefill_chunk = mdl, ledger, prefill_chunk
+        self.max_batch, self.prefill_here, self.tick = max_batch, prefill_here, tick
+        self.reqs = sorted(requests, key=lambda r: r.arrival)
+        self.waiting: deque = deque()
+        self.prefill: deque = deque()
+        self.dec_heap: list = []
+        self.dec_n = self.dec_sum = self.G = 0
+        self.ctx_count: dict = {}      # contexts of the active requests (prefill + decoding) -> count
+        self.cmax = 0                  # their maximum
+        self.segments: list[dict] = []
+        self.memory_rows: list[dict] = []
+        self.wake = None               # the engine's idle event, while it waits for an arrival
+        self.act = 0.0                 # activation bytes held now
+        self.in_sys, self.last_t, self.integral = 0, 0.0, 0.0
+        self.busy, self.h2d, self.steps, self.arrived = 0.0, 0.0, 0, 0
+
+    def run(self, notes: list[str]) -> ServingResult:
+        env = self.env
+        env.process(self.arrivals())
+        proc = env.process(self.engine())
+        env.run(until=proc)
+        self.count(0)
+        ledger = self.ledger
+        return ServingResult(self.reqs, self.segments, self.memory_rows, ledger.peak, ledger.peak_by_cat,
+                             ledger.capacity, env.now, self.steps, self.integral, self.busy, self.h2d, notes)
+
+    # -- requests in the system, contexts, memory
+
+    def count(self, delta: int) -> None:
+        """Requests in the system change by `delta` now (their integral over time is kept)."""
+        now = self.env.now
+        self.integral += self.in_sys * (now - self.last_t)
+        self.last_t = now
+        self.in_sys += delta
+
+    def n_active(self) -> int:
+        return len(self.prefill) + self.dec_n
+
+    def activate(self, ctx: int) -> None:
+        self.ctx_count[ctx] = self.ctx_count.get(ctx, 0) + 1
+        if ctx > self.cmax:
+            self.cmax = ctx
+
+    def deactivate(self, ctx: int) -> None:
+        c = self.ctx_count[ctx] - 1
+        if c:
+            self.ctx_count[ctx] = c
+        else:
+            del self.ctx_count[ctx]
+            if ctx == self.cmax:
+                self.cmax = max(self.ctx_count) if self.ctx_count else 0
+
+    def need(self, extra: Request) -> float:
+        """Bytes the batch would hold with `extra` admitted."""
+        per = sum(self.mdl.per_request(extra.context).values())
+        c = extra.context if extra.context > self.cmax else self.cmax
+        return self.ledger.total - self.act + per + self.mdl.activations(self.n_active() + 1, c)
+
+    def set_activations(self) -> None:
+        n = self.n_active()
+        new = self.mdl.activations(n, self.cmax) if n else 0.0
+        if self.act:
+            self.ledger.free("activations", self.act)
+        self.ledger.alloc("activations", new)
+        self.act = new
+
+    def snapshot(self) -> None:
+        ledger = self.ledger
+        self.memory_rows.append({"time_s": self.env.now, **{c: ledger.by_cat.get(c, 0.0) for c in CATEGORIES},
+                                 "total": ledger.total})
+
+    # -- a request's life: arrival, admission, first token, completion
+
+    def arrivals(self):
+        env = self.env
+        for r in self.reqs:
             if r.arrival > env.now:
                 yield env.timeout(r.arrival - env.now)
-            waiting.append(r)
-            state["arrived"] += 1
-            count(+1)
-            if state["wake"] is not None and not state["wake"].triggered:
-                state["wake"].succeed()
+            self.waiting.append(r)
+            self.arrived += 1
+            self.count(+1)
+            if self.wake is not None and not self.wake.triggered:
+                self.wake.succeed()
 
-    def n_active():
-        return len(prefill) + dec["n"]
-
-    def activate(ctx):
-        ctx_count[ctx] = ctx_count.get(ctx, 0) + 1
-        if ctx > cmax[0]:
-            cmax[0] = ctx
-
-    def deactivate(ctx):
-        c = ctx_count[ctx] - 1
-        if c:
-            ctx_count[ctx] = c
-        else:
-            del ctx_count[ctx]
-            if ctx == cmax[0]:
-                cmax[0] = max(ctx_count) if ctx_count else 0
-
-    def need(extra: Request) -> float:
-        """Bytes the batch would hold with `extra` admitted."""
-        per = sum(mdl.per_request(extra.context).values())
-        c = extra.context if extra.context > cmax[0] else cmax[0]
-        return ledger.total - state["act"] + per + mdl.activations(n_active() + 1, c)
-
-    def set_activations():
-        n = n_active()
-        new = mdl.activations(n, cmax[0]) if n else 0.0
-        ledger.free("activations", state["act"]) if state["act"] else None
-        ledger.alloc("activations", new)
-        state["act"] = new
-
-    def snapshot():
-        memory_rows.append({"time_s": env.now, **{c: ledger.by_cat.get(c, 0.0) for c in CATEGORIES},
-                            "total": ledger.total})
-
-    def admit():
+    def admit(self) -> None:
+        """Admit the queue's head while memory (and the batch cap) allows; reject a request that cannot
+        fit even alone."""
         changed = False
-        while waiting:
-            r = waiting[0]
-            if max_batch is not None and n_active() >= max_batch:
+        while self.waiting:
+            r = self.waiting[0]
+            if self.max_batch is not None and self.n_active() >= self.max_batch:
                 break
-            if need(r) <= ledger.capacity:
-                waiting.popleft()
-                r.admitted = env.now
-                r.mem = mdl.per_request(r.context)
-                for c, v in r.mem.items():
-                    ledger.alloc(c, v)
-                activate(r.context)
-                if prefill_here:
-                    prefill.append(r)
-                else:
-                    r.prefilled = r.context
-                    start_decoding(r)
-                set_activations()
+            if self.need(r) <= self.ledger.capacity:
+                self.waiting.popleft()
+                self._enter(r)
                 changed = True
-            elif not n_active():
-                waiting.popleft()  # cannot fit even alone
+            elif not self.n_active():
+                self.waiting.popleft()  # cannot fit even alone
                 r.rejected = True
-                count(-1)
-                tick(1)
+                self.count(-1)
+                self.tick(1)
             else:
                 break
         if changed:
-            snapshot()
+            self.snapshot()
 
-    def start_decoding(r: Request):
+    def _enter(self, r: Request) -> None:
+        """r is admitted now: its memory is held, and it queues for prefill (or, prefilled elsewhere,
+        decodes at once)."""
+        r.admitted = self.env.now
+        r.mem = self.mdl.per_request(r.context)
+        for c, v in r.mem.items():
+            self.ledger.alloc(c, v)
+        self.activate(r.context)
+        if self.prefill_here:
+            self.prefill.append(r)
+        else:
+            r.prefilled = r.context
+            self.start_decoding(r)
+        self.set_activations()
+
+    def start_decoding(self, r: Request) -> None:
         """r has its first token now: it joins the decode batch (or is done)."""
-        r.first_token = env.now
+        r.first_token = self.env.now
         r.generated = 1
         if r.generated >= r.output:
-            finish(r)
+            self.finish(r)
             return
-        off = dec["G"] - 1
-        heapq.heappush(dec_heap, (off + r.output, r.rid, r, off))
-        dec["n"] += 1
-        dec["sum"] += r.context - off
+        off = self.G - 1
+        heapq.heappush(self.dec_heap, (off + r.output, r.rid, r, off))
+        self.dec_n += 1
+        self.dec_sum += r.context - off
 
-    def finish(r: Request):
-        r.completion = env.now
+    def finish(self, r: Request) -> None:
+        r.completion = self.env.now
         for c, v in r.mem.items():
-            ledger.free(c, v)
-        deactivate(r.context)
-        count(-1)
-        tick(1)
+            self.ledger.free(c, v)
+        self.deactivate(r.context)
+        self.count(-1)
+        self.tick(1)
 
-    def engine():
-        snapshot()
+    # -- the GPU
+
+    def engine(self):
+        """The GPU's process: per event, one prefill chunk beside a decode step, or a stretch of
+        identical decode steps up to the next change of the batch."""
+        self.snapshot()
         while True:
-            admit()
-            b = dec["n"]
-            if not prefill and not b:
-                if state["arrived"] == len(reqs) and not waiting:
+            self.admit()
+            b = self.dec_n
+            if not self.prefill and not b:
+                if self.arrived == len(self.reqs) and not self.waiting:
                     return
-                state["wake"] = env.event()
-                yield state["wake"]
-                state["wake"] = None
+                self.wake = self.env.event()
+                yield self.wake
+                self.wake = None
                 continue
-            G = dec["G"]
-            step = mdl.step(b, (dec["sum"] + b * G) / b) if b else None
-            t_start = env.now
-            if prefill:
-                r = prefill[0]
-                chunk = min(w.prefill_chunk, r.context - r.prefilled)
-                last = r.prefilled + chunk >= r.context
-                gpu_s, d2h_s = mdl.prefill(chunk, r.prefilled, last, r.context)
-                t = max((step.step_s if step else 0.0) + gpu_s, d2h_s)
+            G = self.G
+            step = self.mdl.step(b, (self.dec_sum + b * G) / b) if b else None
+            t_start = self.env.now
+            if self.prefill:
+                t, prefill_tokens = yield from self._prefill_chunk(step)
                 steps = 1
-                yield env.timeout(t)
-                r.prefilled += chunk
-                prefill_tokens = chunk
             else:
-                t = step.step_s
-                steps = dec_heap[0][0] - G
-                nxt = reqs[state["arrived"]] if state["arrived"] < len(reqs) else None
-                if waiting:
-                    nxt = None  # the queue head waits for memory: nothing changes before a completion
-                if nxt is not None and need(nxt) <= ledger.capacity and \
-                        (max_batch is None or n_active() < max_batch):
-                    steps = max(1, min(steps, math.ceil((nxt.arrival - env.now) / t - 1e-12)))
-                yield env.timeout(steps * t)
+                t, steps = yield from self._decode_stretch(step, G)
                 prefill_tokens = 0
-            if step:
-                state["steps"] += steps
-                state["busy"] += step.link_s * steps
-                state["h2d"] += step.h2d_bytes * steps
-            segments.append({"start_s": t_start, "steps": steps, "batch": b, "step_s": t,
-                             "prefill_tokens": prefill_tokens,
-                             "link_util": (step.link_s / t) if step else 0.0,
-                             "memory_bytes": ledger.total})
+            self._record(t_start, step, steps, b, t, prefill_tokens)
             if b:
-                G = dec["G"] = G + steps
-            done = False
-            while dec_heap and dec_heap[0][0] <= G:
-                _, _, x, off = heapq.heappop(dec_heap)
-                x.generated = G - off
-                dec["n"] -= 1
-                dec["sum"] -= x.context - off
-                finish(x)
-                done = True
-            if prefill and prefill[0].prefilled >= prefill[0].context:
-                r = prefill.popleft()
-                start_decoding(r)
-            if done or not dec["n"] or (prefill_tokens and not prefill):
-                set_activations()
-                snapshot()
+                G = self.G = G + steps
+            done = self._retire(G)
+            if self.prefill and self.prefill[0].prefilled >= self.prefill[0].context:
+                self.start_decoding(self.prefill.popleft())
+            if done or not self.dec_n or (prefill_tokens and not self.prefill):
+                self.set_activations()
+                self.snapshot()
 
-    env.process(arrivals())
-    proc = env.process(engine())
-    env.run(until=proc)
-    count(0)
-    return ServingResult(reqs, segments, memory_rows, ledger.peak, ledger.peak_by_cat, ledger.capacity,
-                         env.now, state["steps"], state["integral"], state["busy"], state["h2d"], list(cm.notes))
+    def _prefill_chunk(self, step: AggStep | None):
+        """The prefill queue head's next chunk, beside one decode step of the batch (if any) -> (its
+        time, the chunk's tokens)."""
+        r = self.prefill[0]
+        chunk = min(self.prefill_chunk, r.context - r.prefilled)
+        last = r.prefilled + chunk >= r.context
+        gpu_s, d2h_s = self.mdl.prefill(chunk, r.prefilled, last, r.context)
+        t = max((step.step_s if step else 0.0) + gpu_s, d2h_s)
+        yield self.env.timeout(t)
+        r.prefilled += chunk
+        return t, chunk
+
+    def _decode_stretch(self, step: AggStep, G: int):
+        """Identical decode steps until the next completion, or the next arrival that could be
+        admitted -> (the step time, the steps)."""
+        t = step.step_s
+        steps = self.dec_heap[0][0] - G
+        nxt = self.reqs[self.arrived] if self.arrived < len(self.reqs) else None
+        if self.waiting:
+            nxt = None  # the queue head waits for memory: nothing changes before a completion
+        if nxt is not None and self.need(nxt) <= self.ledger.capacity and \
+                (self.max_batch is None or self.n_active() < self.max_batch):
+            steps = max(1, min(steps, math.ceil((nxt.arrival - self.env.now) / t - 1e-12)))
+        yield self.env.timeout(steps * t)
+        return t, steps
+
+    def _record(self, t_start: float, step: AggStep | None, steps: int, b: int, t: float,
+                prefill_tokens: int) -> None:
+        """The event's counters (decode steps, link time, H2D bytes) and its segment row."""
+        if step:
+            self.steps += steps
+            self.busy += step.link_s * steps
+            self.h2d += step.h2d_bytes * steps
+        self.segments.append({"start_s": t_start, "steps": steps, "batch": b, "step_s": t,
+                              "prefill_tokens": prefill_tokens,
+                              "link_util": (step.link_s / t) if step else 0.0,
+                              "memory_bytes": self.ledger.total})
+
+    def _retire(self, G: int) -> bool:
+        """Finish every decoding request whose last token is out at step count G; whether any was."""
+        done = False
+        while self.dec_heap and self.dec_heap[0][0] <= G:
+            _, _, x, off = heapq.heappop(self.dec_heap)
+            x.generated = G - off
+            self.dec_n -= 1
+            self.dec_sum -= x.context - off
+            self.finish(x)
+            done = True
+        return done

@@ -62,59 +62,92 @@ def run_timeline(plan: StepLayers, steps: int = 8, warmup: int = 2, record: bool
     """`steps` batch steps of `plan`. The GPU stream is a SimPy process that yields once per step;
     within the step its segments are placed in order in closed form, and the link (a FluidGroup) is
     advanced lazily to each submission and each wait, so queueing on the link is simulated exactly."""
-    env = simpy.Environment()
-    design = plan.design
-    L = plan.layers
-    events: list | None = [] if record else None
-    link_rec: list | None = [] if record else None
-    offload = plan.rates is not None
-    if offload:
-        h2d, d2h = duplex_link(plan.rates, design.urgent_priority, link_rec)
-        cpu = FluidServer("host_cpu", design.urgent_priority, 1.0, 0.0, 1.0, link_rec) \
-            if any(plan.cpu_pf_work) or any(plan.cpu_ur_work) else None
-        slow = plan.rates.compute_slowdown if plan.rates.method == "uva_gather" else 1.0
-        group = FluidGroup([h2d, d2h, cpu])
-    else:
-        h2d = d2h = cpu = group = None
-        slow = 1.0
-    planned = [0.0]
-    occupancy = [0.0]
-    peak_occ = [0.0]
-    filled: set = set()
-    set_bytes = plan.slot_bytes / max(1, design.buffer_sets)
+    tl = _Timeline(plan, warmup, record)
+    tl.env.process(tl.gpu_stream(steps))
+    tl.env.run()
+    return tl.result(steps)
 
-    def fill(layer_key):
-        if layer_key not in filled:
-            filled.add(layer_key)
-            occupancy[0] += set_bytes
-            if occupancy[0] > peak_occ[0]:
-                peak_occ[0] = occupancy[0]
 
-    def release(layer_key):
-        if layer_key in filled:
-            filled.discard(layer_key)
-            occupancy[0] -= set_bytes
+class _Timeline:
+    """One timeline run: the link (H2D, D2H and, for a CPU gather, the host CPU: one FluidGroup), the
+    sparse-KV buffer occupancy, the prefetches in flight, and the per-step and per-layer results."""
 
-    t0_h2d = plan.rates.h2d_t0_s if offload else 0.0
-    t0_d2h = plan.rates.d2h_t0_s if offload else 0.0
+    def __init__(self, plan: StepLayers, warmup: int, record: bool):
+        self.env = simpy.Environment()
+        self.plan, self.design, self.L = plan, plan.design, plan.layers
+        self.warmup, self.record = warmup, record
+        design = plan.design
+        self.events: list | None = [] if record else None
+        self.link_rec: list | None = [] if record else None
+        self._build_link()
+        self.planned = 0.0                # H2D bytes planned
+        self.occupancy = self.peak_occ = 0.0
+        self.filled: set = set()          # (step, layer) whose buffer set holds data
+        self.set_bytes = plan.slot_bytes / max(1, design.buffer_sets)
+        self.last_on: dict = {}           # stream -> its last gather job
+        self.pf_done: dict = {}           # (step, layer) -> its prefetch job
+        self.window: list = []            # (end of step, H2D busy seconds so far)
+        self.step_s: list = []
+        self.stall_s: list = []
+        self.layer_stall = [0.0] * self.L
+        self.stall_acc = 0.0              # the current step's stall
+        self.layer_ahead, self.next_step = design.prefetch == "layer-ahead", design.prefetch == "next-step"
+        self.urgent_prio = design.urgent_priority
 
-    last_on: dict = {}                    # stream -> its last gather job
+    def _build_link(self) -> None:
+        plan, design = self.plan, self.plan.design
+        self.offload = plan.rates is not None
+        if self.offload:
+            self.h2d, self.d2h = duplex_link(plan.rates, design.urgent_priority, self.link_rec)
+            self.cpu = FluidServer("host_cpu", design.urgent_priority, 1.0, 0.0, 1.0, self.link_rec) \
+                if any(plan.cpu_pf_work) or any(plan.cpu_ur_work) else None
+            self.slow = plan.rates.compute_slowdown if plan.rates.method == "uva_gather" else 1.0
+            self.group = FluidGroup([self.h2d, self.d2h, self.cpu])
+        else:
+            self.h2d = self.d2h = self.cpu = self.group = None
+            self.slow = 1.0
+        self.t0_h2d = plan.rates.h2d_t0_s if self.offload else 0.0
+        self.t0_d2h = plan.rates.d2h_t0_s if self.offload else 0.0
 
-    def transfer(t, nbytes, work, cpu_work, urgent, tag):
-        planned[0] += nbytes
-        if cpu is None or cpu_work <= 0:
-            # the fixed cost is a kernel boundary on the gather's stream (sim/resources.py is told
-            # nothing: the job carries it or not): paid behind a gather of the same stream still in
-            # flight, not by a gather that starts on an idle stream
-            stream = "urgent" if (urgent and urgent_prio) else "prefetch"
-            prev = last_on.get(stream)
-            group.advance_to(t)
-            behind = prev is not None and prev.t_done is None
-            job = group.submit(h2d, t, work if behind else work - t0_h2d, nbytes, urgent, tag)
-            last_on[stream] = job
-            return job
+    # -- buffers
+
+    def fill(self, layer_key) -> None:
+        if layer_key not in self.filled:
+            self.filled.add(layer_key)
+            self.occupancy += self.set_bytes
+            if self.occupancy > self.peak_occ:
+                self.peak_occ = self.occupancy
+
+    def release(self, layer_key) -> None:
+        if layer_key in self.filled:
+            self.filled.discard(layer_key)
+            self.occupancy -= self.set_bytes
+
+    # -- transfers
+
+    def transfer(self, t, nbytes, work, cpu_work, urgent, tag):
+        """A gather of `nbytes` issued at t -> its job on the link."""
+        self.planned += nbytes
+        if self.cpu is None or cpu_work <= 0:
+            return self._gpu_gather(t, nbytes, work, urgent, tag)
+        return self._cpu_gather(t, nbytes, work, cpu_work, urgent, tag)
+
+    def _gpu_gather(self, t, nbytes, work, urgent, tag):
+        # the fixed cost is a kernel boundary on the gather's stream (sim/resources.py is told
+        # nothing: the job carries it or not): paid behind a gather of the same stream still in
+        # flight, not by a gather that starts on an idle stream
+        stream = "urgent" if (urgent and self.urgent_prio) else "prefetch"
+        prev = self.last_on.get(stream)
+        self.group.advance_to(t)
+        behind = prev is not None and prev.t_done is None
+        job = self.group.submit(self.h2d, t, work if behind else work - self.t0_h2d, nbytes, urgent, tag)
+        self.last_on[stream] = job
+        return job
+
+    def _cpu_gather(self, t, nbytes, work, cpu_work, urgent, tag):
         # the host CPU stage (index_select) hands the job to the copy engine when it ends
-        link_job = Job(work, nbytes, urgent, t, tag, fixed=t0_h2d)
+        h2d = self.h2d
+        link_job = Job(work, nbytes, urgent, t, tag, fixed=self.t0_h2d)
 
         def to_link(tc):
             if work <= 0:
@@ -126,142 +159,156 @@ def run_timeline(plan: StepLayers, steps: int = 8, warmup: int = 2, record: bool
             h2d._rerate()
             if not was_busy and h2d.peer.busy:
                 h2d.peer._rerate()
-        group.submit(cpu, t, cpu_work, 0.0, urgent, tag, then=to_link)
+        self.group.submit(self.cpu, t, cpu_work, 0.0, urgent, tag, then=to_link)
         return link_job
 
-    pf_done: dict = {}
-    window: list = []
-    step_s, stall_s = [], []
-    layer_stall = [0.0] * L
-    stall_acc = [0.0]                     # the current step's stall
-    pre, mid, att, post = plan.pre, plan.mid, plan.att, plan.post
-    pf_bytes, pf_work, cpu_pf = plan.pf_bytes, plan.pf_work, plan.cpu_pf_work
-    ur_bytes, ur_work, cpu_ur = plan.ur_bytes, plan.ur_work, plan.cpu_ur_work
-    layer_ahead, next_step = design.prefetch == "layer-ahead", design.prefetch == "next-step"
-    urgent_prio = design.urgent_priority
+    def prefetch(self, t, step, layer) -> None:
+        plan = self.plan
+        if plan.pf_bytes[layer] > 0:
+            self.fill((step, layer))
+            self.pf_done[(step, layer)] = self.transfer(t, plan.pf_bytes[layer], plan.pf_work[layer],
+                                                        plan.cpu_pf_work[layer], False, "prefetch")
 
-    def prefetch(t, step, layer):
-        if pf_bytes[layer] > 0:
-            fill((step, layer))
-            pf_done[(step, layer)] = transfer(t, pf_bytes[layer], pf_work[layer], cpu_pf[layer], False, "prefetch")
+    def urgent_issue(self, t, s, i):
+        """When layer i's misses go on the link: at its true index (t), and not before its own
+        prefetch has landed: the misses overwrite that prefetch's wrong slots (the engine's urgent
+        gather waits on the prefetch's event, kernels/engine/engine.py _sparse_attention)."""
+        job = self.pf_done.get((s, i))
+        return t if job is None else max(t, self.group.finish_time(job))
 
-    def comp(t, dur):
+    # -- the GPU stream
+
+    def comp(self, t, dur):
         """Compute of `dur` seconds alone starting at t; it runs at 1/slow speed while the gather backlog lasts."""
+        slow = self.slow
         if slow == 1.0:
             return dur
-        group.advance_to(t)
-        if not (h2d.qu or h2d.qb):
+        self.group.advance_to(t)
+        if not (self.h2d.qu or self.h2d.qb):
             return dur
-        busy = h2d.backlog_s()
+        busy = self.h2d.backlog_s()
         return dur * slow if dur * slow <= busy else busy + (dur - busy / slow)
 
-    def seg(name, start, end, i):
-        events.append(("gpu", name.format(i=i, p=i - 1), start, end))
+    def seg(self, name, start, end, i) -> None:
+        self.events.append(("gpu", name.format(i=i, p=i - 1), start, end))
 
-    def wait(t, s, i, job, u_job):
+    def wait(self, t, s, i, job, u_job):
         """The GPU stream at t waits for layer i's prefetch `job` and its urgent fetch `u_job` (either
         None); the wait is counted as a stall. Returns when both are done."""
         t_ready = t
         if job is not None:
-            t = max(t, group.finish_time(job))
+            t = max(t, self.group.finish_time(job))
         if u_job is not None:
-            t = max(t, group.finish_time(u_job))
-            if plan.ur_min_s:      # a latency-bound fetch kernel: no sooner than its walk
-                t = max(t, u_job.t_submit + plan.ur_min_s[i])
+            t = max(t, self.group.finish_time(u_job))
+            if self.plan.ur_min_s:      # a latency-bound fetch kernel: no sooner than its walk
+                t = max(t, u_job.t_submit + self.plan.ur_min_s[i])
         if t > t_ready:
-            stall_acc[0] += t - t_ready
-            if s >= warmup:
-                layer_stall[i] += t - t_ready
-            if record:
-                events.append(("gpu", f"L{i} stall", t_ready, t))
+            self.stall_acc += t - t_ready
+            if s >= self.warmup:
+                self.layer_stall[i] += t - t_ready
+            if self.record:
+                self.events.append(("gpu", f"L{i} stall", t_ready, t))
         return t
 
-    def urgent_issue(t, s, i):
-        """When layer i's misses go on the link: at its true index (t), and not before its own
-        prefetch has landed: the misses overwrite that prefetch's wrong slots (the engine's urgent
-        gather waits on the prefetch's event, kernels/engine/engine.py _sparse_attention)."""
-        job = pf_done.get((s, i))
-        return t if job is None else max(t, group.finish_time(job))
-
-    def proc():
-        t = env.now
+    def gpu_stream(self, steps: int):
+        """The SimPy process: the pre-decoding step's prefetches, then `steps` batch steps."""
+        t = self.env.now
         # the pre-decoding step (paper §5.2) leaves the first prefetches issued
-        if layer_ahead:
-            prefetch(t, 0, 0)
-            if L > 1:
-                prefetch(t, 0, 1)
-        elif next_step:
-            for i in range(L):
-                prefetch(t, 0, i)
+        if self.layer_ahead:
+            self.prefetch(t, 0, 0)
+            if self.L > 1:
+                self.prefetch(t, 0, 1)
+        elif self.next_step:
+            for i in range(self.L):
+                self.prefetch(t, 0, i)
         for s in range(steps):
             t_step = t
-            stall_acc[0] = 0.0
-            pending = pre[0]
-            for i in range(L):
-                t0 = t
-                t += comp(t, pending)
-                if record:
-                    seg("L{p} post + L{i} qkv/select" if i else "L{i} qkv/select", t0, t, i)
-                u_job = None
-                if offload and ur_bytes[i] > 0:
-                    fill((s, i))
-                    u_job = transfer(urgent_issue(t, s, i), ur_bytes[i], ur_work[i], cpu_ur[i], urgent_prio,
-                                     "urgent")
-                serial = u_job is not None and plan.ur_serial
-                if serial:                 # the fetch is in the compute stream's order: wait for it first
-                    t = wait(t, s, i, None, u_job)
-                if mid[i]:
-                    t0 = t
-                    t += comp(t, mid[i])
-                    if record:
-                        seg("L{i} key rebuild", t0, t, i)
-                t = wait(t, s, i, pf_done.pop((s, i), None), None if serial else u_job)
-                t0 = t
-                t += comp(t, att[i])
-                if record:
-                    seg("L{i} attention", t0, t, i)
-                release((s, i))
-                if layer_ahead:
-                    j = i + 2
-                    prefetch(t, s + j // L, j % L)
-                elif next_step:
-                    prefetch(t, s + 1, i)
-                pending = post[i] + (pre[i + 1] if i + 1 < L else 0.0)
-            t0 = t
-            t += comp(t, pending + plan.lm_s)
-            if record:
-                seg("L{i} post + LM head", t0, t, L - 1)
-            yield env.timeout(t - env.now)
-            if offload and sum(plan.d2h_bytes):
-                # the step's new K and V (every layer) go to host memory in one copy at the step's end
-                # (one copy: one fixed cost, not one per layer's share of it)
-                n_d2h = sum(1 for x in plan.d2h_work if x > 0)
-                group.submit(d2h, t, sum(plan.d2h_work) - (n_d2h - 1) * t0_d2h, sum(plan.d2h_bytes), False,
-                             "kv out", fixed=t0_d2h)
-            step_s.append(t - t_step)
-            stall_s.append(stall_acc[0])
-            if h2d is not None:
-                group.advance_to(t)
-                window.append((t, h2d.busy_s))
+            self.stall_acc = 0.0
+            t = self._step(t, s)
+            yield self.env.timeout(t - self.env.now)
+            self._end_step(t, t_step)
 
-    env.process(proc())
-    env.run()
-    end = env.now
-    if group is not None:
-        group.advance_to(math.inf)  # drain the prefetches issued for the step after the last one
-        end = max(end, group.t)
-    w0 = warmup - 1 if 0 < warmup <= len(window) else None
-    t0, b0 = (window[w0] if w0 is not None else (0.0, 0.0))
-    t1, b1 = window[-1] if window else (end, 0.0)
-    return TimelineResult(
-        step_s=step_s, stall_s=stall_s, layer_stall_s=layer_stall,
-        h2d_bytes_planned=planned[0],
-        h2d_bytes_moved=h2d.bytes_moved if h2d else 0.0,
-        d2h_bytes_moved=d2h.bytes_moved if d2h else 0.0,
-        h2d_busy_s=b1 - b0,
-        sim_time_s=t1 - t0,
-        peak_buffer_bytes=peak_occ[0],
-        reserved_buffer_bytes=plan.slot_bytes * plan.slots,
-        events=(events or []) + [(tr, tag, a, b) for tr, tag, a, b, _u in (link_rec or [])],
-        warmup=min(warmup, max(0, steps - 1)),
-    )
+    def _step(self, t, s):
+        """Batch step s from t, every layer then the LM head -> the time its compute ends."""
+        plan = self.plan
+        pending = plan.pre[0]
+        for i in range(self.L):
+            t = self._layer(t, s, i, pending)
+            pending = plan.post[i] + (plan.pre[i + 1] if i + 1 < self.L else 0.0)
+        t0 = t
+        t += self.comp(t, pending + plan.lm_s)
+        if self.record:
+            self.seg("L{i} post + LM head", t0, t, self.L - 1)
+        return t
+
+    def _layer(self, t, s, i, pending):
+        """Layer i of step s from t, `pending` the compute before its index is known (the previous
+        layer's post and this one's qkv/select) -> the time its attention ends."""
+        plan, record = self.plan, self.record
+        t0 = t
+        t += self.comp(t, pending)
+        if record:
+            self.seg("L{p} post + L{i} qkv/select" if i else "L{i} qkv/select", t0, t, i)
+        u_job = None
+        if self.offload and plan.ur_bytes[i] > 0:
+            self.fill((s, i))
+            u_job = self.transfer(self.urgent_issue(t, s, i), plan.ur_bytes[i], plan.ur_work[i], plan.cpu_ur_work[i],
+                                  self.urgent_prio, "urgent")
+        serial = u_job is not None and plan.ur_serial
+        if serial:                 # the fetch is in the compute stream's order: wait for it first
+            t = self.wait(t, s, i, None, u_job)
+        if plan.mid[i]:
+            t0 = t
+            t += self.comp(t, plan.mid[i])
+            if record:
+                self.seg("L{i} key rebuild", t0, t, i)
+        t = self.wait(t, s, i, self.pf_done.pop((s, i), None), None if serial else u_job)
+        t0 = t
+        t += self.comp(t, plan.att[i])
+        if record:
+            self.seg("L{i} attention", t0, t, i)
+        self.release((s, i))
+        if self.layer_ahead:
+            j = i + 2
+            self.prefetch(t, s + j // self.L, j % self.L)
+        elif self.next_step:
+            self.prefetch(t, s + 1, i)
+        return t
+
+    def _end_step(self, t, t_step) -> None:
+        """The step's KV copy to host, its time and stall, and the link's busy time so far."""
+        plan = self.plan
+        if self.offload and sum(plan.d2h_bytes):
+            # the step's new K and V (every layer) go to host memory in one copy at the step's end
+            # (one copy: one fixed cost, not one per layer's share of it)
+            n_d2h = sum(1 for x in plan.d2h_work if x > 0)
+            self.group.submit(self.d2h, t, sum(plan.d2h_work) - (n_d2h - 1) * self.t0_d2h, sum(plan.d2h_bytes),
+                              False, "kv out", fixed=self.t0_d2h)
+        self.step_s.append(t - t_step)
+        self.stall_s.append(self.stall_acc)
+        if self.h2d is not None:
+            self.group.advance_to(t)
+            self.window.append((t, self.h2d.busy_s))
+
+    def result(self, steps: int) -> TimelineResult:
+        """The TimelineResult, the link drained; link use over the measured steps (after the warm-up)."""
+        end = self.env.now
+        h2d, d2h, group, window, warmup = self.h2d, self.d2h, self.group, self.window, self.warmup
+        if group is not None:
+            group.advance_to(math.inf)  # drain the prefetches issued for the step after the last one
+            end = max(end, group.t)
+        w0 = warmup - 1 if 0 < warmup <= len(window) else None
+        t0, b0 = (window[w0] if w0 is not None else (0.0, 0.0))
+        t1, b1 = window[-1] if window else (end, 0.0)
+        return TimelineResult(
+            step_s=self.step_s, stall_s=self.stall_s, layer_stall_s=self.layer_stall,
+            h2d_bytes_planned=self.planned,
+            h2d_bytes_moved=h2d.bytes_moved if h2d else 0.0,
+            d2h_bytes_moved=d2h.bytes_moved if d2h else 0.0,
+            h2d_busy_s=b1 - b0,
+            sim_time_s=t1 - t0,
+            peak_buffer_bytes=self.peak_occ,
+            reserved_buffer_bytes=self.plan.slot_bytes * self.plan.slots,
+            events=(self.events or []) + [(tr, tag, a, b) for tr, tag, a, b, _u in (self.link_rec or [])],
+            warmup=min(warmup, max(0, steps - 1)),
+        )
