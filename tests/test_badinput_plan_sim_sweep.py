@@ -118,7 +118,11 @@ def test_plan_numbers(flag, value, capsys):
     ("--search", "budget=1k::2k", "has an empty value"),
     ("--search", "warp", "unknown knob 'warp'"),
     ("--search", "lowrank-layers=-1", "must be at least 0"),
-    ("--search", "cache=x", "cache 'x' is neither a buffer layout"),
+    ("--search", "cache=x", "cache 'x' is not a capacity"),
+    ("--search", "cache=pingpong", "'pingpong' is a buffer layout: use buffers=pingpong"),   # the knob's old name
+    ("--search", "cache=2x:per-layer", "use buffers=per-layer"),
+    ("--search", "buffers=2x", "buffers takes pingpong and per-layer, got '2x'"),
+    ("--search", "buffers=design", "buffers takes pingpong and per-layer"),
     ("--search", "budget=lots", "cannot parse budget 'lots'"),
     ("--seeds", "", "is an empty list"),
     ("--seeds", "0,,1", "has an empty item"),
@@ -252,7 +256,10 @@ def _edit(field: str, value: str) -> str:
     ("chunk", "0", "grid.chunk[0]: Input should be greater than or equal to 1"),
     ("lowrank_layers", "-1", "grid.lowrank_layers[0]"),
     ("lowrank_layers", "99", "exceeds the model's 32 layers"),
-    ("cache", "x", "grid.cache[0]"),
+    ("buffers", "x", "grid.buffers[0]"),
+    ("cache", "[pingpong]", "grid.cache: the sparse-KV buffer layout (design | pingpong | per-layer) is now the"
+                            " field buffers"),                              # the field's old name
+    ("cache", "design", "is now the field buffers"),
     ("hit_rate", "''", "grid.hit_rate[0]"),
     ("hit_rate", ".inf", "grid.hit_rate[0]"),
     ("hit_rate", "-1", "grid.hit_rate[0]"),

@@ -84,11 +84,11 @@ def test_host_sharing_halves_a_link_bound_design():
 
 
 def test_knob_grid_and_pareto():
-    knobs = parse_search("budget=1k:2k:4k,chunk=8:16,lowrank-layers=0:4,cache")
+    knobs = parse_search("budget=1k:2k:4k,chunk=8:16,lowrank-layers=0:4,buffers")
     dd = settings(Scenario(design="dualdecoder", **SMALL), knobs, 32768, 32)
     assert len(dd) == 3 * 2 * 2 * 2
     sk = settings(Scenario(design="shadowkv", **SMALL), knobs, 32768, 32)
-    assert len(sk) == 3 * 2 and {s.cache for s in sk} == {"design"}
+    assert len(sk) == 3 * 2 and {s.buffers for s in sk} == {"design"}
     assert len(settings(Scenario(design="full-kv", **SMALL), knobs, 32768, 32)) == 1
     assert len(settings(Scenario(design="dualdecoder", **SMALL), parse_search("budget=2k:64k"), 32768, 32)) == 1
     assert sorted(pareto([(10, 5), (8, 3), (9, 6), (10, 4), (7, 3)])) == [1, 3]
@@ -96,19 +96,24 @@ def test_knob_grid_and_pareto():
         parse_search("budget,temperature")
 
 
-def test_cache_knob_searches_the_chunk_cache_capacity():
-    knobs = parse_search("budget=1k:2k,cache=2x:4x:12k:pingpong")
+def test_cache_knob_searches_the_chunk_cache_capacity_and_buffers_the_layout():
+    knobs = parse_search("budget=1k:2k,cache=2x:4x:12k,buffers=pingpong")
     cc = settings(Scenario(design="dualdecoder-cache", **SMALL), knobs, 32768, 32)
     got = sorted((s.knob("budget"), s.knob("cache_tokens")) for s in cc)
     assert got == [(1024, 2048), (1024, 4096), (1024, 12288), (2048, 4096), (2048, 8192), (2048, 12288)]
-    assert {s.cache for s in cc} == {"design"}                     # layouts do not apply to it
+    assert {s.buffers for s in cc} == {"design"}                   # layouts do not apply to it
     dd = settings(Scenario(design="dualdecoder", **SMALL), knobs, 32768, 32)
-    assert {s.cache for s in dd} == {"pingpong"} and {s.knob("cache_tokens") for s in dd} == {D.CACHE_TOKENS}
+    assert {s.buffers for s in dd} == {"pingpong"} and {s.knob("cache_tokens") for s in dd} == {D.CACHE_TOKENS}
     from ddbench.planner.knobs import knob_label
-    assert knob_label(cc[0], knobs).endswith("x") and "cache=pingpong" in knob_label(dd[0], knobs)
-    assert parse_search("cache")["cache"] == ("pingpong", "per-layer", "2x", "4x", "8x")
+    assert knob_label(cc[0], knobs) == "budget=1024 cache=2x" and knob_label(dd[0], knobs) == \
+        "budget=1024 buffers=pingpong"
+    assert parse_search("cache")["cache"] == ("2x", "4x", "8x")
+    assert parse_search("buffers")["buffers"] == ("pingpong", "per-layer")
     for bad in ("cache=0.5x", "cache=fast", "cache=-2x", "cache=nanx"):
         with pytest.raises(DDBenchError, match="cache '"):
+            parse_search(bad)
+    for bad in ("cache=pingpong", "cache=4x:per-layer"):       # a layout is the buffers knob's, not the cache's
+        with pytest.raises(DDBenchError, match="is a buffer layout: use buffers="):
             parse_search(bad)
 
 
@@ -164,12 +169,14 @@ def test_plan_slo_nothing_meets_is_a_result():
 def test_plan_knob_search_cli():
     r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output", "64",
                 "--design", "dualdecoder", "--slo", "p99-tpot=60ms", "--requests", "40", "--max-runs", "6",
-                "--search", "budget=1k:2k,cache", "--workers", "2", "--json")
+                "--search", "budget=1k:2k,buffers", "--workers", "2", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     sets = out["settings"]
     assert len(sets) == 4 and any(s["pareto_memory"] for s in sets)
+    assert {s["setting"].split()[-1] for s in sets} == {"buffers=pingpong", "buffers=per-layer"}
     best = out["designs"][0]
+    assert best["buffers"] in ("pingpong", "per-layer") and "cache" not in best
     assert best["max_rate_req_per_s"] == max(s["max_rate_req_per_s"] for s in sets)
     # the memory front: nothing on it is beaten on both tokens/s and memory
     met = [s for s in sets if s["tokens_per_s"] is not None]

@@ -31,7 +31,7 @@ def test_flags_spec_and_figures_make_one_scenario():
                                     "--system", "shadowkv,dualdecoder", "--budget", "4096", "--requests", "1000"),
                               D.SIM_REQUESTS, prefill="here")
     point = dict(model="qwen2.5-32b", gpu="h100-80gb", link="pcie5", host=None, fetching=None, system="dualdecoder",
-                 context="128k", output="256", budget="4k", chunk=8, lowrank_layers=0, cache="design", hit_rate=None,
+                 context="128k", output="256", budget="4k", chunk=8, lowrank_layers=0, buffers="design", hit_rate=None,
                  prefill="here", requests=1000, max_batch=None)
     assert plan == sim and [s.design for s in plan] == ["shadowkv", "dualdecoder"]
     assert scenario_of(point) == plan[1] and hash(scenario_of(point)) == hash(plan[1])
@@ -56,12 +56,13 @@ def test_defaults_live_in_one_place():
         if f.name != "context":
             assert getattr(w, f.name) == getattr(D, f.name.upper()), f.name
     sc = Scenario("m", "g")
-    assert (sc.design, sc.context, sc.output, sc.cache, sc.prefill, sc.requests) == \
-        (D.DESIGN, D.CONTEXT, D.OUTPUT, D.CACHE, D.PREFILL, D.PLAN_REQUESTS)
+    assert (sc.design, sc.context, sc.output, sc.buffers, sc.prefill, sc.requests) == \
+        (D.DESIGN, D.CONTEXT, D.OUTPUT, D.BUFFERS, D.PREFILL, D.PLAN_REQUESTS)
     sim = _args("simulate", "--model", "m", "--gpu", "g")
     assert (sim.design, sim.context, sim.rate, sim.seed, sim.steps) == ((D.DESIGN,), D.CONTEXT, D.RATE, D.SEED, D.STEPS)
     assert _args("plan", "--model", "m", "--gpu", "g", "--context", "1k").design == ("full-kv", "shadowkv",
-                                                                                       "specache", "dualdecoder")
+                                                                                       "specache", "dualdecoder",
+                                                                                       "dualdecoder-cache")
 
 
 @pytest.mark.parametrize("path", ["ddbench/commands/plan.py", "ddbench/commands/simulate.py",
@@ -99,7 +100,7 @@ def test_resolve_rules():
         resolve(Scenario("llama-3-8b", "h200", link=""))
     with pytest.raises(DDBenchError, match="calibration root is empty"):
         resolve(Scenario("llama-3-8b", "h200", calibration=" "))
-    assert resolve(Scenario("llama-3-8b", "h200", design="dualdecoder", cache="per-layer")).design.name == \
+    assert resolve(Scenario("llama-3-8b", "h200", design="dualdecoder", buffers="per-layer")).design.name == \
         "dualdecoder[per-layer]"
 
 

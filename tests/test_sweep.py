@@ -114,6 +114,8 @@ def test_sweep_spec_errors(tmp_path, text, message, capsys, monkeypatch):
 @pytest.mark.parametrize("text, message", [
     (SPEC.replace("  rate:", "  colour: red\n  rate:"), "grid.colour: unknown field"),
     ("grid: [1, 2\n", "not valid YAML at line"),
+    (SPEC.replace("  rate:", "  cache: [pingpong]\n  rate:"),       # the buffer layout's old field name
+     "grid.cache: the sparse-KV buffer layout (design | pingpong | per-layer) is now the field buffers"),
 ])
 def test_sweep_spec_errors_subprocess(tmp_path, text, message):
     spec = _spec(tmp_path, text)
@@ -222,7 +224,7 @@ def test_sweep_grid_kv_bits_and_cache_tokens():
     from ddbench.planner.spec import point_key, points, scenario_of
     g = dict(model=["llama-3-8b"], gpu=["h200"], link=[None], host=[None], fetching=[None], host_mem_gb=[None],
              system=["dualdecoder-cache"], context=["128k"], output=["64"], budget=[2048], chunk=[8],
-             lowrank_layers=[0], cache=["design"], cache_tokens=[None, "8k"], kv_bits=[None, 8], hit_rate=[None],
+             lowrank_layers=[0], buffers=["design"], cache_tokens=[None, "8k"], kv_bits=[None, 8], hit_rate=[None],
              prefill=["here"], rate=[1.0], seed=[0])
     ps = points(dict(requests=10, max_batch=None, grid=g))
     assert len(ps) == 4
@@ -232,3 +234,31 @@ def test_sweep_grid_kv_bits_and_cache_tokens():
     plain = [p for p in ps if p["cache_tokens"] is None and p["kv_bits"] is None][0]
     old = {k: v for k, v in plain.items() if k not in ("cache_tokens", "kv_bits")}
     assert point_key(plain) == point_key(old)
+
+
+def test_sweep_buffers_axis_and_a_store_from_before_the_rename(tmp_path, capsys, monkeypatch):
+    """The buffer layout's axis is `buffers` (once `cache`): a point's key hashes it under the old name,
+    so a points.jsonl written before the rename resumes, its rows under today's column."""
+    import hashlib
+    from ddbench.cli import main
+    from ddbench.planner.spec import point_key
+    old = json.dumps({"cache": "pingpong", "rate": 1.0, "system": "dualdecoder"}, sort_keys=True)
+    assert point_key({"system": "dualdecoder", "buffers": "pingpong", "rate": 1.0}) == \
+        hashlib.sha1(old.encode()).hexdigest()[:16]
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path, SPEC.replace("  rate:", "  buffers: [pingpong, per-layer]\n  rate:"))
+    assert main(["sweep", spec, "--out", "out", "--workers", "1", "--quiet"]) == 0
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert "cache" not in df.columns and len(df) == 8
+    dd = df[df.system == "dualdecoder"].set_index(["buffers", "rate_req_per_s"]).peak_sparse_kv_buffers_gb
+    assert (dd["per-layer"] > dd["pingpong"]).all()
+    store = tmp_path / "out" / "points.jsonl"
+    rows = [json.loads(x) for x in _lines(store)]
+    store.write_text("".join(json.dumps({("cache" if k == "buffers" else k): v for k, v in r.items()}) + "\n"
+                             for r in rows))
+    capsys.readouterr()
+    assert main(["sweep", spec, "--out", "out", "--quiet", "--force"]) == 0
+    assert "(0 run, 8 reused" in capsys.readouterr().out
+    again = pd.read_csv(tmp_path / "out" / "results.csv")
+    cols = [c for c in df.columns if c not in ("sim_wall_s", "sim_cpu_s", "worker_pid")]
+    pd.testing.assert_frame_equal(df[cols], again[cols])

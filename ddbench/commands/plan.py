@@ -46,7 +46,7 @@ EXAMPLE = """examples:
   ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --slo p99-tpot=150ms --host paper-testbed \\
       --design shadowkv,dualdecoder
   ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --design dualdecoder \\
-      --search budget,chunk,lowrank-layers,cache --plot pareto.png
+      --search budget,chunk,lowrank-layers,buffers --plot pareto.png
 
 exit status: 0 with an answer (a design that does not fit says so in its row's status), 2 for bad
 input (a host memory too small for one request's host KV, too), 3 when no design fits one request
@@ -98,9 +98,10 @@ def register(sub) -> None:
     g.add_argument("--target-rate", type=flags.number(lo=0, lo_open=True, hi=D.MAX_RATE),
                    help="fleet load in requests/s: GPUs (and hosts) needed per design")
     g.add_argument("--search", type=flags.checked(_search),
-                   help="knob search per design: budget,chunk,lowrank-layers,cache,fp8 (each optionally"
-                        " =V1:V2:..., e.g. budget=1k:2k:4k; cache: dualdecoder-cache's capacity, 2x:4x or tokens, and"
-                        " the other layer-ahead designs' buffers, pingpong:per-layer; fp8: off:on)")
+                   help="knob search per design: budget,chunk,lowrank-layers,buffers,cache,fp8 (each optionally"
+                        " =V1:V2:..., e.g. budget=1k:2k:4k; buffers: the layer-ahead designs' sparse-KV buffer"
+                        " layout, pingpong:per-layer; cache: dualdecoder-cache's chunk-cache capacity, 2x:4x or"
+                        " tokens; fp8: off:on)")
     g.add_argument("--seeds", type=flags.items(flags.integer(lo=0, hi=2 ** 63 - 1)),
                    help="comma list of seeds; a rate passes only if every seed does"
                         f" (default {','.join(map(str, D.SEEDS))})")
@@ -230,7 +231,7 @@ def _row_view(res, slos) -> dict:
     sc, row = res.scenario, res.row or {}
     d = {"system": sc.label(), "budget": sc.knob("budget"), "chunk": sc.knob("chunk"),
          "lowrank_layers": sc.knob("lowrank_layers"),
-         "cache": sc.cache, "status": res.status,
+         "buffers": sc.buffers, "status": res.status,
          "max_rate_req_per_s": res.rate if res.status == "met" else 0.0,
          "failed_rate_req_per_s": res.hi if math.isfinite(res.hi) else None,
          "tolerance_reached": res.reached_tol if math.isfinite(res.reached_tol) else None,

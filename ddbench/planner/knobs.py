@@ -1,16 +1,17 @@
 """Knob search: a grid of a design's mechanism knobs, and Pareto fronts over the results.
 
-`--search budget,chunk,lowrank-layers,cache,fp8` (any of them, each optionally `=V1:V2:...`) expands, per
+`--search budget,chunk,lowrank-layers,buffers,cache,fp8` (any of them, each optionally `=V1:V2:...`) expands, per
 design, into the settings that apply to it:
 - budget (sparse tokens fetched per request and layer) and chunk (tokens per chunk): every
   design that keeps KV in host memory; only budgets within the smallest context and divisible
   by the chunk;
 - lowrank-layers (layers with low-rank keys): designs with adaptive key reconstruction;
-- cache: for a design with a GPU chunk cache (dualdecoder-cache), its capacity as a multiple of
-  the budget per (layer, KV head) (`2x`, or tokens: `8k`); for the other designs that prefetch
-  layer-ahead, their sparse-KV buffers: two-layer ping-pong or one per layer. The default searches
-  both kinds, each where it applies; `cache=2x:4x:8x` only capacities, `cache=pingpong` only
-  buffers;
+- buffers (the sparse-KV buffer layout, Scenario.buffers): two-layer ping-pong or one per layer
+  (`buffers=pingpong:per-layer`, the default); the designs that prefetch layer-ahead, the chunk-cache
+  design aside (its per-layer buffers are its cache);
+- cache (the GPU chunk cache, and nothing else): a chunk-cache design's (dualdecoder-cache) capacity
+  per (layer, KV head), as a multiple of the budget (`2x`) or in tokens (`8k`); `cache=2x:4x:8x` by
+  default;
 - fp8 (off, on: the KV on the host and the link in fp8 e4m3, Workload.kv_bits 8): designs that fetch
   K and V (ShadowKV's 1 KiB fp8 value pieces have no measured gather rate).
 Each setting gets its own rate search; the best setting per design is the one with the highest
@@ -28,9 +29,10 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.units import parse_tokens
 
 LAYOUTS = ("pingpong", "per-layer")
-DEFAULTS = {"budget": (1024, 2048, 4096), "chunk": (8, 16), "lowrank-layers": (0, 4, 8),
-            "cache": LAYOUTS + ("2x", "4x", "8x"), "fp8": ("off", "on")}
-FIELD = {"budget": "budget", "chunk": "chunk", "lowrank-layers": "lowrank_layers", "cache": "cache", "fp8": "kv_bits"}
+DEFAULTS = {"budget": (1024, 2048, 4096), "chunk": (8, 16), "lowrank-layers": (0, 4, 8), "buffers": LAYOUTS,
+            "cache": ("2x", "4x", "8x"), "fp8": ("off", "on")}
+# the Workload knob each searched knob sets (buffers is Scenario.buffers; cache sets cache_tokens from the budget)
+FIELD = {"budget": "budget", "chunk": "chunk", "lowrank-layers": "lowrank_layers", "fp8": "kv_bits"}
 FP8_BITS = {"off": 16, "on": 8}
 
 
@@ -39,7 +41,7 @@ def parse_search(text: str) -> dict:
     out = {}
     terms = [t.strip().lower() for t in str(text).split(",")]
     if not any(terms):
-        raise DDBenchError("--search names no knob; use e.g. --search budget,chunk,lowrank-layers,cache")
+        raise DDBenchError("--search names no knob; use e.g. --search budget,chunk,lowrank-layers,buffers,cache")
     for term in terms:
         if not term:
             raise DDBenchError(f"--search '{text}' has an empty term")
@@ -55,8 +57,17 @@ def parse_search(text: str) -> dict:
         items = [v.strip() for v in vals.split(":")]
         if not all(items):
             raise DDBenchError(f"--search: '{term}' has an empty value; use e.g. {name}=V1:V2")
-        if name == "cache":
-            out[name] = tuple(v if v in LAYOUTS else _capacity(v) for v in items)
+        if name == "buffers":
+            bad = [v for v in items if v not in LAYOUTS]
+            if bad:
+                raise DDBenchError(f"--search: buffers takes {' and '.join(LAYOUTS)}, got '{bad[0]}'")
+            out[name] = tuple(items)
+        elif name == "cache":
+            layout = [v for v in items if v in LAYOUTS]
+            if layout:
+                raise DDBenchError(f"--search: cache takes the chunk cache's capacities (2x, 8k); '{layout[0]}' is a"
+                                   f" buffer layout: use buffers={layout[0]}")
+            out[name] = tuple(_capacity(v) for v in items)
         elif name == "fp8":
             bad = [v for v in items if v not in FP8_BITS]
             if bad:
@@ -82,8 +93,8 @@ def _capacity(v: str) -> str:
     except (ValueError, DDBenchError):
         x = float("nan")
     if not 0 < x < float("inf"):
-        raise DDBenchError(f"--search: cache '{v}' is neither a buffer layout (pingpong, per-layer) nor a capacity"
-                           " (a multiple of the budget such as 4x, or tokens such as 8k)")
+        raise DDBenchError(f"--search: cache '{v}' is not a capacity (a multiple of the budget such as 4x, or"
+                           " tokens such as 8k)")
     if v.endswith("x") and x < 1:
         raise DDBenchError(f"--search: cache '{v}' is smaller than the budget (at least 1x)")
     return f"{x:g}x" if v.endswith("x") else str(int(x))
@@ -94,35 +105,27 @@ def cache_tokens(value: str, budget: int) -> int:
     return int(round(float(value[:-1]) * budget)) if value.endswith("x") else int(value)
 
 
-def _cache_values(design, values) -> tuple:
-    """The cache knob's values that apply to a design: capacities to a chunk-cache design, buffer
-    layouts to the other layer-ahead designs."""
-    return tuple(v for v in values if (v not in LAYOUTS) == bool(design.chunk_cache))
-
-
 def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
     """The scenarios of one design's knob grid (the base scenario's values for knobs that do not apply);
     a DDBenchError where no setting is left (every budget above the smallest context, or none a
     multiple of its chunk)."""
     offload = not get_design(base.design).kv_on_gpu
-    axes = {k: v for k, v in knobs.items() if applies(k, base.design, v)}
-    if "cache" in axes:
-        axes["cache"] = _cache_values(get_design(base.design), axes["cache"])
+    axes = {k: v for k, v in knobs.items() if applies(k, base.design)}
     if "lowrank-layers" in axes:
         axes["lowrank-layers"] = tuple(v for v in axes["lowrank-layers"] if 0 <= v <= num_layers)
     names = list(axes)
     out = []
     for combo in itertools.product(*(axes[n] for n in names)) if names else [()]:
         values = dict(zip(names, combo))
-        sc = base.with_knobs(**{FIELD[n]: FP8_BITS[v] if n == "fp8" else v for n, v in values.items() if n != "cache"})
+        sc = base.with_knobs(**{FIELD[n]: FP8_BITS[v] if n == "fp8" else v for n, v in values.items() if n in FIELD})
         cap = values.get("cache")
-        if cap is not None and cap not in LAYOUTS:
+        if cap is not None:
             ct = cache_tokens(cap, sc.knob("budget"))
             if ct < sc.knob("budget") or ct % sc.knob("chunk"):
                 continue        # below the budget, or not whole chunks
             sc = sc.with_knobs(cache_tokens=ct)
-        elif cap is not None:
-            sc = replace(sc, cache=cap)
+        if "buffers" in values:
+            sc = replace(sc, buffers=values["buffers"])
         if offload and (sc.knob("budget") > min_context or sc.knob("budget") % sc.knob("chunk")):
             continue
         if sc.knob("kv_bits") == 8 and sc.knob("lowrank_layers") > 0:
@@ -135,8 +138,8 @@ def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
     return out
 
 
-def applies(knob: str, name: str, values=None) -> bool:
-    """Whether the knob (with `values`: any of them) applies to the design `name`."""
+def applies(knob: str, name: str) -> bool:
+    """Whether the knob applies to the design `name`."""
     design = get_design(name)
     if knob in ("budget", "chunk"):
         return not design.kv_on_gpu
@@ -146,25 +149,21 @@ def applies(knob: str, name: str, values=None) -> bool:
         return not design.kv_on_gpu and not design.quant_bits and design.fetch == "kv"
     if design.prefetch != "layer-ahead":
         return False
-    return bool(_cache_values(design, DEFAULTS["cache"] if values is None else values))
+    return bool(design.chunk_cache) == (knob == "cache")        # cache: its capacity; buffers: the others
 
 
 def knob_label(sc, knobs: dict) -> str:
     """The searched knobs that apply to the scenario's design, as 'budget=1024 chunk=16'."""
     def value(k):
         if k == "cache":
-            return _cache_label(sc)
+            return f"{sc.knob('cache_tokens') / sc.knob('budget'):g}x"
+        if k == "buffers":
+            return sc.buffers
         if k == "fp8":
             return "on" if sc.knob("kv_bits") == 8 else "off"
         return sc.knob(FIELD[k])
-    parts = [f"{k}={value(k)}" for k in knobs if applies(k, sc.design, knobs[k])]
+    parts = [f"{k}={value(k)}" for k in knobs if applies(k, sc.design)]
     return " ".join(parts) or "(no knob applies)"
-
-
-def _cache_label(sc) -> str:
-    if get_design(sc.design).chunk_cache:
-        return f"{sc.knob('cache_tokens') / sc.knob('budget'):g}x"
-    return sc.cache
 
 
 def pareto(points: list[tuple[float, float]]) -> list[int]:

@@ -33,7 +33,7 @@ from ddbench.core.distribution import Distribution
 from ddbench.core.units import GB, fmt_tokens
 from ddbench.core.workload import Workload
 
-CACHES = ("design", "pingpong", "per-layer")
+BUFFER_LAYOUTS = ("design", "pingpong", "per-layer")   # Scenario.buffers
 PREFILLS = ("here", "elsewhere")
 # the Workload fields a scenario sets (context and batch follow from the run)
 KNOBS = tuple(f.name for f in fields(Workload) if f.name not in ("context", "batch"))
@@ -52,7 +52,7 @@ class Scenario:
     fetching: int | None = None       # GPUs of the host fetching at once (None: all of them)
     host_mem_gb: float | None = None  # host memory for this GPU's requests, GB; None: the host's share, or no bound
     knobs: tuple = ()                 # Workload fields that differ from their defaults: ((name, value), ...)
-    cache: str = D.CACHE              # sparse-KV buffers: the design's own, or pingpong / per-layer
+    buffers: str = D.BUFFERS          # sparse-KV buffer layout: the design's own, or pingpong / per-layer
     hit_rate: float | str | None = None   # a number, an accuracy CSV, or None: the model's profile, else 0.88
     rows: tuple = ()                  # profile rows picked ((Select field, value), ...); (): the default rows
     lowrank_from_profile: bool = False    # an adaptive design's low-rank key layers from the profile's summary
@@ -81,8 +81,8 @@ class Scenario:
         return replace(self, knobs=_knobs({**dict(self.knobs), **kw}))
 
     def label(self) -> str:
-        """The design's name, with [cache] where the buffer layout is not the design's own."""
-        return design_of(self.design, self.cache).name
+        """The design's name, with [buffers] where the buffer layout is not the design's own."""
+        return design_of(self.design, self.buffers).name
 
 
 def _knobs(values: dict) -> tuple:
@@ -218,17 +218,17 @@ def _scaled_hits(hits, factor: float) -> list:
     return [max(0.0, 1.0 - (1.0 - h) * factor) for h in hits]
 
 
-def design_of(name: str, cache: str = D.CACHE):
+def design_of(name: str, buffers: str = D.BUFFERS):
     """The design `name` with a sparse-KV buffer layout: its own ("design"), "pingpong" or "per-layer"."""
     design = get_design(name)
-    if cache not in CACHES:
-        raise DDBenchError(f"unknown cache '{cache}'; known: {', '.join(CACHES)}")
-    if cache == "design" or design.kv_on_gpu:
+    if buffers not in BUFFER_LAYOUTS:
+        raise DDBenchError(f"unknown buffers '{buffers}'; known: {', '.join(BUFFER_LAYOUTS)}")
+    if buffers == "design" or design.kv_on_gpu:
         return design
-    layers = "pingpong" if cache == "pingpong" else "all"
+    layers = "pingpong" if buffers == "pingpong" else "all"
     if layers == design.buffer_layers:
         return design
-    return replace(design, name=f"{design.name}[{cache}]", buffer_layers=layers)
+    return replace(design, name=f"{design.name}[{buffers}]", buffer_layers=layers)
 
 
 def context_bounds(spec: str) -> tuple[int | None, int | None]:
@@ -324,7 +324,7 @@ def resolve(sc: Scenario) -> Resolved:
     from sim import profile
     m, g = get_model(sc.model), get_gpu(sc.gpu)
     link, share = _link(sc, g)
-    design = design_of(sc.design, sc.cache)
+    design = design_of(sc.design, sc.buffers)
     _check(sc)
     path = _profile_path(sc, m.name)
     no_profile = (f"the hit rate here is a constant (no traces/accuracy/{m.name}.csv, or a number given);"

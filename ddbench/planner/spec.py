@@ -19,7 +19,7 @@
       budget: [2048]
       chunk: [8]
       lowrank_layers: [0]
-      cache: [design]             # design | pingpong | per-layer
+      buffers: [design]           # sparse-KV buffer layout: design | pingpong | per-layer
       cache_tokens: [null]        # dualdecoder-cache's GPU cache per layer and KV head; null: the default
       kv_bits: [null]             # 16 (bf16) or 8 (fp8 host KV and link); null: 16
       hit_rate: [null]            # null: the model's profile, else 0.88
@@ -31,7 +31,9 @@ Defaults come from ddbench/core/defaults.py. Unknown fields are rejected; empty 
 infinite numbers, numbers out of range are errors, each naming its field (`grid.rate[2]: ...`).
 Catalog names, distributions and knob combinations are checked for every point before anything
 runs. The column and key of the design stay `system` (published in results.csv and in the keys
-of points.jsonl).
+of points.jsonl). The buffer layout was once the field `cache`: a spec that still says `cache:` is a
+one-line error naming `buffers`; a point's key hashes `buffers` under its old name, so that a
+points.jsonl written before the rename is resumed.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from typing import Annotated, Literal, Optional, Union
 from ddbench.core.errors import DDBenchError
 
 GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "host_mem_gb", "system", "context", "output", "budget",
-               "chunk", "lowrank_layers", "cache", "cache_tokens", "kv_bits", "hit_rate", "prefill", "rate", "seed")
+               "chunk", "lowrank_layers", "buffers", "cache_tokens", "kv_bits", "hit_rate", "prefill", "rate", "seed")
+# fields renamed since points.jsonl stores were written: their key hashes them under the old name
+KEY_NAMES = {"buffers": "cache"}
 
 
 def _models():
@@ -74,7 +78,7 @@ def _models():
         budget: list[Tokens] = [D.BUDGET]
         chunk: list[Count] = [D.CHUNK]
         lowrank_layers: list[Annotated[int, Field(ge=0, le=D.MAX_COUNT)]] = [D.LOWRANK_LAYERS]
-        cache: list[Literal["design", "pingpong", "per-layer"]] = [D.CACHE]
+        buffers: list[Literal["design", "pingpong", "per-layer"]] = [D.BUFFERS]
         cache_tokens: list[Optional[Tokens]] = [None]
         kv_bits: list[Optional[Literal[8, 16]]] = [None]
         hit_rate: list[Optional[Union[Fraction, Text]]] = [None]
@@ -149,6 +153,9 @@ def load_spec(path: str) -> dict:
         raise DDBenchError(f"sweep spec {path}: not valid YAML{where}") from None
     if not isinstance(raw, dict):
         raise DDBenchError(f"sweep spec {path}: expected a mapping with 'grid', got {type(raw).__name__}")
+    if isinstance(raw.get("grid"), dict) and "cache" in raw["grid"]:
+        raise DDBenchError(f"sweep spec {path}: grid.cache: the sparse-KV buffer layout (design | pingpong |"
+                           " per-layer) is now the field buffers; the chunk cache's capacity is cache_tokens")
     try:
         spec = _models().model_validate(raw)
     except ValidationError as exc:
@@ -191,7 +198,7 @@ LATER_FIELDS = ("host_mem_gb", "cache_tokens", "kv_bits")
 
 
 def point_key(p: dict) -> str:
-    q = {k: v for k, v in p.items() if not (k in LATER_FIELDS and v is None)}
+    q = {KEY_NAMES.get(k, k): v for k, v in p.items() if not (k in LATER_FIELDS and v is None)}
     return hashlib.sha1(json.dumps(q, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -208,7 +215,7 @@ def scenario_of(p: dict):
                          output=p["output"], link=p["link"], host=p["host"], fetching=p["fetching"],
                          host_mem_gb=p.get("host_mem_gb"),
                          budget=parse_tokens(p["budget"], "budget"), chunk=p["chunk"],
-                         lowrank_layers=p["lowrank_layers"], cache=p["cache"], hit_rate=p["hit_rate"],
+                         lowrank_layers=p["lowrank_layers"], buffers=p["buffers"], hit_rate=p["hit_rate"],
                          prefill=p["prefill"], requests=p["requests"], max_batch=p["max_batch"])
 
 

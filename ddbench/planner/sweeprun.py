@@ -56,8 +56,16 @@ def read_store(path: str) -> dict:
             except json.JSONDecodeError:
                 continue
             if isinstance(row, dict) and "key" in row:
-                done[row["key"]] = row
+                done[row["key"]] = _renamed(row)
     return done
+
+
+def _renamed(row: dict) -> dict:
+    """A stored row with its columns under today's names (a row written before the rename of the buffer
+    layout's `cache` to `buffers` has `cache`), in their order."""
+    if "cache" not in row or "buffers" in row:
+        return row
+    return {("buffers" if k == "cache" else k): v for k, v in row.items()}
 
 
 class Store:
