@@ -79,8 +79,8 @@ def _draw(res: FigureResult, fig) -> None:
     axes = fig.subplots(1, 2)
     s, m = df[df.source == "simulated"], df[df.source == "engine"]
     c = s[s.design == CACHE]
-    for ax, col, label in ((axes[0], "churn_per_budget", "dualdecoder-cache: chunks moved per step / budget (churn)"),
-                           (axes[1], "miss_rate", "ShadowKV (1 - reuse), DualDecoder (1 - hit): miss rate")):
+    for ax, col, label in ((axes[0], "churn_per_budget", "dualdecoder-cache: churn, chunks moved per step (share of the budget)"),
+                           (axes[1], "miss_rate", "miss rate: ShadowKV 1 - reuse, DualDecoder 1 - hit (share of the budget)")):
         ax.set_xlabel(label, fontsize=7)
         ax.set_ylabel("decode throughput (tokens/s)")
     axes[0].plot(c.churn_per_budget, c.tok_s, color=CACHE_COLOR, lw=1.2, marker=".")
