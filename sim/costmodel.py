@@ -8,13 +8,13 @@ Sources, in order of preference, and every output says which one was used (`Cost
 3. no bundle at all: a pure roofline from the catalog (datasheet FLOP/s and HBM, link achievable rate).
 
 The decode step's GPU compute (every op of sim/steplayers.py) is RECONCILED with the decode-step
-engine where the bundle has the engine's kernel breakdown (ddbench.core.calibration.load_breakdown:
-kernels/engine/breakdown.py, kernel time by category of compute-only CUDA-graph steps): each category
-is a model linear in a few physical terms (a fixed cost per layer, a time per byte read), fitted to
-the breakdown's categories (EngineFit, fit_engine_terms) and checked against the bundle's engine
-section (whole compute-only steps); every sparse design is then costed with the engine's kernels.
-Without a breakdown, decode ops come from the bundle's microbenchmarks (linear.csv, kernels.csv) as
-before, and the notes say NOT RECONCILED. Prefill is always priced from the microbenchmarks.
+engine where the bundle has fitted parameters (sim/fitted.py: traces/fit/<gpu>/fitted.json, written
+once by `python -m sim.fit` from the engine's kernel breakdown and the bundle's engine section): each
+category is a model linear in a few physical terms (a fixed cost per layer, a time per byte read), and
+every sparse design is then costed with the engine's kernels. ShadowKV's fetch and dualdecoder-cache's
+fill come from the same file. Without it (or where it was fitted to other inputs than this bundle's),
+decode ops come from the bundle's microbenchmarks (linear.csv, kernels.csv), and the notes say NOT
+RECONCILED and why. Prefill is always priced from the microbenchmarks. Nothing here fits.
 
 Link rates come from the bundle's link table for the bundle's own link (PCIe 5 on the H200); for
 another link they are scaled by the catalog's achievable rate over the bundle's big-copy rate.
@@ -35,23 +35,12 @@ from ddbench.core.catalog.gpus import GPUSpec, get_gpu
 from ddbench.core.catalog.links import LinkSpec
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.errors import DDBenchError
+from sim.fitted import COMMAND, ENGINE_TERMS, CacheFill, EngineFit, Fitted, ReuseFetchFit, for_bundle  # noqa: F401
 
 E = 2  # bf16 bytes
 SCORE_BYTES = 2   # the engine's selection stores its pass-1 scores in fp16 (kernels/engine/fastselect.py)
 # the engine's ShadowKV reuse gather (kernels/gather.py gather_uva defaults, kernels/engine/engine.py reuse_launch)
 ENGINE_REUSE_PROGRAMS, ENGINE_REUSE_IN_FLIGHT = 32, 2
-
-# The decode-step engine's kernels by category (kernels/engine/breakdown.py), each priced as a dot product of
-# a parameter vector with the op's feature vector (per layer, or the LM head); the parameters' names and units:
-ENGINE_TERMS = {
-    "gemm": ("s_per_weight_byte", "s_per_weight_byte_per_row"),
-    "selection": ("fixed_s", "per_query_token_s", "s_per_landmark_byte", "s_per_code_byte", "s_per_candidate",
-                  "s_per_row_chunk"),
-    "attention": ("fixed_s", "s_per_kv_byte"),
-    "rebuild": ("fixed_s", "s_per_byte"),
-    "glue": ("fixed_s", "s_per_activation_byte", "s_per_resident_byte"),
-}
-
 
 def _interp(xs: list[float], ys: list[float], x: float) -> float:
     """Piecewise-linear interpolation, clamped at both ends."""
@@ -96,181 +85,25 @@ class LinkRates:
     method: str              # uva_gather | cpu_gather | copy_engine
 
 
-@dataclass(frozen=True)
-class ReuseFetchFit:
-    """The engine's ShadowKV fetch of one layer (kernels/engine/engine.py reuse_fetch), fitted to the
-    bundle's `reuse_fetch` records of one gather shape (chunk size, programs, chunks in flight):
-
-        fetch = fixed_s + 2 x slots x chunk_bytes / copy_Bps + rounds x (hit_s (1 - p) + miss_s p + mix_s p (1 - p))
-
-    rounds = ceil(slots / (programs x in_flight)), p = the layer's miss share (chunks read from the host
-    / slots). copy_Bps: the copy of the previous selection into the spare, read + write counted, from
-    the records' copy_ms (least squares, its intercept left to fixed_s); the other four by least squares
-    on fetch_ms minus that copy, relative (each record weighted by 1 / fetch_ms). fixed_s: the reuse
-    plan (53-68 us measured alone) and the other fixed parts; mix_s: a round that holds both a hit and a
-    miss waits for the miss (p (1 - p) is the share of such rounds, up to a constant)."""
-    fixed_s: float
-    copy_Bps: float
-    hit_s: float
-    miss_s: float
-    mix_s: float
-    records: int
-    rel_residuals: tuple      # (context, batch, miss_rate, fitted / measured - 1) per record
-    source: str = ""
-
-    @property
-    def max_rel_residual(self) -> float:
-        return max(abs(r[-1]) for r in self.rel_residuals)
-
-    def fetch_s(self, slots: int, chunk_bytes: int, rounds: int, p: float) -> float:
-        return (self.fixed_s + 2 * slots * chunk_bytes / self.copy_Bps
-                + rounds * (self.hit_s * (1 - p) + self.miss_s * p + self.mix_s * p * (1 - p)))
-
-    def describe(self) -> str:
-        worst = max(self.rel_residuals, key=lambda r: abs(r[-1]))
-        return (f"fetch = {self.fixed_s * 1e6:.1f} us + 2 x slots x chunk / {self.copy_Bps / 1e9:.0f} GB/s + rounds x"
-                f" ({self.hit_s * 1e6:.3f} (1 - p) + {self.miss_s * 1e6:.3f} p + {self.mix_s * 1e6:.3f} p (1 - p)) us,"
-                f" p = miss share; {self.records} records{', ' + self.source if self.source else ''}; max |relative"
-                f" residual| {self.max_rel_residual:.1%} ({worst[0] // 1024}K batch {worst[1]}, miss {worst[2]:g})")
-
-
-def fit_reuse_fetch(rows: list[dict], source: str = "") -> ReuseFetchFit | None:
-    """ReuseFetchFit of reuse_fetch records of one gather shape; None where they do not determine it
-    (fewer than two slot counts or three miss shares)."""
-    slots = np.array([float(r["slots"]) for r in rows])
-    if len(set(slots)) < 2 or len({r["miss_chunks"] / r["slots"] for r in rows}) < 3:
-        return None
-    cb, prog, items = (int(rows[0][k]) for k in ("chunk_bytes", "programs", "items"))
-    p = np.array([r["miss_chunks"] / r["slots"] for r in rows])
-    rounds = np.ceil(slots / (prog * items))
-    fetch = np.array([r["fetch_ms"] / 1e3 for r in rows])
-    copy = np.array([r["copy_ms"] / 1e3 for r in rows])
-    nbytes = 2 * slots * cb
-    _, per_byte = np.linalg.lstsq(np.c_[np.ones_like(nbytes), nbytes], copy, rcond=None)[0]
-    x = np.c_[np.ones_like(p), rounds * (1 - p), rounds * p, rounds * p * (1 - p)]
-    k = np.linalg.lstsq(x / fetch[:, None], (fetch - nbytes * per_byte) / fetch, rcond=None)[0]
-    rel = (x @ k + nbytes * per_byte) / fetch - 1
-    res = tuple((int(r["context"]), int(r["batch"]), float(r["miss_rate"]), float(e)) for r, e in zip(rows, rel))
-    return ReuseFetchFit(float(k[0]), float(1 / per_byte), float(k[1]), float(k[2]), float(k[3]), len(rows), res,
-                         source)
-
-
-@dataclass(frozen=True)
-class EngineFit:
-    """The decode step's compute as the engine's kernels take it, per category (ENGINE_TERMS), fitted to
-    the engine's kernel breakdown (compute-only CUDA-graph steps of Llama-3-8B, kernels/engine/breakdown.py):
-
-      gemm       t = W x (a + b x M)                  W weight bytes of the GEMM, M its rows (tokens)
-      selection  t = f + g q + landmark bytes x c_l + code bytes x c_q + candidates x c_t + N x c_n
-                 (landmarks: pass 1 reads b Hk N d and writes fp16 scores b Hq q N; SpeCache: the 2-bit codes
-                 with their scales and zeros; top-k over b q Hk N chunk candidates, and a row's walk over its
-                 N chunks, which bounds it at small batch; q query tokens per request, N = S / chunk)
-      attention  t = f + K/V bytes attended x c
-      rebuild    t = f + (U rows + SV + rebuilt K) bytes x c      (ShadowKV's low-rank keys)
-      glue       t = f + rows x hidden bytes x c_a + resident rows copied x c_r
-                 (norms, RoPE, SwiGLU, residual adds; assembling the attended buffer from the resident window)
-
-    per layer (the LM head: one GEMM). The parameters by least squares on the measured times, relative
-    (each weighted by 1 / itself), none negative: the breakdown's categories and, `joint`, the bundle's
-    engine section's whole steps (CostModel.fit_engine_terms). `quant`: the (bits, group) SpeCache's
-    scan was measured at. The points run the engine's Workload (the core defaults)."""
-    theta: dict               # category -> tuple of parameters (ENGINE_TERMS order)
-    residuals: tuple          # (point label, category, fitted / measured - 1)
-    step_residuals: tuple     # (point label, fitted step / measured step - 1): the breakdown's steps
-    floor_residuals: tuple    # the same against the bundle's engine section (whole compute-only steps)
-    points: int
-    quant: tuple
-    source: str = ""
-    joint: bool = False       # the engine section's steps were fitted too (else only checked)
-
-    @property
-    def parameters(self) -> int:
-        return sum(len(v) for v in self.theta.values())
-
-    def max_residual(self, which: str = "residuals") -> tuple:
-        rs = getattr(self, which)
-        return max(rs, key=lambda r: abs(r[-1])) if rs else ("", 0.0)
-
-    def describe(self) -> str:
-        t = self.theta
-        g, sl, a, r, gl = t["gemm"], t["selection"], t["attention"], t["rebuild"], t["glue"]
-
-        def rate(x):
-            return f"{1 / x / 1e9:.0f} GB/s" if x > 0 else "free"
-        cat = self.max_residual()
-        step = self.max_residual("step_residuals")
-        both = f" and the {len(self.floor_residuals)} whole steps of the bundle's engine section" if self.joint else ""
-        out = (f"decode compute RECONCILED with the engine: {self.parameters} terms fitted to the kernel times by"
-               f" category of {self.points} compute-only CUDA-graph engine steps"
-               f"{' (' + self.source + ')' if self.source else ''}{both}:"
-               f" GEMM weights at {rate(g[0])}, {g[1] / g[0] if g[0] else 0:.2%} more per row; selection"
-               f" {sl[0] * 1e6:.1f} us + {sl[1] * 1e6:.1f} us per query token + landmarks at {rate(sl[2])}, 2-bit codes"
-               f" at {rate(sl[3])}, {sl[4] * 1e12:.1f} ps per top-k candidate, {sl[5] * 1e9:.2f} ns per chunk of a row;"
-               f" attention {a[0] * 1e6:.1f} us + K/V at"
-               f" {rate(a[1])}; key rebuild {r[0] * 1e6:.1f} us + {rate(r[1])}; glue {gl[0] * 1e6:.1f} us +"
-               f" activations at {rate(gl[1])} + resident rows at {rate(gl[2])} (per layer); max |residual| by"
-               f" category {abs(cat[-1]):.1%} ({cat[0]} {cat[1]}), whole steps {abs(step[-1]):.1%} ({step[0]})")
-        if self.floor_residuals:
-            fl = self.max_residual("floor_residuals")
-            med = sorted(abs(x[-1]) for x in self.floor_residuals)[len(self.floor_residuals) // 2]
-            out += (f"; {'' if self.joint else 'unfitted check: '}the engine section's steps: median |residual|"
-                    f" {med:.1%}, max {abs(fl[-1]):.1%} ({fl[0]})")
-        return out + "; every sparse design costed with the engine's kernels, whatever its `kernels` switch"
-
-
-def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares x k = y with k >= 0: columns whose coefficient comes out negative are dropped (set
-    to 0) one at a time and the rest re-solved (an active set; the categories have 2-5 terms)."""
-    keep = [j for j in range(x.shape[1]) if np.any(x[:, j])]
-    k = np.zeros(x.shape[1])
-    while keep:
-        sol = np.linalg.lstsq(x[:, keep], y, rcond=None)[0]
-        if (sol >= 0).all():
-            k[keep] = sol
-            break
-        keep.pop(int(np.argmin(sol)))
-    return k
-
-
-_ENGINE_FITS: dict = {}
-
-
-def engine_fit_of(bundle: Bundle) -> EngineFit | None:
-    """The EngineFit of a bundle with an engine breakdown (None without one), cached per bundle folder
-    and breakdown file (fitting prices each breakdown point once per term)."""
-    bd = getattr(bundle, "breakdown", None)
-    if not bd:
-        return None
-
-    def stamp(path):
-        try:
-            return os.path.realpath(path), os.path.getmtime(path)
-        except OSError:
-            return path, None
-    key = (stamp(bd["path"]), stamp(os.path.join(bundle.path, "engine.csv")), bundle.path,
-           len(bundle.rows.get("engine", [])))
-    if key not in _ENGINE_FITS:
-        from ddbench.core.calibration import ENGINE_MODEL
-        from ddbench.core.catalog.links import get_link
-        from ddbench.core.catalog.models import get_model
-        fitter = CostModel(get_model(ENGINE_MODEL), get_gpu(bundle.gpu), get_link("pcie5"), bundle, reconcile=False)
-        _ENGINE_FITS[key] = fitter.fit_engine_terms(bd)
-    return _ENGINE_FITS[key]
-
-
 class CostModel:
     def __init__(self, model: ModelSpec, gpu: GPUSpec, link: LinkSpec, bundle: Bundle | None = None,
-                 reconcile: bool = True):
-        """reconcile: fit the decode compute to the bundle's engine breakdown where it has one (False:
-        the microbenchmark op model; the fit itself prices with it)."""
+                 reconcile: bool = True, fitted: Fitted | None = None):
+        """fitted: the fitted parameters to price with (sim/fitted.py); None: the bundle's own, found by
+        sim.fitted.for_bundle (none without a bundle). reconcile: price the decode compute with the
+        fitted engine terms where there are some (False: the microbenchmark op model; ShadowKV's fetch
+        and the cache fill still come from `fitted`)."""
         self.model, self.gpu, self.link, self.bundle = model, gpu, link, bundle
         self.notes: list[str] = []
         self._cache: dict = {}
         self.quant_scan_groups: list[int] = []   # quant groups of the bundle's triton_quant_scan rows
-        self.engine: EngineFit | None = None     # the reconciled decode compute (engine_fit_of), or None
-        self._theta: dict | None = None          # its parameters; unit vectors while fitting
-        self._fitting = False
-        self.cache_fill: dict | None = None      # dualdecoder-cache's fill (sim/cachefill.py), or None
+        self.engine: EngineFit | None = None     # the reconciled decode compute (fitted.engine), or None
+        self._theta: dict | None = None          # its parameters (set_engine_terms)
+        self._raw = False                        # price the engine terms unscaled (the fit's features)
+        self.cache_fill: CacheFill | None = None     # dualdecoder-cache's fill, or None
+        self.reuse_fits: dict = {}                   # (chunk_bytes, programs, in_flight) -> ReuseFetchFit
+        if fitted is None:
+            fitted = for_bundle(bundle) if bundle is not None else Fitted(why="no calibration bundle")
+        self.fitted = fitted
         if bundle is None:
             self.source_gpu = gpu
             self.peak_flops = gpu.bf16_tflops * 1e12
@@ -292,105 +125,33 @@ class CostModel:
                     f" the catalog's roofline ratio (HBM {gpu.hbm_gbps:.0f} vs {self.source_gpu.hbm_gbps:.0f} GB/s,"
                     f" bf16 {gpu.bf16_tflops:.0f} vs {self.source_gpu.bf16_tflops:.0f} TFLOP/s)")
             self._build_tables(bundle)
-            from sim import cachefill
-            self.cache_fill = cachefill.load(bundle.path)
-            fit = engine_fit_of(bundle) if reconcile else None
+            self.reuse_fits = dict(fitted.reuse)
+            self.cache_fill = fitted.cache_fill
+            fit = fitted.engine if reconcile else None
             if fit is not None:
-                self.engine, self._theta = fit, {k: np.array(v) for k, v in fit.theta.items()}
-                self.notes.append(fit.describe())
+                self.set_engine_terms(fit.theta)
+                self.engine = fit
+                self.notes.append(fit.describe() + f"; fitted once by `{COMMAND}` into {fitted.shown}")
             else:
-                why = "the bundle has no engine kernel breakdown (breakdown.json)" if reconcile else "not asked"
+                why = ("not asked" if not reconcile else
+                       "the bundle has no engine kernel breakdown (breakdown.json)" if not bundle.breakdown else
+                       f"no fitted engine terms for this bundle: {fitted.why}; `{COMMAND}` fits them")
                 self.notes.append(f"NOT RECONCILED with the engine ({why}): decode compute from the bundle's"
                                   " microbenchmarks (linear layers timed as eager calls, kernels as graph replays),"
                                   " which were not validated against the engine")
+
+    def set_engine_terms(self, theta: dict | None, raw: bool = False) -> None:
+        """Price the decode compute with these engine terms (category -> parameters, ENGINE_TERMS order),
+        or with the microbenchmarks (None). raw: unscaled whatever the GPU (sim/fit/engine.py prices
+        with unit terms to read each term's feature off a step)."""
+        self._theta = None if theta is None else {k: np.array(v, dtype=float) for k, v in theta.items()}
+        self._raw = raw
 
     # ------------------------------------------------------------------ the engine fit
     def _eng(self, category: str, x, flops: float, nbytes: float) -> float:
         """An op priced by the engine fit: its parameters . its features x, scaled to another GPU."""
         t = float(np.dot(self._theta[category], x))
-        return t if self._fitting else self._scale(t, flops, nbytes)
-
-    def fit_engine_terms(self, breakdown: dict, joint: bool = True) -> EngineFit:
-        """Fit ENGINE_TERMS to an engine breakdown (ddbench.core.calibration.load_breakdown) of this cost
-        model's model (the engine's) and, with `joint`, to the whole compute-only steps of the bundle's
-        engine section (its floor phase: every design at more contexts and batches than the breakdown
-        profiled; they fix the terms a breakdown's few shapes cannot separate). Each point is priced by
-        sim/steplayers.step_layers, the code every command runs, once per term with that term alone set
-        to 1: its compute is then the term's feature summed over the step, so the fit and the pricing
-        cannot disagree on what a step runs. One least-squares problem, relative (each measured time
-        weighted by 1 / itself), no term negative: a row per (breakdown point, category) and a row per
-        engine-section step. The design of a point is the registry's by name ('dualdecoder-single':
-        DualDecoder with one query token)."""
-        from dataclasses import replace as _replace
-        from ddbench.core.designs import get_design
-        from ddbench.core.memory import Workload
-        from sim.steplayers import step_layers
-
-        def design_of(name):
-            single = name.endswith("-single")
-            try:
-                d = get_design(name[:-len("-single")] if single else name)
-            except Exception:
-                return None         # a design this registry does not know
-            return _replace(d, name=name, tokens_per_step=1) if single else d
-
-        pts = [(f"{p['design']} {p['context'] // 1024}K b{p['batch']}", design_of(p["design"]), p["context"],
-                p["batch"], p) for p in breakdown["points"]]
-        pts = [x for x in pts if x[1] is not None]
-        if not pts:
-            raise DDBenchError(f"{breakdown['path']}: no point of a known design")
-        steps = []
-        for (system, ctx), (bs, ts) in sorted(getattr(self, "engine_tab", {}).items()):
-            if design_of(system) is not None:
-                steps += [(f"{system} {ctx // 1024}K b{b}", design_of(system), ctx, b, t) for b, t in zip(bs, ts)]
-        cats = list(ENGINE_TERMS)
-        offs = np.cumsum([0] + [len(ENGINE_TERMS[c]) for c in cats])
-        n_par = int(offs[-1])
-        # features: per point and category, the step's sum of each term's feature (unit parameters)
-        everything = pts + steps
-        feats = np.zeros((len(everything), len(cats), n_par))
-        self._fitting = True
-        try:
-            for ci, c in enumerate(cats):
-                for j in range(len(ENGINE_TERMS[c])):
-                    self._theta = {k: np.zeros(len(v)) for k, v in ENGINE_TERMS.items()}
-                    self._theta[c][j] = 1.0
-                    for n, (_, design, ctx, b, _) in enumerate(everything):
-                        feats[n, ci, offs[ci] + j] = self._step_compute(step_layers, design, ctx, b)
-        finally:
-            self._fitting = False
-        rows, ys, labels = [], [], []
-        for n, (label, _, _, _, p) in enumerate(pts):
-            for ci, c in enumerate(cats):
-                y = p["categories"].get(c, {}).get("ms", 0.0) / 1e3
-                if y > 0 and feats[n, ci].any():
-                    rows.append(feats[n, ci] / y)
-                    labels.append((n, ci, y))
-        if joint:
-            for n, (_, _, _, _, t) in enumerate(steps, start=len(pts)):
-                rows.append(feats[n].sum(0) / t)
-        k = _nonneg_lstsq(np.array(rows), np.ones(len(rows)))
-        theta = {c: tuple(float(v) for v in k[offs[ci]:offs[ci + 1]]) for ci, c in enumerate(cats)}
-        res = [(pts[n][0], cats[ci], float(feats[n, ci] @ k / y - 1)) for n, ci, y in labels]
-        step_res = [(label, float(feats[n].sum(0) @ k / (sum(v["ms"] for v in p["categories"].values()) / 1e3) - 1))
-                    for n, (label, _, _, _, p) in enumerate(pts)]
-        floor = [(label, float(feats[n].sum(0) @ k / t - 1))
-                 for n, (label, _, _, _, t) in enumerate(steps, start=len(pts))]
-        src = breakdown.get("provenance", {})
-        from ddbench.core.calibration import shown_path
-        source = f"{shown_path(breakdown['path'])}, git {src.get('git_sha')} {src.get('date_utc')}"
-        return EngineFit(theta, tuple(res), tuple(step_res), tuple(floor), len(pts),
-                         (2, Workload(context=1).quant_group), source, bool(joint and steps))
-
-    def _step_compute(self, step_layers, design, context: int, batch: int) -> float:
-        from ddbench.core.memory import Workload
-        w = Workload(context=context, batch=batch)
-        one = [1.0] * self.model.num_layers
-        cache = None
-        if design.chunk_cache:       # compute only: the rates move bytes, not compute
-            from ddbench.core.cacherates import forced
-            cache = forced(0.0, 0.0, self.model.num_layers, "compute only")
-        return step_layers(design, self.model, self, w, batch, context, one, one, cache=cache).compute_s
+        return t if self._raw else self._scale(t, flops, nbytes)
 
     # ------------------------------------------------------------------ tables
     def _build_tables(self, b: Bundle) -> None:
@@ -415,10 +176,6 @@ class CostModel:
             groups.setdefault(key + (None,), []).append((x, r["latency_ms"] / 1e3))
         # the decode-step engine's measured compute-only step (bundle section `engine`)
         self.set_engine_rows(b.rows.get("engine", []))
-        # the engine's ShadowKV fetch, measured alone (bundle section `reuse_fetch`; older bundles lack it)
-        src = b.meta.get("sections", {}).get("reuse_fetch", {}).get("source", {}) or {}
-        self.set_reuse_fetch_rows(b.rows.get("reuse_fetch", []),
-                                  f"engine sweep git {src.get('git_sha')} {src.get('date_utc')}" if src else "")
         for key, pts in groups.items():
             if key[0] == "sdpa_prefill":
                 rates = sorted(x / y for x, y in pts)
@@ -471,20 +228,6 @@ class CostModel:
             for key, pts in eng.items():
                 bs = sorted(pts)
                 tab[key] = (bs, [pts[x] for x in bs])
-
-    def set_reuse_fetch_rows(self, rows: list[dict], source: str = "") -> None:
-        """(Re)fit the engine's reuse fetch (ReuseFetchFit) per gather shape (chunk_bytes, programs,
-        items) from reuse_fetch records (the bundle's section; any design and model: the fetch's cost
-        is a function of its slots, chunk size and miss share)."""
-        groups: dict = {}
-        for r in rows:
-            groups.setdefault((int(r["chunk_bytes"]), int(r["programs"]), int(r["items"])), []).append(r)
-        self.reuse_fits: dict = {}
-        self.reuse_rows = len(rows)
-        for key, rs in groups.items():
-            fit = fit_reuse_fetch(rs, source)
-            if fit is not None:
-                self.reuse_fits[key] = fit
 
     def engine_harness_s(self, system: str, batch: int, context: int, clamp: bool = False) -> float | None:
         """The sweep harness's per-step cost of forcing misses (the forced-miss draw; not a design cost):
@@ -545,17 +288,15 @@ class CostModel:
         return self._eng("glue", (0.0, 0.0, nbytes), 0.0, nbytes)
 
     def cache_fill_s(self, batch: int, slots: int) -> float:
-        """One chunk-cache fill of one layer (sim/cachefill.py: lookup, LRU eviction, miss plan), FITTED
-        to the engine where the bundle has cache_fill.json; else 0, and the notes say NOT MEASURED."""
-        from sim import cachefill
+        """One chunk-cache fill of one layer (lookup, LRU eviction, miss plan: sim/fitted.py CacheFill),
+        FITTED to the engine where the fitted parameters have it; else 0, and the notes say NOT MEASURED."""
         if self.cache_fill is None:
-            self._note("cache fill NOT MEASURED (no cache_fill.json in the bundle): dualdecoder-cache's"
-                       " lookup and eviction are priced at 0")
+            self._note(f"cache fill NOT MEASURED (no fitted cache fill for this bundle: {self.fitted.why or self.fitted.shown + ' has none'}):"
+                       " dualdecoder-cache's lookup and eviction are priced at 0")
             return 0.0
-        if "source" in self.cache_fill:
-            self._note(cachefill.describe(self.cache_fill) + ("; measured on the bundle's GPU, not scaled"
-                                                              if self.scaled else ""))
-        return cachefill.fill_s(self.cache_fill, batch, slots)
+        if self.cache_fill.source is not None:
+            self._note(self.cache_fill.describe() + ("; measured on the bundle's GPU, not scaled" if self.scaled else ""))
+        return self.cache_fill.fill_s(batch, slots)
 
     def linear_s(self, k: int, n: int, m: int) -> float:
         key = ("lin", k, n, m)
@@ -721,9 +462,9 @@ class CostModel:
 
     def reuse_fetch_model(self, chunk_bytes: int, programs: int = 32, in_flight: int = 2) -> str:
         """Which model reuse_fetch_s uses at this gather shape: 'fitted' (the bundle's reuse_fetch
-        records, ReuseFetchFit) or 'bundle-derived' (no records at this shape: older bundles; from
-        link.csv and ceilings.csv, see reuse_fetch_s)."""
-        return "fitted" if (chunk_bytes, programs, in_flight) in getattr(self, "reuse_fits", {}) else "bundle-derived"
+        records, ReuseFetchFit in the fitted parameters) or 'bundle-derived' (none at this shape: older
+        bundles; from link.csv and ceilings.csv, see reuse_fetch_s)."""
+        return "fitted" if (chunk_bytes, programs, in_flight) in self.reuse_fits else "bundle-derived"
 
     def reuse_fetch_s(self, slots: int, chunk_bytes: int, programs: int = 32, in_flight: int = 2,
                       miss_share: float | None = None) -> float:
@@ -737,7 +478,7 @@ class CostModel:
         bundles without the records; the documented behaviour for them, and the notes say so): the copy at
         the measured HBM copy rate (ceilings.csv, read + write counted), the gather's fixed cost (h2d_t0_s)
         and its latency-bound walk (gather_walk_s), whatever the miss share; no reuse plan."""
-        fit = getattr(self, "reuse_fits", {}).get((chunk_bytes, programs, in_flight))
+        fit = self.reuse_fits.get((chunk_bytes, programs, in_flight))
         if fit is not None:
             if miss_share is None:
                 raise ValueError("the fitted reuse fetch needs the layer's miss share")
@@ -745,11 +486,13 @@ class CostModel:
                        f" FITTED to the bundle's reuse_fetch records at {chunk_bytes} B chunks, {programs} programs"
                        f" x {in_flight}: {fit.describe()}")
             return fit.fetch_s(slots, chunk_bytes, math.ceil(slots / (programs * in_flight)), miss_share)
-        have = sorted(getattr(self, "reuse_fits", {}))
+        have = sorted(self.reuse_fits)
+        recs = len(self.bundle.rows.get("reuse_fetch", [])) if self.bundle is not None else 0
+        why = ("records at " + str(have) if have else f"the bundle's {recs} records are not fitted: {self.fitted.why}"
+               if recs else "no such section: an older bundle")
         self._note(f"ShadowKV's fetch as the engine runs it (on the compute stream, the key rebuild after it)"
-                   f" BUNDLE-DERIVED, not measured: the bundle has no reuse_fetch records at {chunk_bytes} B chunks,"
-                   f" {programs} programs x {in_flight}"
-                   f" ({'records at ' + str(have) if have else 'no such section: an older bundle'}); copy at the HBM"
+                   f" BUNDLE-DERIVED, not measured: no fitted reuse_fetch records at {chunk_bytes} B chunks,"
+                   f" {programs} programs x {in_flight} ({why}); copy at the HBM"
                    " copy rate + the gather's fixed cost + ceil(slots / (programs x in flight)) rounds of the 32-block"
                    " gather's round trip (link.csv)")
         copy_bytes = slots * chunk_bytes

@@ -1,24 +1,33 @@
-"""dualdecoder-cache's fill term (sim/cachefill.py): the committed fit is what its sweep gives, the cost
-model prices it and says so, and a sweep without enough points is one clear error."""
-
-import json
+"""dualdecoder-cache's fill term (sim/fit/cachefill.py, priced from sim/fitted.py): the committed fit is what
+its sweep gives, the cost model prices it and says so, and a sweep without enough points is one clear error."""
 
 import pytest
 
-from ddbench.core.calibration import find_bundle
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from sim import cachefill
+from sim.costmodel import CostModel
+from sim.fit import cachefill
+from sim.fit.fitfile import main as fit_main
+from sim.fitted import CACHE_FILL_TERMS, Fitted, fitted_path, load
 from sim.setup import cost_model
+
+SWEEP = str(traces_dir("engine", cachefill.DEFAULT_SWEEP))
+
+
+def _fitting_cm():
+    """The cost model the fill is fitted on: the committed engine and reuse terms, no fill."""
+    cm = cost_model("llama-3-8b", "h200")
+    f = load(fitted_path("h200"))
+    return CostModel(cm.model, cm.gpu, cm.link, cm.bundle, fitted=Fitted(f.engine, f.reuse))
 
 
 def test_committed_fit_is_the_sweeps():
-    with open(f"{find_bundle('h200')}/{cachefill.FILE}", encoding="utf-8") as fh:
-        committed = json.load(fh)
-    again = cachefill.fit(str(traces_dir("engine", cachefill.DEFAULT_SWEEP)), committed["context"])
-    for t in cachefill.TERMS:
-        assert again["theta"][t] == pytest.approx(committed["theta"][t], rel=1e-6, abs=1e-12)
-    assert again["points"] == committed["points"] >= len(cachefill.TERMS) + 1
+    committed = load(fitted_path("h200")).cache_fill
+    again = cachefill.fit(SWEEP, _fitting_cm(), committed.context)
+    for t in CACHE_FILL_TERMS:
+        assert again.theta[t] == pytest.approx(committed.theta[t], rel=1e-6, abs=1e-12)
+    assert again.points == committed.points >= len(CACHE_FILL_TERMS) + 1
+    assert again.residuals_us == committed.residuals_us
 
 
 def test_cost_model_prices_the_fill_and_names_it():
@@ -33,10 +42,10 @@ def test_cost_model_prices_the_fill_and_names_it():
 
 def test_too_few_points_is_an_error():
     with pytest.raises(DDBenchError, match="overlap regime"):
-        cachefill.fit(str(traces_dir("engine", cachefill.DEFAULT_SWEEP)), 1024)
+        cachefill.fit(SWEEP, _fitting_cm(), 1024)
 
 
 def test_cli_bad_context_exits_2(capsys, tmp_path):
-    assert cachefill.main(["--context", "1k", "--out", str(tmp_path / "f.json")]) == 2
+    assert fit_main(["--context", "1k", "--out", str(tmp_path / "f")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
-    assert not (tmp_path / "f.json").exists()
+    assert not (tmp_path / "f").exists()

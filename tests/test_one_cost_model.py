@@ -22,7 +22,7 @@ from ddbench.core.calibration import find_breakdown, load_breakdown, load_bundle
 from ddbench.core.catalog import get_gpu, get_link, get_model
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from sim import validate as v
+from sim.fit import validation as v
 from sim.costmodel import ENGINE_TERMS, CostModel
 from sim.setup import cost_model
 

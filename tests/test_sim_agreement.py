@@ -96,7 +96,7 @@ def test_agree_on_the_engine_reuse_fetch(batch):
     """sim/validate.py's ShadowKV replay (the engine's fetch on the compute stream, before the key
     rebuild: plan.ur_min_s with plan.ur_serial) is charged the same by both modes."""
     from dataclasses import replace
-    from sim import validate as v
+    from sim.fit import validation as v
     cm = cost_model("llama-3-8b", "h200", "pcie5")
     plan = v.replay_plan("shadowkv", 32768, batch, v.effective_miss(0.25, 2048, 8), True, cm)
     plan = replace(plan, ur_min_s=v.reuse_fetch(plan, cm, batch), ur_serial=True)

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from sim import validate as v
+from sim.fit import validation as v
 from sim.aggregate import aggregate_step
 from sim.timeline import run_timeline
 

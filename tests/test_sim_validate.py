@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 
 from ddbench.core.paths import traces_dir
-from sim import validate as v
+from sim import validate as cli
+from sim.fit import validation as v
 from sim.resources import FluidGroup, FluidServer
 from sim.setup import cost_model
 from sim.aggregate import aggregate_step
@@ -77,7 +78,8 @@ def test_reuse_walk_hand_computed():
 
 def _without_reuse_records(cm):
     """The cost model as an older bundle (no reuse_fetch section) builds it."""
-    cm.set_reuse_fetch_rows([])
+    cm.reuse_fits = {}
+    cm.bundle.rows["reuse_fetch"] = []
     return cm
 
 
@@ -179,9 +181,11 @@ def test_replay_without_reuse_records_says_bundle_derived(tmp_path, monkeypatch)
     cm = _without_reuse_records(orig("llama-3-8b", "h200", "pcie5"))
     r = sk.iloc[0]
     assert r.reuse_fetch_ms == pytest.approx(32 * cm.reuse_fetch_s(int(r.batch) * 8 * 256, 2048) / MS, rel=1e-9)
-    out = str(tmp_path / "val" / "h200-engine.csv")
-    js = v.write(t, s, notes, out)
-    assert "BUNDLE-DERIVED" in open(v.write_readme([(s, out, js)], out)).read()
+    from ddbench.core.outputs import output_folder
+    with output_folder(str(tmp_path / "val"), command=cli.COMMAND) as w:
+        js = cli.write(w, t, s, notes, "h200-engine.csv")
+        readme = cli.write_readme(w, [(s, "h200-engine.csv", js)])
+    assert "BUNDLE-DERIVED" in (tmp_path / "val" / readme).read_text()
 
 
 @pytest.mark.parametrize("batch", [2, 16])
@@ -252,13 +256,13 @@ def test_same_run_is_refused_in_one_line(tmp_path, capsys):
     a = _sweep(tmp_path, "a", keep=_few)
     b = _sweep(tmp_path, "b", keep=_few)                   # another folder, the same run (same provenance)
     out = str(tmp_path / "out" / "v.csv")
-    assert v.main(["--calibration-engine", a, "--engine", b, "--out", out]) == 2
+    assert cli.main(["--calibration-engine", a, "--engine", b, "--out", out]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "same engine run" in err and "--allow-same-run" in err
     assert not os.path.exists(out)
-    assert v.main(["--calibration-engine", a, "--engine", a, "--out", out]) == 2      # the same folder
+    assert cli.main(["--calibration-engine", a, "--engine", a, "--out", out]) == 2      # the same folder
     capsys.readouterr()
-    assert v.main(["--calibration-engine", a, "--engine", b, "--out", out, "--allow-same-run"]) == 0
+    assert cli.main(["--calibration-engine", a, "--engine", b, "--out", out, "--allow-same-run"]) == 0
     s = json.load(open(str(tmp_path / "out" / "v-summary.json")))
     assert s["sweeps"]["same_run"] is True and "SAME RUN" in s["calibration"]
     assert "same run as the calibration" in open(str(tmp_path / "out" / "README.md")).read()
@@ -272,7 +276,7 @@ def test_separate_run_is_validated_and_named(tmp_path):
         meta["provenance"]["date_utc"] = "2026-12-01T00:00:00Z"
     b = _sweep(tmp_path, "val", keep=_few, meta_change=other)
     out = str(tmp_path / "out" / "v.csv")
-    assert v.main(["--calibration-engine", a, "--engine", b, "--out", out]) == 0
+    assert cli.main(["--calibration-engine", a, "--engine", b, "--out", out]) == 0
     s = json.load(open(str(tmp_path / "out" / "v-summary.json")))
     assert s["sweeps"]["same_run"] is False
     assert s["sweeps"]["validated"]["run_id"] == "independent-run"
@@ -375,6 +379,6 @@ def test_nothing_to_replay_is_one_line(tmp_path, capsys):
     b = _sweep(tmp_path, "val", keep=_own,
                meta_change=lambda m: m.update(run_id="another-run"))
     out = str(tmp_path / "out" / "v.csv")
-    assert v.main(["--calibration-engine", a, "--engine", b, "--out", out]) == 2
+    assert cli.main(["--calibration-engine", a, "--engine", b, "--out", out]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no engine point to replay" in err and not os.path.exists(out)

@@ -483,7 +483,7 @@ def _draw_fig18(res: FigureResult, fig) -> None:
 
 def _engine_fifo_note() -> str:
     """The decode-step engine's FIFO / priority (H200) against the simulator replaying the same points."""
-    from sim import validate as v
+    from sim.fit import validation as v
     try:
         t, _, _, _ = v.validate()
     except Exception as e:  # noqa: BLE001  (the figure stands without the engine traces)

@@ -31,7 +31,7 @@ def _draw(res: FigureResult, fig) -> None:
 @register("validation", "Simulated against measured decode step time, every H200 engine point (no paper figure)",
           _draw)
 def validation() -> FigureResult:
-    from sim import validate as v
+    from sim.fit import validation as v
     t, skipped, meta, _ = v.validate()
     s = v.summarize(t, skipped, meta)
     errs = "; ".join(f"{k}: median |error| {x['median_abs_error']:.1%} ({x['points']} points)"
@@ -97,7 +97,7 @@ def timeline() -> FigureResult:
     from ddbench.core import defaults as D
     from ddbench.core.paths import traces_dir
     from ddbench.experiments.scene import scene
-    from sim import validate as v
+    from sim.fit import validation as v
     from sim.timeline import run_timeline
     path = str(traces_dir("engine", v.GPU, "timeline.json"))
     with open(path, encoding="utf-8") as fh:

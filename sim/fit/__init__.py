@@ -1,0 +1,12 @@
+"""Fit once, price many: the offline fits of the cost model's terms and the validation against the engine.
+
+  replay.py      one engine point replayed through the user's pricing (shared by the fits and validation)
+  enginefit.py   the decode compute reconciled with the engine's kernel breakdown (EngineFit)
+  reusefit.py    ShadowKV's fetch, from the bundle's reuse_fetch records (ReuseFetchFit)
+  cachefill.py   dualdecoder-cache's fill, from the engine's chunk-cache sweep (CacheFill)
+  fitfile.py     `python -m sim.fit`: all three into one file, traces/fit/<gpu>/fitted.json
+  validation.py  the simulator against the engine's measured points (`python -m sim.validate`)
+
+Everything here stands on the pricing (sim/costmodel.py, sim/steplayers.py, sim/setup.py), never the
+other way round: the cost model loads the fitted file (sim/fitted.py) and imports nothing of sim/fit/.
+"""

@@ -1,0 +1,77 @@
+"""dualdecoder-cache's fill (sim/fitted.py CacheFill): the GPU chunk cache's lookup, LRU eviction and miss
+plan (kernels/engine/chunkcache.py ChunkCache.fill: about 30 small kernels and a sort over the slots),
+twice per layer and step (the prefetch fill and the urgent fill). The one cost of the design that the
+op-level terms of sim/costmodel.py do not price; the cost model adds it per layer (CostModel.cache_fill_s).
+
+    fill_s(batch, slots) = a + b * batch + c * batch * slots          (one fill of one layer, seconds)
+
+FITTED, by non-negative least squares, to the engine's measured steps of dualdecoder-cache at ONE
+context of a sweep (default 64K of traces/engine/h200-cache), at its points in the overlap regime (the
+link does not bind, so the step is compute plus exposed transfers, both priced): per point, the
+residual (engine step - simulated step without the fill) / (2 L). Two rounds: the second has the first
+fit in the plan, so that the fill's place among the transfers is priced too. The sweep's other
+contexts are held out: `python -m sim.validate` replays every point of it, and its summary says which
+were fitted. Run by `python -m sim.fit` (its --cache-sweep, --context), on the cost model with the
+engine and reuse-fetch terms fitted just before; imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ddbench.core.errors import DDBenchError
+from ddbench.core.memory import Workload
+from ddbench.core.traces import load_engine
+from sim.fit.enginefit import nonneg_lstsq
+from sim.fit.replay import (COMPLETED, MODEL, classify, effective_miss, load_meta, point_step_s, rel, replay_plan,
+                            row_cache, row_model)
+from sim.fitted import CACHE_FILL_DESIGN as DESIGN, CACHE_FILL_TERMS as TERMS, CacheFill, features
+
+DEFAULT_SWEEP, DEFAULT_CONTEXT = "h200-cache", 65536
+
+
+def points(engine_dir: str, context: int):
+    """The sweep's dualdecoder-cache rows at `context` that ran with transfers in the overlap regime."""
+    df = load_engine(os.path.join(engine_dir, "engine.csv"))
+    thin = float(load_meta(engine_dir)["thin_gather_gbps"])
+    return [r for r in df.itertuples() if r.design == DESIGN and r.status in COMPLETED and int(r.context) == context
+            and int(r.transfers) and int(getattr(r, "graph", 1))
+            and classify(1, r.link_gbps, thin) == "overlap" and row_model(r) == MODEL]
+
+
+def fit(engine_dir: str, cm, context: int = DEFAULT_CONTEXT) -> CacheFill:
+    """The fill fitted to a sweep's points at `context`, priced on the cost model `cm` (MODEL's; its
+    cache_fill is set while fitting and left as it was)."""
+    rows = points(engine_dir, context)
+    if len(rows) < len(TERMS) + 1:
+        raise DDBenchError(f"{engine_dir}: {len(rows)} {DESIGN} points in the overlap regime at {context}"
+                           f" tokens; the fill fit needs at least {len(TERMS) + 1}")
+    w0 = Workload(context=1)
+    L = cm.model.num_layers
+    x = np.array([features(int(r.batch), int(r.cache_tokens) // w0.chunk) for r in rows])
+    theta = np.zeros(len(TERMS))
+    before = cm.cache_fill
+    try:
+        for _ in range(2):
+            cm.cache_fill = CacheFill(dict(zip(TERMS, theta.tolist()))) if theta.any() else None
+            y = []
+            for r, xi in zip(rows, x):
+                cache, ct = row_cache(r, MODEL)
+                plan = replay_plan(DESIGN, int(r.context), int(r.batch), effective_miss(float(r.miss_rate), w0.budget,
+                                   w0.chunk), True, cm, MODEL, cache, ct)
+                step, _ = point_step_s(plan)
+                y.append((float(r.step_ms) * 1e-3 - step) / (2 * L) + float(xi @ theta))
+            y = np.array(y)
+            theta = nonneg_lstsq(x, y)
+    finally:
+        cm.cache_fill = before
+    res = y - x @ theta
+    meta = load_meta(engine_dir)
+    p = meta.get("provenance", {}) or {}
+    return CacheFill(dict(zip(TERMS, theta.tolist())), context, len(rows), float(np.abs(res).max() * 1e6),
+                     {f"b{int(r.batch)} {int(r.cache_tokens)} tokens rep {int(getattr(r, 'rep', 0))}":
+                      round(float(e) * 1e6, 2) for r, e in zip(rows, res)},
+                     {"folder": rel(engine_dir), "run_id": meta.get("run_id"), "git_sha": p.get("git_sha"),
+                      "date_utc": p.get("date_utc")}, MODEL, cm.bundle.gpu if cm.bundle is not None else "")

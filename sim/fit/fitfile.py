@@ -1,0 +1,152 @@
+"""The one fitted-parameters file of a calibration bundle: fit every term, record what it was fitted to,
+write it, and tell whether it is stale.
+
+    python -m sim.fit [--gpu h200] [--calibration ROOT] [--cache-sweep DIR|none] [--context 64k]
+                      [--out FOLDER] [--check]
+
+fits, in this order, on the bundle of --gpu (sim/fitted.py says what each term is):
+  1. the decode compute reconciled with the engine (sim/fit/enginefit.py), from the bundle's engine
+     section and the engine breakdown that belongs to it (ddbench.core.calibration.find_breakdown);
+  2. ShadowKV's reuse fetch per gather shape (sim/fit/reusefit.py), from the bundle's reuse_fetch records;
+  3. dualdecoder-cache's fill (sim/fit/cachefill.py), from the engine's chunk-cache sweep
+     (default <data root>/engine/<gpu>-cache where it exists), priced with 1 and 2;
+and writes FOLDER/fitted.json (default <calibration root>/../fit/<gpu>/: traces/fit/h200/fitted.json)
+through the output guard: the three fits with their residuals, the sha256 of every input file, and the
+command, git sha and date. --check fits nothing: it says whether the file's inputs are still the files
+it names (exit 0), or which changed (exit 1). The cost model only loads the file (sim/fitted.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+from ddbench.core.errors import DDBenchError
+from sim.fit import cachefill, enginefit, reusefit
+from sim.fit.replay import LINK, MODEL, rel
+from sim.fitted import (COMMAND, FILE, SCHEMA, Fitted, bundle_files, cache_fill_doc, engine_doc, fitted_path, load,
+                        reuse_doc, sha256)
+
+SWEEP_FILES = ("engine.csv", "meta.json")
+
+
+def _files(folder: str, names) -> dict:
+    return {n: sha256(os.path.join(folder, n)) for n in names if sha256(os.path.join(folder, n)) is not None}
+
+
+def inputs_of(bundle, cache_dir: str | None) -> dict:
+    """What a fit of `bundle` reads, each file with its sha256 (paths as outputs name them: traces/...)."""
+    bd = bundle.breakdown
+    return {"bundle": {"path": rel(bundle.path), "files": bundle_files(bundle.path)},
+            "breakdown": {"path": rel(bd["path"]), "sha256": sha256(bd["path"])} if bd else None,
+            "cache_sweep": {"path": rel(cache_dir), "files": _files(cache_dir, SWEEP_FILES)} if cache_dir else None}
+
+
+def default_cache_sweep(gpu: str) -> str | None:
+    from ddbench.core.paths import traces_dir
+    d = str(traces_dir("engine", f"{gpu}-cache"))
+    return d if os.path.exists(os.path.join(d, "engine.csv")) else None
+
+
+def fit_bundle(bundle, cache_dir: str | None, context: int = cachefill.DEFAULT_CONTEXT) -> Fitted:
+    """The three fits of a bundle (module doc), in memory."""
+    from ddbench.core.catalog import get_gpu, get_link, get_model
+    from sim.costmodel import CostModel
+    fitted = Fitted(enginefit.fit_bundle(bundle), reusefit.fit_bundle(bundle))
+    fill = None
+    if cache_dir is not None:
+        cm = CostModel(get_model(MODEL), get_gpu(bundle.gpu), get_link(LINK), bundle, fitted=fitted)
+        fill = cachefill.fit(cache_dir, cm, context)
+    return Fitted(fitted.engine, fitted.reuse, fill)
+
+
+def document(bundle, fitted: Fitted, cache_dir: str | None, command: str) -> dict:
+    """The fitted-parameters file's content (sim/fitted.py load reads it back)."""
+    from ddbench.core.provenance import git_sha, version
+    return {
+        "schema": SCHEMA, "gpu": bundle.gpu,
+        "about": "fitted once by `python -m sim.fit`; the cost model (sim/costmodel.py) loads it where the bundle's"
+                 " files are the inputs' (sha256); docs/simulator.md",
+        "provenance": {"command": command, "git_sha": git_sha(), "ddbench_version": version(),
+                       "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")},
+        "inputs": inputs_of(bundle, cache_dir),
+        "engine": engine_doc(fitted.engine) if fitted.engine else None,
+        "reuse_fetch": [reuse_doc(k, f) for k, f in sorted(fitted.reuse.items())],
+        "cache_fill": cache_fill_doc(fitted.cache_fill) if fitted.cache_fill else None,
+    }
+
+
+def stale(path: str) -> list[str]:
+    """The inputs of a fitted-parameters file that are no longer the files it was fitted to ([]: fresh)."""
+    from ddbench.core.paths import traces_dir
+    f = load(path)
+    base = str(traces_dir().parent)
+    out = []
+
+    def where(p):
+        return p if os.path.isabs(p) else os.path.join(base, p)
+    for role, x in f.inputs.items():
+        if not x:
+            continue
+        if "files" in x:
+            now = _files(where(x["path"]), x["files"])
+            out += [f"{x['path']}/{n}" for n, h in sorted(x["files"].items()) if now.get(n) != h]
+            if role == "bundle":
+                extra = sorted(set(bundle_files(where(x["path"]))) - set(x["files"]))
+                out += [f"{x['path']}/{n} (not fitted)" for n in extra]
+        elif sha256(where(x["path"])) != x.get("sha256"):
+            out.append(x["path"])
+    return out
+
+
+def main(argv=None) -> int:
+    from ddbench.core.calibration import find_bundle, load_bundle
+    from ddbench.core.outputs import output_folder
+    from ddbench.core.provenance import command_line
+    from ddbench.core.units import parse_tokens
+    ap = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpu", default="h200", help="the calibration bundle's GPU (default h200)")
+    ap.add_argument("--calibration", help="the calibration root holding <gpu>/ (default the data root's calibration/)")
+    ap.add_argument("--cache-sweep", help="the chunk-cache engine sweep the fill is fitted to (default the data root's"
+                                          " engine/<gpu>-cache where it exists; 'none': no fill term)")
+    ap.add_argument("--context", default="64k", help="the one context of that sweep whose points are fitted (64k)")
+    ap.add_argument("--out", help=f"the folder of {FILE} (default <calibration root>/../fit/<gpu>/)")
+    ap.add_argument("--force", action="store_true", help="write into a folder that holds other files (kept)")
+    ap.add_argument("--check", action="store_true", help="fit nothing: exit 1 where the file's inputs changed")
+    a = ap.parse_args(argv)
+    try:
+        path = find_bundle(a.gpu, a.calibration)
+        if path is None:
+            raise DDBenchError(f"no calibration bundle for {a.gpu} under {a.calibration or 'the data root'}")
+        out = a.out or os.path.dirname(fitted_path(a.gpu, os.path.dirname(os.path.dirname(os.path.abspath(path)))))
+        if a.check:
+            bad = stale(os.path.join(out, FILE))
+            for b in bad:
+                print(f"stale: {b} changed since {os.path.join(out, FILE)} was fitted", file=sys.stderr)
+            print("fresh" if not bad else f"{len(bad)} input(s) changed: rerun `{COMMAND}`")
+            return 1 if bad else 0
+        cache_dir = (None if a.cache_sweep == "none" else a.cache_sweep if a.cache_sweep
+                     else default_cache_sweep(a.gpu))
+        context = parse_tokens(a.context, "--context")
+        bundle = load_bundle(path)
+        with output_folder(out, command=COMMAND, own_ok=True, force=a.force) as w:
+            w.claim([FILE])
+            fitted = fit_bundle(bundle, cache_dir, context)
+            w.write_json(FILE, document(bundle, fitted, cache_dir, command_line(COMMAND, argv)))
+    except DDBenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in describe(fitted):
+        print(line)
+    print(f"wrote {os.path.join(out, FILE)}")
+    return 0
+
+
+def describe(f: Fitted) -> list[str]:
+    lines = [f.engine.describe() if f.engine else "decode compute: no engine breakdown for this bundle, not fitted"]
+    lines += [f"ShadowKV's fetch at {k[0]} B chunks, {k[1]} programs x {k[2]}: {x.describe()}"
+              for k, x in sorted(f.reuse.items())] or ["ShadowKV's fetch: no reuse_fetch records, not fitted"]
+    lines.append(f.cache_fill.describe() if f.cache_fill else "cache fill: no chunk-cache sweep, not fitted")
+    return lines
