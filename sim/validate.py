@@ -113,7 +113,7 @@ def write_readme(w, sections) -> str:
             elif k in summary["regimes"]:
                 lines.append(f"| {k} | 0 | | | |")
         if summary.get("cache_held_out"):
-            lines += ["", "dualdecoder-cache's fill term (sim/cachefill.py) was fitted to this run at one context"
+            lines += ["", "dualdecoder-cache's fill term (sim/fit/cachefill.py) was fitted to this run at one context"
                       f" (its points in the overlap regime); the {summary['cache_held_out']['fitted points']['points']}"
                       " points at that context are marked in column cache_fill_fitted, and the rows '(fill not"
                       " fitted here)' are the other contexts."]

@@ -195,7 +195,8 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     meta = dict(meta, sweeps={
         "calibration": dict(folder=rel(calibration_dir), **ci), "validated": dict(folder=rel(engine_dir), **vi),
         "same_run": bool(same), "same_code": ci["git_sha"] == vi["git_sha"],
-        "harness_measured": bool(cm.engine_forced_tab)}, held_out=bool(held_out), fitted_model=MODEL)
+        "harness_measured": bool(cm.engine_forced_tab)}, held_out=bool(held_out), fitted_model=MODEL,
+                fitted=cm.fitted.shown)
     fits = getattr(cm, "reuse_fits", {})
     meta["reuse_fetch_fits"] = {f"{k[0]} B chunks, {k[1]} programs x {k[2]}": dict(
         describe=f.describe(), fixed_us=f.fixed_s * 1e6, copy_gbps=f.copy_Bps / 1e9, hit_round_us=f.hit_s * 1e6,
@@ -407,8 +408,8 @@ def summarize(t, skipped, meta) -> dict:
         "sweeps": sw,
         "calibration": "one cost model, the user's: every point is priced by sim.steplayers.step_layers and the"
                        " timeline as `ddbench simulate --batch N` prices it; compute: the bundle's decode terms"
-                       " fitted to the engine's kernel breakdown and engine section (sim/costmodel.py EngineFit; the"
-                       " fit is in the cost-model notes), unscaled (compute_scale 1); link: the bundle's link and"
+                       " fitted to the engine's kernel breakdown and engine section (sim/fit/enginefit.py, fitted once"
+                       f" into {meta.get('fitted', 'the fitted-parameters file')}; the fit is in the cost-model notes), unscaled (compute_scale 1); link: the bundle's link and"
                        " interference sections (the gather's fixed cost per gather queued behind one of its stream);"
                        f" the harness term from the floor phase of {cal.get('folder')}. No replayed point is a"
                        " calibration point; " + ("the validated points come from the SAME RUN as the calibration"
