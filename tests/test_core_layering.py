@@ -3,8 +3,12 @@
     ddbench.core  <-  sim, kernels  <-  the rest of ddbench (CLI, experiments, planner, profiler)
 
 core imports nothing of the project outside itself; sim and kernels import only the core (and
-themselves); the component graph has no cycle, nor do the core's modules: every import counts,
-at the top of a file or inside a function, and `from pkg import mod` is an import of pkg.mod."""
+themselves); the component graph has no cycle, nor do the modules of the core, of sim/ or of
+kernels/. Every import counts, at the top of a file or inside a function, and `from pkg import mod`
+is an import of pkg.mod: a function-level (lazy) import is a dependency all the same, it only moves
+the failure to run time, and `farm-studio look` draws it as an arrow too, so a circle through one is a
+circle here. Inside sim/, the pricing (the cost model and everything it stands on) imports nothing
+that fits or validates (sim/fit/, sim/validate.py): fit once, price many."""
 
 import ast
 import graphlib
@@ -84,18 +88,54 @@ def test_layers_import_only_downwards():
     assert order.index("core") < order.index("sim") < order.index("cli")
 
 
+def module_graph(components=("core",)) -> dict:
+    """module -> the modules of the same components it imports (anywhere in the file)."""
+    mods = {mod: path for mod, path in _modules() if component(mod) in components}
+    return {mod: {t for t, _ in _imports(mod, path, frozenset(mods)) if t in mods and t != mod}
+            for mod, path in mods.items()}
+
+
 def core_graph() -> dict:
     """module -> the core modules it imports (anywhere in the file)."""
-    core = {mod: path for mod, path in _modules() if component(mod) == "core"}
-    return {mod: {t for t, _ in _imports(mod, path, frozenset(core)) if t in core and t != mod}
-            for mod, path in core.items()}
+    return module_graph(("core",))
 
 
-def test_core_modules_have_no_import_cycle():
+def _cycle(graph) -> str | None:
     try:
-        list(graphlib.TopologicalSorter(core_graph()).static_order())
+        list(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as exc:
-        pytest.fail(f"import cycle among core modules: {' -> '.join(exc.args[1])}")
+        return " -> ".join(exc.args[1])
+    return None
+
+
+@pytest.mark.parametrize("components", [("core",), ("sim",), ("kernels",)])
+def test_modules_have_no_import_cycle(components):
+    cycle = _cycle(module_graph(components))
+    assert cycle is None, f"import cycle among {components[0]} modules: {cycle}"
+
+
+def _closure(graph, roots) -> set:
+    seen, todo = set(), list(roots)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += sorted(graph.get(m, ()))
+    return seen
+
+
+PRICING = ("sim.costmodel", "sim.steplayers", "sim.setup", "sim.fitted", "sim.aggregate", "sim.timeline",
+           "sim.serving", "sim.resources", "sim.profile")
+
+
+def test_pricing_imports_nothing_that_fits_or_validates():
+    graph = module_graph(("sim",))
+    assert set(PRICING) <= set(graph)
+    reached = _closure(graph, PRICING)
+    bad = sorted(m for m in reached if m == "sim.validate" or m == "sim.fit" or m.startswith("sim.fit."))
+    assert bad == [], f"the pricing reaches {bad}"
+    # the fits and the validation do stand on the pricing (the test is not vacuous)
+    assert "sim.costmodel" in _closure(graph, ["sim.fit.fitfile"]) and "sim.fit.validation" in graph["sim.validate"]
 
 
 def test_cycle_checker_sees_a_lazy_cycle(tmp_path, monkeypatch):
@@ -109,6 +149,22 @@ def test_cycle_checker_sees_a_lazy_cycle(tmp_path, monkeypatch):
     assert graph["ddbench.core.a"] == {"ddbench.core.b"} and graph["ddbench.core.b"] == {"ddbench.core.a"}
     with pytest.raises(graphlib.CycleError):
         list(graphlib.TopologicalSorter(graph).static_order())
+
+
+def test_cycle_checker_sees_a_sim_cycle_and_pricing_that_fits(tmp_path, monkeypatch):
+    """A circle of sim/ or kernels/ through a lazy import is found, and so is a cost model that reaches sim/fit/."""
+    (tmp_path / "sim" / "fit").mkdir(parents=True)
+    (tmp_path / "sim" / "costmodel.py").write_text("def f():\n    from sim.fit import enginefit\n")
+    (tmp_path / "sim" / "fit" / "enginefit.py").write_text("from sim.costmodel import f\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+    graph = module_graph(("sim",))
+    assert graph["sim.costmodel"] == {"sim.fit.enginefit"} and graph["sim.fit.enginefit"] == {"sim.costmodel"}
+    assert _cycle(graph) is not None
+    assert "sim.fit.enginefit" in _closure(graph, ["sim.costmodel"])
+    (tmp_path / "kernels" / "engine").mkdir(parents=True)
+    (tmp_path / "kernels" / "engine" / "paper.py").write_text("def g():\n    from kernels.engine import sweep\n")
+    (tmp_path / "kernels" / "engine" / "sweep.py").write_text("from kernels.engine import paper\n")
+    assert _cycle(module_graph(("kernels",))) is not None
 
 
 def test_checker_sees_a_violation(tmp_path, monkeypatch):

@@ -41,12 +41,11 @@ MIB = 2 ** 20
 def engine_largest(run: str = RUN) -> pd.DataFrame:
     """One row per (context, design label) of the engine run `run`: the largest batch's builds, min /
     median / max."""
+    from ddbench.core.traces import load_engine
     path = traces_dir("engine", run, "engine.csv")
-    try:
-        e = pd.read_csv(path)
-    except FileNotFoundError:
-        raise DDBenchError(f"{path}: no such file (the chunk-cache comparison; its README says how it was run)") \
-            from None
+    if not path.exists():
+        raise DDBenchError(f"{path}: no such file (the chunk-cache comparison; its README says how it was run)")
+    e = load_engine(str(path))            # typed: one-line errors naming the file, line and field
     e = e[e.paper_role.isin(["largest", "repeat"]) & e.status.isin(["ok", "ok-no-twin"])].copy()
     e["label"] = e.design_label.fillna(e.design)
     e["floor_link_ms"] = e.floor_link_ms.fillna(0.0)

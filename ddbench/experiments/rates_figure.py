@@ -54,7 +54,8 @@ def _measured() -> list[dict]:
         r = g.iloc[0]
         rows.append({"source": "engine", "design": d, "factor": None, "batch": int(r.batch), "tok_s": r.tok_s,
                      "tok_s_min": r.tok_s_min, "tok_s_max": r.tok_s_max})
-    e = pd.read_csv(_engine_csv(), comment="#")
+    from ddbench.core.traces import load_engine
+    e = load_engine(str(_engine_csv()))   # typed: one-line errors naming the file, line and field
     e = e[(e.context == CTX) & e.paper_role.isin(["largest", "repeat"]) & e.status.isin(["ok", "ok-no-twin"])]
     for r in rows:
         g = e[(e.design == r["design"]) & (e.batch == r["batch"])]
