@@ -499,6 +499,40 @@ class CostModel:
         t0 = self.link_rates("gpu", chunk_bytes).h2d_t0_s if self.bundle is not None else 0.0
         return 2 * copy_bytes / self.hbm + t0 + self.gather_walk_s(slots, chunk_bytes, programs, in_flight)
 
+    def slot_gather_rates(self, chunk_bytes: int) -> LinkRates:
+        """The link's rates for the engine's urgent slot gather (64 programs, pieces of `chunk_bytes`), as
+        ShadowKV runs it in place: the rate `ddbench bench link` measured for that launch on the bundle's
+        GPU (traces/link/<gpu>/link.csv: the median of its gather rows at 64 programs whose pieces are
+        within 10 % of `chunk_bytes`), the bundle's own gather rate where that bench is missing (the
+        note says which)."""
+        base = self.link_rates("gpu", chunk_bytes)
+        key = ("slot", chunk_bytes)
+        if key in self._cache:
+            return self._cache[key]
+        rate = None
+        if self.bundle is not None:
+            import csv
+            from dataclasses import replace as _replace
+
+            from ddbench.core.paths import traces_dir
+            path = traces_dir("link", self.bundle.gpu, "link.csv")
+            if path.exists():
+                with open(path, encoding="utf-8") as fh:
+                    rows = [r for r in csv.DictReader(fh) if r["test"] == "gather" and r["programs"] == "64"
+                            and abs(float(r["piece_bytes"]) - chunk_bytes) <= 0.1 * chunk_bytes]
+                vals = sorted(float(r["gbps"]) for r in rows)
+                if vals:
+                    rate = vals[len(vals) // 2] * (base.h2d_gbps / self.link_rates("gpu", 1 << 20).h2d_gbps
+                                                   if self.link.name != "pcie5" else 1.0)
+                    self._note(f"ShadowKV's in-place slot gather at {rate:.1f} GB/s: {len(vals)} `bench link` rows"
+                               f" at 64 programs, {chunk_bytes} B pieces ({path.parent.name})")
+                    base = _replace(base, h2d_gbps=rate)
+        if rate is None:
+            self._note(f"ShadowKV's in-place slot gather at the bundle's gather rate for {chunk_bytes} B pieces"
+                       " (no `bench link` rows at 64 programs)")
+        self._cache[key] = base
+        return base
+
     def link_rates(self, gather: str, chunk_bytes: int, measured_only: bool = False) -> LinkRates:
         """The link's rates for pieces of `chunk_bytes`, interpolated between the bundle's measured piece
         sizes. measured_only: a DDBenchError for a piece smaller than the smallest measured one (the

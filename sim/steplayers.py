@@ -18,10 +18,10 @@ Per layer i of a step, for a batch of b requests:
            K+V, or of V alone where keys are rebuilt from the low-rank copy; D2H of the new
            token's KV for designs that offload it
   reuse    a design that reuses the previous step's selection and fetches its misses on demand
-           (ShadowKV) is priced as the engine runs it (kernels/engine/engine.py, the reuse branch):
-           per layer, on the compute stream, a copy of the previous selection into a spare buffer,
-           the reuse plan and one persistent gather over every selected slot (CostModel.reuse_fetch_s:
-           no sooner than `ur_min_s`), and the key rebuild after it (`ur_serial`)
+           (ShadowKV) is priced as the engine runs it in place (kernels/engine/engine.py, the reuse
+           branch; traces/engine/h200-shadowkv-fast): per layer, its misses' values cross the link as
+           urgent pieces once its selection is known, and the keys of those slots alone are rebuilt
+           on the compute stream beside the fetch; hits stay in the buffer
 
 Every command (simulate in both modes, plan, sweep, the figures) and sim/validate.py price a step
 here, on one cost model (sim/setup.py); sim/validate.py adds only the engine harness's own terms.
@@ -169,6 +169,8 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
         rates = cm.link_rates(design.gather, chunk_bytes, measured_only=w.kv_bits != 16)
         rates_v = cm.link_rates(design.gather, piece, measured_only=w.kv_bits != 16) \
             if lr and not values_only_all else rates
+        if design.reuse and design.prefetch == "none" and design.gather == "gpu" and w.kv_bits == 16:
+            rates = rates_v = cm.slot_gather_rates(chunk_bytes)     # the in-place fetch's own launch (module doc)
         if w.kv_bits != 16:
             cm._note("fp8 KV: link and host bytes in e4m3 with a scale per chunk-head, gathered at the bundle's"
                      " measured rate of that piece size; the gathers dequantise into bf16 buffers, so attention"
@@ -194,18 +196,11 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
                         cl[i] = b_ / (r.cpu_gather_gbps * 1e9)
             d2h_b[i] = batch * kvl * w.kv_bits / 16  # the output token's K and V go to host memory
             d2h_w[i] = rates.d2h_t0_s + d2h_b[i] / (rates.d2h_gbps * 1e9)
-    ur_min, serial = [], False
-    if offload and design.reuse and design.prefetch == "none" and design.gather == "gpu" and cm.bundle is not None:
-        # the engine's ShadowKV fetch (module doc): latency-bound, on the compute stream, before the rebuild
-        slots_rf = batch * m.num_kv_heads * (w.budget // w.chunk)
-        for i in range(L):
-            cb = (1 if (values_only_all or i in lr) else 2) * piece
-            ur_min.append(passes * cm.reuse_fetch_s(slots_rf, cb, ENGINE_REUSE_PROGRAMS, ENGINE_REUSE_IN_FLIGHT,
-                                                    1.0 - reuse[i]) if ur_b[i] > 0 else 0.0)
-        serial = True
+    ur_min, serial = [], False      # the engine's ShadowKV fetches its misses in place (module doc)
     fill = 2 * cm.cache_fill_s(batch, w.cache_tokens // w.chunk) if design.chunk_cache else 0.0  # prefetch + urgent
     pre = [passes * (lin_pre + sel + glue / 2) + fill] * L     # the fill plans the misses: before they are issued
-    mid = [passes * ((reb if i in lr else 0.0) + asm) for i in range(L)]
+    # a reuse design rebuilds only the keys of the chunks that changed (its misses), beside their fetch
+    mid = [passes * ((reb * ((1.0 - reuse[i]) if design.reuse else 1.0) if i in lr else 0.0) + asm) for i in range(L)]
     lm = passes * cm.decode_linear_s(m.hidden, m.vocab, mt)
     slots = 2 if design.buffer_layers == "pingpong" else L
     slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (
