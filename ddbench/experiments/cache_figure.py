@@ -1,8 +1,9 @@
 """Beyond the paper: dualdecoder-cache (a GPU chunk cache beside the speculative prefetch) against
 ShadowKV and DualDecoder on the H200, Llama-3-8B at 32K / 64K / 128K, each at its largest batch.
 
-Measured: the engine run traces/engine/h200-cache (its README): tokens/s over 3 independently built
-engines (min / median / max), the batch, the link bytes and urgent bytes per token, the link's
+Measured: the engine run traces/engine/h200-cache (its README), ShadowKV's rows from the in-place
+ShadowKV of traces/engine/h200-shadowkv-fast (issue 31, faster than ShadowKV's own code on the same
+H200; the same largest batches, 127 at 32K there 126): tokens/s over 3 independently built engines (min / median / max), the batch, the link bytes and urgent bytes per token, the link's
 utilisation and the step over its floors. Simulated: the one cost model of `ddbench simulate`
 (scene(..., gpu='h200')) at the engine's batch and the cache rates the engine forced (so that each point
 is replayed as it ran), and over capacities the engine did not run at the memory model's largest batch
@@ -38,14 +39,27 @@ CACHE_COLOR = "#9467bd"
 MIB = 2 ** 20
 
 
-def engine_largest(run: str = RUN) -> pd.DataFrame:
-    """One row per (context, design label) of the engine run `run`: the largest batch's builds, min /
-    median / max."""
+SHADOWKV_RUN = "h200-shadowkv-fast"    # the in-place ShadowKV (issue 31): its 3 builds replace h200-cache's rows
+
+
+def _engine_rows(run: str):
     from ddbench.core.traces import load_engine
-    path = traces_dir("engine", run, "engine.csv")
-    if not path.exists():
-        raise DDBenchError(f"{path}: no such file (the chunk-cache comparison; its README says how it was run)")
-    e = load_engine(str(path))            # typed: one-line errors naming the file, line and field
+    paths = [traces_dir("engine", run, "engine.csv")] if run != SHADOWKV_RUN else \
+        sorted(traces_dir("engine", run, "builds").glob("b*/engine.csv"))
+    if not paths or not all(p.exists() for p in paths):
+        raise DDBenchError(f"{traces_dir('engine', run)}: no engine.csv (its README says how it was run)")
+    return pd.concat([load_engine(str(p)) for p in paths], ignore_index=True)   # typed: one-line errors
+
+
+def engine_largest(run: str = RUN, shadowkv_run: str | None = SHADOWKV_RUN) -> pd.DataFrame:
+    """One row per (context, design label) of the engine run `run`: the largest batch's builds, min /
+    median / max; ShadowKV's rows from `shadowkv_run` (the in-place ShadowKV, at the same largest
+    batches) where given."""
+    e = _engine_rows(run)
+    if shadowkv_run:
+        sk = _engine_rows(shadowkv_run)
+        sk = sk[(sk.design == "shadowkv") & (sk.kv_bits.fillna(16).astype(int) == 16) & (sk.batch > 1)]
+        e = pd.concat([e[e.design != "shadowkv"], sk], ignore_index=True)
     e = e[e.paper_role.isin(["largest", "repeat"]) & e.status.isin(["ok", "ok-no-twin"])].copy()
     e["label"] = e.design_label.fillna(e.design)
     e["floor_link_ms"] = e.floor_link_ms.fillna(0.0)

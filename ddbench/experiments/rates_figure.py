@@ -19,6 +19,7 @@ from ddbench.experiments.scene import scene
 from ddbench.plotting import SYSTEM_COLORS, style_handle
 
 CTX = 128 * 1024
+RATES_RUN = "h200-rates"             # the engine across the rates (issue 29)
 CAPACITY = 4                         # the cache at 4x the budget: the engine's best at 128K
 FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 DESIGNS = (CACHE, "shadowkv", "dualdecoder")
@@ -44,34 +45,32 @@ def _point(design: str, factor: float) -> dict:
 
 
 def _measured() -> list[dict]:
-    eng = engine_largest()
-    eng = eng[eng.context == CTX]
+    """The engine's points at 128K, each a median (min-max) over its builds at its own forced rates: the
+    cache at 4x and DualDecoder (traces/engine/h200-cache), the in-place ShadowKV at 12 % misses
+    (h200-shadowkv-fast) and at 6 / 20 / 30 % (h200-rates), and the cache over its 3x3 grid of urgent
+    share and churn (h200-rates)."""
+    from ddbench.experiments.cache_figure import RUN, SHADOWKV_RUN, _engine_rows
+    e = pd.concat([_engine_rows(RUN).assign(run=RUN), _engine_rows(SHADOWKV_RUN).assign(run=SHADOWKV_RUN),
+                   _engine_rows(RATES_RUN).assign(run=RATES_RUN)], ignore_index=True)
+    e = e[(e.context == CTX) & e.status.isin(["ok", "ok-no-twin"]) & (e.kv_bits.fillna(16).astype(int) == 16)
+          & (e.batch > 1)]
+    largest = e.paper_role.isin(["largest", "repeat"])
+    pick = ((e.run == RUN) & (e.design == "dualdecoder") & largest) | \
+           ((e.run == RUN) & (e.design == CACHE) & (e.cache_tokens == CAPACITY * D.BUDGET) & largest) | \
+           ((e.run == SHADOWKV_RUN) & (e.design == "shadowkv")) | (e.run == RATES_RUN)
+    e = e[pick].copy()
+    e["miss"] = e.miss_rate.astype(float)
+    e["churn"] = e.churn_rate.astype(float).fillna(0.0)
     rows = []
-    for d in DESIGNS:
-        g = eng[(eng.design == d) & ((eng.capacity == CAPACITY) if d == CACHE else True)]
-        if not len(g):
-            continue
-        r = g.iloc[0]
-        rows.append({"source": "engine", "design": d, "factor": None, "batch": int(r.batch), "tok_s": r.tok_s,
-                     "tok_s_min": r.tok_s_min, "tok_s_max": r.tok_s_max})
-    from ddbench.core.traces import load_engine
-    e = load_engine(str(_engine_csv()))   # typed: one-line errors naming the file, line and field
-    e = e[(e.context == CTX) & e.paper_role.isin(["largest", "repeat"]) & e.status.isin(["ok", "ok-no-twin"])]
-    for r in rows:
-        g = e[(e.design == r["design"]) & (e.batch == r["batch"])]
-        if r["design"] == CACHE:
-            g = g[g.cache_tokens == CAPACITY * D.BUDGET]
-            r["urgent_per_budget"] = float(g.miss_rate.astype(float).median())
-            r["churn_per_budget"] = float(g.miss_rate.astype(float).median() + g.churn_rate.astype(float).median())
+    for (d, run, batch, miss, churn), g in e.groupby(["design", "run", "batch", "miss", "churn"]):
+        r = {"source": "engine", "design": d, "run": run, "factor": None, "batch": int(batch),
+             "tok_s": g.tok_s.median(), "tok_s_min": g.tok_s.min(), "tok_s_max": g.tok_s.max(), "builds": len(g)}
+        if d == CACHE:
+            r.update(urgent_per_budget=miss, churn_per_budget=miss + churn)
         else:
-            r["miss_rate"] = float(g.miss_rate.astype(float).median())
+            r["miss_rate"] = miss
+        rows.append(r)
     return rows
-
-
-def _engine_csv():
-    from ddbench.core.paths import traces_dir
-    from ddbench.experiments.cache_figure import RUN
-    return traces_dir("engine", RUN, "engine.csv")
 
 
 def _draw(res: FigureResult, fig) -> None:
