@@ -411,6 +411,31 @@ def fig12(root: Path = ROOT) -> str:
             + _table(["context"] + designs, rows))
 
 
+def _inplace_shadowkv(root: Path) -> dict:
+    """{(context, 'shadowkv'): point} of the in-place ShadowKV under the 80 GB cap, Qwen2.5-32B: the
+    paper-80gb summary's points, and 256K from h200-rates' rows (3 builds)."""
+    out = {}
+    s = _json(root / "traces" / "engine" / "h200-shadowkv-fast" / "paper-80gb" / "summary.json")
+    for p in s["paper"]:
+        if p["model"] == "qwen2.5-32b" and p["design"] == "shadowkv":
+            out[(p["context"], "shadowkv")] = {**p, "inplace": True}
+    r = _csv(root / "traces" / "engine" / "h200-rates" / "engine.csv")
+    r = r[(r["model"] == "qwen2.5-32b") & (r["design"] == "shadowkv") & (r["status"].isin(["ok", "ok-no-twin"]))]
+    for c, g in r.groupby("context"):
+        out[(int(c), "shadowkv")] = {"largest_batch": int(g["batch"].iloc[0]), "inplace": True,
+                                    "builds_tok_s": {"n": len(g), "min": g["tok_s"].min(),
+                                                     "median": g["tok_s"].median(), "max": g["tok_s"].max()}}
+    return out
+
+
+def _sim_tok_s(design: str, model: str, context: int, batch: int) -> float:
+    """`ddbench simulate`'s cost model on the H200 at one point (the engine's batch, 12 % misses)."""
+    from ddbench.experiments.sim_figures import _plan
+    from sim.timeline import run_timeline
+    return batch / run_timeline(_plan(design, model, context, batch, hit=0.88, gpu="h200"), steps=6,
+                                warmup=2).steady_step_s
+
+
 def paper_points(root: Path = ROOT) -> str:
     """Figure 12's points measured on the engine under an 80 GB cap (3 independently built engines at
     each design's largest batch), the simulator at the same points, and its replay of Figure 12."""
@@ -418,6 +443,7 @@ def paper_points(root: Path = ROOT) -> str:
     sim = _csv(root / "figures" / "fig12.csv")
     held = _heldout_rows(root)
     got = {(p["context"], p["design"]): p for p in s["paper"] if p["model"] == "qwen2.5-32b"}
+    got.update(_inplace_shadowkv(root))      # ShadowKV as the engine runs it now (issue 31)
 
     def measured(c, d):
         p = got.get((c, d))
@@ -428,6 +454,8 @@ def paper_points(root: Path = ROOT) -> str:
 
     def at_point(c, d):
         p = got.get((c, d))
+        if p and p.get("inplace"):
+            return _sim_tok_s(d, "qwen2.5-32b", c, p["largest_batch"])
         if held is None or not p or not p.get("largest_batch"):
             return None
         r = held[(held["model"] == "qwen2.5-32b") & (held["context"] == c) & (held["design"] == d)
@@ -451,12 +479,14 @@ def paper_points(root: Path = ROOT) -> str:
         rt = f"{sdd:.1f} / {ssk:.1f} = {sdd / ssk:.2f}" if sdd and ssk else "-"
         rows.append([_k(c), dd_t, sk_t, ratio, pt, rt])
     n = max((p.get("builds_tok_s") or {}).get("n", 0) for p in got.values())
-    return ("Qwen2.5-32B under an 80 GB cap on the H200 engine (`traces/engine/h200-paper`: each design at its"
-            f" largest batch, 12 % forced misses; tokens/s median (min-max) over {n} independently built engines;"
-            " the ratio's range pairs the extremes), the simulator at the same points (`ddbench simulate` on the"
-            " H200 at the engine's batch and miss rate: `traces/validation/h200-engine-heldout.csv`), and its"
-            " replay of Figure 12 (`figures/fig12.csv`: an 80 GB H100, each design's largest batch by the memory"
-            " model, the profile's hit and reuse rates). The paper reports DualDecoder 2.62x ShadowKV at 128K.\n\n"
+    return ("Qwen2.5-32B under an 80 GB cap on the H200 engine (`traces/engine/h200-paper`; ShadowKV as the engine"
+            " runs it since issue 31, in place: `traces/engine/h200-shadowkv-fast/paper-80gb` at 64K and 128K,"
+            f" `traces/engine/h200-rates` at 256K): each design at its largest batch, 12 % forced misses; tokens/s"
+            f" median (min-max) over {n} independently built engines; the ratio's range pairs the extremes), the"
+            " simulator at the same points (`ddbench simulate`'s cost model on the H200 at the engine's batch and"
+            " miss rate; DualDecoder's from `traces/validation/h200-engine-heldout.csv`), and its replay of Figure 12"
+            " (`figures/fig12.csv`: an 80 GB H100, each design's largest batch by the memory model, the profile's"
+            " hit and reuse rates). The paper reports DualDecoder 2.62x ShadowKV at 128K.\n\n"
             + _table(["context", "engine: dualdecoder", "engine: shadowkv", "engine: dd / shadowkv",
                       "simulated at the engine's points: dd / shadowkv", "Fig. 12 replay: dd / shadowkv"], rows))
 
