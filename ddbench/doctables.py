@@ -117,6 +117,24 @@ def _own_step(rows):
 # -- generators ---------------------------------------------------------------------------------
 
 def headline(root: Path = ROOT) -> str:
+    rates = _csv(root / "traces" / "engine" / "h200-rates" / "engine.csv")
+    one = rates[(rates["batch"] == 1) & (rates["model"] == ENGINE_MODEL.lower())]
+
+    def tpot(d):
+        out = []
+        for c in (32768, 131072):
+            g = one[(one["design"] == d) & (one["context"] == c)]
+            if not len(g):
+                out.append("not run")
+                continue
+            knobs = {}
+            if d == "dualdecoder-cache":
+                knobs = {"cache_tokens": int(g["cache_tokens"].iloc[0]),
+                         "forced_cache": (float(g["churn_rate"].iloc[0]), float(g["miss_rate"].iloc[0]))}
+            sim = 1e3 / _sim_tok_s(d, ENGINE_MODEL.lower(), c, 1, **knobs)
+            med = float(g["step_ms"].median())
+            out.append(f"{_spread(list(g['step_ms']), 2)}; sim {sim:.2f} ({sim / med - 1:+.0%})")
+        return out
     cal, cal_meta = _sweep(root, CALIBRATION_SWEEP)
     val, val_meta = _sweep(root, VALIDATION_SWEEP)
     floor = cal[(cal["phase"] == "floor") & (cal["context"] == CTX) & (cal["miss_rate"].astype(str) == "none")]
@@ -140,13 +158,17 @@ def headline(root: Path = ROOT) -> str:
         tok = [x for part in t for x in part["tok_s"]]
         gbps = [x for part in t for x in part["link_gbps"]]
         rows.append([d, str(maxb) if maxb is not None else "-", tok16, sof16,
-                     _spread(tok, 0) if tok else "not run", _spread(gbps, 1) if gbps else "-"])
+                     _spread(tok, 0) if tok else "not run", _spread(gbps, 1) if gbps else "-"] + tpot(d))
+    rows.append(["dualdecoder-cache", "-", "-", "-", "-", "-"] + tpot("dualdecoder-cache"))
     table = _table(["design", "max batch (memory model)", "compute only, batch 16: tokens/s",
-                    "step / HBM floor", "with transfers, batch 32, 25 % misses: tokens/s", "link GB/s"], rows)
+                    "step / HBM floor", "with transfers, batch 32, 25 % misses: tokens/s", "link GB/s",
+                    "TPOT at batch 1, 32K: ms", "TPOT at batch 1, 128K: ms"], rows)
     head = (f"Decode-step engine on one NVIDIA H200 (PCIe 5), {ENGINE_MODEL} at {_k(CTX)} tokens of context, "
-            f"from {_prov(CALIBRATION_SWEEP, cal_meta)} and {_prov(VALIDATION_SWEEP, val_meta)}. "
-            "Compute only: CUDA-graph steps with no host reads; with transfers: misses forced at 25 % and "
-            "fetched over PCIe.")
+            f"from {_prov(CALIBRATION_SWEEP, cal_meta)} and {_prov(VALIDATION_SWEEP, val_meta)}; the batch-1 TPOT"
+            " from `traces/engine/h200-rates` (3 builds, 12 % misses; dualdecoder-cache at 4x the budget and the"
+            " rates it ran at). Compute only: CUDA-graph steps with no host reads; with transfers: misses forced"
+            " at 25 % and fetched over PCIe. ShadowKV's compute-only and transfer columns are the engine before"
+            " its in-place step (issue 31); its TPOT and every table below are the in-place one.")
     return "\n\n".join([head, table, validation_line(root)])
 
 
@@ -428,11 +450,12 @@ def _inplace_shadowkv(root: Path) -> dict:
     return out
 
 
-def _sim_tok_s(design: str, model: str, context: int, batch: int) -> float:
+def _sim_tok_s(design: str, model: str, context: int, batch: int, **knobs) -> float:
     """`ddbench simulate`'s cost model on the H200 at one point (the engine's batch, 12 % misses)."""
     from ddbench.experiments.sim_figures import _plan
     from sim.timeline import run_timeline
-    return batch / run_timeline(_plan(design, model, context, batch, hit=0.88, gpu="h200"), steps=6,
+    hit = None if design == "full-kv" else 0.88
+    return batch / run_timeline(_plan(design, model, context, batch, hit=hit, gpu="h200", **knobs), steps=6,
                                 warmup=2).steady_step_s
 
 
