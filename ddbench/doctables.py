@@ -548,7 +548,8 @@ def cache(root: Path = ROOT) -> str:
         tight.append(f"{_k(c)}: " + ", ".join(parts))
     tight_line = ("\n\nMemory-tight, simulated (Qwen2.5-32B on an 80 GB H100, each at the memory model's largest"
                   " batch), tokens/s: " + "; ".join(tight) + "." if tight else "")
-    return ("Llama-3-8B on the H200 engine (`traces/engine/h200-cache`): each design at its largest batch, tokens/s"
+    return ("Llama-3-8B on the H200 engine (`traces/engine/h200-cache`; ShadowKV in place, as the engine runs it"
+            " since issue 31: `traces/engine/h200-shadowkv-fast`, batch 126 at 32K): each design at its largest batch, tokens/s"
             " median (min-max, builds); 12 % forced misses, the cache at the profile's rates for its capacity (x the"
             " budget; the best of 2x/4x/8x, all in `figures/cache.csv`); link-bound where the step is under 1.3x"
             f" its link floor; simulated by `ddbench simulate` at the same batch. Cache / ShadowKV: {g}.\n\n"
