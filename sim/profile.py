@@ -38,7 +38,9 @@ count differs from the model's.
 The low-rank-key layer set (§5.3: layers whose prediction accuracy is consistently low) comes from
 the profile's summary JSON (`lowrank_from_summary`: its `lowrank_layers` {rule, threshold, basis,
 layers} and `shape.layers`, see ddbench/profile/trace.py), or from a threshold on the per-layer hit
-rates (`lowrank_by_threshold`).
+rates (`lowrank_by_threshold`). The summary is read by `read_summary`, the one typed loader that
+`simulate --lowrank-layers profile` and the figures use: a file that is not UTF-8 JSON, or a field of
+the wrong type, is a one-line error naming the file (and the line, or the field).
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ from dataclasses import dataclass
 from ddbench.core import defaults as D
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from ddbench.core.traces import accuracy_summary
 
 PAPER_HIT = D.HIT_RATE    # the paper's average KV prediction accuracy (§4.1)
 DEFAULT_INIT = D.PROFILE_INIT
@@ -271,25 +272,73 @@ def lowrank_by_threshold(hit, threshold: float) -> frozenset:
     return frozenset(i for i, h in enumerate(hit) if h < threshold)
 
 
+def _summary_error(path: str, field: str, what: str) -> DDBenchError:
+    return DDBenchError(f"malformed accuracy summary {path}: field {field}: {what}")
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def read_summary(path: str) -> dict:
+    """An accuracy profile's summary (<model>.summary.json, ddbench/profile/trace.py) as a checked dict:
+    a JSON object whose `model` (where given) is a name, `shape.layers` a layer count, `lowrank_layers`
+    {layers: integers in 0..layers-1, threshold: a number, where given}, and `task_accuracy` (where
+    given) a list of records. One-line DDBenchError naming the file (and the line or the field) otherwise."""
+    import json
+    import math
+    path = str(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise DDBenchError(f"cannot read accuracy summary {path}: {exc.strerror or type(exc).__name__}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DDBenchError(f"malformed accuracy summary {path}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DDBenchError(f"malformed accuracy summary {path}: line {exc.lineno}: {exc.msg}") from None
+    except RecursionError:
+        raise DDBenchError(f"malformed accuracy summary {path}: nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise DDBenchError(f"malformed accuracy summary {path}: not a JSON object")
+    if "model" in doc and not (isinstance(doc["model"], str) and doc["model"].strip()):
+        raise _summary_error(path, "model", "not a name")
+    shape = doc.get("shape")
+    L = shape.get("layers") if isinstance(shape, dict) else None
+    if not _count(L) or L < 1:
+        raise _summary_error(path, "shape.layers", f"{L!r} is not a layer count")
+    lr = doc.get("lowrank_layers")
+    if not isinstance(lr, dict) or not isinstance(lr.get("layers"), list):
+        raise _summary_error(path, "lowrank_layers.layers", "missing or not a list")
+    if not all(_count(x) for x in lr["layers"]):
+        raise _summary_error(path, "lowrank_layers.layers", "not integers")
+    if any(not 0 <= x < L for x in lr["layers"]):
+        raise _summary_error(path, "lowrank_layers.layers", f"outside 0..{L - 1}")
+    t = lr.get("threshold")
+    if "threshold" in lr and not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)):
+        raise _summary_error(path, "lowrank_layers.threshold", f"{t!r} is not a number")
+    for key in ("rule", "basis"):
+        if key in lr and not isinstance(lr[key], str):
+            raise _summary_error(path, f"lowrank_layers.{key}", "not text")
+    ta = doc.get("task_accuracy")
+    if "task_accuracy" in doc and not (isinstance(ta, list) and all(isinstance(a, dict) for a in ta)):
+        raise _summary_error(path, "task_accuracy", "not a list of records")
+    return doc
+
+
 def lowrank_from_summary(path: str, target_layers: int | None = None, target: str | None = None,
                          explicit: bool = True) -> tuple[frozenset, str]:
     """(layer set, note): the low-rank-key layers the profile's summary picked by §5.3's rule, mapped by
     relative depth onto a `target_layers`-layer model where the counts differ (a target layer keeps
     low-rank keys where its source layer does)."""
     path = summary_path(path)
-    doc = accuracy_summary(path)
-    lr = doc.get("lowrank_layers") if isinstance(doc, dict) else None
-    if not isinstance(lr, dict) or not isinstance(lr.get("layers"), list):
-        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank_layers.layers: missing or not a list")
-    L = (doc.get("shape") or {}).get("layers") if isinstance(doc.get("shape"), dict) else None
-    if not isinstance(L, int) or L < 1:
-        raise DDBenchError(f"malformed accuracy summary {path}: field shape.layers: {L!r} is not a layer count")
-    try:
-        layers = sorted(int(x) for x in lr["layers"])
-    except (TypeError, ValueError):
-        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank_layers.layers: not integers") from None
-    if any(not 0 <= x < L for x in layers):
-        raise DDBenchError(f"malformed accuracy summary {path}: field lowrank_layers.layers: outside 0..{L - 1}")
+    doc = read_summary(path)
+    lr, L = doc["lowrank_layers"], doc["shape"]["layers"]
+    layers = sorted(lr["layers"])
     model = str(doc.get("model") or os.path.basename(path).removesuffix(".summary.json"))
     rule = str(lr.get("rule") or "§5.3 rule") + (f", threshold {lr['threshold']}" if "threshold" in lr else "") \
         + (f"; basis {lr['basis']}" if lr.get("basis") else "")

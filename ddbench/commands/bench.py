@@ -94,7 +94,9 @@ def write_csv(path: str, rows: list[dict], prov: dict) -> None:
 
 def run(args) -> int:
     if args.out is not None:
-        args.out = str(check_path(args.out))
+        # --out is the root of the GPU's folder (kernels, engine) or that folder (link, host)
+        args.out = str(check_path(args.out, data_ok={"kernels": ("kernels",), "engine": ("engine",),
+                                                     "link": ("link/*",), "host": ("host/*",)}.get(args.target, ())))
     if args.target != "engine":
         given = [name for name, _ in ENGINE_FLAGS if getattr(args, name[2:].replace("-", "_")) is not None]
         if given or args.resume:

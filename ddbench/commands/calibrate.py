@@ -47,7 +47,7 @@ def run(args) -> int:
         if bad:
             raise DDBenchError(f"unknown section(s) {', '.join(bad)}; known: {', '.join(SECTION_NAMES)}")
     if args.out is not None:
-        args.out = str(check_path(args.out))
+        args.out = str(check_path(args.out, data_ok=("calibration",)))    # the bundles' root: <gpu>/ goes in it
     try:
         import torch
     except ImportError:

@@ -23,11 +23,10 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 from ddbench.core.errors import DDBenchError
-from ddbench.core.outputs import STAGE_PREFIX, output_folder
+from ddbench.core.outputs import output_folder
 
 EXAMPLE = """examples:
   ddbench figures                 # all figures into figures/
@@ -69,7 +68,7 @@ def _write_figure(exp, w, paper, new_figure, plt):
         if not paper[c.paper_id].replayed:
             raise DDBenchError(f"{exp.id}: compares against {c.paper_id}, which reported.json marks "
                                f"{paper[c.paper_id].status!r}; mark it replayed (with what replays it)")
-    stage = tempfile.mkdtemp(prefix=STAGE_PREFIX + exp.id + "-", dir=w.folder)
+    stage = w.scratch(exp.id + "-")     # inside the guard's staging folder: it goes with it
     try:
         stem = os.path.join(stage, exp.id)
         res.data.to_csv(stem + ".csv", index=False, float_format=FLOAT_FORMAT)

@@ -98,9 +98,9 @@ def register(sub) -> None:
 def run(args) -> int:
     if not args.layer_accuracy:
         raise DDBenchError("choose what to profile: --layer-accuracy")
-    from ddbench.core.outputs import check_path
+    from ddbench.core.outputs import DATA_OUTPUTS, check_path
     if args.out is not None:
-        check_path(args.out)             # a folder ddbench must not write into is refused before any import
+        check_path(args.out, data_ok=DATA_OUTPUTS["ddbench profile"])   # refused before any import
     from ddbench.progress import quiet_third_party
     quiet_third_party(args.quiet)        # before tqdm is imported: it reads TQDM_DISABLE then
     from ddbench.profile.model import require

@@ -91,6 +91,8 @@ def run(args) -> int:
     # the store of finished points is written in place as points finish (a rerun resumes from it);
     # everything else is staged and moves in at the end; the lock keeps a second sweep out
     with output_folder(out, command="ddbench sweep", force=args.force, own_ok=True, prune=False) as w:
+        # refused now, before a point runs, where one cannot be written (another command's, a user's)
+        w.claim(["spec.json", "provenance.json", "points.jsonl", "results.parquet", "results.csv", "summary.png"])
         w.write_json("spec.json", spec)
         w.write_json("provenance.json", provenance("sweep", args))
         store_path = w.live("points.jsonl")

@@ -1,24 +1,32 @@
 """The one output guard: every command that writes files goes through `output_folder`.
 
 What it promises:
-- it never deletes or overwrites a file that ddbench did not write. What ddbench wrote is listed,
-  with each file's SHA-256, in the folder's manifest `.ddbench-manifest.json`; a listed file that
-  was changed since is no longer ddbench's;
-- `--force` replaces only what ddbench wrote: with `force`, a folder that holds other files is
-  written beside them (they are kept); a new file that would land on one of them is refused;
-- it refuses the current folder (and every folder above it), the data root (and every folder above
-  it), the home folder and a filesystem root;
+- it never deletes or overwrites a file that it did not write for the same command. What ddbench wrote
+  is listed, with each file's SHA-256 and the command that wrote it, in the folder's manifest
+  `.ddbench-manifest.json`; a listed file that was changed since is no longer ddbench's. Another
+  command's files are foreign to a command (kept, never replaced or pruned, `--force` included); a
+  run with a `scope` (one model's profile) owns only the names in it;
+- `--force` replaces only what the same command wrote: with `force`, a folder that holds other files
+  is written beside them (they are kept); a new file that would land on one of them is refused;
+- the manifest's paths are relative, normalised and inside the folder, and each entry is a record;
+  anything else makes it corrupt: one line, and nothing is touched;
+- it refuses the current folder (and every folder above it), the home folder, a filesystem root, the
+  data root, every folder above it and every folder under it except the one a command is meant to
+  write there (`DATA_OUTPUTS`: calibrate into calibration/<gpu>/, profile into accuracy/, ...);
 - it takes a lock (`flock` on the folder) against a concurrent writer, which is refused in one line;
 - its writes are atomic: files are built in a staging folder inside the target and renamed into
   place together when the block ends without an error (signals held off meanwhile); on any error or
-  Ctrl-C, nothing of the run is left;
+  Ctrl-C, nothing of the run is left. A staging folder is ddbench's only where the marker file
+  inside it holds the digest of the folder's own name and inode that ddbench wrote when it made it:
+  a killed run's is removed by the next run; a user's folder of a like name (or a copy of a staging
+  folder) is the user's;
 - it leaves no parent folders behind: folders it created are removed again if the run fails.
 
 Kinds of output:
 - an exclusive folder (`simulate --out`, `sweep --out`, `figures --out`): a folder that holds an
-  earlier ddbench run is replaced only with `force` (or `own_ok`, for outputs that are regenerated
-  or resumed in place); with `prune`, the earlier run's files that this run does not write again
-  are removed;
+  earlier run of the same command is replaced only with `force` (or `own_ok`, for outputs that are
+  regenerated or resumed in place); with `prune`, that run's files that this run does not write
+  again are removed;
 - a shared folder (`shared=True`: `profile --out`, `plan --plot`'s folder, a calibration bundle):
   other files are expected there and kept; only a file this run writes is checked.
 
@@ -44,8 +52,20 @@ from ddbench.core.errors import DDBenchError
 
 MANIFEST = ".ddbench-manifest.json"
 STAGE_PREFIX = ".ddbench-stage-"
+STAGE_MARK = ".ddbench-stage-token"      # inside a staging folder: the digest of its name and inode
 LEGACY_MARKERS = (".ddbench-run", ".ddbench-figures")   # earlier versions' markers: ddbench's own
 SCHEMA = 1
+# the folders under the data root that a command is meant to write ("*": one folder of any name);
+# every other folder under the data root is refused as an output
+DATA_OUTPUTS = {
+    "ddbench calibrate": ("calibration/*",),
+    "ddbench profile": ("accuracy",),
+    "ddbench bench kernels": ("kernels/*",),
+    "python -m kernels.linkbench": ("link/*",),
+    "python -m kernels.hostbench": ("host/*",),
+    "python -m kernels.engine.sweep": ("engine/*",),
+    "python -m sim.validate": ("validation",),
+}
 
 
 def _why(exc: OSError) -> str:
@@ -66,9 +86,20 @@ def sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def check_path(out, flag: str = "--out", allow_cwd: bool = False) -> Path:
+def _matches(rel: Path, patterns) -> bool:
+    """`rel` (a path under the data root) is one of `patterns` ("a/*": any one folder inside a)."""
+    parts = rel.parts
+    for pat in patterns:
+        want = Path(pat).parts
+        if len(want) == len(parts) and all(w == "*" or w == p for w, p in zip(want, parts)):
+            return True
+    return False
+
+
+def check_path(out, flag: str = "--out", allow_cwd: bool = False, data_ok=()) -> Path:
     """The absolute output folder, or a one-line DDBenchError for one ddbench must not write into.
-    `allow_cwd`: a single file may go into the current folder (nothing else there is touched)."""
+    `allow_cwd`: a single file may go into the current folder (nothing else there is touched).
+    `data_ok`: the folders under the data root this output may be (patterns of DATA_OUTPUTS)."""
     if out is None or not str(out).strip():
         raise DDBenchError(f"{flag} is empty: name an output folder")
     path = Path(os.path.abspath(os.path.expanduser(str(out))))
@@ -88,6 +119,9 @@ def check_path(out, flag: str = "--out", allow_cwd: bool = False) -> Path:
         data = None
     if data is not None and (real == data or real in data.parents):
         raise DDBenchError(f"{flag} {out} is the data root or above it ({data}); name a folder of its own")
+    if data is not None and data in real.parents and not _matches(real.relative_to(data), data_ok):
+        raise DDBenchError(f"{flag} {out} is inside the data root ({data}), whose folders hold the traces;"
+                           " name a folder of its own")
     if path.exists() and not path.is_dir():
         raise DDBenchError(f"{flag} {out} exists and is not a folder")
     above = path
@@ -98,43 +132,73 @@ def check_path(out, flag: str = "--out", allow_cwd: bool = False) -> Path:
     return path
 
 
+def _plain(rel) -> bool:
+    """`rel` is a relative, normalised path inside a folder (not the manifest, not a staging folder)."""
+    return (isinstance(rel, str) and rel != "" and "\0" not in rel and not os.path.isabs(rel)
+            and os.path.normpath(rel) == rel and ".." not in Path(rel).parts and rel != MANIFEST
+            and not rel.startswith(STAGE_PREFIX))
+
+
+def _bad_entry(rel, entry) -> str | None:
+    if not _plain(rel):
+        return f"entry {rel!r} is not a relative path inside the folder"
+    if not isinstance(entry, dict):
+        return f"entry {rel!r} is {type(entry).__name__ if entry is not None else 'null'}, not a record"
+    for key, kind in (("command", str), ("sha256", str), ("live", bool)):
+        if key in entry and not isinstance(entry[key], kind):
+            return f"entry {rel!r}: field {key} is not a {kind.__name__}"
+    return None
+
+
 def read_manifest(folder: Path) -> dict:
-    """{relative path: entry} of what ddbench wrote into `folder` ({} where there is no manifest)."""
-    p = folder / MANIFEST
-    if not p.exists():
+    """{relative path: entry} of what ddbench wrote into `folder` ({} where there is no manifest); a
+    one-line DDBenchError where it is unreadable or corrupt."""
+    p = Path(folder) / MANIFEST
+    if not p.exists() and not p.is_symlink():
         return {}
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_bytes().decode("utf-8"))
         files = data["files"]
         if not isinstance(files, dict):
             raise TypeError
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise DDBenchError(f"{p} is unreadable; ddbench cannot tell which files there are its own") from None
+    for rel, entry in files.items():
+        why = _bad_entry(rel, entry)
+        if why:
+            raise DDBenchError(f"{p} is corrupt ({why}); ddbench cannot tell which files there are its own:"
+                               " move it away, or choose another folder")
     return files
 
 
-def _owned(folder: Path, manifest: dict) -> set[str]:
-    """The files in `folder` that ddbench wrote and nobody changed since."""
+def _owned(folder: Path, manifest: dict, command: str | None = None, scope=None) -> set[str]:
+    """The files in `folder` that ddbench wrote and nobody changed since: with `command`, only those the
+    same command wrote (and with `scope`, only those among its names)."""
     own = set()
+    real = os.path.realpath(folder)
     for rel, entry in manifest.items():
-        p = folder / rel
-        if not p.is_file() or p.is_symlink():
+        if command is not None and entry.get("command") != command:
             continue
+        if scope is not None and rel not in scope:
+            continue
+        p = folder / rel
+        if not p.is_file() or p.is_symlink() or os.path.realpath(p) != os.path.join(real, rel):
+            continue                                    # a link on the way: not inside the folder
         if entry.get("live") or entry.get("sha256") == sha256(str(p)):
             own.add(rel)
     for m in LEGACY_MARKERS:
-        if (folder / m).is_file():
+        if (folder / m).is_file() and not (folder / m).is_symlink():
             own.add(m)
     return own
 
 
-def _files(folder: Path) -> list[str]:
-    """Every file (and link) under `folder`, relative, except the manifest and staging folders."""
+def _files(folder: Path, skip=()) -> list[str]:
+    """Every file (and link) under `folder`, relative, except the manifest and the folders in `skip`."""
     out = []
     for root, dirs, names in os.walk(folder):
         rel_root = os.path.relpath(root, folder)
         if rel_root == ".":
-            dirs[:] = [d for d in dirs if not d.startswith(STAGE_PREFIX)]
+            dirs[:] = [d for d in dirs if d not in skip]
         for d in list(dirs):
             if os.path.islink(os.path.join(root, d)):
                 out.append(os.path.normpath(os.path.join(rel_root, d)))
@@ -166,7 +230,7 @@ class Writer:
 
     def _rel(self, rel: str) -> str:
         norm = os.path.normpath(rel)
-        if os.path.isabs(rel) or norm.startswith("..") or norm in (".", MANIFEST) or norm.startswith(STAGE_PREFIX):
+        if not _plain(norm):
             raise DDBenchError(f"internal: output name {rel!r} is not a plain name inside the folder")
         return norm
 
@@ -175,6 +239,11 @@ class Writer:
         p = self._stage / self._rel(rel)
         p.parent.mkdir(parents=True, exist_ok=True)
         return str(p)
+
+    def scratch(self, prefix: str = "") -> str:
+        """A fresh folder inside the staging folder for work in progress (not an output; it goes with
+        the staging folder)."""
+        return tempfile.mkdtemp(prefix=STAGE_PREFIX + prefix, dir=self._stage)
 
     def write_text(self, rel: str, text: str) -> str:
         p = self.stage_path(rel)
@@ -197,14 +266,22 @@ class Writer:
         return str(p)
 
     def staged(self) -> list[str]:
-        return _files(self._stage)
+        """The staged outputs (the stage's marker and scratch folders are not outputs)."""
+        return [f for f in _files(self._stage) if not f.startswith(STAGE_PREFIX)]
 
 
 def _update_manifest(folder: Path, add: dict, remove) -> None:
+    """Add and remove entries in the manifest; one left with none is removed."""
     files = read_manifest(folder)
     for rel in remove:
         files.pop(rel, None)
     files.update(add)
+    if not files:
+        try:
+            (folder / MANIFEST).unlink()
+        except FileNotFoundError:
+            pass
+        return
     text = json.dumps({"schema": SCHEMA, "written_by": "ddbench", "files": dict(sorted(files.items()))},
                       indent=1, allow_nan=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=".tmp-manifest-", dir=folder)
@@ -266,17 +343,58 @@ def _signals_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, prev)
 
 
+def _stage_token(d: Path) -> str:
+    """What the marker of the staging folder `d` holds: a digest of its name and of the folder itself
+    (device and inode), so that neither a folder of a like name nor a copy of a staging folder matches."""
+    st = os.lstat(d)
+    return hashlib.sha256(f"ddbench-stage:{d.name}:{st.st_dev}:{st.st_ino}".encode()).hexdigest()
+
+
+def _is_our_stage(d: Path) -> bool:
+    """`d` is a staging folder that ddbench made: a real folder whose marker holds its token."""
+    mark = d / STAGE_MARK
+    try:
+        return (d.is_dir() and not d.is_symlink() and mark.is_file() and not mark.is_symlink()
+                and mark.read_text(encoding="utf-8").strip() == _stage_token(d))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _clear_stale_stages(path: Path) -> None:
+    """Remove the staging folders of runs that were killed (the folder lock is free now): only those that
+    ddbench made (their marker); every other folder, of whatever name, stays."""
+    for d in path.iterdir():
+        if d.name.startswith(STAGE_PREFIX) and _is_our_stage(d):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _new_stage(path: Path) -> Path:
+    """A staging folder in `path`, marked as ddbench's (its marker holds `_stage_token`)."""
+    stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=path))
+    (stage / STAGE_MARK).write_text(_stage_token(stage) + "\n", encoding="utf-8")
+    return stage
+
+
+def _by(manifest: dict, rels) -> str:
+    cmds = sorted({str(manifest.get(r, {}).get("command") or "an unnamed command") for r in rels})
+    return ", ".join(f"`{c}`" for c in cmds)
+
+
 @contextmanager
 def output_folder(out, *, command: str, flag: str = "--out", force: bool = False, own_ok: bool = False,
-                  shared: bool = False, prune: bool = True, allow_cwd: bool = False):
+                  shared: bool = False, prune: bool = True, allow_cwd: bool = False, scope=None):
     """Yield a Writer for the folder `out`; its staged files move in when the block ends cleanly.
 
-    `force`: write into a folder that holds other files (kept), and replace ddbench's own files.
-    `own_ok`: replace ddbench's own files without `force` (regenerated or resumed outputs).
+    `command`: who writes (recorded in the manifest): a run replaces or prunes only files of the same command.
+    `force`: write into a folder that holds other files (kept), and replace this command's own files.
+    `own_ok`: replace this command's own files without `force` (regenerated or resumed outputs).
     `shared`: other files are expected in the folder (no `force` needed beside them).
-    `prune`: remove the earlier run's files that this run does not write again.
+    `prune`: remove this command's earlier files that this run does not write again.
+    `scope`: the names this run may replace or prune (one model's files in a shared folder); the
+    command's other files there are kept as they are.
     """
-    path = check_path(out, flag, allow_cwd=allow_cwd and shared)
+    path = check_path(out, flag, allow_cwd=allow_cwd and shared, data_ok=DATA_OUTPUTS.get(command, ()))
+    scope = None if scope is None else frozenset(scope)
     try:
         made = _make_dirs(path)
     except OSError as exc:
@@ -285,29 +403,32 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
     try:
         with _locked(path, flag, out):
             manifest = read_manifest(path)
-            own = _owned(path, manifest)
-            for d in path.iterdir():   # staging folders of a run that was killed: ours, and unlocked now
-                if d.name.startswith(STAGE_PREFIX) and d.is_dir() and not d.is_symlink():
-                    shutil.rmtree(d, ignore_errors=True)
+            _clear_stale_stages(path)
+            own = _owned(path, manifest, command, scope)
+            theirs = _owned(path, manifest) - own          # ddbench's, but another command's (or out of scope)
             present = _files(path)
-            foreign = [f for f in present if f not in own]
+            foreign = [f for f in present if f not in own and f not in theirs]
             if foreign and not (force or shared):
                 raise DDBenchError(f"{flag} {out} holds files ddbench did not write ({_names(foreign)}); choose"
                                    " another folder, or pass --force to write beside them (they are kept)")
+            if theirs and not (force or shared):
+                raise DDBenchError(f"{flag} {out} holds files another ddbench command wrote ({_names(theirs)},"
+                                   f" by {_by(manifest, theirs)}); choose another folder, or pass --force to write"
+                                   " beside them (they are kept)")
             if own and not (force or own_ok or shared):
                 raise DDBenchError(f"{flag} {out} holds an earlier ddbench run; pass --force to replace it")
             try:
-                stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=path))
+                stage = _new_stage(path)
             except OSError as exc:
                 raise DDBenchError(f"cannot write {flag} {out}: {_why(exc)}") from None
             try:
                 foreign_set = set(foreign)
 
                 def check(rel):
-                    _check_one(rel, path, own, foreign_set, force or own_ok, shared, flag, out)
+                    _check_one(rel, path, own, foreign_set, theirs, manifest, force or own_ok, shared, flag, out)
                 w = Writer(path, stage, command, check)
                 yield w
-                _commit(w, path, own, foreign_set, force or own_ok, shared, prune, flag, out)
+                _commit(w, path, own, foreign_set, theirs, manifest, force or own_ok, shared, prune, flag, out)
                 ok = True
             finally:
                 shutil.rmtree(stage, ignore_errors=True)
@@ -318,20 +439,22 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
 
 
 def _forget_missing(path: Path) -> None:
-    """After a failed run: drop manifest entries of files that were never written, and an empty manifest."""
+    """After a failed run: drop the manifest entries of files that were never written (live files recorded
+    before the work), and a manifest left with none."""
     try:
-        files = read_manifest(path)
-    except DDBenchError:
+        gone = [rel for rel in read_manifest(path) if not (path / rel).exists()]
+        if gone:
+            _update_manifest(path, {}, gone)
+    except (DDBenchError, OSError):
         return
-    gone = [rel for rel in files if not (path / rel).exists()]
-    if gone and len(gone) == len(files) and _files(path) == []:
-        (path / MANIFEST).unlink()
-    elif gone:
-        _update_manifest(path, {}, gone)
 
 
-def _check_one(rel: str, path: Path, own: set, foreign: set, replace_own: bool, shared: bool, flag: str, out):
+def _check_one(rel: str, path: Path, own: set, foreign: set, theirs: set, manifest: dict, replace_own: bool,
+               shared: bool, flag: str, out):
     dest = path / rel
+    if rel in theirs:
+        raise DDBenchError(f"{flag} {out}: {rel} was written by {_by(manifest, [rel])}, another command (or"
+                           " another model); refusing to overwrite it (even with --force); choose another folder")
     if rel in foreign or (dest.exists() and rel not in own) or dest.is_symlink():
         raise DDBenchError(f"{flag} {out}: {rel} exists and was not written by ddbench; refusing to overwrite it"
                            " (even with --force); move it away or choose another folder")
@@ -342,11 +465,11 @@ def _check_one(rel: str, path: Path, own: set, foreign: set, replace_own: bool, 
             raise DDBenchError(f"{flag} {out}: {parent} exists and is not a folder")
 
 
-def _commit(w: Writer, path: Path, own: set, foreign: set, replace_own: bool, shared: bool, prune: bool,
-            flag: str, out) -> None:
+def _commit(w: Writer, path: Path, own: set, foreign: set, theirs: set, manifest: dict, replace_own: bool,
+            shared: bool, prune: bool, flag: str, out) -> None:
     new = w.staged()
     for rel in new:
-        _check_one(rel, path, own, foreign, replace_own, shared, flag, out)
+        _check_one(rel, path, own, foreign, theirs, manifest, replace_own, shared, flag, out)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     entries = {}
     mask = _umask()
@@ -354,7 +477,8 @@ def _commit(w: Writer, path: Path, own: set, foreign: set, replace_own: bool, sh
         src = w._stage / rel
         os.chmod(src, 0o666 & ~mask)
         entries[rel] = {"sha256": sha256(str(src)), "command": w.command, "written_utc": now}
-    stale = sorted(own - set(new) - w._live) if prune else []
+    # only this command's own files (in scope) are pruned; `own` never holds another command's
+    stale = sorted(own - set(new) - w._live - set(LEGACY_MARKERS)) if prune else []
     legacy = [m for m in LEGACY_MARKERS if m in own]
     with _signals_held():
         for rel in new:
@@ -385,10 +509,3 @@ def output_file(path, *, command: str, flag: str, force: bool = False):
         w.claim([name])
         yield w.stage_path(name)
 
-
-def adopt(folder, rels, command: str) -> None:
-    """Record files already in `folder` as ddbench's own (committed traces a ddbench command wrote)."""
-    folder = Path(folder)
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    _update_manifest(folder, {r: {"sha256": sha256(str(folder / r)), "command": command, "written_utc": now}
-                              for r in rels}, ())

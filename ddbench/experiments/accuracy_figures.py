@@ -30,7 +30,6 @@ import pandas as pd
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from ddbench.core.traces import accuracy_summary
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.plotting import PAPER_MARK, SYSTEM_COLORS
@@ -72,7 +71,8 @@ def _summary(model: str) -> dict:
 
 @lru_cache(maxsize=None)
 def _summary_at(path: str) -> dict:
-    doc = accuracy_summary(path)
+    from sim.profile import read_summary
+    doc = read_summary(path)               # typed: one line naming the file where it is not a summary
     for key in ("model", "shape", "task_accuracy", "lowrank_layers"):
         if not isinstance(doc, dict) or key not in doc:
             raise DDBenchError(f"malformed accuracy summary {path}: field {key}: missing")

@@ -244,7 +244,8 @@ def _run(a) -> int:
                                                       pred[pred.band == "all"].groupby("context_tokens")["prompt"]
                                                       .nunique().items()},
            "fits": fits}
-    with output_folder(out, command="ddbench profile", shared=True, force=a.force) as w:
+    with output_folder(out, command="ddbench profile", shared=True, force=a.force,
+                       scope=(f"{model}.contexts.csv", f"{model}.cache-trend.json")) as w:   # this model's only
         w.write_text(f"{model}.contexts.csv", buf.getvalue())
         w.write_text(f"{model}.cache-trend.json", dumps_json(doc) + "\n")
     print(summary(fits))

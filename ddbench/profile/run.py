@@ -174,7 +174,9 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
     if out_dir is None:
         from ddbench.core.paths import traces_dir
         out_dir = str(traces_dir("accuracy"))
-    with output_folder(out_dir, command="ddbench profile", shared=True, force=cfg.force) as w:
+    # accuracy/ is shared by every model's profile: this run replaces or prunes only this model's files
+    with output_folder(out_dir, command="ddbench profile", shared=True, force=cfg.force,
+                       scope=trace.names(name, True, True, True, True).values()) as w:
         w.claim(trace.names(name, bool(cfg.cache_capacities), cfg.fp8_error,
                             cfg.prompts is not None, cfg.run_lengths).values())    # refused now, not after the sweep
         result = _sweep(cfg, budget_plan, t_start, prefill_fn)
