@@ -5,6 +5,9 @@ say how):
   traces/engine/h200-paper   each design's largest batch under an 80 GB cap (h100-80gb's memory),
                              the batches its search measured, 3 independently built engines at the
                              largest: Figs. 2, 3 and 12
+  traces/engine/h200-shadowkv-fast/paper-80gb and h200-rates (256K)
+                             ShadowKV in place (issue 31) under the same cap: its points replace
+                             h200-paper's ShadowKV, which ran the copy-then-regather step
   traces/engine/h200-fig14   Fig. 14's batches (12 / 6 / 4 for 8B / 14B / 32B at 128K), no cap: the
                              GPU memory at its peak by category
 
@@ -23,6 +26,7 @@ from ddbench.core.paths import traces_dir
 from ddbench.core.units import GB
 
 CAPPED = "h200-paper"
+INPLACE = "h200-shadowkv-fast/paper-80gb"     # ShadowKV in place under the cap (its 256K point: h200-rates)
 FIG14 = "h200-fig14"
 GIB = 1 << 30
 ENGINE_LABEL = "engine (H200, 80 GB cap)"
@@ -37,7 +41,26 @@ def _summary(run: str) -> dict:
     except FileNotFoundError:
         raise DDBenchError(f"{path}: no such file (the engine's paper points; run"
                            " `python -m kernels.engine.sweep --phases paper` on a GPU, see its README)") from None
-    return {(p["model"], int(p["context"]), p["design"]): p for p in s.get("paper", [])}
+    out = {(p["model"], int(p["context"]), p["design"]): p for p in s.get("paper", [])}
+    if run == CAPPED:
+        out.update({k: v for k, v in _summary(INPLACE).items() if k[2] == "shadowkv"})
+        out.update(_inplace_256k())
+    return out
+
+
+def _inplace_256k() -> dict:
+    """The in-place ShadowKV's 256K points under the cap (h200-rates: batch 1, 3 builds) as summary entries."""
+    from ddbench.core.traces import load_engine
+    e = load_engine(str(traces_dir("engine", "h200-rates", "engine.csv")))
+    e = e[(e.gpu_mem_cap.astype(str).str.len() > 0) & (e.design == "shadowkv") & (e.context == 262144)
+          & e.status.isin(["ok", "ok-no-twin"])]
+    out = {}
+    for (m, c, b), g in e.groupby(["model", "context", "batch"]):
+        t = list(g.tok_s)
+        med = float(g.tok_s.median())
+        out[(m, int(c), "shadowkv")] = {"largest_batch": int(b), "series": [{"batch": int(b), "tok_s": med}],
+                                       "builds_tok_s": {"n": len(t), "min": min(t), "median": med, "max": max(t)}}
+    return out
 
 
 def point(model: str, context: int, design: str, run: str = CAPPED) -> dict | None:
