@@ -65,6 +65,7 @@ DATA_OUTPUTS = {
     "python -m kernels.hostbench": ("host/*",),
     "python -m kernels.engine.sweep": ("engine/*",),
     "python -m sim.validate": ("validation",),
+    "python -m sim.fit": ("fit/*",),
 }
 
 
