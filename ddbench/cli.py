@@ -25,12 +25,32 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def version_line() -> str:
+    """'ddbench 0.1.0 (git SHA)': the version and git sha that every provenance.json records."""
+    from ddbench import __version__
+    from ddbench.core.provenance import git_sha, version
+    v = version()
+    return f"ddbench {__version__ if v == 'unknown' else v} (git {git_sha()})"
+
+
+class VersionAction(argparse.Action):
+    """--version: print version_line() and exit 0 (the git sha is looked up only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="ddbench",
         description="DualDecoder replay: sparse-KV kernels, simulator and capacity planning.",
         epilog="example: ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --design all",
     )
+    parser.add_argument("--version", action=VersionAction, help="print the ddbench version and git sha, and exit")
     parser.add_argument("--data", metavar="DIR",
                         help="data root holding the traces (default: the installed package's; env DDBENCH_DATA)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)

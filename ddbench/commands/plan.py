@@ -162,6 +162,11 @@ def _table(rows: list[list[str]]) -> list[str]:
             for r in rows]
 
 
+def kv_note(kv_bits: int) -> str:
+    """A header's word for the host KV's precision: ', KV fp8 (e4m3) on the host and the link' for 8 bits."""
+    return ", KV fp8 (e4m3) on the host and the link" if kv_bits == 8 else ""
+
+
 BOUND_SHORT = {BOUND_GPU: "GPU", "host memory": "host", BOUND_BOTH: "both"}
 
 
@@ -171,8 +176,8 @@ def render(result: dict) -> str:
     host_head = (f"host memory: {hm['bytes_per_gpu'] / GB:.1f} GB per GPU" if hm is not None
                  else f"host memory: {NOT_BOUNDED}")
     head = (f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])}, "
-            f"budget {result['workload']['budget']}, chunk {result['workload']['chunk']}  [GB = 1e9 bytes];"
-            f" {host_head}")
+            f"budget {result['workload']['budget']}, chunk {result['workload']['chunk']}"
+            f"{kv_note(result['workload']['kv_bits'])}  [GB = 1e9 bytes]; {host_head}")
     bounded = hm is not None
     cols = ["system", "max batch"] + (["bound by", "by GPU", "by host"] if bounded else []) + ["at batch"] \
         + [c.replace("_", " ") for c in CATEGORIES] + ["total", "of GPU", "host GB/req"]
@@ -299,7 +304,7 @@ def _verdict(results, slos) -> str | None:
 
 def serving_plan(args) -> dict:
     from ddbench.planner.executors import run_tasks
-    from ddbench.planner.runs import capacity
+    from ddbench.planner.runs import SUSTAINABLE_RULE, capacity
     slos, seeds, tol, max_runs = _serving_args(args)
     scenarios = _scenarios(args)
     sc0, r0 = scenarios[0], resolve(scenarios[0])
@@ -325,8 +330,8 @@ def serving_plan(args) -> dict:
            "context": sc0.context, "output": sc0.output, "prefill": sc0.prefill,
            "slo": [s.text for s in slos], "slo_columns": [s.column for s in slos], "seeds": list(seeds),
            "requests_per_run": sc0.requests, "tolerance": tol, "max_runs": max_runs,
-           "sustainable_rule": "no rejected request and completion-time slope against arrival time <= 0.05",
-           "cost_model": list(r0.cm.notes), "hit_rates": r0.hit_note}
+           "sustainable_rule": SUSTAINABLE_RULE,
+           "kv_bits": r0.workload.kv_bits, "cost_model": list(r0.cm.notes), "hit_rates": r0.hit_note}
     out["host_memory"] = NOT_BOUNDED if r0.host_mem is None else r0.host_mem.note
     if r0.share is not None:
         out["host"] = {"name": r0.share.host, "fetching": r0.share.fetching, "per_gpu_gbps": r0.share.per_gpu_gbps,
@@ -413,7 +418,7 @@ def render_serving(out: dict, verbose: bool = False) -> str:
     from ddbench.planner.slo import fmt_seconds
     lines = [f"{out['model']} on {out['gpu']} ({out['capacity_gb']:.1f} GB), {out['link']}"
              f" {out['link_gbps_per_gpu']:.1f} GB/s per GPU, context {out['context']}, output {out['output']},"
-             f" prefill {out['prefill']}"]
+             f" prefill {out['prefill']}{kv_note(out.get('kv_bits', 16))}"]
     slo = ", ".join(out["slo"]) or "none (sustainable load only)"
     lines.append(f"SLO {slo}; max rate to within {out['tolerance']:.0%}, seeds {','.join(map(str, out['seeds']))},"
                  f" {out['requests_per_run']} requests per run, at most {out['max_runs']} runs per search")

@@ -7,8 +7,18 @@ chunked prefill (TTFT) and per-step decode on the calibrated cost model. Writes
 requests.csv (TTFT, TPOT, completion per request), steps.csv, memory.csv and summary.json
 into --out, and with --trace a Chrome/Perfetto trace.json.
 
+With --prefill elsewhere (disaggregated), prefill runs on other GPUs and a request joins decoding
+when it is admitted. A design whose queue grows over the run (the completion-time slope against
+arrival time above the planner's threshold, ddbench.planner.runs.queue_grows) is flagged: --rate is more
+than it sustains, and its TTFT and completion grow with --requests.
+
 Timeline mode (--batch N): a per-layer timeline of N requests for --steps batch steps:
 overlap, stalls, link use, buffer occupancy; writes steps.csv, layers.csv, summary.json.
+Batch sweep (--batch over several batches: 1,2,4,8, or 1:64 doubling, or 1:64:8 stepping; HI is
+always included): the timeline at each batch, per design tokens/s and step time against batch, a batch
+beyond a design's memory marked "does not fit", the best design at each batch and where two designs
+cross over; writes sweep.csv (a row per design and batch) and summary.json, and with --plot FILE the
+curves.
 
 The cost model uses the GPU's calibration bundle in traces/calibration/, else a measured
 bundle scaled by the catalog's HBM and FLOP ratios, else a roofline; every output says which
@@ -31,6 +41,7 @@ import time
 from dataclasses import replace
 
 from ddbench.commands import cost_model_line
+from ddbench.commands.plan import _plot_path as plot_path, kv_note
 from ddbench.core import defaults as D
 from ddbench.core import flags
 from ddbench.core.catalog import NOT_BOUNDED
@@ -39,20 +50,24 @@ from ddbench.core.io import dumps_json
 from ddbench.core.outputs import output_folder
 from ddbench.core.memory import CATEGORIES
 from ddbench.core.provenance import provenance
-from ddbench.core.units import GB, parse_tokens
-from ddbench.planner.runs import weights_do_not_fit
+from ddbench.core.units import GB, fmt_tokens, parse_tokens
+from ddbench.core.errors import DDBenchError
+from ddbench.planner.batchsweep import parse_batches
+from ddbench.planner.runs import STABLE_SLOPE, backlog_growth, queue_grows, weights_do_not_fit
 from ddbench.planner.scenario import resolve
 from ddbench.planner.scenario_args import (add_profile_row_args, add_scenario_args, add_workload, profile_rows,
                                            scenarios_from_args)
 from ddbench.progress import bar as progress_bar
 
 EXAMPLE = """examples:
-  ddbench simulate --model qwen2.5-32b --gpu h200 --design dualdecoder --context 128k --rate 0.05 --requests 200
+  ddbench simulate --model qwen2.5-32b --gpu h200 --design dualdecoder --context 128k --rate 0.01 --requests 200
   ddbench simulate --model llama-3-8b --gpu h100-80gb --link pcie5 --design all --context uniform:64k:128k \\
-      --output exp:256 --rate 0.2 --requests 500 --seed 7 --out sim-out --force --trace
+      --output exp:256 --rate 0.1 --requests 500 --seed 7 --out sim-out --force --trace
   ddbench simulate --model llama-3-8b --gpu h200 --design dualdecoder --context 128k --batch 32 --steps 20 --trace
-  ddbench simulate --model llama-3-8b --gpu h100-80gb --design dualdecoder --context 128k --rate 0.1 \
-      --host paper-testbed
+  ddbench simulate --model qwen2.5-32b --gpu a100-80gb --design shadowkv,dualdecoder --context 64k --batch 1:16 \\
+      --plot batch.png
+  ddbench simulate --model llama-3-8b --gpu h100-80gb --design dualdecoder --context 128k --rate 0.3 \\
+      --host paper-testbed --prefill elsewhere
 
 exit status: 0 when the run is written (a design that does not fit says so in its line and in
 summary.json's "status"), 2 for bad input, 3 when no design fits at all (the folder is still written)."""
@@ -68,8 +83,9 @@ def register(sub) -> None:
                    help=f"Poisson arrival rate, requests/s (default {D.RATE})")
     p.add_argument("--seed", type=flags.integer(lo=0, hi=2 ** 63 - 1), default=D.SEED,
                    help=f"random seed for arrivals and drawn lengths (default {D.SEED})")
-    p.add_argument("--batch", type=flags.integer(lo=1, hi=D.MAX_COUNT),
-                   help="timeline mode: simulate this batch per layer instead of serving")
+    p.add_argument("--batch", type=parse_batches, metavar="N|LIST",
+                   help="timeline mode: simulate this batch per layer instead of serving; several batches (1,2,4,8;"
+                        " LO:HI doubling, 1:64 = 1,2,4,...,64; LO:HI:STEP, 1:64:8 = 1,9,...,57,64) sweep the batch")
     p.add_argument("--steps", type=flags.integer(lo=1, hi=D.MAX_STEPS), default=D.STEPS,
                    help=f"timeline mode: batch steps (default {D.STEPS}; 2 warm-up)")
     p.add_argument("--host", type=flags.text(),
@@ -80,12 +96,17 @@ def register(sub) -> None:
     p.add_argument("--host-mem", metavar="GB", type=flags.number(lo=0, lo_open=True, hi=D.MAX_HOST_MEM_GB),
                    help="host memory for this GPU's requests, GB (1e9 bytes): admission stops where their pinned"
                         " host KV would not fit (default: --host's memory / its GPUs; without --host, not a bound)")
-    p.add_argument("--prefill-elsewhere", action="store_true",
-                   help="serving: prefill runs on other GPUs (disaggregated); requests join decoding on admission")
+    p.add_argument("--prefill", choices=("here", "elsewhere"),
+                   help=f"serving: prefill on this GPU beside decode ({D.PREFILL}, the default) or on other GPUs"
+                        " (disaggregated: a request joins decoding when it is admitted)")
+    p.add_argument("--prefill-elsewhere", action="store_true", help=argparse.SUPPRESS)   # the older --prefill elsewhere
+    p.add_argument("--plot", metavar="PNG", type=flags.checked(plot_path),
+                   help="batch sweep: draw tokens/s and step time against batch into this file (.png, .pdf or .svg)")
     p.add_argument("--out", default="sim-out", type=flags.text(),
                    help="output folder (default sim-out); written whole or not at all")
     p.add_argument("--force", action="store_true",
-                   help="replace an earlier run in --out, or write beside files ddbench did not write (kept)")
+                   help="replace an earlier run in --out (and an earlier --plot file of ddbench's), or write beside"
+                        " files ddbench did not write (kept)")
     p.add_argument("--trace", action="store_true", help="also write a Chrome/Perfetto trace.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--verbose", action="store_true", help="print the cost model's notes whole (else one line)")
@@ -110,12 +131,37 @@ def _csv(rows: list[dict], columns=None) -> str:
     return buf.getvalue()
 
 
+def _prefill(args) -> str:
+    """--prefill, or the older --prefill-elsewhere (a hidden alias), or the default."""
+    if args.prefill_elsewhere and args.prefill == "here":
+        raise DDBenchError("--prefill here and --prefill-elsewhere disagree: give one (--prefill elsewhere)")
+    return args.prefill or ("elsewhere" if args.prefill_elsewhere else D.PREFILL)
+
+
+def _check_modes(args) -> bool:
+    """The flags that need a mode; True for a batch sweep (--batch over several batches)."""
+    sweep = args.batch is not None and len(args.batch) > 1
+    if args.plot is not None and not sweep:
+        raise DDBenchError("--plot draws a batch sweep: give --batch several batches (e.g. --batch 1:64)")
+    if sweep and args.trace:
+        raise DDBenchError("--trace draws one batch's timeline: give --batch one batch, not a sweep")
+    if args.plot is not None:
+        out, plot = os.path.abspath(args.out), os.path.abspath(os.path.expanduser(args.plot))
+        if os.path.commonpath([out, plot]) == out:
+            raise DDBenchError(f"--plot {args.plot} lies inside --out {args.out}: name a file outside it"
+                               " (the sweep's own table is in --out)")
+    return sweep
+
+
 def run(args) -> int:
+    prefill = _prefill(args)
+    sweep = _check_modes(args)
     scenarios = scenarios_from_args(args, D.SIM_REQUESTS, rows=profile_rows(args), host=args.host,
-                                    fetching=args.fetching, host_mem_gb=args.host_mem,
-                                    prefill="elsewhere" if args.prefill_elsewhere else "here")
+                                    fetching=args.fetching, host_mem_gb=args.host_mem, prefill=prefill)
     resolved = [resolve(sc).check().check_host() for sc in scenarios]
     ctx = parse_tokens(args.context) if args.batch is not None else None   # the timeline needs one context
+    if sweep:
+        return _sweep(args, resolved, ctx)
     r0 = resolved[0]
     multi = len(resolved) > 1
     summaries = {}
@@ -125,15 +171,10 @@ def run(args) -> int:
             out = r.design.name if multi else ""          # the design's subfolder of --out
             t0 = time.perf_counter()
             if ctx is not None:
-                summary = _timeline(args, r, ctx, w, out)
+                summary = _timeline(args, r, ctx, args.batch[0], w, out)
             else:
                 summary = _serving(args, r, w, out)
-            summary["wall_s"] = time.perf_counter() - t0
-            summary["hit_rates"] = r.hit_note
-            if r.lowrank is not None:
-                summary["lowrank_layers"] = {"layers": sorted(r.lowrank), "note": r.lowrank_note}
-            summary["cost_model"] = list(r.cm.notes)
-            check_finite(summary, f"simulate {r.design.name}")
+            _notes(summary, r, t0)
             w.write_json(os.path.join(out, "summary.json"), summary)
             summaries[r.design.name] = summary
         if bar is not None:
@@ -143,15 +184,99 @@ def run(args) -> int:
     if args.json:
         print(dumps_json(summaries))
     else:
+        kv = kv_note(r0.workload.kv_bits)
+        if kv:
+            print(kv.lstrip(", "))
         for name, s in summaries.items():
             print(_render(name, s))
-        print(_render_host(summaries, r0))
-        print(cost_model_line(r0.cm.notes, args.verbose))
-        print(f"hit rates: {r0.hit_note}")
-        if r0.lowrank_note:
-            print(r0.lowrank_note)
-        print(f"wrote {args.out}")
+        grows = [(name, s) for name, s in summaries.items() if s.get("queue_grows")]
+        if grows:
+            print(_queue_warning(grows, args.rate))
+        _tail(args, r0, summaries)
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
+
+
+def _notes(summary: dict, r, t0: float) -> None:
+    """The summary's wall time, hit-rate, low-rank and cost-model notes (checked finite)."""
+    summary["wall_s"] = time.perf_counter() - t0
+    summary["hit_rates"] = r.hit_note
+    if r.lowrank is not None:
+        summary["lowrank_layers"] = {"layers": sorted(r.lowrank), "note": r.lowrank_note}
+    summary["cost_model"] = list(r.cm.notes)
+    check_finite(summary, f"simulate {r.design.name}")
+
+
+def _tail(args, r0, summaries) -> None:
+    print(_render_host(summaries, r0))
+    print(cost_model_line(r0.cm.notes, args.verbose))
+    print(f"hit rates: {r0.hit_note}")
+    if r0.lowrank_note:
+        print(r0.lowrank_note)
+    print(f"wrote {args.out}" + (f", {args.plot}" if getattr(args, "plot", None) else ""))
+
+
+def _queue_warning(grows, rate: float) -> str:
+    """One line for the designs whose queue grows over the run."""
+    which = ", ".join(f"{name} ({s['backlog_growth']:.2f})" for name, s in grows)
+    return (f"WARNING: the queue grows for {which}: completion time rises with arrival time (slope above"
+            f" {STABLE_SLOPE}), so --rate {rate:g} is more than {'it sustains' if len(grows) == 1 else 'they sustain'}"
+            " and TTFT and completion grow with --requests; `ddbench plan --slo ...` finds the highest sustainable"
+            " rate")
+
+
+SWEEP_COLUMNS = ("design", "batch", "max_batch", "status", "tokens_per_s", "step_ms", "stall_ms_per_step",
+                 "link_utilisation", "h2d_bytes_per_step", "peak_buffer_bytes", "memory_gb", "reason")
+
+
+def _sweep(args, resolved, ctx: int) -> int:
+    """--batch over several batches: the timeline of every design at every batch, into sweep.csv and
+    summary.json (ddbench.planner.batchsweep), and with --plot the curves."""
+    from contextlib import ExitStack
+
+    from ddbench.planner import batchsweep as B
+    r0 = resolved[0]
+    t0 = time.perf_counter()
+    points, max_batch = {}, {}
+    bar = progress_bar(total=len(resolved) * len(args.batch), desc="batch sweep", unit="point", leave=False)
+    try:
+        for r in resolved:
+            max_batch[r.design.name] = _host_block(r, ctx, None)["max_batch"]
+            pts = []
+            for b in args.batch:
+                pts.append(_timeline(args, r, ctx, b, None, ""))
+                bar.update()
+            points[r.design.name] = pts
+    finally:
+        bar.close()
+    sweep = B.summarize(points, tuple(args.batch), max_batch)
+    sweep |= {"model": r0.model.name, "gpu": r0.gpu.name, "link": r0.link.name, "context": ctx,
+              "steps": args.steps, "kv_bits": r0.workload.kv_bits}
+    _notes(sweep, r0, t0)
+    rows = [{"design": name, "max_batch": d["max_batch"], **p} for name, d in sweep["designs"].items()
+            for p in d["points"]]
+    head = (f"batch sweep: {r0.model.name} on {r0.gpu.name} ({r0.gpu.hbm_bytes / GB:.1f} GB), {r0.link.name},"
+            f" context {fmt_tokens(ctx)}, {args.steps} steps per batch ({min(2, args.steps - 1)} warm-up)"
+            f"{kv_note(r0.workload.kv_bits)}")
+    with ExitStack() as stack:
+        w = stack.enter_context(output_folder(args.out, command="ddbench simulate", force=args.force))
+        if args.plot is not None:
+            from ddbench.core.outputs import output_file
+            staged = stack.enter_context(output_file(args.plot, command="ddbench simulate", flag="--plot",
+                                                     force=args.force))
+            B.plot(sweep, staged, head.removeprefix("batch sweep: "),
+                   fmt=os.path.splitext(args.plot)[1].lstrip(".").lower())
+        w.write_text("sweep.csv", _csv(rows, SWEEP_COLUMNS))
+        w.write_json("summary.json", sweep)
+        w.write_json("provenance.json",
+                     provenance("simulate", args, cost_model=list(r0.cm.notes), hit_rates=r0.hit_note))
+    if args.json:
+        print(dumps_json(sweep))
+    else:
+        print("\n".join(B.render(sweep, head)))
+        by_design = {name: {"host_memory": _host_block(r, ctx, None)} for name, r in
+                     zip(sweep["designs"], resolved)}
+        _tail(args, r0, by_design)
+    return 0 if any(p["status"] == "ok" for d in sweep["designs"].values() for p in d["points"]) else NO_FIT
 
 
 def _num(x, fmt: str) -> str:
@@ -242,6 +367,9 @@ def _serving(args, r, w, out) -> dict:
     w.write_text(os.path.join(out, "steps.csv"), _csv(res.segments, STEP_COLUMNS))
     w.write_text(os.path.join(out, "memory.csv"), _csv(res.memory, ("time_s", *CATEGORIES, "total")))
     summary = {**head, **res.summary(), "peak_memory_by_category": res.peak_by_category}
+    growth = backlog_growth(res.requests)     # the planner's rule: ddbench.planner.runs
+    summary["backlog_growth"] = growth
+    summary["queue_grows"] = summary["status"] == "ok" and queue_grows(growth)
     if args.trace:
         events = []
         notes = ["pid 2: serving counters"]
@@ -262,7 +390,9 @@ def _serving(args, r, w, out) -> dict:
     return summary
 
 
-def _timeline(args, r, ctx: int, w, out) -> dict:
+def _timeline(args, r, ctx: int, batch: int, w, out) -> dict:
+    """The per-layer timeline of `batch` requests at context `ctx`: its summary; with a writer `w`, its
+    steps.csv, layers.csv (and trace.json) into `out` (a batch sweep passes None: the summary only)."""
     from ddbench.core.memory import memory_breakdown
     from sim.aggregate import aggregate_step
     from sim.steplayers import step_layers
@@ -270,36 +400,37 @@ def _timeline(args, r, ctx: int, w, out) -> dict:
     from sim.trace import timeline_events, trace_json
 
     wl = replace(r.workload, context=ctx)
-    bd = memory_breakdown(r.design, r.model, r.gpu, replace(wl, batch=args.batch))
+    bd = memory_breakdown(r.design, r.model, r.gpu, replace(wl, batch=batch))
     host = _host_block(r, ctx, None)
-    host_fits = host["max_batch_host"] is None or args.batch <= host["max_batch_host"]
+    host_fits = host["max_batch_host"] is None or batch <= host["max_batch_host"]
     head = {"mode": "timeline", "system": r.design.name, "model": r.model.name, "gpu": r.gpu.name,
-            "link": r.link.name, "batch": args.batch, "context": ctx, "steps": args.steps,
+            "link": r.link.name, "batch": batch, "context": ctx, "steps": args.steps,
             "memory_bytes": bd.as_dict(), "fits": bd.fits and host_fits, "host_memory": host}
     if not bd.fits or not host_fits:
-        reason = (f"batch {args.batch} does not fit: it needs {bd.total / GB:.1f} GB of the GPU's"
+        reason = (f"batch {batch} does not fit: it needs {bd.total / GB:.1f} GB of the GPU's"
                   f" {bd.capacity / GB:.1f} GB" if not bd.fits else
-                  f"batch {args.batch} does not fit: its host KV needs"
-                  f" {args.batch * host['host_bytes_per_request'] / GB:.1f} GB of the"
+                  f"batch {batch} does not fit: its host KV needs"
+                  f" {batch * host['host_bytes_per_request'] / GB:.1f} GB of the"
                   f" {host['bytes_per_gpu'] / GB:.1f} GB of host memory for this GPU")
         return {**head, "status": "does-not-fit", "reason": reason, "step_ms": None, "tokens_per_s": None,
                 "reasons": {"step_ms": reason, "tokens_per_s": reason}}
-    layers_ = step_layers(r.design, r.model, r.cm, wl, args.batch, ctx, r.hit, r.reuse, r.lowrank,
+    layers_ = step_layers(r.design, r.model, r.cm, wl, batch, ctx, r.hit, r.reuse, r.lowrank,
                           cache=r.cache_rates_at(ctx))
-    tl = run_timeline(layers_, steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace)
+    tl = run_timeline(layers_, steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace and w is not None)
     agg = aggregate_step(layers_)
     steps = [{"step": i, "step_s": s, "stall_s": st} for i, (s, st) in enumerate(zip(tl.step_s, tl.stall_s))]
     layers = [{"layer": i, "pre_s": layers_.pre[i], "rebuild_assemble_s": layers_.mid[i], "attention_s": layers_.att[i],
                "post_s": layers_.post[i], "prefetch_bytes": layers_.pf_bytes[i], "urgent_bytes": layers_.ur_bytes[i],
                "stall_s_per_step": tl.layer_stall_s[i] / max(1, len(tl.step_s) - tl.warmup),
                "hit_rate": r.hit[i], "lowrank_keys": int(i in layers_.lowrank)} for i in range(layers_.layers)]
-    w.write_text(os.path.join(out, "steps.csv"), _csv(steps))
-    w.write_text(os.path.join(out, "layers.csv"), _csv(layers))
-    if args.trace:
+    if w is not None:
+        w.write_text(os.path.join(out, "steps.csv"), _csv(steps))
+        w.write_text(os.path.join(out, "layers.csv"), _csv(layers))
+    if w is not None and args.trace:
         w.write_json(os.path.join(out, "trace.json"), trace_json(timeline_events(tl.events), r.cm.notes))
     step = tl.steady_step_s
     return {**head, "status": "ok", "step_ms": step * 1e3,
-            "tokens_per_s": args.batch / step, "aggregate_step_ms": agg.step_s * 1e3,
+            "tokens_per_s": batch / step, "aggregate_step_ms": agg.step_s * 1e3,
             "stall_ms_per_step": sum(tl.stall_s[tl.warmup:]) / max(1, len(tl.stall_s) - tl.warmup) * 1e3,
             "link_utilisation": tl.link_util, "h2d_bytes_per_step": layers_.h2d_bytes,
             "peak_buffer_bytes": tl.peak_buffer_bytes, "reserved_buffer_bytes": tl.reserved_buffer_bytes}

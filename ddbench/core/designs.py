@@ -85,18 +85,18 @@ def get_design(name: str) -> DesignSpec:
 
 
 def design_names(names: str) -> tuple[str, ...]:
-    """'all' -> the paper's four designs and dualdecoder-cache; 'every' -> the whole registry; else a comma
-    list of known names. An empty list, or an empty item, is a DDBenchError."""
+    """A comma list of design names, where 'all' stands for the paper's four designs and dualdecoder-cache
+    and 'every' for the whole registry, alone or beside other names ('all,dualdecoder-per-layer'); each
+    design once, in the order first named. An empty list, or an empty item, is a DDBenchError."""
     key = str(names).strip().lower()
-    if key == "all":
-        return ALL_DESIGNS
-    if key == "every":
-        return tuple(DESIGNS)
     parts = [n.strip() for n in key.split(",")]
     if not key or not any(parts):
         raise DDBenchError(f"'{names}' names no design; use all, every or a comma list")
     if not all(parts):
         raise DDBenchError(f"'{names}' has an empty item; use all, every or a comma list")
-    return tuple(get_design(n).name for n in parts)
-
-
+    out: list[str] = []
+    for n in parts:
+        for d in (ALL_DESIGNS if n == "all" else tuple(DESIGNS) if n == "every" else (get_design(n).name,)):
+            if d not in out:
+                out.append(d)
+    return tuple(out)

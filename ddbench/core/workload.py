@@ -55,8 +55,10 @@ class Workload:
                            minimum=0)
     kv_bits: int = _f(D.KV_BITS, "bits of the KV on the host and on the link: 16 (bf16) or 8 (fp8 e4m3, one fp32"
                                  " scale per chunk and KV head, dequantised by the gather into the GPU's bf16"
-                                 " buffers; designs that keep KV on the host: dualdecoder, dualdecoder-cache,"
-                                 " ShadowKV's values)", minimum=8)
+                                 " buffers; designs that fetch K and V from the host: dualdecoder,"
+                                 " dualdecoder-cache and the ablations. ShadowKV's fp8 values: the memory"
+                                 " model only; the simulator refuses them, their 1 KiB gather pieces having no"
+                                 " measured rate in the calibration bundle)", minimum=8)
 
     def validate(self, model) -> None:
         """DDBenchError (one line) for a value no design can serve on `model`."""

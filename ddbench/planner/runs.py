@@ -28,6 +28,7 @@ from ddbench.core.units import GB
 from ddbench.planner.scenario import Scenario, resolve
 
 STABLE_SLOPE = 0.05      # backlog growth above which a run counts as overloaded
+SUSTAINABLE_RULE = f"no rejected request and completion-time slope against arrival time <= {STABLE_SLOPE}"
 PCTS = (50, 90, 99)      # percentiles every row carries
 
 
@@ -119,6 +120,19 @@ def _slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
 
 
+def backlog_growth(requests) -> float:
+    """The least-squares slope of completion time against arrival time over the requests that completed
+    (sim.serving's requests; rejected ones left out): zero up to noise where the load is sustained,
+    rate / served rate - 1 where the queue grows."""
+    done = [q for q in requests if not q.rejected]
+    return _slope([q.arrival for q in done], [q.latency for q in done])
+
+
+def queue_grows(growth: float) -> bool:
+    """Whether a run's backlog growth says it is overloaded (above STABLE_SLOPE)."""
+    return growth > STABLE_SLOPE
+
+
 def _batch_p90(segments: list[dict]) -> float:
     """The decode batch that 90% of the decoding time runs at or below (time-weighted)."""
     pts = sorted((seg["batch"], seg["steps"] * seg["step_s"]) for seg in segments if seg["batch"] > 0)
@@ -182,7 +196,7 @@ def run_point(sc: Scenario, rate: float, seed: int = 0, pcts: tuple = ()) -> dic
         done, segments, peaks = [], [], {}
     series = {"completion": sorted(q.latency for q in done), "ttft": sorted(q.ttft for q in done),
               "tpot": sorted(q.tpot for q in done if q.output > 1)}
-    growth = _slope([q.arrival for q in done], [q.latency for q in done])
+    growth = backlog_growth(done)
     row = {"rate_req_per_s": rate, "seed": seed, "requests": s["requests"], "completed": s["completed"],
            "rejected": s["rejected"], "tokens_per_s": s["tokens_per_s"],
            "req_per_s_served": s["completed"] / s["makespan_s"] if s["makespan_s"] else None}
@@ -196,7 +210,7 @@ def run_point(sc: Scenario, rate: float, seed: int = 0, pcts: tuple = ()) -> dic
                 "peak_memory_gb": s["peak_memory_bytes"] / GB, "capacity_gb": s["capacity_bytes"] / GB,
                 **{f"peak_{c}_gb": peaks.get(c, 0.0) / GB for c in CATEGORIES},
                 "backlog_growth": growth,
-                "sustainable": bool(s["rejected"] == 0 and growth <= STABLE_SLOPE and s["completed"] > 0),
+                "sustainable": bool(s["rejected"] == 0 and not queue_grows(growth) and s["completed"] > 0),
                 "cost_model": cost_model_kind(r.cm), "sim_wall_s": time.perf_counter() - t0,
                 "sim_cpu_s": time.process_time() - c0})
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}

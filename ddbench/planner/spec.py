@@ -28,7 +28,8 @@
       seed: [0]
 
 Defaults come from ddbench/core/defaults.py. Unknown fields are rejected; empty strings, NaN and
-infinite numbers, numbers out of range are errors, each naming its field (`grid.rate[2]: ...`).
+infinite numbers, numbers out of range are errors, each naming its field (`grid.rate[2]: ...`), every
+bad field in the one line.
 Catalog names, distributions and knob combinations are checked for every point before anything
 runs. The column and key of the design stay `system` (published in results.csv and in the keys
 of points.jsonl). The buffer layout was once the field `cache`: a spec that still says `cache:` is a
@@ -124,6 +125,21 @@ def _member(part) -> bool:
     return isinstance(part, str) and (part in ("int", "str", "float") or part.startswith(("constrained-", "function-")))
 
 
+def field_errors(errors) -> str:
+    """pydantic's errors as one line naming every bad field: 'grid.rate[2]: ...; requests: ...', each field
+    once, in the spec's order. A union (int or text) reports one error per member: the one about the value
+    is kept, not the one about its type."""
+    by_field: dict[str, list] = {}
+    for e in errors:
+        by_field.setdefault(_where([p for p in e["loc"] if not _member(p)]), []).append(e)
+    parts = []
+    for loc, same in by_field.items():
+        e = next((x for x in same if x["type"] not in TYPE_ERRORS), same[0])
+        msg = "unknown field (not in the spec schema)" if e["type"] == "extra_forbidden" else e["msg"]
+        parts.append(f"{loc}: {msg.removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
 def _where(loc) -> str:
     out = ""
     for part in loc:
@@ -159,16 +175,7 @@ def load_spec(path: str) -> dict:
     try:
         spec = _models().model_validate(raw)
     except ValidationError as exc:
-        errors = [(_where([p for p in e["loc"] if not _member(p)]), e) for e in exc.errors()]
-        loc = errors[0][0]
-        # a union (int or text) reports one error per member: keep the one about the value, not its type
-        same = [e for where, e in errors if where == loc]
-        e = next((x for x in same if x["type"] not in TYPE_ERRORS), same[0])
-        msg = "unknown field (not in the spec schema)" if e["type"] == "extra_forbidden" else e["msg"]
-        msg = msg.removeprefix("Value error, ")
-        others = len({where for where, _ in errors}) - 1
-        more = f" (and {others} more)" if others else ""
-        raise DDBenchError(f"sweep spec {path}: {loc}: {msg}{more}") from None
+        raise DDBenchError(f"sweep spec {path}: {field_errors(exc.errors())}") from None
     d = spec.model_dump()
     d["grid"] = {k: [str(x) if k in ("context", "output") else x for x in v] for k, v in d["grid"].items()}
     return d
@@ -220,28 +227,28 @@ def scenario_of(p: dict):
 
 
 def check_points(spec: dict, path: str) -> None:
-    """Resolve every distinct scenario (catalog names, knobs, distributions) before any run."""
+    """Resolve every distinct scenario (catalog names, knobs, distributions) before any run. Every bad value
+    of a field is named, in one line; then the first point whose combination fails."""
     from sim.serving import parse_dist
     from ddbench.planner.scenario import resolve
-    g = spec["grid"]
-    for i, v in enumerate(g["output"]):
-        try:
-            parse_dist(v, "output")
-        except DDBenchError as exc:
-            raise DDBenchError(f"sweep spec {path}: grid.output[{i}]: {exc}") from None
     from ddbench.core.catalog import get_gpu, get_host, get_link, get_model
     from ddbench.core.designs import get_design
     from ddbench.core.units import parse_tokens
+    g = spec["grid"]
     checks = {"model": get_model, "gpu": get_gpu, "link": get_link, "host": get_host, "system": get_design,
+              "output": lambda v: parse_dist(v, "output"),
               "budget": lambda v: parse_tokens(v, "budget"), "cache_tokens": lambda v: parse_tokens(v, "cache_tokens")}
-    for field, fn in checks.items():
+    bad = []
+    for field in (f for f in GRID_FIELDS if f in checks):
         for i, v in enumerate(g[field]):
             if v is None:
                 continue
             try:
-                fn(v)
+                checks[field](v)
             except DDBenchError as exc:
-                raise DDBenchError(f"sweep spec {path}: grid.{field}[{i}]: {exc}") from None
+                bad.append(f"grid.{field}[{i}]: {exc}")
+    if bad:
+        raise DDBenchError(f"sweep spec {path}: " + "; ".join(bad))
     seen = set()
     for p in points(dict(spec, grid=dict(g, rate=g["rate"][:1], seed=g["seed"][:1]))):
         try:
