@@ -468,8 +468,9 @@ class CostModel:
 
     def reuse_fetch_s(self, slots: int, chunk_bytes: int, programs: int = 32, in_flight: int = 2,
                       miss_share: float | None = None) -> float:
-        """The decode-step engine's ShadowKV fetch of one layer (kernels/engine/engine.py, reuse branch),
-        all of it in the compute stream's order: a device copy of the previous selection's rows (`slots` x
+        """The decode-step engine's ShadowKV fetch of one layer as the engine ran it before commit 0f05ef2
+        (issue 31; the copy-then-regather step, not the user's plan: sim/fit/replay.py legacy_reuse_fetch
+        adds it to that engine's rows in the validation), all of it in the compute stream's order: a device copy of the previous selection's rows (`slots` x
         `chunk_bytes`) into a spare buffer, the reuse plan, and one persistent gather over every slot (hits
         from that spare, misses from the host; `miss_share` of them).
 
@@ -482,7 +483,7 @@ class CostModel:
         if fit is not None:
             if miss_share is None:
                 raise ValueError("the fitted reuse fetch needs the layer's miss share")
-            self._note(f"ShadowKV's fetch as the engine runs it (on the compute stream, the key rebuild after it)"
+            self._note(f"ShadowKV's copy-then-regather fetch of the engine before 0f05ef2 (on the compute stream, the key rebuild after it; priced only in the validation of that engine's rows)"
                        f" FITTED to the bundle's reuse_fetch records at {chunk_bytes} B chunks, {programs} programs"
                        f" x {in_flight}: {fit.describe()}")
             return fit.fetch_s(slots, chunk_bytes, math.ceil(slots / (programs * in_flight)), miss_share)
@@ -490,7 +491,7 @@ class CostModel:
         recs = len(self.bundle.rows.get("reuse_fetch", [])) if self.bundle is not None else 0
         why = ("records at " + str(have) if have else f"the bundle's {recs} records are not fitted: {self.fitted.why}"
                if recs else "no such section: an older bundle")
-        self._note(f"ShadowKV's fetch as the engine runs it (on the compute stream, the key rebuild after it)"
+        self._note(f"ShadowKV's copy-then-regather fetch of the engine before 0f05ef2 (on the compute stream, the key rebuild after it; priced only in the validation of that engine's rows)"
                    f" BUNDLE-DERIVED, not measured: no fitted reuse_fetch records at {chunk_bytes} B chunks,"
                    f" {programs} programs x {in_flight} ({why}); copy at the HBM"
                    " copy rate + the gather's fixed cost + ceil(slots / (programs x in flight)) rounds of the 32-block"

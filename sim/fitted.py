@@ -117,7 +117,9 @@ class EngineFit:
 
 @dataclass(frozen=True)
 class ReuseFetchFit:
-    """The engine's ShadowKV fetch of one layer (kernels/engine/engine.py reuse_fetch), fitted to the
+    """The engine's ShadowKV fetch of one layer as it ran before commit 0f05ef2 (the copy-then-regather
+    step, kernels/engine/engine.py reuse_fetch of that code; the in-place step replaced it: these
+    parameters describe the old engine and price only its rows in the validation), fitted to the
     bundle's `reuse_fetch` records of one gather shape (chunk size, programs, chunks in flight):
 
         fetch = fixed_s + 2 x slots x chunk_bytes / copy_Bps + rounds x (hit_s (1 - p) + miss_s p + mix_s p (1 - p))
@@ -416,7 +418,9 @@ def reuse_doc(key: tuple, f: ReuseFetchFit) -> dict:
     return {"chunk_bytes": key[0], "programs": key[1], "in_flight": key[2], "fixed_s": f.fixed_s,
             "copy_Bps": f.copy_Bps, "hit_s": f.hit_s, "miss_s": f.miss_s, "mix_s": f.mix_s, "records": f.records,
             "max_abs_rel_residual": f.max_rel_residual, "rel_residuals": [list(r) for r in f.rel_residuals],
-            "source": f.source}
+            "source": f.source,
+            "engine_step": "copy-then-regather: the engine before commit 0f05ef2 (issue 31); prices only that"
+                           " engine's ShadowKV rows in the validation (sim/fit/replay.py legacy_reuse_fetch)"}
 
 
 def cache_fill_doc(f: CacheFill) -> dict:

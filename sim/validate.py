@@ -9,7 +9,12 @@
 The replay and its rules: sim/fit/validation.py. This module is the command: it writes, through the output
 guard (ddbench.core.outputs.output_folder, all files of a run at once, nothing left on an error), the
 per-point CSV of each validated sweep and its `<stem>-summary.json` (errors by regime and design, link
-bytes agreement, the cost model's notes), and the folder's README.md. Default folder: the data root's
+bytes agreement, the cost model's notes), and the folder's README.md. Besides the four sweeps (the
+validated one, held-out, cache, fp8: all measured before the in-place ShadowKV step, so their ShadowKV
+rows carry that engine's fetch), two validations of the in-place engine: `<stem>-inplace.csv`
+(ShadowKV in place: traces/engine/h200-shadowkv-fast builds, paper-80gb and fp8, and h200-rates'
+ShadowKV rows) and `<stem>-rates.csv` (h200-rates' chunk-cache grid and the other designs at batch 1),
+each with its points' min / median / max over their builds in the summary (`per_point`). Default folder: the data root's
 validation/ (traces/validation/). Imports no torch.
 """
 
@@ -23,8 +28,8 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.outputs import output_folder
 from ddbench.core.paths import traces_dir
 from sim.fit.validation import (CACHE_SWEEP, CALIBRATION_FLOOR_SWEEP, CALIBRATION_SWEEP, FP8_SWEEP, GPU,
-                                HELD_OUT_SWEEP, LINK, MODEL, STEPS, VALIDATION_SWEEP, WARMUP, summarize,
-                                user_path_errors, validate)
+                                HELD_OUT_SWEEP, INPLACE_RUNS, LINK, MODEL, RATES_RUNS, STEPS, VALIDATION_SWEEP, WARMUP,
+                                summarize, user_path_errors, validate, validate_runs)
 
 COMMAND = "python -m sim.validate"
 README = "README.md"
@@ -92,6 +97,8 @@ def write_readme(w, sections) -> str:
     for summary, csv, _ in sections:
         title = (f"Held out: {', '.join(summary['models'])} (the compute terms were fitted to"
                  f" {summary['fitted_model']} only)" if summary.get("held_out")
+                 else f"The in-place engine ({', '.join(summary['models'])}), {len(summary['per_point'])} points"
+                 if summary.get("per_point")
                  else f"The chunk-cache sweep {summary['sweeps'].get('validated', {}).get('folder')}:"
                       f" {', '.join(summary['models'])}" if summary.get("cache_held_out")
                  else f"Fitted shapes: {', '.join(summary['models'])}")
@@ -117,6 +124,16 @@ def write_readme(w, sections) -> str:
                       f" (its points in the overlap regime); the {summary['cache_held_out']['fitted points']['points']}"
                       " points at that context are marked in column cache_fill_fitted, and the rows '(fill not"
                       " fitted here)' are the other contexts."]
+        if summary.get("per_point"):
+            lines += ["", "Per point over its builds (error = sim / engine - 1):", "",
+                      "| model | design | context | batch | miss | churn | kv bits | cap | builds | engine ms median"
+                      " (min-max) | sim ms | error median (min..max) |", "| --- | --- | --- | --- | --- | --- | --- | ---"
+                      " | --- | --- | --- | --- |"]
+            for x in summary["per_point"]:
+                lines.append(f"| {x['model']} | {x['design']} | {x['context'] // 1024}K | {x['batch']} | {x['miss_rate']}"
+                             f" | {x['churn_rate'] or '-'} | {x['kv_bits']} | {x['gpu_mem_cap']} | {x['builds']} |"
+                             f" {x['engine_ms_median']:.2f} ({x['engine_ms_min']:.2f}-{x['engine_ms_max']:.2f}) |"
+                             f" {x['sim_ms']:.2f} | {x['error_median']:+.1%} ({x['error_min']:+.1%}..{x['error_max']:+.1%}) |")
         b = summary["link_bytes"]
         lines += ["", f"Link bytes per step equal to the byte at {b['exact']} of {b['points_with_transfers']} points"
                   f" with transfers. Skipped: {len(summary['skipped'])} rows (listed in the summary).", ""]
@@ -149,6 +166,9 @@ def main(argv=None) -> int:
                     help="a sweep with fp8 host KV (its paper phase with --kv-bits 8,16), replayed too: written as"
                          f" <out stem>-fp8.csv (default the data root's engine/{FP8_SWEEP} where it exists; 'none'"
                          " skips it)")
+    ap.add_argument("--in-place", metavar="on|none", default="on",
+                    help="the in-place ShadowKV validation (traces/engine/h200-shadowkv-fast, h200-rates' ShadowKV"
+                         " rows) and h200-rates' other rows: <out stem>-inplace.csv and -rates.csv ('none' skips them)")
     ap.add_argument("--force", action="store_true",
                     help="write into a folder that holds other files (they are kept; ddbench's own are replaced)")
     a = ap.parse_args(argv)
@@ -172,6 +192,9 @@ def main(argv=None) -> int:
                           f" {r.regime:12s} engine {r.engine_step_ms:8.2f} ms  simulate {r.user_step_ms:8.2f} ms"
                           f"  {r.user_over_engine - 1:+.1%}")
                 for k, x in summ.items():
+                    if k == "left_out":
+                        print(f"left out: {x['points']} ({x['why']})")
+                        continue
                     print(f"{k}: {x['points']} points, median |error| {x['median_abs_error']:.1%}, worst"
                           f" {x['worst_abs_error']:.1%}")
             return 0
@@ -185,6 +208,11 @@ def main(argv=None) -> int:
             runs.append((fp8_dir, os.path.splitext(a.out)[0] + "-fp8.csv", False))
         results = [(validate(d, a.calibration_engine, allow_same_run=a.allow_same_run, held_out=h), out)
                    for d, out, h in runs]
+        if a.in_place != "none":
+            for tag, spec in (("inplace", INPLACE_RUNS), ("rates", RATES_RUNS)):
+                if all(os.path.exists(os.path.join(str(traces_dir("engine", f)), "engine.csv")) for f, _ in spec):
+                    results.append((validate_runs(spec, a.calibration_engine),
+                                    os.path.splitext(a.out)[0] + f"-{tag}.csv"))
     except DDBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -57,15 +57,53 @@ def test_simulate_and_validate_price_a_point_alike(tmp_path, capsys, design, con
     row = t[(t.design == design) & (t.context == context) & (t.batch == batch) & (t.miss_rate == "0.25")
             & (t.transfers == 1)].iloc[0]
     assert row.compute_scale == 1.0 and row.harness_ms > 0     # nothing scaled; the harness stated
-    harnessed, _ = v.point_step_s(v.with_harness(plan, row.harness_ms / 1e3))
+    # h200-validation ran the engine before the in-place ShadowKV step (git 0996e93): its ShadowKV rows
+    # carry that engine's copy-then-regather fetch, an engine term; the other designs' rows are the user's plan
+    assert row.shadowkv_step == ("copy-regather" if design == "shadowkv" else "")
+    engine_plan = v.legacy_reuse_fetch(plan, cost_model("llama-3-8b", "h200", "pcie5"), miss) if design == "shadowkv" else plan
+    assert (engine_plan is plan) == (design != "shadowkv") and not plan.ur_serial and not plan.ur_min_s
+    harnessed, _ = v.point_step_s(v.with_harness(engine_plan, row.harness_ms / 1e3))
     assert row.sim_step_ms == pytest.approx(harnessed * 1e3, rel=1e-12)
-    assert row.sim_gpu_compute_ms == pytest.approx((plan.compute_s * 1e3 + row.harness_ms), rel=1e-12)
+    assert row.sim_gpu_compute_ms == pytest.approx((engine_plan.compute_s * 1e3 + row.harness_ms), rel=1e-12)
     assert row.sim_step_ms >= s["step_ms"]                     # on the critical path where compute binds
     if design == "shadowkv":
         assert row.sim_step_ms > s["step_ms"]
-    # ShadowKV's fetch as the engine runs it is the design's cost, in the user's plan as in validate's
-    assert row.reuse_fetch_ms == pytest.approx(sum(plan.ur_min_s) * 1e3, rel=1e-12)
-    assert (row.reuse_fetch_ms > 0) == (design == "shadowkv") == plan.ur_serial
+    assert row.reuse_fetch_ms == pytest.approx(sum(engine_plan.ur_min_s) * 1e3, rel=1e-12)
+    assert (row.reuse_fetch_ms > 0) == (design == "shadowkv") == engine_plan.ur_serial
+
+
+def test_in_place_rows_are_the_users_plan_and_old_rows_the_legacy_fetch(tmp_path, capsys):
+    """The rule (sim/fit/replay.py shadowkv_step): a run whose git sha descends from 0f05ef2 ran the
+    in-place ShadowKV step and is replayed by the user's plan unchanged (plus the forced-miss draw
+    alone); every earlier committed run ran the copy-then-regather step and carries its fetch."""
+    assert v.shadowkv_step("0f05ef2a41d986c7ce41f965e82ccb7ae3fbec45") == v.IN_PLACE
+    assert v.shadowkv_step("8780ebe3b01a9a6ddaa55a7500c514373399c2a9") == v.IN_PLACE
+    assert v.shadowkv_step("3e94a2fc35e9b4af1c22fcb700681f681cfc6376") == v.IN_PLACE        # h200-rates
+    for old in ("0996e93", "e801c9b8ed9a8240e0e409b83a76317a1bd5feec+dirty", "e8b25b0b1e9a1b708a0a10f521cf30267b5819e9+dirty",
+                "0f05ef2~1"):
+        assert v.shadowkv_step(old) == v.COPY_REGATHER, old
+    for bad in ("", None, "0" * 40):
+        with pytest.raises(DDBenchError, match="git sha|does not know"):
+            v.shadowkv_step(bad)
+    t, skipped, meta, _ = v.validate_runs(v.INPLACE_RUNS)
+    assert set(t.design) == {"shadowkv"} and set(t.shadowkv_step) == {v.IN_PLACE}
+    assert (t.reuse_fetch_ms == 0).all() and set(t.reuse_fetch_model) == {""}
+    assert (t.link_bytes_diff == 0).all()
+    row = t[(t.source == "traces/engine/h200-shadowkv-fast/builds/b0") & (t.context == 131072) & (t.batch == 46)].iloc[0]
+    s = _simulate(tmp_path, capsys, "shadowkv", 131072, 46, 1 - row.miss_replayed)
+    plan = v.replay_plan("shadowkv", 131072, 46, row.miss_replayed, True)
+    assert s["step_ms"] == v.point_step_s(plan)[0] * 1e3
+    assert row.sim_step_ms == pytest.approx(v.point_step_s(v.with_harness(plan, row.harness_ms / 1e3))[0] * 1e3,
+                                            rel=1e-12)
+    # fp8 ShadowKV (1028 B pieces) is not priced: skipped, and says why
+    assert any("fp8" in a and "kv_bits 8" in a and "not priced" in b for a, b in skipped)
+    # and every old sweep's ShadowKV rows are copy-regather, none in place
+    for d in ("h200-validation", "h200-paper", "h200-cache", "h200-fp8"):
+        o, _, _, _ = v.validate(str(traces_dir("engine", d)), held_out=None)
+        sk = o[o.design == "shadowkv"]
+        assert len(sk) and set(sk.shadowkv_step) == {v.COPY_REGATHER}, d
+        assert (sk[sk.transfers == 1].reuse_fetch_ms > 0).all()
+        assert set(o[o.design != "shadowkv"].shadowkv_step) == {""}
 
 
 def test_serving_aggregate_agrees_with_the_timeline_at_the_validation_points():
@@ -85,13 +123,22 @@ def test_compute_only_points_drop_the_link_and_the_fetch():
     cm = cost_model("llama-3-8b", "h200", "pcie5")
     full = v.replay_plan("shadowkv", 32768, 8, 0.25, True, cm)
     bare = v.replay_plan("shadowkv", 32768, 8, 0.25, False, cm)
-    assert full.ur_serial and full.ur_min_s and full.h2d_bytes > 0
+    assert not full.ur_serial and not full.ur_min_s and full.h2d_bytes > 0
     assert not bare.ur_serial and not bare.ur_min_s and bare.rates is None
     assert bare.compute_s == full.compute_s
     assert v.point_step_s(bare)[0] == pytest.approx(bare.compute_s, rel=1e-12)
+    # the old engine's step: its fetch with transfers, none without; the rebuild of every key either way
+    old_full, old_bare = v.legacy_reuse_fetch(full, cm, 0.25), v.legacy_reuse_fetch(bare, cm, 0.25)
+    assert old_full.ur_serial and old_full.ur_min_s and not old_bare.ur_serial and not old_bare.ur_min_s
+    reb = cm.rebuild_s(8, 2048, 160)
+    assert old_bare.compute_s == pytest.approx(bare.compute_s + 32 * 0.75 * reb, rel=1e-12)
+    assert old_full.compute_s == pytest.approx(old_bare.compute_s, rel=1e-12)
 
 
 # ------------------------------------------------------------------ the targets, at the committed points
+
+USER_MAIN = ("dualdecoder", "specache")     # the user's path at the old engine's rows (its ShadowKV rows: left out)
+
 
 def _check_targets(t, per_design=True):
     err = (t.user_over_engine - 1).abs()
@@ -99,7 +146,8 @@ def _check_targets(t, per_design=True):
     assert len(t) and len(lb)
     assert err.median() <= 0.10 and err.max() <= 0.20
     assert lb.median() <= 0.05
-    for d in MAIN if per_design else ():                   # every design on its own
+    assert "shadowkv" not in set(t.design)               # the old engine's copy-then-regather step: not the user's
+    for d in USER_MAIN if per_design else ():              # every design on its own
         e = err[t.design == d]
         assert len(e) == 6 and e.median() <= 0.10 and e.max() <= 0.20, d
     return err
@@ -110,18 +158,33 @@ def test_user_path_meets_the_targets_at_the_validation_sweep():
     points of the issue (DualDecoder, ShadowKV, SpeCache at 32K and 128K, batches 2, 8, 32, 25 % misses)
     and the rest with transfers (full-kv, FIFO, 10 % misses)."""
     t, summ = v.user_path_errors()
-    assert len(t) == 24
+    assert len(t) == 18 and summ["left_out"]["points"] == 6       # its 6 ShadowKV rows ran the old step
     main = t[t.design.isin(MAIN) & (t.miss_rate == "0.25")]
-    assert len(main) == 18
+    assert len(main) == 12
     err = _check_targets(main)
     _check_targets(t, per_design=False)
     assert summ["all"]["median_abs_error"] <= 0.10 and summ["link-bound"]["median_abs_error"] <= 0.05
-    # the two worst points, both about -9 %: DualDecoder 128K batch 32, the seed-dependent one
-    # docs/simulator.md names (230.4 ms measured in seed-1 runs, 210.2 ms in seed 0, the same bytes),
-    # and ShadowKV 32K batch 2 (its fetch in the step is slower than alone, the records it is fitted to)
+    # the worst point, about -9 %: DualDecoder 128K batch 32, the seed-dependent one docs/simulator.md
+    # names (230.4 ms measured in seed-1 runs, 210.2 ms in seed 0, the same bytes)
     assert err.max() < 0.10
-    worst = {(r.design, r.context, r.batch) for r in main.loc[err.nlargest(2).index].itertuples()}
-    assert worst == {("dualdecoder", 131072, 32), ("shadowkv", 32768, 2)}
+    worst = main.loc[err.idxmax()]
+    assert (worst.design, worst.context, worst.batch) == ("dualdecoder", 131072, 32)
+
+
+def test_user_path_meets_the_targets_at_the_in_place_engine():
+    """The in-place ShadowKV (traces/engine/h200-shadowkv-fast builds and paper-80gb, h200-rates' ShadowKV
+    rows): the user's plan within 10 % of every build (the worst, about -10 %: 128K batch 46 at 6 %
+    misses, the sim's selection at that batch short of the engine's landmark pass), and h200-rates' other
+    designs at batch 1 and its chunk-cache grid within 11 % (the grid's worst, about +10.7 %: urgent 2.2 %,
+    churn 12.7 %), the median of each point's builds within 10 %."""
+    for runs, worst in ((v.INPLACE_RUNS, 0.10), (v.RATES_RUNS, 0.11)):
+        t, _, meta, _ = v.validate_runs(runs)
+        err = (t.sim_over_engine - 1).abs()
+        assert len(t) and err.max() <= worst and err.median() <= 0.05
+        pts = v.summarize(t, [], meta)["per_point"]
+        assert all(abs(x["error_median"]) <= 0.10 for x in pts)
+    t, _ = v.user_path_errors(str(traces_dir("engine", "h200-shadowkv-fast", "builds", "b0")))
+    assert len(t) == 4 and ((t.user_over_engine - 1).abs() <= 0.10).all()
 
 
 def test_user_path_meets_the_targets_at_the_calibration_sweeps_validation_phase():
@@ -129,7 +192,7 @@ def test_user_path_meets_the_targets_at_the_calibration_sweeps_validation_phase(
     none of them was fitted (the compute terms come from its floor phase and the breakdown)."""
     t, _ = v.user_path_errors(str(traces_dir("engine", "h200")), phase="validation")
     main = t[t.design.isin(MAIN) & (t.miss_rate == "0.25")]
-    assert len(main) == 18
+    assert len(main) == 12
     err = _check_targets(main)
     assert err.max() <= 0.10
 
@@ -146,13 +209,14 @@ def test_user_path_meets_the_targets_on_held_out_shapes():
         err = (sub.user_over_engine - 1).abs()
         assert err.median() <= 0.10 and err.max() <= 0.20
         assert err[sub.regime == "link-bound"].median() <= 0.05
-        for d in (*MAIN, "full-kv"):
+        for d in (*USER_MAIN, "full-kv"):
             e = err[sub.design == d]
             assert len(e) >= 3 and e.median() <= 0.10 and e.max() <= 0.20, (held, d)
     assert t[t.model == v.MODEL].batch.max() > 64
     # and sim.validate's held-out replay is the same path (no harness term for shapes it did not measure)
     h, skipped, meta, _ = v.validate(str(traces_dir("engine", v.HELD_OUT_SWEEP)), held_out=True)
-    assert len(h) == (t.model != v.MODEL).sum() and (h.harness_ms == 0).all()
+    assert (h.shadowkv_step[h.design == "shadowkv"] == v.COPY_REGATHER).all()
+    assert len(h[h.design != "shadowkv"]) == (t.model != v.MODEL).sum() and (h.harness_ms == 0).all()
     assert not any(meta["harness_by_model"].values())
     s = v.summarize(h, skipped, meta)
     assert s["held_out"] and "NOT MEASURED for qwen2.5-14b, qwen2.5-32b" in s["harness"]
@@ -166,7 +230,9 @@ def test_the_microbenchmark_op_model_misses_the_targets():
     assert any("NOT RECONCILED" in n for n in micro.notes)
     t, _ = v.user_path_errors(cm=micro)
     err = (t.user_over_engine - 1).abs()
-    assert err.max() > 0.20 and err[t.design == "shadowkv"].median() > 0.10
+    assert err.max() > 0.20 and err[t.design == "full-kv"].median() > 0.10
+    t, _ = v.user_path_errors(str(traces_dir("engine", "h200-shadowkv-fast", "builds", "b0")), cm=micro)
+    assert ((t.user_over_engine - 1).abs() > 0.10).any()          # the in-place ShadowKV too
 
 
 def test_validate_regimes_meet_the_targets():

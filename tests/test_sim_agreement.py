@@ -93,13 +93,14 @@ def test_aggregate_at_32k(system, batch, hit):
 
 @pytest.mark.parametrize("batch", [2, 8, 32])
 def test_agree_on_the_engine_reuse_fetch(batch):
-    """sim/validate.py's ShadowKV replay (the engine's fetch on the compute stream, before the key
-    rebuild: plan.ur_min_s with plan.ur_serial) is charged the same by both modes."""
-    from dataclasses import replace
+    """sim/validate.py's replay of the old engine's ShadowKV rows (its copy-then-regather fetch on the
+    compute stream, before the key rebuild: plan.ur_min_s with plan.ur_serial, legacy_reuse_fetch) is
+    charged the same by both modes."""
     from sim.fit import validation as v
     cm = cost_model("llama-3-8b", "h200", "pcie5")
     plan = v.replay_plan("shadowkv", 32768, batch, v.effective_miss(0.25, 2048, 8), True, cm)
-    plan = replace(plan, ur_min_s=v.reuse_fetch(plan, cm, batch), ur_serial=True)
+    plan = v.legacy_reuse_fetch(plan, cm, 0.25)
+    assert plan.ur_serial and len(plan.ur_min_s) == 32
     tl = run_timeline(plan, steps=6, warmup=2)
     assert tl.stall_s[-1] == pytest.approx(sum(plan.ur_min_s), rel=1e-6)
     assert aggregate_step(plan).step_s == pytest.approx(tl.steady_step_s, rel=0.005)

@@ -180,7 +180,8 @@ def test_validate_writes_through_the_guard(tmp_path, capsys):
     the same name is never overwritten, even with --force."""
     from sim import validate as cli
     out = tmp_path / "val"
-    args = ["--out", str(out / "h200-engine.csv"), "--held-out", "none", "--cache", "none", "--fp8", "none"]
+    args = ["--out", str(out / "h200-engine.csv"), "--held-out", "none", "--cache", "none", "--fp8", "none",
+            "--in-place", "none"]
     assert cli.main(args) == 0
     files = sorted(os.listdir(out))
     assert files == [".ddbench-manifest.json", "README.md", "h200-engine-summary.json", "h200-engine.csv"]

@@ -95,7 +95,8 @@ def test_reuse_fetch_bundle_derived_hand_computed():
     assert cm.reuse_fetch_s(slots, 2048, 32, 2) == pytest.approx(copy + 39.69e-6 + 512 * 1.7904e-6, rel=1e-3)
     assert cm.reuse_fetch_s(slots, 2048, 32, 2, 0.9) == cm.reuse_fetch_s(slots, 2048, 32, 2, 0.1)
     assert any("BUNDLE-DERIVED" in n and "older bundle" in n for n in cm.notes)
-    p = v.replay_plan("shadowkv", 32768, 16, v.effective_miss(0.174, 2048, 8), True, cm)
+    miss = v.effective_miss(0.174, 2048, 8)
+    p = v.legacy_reuse_fetch(v.replay_plan("shadowkv", 32768, 16, miss, True, cm), cm, miss)
     fetch = v.reuse_fetch(p, cm, 16)
     assert len(fetch) == 32 and fetch[0] == pytest.approx(cm.reuse_fetch_s(slots, 2048), rel=1e-9)
     assert v.reuse_fetch_model(p, cm) == "bundle-derived"
@@ -194,9 +195,12 @@ def test_reuse_fetch_is_serial_with_the_key_rebuild(batch):
     (plan.ur_serial): the whole fetch is exposed, each layer by its full length. Negative control:
     without ur_serial the rebuild overlaps it and the step is shorter by the rebuild of every layer."""
     cm = cost_model("llama-3-8b", "h200", "pcie5")
-    plan = v.replay_plan("shadowkv", 32768, batch, v.effective_miss(0.25, 2048, 8), True, cm)
+    user = v.replay_plan("shadowkv", 32768, batch, v.effective_miss(0.25, 2048, 8), True, cm)
+    # the user's plan prices the in-place step: no copy-then-regather fetch, no serial order
+    assert not user.ur_serial and not user.ur_min_s and v.reuse_fetch(user, cm, batch) == []
+    plan = v.legacy_reuse_fetch(user, cm, 0.25)
     fetch = v.reuse_fetch(plan, cm, batch)
-    # the user's plan (step_layers) already charges the engine's fetch, serial; p: the same without it
+    # the old engine's step (legacy_reuse_fetch) charges its fetch, serial; p: the same without it
     assert plan.ur_serial and plan.ur_min_s == fetch and len(fetch) == 32
     p = replace(plan, ur_min_s=[], ur_serial=False)
     base = run_timeline(p, steps=4, warmup=2)

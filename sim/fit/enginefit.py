@@ -20,6 +20,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
 from sim.costmodel import CostModel
 from sim.fitted import ENGINE_TERMS, EngineFit, Fitted
+from sim.fit.replay import COPY_REGATHER, IN_PLACE, legacy_reuse_fetch, shadowkv_step
 from sim.steplayers import step_layers
 
 
@@ -48,15 +49,20 @@ def design_of(name: str):
     return replace(d, name=name, tokens_per_step=1) if single else d
 
 
-def step_compute(cm: CostModel, design, context: int, batch: int) -> float:
-    """The GPU compute of one step of `design` as the cost model prices it now (all hits)."""
+def step_compute(cm: CostModel, design, context: int, batch: int, step: str = IN_PLACE) -> float:
+    """The GPU compute of one step of `design` as the cost model prices it now (all hits), on the engine's
+    ShadowKV step `step` (sim/fit/replay.py shadowkv_step: COPY_REGATHER rebuilt every selected key,
+    legacy_reuse_fetch)."""
     w = Workload(context=context, batch=batch)
     one = [1.0] * cm.model.num_layers
     cache = None
     if design.chunk_cache:       # compute only: the rates move bytes, not compute
         from ddbench.core.cacherates import forced
         cache = forced(0.0, 0.0, cm.model.num_layers, "compute only")
-    return step_layers(design, cm.model, cm, w, batch, context, one, one, cache=cache).compute_s
+    plan = step_layers(design, cm.model, cm, w, batch, context, one, one, cache=cache)
+    if step == COPY_REGATHER:
+        plan = legacy_reuse_fetch(plan, cm, 0.0)
+    return plan.compute_s
 
 
 def fit_bundle(bundle) -> EngineFit | None:
@@ -79,7 +85,12 @@ def fit_engine_terms(cm, breakdown: dict, joint: bool = True) -> EngineFit:
     cannot disagree on what a step runs. One least-squares problem, relative (each measured time
     weighted by 1 / itself), no term negative: a row per (breakdown point, category) and a row per
     engine-section step. The design of a point is the registry's by name ('dualdecoder-single':
-    DualDecoder with one query token)."""
+    DualDecoder with one query token). Each source's ShadowKV step is its engine run's (shadowkv_step of
+    the breakdown's and the engine section's git sha: the committed ones ran the copy-then-regather step)."""
+    bd_step = shadowkv_step((breakdown.get("provenance") or {}).get("git_sha"))
+    bundle = getattr(cm, "bundle", None)
+    src = ((bundle.meta.get("sections", {}).get("engine", {}) if bundle is not None else {}).get("source") or {})
+    eng_step = shadowkv_step(src.get("git_sha")) if getattr(cm, "engine_tab", {}) else IN_PLACE
     pts = [(f"{p['design']} {p['context'] // 1024}K b{p['batch']}", design_of(p["design"]), p["context"],
             p["batch"], p) for p in breakdown["points"]]
     pts = [x for x in pts if x[1] is not None]
@@ -94,6 +105,7 @@ def fit_engine_terms(cm, breakdown: dict, joint: bool = True) -> EngineFit:
     n_par = int(offs[-1])
     # features: per point and category, the step's sum of each term's feature (unit parameters)
     everything = pts + steps
+    step_of = [bd_step] * len(pts) + [eng_step] * len(steps)
     feats = np.zeros((len(everything), len(cats), n_par))
     try:
         for ci, c in enumerate(cats):
@@ -102,7 +114,7 @@ def fit_engine_terms(cm, breakdown: dict, joint: bool = True) -> EngineFit:
                 unit[c][j] = 1.0
                 cm.set_engine_terms(unit, raw=True)
                 for n, (_, design, ctx, b, _) in enumerate(everything):
-                    feats[n, ci, offs[ci] + j] = step_compute(cm, design, ctx, b)
+                    feats[n, ci, offs[ci] + j] = step_compute(cm, design, ctx, b, step_of[n])
     finally:
         cm.set_engine_terms(None)
     rows, ys, labels = [], [], []

@@ -7,7 +7,8 @@ write it, and tell whether it is stale.
 fits, in this order, on the bundle of --gpu (sim/fitted.py says what each term is):
   1. the decode compute reconciled with the engine (sim/fit/enginefit.py), from the bundle's engine
      section and the engine breakdown that belongs to it (ddbench.core.calibration.find_breakdown);
-  2. ShadowKV's reuse fetch per gather shape (sim/fit/reusefit.py), from the bundle's reuse_fetch records;
+  2. ShadowKV's reuse fetch per gather shape (sim/fit/reusefit.py), from the bundle's reuse_fetch records
+     (the copy-then-regather fetch of the engine before 0f05ef2: it prices that engine's rows in the validation);
   3. dualdecoder-cache's fill (sim/fit/cachefill.py), from the engine's chunk-cache sweep
      (default <data root>/engine/<gpu>-cache where it exists), priced with 1 and 2;
 and writes FOLDER/fitted.json (default <calibration root>/../fit/<gpu>/: traces/fit/h200/fitted.json)
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
 
 def describe(f: Fitted) -> list[str]:
     lines = [f.engine.describe() if f.engine else "decode compute: no engine breakdown for this bundle, not fitted"]
-    lines += [f"ShadowKV's fetch at {k[0]} B chunks, {k[1]} programs x {k[2]}: {x.describe()}"
+    lines += [f"ShadowKV's copy-then-regather fetch (the engine before 0f05ef2) at {k[0]} B chunks, {k[1]} programs x {k[2]}: {x.describe()}"
               for k, x in sorted(f.reuse.items())] or ["ShadowKV's fetch: no reuse_fetch records, not fitted"]
     lines.append(f.cache_fill.describe() if f.cache_fill else "cache fill: no chunk-cache sweep, not fitted")
     return lines

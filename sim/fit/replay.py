@@ -9,6 +9,15 @@ prices it: sim.steplayers.step_layers on the cost model of sim/setup.py, then th
 - `transfers = 0` rows (compute only, no host reads) are replayed with the plan's link work removed
   (and ShadowKV's fetch with it: the engine skips it).
 - A chunk-cache design's rates are the chunks its cache really moved at the point (engine_cache_rates).
+- Which ShadowKV step the engine ran (shadowkv_step): the in-place step since commit 0f05ef2 (issue 31,
+  IN_PLACE_SINCE: each layer's buffer kept in place, only the misses' values fetched by the 64-program
+  urgent slot gather, only their keys rebuilt), which the user's plan prices (sim/steplayers.py); an
+  engine run whose git sha does not descend from that commit ran the copy-then-regather step, which
+  the user's plan no longer prices: the fits and the validation add it to such rows only, as a term of
+  that engine of their own (legacy_reuse_fetch: the key rebuild of every selected slot, and the fetch
+  CostModel.reuse_fetch_s on the compute stream before it). The rule reads the run's git sha (the row's
+  git_sha, else its meta.json provenance; a "+dirty" suffix is dropped) and asks this repository's git
+  whether IN_PLACE_SINCE is its ancestor; a sha git does not know is an error, never a guess.
 
 Regime of a point (classify): compute-only (no transfers); link-bound (engine link bytes per step /
 engine step >= LINK_BOUND x the thin-gather rate measured in the same engine run, meta.json); overlap
@@ -19,7 +28,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from dataclasses import replace
+from functools import lru_cache
 
 from ddbench.core import defaults as D
 from ddbench.core.errors import DDBenchError
@@ -30,6 +41,9 @@ LINK_BOUND = 0.75      # share of the measured gather rate the engine's link mus
 STEPS, WARMUP = D.STEPS, min(2, D.STEPS - 1)   # the timeline as `ddbench simulate --batch N` runs it
 MIB = 2 ** 20
 COMPLETED = ("ok", "ok-no-twin")   # measured (ok-no-twin: no compute-only twin to split off the exposure)
+IN_PLACE_SINCE = "0f05ef2a41d986c7ce41f965e82ccb7ae3fbec45"   # shadowkv in place (issue 31)
+IN_PLACE, COPY_REGATHER = "in-place", "copy-regather"          # the engine's two ShadowKV steps
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load_meta(engine_dir: str) -> dict:
@@ -54,6 +68,65 @@ def load_meta(engine_dir: str) -> dict:
     if not isinstance(meta.get("provenance", {}) or {}, dict):
         raise DDBenchError(f"{path}, field provenance: not an object")
     return meta
+
+
+@lru_cache(maxsize=None)
+def shadowkv_step(git_sha) -> str:
+    """Which ShadowKV step an engine run of this git sha ran: IN_PLACE where IN_PLACE_SINCE is the sha or
+    one of its ancestors, else COPY_REGATHER (the module doc). A DDBenchError where the sha is missing or
+    this repository's git cannot tell."""
+    sha = str(git_sha or "").strip().split("+")[0]
+    if not sha or sha == "nan":
+        raise DDBenchError("the engine run has no git sha: cannot tell which ShadowKV step it ran")
+    try:
+        rc = subprocess.run(["git", "-C", REPO, "merge-base", "--is-ancestor", IN_PLACE_SINCE, sha],
+                            capture_output=True, timeout=30).returncode
+    except (OSError, subprocess.SubprocessError) as e:
+        raise DDBenchError(f"git cannot tell whether engine code {sha} has the in-place ShadowKV step ({e})") from None
+    if rc not in (0, 1):
+        raise DDBenchError(f"git does not know the engine run's commit {sha}: cannot tell which ShadowKV step it ran")
+    return IN_PLACE if rc == 0 else COPY_REGATHER
+
+
+def row_git_sha(r, meta: dict | None = None):
+    """The engine row's git sha (its git_sha column, else its run's meta.json provenance)."""
+    v = getattr(r, "git_sha", None)
+    if isinstance(v, str) and v:
+        return v
+    return ((meta or {}).get("provenance") or {}).get("git_sha")
+
+
+def legacy_reuse_fetch(plan, cm, miss: float, kv_bits: int = 16):
+    """The plan of a ShadowKV step as the engine ran it before IN_PLACE_SINCE (copy-then-regather; the
+    module doc), from the user's plan of it (`plan`: step_layers at reuse rate 1 - `miss` on every layer,
+    as replay_plan builds it): the key rebuild of every selected slot of every low-rank layer (the
+    in-place plan rebuilds the misses' only), and where the plan moves bytes, per layer on the compute
+    stream before that rebuild (ur_serial) the copy of the previous selection into a spare buffer, the
+    reuse plan and one 32-program gather over every slot (ur_min_s: CostModel.reuse_fetch_s at the miss
+    share, fitted to the bundle's reuse_fetch records), its misses at the bundle's gather rate (not the
+    in-place slot gather's). Unchanged for designs without reuse. A term of that engine, never the
+    user's plan."""
+    from ddbench.core.memory import Workload, kv_piece_bytes
+    from sim.costmodel import ENGINE_REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS
+    d = plan.design
+    if not (d.reuse and d.prefetch == "none" and not d.kv_on_gpu):
+        return plan
+    m, L = cm.model, plan.layers
+    w = Workload(context=max(1, int(round(plan.context))), batch=plan.batch, kv_bits=kv_bits)
+    reb = cm.rebuild_s(plan.batch, w.budget, w.rank, triton=d.kernels == "triton") if plan.lowrank else 0.0
+    # the in-place plan rebuilds the misses' keys (rebuild x miss share); the old step rebuilt every slot's
+    mid = [x + (plan.passes * reb * (1.0 - miss) if i in plan.lowrank else 0.0) for i, x in enumerate(plan.mid)]
+    if plan.rates is None:                 # compute only: nothing on the link, no fetch (the engine skips it)
+        return replace(plan, mid=mid)
+    piece = kv_piece_bytes(m, w)
+    cbs = [(1 if (d.fetch == "values" or i in plan.lowrank) else 2) * piece for i in range(L)]
+    rates = {cb: cm.link_rates(d.gather, cb, measured_only=kv_bits != 16) for cb in set(cbs)}
+    ur_w = [rates[cbs[i]].h2d_t0_s + b / (rates[cbs[i]].h2d_gbps * 1e9) if b > 0 else 0.0
+            for i, b in enumerate(plan.ur_bytes)]
+    slots = plan.batch * m.num_kv_heads * (w.budget // w.chunk)
+    ur_min = [plan.passes * cm.reuse_fetch_s(slots, cbs[i], ENGINE_REUSE_PROGRAMS, ENGINE_REUSE_IN_FLIGHT, miss)
+              if plan.ur_bytes[i] > 0 else 0.0 for i in range(L)]
+    return replace(plan, mid=mid, ur_work=ur_w, rates=rates[cbs[0]], ur_min_s=ur_min, ur_serial=True)
 
 
 def effective_miss(rate: float, budget: int, chunk: int) -> float:

@@ -36,9 +36,17 @@ stated per point:
   forced-miss compute-only steps beside the own-selection ones, and their difference (piecewise linear
   in the batch, the nearest measured batch outside them) is added to every forced-miss point's
   compute, spread over the layers.
-ShadowKV's fetch (`reuse_fetch_ms`, column `reuse_fetch_model`) is the design's cost as the engine
-runs it and is in the user's plan too (sim/steplayers.py): FITTED to the bundle's `reuse_fetch`
-records where it has them, else BUNDLE-DERIVED (older bundles), and the summary and notes say which.
+- ShadowKV's step is the one its engine run ran (column `shadowkv_step`; the rule: sim/fit/replay.py
+  shadowkv_step, the run's git sha against IN_PLACE_SINCE, commit 0f05ef2). The in-place step (runs
+  from 0f05ef2 on) is the user's plan unchanged (sim/steplayers.py). The copy-then-regather step
+  (every committed run before it: h200, h200-validation, h200-paper, h200-cache, h200-fp8) is an
+  engine term here only (legacy_reuse_fetch): the fetch (`reuse_fetch_ms`, column `reuse_fetch_model`)
+  on the compute stream, serial with the key rebuild of every selected slot, FITTED to the bundle's
+  `reuse_fetch` records (they measure that old fetch) where it has them, else BUNDLE-DERIVED (older
+  bundles), and the summary and notes say which.
+validate_runs: several folders as one validation (INPLACE_RUNS: the in-place ShadowKV points of
+h200-shadowkv-fast and h200-rates; RATES_RUNS: h200-rates' other designs), per point min / median / max
+over its builds (per_point).
 `compute_scale` is 1 at every point (the compute is the cost model's, unscaled; the column stays for
 the CSV's format).
 Regime of each point: sim/fit/replay.py classify (compute-only, link-bound, overlap). Imports no torch.
@@ -54,9 +62,10 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.traces import load_engine
 from sim.costmodel import ENGINE_REUSE_IN_FLIGHT as REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS as REUSE_PROGRAMS
-from sim.fit.replay import (COMPLETED, GPU, LINK, LINK_BOUND, MIB, MODEL, STEPS, WARMUP, classify,  # noqa: F401
-                            effective_miss, engine_cache_rates, load_meta, point_step_s, rel, replay_plan, row_cache,
-                            row_kv_bits, row_model)
+from sim.fit.replay import (COMPLETED, COPY_REGATHER, GPU, IN_PLACE, IN_PLACE_SINCE, LINK, LINK_BOUND,  # noqa: F401
+                            MIB, MODEL, STEPS, WARMUP, classify, effective_miss, engine_cache_rates,
+                            legacy_reuse_fetch, load_meta, point_step_s, rel, replay_plan, row_cache, row_git_sha,
+                            row_kv_bits, row_model, shadowkv_step)
 
 ENGINE_REL = "traces/engine/h200"    # under the data root; named so in outputs
 CALIBRATION_SWEEP = GPU               # traces/engine/<this>: the default calibration sweep ...
@@ -154,7 +163,7 @@ class CostModels:
 
 
 def validate(engine_dir: str | None = None, calibration_dir: str | None = None, allow_same_run: bool = True,
-             held_out: bool = False):
+             held_out: bool | None = False, keep=None, meta_fallback: dict | None = None, allow_empty: bool = False):
     """(table of replayed points, list of (row, reason) skipped, meta, cost-model notes).
 
     Each point is priced as the user's `ddbench simulate --batch` prices it (replay_plan, point_step_s:
@@ -165,16 +174,24 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     both folders hold the same run (the CLI's default; this function's default keeps the figures
     working against a single sweep, and `sweeps.same_run` says so).
 
-    held_out: replay the rows of every model but MODEL, the shapes the compute terms were fitted to
+    held_out: replay the rows of every model but MODEL (None: of every model), the shapes the compute terms were fitted to
     (their rows are skipped); else MODEL's rows only. A held-out model's harness term is the
-    calibration sweep's for that model where it measured one, else 0 (stated: `harness_measured`)."""
+    calibration sweep's for that model where it measured one, else 0 (stated: `harness_measured`).
+
+    keep: a predicate on the engine rows (others are not replayed); meta_fallback: the meta.json of a
+    folder that has none (its thin-gather rate classifies the points; stated in `sweeps`).
+
+    A ShadowKV row is replayed with the step its engine run ran (sim/fit/replay.py shadowkv_step, column
+    shadowkv_step): the in-place step by the user's plan unchanged; the copy-then-regather step (runs
+    before IN_PLACE_SINCE) with legacy_reuse_fetch added, an engine term (reuse_fetch_ms)."""
     import pandas as pd
     from ddbench.core.memory import Workload
     d_cal, d_val = default_dirs()
     engine_dir = engine_dir or d_val
     calibration_dir = calibration_dir or d_cal
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
-    meta = load_meta(engine_dir)
+    meta_missing = meta_fallback is not None and not os.path.exists(os.path.join(engine_dir, "meta.json"))
+    meta = dict(meta_fallback) if meta_missing else load_meta(engine_dir)
     cal_meta = load_meta(calibration_dir)
     same = same_run(calibration_dir, cal_meta, engine_dir, meta)
     if same and not allow_same_run:
@@ -192,6 +209,13 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
             raise DDBenchError(f"{engine_dir} holds the engine run the bundle's engine section was imported from"
                                f" ({src['run_id']}): validate against a separate sweep or pass --allow-same-run")
     ci, vi = run_identity(cal_meta), run_identity(meta)
+    if meta_missing:             # the run's identity from its rows; only the thin-gather rate is another run's
+        col = lambda k: ", ".join(dict.fromkeys(str(x) for x in df[k].dropna())) if k in df else None  # noqa: E731
+        vi = dict(run_id=None, gpu=col("gpu"), git_sha=col("git_sha"), command=None,
+                  date_utc=f"{df.date_utc.min()} .. {df.date_utc.max()}" if "date_utc" in df else None,
+                  phases=col("phase"), seed=None, runs=col("run"),
+                  meta=meta_fallback.get("why", "no meta.json: another run's thin-gather rate"))
+    raw_meta = meta
     meta = dict(meta, sweeps={
         "calibration": dict(folder=rel(calibration_dir), **ci), "validated": dict(folder=rel(engine_dir), **vi),
         "same_run": bool(same), "same_code": ci["git_sha"] == vi["git_sha"],
@@ -208,10 +232,12 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     same_dir = os.path.realpath(calibration_dir) == os.path.realpath(engine_dir)
     harness_models = {}
     for r in df.itertuples():
+        if keep is not None and not keep(r):
+            continue
         label = f"{r.design} {r.context // 1024}K b{r.batch} miss {r.miss_rate} transfers {r.transfers}"
         phase = getattr(r, "phase", "")
         model = row_model(r)
-        if (model == MODEL) == bool(held_out):
+        if held_out is not None and (model == MODEL) == bool(held_out):
             skipped.append((label, f"model {model}" + (" (the fitted shapes)" if held_out else " (held out)")))
             continue
         if r.status not in COMPLETED:
@@ -236,6 +262,15 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         except DDBenchError as exc:          # e.g. fp8 pieces smaller than any the bundle measured
             skipped.append((label + f" kv_bits {row_kv_bits(r)}", f"not priced: {exc}"))
             continue
+        step = ""
+        if plan.design.reuse:
+            try:
+                step = shadowkv_step(row_git_sha(r, raw_meta))
+            except DDBenchError as exc:
+                skipped.append((label, f"not priced: {exc}"))
+                continue
+            if step == COPY_REGATHER:     # the engine's old step: its fetch and full rebuild, an engine term
+                plan = legacy_reuse_fetch(plan, cmm, miss, row_kv_bits(r))
         fill_fitted = bool(ct) and _fill_fitted(cmm, meta, int(r.context))
         harness = 0.0
         if r.miss_rate != "none" and not plan.design.kv_on_gpu:
@@ -252,7 +287,8 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         rows.append(dict(
             phase=phase, rep=getattr(r, "rep", 0), model=model, gpu_mem_cap=getattr(r, "gpu_mem_cap", "none"),
             design=r.design, context=r.context, batch=r.batch, cache_tokens=ct or "", kv_bits=row_kv_bits(r),
-            cache_fill_fitted=fill_fitted,
+            cache_fill_fitted=fill_fitted, shadowkv_step=step, run=str(getattr(r, "run", "") or ""),
+            churn_rate=_num(getattr(r, "churn_rate", None)),
             miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
             regime=regime, engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
             sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=1.0, harness_ms=harness * 1e3,
@@ -260,11 +296,87 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
             sim_stall_ms=statistics.fmean(tl.stall_s[tl.warmup:]) * 1e3, engine_exposed_ms=r.exposed_ms,
             engine_link_bytes=eng_bytes, sim_link_bytes=sim_bytes, link_bytes_diff=sim_bytes - eng_bytes,
             engine_link_gbps=r.link_gbps, sim_link_gbps=sim_bytes / (sim_ms * 1e-3) / 1e9 if sim_ms else 0.0,
-            sim_link_util=tl.link_util, note=""))
-    if not rows:
+            sim_link_util=tl.link_util, source=rel(engine_dir), note=""))
+    if not rows and not allow_empty:
         raise DDBenchError(f"{engine_dir}: no engine point to replay ({len(skipped)} skipped, the rest calibration)")
     meta["harness_by_model"] = harness_models
     return pd.DataFrame(rows), skipped, meta, cms.notes()
+
+
+INPLACE_RUNS = (("h200-shadowkv-fast/builds/b0", None), ("h200-shadowkv-fast/builds/b1", None),
+                ("h200-shadowkv-fast/builds/b2", None), ("h200-shadowkv-fast/paper-80gb", None),
+                ("h200-shadowkv-fast/fp8", None), ("h200-rates", "shadowkv"))
+RATES_RUNS = (("h200-rates", "!shadowkv"),)      # its chunk-cache grid and the other designs at batch 1
+META_FALLBACK = "h200-shadowkv-fast/builds/b0"   # h200-rates has no meta.json: the thin-gather rate of this run
+
+
+def validate_runs(runs, calibration_dir: str | None = None, root: str | None = None):
+    """validate() over several engine folders as one validation: (table, skipped, meta, notes). runs:
+    (folder under the data root's engine/, design filter: None every row, "D" design D's only, "!D" the
+    others). Every model's rows (held-out shapes included: no harness term where the calibration sweep
+    did not measure one); a folder without meta.json takes META_FALLBACK's (named in the sweeps). The
+    table's `source` column names each row's folder; meta["per_point"] asks summarize() for the builds'
+    min / median / max per point."""
+    import pandas as pd
+    root = root or str(traces_dir("engine"))
+    tabs, skipped, metas, notes = [], [], [], []
+    fallback = dict(load_meta(os.path.join(root, META_FALLBACK)),
+                    why=f"no meta.json: the thin-gather rate of {META_FALLBACK}")
+    for folder, flt in runs:
+        keep = None
+        if flt:
+            want, neg = flt.lstrip("!"), flt.startswith("!")
+            keep = (lambda r, want=want, neg=neg: (r.design == want) != neg)
+        t, sk, meta, nt = validate(os.path.join(root, folder), calibration_dir, held_out=None, keep=keep,
+                                   meta_fallback=fallback, allow_empty=True)
+        tabs.append(t)
+        skipped += [(f"{folder}: {a}", b) for a, b in sk]
+        metas.append(meta)
+        notes += [n for n in nt if n not in notes]
+    t = pd.concat([x for x in tabs if len(x)], ignore_index=True)
+    if not len(t):
+        raise DDBenchError(f"{', '.join(f for f, _ in runs)}: no engine point to replay")
+    meta = dict(metas[0])
+    vals = [m["sweeps"]["validated"] for m in metas]
+    join = lambda k: ", ".join(dict.fromkeys(str(x.get(k)) for x in vals))   # noqa: E731
+    meta["sweeps"] = dict(metas[0]["sweeps"], validated=dict(
+        folder=", ".join(dict.fromkeys(x["folder"] for x in vals)), run_id=join("run_id"), git_sha=join("git_sha"),
+        date_utc=join("date_utc"), phases=join("phases"), seed=join("seed")),
+        same_run=any(m["sweeps"]["same_run"] for m in metas), same_code=False)
+    meta["thin_gather_gbps"] = statistics.median(float(m["thin_gather_gbps"]) for m in metas)
+    meta["harness_by_model"] = {k: any(m.get("harness_by_model", {}).get(k) for m in metas)
+                                for m0 in metas for k in m0.get("harness_by_model", {})}
+    meta["held_out"] = False
+    meta["per_point"] = True
+    return t, skipped, meta, notes
+
+
+POINT_KEY = ["model", "design", "context", "batch", "miss_rate", "churn_rate", "kv_bits", "gpu_mem_cap", "shadowkv_step"]
+
+
+def per_point(t) -> list[dict]:
+    """Per point (POINT_KEY), over its builds (rows): the engine step's and the error's min / median / max."""
+    out = []
+    t = t.assign(churn_rate=t.churn_rate.astype(str))
+    for k, sub in t.groupby(POINT_KEY, sort=False):
+        err = sub.sim_over_engine - 1
+        out.append(dict(zip(POINT_KEY, k), builds=int(len(sub)), regime="/".join(dict.fromkeys(sub.regime)),
+                        engine_ms_median=float(sub.engine_step_ms.median()), engine_ms_min=float(sub.engine_step_ms.min()),
+                        engine_ms_max=float(sub.engine_step_ms.max()), sim_ms=float(sub.sim_step_ms.median()),
+                        error_median=float(err.median()), error_min=float(err.min()), error_max=float(err.max()),
+                        sources=", ".join(dict.fromkeys(sub.source))))
+    for x in out:
+        x["context"], x["batch"], x["kv_bits"] = int(x["context"]), int(x["batch"]), int(x["kv_bits"])
+    return out
+
+
+def _num(x):
+    """A number of an engine row, '' where it has none."""
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return ""
+    return "" if f != f else f
 
 
 def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm=None):
@@ -275,21 +387,28 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
     model the sweep ran (M: the row's); `cm`: another cost model than sim.setup's for MODEL (a test's
     negative control). Returns (table, summary): one row per point (model, design, context, batch,
     miss_rate, regime, engine_step_ms, user_step_ms, user_over_engine, harness_ms: what sim.validate adds
-    on top), and per design and regime the points, median and worst |error|."""
+    on top), and per design and regime the points, median and worst |error|. ShadowKV rows of an engine
+    that ran the copy-then-regather step (shadowkv_step) are left out: the user's plan prices the
+    in-place step only (sim.validate replays them with that engine's fetch); summary["left_out"] counts
+    them."""
     import pandas as pd
     from ddbench.core.memory import Workload
     engine_dir = engine_dir or default_dirs()[1]
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
     meta = load_meta(engine_dir)
     cms = CostModels(default_dirs()[0], cm)     # the calibration sweep's rows: harness_ms only
+    from ddbench.core.designs import get_design
     w0 = Workload(context=1)
-    rows = []
+    rows, left_out = [], 0
     for r in df.itertuples():
         if r.status not in COMPLETED or not int(r.transfers) or not int(getattr(r, "graph", 1)):
             continue
         if phase is not None and getattr(r, "phase", "") != phase:
             continue
         if r.miss_rate == "none" and r.design != "full-kv":
+            continue
+        if get_design(r.design).reuse and shadowkv_step(row_git_sha(r, meta)) != IN_PLACE:
+            left_out += 1
             continue
         model = row_model(r)
         cmm = cms(model)
@@ -308,7 +427,8 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
                          engine_step_ms=float(r.step_ms), user_step_ms=step * 1e3,
                          user_over_engine=step * 1e3 / float(r.step_ms), harness_ms=h * 1e3))
     t = pd.DataFrame(rows)
-    summary = {}
+    summary = {"left_out": {"points": left_out, "why": "ShadowKV rows of the copy-then-regather engine (before"
+                            f" {IN_PLACE_SINCE[:7]}): not the user's plan"}} if left_out else {}
     if len(t):
         err = (t.user_over_engine - 1).abs()
         summary["all"] = {"points": int(len(t)), "median_abs_error": float(err.median()),
@@ -416,10 +536,13 @@ def summarize(t, skipped, meta) -> dict:
                                                  " points" if sw.get("same_run") else
                                                  f"the validated points come from a separate run ({val.get('folder')})")
                        + ".",
-        "harness": "the sweep-harness term, not a design cost, added here only: the forced-miss draw, " + harness
-                   + "; the engine's reuse fetch (ShadowKV's design cost as the engine runs it, in the user's plan"
-                   " too: on the compute stream, copy of the previous selection into a spare, reuse plan, one"
-                   " gather over every slot; the key rebuild follows it; reuse_fetch_ms) " + reuse,
+        "harness": "the engine's own terms, not a design cost, added here only: the forced-miss draw, " + harness
+                   + "; ShadowKV rows of the engine before " + IN_PLACE_SINCE[:7] + " (column shadowkv_step "
+                   + COPY_REGATHER + ", the run's git sha: sim/fit/replay.py shadowkv_step) with that engine's"
+                   " copy-then-regather fetch (on the compute stream, copy of the previous selection into a spare,"
+                   " reuse plan, one gather over every slot; the key rebuild of every selected slot after it;"
+                   " reuse_fetch_ms) " + reuse + "; ShadowKV rows of the in-place engine (" + IN_PLACE + ") by the"
+                   " user's plan unchanged",
         "reuse_fetch": {"models": used, "fits": fits},
         "rule": f"link-bound: engine link GB/s >= {LINK_BOUND} x the thin-gather rate of the same run"
                 f" ({meta['thin_gather_gbps']:.1f} GB/s); compute-only: no transfers; overlap: the rest",
@@ -427,4 +550,7 @@ def summarize(t, skipped, meta) -> dict:
         "link_bytes": {"points_with_transfers": int(len(off)), "exact": exact,
                        "max_abs_diff_bytes": float(off.link_bytes_diff.abs().max()) if len(off) else 0.0},
         "fifo_over_priority": fifo_pairs(t),
+        **({"per_point": per_point(t)} if meta.get("per_point") else {}),
+        "shadowkv_steps": {k: int((t.shadowkv_step == k).sum()) for k in (IN_PLACE, COPY_REGATHER)}
+        if "shadowkv_step" in t else {},
     }
