@@ -24,7 +24,9 @@ Per layer i of a step, for a batch of b requests:
            on the compute stream beside the fetch; hits stay in the buffer
 
 Every command (simulate in both modes, plan, sweep, the figures) and sim/validate.py price a step
-here, on one cost model (sim/setup.py); sim/validate.py adds only the engine harness's own terms.
+here, on one cost model (sim/setup.py); sim/validate.py adds only the engine's own terms: the harness's
+forced-miss draw, and for rows of the engine before the in-place ShadowKV (commit 0f05ef2) that
+engine's copy-then-regather fetch (sim/fit/replay.py shadowkv_step, legacy_reuse_fetch).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, kv_piece_bytes, lowrank_layer_count
 from ddbench.core.designs import DesignSpec
-from sim.costmodel import E, ENGINE_REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS, CostModel, LinkRates
+from sim.costmodel import E, CostModel, LinkRates
 
 
 @dataclass
@@ -63,12 +65,13 @@ class StepLayers:
     rates: LinkRates | None
     lowrank: frozenset = field(default_factory=frozenset)
     # per layer, the shortest time from issuing the urgent fetch to its end, whatever the link does
-    # (a latency-bound gather kernel; empty = none): the engine's reuse fetch (CostModel.reuse_fetch_s)
+    # (a latency-bound gather kernel; empty = none). step_layers sets none: the validation sets it for
+    # the engine's old copy-then-regather ShadowKV rows (sim/fit/replay.py legacy_reuse_fetch,
+    # CostModel.reuse_fetch_s)
     ur_min_s: list = field(default_factory=list)
     # the urgent fetch runs in the compute stream's order (its kernels on the compute stream, not a
     # side stream): the key rebuild (mid) starts when the fetch ends instead of overlapping it; set
-    # for the engine's reuse fetch (kernels/engine/engine.py runs it on the compute stream; ShadowKV's
-    # own code rebuilds keys while values arrive, which was not measured)
+    # only by the validation, for those same old-engine rows
     ur_serial: bool = False
 
     @property
