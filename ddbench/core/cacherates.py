@@ -217,8 +217,8 @@ def from_trend(path: str, model_name: str, layers: int, budget: int, context: in
     u_half = sum(per_band["urgent_per_budget"][b][1] for b in pick) / layers
     p_mean = sum(pre) / layers
     measured = max(max(int(c) for c in f["contexts"]) for f in fits)
-    support = [f for f in fits if f["metric"] == "urgent_per_budget" and float(f["capacity"]) in (c_lo, c_hi)
-               and f["share"] in (shares[lo_i], shares[hi_i])]
+    support = [f for f in fits if f["metric"] in ("urgent_per_budget", "prefetched_per_budget")
+               and float(f["capacity"]) in (c_lo, c_hi) and f["share"] in (shares[lo_i], shares[hi_i])]
     ok = sum(1 for f in support if f.get("supported"))
     reach = (f"extrapolated {context / measured:.1f}x beyond the longest measured context ({measured})"
              if context > measured else f"inside the measured contexts (up to {measured})")
@@ -230,6 +230,7 @@ def from_trend(path: str, model_name: str, layers: int, budget: int, context: in
             f"{'' if src == model_name else f'; applied to {model_name} by relative depth'}): at {context} tokens,"
             f" share {share_txt} for {here:.4f} here, capacity {cap_txt}: prefetched {p_mean:.3f}, urgent"
             f" {u_mean:.3f} (95 % interval up to +{u_half:.3f}) of the budget per step; {reach}; the power law"
-            f" passed its checks in {ok} of {len(support)} depth bands"
+            f" passed its checks (no curvature, the longest context held out) in {ok} of {len(support)} fits"
+            " (depth bands x urgent and prefetched)"
             + (f"; clamped into 0..1: {', '.join(clamped)}" if clamped else ""))
     return CacheRates(pre, urg, note)
