@@ -608,8 +608,10 @@ def fp8(root: Path = ROOT) -> str:
                      f"{a['tok_s_max'] / b['tok_s_min']:.2f})")
     return ("fp8 (e4m3) host KV on the H200 engine (`traces/engine/h200-fp8`, Llama-3-8B): the host and the link in"
             " fp8 with one scale per chunk and KV head, dequantised by the gathers into the bf16 buffers; each design"
-            " at its largest batch, tokens/s median (min-max, builds). dualdecoder-cache fp8 / ShadowKV as published"
-            f" (bf16): {'; '.join(gains)}.\n\n"
+            " at its largest batch, tokens/s median (min-max, builds). ShadowKV here is the engine's step before its"
+            " in-place rewrite (issue 31); the in-place one runs 1,606 / 1,815 tokens/s (bf16 / fp8) at 64K, batch 80,"
+            " and 1,881 / 2,172 at 32K, batch 126 (`traces/engine/h200-shadowkv-fast`). dualdecoder-cache fp8 / that"
+            f" earlier ShadowKV in bf16: {'; '.join(gains)}.\n\n"
             + _table(["context", "design", "batch", "tokens/s", "link MiB / token", "simulated tokens/s"], rows))
 
 
