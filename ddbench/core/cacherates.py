@@ -73,6 +73,18 @@ def _read(path: str):
     return cache_profile(path)
 
 
+def _bracket(path: str, capacities, want: float) -> tuple[float, float, float]:
+    """(lower, upper profiled capacity around `want`, the linear weight of the upper one); capacities below
+    1x (no cache) are not a cache; `want` outside the profiled ones is a one-line DDBenchError."""
+    caps = sorted({c for c in capacities if c >= 1})
+    if not caps or not caps[0] <= want <= caps[-1]:
+        raise DDBenchError(f"{path}: cache capacity {want:g}x the budget is outside the profiled"
+                           f" {caps[0] if caps else '-'}-{caps[-1] if caps else '-'}x")
+    lo = max(c for c in caps if c <= want)
+    hi = min(c for c in caps if c >= want)
+    return lo, hi, 0.0 if hi == lo else (want - lo) / (hi - lo)
+
+
 def map_depth(values, target_layers: int) -> list[float]:
     """Per-layer values of an L-layer model onto an L'-layer one: target layer j takes the source layer
     at the same relative depth, floor((j + 0.5) * L / L')."""
@@ -94,14 +106,8 @@ def from_profile(model_name: str, layers: int, budget: int, context: int, cache_
     shares = {(int(b), int(c)): b / c for b, c in df[["budget_tokens", "context_tokens"]].drop_duplicates().values}
     (pb, pc), ps = min(shares.items(), key=lambda kv: (abs(math.log(kv[1] / share)), -kv[0][1]))
     df = df[(df.budget_tokens == pb) & (df.context_tokens == pc)]
-    caps = sorted(float(c) for c in df.capacity.unique() if c >= 1)
     want = cache_tokens / budget
-    if not caps or not caps[0] <= want <= caps[-1]:
-        raise DDBenchError(f"{path}: cache capacity {want:g}x the budget is outside the profiled"
-                           f" {caps[0] if caps else '-'}-{caps[-1] if caps else '-'}x")
-    lo = max(c for c in caps if c <= want)
-    hi = min(c for c in caps if c >= want)
-    t = 0.0 if hi == lo else (want - lo) / (hi - lo)
+    lo, hi, t = _bracket(path, (float(c) for c in df.capacity.unique()), want)
 
     def per_layer(col, cap):
         g = df[df.capacity == cap].groupby("layer")[col].mean().sort_index()
@@ -168,14 +174,8 @@ def from_trend(path: str, model_name: str, layers: int, budget: int, context: in
     hi_i = next((i for i, v in enumerate(logs) if v >= x), len(logs) - 1)
     lo_i = max(hi_i - 1, 0) if logs[hi_i] > x else hi_i
     ws = 0.0 if lo_i == hi_i else (x - logs[lo_i]) / (logs[hi_i] - logs[lo_i])
-    caps = sorted({float(f["capacity"]) for f in fits if float(f["capacity"]) >= 1})
     want = cache_tokens / budget
-    if not caps or not caps[0] <= want <= caps[-1]:
-        raise DDBenchError(f"{path}: cache capacity {want:g}x the budget is outside the profiled"
-                           f" {caps[0] if caps else '-'}-{caps[-1] if caps else '-'}x")
-    c_lo = max(c for c in caps if c <= want)
-    c_hi = min(c for c in caps if c >= want)
-    wc = 0.0 if c_hi == c_lo else (want - c_lo) / (c_hi - c_lo)
+    c_lo, c_hi, wc = _bracket(path, (float(f["capacity"]) for f in fits), want)
     index = {(f["share"], float(f["capacity"]), f["band"], f["metric"]): f for f in fits}
     bands = int(doc["bands"])
     ref = float(doc["ref_context"])
