@@ -433,23 +433,6 @@ def fig12(root: Path = ROOT) -> str:
             + _table(["context"] + designs, rows))
 
 
-def _inplace_shadowkv(root: Path) -> dict:
-    """{(context, 'shadowkv'): point} of the in-place ShadowKV under the 80 GB cap, Qwen2.5-32B: the
-    paper-80gb summary's points, and 256K from h200-rates' rows (3 builds)."""
-    out = {}
-    s = _json(root / "traces" / "engine" / "h200-shadowkv-fast" / "paper-80gb" / "summary.json")
-    for p in s["paper"]:
-        if p["model"] == "qwen2.5-32b" and p["design"] == "shadowkv":
-            out[(p["context"], "shadowkv")] = {**p, "inplace": True}
-    r = _csv(root / "traces" / "engine" / "h200-rates" / "engine.csv")
-    r = r[(r["model"] == "qwen2.5-32b") & (r["design"] == "shadowkv") & (r["status"].isin(["ok", "ok-no-twin"]))]
-    for c, g in r.groupby("context"):
-        out[(int(c), "shadowkv")] = {"largest_batch": int(g["batch"].iloc[0]), "inplace": True,
-                                    "builds_tok_s": {"n": len(g), "min": g["tok_s"].min(),
-                                                     "median": g["tok_s"].median(), "max": g["tok_s"].max()}}
-    return out
-
-
 def _sim_tok_s(design: str, model: str, context: int, batch: int, **knobs) -> float:
     """`ddbench simulate`'s cost model on the H200 at one point (the engine's batch, 12 % misses)."""
     from ddbench.experiments.sim_figures import _plan
@@ -466,7 +449,9 @@ def paper_points(root: Path = ROOT) -> str:
     sim = _csv(root / "figures" / "fig12.csv")
     held = _heldout_rows(root)
     got = {(p["context"], p["design"]): p for p in s["paper"] if p["model"] == "qwen2.5-32b"}
-    got.update(_inplace_shadowkv(root))      # ShadowKV as the engine runs it now (issue 31)
+    from ddbench.experiments.engine_points import inplace_shadowkv
+    got.update({(c, d): p for (m, c, d), p in inplace_shadowkv(root / "traces").items()
+                if m == "qwen2.5-32b"})                  # ShadowKV as the engine runs it now (issue 31)
 
     def measured(c, d):
         p = got.get((c, d))

@@ -80,19 +80,6 @@ def provenance(df) -> str:
     return ", ".join(parts)
 
 
-def accuracy_summary(path: str):
-    """An accuracy profile's summary (<model>.summary.json) as parsed JSON; one-line errors for a file
-    that cannot be read or is not JSON. Its fields are checked by the reader that needs them."""
-    import json
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except OSError as exc:
-        raise DDBenchError(f"cannot read accuracy summary {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise DDBenchError(f"malformed accuracy summary {path}: line {exc.lineno}: {exc.msg}") from None
-
-
 def accuracy_rows(path: str) -> list:
     """An accuracy profile (traces/accuracy/<model>.csv, `ddbench profile --layer-accuracy`) as
     validated rows (schemas.AccuracyRow: layer, hit_rate, optional reuse_hit_rate, n, context_tokens,

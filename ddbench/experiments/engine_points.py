@@ -43,22 +43,25 @@ def _summary(run: str) -> dict:
                            " `python -m kernels.engine.sweep --phases paper` on a GPU, see its README)") from None
     out = {(p["model"], int(p["context"]), p["design"]): p for p in s.get("paper", [])}
     if run == CAPPED:
-        out.update({k: v for k, v in _summary(INPLACE).items() if k[2] == "shadowkv"})
-        out.update(_inplace_256k())
+        out.update(inplace_shadowkv(traces_dir()))
     return out
 
 
-def _inplace_256k() -> dict:
-    """The in-place ShadowKV's 256K points under the cap (h200-rates: batch 1, 3 builds) as summary entries."""
+def inplace_shadowkv(traces) -> dict:
+    """{(model, context, 'shadowkv'): point} of the in-place ShadowKV under the 80 GB cap, from the traces
+    folder `traces`: INPLACE's summary, and the 256K points of h200-rates (batch 1, 3 builds)."""
     from ddbench.core.traces import load_engine
-    e = load_engine(str(traces_dir("engine", "h200-rates", "engine.csv")))
-    e = e[(e.gpu_mem_cap.astype(str).str.len() > 0) & (e.design == "shadowkv") & (e.context == 262144)
+    with open(traces / "engine" / INPLACE / "summary.json", encoding="utf-8") as f:
+        out = {(p["model"], int(p["context"]), p["design"]): {**p, "inplace": True}
+               for p in json.load(f).get("paper", []) if p["design"] == "shadowkv"}
+    e = load_engine(str(traces / "engine" / "h200-rates" / "engine.csv"))   # typed: one-line errors
+    e = e[e.gpu_mem_cap.notna() & (e.design == "shadowkv") & (e.context == 262144)
           & e.status.isin(["ok", "ok-no-twin"])]
-    out = {}
     for (m, c, b), g in e.groupby(["model", "context", "batch"]):
         t = list(g.tok_s)
         med = float(g.tok_s.median())
-        out[(m, int(c), "shadowkv")] = {"largest_batch": int(b), "series": [{"batch": int(b), "tok_s": med}],
+        out[(m, int(c), "shadowkv")] = {"largest_batch": int(b), "inplace": True,
+                                       "series": [{"batch": int(b), "tok_s": med}],
                                        "builds_tok_s": {"n": len(t), "min": min(t), "median": med, "max": max(t)}}
     return out
 
