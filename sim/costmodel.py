@@ -26,13 +26,13 @@ from __future__ import annotations
 import bisect
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ddbench.core.calibration import Bundle
 from ddbench.core.catalog.gpus import GPUSpec, get_gpu
-from ddbench.core.catalog.links import LinkSpec
+from ddbench.core.catalog.links import LinkSpec, get_link
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.errors import DDBenchError
 from sim.fitted import COMMAND, ENGINE_TERMS, CacheFill, EngineFit, Fitted, ReuseFetchFit, for_bundle  # noqa: F401
@@ -501,38 +501,24 @@ class CostModel:
         return 2 * copy_bytes / self.hbm + t0 + self.gather_walk_s(slots, chunk_bytes, programs, in_flight)
 
     def slot_gather_rates(self, chunk_bytes: int) -> LinkRates:
-        """The link's rates for the engine's urgent slot gather (64 programs, pieces of `chunk_bytes`), as
-        ShadowKV runs it in place: the rate `ddbench bench link` measured for that launch on the bundle's
-        GPU (traces/link/<gpu>/link.csv: the median of its gather rows at 64 programs whose pieces are
-        within 10 % of `chunk_bytes`), the bundle's own gather rate where that bench is missing (the
-        note says which)."""
-        base = self.link_rates("gpu", chunk_bytes)
+        """The link's rates for the engine's urgent slot gather, as ShadowKV runs it in place: the rate the
+        link bench measured for that launch on the bundle's GPU (sim/linkbench.py; the bench ran on PCIe 5,
+        another link scales by its catalog rate), else the bundle's own gather rate (the note says which)."""
         key = ("slot", chunk_bytes)
-        if key in self._cache:
-            return self._cache[key]
-        rate = None
-        if self.bundle is not None:
-            import csv
-            from dataclasses import replace as _replace
-
-            from ddbench.core.paths import traces_dir
-            path = traces_dir("link", self.bundle.gpu, "link.csv")
-            if path.exists():
-                with open(path, encoding="utf-8") as fh:
-                    rows = [r for r in csv.DictReader(fh) if r["test"] == "gather" and r["programs"] == "64"
-                            and abs(float(r["piece_bytes"]) - chunk_bytes) <= 0.1 * chunk_bytes]
-                vals = sorted(float(r["gbps"]) for r in rows)
-                if vals:
-                    rate = vals[len(vals) // 2] * (base.h2d_gbps / self.link_rates("gpu", 1 << 20).h2d_gbps
-                                                   if self.link.name != "pcie5" else 1.0)
-                    self._note(f"ShadowKV's in-place slot gather at {rate:.1f} GB/s: {len(vals)} `bench link` rows"
-                               f" at 64 programs, {chunk_bytes} B pieces ({path.parent.name})")
-                    base = _replace(base, h2d_gbps=rate)
-        if rate is None:
-            self._note(f"ShadowKV's in-place slot gather at the bundle's gather rate for {chunk_bytes} B pieces"
-                       " (no `bench link` rows at 64 programs)")
-        self._cache[key] = base
-        return base
+        if key not in self._cache:
+            from sim.linkbench import slot_gather_gbps
+            base = self.link_rates("gpu", chunk_bytes)
+            got = slot_gather_gbps(self.bundle.gpu, chunk_bytes) if self.bundle is not None else None
+            if got:
+                rate = got[0] * self.link.achievable_gbps / get_link("pcie5").achievable_gbps
+                self._note(f"ShadowKV's in-place slot gather at {rate:.1f} GB/s: {got[1]} `bench link` rows at 64"
+                           f" programs, {chunk_bytes} B pieces (traces/link/{self.bundle.gpu})")
+                base = replace(base, h2d_gbps=rate)
+            else:
+                self._note(f"ShadowKV's in-place slot gather at the bundle's gather rate for {chunk_bytes} B pieces"
+                           " (no `bench link` rows at 64 programs)")
+            self._cache[key] = base
+        return self._cache[key]
 
     def link_rates(self, gather: str, chunk_bytes: int, measured_only: bool = False) -> LinkRates:
         """The link's rates for pieces of `chunk_bytes`, interpolated between the bundle's measured piece
