@@ -51,9 +51,14 @@ def inplace_shadowkv(traces) -> dict:
     """{(model, context, 'shadowkv'): point} of the in-place ShadowKV under the 80 GB cap, from the traces
     folder `traces`: INPLACE's summary, and the 256K points of h200-rates (batch 1, 3 builds)."""
     from ddbench.core.traces import load_engine
-    with open(traces / "engine" / INPLACE / "summary.json", encoding="utf-8") as f:
-        out = {(p["model"], int(p["context"]), p["design"]): {**p, "inplace": True}
-               for p in json.load(f).get("paper", []) if p["design"] == "shadowkv"}
+    path = traces / "engine" / INPLACE / "summary.json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = {(p["model"], int(p["context"]), p["design"]): {**p, "inplace": True}
+                   for p in json.load(f).get("paper", []) if p["design"] == "shadowkv"}
+    except FileNotFoundError:
+        raise DDBenchError(f"{path}: no such file (the in-place ShadowKV's paper points; its README says how"
+                           " they were run)") from None
     e = load_engine(str(traces / "engine" / "h200-rates" / "engine.csv"))   # typed: one-line errors
     e = e[e.gpu_mem_cap.notna() & (e.design == "shadowkv") & (e.context == 262144)
           & e.status.isin(["ok", "ok-no-twin"])]
