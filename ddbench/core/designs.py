@@ -56,6 +56,10 @@ DESIGNS: dict[str, DesignSpec] = {s.name: s for s in [
                " urgent fetch of the true chunks in neither; K and V fetched (no low-rank keys)",
                landmarks=True, tokens_per_step=2, prefetch="layer-ahead", urgent_priority=True, kernels="triton",
                chunk_cache=True),
+    DesignSpec("lru-cache", "HiSparse-like cache only: landmarks select on the GPU; the per-request GPU chunk"
+               " cache of dualdecoder-cache, LRU; no speculative token and no prefetch: every chunk of the step's"
+               " own selection the cache lacks is fetched urgent before that layer's attention (K and V)",
+               landmarks=True, kernels="triton", chunk_cache=True),
     DesignSpec("dualdecoder-per-layer", "DualDecoder ablation: per-layer sparse KV buffers instead of ping-pong",
                landmarks=True, lowrank_keys="adaptive", tokens_per_step=2, prefetch="layer-ahead",
                urgent_priority=True, kernels="triton"),
