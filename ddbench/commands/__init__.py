@@ -14,3 +14,15 @@ def cost_model_line(notes, verbose: bool = False) -> str:
         return "cost model: " + "; ".join(notes)
     rest = [re.split(r"[:(]", n, maxsplit=1)[0].strip() for n in notes[1:]]
     return "cost model: " + "; ".join([notes[0]] + rest) + " (--verbose: the whole notes)"
+
+
+def table(rows: list[list[str]]) -> list[str]:
+    """Rows of cells as aligned lines: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+def kv_note(kv_bits: int) -> str:
+    """A header's word for the host KV's precision: ', KV fp8 (e4m3) on the host and the link' for 8 bits."""
+    return ", KV fp8 (e4m3) on the host and the link" if kv_bits == 8 else ""

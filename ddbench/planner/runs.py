@@ -194,7 +194,15 @@ def run_point(sc: Scenario, rate: float, seed: int = 0, pcts: tuple = ()) -> dic
             res.peak_by_category
     else:
         done, segments, peaks = [], [], {}
-    series = {"completion": sorted(q.latency for q in done), "ttft": sorted(q.ttft for q in done),
+    # prefill elsewhere: each request's prefill on a prefill GPU and its KV's transfer come before the decode side
+    # admits it (ddbench.planner.fleet), in its TTFT and completion
+    if sc.prefill == "elsewhere" and done:
+        from ddbench.planner.fleet import offsets
+        off = offsets(sc, [q.context for q in done])
+    else:
+        off = [0.0] * len(done)
+    series = {"completion": sorted(q.latency + o for q, o in zip(done, off)),
+              "ttft": sorted(q.ttft + o for q, o in zip(done, off)),
               "tpot": sorted(q.tpot for q in done if q.output > 1)}
     growth = backlog_growth(done)
     row = {"rate_req_per_s": rate, "seed": seed, "requests": s["requests"], "completed": s["completed"],
