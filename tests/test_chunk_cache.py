@@ -77,22 +77,24 @@ def test_a_cache_smaller_than_the_selection_is_refused():
         ChunkCache(1, 1, 1, 64, 4, 8, 8, 8, "cpu", torch.float32, 8)
 
 
-def _engine(cache_tokens, miss_rate, churn, seed=0):
+def _engine(cache_tokens, miss_rate, churn, seed=0, design=CACHE):
     g = torch.Generator().manual_seed(seed)
     host = alloc_host_kv(3, 2, 2, 32, 8, 32, dtype=torch.float32)
     host.copy_(torch.randn(host.shape, generator=g))
     w = Weights.random(TINY, "cpu", seed, dtype=torch.float32)
     cfg = EngineConfig.of(context=256, batch=2, budget=64, local_chunks=1, gen_tokens=8, rank=16,
                           miss_rate=miss_rate, churn_rate=churn, cache_tokens=cache_tokens, seed=seed)
-    return Engine(TINY, CACHE, cfg, w, "cpu", host_kv=host, ref=True, debug=True, log=True), host
+    return Engine(TINY, design, cfg, w, "cpu", host_kv=host, ref=True, debug=True, log=True), host
 
 
 @pytest.mark.parametrize("cache_tokens", [64, 128, 256])
 @pytest.mark.parametrize("miss_rate,churn", [(0.25, 0.25), (0.5, 0.0), (None, None)])
-def test_attention_is_over_exactly_the_true_selection(cache_tokens, miss_rate, churn):
+@pytest.mark.parametrize("design", ["dualdecoder-cache", "lru-cache"])
+def test_attention_is_over_exactly_the_true_selection(cache_tokens, miss_rate, churn, design):
     """Six steps (the cache fills and evicts): every layer's attention equals attention over its true
-    chunks gathered from the host into poisoned buffers; the rows read are the true chunks' slots."""
-    e, host = _engine(cache_tokens, miss_rate, churn)
+    chunks gathered from the host into poisoned buffers; the rows read are the true chunks' slots.
+    lru-cache (no prediction): its forced misses are drawn against its own last selection."""
+    e, host = _engine(cache_tokens, miss_rate, churn, design=DESIGNS[design])
     for _ in range(6):
         e.step()
     C = e.C
@@ -110,15 +112,18 @@ def test_attention_is_over_exactly_the_true_selection(cache_tokens, miss_rate, c
 
 
 @pytest.mark.parametrize("cache_tokens", [64, 128])
-def test_moved_chunks_are_the_twins_replay(cache_tokens):
+@pytest.mark.parametrize("design", ["dualdecoder-cache", "lru-cache"])
+def test_moved_chunks_are_the_twins_replay(cache_tokens, design):
     """The engine's urgent and prefetched chunk counts over a run (the pre-decoding step and 6 steps) are
     the Python twin's replay of the same selections, layer by layer: pre-decoding fills the true chunks
     (stamp 1), decode step j the predicted (2j) then the true ones (2j + 1). Layers 0 and 1 are
     prefetched a step ahead (after the last two layers' attention), so the engine's counts there
-    include the next step's too. A larger cache moves fewer chunks."""
+    include the next step's too. A larger cache moves fewer chunks. lru-cache prefetches nothing: its
+    every miss is urgent."""
     moved = {}
+    spec = DESIGNS[design]
     for ct in (cache_tokens, 4 * cache_tokens):
-        e, _ = _engine(ct, 0.25, 0.25, seed=1)
+        e, _ = _engine(ct, 0.25, None if spec.prefetch == "none" else 0.25, seed=1, design=spec)
         pf, ur = [0] * e.L, [0] * e.L
         for _ in range(7):
             e.step()
@@ -138,6 +143,8 @@ def test_moved_chunks_are_the_twins_replay(cache_tokens):
                     tur[layer] += len(tw.fill(rec["true"][b, h].tolist(), 2 * j + 1)[1])
         assert ur == tur
         assert pf[2:] == tpf[2:] and all(a >= b for a, b in zip(pf, tpf))
+        if spec.prefetch == "none":
+            assert sum(pf) == 0 and not e.stats.prefetch_items and sum(ur) > 0
         moved[ct] = sum(tpf) + sum(tur)
     assert moved[4 * cache_tokens] < moved[cache_tokens]
 
@@ -167,3 +174,16 @@ def test_bad_cache_is_one_line(tokens, word):
     with pytest.raises(DDBenchError, match=word):
         memory_breakdown(CACHE, get_model("llama-3-8b"), get_gpu("h100-80gb"),
                          Workload(context=131072, cache_tokens=tokens))
+
+
+def test_cache_only_misses_are_the_forced_rate():
+    """lru-cache at a forced miss rate m: each step's selection is the last one's with round(m*k) chunks new;
+    the new ones the cache lacks (most of them: drawn from the whole context) are urgent, nothing else."""
+    e, _ = _engine(128, 0.25, None, seed=2, design=DESIGNS["lru-cache"])
+    m = round(0.25 * e.kc) * e.B * e.H
+    for step in range(6):
+        e.step()
+        counts = [int(n) for n in e.stats.urgent_counts]
+        assert len(counts) == e.L
+        if step >= 1:
+            assert all(m // 2 <= n <= m for n in counts), (step, counts, m)

@@ -1,5 +1,6 @@
 """dualdecoder-cache's GPU chunk cache: per request, layer and KV head, `slots` chunks of K and V, LRU,
-looked up and filled on the device with no host sync (CUDA-graph safe).
+looked up and filled on the device with no host sync (CUDA-graph safe): fill() below is the torch
+twin, kernels/cachefill.py the same fill in one Triton launch (fill_rows picks; the engine fuses off ref).
 
     cache = ChunkCache(L, B, H, N, slots, C, d, tail, device, dtype)
     plan, slot = cache.fill(layer, ids, stamp)   # ids [B, H, k] int32; stamp: a device int32 scalar tensor
@@ -32,12 +33,13 @@ from kernels.engine.transfer import MissPlan
 
 
 class ChunkCache:
-    def __init__(self, L, B, H, N, slots, C, d, tail, device, dtype, k_max):
+    def __init__(self, L, B, H, N, slots, C, d, tail, device, dtype, k_max, fused=False):
         if slots < k_max:
             raise DDBenchError(f"a chunk cache of {slots} chunks cannot hold a selection of {k_max}")
         if slots >= 2 ** 15:
             raise DDBenchError(f"a chunk cache of {slots} chunks per head exceeds the int16 map (32767)")
         self.L, self.B, self.H, self.N, self.S, self.C, self.tail = L, B, H, N, slots, C, tail
+        self.fused = fused                # fill_rows: one Triton launch (kernels/cachefill.py), else the twin below
         self.k = torch.zeros(L, B, H, slots * C + tail, d, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.slot_of = torch.full((L, B, H, N + 1), -1, device=device, dtype=torch.int16)
@@ -88,6 +90,20 @@ class ChunkCache:
         plan.count.copy_(flat.sum().to(torch.int32).reshape(1))
         plan.assembled.copy_(ids)
         return plan, slot
+
+    def fill_rows(self, layer: int, ids: torch.Tensor, stamp: torch.Tensor, *, mul: int = 1, add: int = 0,
+                  kind: str = "urgent", rows: bool = False):
+        """What the engine calls: fill() with the stamp stamp * mul + add (stamp a device int32 tensor of one
+        element), and set_rows of its slots when `rows`. -> (MissPlan, rows or None). Fused: one launch
+        (kernels/cachefill.py fill_fused; the plan's items in another order), else fill() and set_rows."""
+        plan = self._plan(kind, ids.shape[2])
+        if self.fused:
+            from kernels.cachefill import fill_fused
+            fill_fused(self, layer, ids, stamp, plan, mul=mul, add=add, rows=self.rows if rows else None)
+            return plan, (self.rows if rows else None)
+        st = stamp * mul + add if (mul, add) != (1, 0) else stamp
+        plan, slot = self.fill(layer, ids, st, kind)
+        return plan, (self.set_rows(slot) if rows else None)
 
     def set_rows(self, slot: torch.Tensor) -> torch.Tensor:
         """rows[:, :, :k*C] = the true selection's physical rows (slot * C + lane), in its order."""

@@ -190,13 +190,15 @@ def plan_bytes(model, system, cfg: EngineConfig, dtype_bytes: int = 2) -> dict:
     n_lr = {"all": L, "adaptive": len(set(cfg.lowrank_layers)), "none": 0}[s.lowrank_keys]
     out["aux_residency"] += n_lr * B * (cfg.context * cfg.rank + H * cfg.rank * d) * E
     nbuf = 2 if s.buffer_layers == "pingpong" else L * s.buffer_sets
-    ids = 1 + (s.prefetch != "none" and (cfg.transfers or s.tokens_per_step == 2)) + bool(s.reuse)
+    ids = 1 + (s.prefetch != "none" and (cfg.transfers or s.tokens_per_step == 2)) + holds_selection(s)
     out["sparse_kv_buffers"] = nbuf * 2 * B * H * S * d * E + ids * L * B * H * kc * 4
-    if s.chunk_cache:     # kernels/engine/chunkcache.py: slots + tail rows, the map and its sinks, rows, 2 plans
+    if s.chunk_cache:     # kernels/engine/chunkcache.py: slots + tail rows, the map and its sinks, rows, a plan per fill kind
         slots = cfg.workload.cache_tokens // C
+        plans = 1 + (s.prefetch != "none")
         out["sparse_kv_buffers"] = (2 * L * B * H * (slots * C + S - kc * C) * d * E + L * B * H * (N + 1) * 2
-                                    + 2 * L * B * H * (slots + 1) * 4 + B * H * S * 4 + 2 * (3 * (B * H * kc + 1) + 1) * 4
-                                    + B * H * kc * 4 + ids * L * B * H * kc * 4)
+                                    + 2 * L * B * H * (slots + 1) * 4 + B * H * S * 4
+                                    + plans * (3 * (B * H * kc + 1) + 1) * 4
+                                    + plans * B * H * kc * 4 + ids * L * B * H * kc * 4)
     if s.gather == "cpu":
         out["sparse_kv_buffers"] += 2 * B * H * kc * 2 * C * d * E
     return out
@@ -240,6 +242,13 @@ def reuse_launch(gather) -> dict:
     if out["items"] is None:
         out["items"] = 2
     return out
+
+
+def holds_selection(s) -> bool:
+    """Whether the engine keeps each layer's last selection: ShadowKV's reuse (its buffer's chunks), and a
+    chunk cache without prefetch (the base of its forced misses: each step's selection is the last one's
+    with the miss rate of it new)."""
+    return bool(s.reuse or (s.chunk_cache and s.prefetch == "none"))
 
 
 @dataclass
@@ -350,7 +359,7 @@ class Engine:
         if s.chunk_cache:
             from kernels.engine.chunkcache import ChunkCache
             self.cache = ChunkCache(L, B, H, self.N, cfg.workload.cache_tokens // C, C, d, self.S - self.kc * C,
-                                    self.dev, dt, self.kc)
+                                    self.dev, dt, self.kc, fused=not ref)
             self.kbuf, self.vbuf = list(self.cache.k.unbind(0)), list(self.cache.v.unbind(0))
             self.step_dev = torch.zeros(1, device=self.dev, dtype=torch.int32)   # decode steps (LRU stamps)
             self.pf_stamp = torch.zeros(L, device=self.dev, dtype=torch.int32)
@@ -364,7 +373,7 @@ class Engine:
         self.pred = None                 # [L, B, H, k] prediction for this step (chunks prefetched)
         self.pred_new = torch.zeros(L, B, H, self.kc, device=self.dev, dtype=torch.int32)
         # reuse: the chunk id each slot of a layer's buffer holds (slot order, not sorted), and whether it does yet
-        self.held = torch.zeros(L, B, H, self.kc, device=self.dev, dtype=torch.int32) if s.reuse else None
+        self.held = torch.zeros(L, B, H, self.kc, device=self.dev, dtype=torch.int32) if holds_selection(s) else None
         self.held_ok = [False] * L
         self.prefetched = {}             # use id -> prediction tensor that was prefetched
         self.use = 0                     # global layer-use counter (ping-pong parity)
@@ -443,7 +452,7 @@ class Engine:
 
         def fill():
             with nvtx_range(f"prefetch fill L{layer}"):
-                box["plan"], _ = self.cache.fill(layer, pred, self.pf_stamp[layer], kind="prefetch")
+                box["plan"], _ = self.cache.fill_rows(layer, pred, self.pf_stamp[layer:layer + 1], kind="prefetch")
         ev_fill, _ = self.sched.run("prefetch", "prefetch-fill", fill, waits=[self.free_ev[layer], ev_st], layer=layer,
                                     buf=layer, use=u)
         self.fill_ev[u] = ev_fill
@@ -464,20 +473,17 @@ class Engine:
         after this use's prefetch fill, then the true chunks in neither fetched on the urgent stream
         after it and after the layer's prefetch (its victims may be slots the prefetch writes)."""
         cfg, c = self.cfg, self.cache
-        ur_stamp = self.step_dev * 2 + 1
         if not cfg.transfers:
             if self.pred is not None and self.sys.prefetch != "none":
                 with nvtx_range("prefetch fill"):
-                    c.fill(i, self.pred[i], self.step_dev * 2, kind="prefetch")
+                    c.fill_rows(i, self.pred[i], self.step_dev, mul=2, kind="prefetch")
             with nvtx_range("urgent fill"):
-                _, slot = c.fill(i, true, ur_stamp)
-            return [], c.set_rows(slot)
+                return [], c.fill_rows(i, true, self.step_dev, mul=2, add=1, rows=True)[1]
         fill_ev = self.fill_ev.pop(u, None)
         if fill_ev is not None:
             self.sched.run("compute", "wait-fill", lambda: None, waits=[fill_ev], layer=i)
         with nvtx_range("urgent fill"):
-            plan, slot = c.fill(i, true, ur_stamp)
-            rows = c.set_rows(slot)
+            plan, rows = c.fill_rows(i, true, self.step_dev, mul=2, add=1, rows=True)
         ev_plan, _ = self.sched.run("compute", "plan", lambda: None, layer=i)
         pre_ev = self.ready_ev.get(u, [])
 
@@ -697,7 +703,9 @@ class Engine:
             elif predecode:
                 self.pred_new[i] = true                           # pre-decoding seeds the prediction
         inplace = s.reuse and self.held_ok[i]
-        base = self.pred[i] if (have_pred or sim_pred) else (self.held[i] if inplace else None)
+        cache_only = self.cache is not None and s.prefetch == "none"     # lru-cache: the last selection is the base
+        base = self.pred[i] if (have_pred or sim_pred) else (self.held[i] if (inplace or (cache_only and self.held_ok[i]))
+                                                             else None)
         if cfg.miss_rate is not None and base is not None:
             # forced miss rate (timing runs); inside a capture the default generator (graph-safe) draws
             if self.ref:
@@ -710,6 +718,9 @@ class Engine:
                 self.pred_new[i] = perturb(self.pred[i], cfg.churn_rate, self.N, self.gen)
             else:
                 perturb_fast(self.pred[i], cfg.churn_rate, self.N, self.seed_dev, self.L + i, out=self.pred_new[i])
+        if cache_only:
+            self.held[i].copy_(true)
+            self.held_ok[i] = True
         b = self._buf_of_use(u)
         kb, vb = self.kbuf[b], self.vbuf[b]
         vo = self.lowrank[i]
