@@ -666,8 +666,10 @@ def contexts(root: Path = ROOT) -> str:
         ctxs = sorted(int(c) for c in d["context_tokens"].unique())
         lab = {c: _k(c) if c % 1024 == 0 else str(c) for c in ctxs}
         a = d[(d["band"].astype(str) == "all")]
+        if "prediction" in a.columns:      # lru-cache's rows (prediction none) are not this table's
+            a = a[a["prediction"].fillna("").astype(str) != "none"]
         fits = {(f["share"], f["capacity"], f["metric"]): f for f in doc["fits"]
-                if f["band"] == "all" and f["policy"] == "lru"}
+                if f["band"] == "all" and f["policy"] == "lru" and f.get("prediction", "speculative") == "speculative"}
         rows = []
         for share in sorted({f[0] for f in fits}, key=lambda x: -int(x.split("/")[1])):
             for cap in (0.0, 2.0, 4.0):

@@ -16,76 +16,32 @@ fill come from the same file. Without it (or where it was fitted to other inputs
 decode ops come from the bundle's microbenchmarks (linear.csv, kernels.csv), and the notes say NOT
 RECONCILED and why. Prefill is always priced from the microbenchmarks. Nothing here fits.
 
-Link rates come from the bundle's link table for the bundle's own link (PCIe 5 on the H200); for
-another link they are scaled by the catalog's achievable rate over the bundle's big-copy rate.
+Link rates (sim/linkcosts.py, the mixin CostModel inherits) come from the bundle's link table for the
+bundle's own link (PCIe 5 on the H200); for another link they are scaled by the catalog's achievable
+rate over the bundle's big-copy rate.
 Time is in seconds throughout. No torch here.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
-import os
-from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ddbench.core.calibration import Bundle
 from ddbench.core.catalog.gpus import GPUSpec, get_gpu
-from ddbench.core.catalog.links import LinkSpec, get_link
+from ddbench.core.catalog.links import LinkSpec
 from ddbench.core.catalog.models import ModelSpec
-from ddbench.core.errors import DDBenchError
 from sim.fitted import COMMAND, ENGINE_TERMS, CacheFill, EngineFit, Fitted, ReuseFetchFit, for_bundle  # noqa: F401
+from sim.linkcosts import LinkCosts, LinkRates, _fit_affine, _interp  # noqa: F401  (LinkRates: re-exported)
 
 E = 2  # bf16 bytes
 SCORE_BYTES = 2   # the engine's selection stores its pass-1 scores in fp16 (kernels/engine/fastselect.py)
 # the engine's ShadowKV reuse gather (kernels/gather.py gather_uva defaults, kernels/engine/engine.py reuse_launch)
 ENGINE_REUSE_PROGRAMS, ENGINE_REUSE_IN_FLIGHT = 32, 2
+class CostModel(LinkCosts):
+    """The cost model of one (model, GPU, link, bundle): compute here, the link in sim/linkcosts.py."""
 
-def _interp(xs: list[float], ys: list[float], x: float) -> float:
-    """Piecewise-linear interpolation, clamped at both ends."""
-    if x <= xs[0]:
-        return ys[0]
-    if x >= xs[-1]:
-        return ys[-1]
-    j = bisect.bisect_right(xs, x)
-    x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-
-
-def _fit_affine(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares y = a + b x with a >= 0 and b > 0 (x bytes, y seconds)."""
-    n = len(points)
-    if n == 1:
-        x, y = points[0]
-        return 0.0, y / x
-    mx = sum(p[0] for p in points) / n
-    my = sum(p[1] for p in points) / n
-    sxx = sum((p[0] - mx) ** 2 for p in points)
-    b = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx else 0.0
-    a = my - b * mx
-    if b <= 0 or a < 0:  # fall back to a proportional fit through the origin
-        a = 0.0
-        b = sum(p[1] for p in points) / sum(p[0] for p in points)
-    return a, b
-
-
-@dataclass(frozen=True)
-class LinkRates:
-    """What the link model needs, per direction (work is measured in seconds at full rate)."""
-    h2d_gbps: float          # large-transfer rate of the method used for sparse KV (GB/s)
-    h2d_t0_s: float          # fixed cost per transfer (launch + ramp)
-    d2h_gbps: float          # copy engine, device to host
-    d2h_t0_s: float
-    bidir_factor: float      # per-direction share of the rate when both directions are busy
-    urgent_slowdown: float   # urgent transfer time with a background transfer beside it / alone
-    compute_slowdown: float  # decode GEMM time with a background gather beside it / with a copy-engine one
-    cpu_gather_gbps: float   # host CPU index_select stage of the CPU-gather ablation (0 = unused)
-    chunk_bytes: int         # contiguous run of one transfer
-    method: str              # uva_gather | cpu_gather | copy_engine
-
-
-class CostModel:
     def __init__(self, model: ModelSpec, gpu: GPUSpec, link: LinkSpec, bundle: Bundle | None = None,
                  reconcile: bool = True, fitted: Fitted | None = None):
         """fitted: the fitted parameters to price with (sim/fitted.py); None: the bundle's own, found by
@@ -427,186 +383,6 @@ class CostModel:
         n = self.model.num_kv_heads * self.model.head_dim
         self._note("ROOFLINE: the prefill SVD of the low-rank designs is costed at the FLOP roofline")
         return self._roofline(6.0 * tokens * n * rank, tokens * n * E * 3)
-
-    # ------------------------------------------------------------------ link
-    def gather_round_s(self, chunk_bytes: int, blocks: int = 32) -> float | None:
-        """Time one block of the bundle's persistent UVA gather spends per chunk (one chunk in flight
-        per block), fixed cost removed: (latency - h2d_t0_s) / (chunks / blocks) of the largest
-        measured transfer, interpolated in log2(chunk). Where the gather runs below the link rate (2 KiB
-        chunks: 35.8 GB/s with 32 blocks on the H200) this is the round-trip latency of one chunk
-        read; None without link rows."""
-        if self.bundle is None:
-            return None
-        g = [r for r in self.bundle.rows["link"] if r["method"] == "uva_gather" and r["direction"] == "h2d"
-             and r["blocks"] == blocks]
-        if not g:
-            return None
-        t0 = self.link_rates("gpu", chunk_bytes).h2d_t0_s
-        xs = sorted({r["chunk_bytes"] for r in g})
-        ys = []
-        for c in xs:
-            r = max((r for r in g if r["chunk_bytes"] == c), key=lambda r: r["transfer_bytes"])
-            ys.append((r["latency_ms"] / 1e3 - t0) / (r["transfer_bytes"] / c / blocks))
-        return _interp([math.log2(c) for c in xs], ys, math.log2(chunk_bytes))
-
-    def gather_walk_s(self, slots: int, chunk_bytes: int, programs: int = 32, in_flight: int = 2) -> float:
-        """A persistent gather of `programs` blocks walking `slots` chunk slots, `in_flight` chunks per
-        block per round, latency-bound: ceil(slots / (programs * in_flight)) rounds of one chunk's
-        round trip (gather_round_s at `programs` blocks), whether a slot's chunk comes from the host
-        or from GPU memory (assumed: the round is a chain of dependent loads either way; an HBM-only
-        round was not measured)."""
-        t = self.gather_round_s(chunk_bytes, programs)
-        if t is None:
-            return 0.0
-        return math.ceil(slots / (programs * in_flight)) * t
-
-    def reuse_fetch_model(self, chunk_bytes: int, programs: int = 32, in_flight: int = 2) -> str:
-        """Which model reuse_fetch_s uses at this gather shape: 'fitted' (the bundle's reuse_fetch
-        records, ReuseFetchFit in the fitted parameters) or 'bundle-derived' (none at this shape: older
-        bundles; from link.csv and ceilings.csv, see reuse_fetch_s)."""
-        return "fitted" if (chunk_bytes, programs, in_flight) in self.reuse_fits else "bundle-derived"
-
-    def reuse_fetch_s(self, slots: int, chunk_bytes: int, programs: int = 32, in_flight: int = 2,
-                      miss_share: float | None = None) -> float:
-        """The decode-step engine's ShadowKV fetch of one layer as the engine ran it before commit 0f05ef2
-        (issue 31; the copy-then-regather step, not the user's plan: sim/fit/replay.py legacy_reuse_fetch
-        adds it to that engine's rows in the validation), all of it in the compute stream's order: a device copy of the previous selection's rows (`slots` x
-        `chunk_bytes`) into a spare buffer, the reuse plan, and one persistent gather over every slot (hits
-        from that spare, misses from the host; `miss_share` of them).
-
-        Fitted (reuse_fetch_model 'fitted'): where the bundle has reuse_fetch records of this gather shape,
-        their ReuseFetchFit at this slot count and miss share (required then). Bundle-derived (older
-        bundles without the records; the documented behaviour for them, and the notes say so): the copy at
-        the measured HBM copy rate (ceilings.csv, read + write counted), the gather's fixed cost (h2d_t0_s)
-        and its latency-bound walk (gather_walk_s), whatever the miss share; no reuse plan."""
-        fit = self.reuse_fits.get((chunk_bytes, programs, in_flight))
-        if fit is not None:
-            if miss_share is None:
-                raise ValueError("the fitted reuse fetch needs the layer's miss share")
-            self._note(f"ShadowKV's copy-then-regather fetch of the engine before 0f05ef2 (on the compute stream, the key rebuild after it; priced only in the validation of that engine's rows)"
-                       f" FITTED to the bundle's reuse_fetch records at {chunk_bytes} B chunks, {programs} programs"
-                       f" x {in_flight}: {fit.describe()}")
-            return fit.fetch_s(slots, chunk_bytes, math.ceil(slots / (programs * in_flight)), miss_share)
-        have = sorted(self.reuse_fits)
-        recs = len(self.bundle.rows.get("reuse_fetch", [])) if self.bundle is not None else 0
-        why = ("records at " + str(have) if have else f"the bundle's {recs} records are not fitted: {self.fitted.why}"
-               if recs else "no such section: an older bundle")
-        self._note(f"ShadowKV's copy-then-regather fetch of the engine before 0f05ef2 (on the compute stream, the key rebuild after it; priced only in the validation of that engine's rows)"
-                   f" BUNDLE-DERIVED, not measured: no fitted reuse_fetch records at {chunk_bytes} B chunks,"
-                   f" {programs} programs x {in_flight} ({why}); copy at the HBM"
-                   " copy rate + the gather's fixed cost + ceil(slots / (programs x in flight)) rounds of the 32-block"
-                   " gather's round trip (link.csv)")
-        copy_bytes = slots * chunk_bytes
-        t0 = self.link_rates("gpu", chunk_bytes).h2d_t0_s if self.bundle is not None else 0.0
-        return 2 * copy_bytes / self.hbm + t0 + self.gather_walk_s(slots, chunk_bytes, programs, in_flight)
-
-    def slot_gather_rates(self, chunk_bytes: int) -> LinkRates:
-        """The link's rates for the engine's urgent slot gather, as ShadowKV runs it in place: the rate the
-        link bench measured for that launch on the bundle's GPU (sim/linkbench.py; the bench ran on PCIe 5,
-        another link scales by its catalog rate), else the bundle's own gather rate (the note says which)."""
-        key = ("slot", chunk_bytes)
-        if key not in self._cache:
-            from sim.linkbench import slot_gather_gbps
-            base = self.link_rates("gpu", chunk_bytes)
-            got = slot_gather_gbps(self.bundle.gpu, chunk_bytes) if self.bundle is not None else None
-            if got:
-                rate = got[0] * self.link.achievable_gbps / get_link("pcie5").achievable_gbps
-                self._note(f"ShadowKV's in-place slot gather at {rate:.1f} GB/s: {got[1]} `bench link` rows at 64"
-                           f" programs, {chunk_bytes} B pieces (traces/link/{self.bundle.gpu})")
-                base = replace(base, h2d_gbps=rate)
-            else:
-                self._note(f"ShadowKV's in-place slot gather at the bundle's gather rate for {chunk_bytes} B pieces"
-                           " (no `bench link` rows at 64 programs)")
-            self._cache[key] = base
-        return self._cache[key]
-
-    def link_rates(self, gather: str, chunk_bytes: int, measured_only: bool = False) -> LinkRates:
-        """The link's rates for pieces of `chunk_bytes`, interpolated between the bundle's measured piece
-        sizes. measured_only: a DDBenchError for a piece smaller than the smallest measured one (the
-        gather's rate falls with its piece size; below the measurements it is not known)."""
-        key = ("link", gather, chunk_bytes)
-        if measured_only and self.bundle is not None:
-            method = "uva_gather" if gather == "gpu" else "cpu_gather"
-            sizes = [r["chunk_bytes"] for r in self.bundle.rows["link"] if r["method"] == method
-                     and r["direction"] == "h2d" and r["chunk_bytes"]]
-            if sizes and chunk_bytes < min(sizes):
-                raise DDBenchError(f"no measured {method} rate for {chunk_bytes} B pieces (the bundle's smallest is"
-                                   f" {min(sizes)} B): measure them (`ddbench calibrate`) before pricing them")
-        if key in self._cache:
-            return self._cache[key]
-        link = self.link
-        if self.bundle is None:
-            r = LinkRates(link.achievable_gbps, 0.0, link.achievable_gbps, 0.0,
-                          link.bidir_total_gbps / (2 * link.achievable_gbps), 1.0, 1.0,
-                          0.0 if gather == "gpu" else link.achievable_gbps, chunk_bytes,
-                          "uva_gather" if gather == "gpu" else "cpu_gather")
-            if gather != "gpu":
-                self._note("ROOFLINE: CPU gather stage assumed as fast as the link (no bundle)")
-            self._cache[key] = r
-            return r
-        rows = self.bundle.rows["link"]
-
-        def pick(method, direction, **kw):
-            return [r for r in rows if r["method"] == method and r["direction"] == direction
-                    and all(r[k] == v for k, v in kw.items())]
-
-        ce = sorted(pick("copy_engine", "h2d"), key=lambda r: r["transfer_bytes"])
-        big = ce[-1]
-        big_gbps = big["gbps"]
-        # copy engine: fixed cost and rate from its two largest transfers
-        t0_ce, s_ce = _fit_affine([(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in ce[-3:]])
-        d2h = sorted(pick("copy_engine", "d2h"), key=lambda r: r["transfer_bytes"])
-        t0_d2h, s_d2h = _fit_affine([(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in d2h[-3:]])
-        bid = sorted(pick("copy_engine", "bidir"), key=lambda r: r["transfer_bytes"])
-        bidir_factor = bid[-1]["gbps"] / (2 * big_gbps) if bid else link.bidir_total_gbps / (2 * link.achievable_gbps)
-        scale = 1.0
-        if link.name != "pcie5" or self.bundle.provenance.get("pcie", "5").split(",")[0].strip() != "5":
-            scale = link.achievable_gbps / big_gbps
-            self._note(f"SCALED link: {link.name} rates = bundle rates x {scale:.3f}"
-                       f" (catalog achievable {link.achievable_gbps} GB/s / measured {big_gbps:.1f} GB/s)")
-        inter = self.bundle.rows["interference"]
-
-        def inter_val(bg, blocks, ug, col):
-            vals = sorted(r[col] for r in inter if r["background"] == bg and r["background_blocks"] == blocks
-                          and r["urgent"] == ug and (col.startswith("gemm") or r["urgent_stream"] == "high"))
-            return vals[len(vals) // 2] if vals else None
-        if gather == "gpu":
-            g = [r for r in pick("uva_gather", "h2d", blocks=32)]
-            xs = sorted({r["chunk_bytes"] for r in g})
-            # fixed cost from the chunk size measured at two transfer sizes
-            t0 = 0.0
-            for c in xs:
-                pts = [(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in g if r["chunk_bytes"] == c]
-                if len(pts) >= 2:
-                    t0 = _fit_affine(pts)[0]
-            rates = []
-            for c in xs:
-                r = max((r for r in g if r["chunk_bytes"] == c), key=lambda r: r["transfer_bytes"])
-                rates.append(r["transfer_bytes"] / (r["latency_ms"] / 1e3 - t0) / 1e9)
-            lx = [math.log2(c) for c in xs]
-            h2d = _interp(lx, rates, math.log2(chunk_bytes)) * scale
-            us = inter_val("uva_gather", 32, "uva_gather", "urgent_slowdown")
-            gs_bg = inter_val("uva_gather", 32, "uva_gather", "gemm_ms")
-            gs_ce = inter_val("copy_engine", 0, "uva_gather", "gemm_ms")
-            comp = max(1.0, gs_bg / gs_ce) if gs_bg and gs_ce else 1.0
-            r = LinkRates(h2d, t0, 1 / s_d2h / 1e9 * scale, t0_d2h, bidir_factor, max(1.0, us or 1.0), comp,
-                          0.0, chunk_bytes, "uva_gather")
-        else:
-            g = pick("cpu_gather", "h2d")
-            xs = sorted({r["chunk_bytes"] for r in g})
-            cpu_rates = []
-            for c in xs:
-                r = max((r for r in g if r["chunk_bytes"] == c), key=lambda r: r["transfer_bytes"])
-                t_cpu = r["latency_ms"] / 1e3 - (t0_ce + s_ce * r["transfer_bytes"])
-                cpu_rates.append(r["transfer_bytes"] / max(t_cpu, 1e-9) / 1e9)
-            lx = [math.log2(c) for c in xs]
-            cpu = _interp(lx, cpu_rates, math.log2(chunk_bytes))
-            us = inter_val("copy_engine", 0, "copy_engine", "urgent_slowdown")
-            r = LinkRates(1 / s_ce / 1e9 * scale, t0_ce, 1 / s_d2h / 1e9 * scale, t0_d2h, bidir_factor,
-                          max(1.0, us or 1.0), 1.0, cpu, chunk_bytes, "cpu_gather")
-            self._note("host CPU gather rate is this host's measurement (not scaled)")
-        self._cache[key] = r
-        return r
 
     def _note(self, text: str) -> None:
         if text not in self.notes:

@@ -121,17 +121,60 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     the w.lowrank_layers worst-predicted layers; it must hold w.lowrank_layers layers of the model, so
     that the memory model (which counts them) and the plan agree. Ignored by other designs.
     `cache` (ddbench.core.cacherates.CacheRates): a chunk-cache design's per-layer prefetched and urgent chunks
-    over the budget (required for one; `hit` and `reuse` are not used for its link bytes)."""
+    over the budget (required for one; `hit` and `reuse` are not used for its link bytes; a design that
+    prefetches nothing, lru-cache, must have none prefetched)."""
     L = m.num_layers
     passes = 2 if design.two_pass else 1
     q = 1 if design.two_pass else design.tokens_per_step
+    c = _compute_terms(design, m, cm, w, batch, context, q)
+    lr = _lowrank_set(design, m, w, hit, lowrank)
+    reb = cm.rebuild_s(batch, w.budget, w.rank, triton=c["triton"]) if lr else 0.0
+    _check_cache(design, cache, L)
+    link = _link_work(design, m, cm, w, batch, hit, reuse, lr, cache)
+    ur_min, serial = [], False      # the engine's ShadowKV fetches its misses in place (module doc)
+    fill = cache_fills(design) * cm.cache_fill_s(batch, w.cache_tokens // w.chunk) if design.chunk_cache else 0.0
+    pre = [passes * (c["lin_pre"] + c["sel"] + c["glue"] / 2) + fill] * L   # the fill plans the misses first
+    # a reuse design rebuilds only the keys of the chunks that changed (its misses), beside their fetch
+    mid = [passes * ((reb * ((1.0 - reuse[i]) if design.reuse else 1.0) if i in lr else 0.0) + c["asm"])
+           for i in range(L)]
+    lm = passes * cm.decode_linear_s(m.hidden, m.vocab, batch * q)
+    slots = 2 if design.buffer_layers == "pingpong" else L
+    slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (
+        w.cache_tokens if design.chunk_cache else w.budget) * m.kv_bytes_per_token_layer   # 16-bit buffers
+    return StepLayers(design, batch, context, q, passes, pre, mid, [passes * c["att"]] * L,
+                      [passes * (c["lin_post"] + c["glue"] / 2)] * L, lm, link["pf_b"], link["ur_b"], link["d2h_b"],
+                      link["pf_w"], link["ur_w"], link["d2h_w"], link["cpu_pf"], link["cpu_ur"],
+                      slot_bytes, slots, link["rates"], lr, ur_min, serial)
+
+
+def cache_fills(design: DesignSpec) -> int:
+    """Chunk-cache fills per layer and step: the prefetch fill and the urgent fill (dualdecoder-cache),
+    or the urgent fill alone where nothing is prefetched (lru-cache)."""
+    return 1 + (design.prefetch != "none")
+
+
+def _check_cache(design: DesignSpec, cache, layers: int) -> None:
+    if not design.chunk_cache:
+        return
+    if cache is None or len(cache.prefetched) != layers:
+        raise DDBenchError(f"{design.name} needs its cache rates for {layers} layers (ddbench.core.cacherates)")
+    if design.prefetch == "none" and any(x > 0 for x in cache.prefetched):
+        raise DDBenchError(f"{design.name} prefetches nothing, but its cache rates prefetch"
+                           f" {max(cache.prefetched):g} of the budget per step: give it the replay's rates"
+                           " without prediction (prefetched 0)")
+
+
+def _compute_terms(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: int, context: float,
+                   q: int) -> dict:
+    """One pass's per-layer compute pieces: the linear layers, the glue, assembling the attended buffer,
+    the selection and the attention."""
     mt = batch * q
     qd, kvd = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    lin_pre = cm.decode_linear_s(m.hidden, qd + 2 * kvd, mt)
-    lin_post = cm.decode_linear_s(qd, m.hidden, mt) + cm.decode_linear_s(m.hidden, 2 * m.intermediate, mt) \
-        + cm.decode_linear_s(m.intermediate, m.hidden, mt)
-    glue = cm.glue_s(mt)
-    asm = 0.0 if design.kv_on_gpu else cm.assemble_s(batch, resident_rows(design, w))
+    out = {"lin_pre": cm.decode_linear_s(m.hidden, qd + 2 * kvd, mt),
+           "lin_post": cm.decode_linear_s(qd, m.hidden, mt) + cm.decode_linear_s(m.hidden, 2 * m.intermediate, mt)
+           + cm.decode_linear_s(m.intermediate, m.hidden, mt),
+           "glue": cm.glue_s(mt),
+           "asm": 0.0 if design.kv_on_gpu else cm.assemble_s(batch, resident_rows(design, w))}
     ctx_i = max(1, int(round(context)))
     # the design's `kernels` switch picks microbenchmark rows where the cost model is NOT RECONCILED
     # with the engine: "triton" the Triton kernels of kernels/ (selection, dual-token or single-token
@@ -139,78 +182,73 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     # gather + matmul rebuild) standing in for a design's own implementation. Reconciled (the bundle has
     # the engine's kernel breakdown), every sparse design is costed with the engine's kernels, the only
     # implementation measured in whole steps (kernels/engine/engine.py runs Triton kernels for all)
-    tri = design.kernels == "triton"
+    tri = out["triton"] = design.kernels == "triton"
     if design.landmarks:
-        sel = cm.select_s(batch, q, ctx_i, w.chunk, triton=tri)
+        out["sel"] = cm.select_s(batch, q, ctx_i, w.chunk, triton=tri)
     elif design.quant_bits:
-        sel = cm.quant_scan_s(batch, q, ctx_i, design.quant_bits, w.quant_group, w.chunk)
+        out["sel"] = cm.quant_scan_s(batch, q, ctx_i, design.quant_bits, w.quant_group, w.chunk)
     else:
-        sel = 0.0
-    att = cm.attention_decode_s(batch, q, max(1, int(round(attended_tokens(design, w, context)))),
-                                triton=tri and not design.kv_on_gpu)
-    if lowrank is not None and design.lowrank_keys == "adaptive":
-        lr = frozenset(int(i) for i in lowrank)
-        if any(not 0 <= i < m.num_layers for i in lr):
-            raise DDBenchError(f"low-rank key layers {sorted(lr)} are outside the model's 0..{m.num_layers - 1}")
-        if len(lr) != w.lowrank_layers:
-            raise DDBenchError(f"low-rank key layer set has {len(lr)} layers but the workload counts"
-                               f" {w.lowrank_layers} (--lowrank-layers); the memory model would disagree")
-    else:
-        lr = lowrank_layers(design, m, w, hit)
-    reb = cm.rebuild_s(batch, w.budget, w.rank, triton=tri) if lr else 0.0
-    kvl = m.kv_bytes_per_token_layer
-    offload = not design.kv_on_gpu and design.fetch != "none"
-    rates = None
-    pf_b, ur_b, d2h_b = [0.0] * L, [0.0] * L, [0.0] * L
-    pf_w, ur_w, d2h_w, cpu_pf, cpu_ur = [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L
-    if design.chunk_cache and (cache is None or len(cache.prefetched) != L):
-        raise DDBenchError(f"{design.name} needs its cache rates for {L} layers (ddbench.core.cacherates)")
+        out["sel"] = 0.0
+    out["att"] = cm.attention_decode_s(batch, q, max(1, int(round(attended_tokens(design, w, context)))),
+                                       triton=tri and not design.kv_on_gpu)
+    return out
+
+
+def _lowrank_set(design: DesignSpec, m: ModelSpec, w: Workload, hit: list[float], lowrank) -> frozenset:
+    """The layers with low-rank keys: a given set (checked against the model and the workload) or the
+    design's own choice (lowrank_layers)."""
+    if lowrank is None or design.lowrank_keys != "adaptive":
+        return lowrank_layers(design, m, w, hit)
+    lr = frozenset(int(i) for i in lowrank)
+    if any(not 0 <= i < m.num_layers for i in lr):
+        raise DDBenchError(f"low-rank key layers {sorted(lr)} are outside the model's 0..{m.num_layers - 1}")
+    if len(lr) != w.lowrank_layers:
+        raise DDBenchError(f"low-rank key layer set has {len(lr)} layers but the workload counts"
+                           f" {w.lowrank_layers} (--lowrank-layers); the memory model would disagree")
+    return lr
+
+
+def _link_work(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: int, hit: list[float],
+               reuse: list[float], lr: frozenset, cache) -> dict:
+    """Per layer, the H2D bytes prefetched and urgent, the D2H bytes, and their link (and host CPU) work."""
+    L = m.num_layers
+    out = {k: [0.0] * L for k in ("pf_b", "ur_b", "d2h_b", "pf_w", "ur_w", "d2h_w", "cpu_pf", "cpu_ur")}
+    out["rates"] = None
+    if design.kv_on_gpu or design.fetch == "none":
+        return out
     piece = kv_piece_bytes(m, w)     # K or V of a chunk-head as it crosses the link (bf16, or fp8 + scale)
-    if offload:
-        values_only_all = design.fetch == "values"
-        chunk_bytes = (1 if values_only_all else 2) * piece
-        rates = cm.link_rates(design.gather, chunk_bytes, measured_only=w.kv_bits != 16)
-        rates_v = cm.link_rates(design.gather, piece, measured_only=w.kv_bits != 16) \
-            if lr and not values_only_all else rates
-        if design.reuse and design.prefetch == "none" and design.gather == "gpu" and w.kv_bits == 16:
-            rates = rates_v = cm.slot_gather_rates(chunk_bytes)     # the in-place fetch's own launch (module doc)
-        if w.kv_bits != 16:
-            cm._note("fp8 KV: link and host bytes in e4m3 with a scale per chunk-head, gathered at the bundle's"
-                     " measured rate of that piece size; the gathers dequantise into bf16 buffers, so attention"
-                     " is the bf16 kernel")
-        for i in range(L):
-            values_only = values_only_all or i in lr
-            f = (1 if values_only else 2) * m.num_kv_heads * piece / w.chunk     # bytes per token and layer
-            r = rates_v if values_only else rates
-            full = batch * w.budget * f
-            if design.chunk_cache:          # only what the cache misses crosses the link
-                pf_b[i] = full * cache.prefetched[i]
-                ur_b[i] = full * cache.urgent[i]
-            elif design.prefetch == "none":
-                pf_b[i] = 0.0
-                ur_b[i] = full * ((1.0 - reuse[i]) if design.reuse else 1.0)
-            else:
-                pf_b[i] = full
-                ur_b[i] = full * (1.0 - hit[i])
-            for b_, wl, cl in ((pf_b[i], pf_w, cpu_pf), (ur_b[i], ur_w, cpu_ur)):
-                if b_ > 0:
-                    wl[i] = r.h2d_t0_s + b_ / (r.h2d_gbps * 1e9)
-                    if r.cpu_gather_gbps:
-                        cl[i] = b_ / (r.cpu_gather_gbps * 1e9)
-            d2h_b[i] = batch * kvl * w.kv_bits / 16  # the output token's K and V go to host memory
-            d2h_w[i] = rates.d2h_t0_s + d2h_b[i] / (rates.d2h_gbps * 1e9)
-    ur_min, serial = [], False      # the engine's ShadowKV fetches its misses in place (module doc)
-    fill = 2 * cm.cache_fill_s(batch, w.cache_tokens // w.chunk) if design.chunk_cache else 0.0  # prefetch + urgent
-    pre = [passes * (lin_pre + sel + glue / 2) + fill] * L     # the fill plans the misses: before they are issued
-    # a reuse design rebuilds only the keys of the chunks that changed (its misses), beside their fetch
-    mid = [passes * ((reb * ((1.0 - reuse[i]) if design.reuse else 1.0) if i in lr else 0.0) + asm) for i in range(L)]
-    lm = passes * cm.decode_linear_s(m.hidden, m.vocab, mt)
-    slots = 2 if design.buffer_layers == "pingpong" else L
-    slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (
-        w.cache_tokens if design.chunk_cache else w.budget) * kvl    # 16-bit buffers whatever kv_bits
-    return StepLayers(design, batch, context, q, passes, pre, mid, [passes * att] * L,
-                      [passes * (lin_post + glue / 2)] * L, lm, pf_b, ur_b, d2h_b, pf_w, ur_w, d2h_w, cpu_pf, cpu_ur,
-                      slot_bytes, slots, rates, lr, ur_min, serial)
+    values_only_all = design.fetch == "values"
+    chunk_bytes = (1 if values_only_all else 2) * piece
+    rates = cm.link_rates(design.gather, chunk_bytes, measured_only=w.kv_bits != 16)
+    rates_v = cm.link_rates(design.gather, piece, measured_only=w.kv_bits != 16) \
+        if lr and not values_only_all else rates
+    if design.reuse and design.prefetch == "none" and design.gather == "gpu" and w.kv_bits == 16:
+        rates = rates_v = cm.slot_gather_rates(chunk_bytes)     # the in-place fetch's own launch (module doc)
+    if w.kv_bits != 16:
+        cm._note("fp8 KV: link and host bytes in e4m3 with a scale per chunk-head, gathered at the bundle's"
+                 " measured rate of that piece size; the gathers dequantise into bf16 buffers, so attention"
+                 " is the bf16 kernel")
+    out["rates"] = rates
+    for i in range(L):
+        values_only = values_only_all or i in lr
+        f = (1 if values_only else 2) * m.num_kv_heads * piece / w.chunk     # bytes per token and layer
+        r = rates_v if values_only else rates
+        full = batch * w.budget * f
+        if design.chunk_cache:          # only what the cache misses crosses the link
+            pf, ur = full * cache.prefetched[i], full * cache.urgent[i]
+        elif design.prefetch == "none":
+            pf, ur = 0.0, full * ((1.0 - reuse[i]) if design.reuse else 1.0)
+        else:
+            pf, ur = full, full * (1.0 - hit[i])
+        out["pf_b"][i], out["ur_b"][i] = pf, ur
+        for b_, wl, cl in ((pf, out["pf_w"], out["cpu_pf"]), (ur, out["ur_w"], out["cpu_ur"])):
+            if b_ > 0:
+                wl[i] = r.h2d_t0_s + b_ / (r.h2d_gbps * 1e9)
+                if r.cpu_gather_gbps:
+                    cl[i] = b_ / (r.cpu_gather_gbps * 1e9)
+        out["d2h_b"][i] = batch * m.kv_bytes_per_token_layer * w.kv_bits / 16  # the output token's K and V to host
+        out["d2h_w"][i] = rates.d2h_t0_s + out["d2h_b"][i] / (rates.d2h_gbps * 1e9)
+    return out
 
 
 def prefill_chunk_s(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, tokens: int, prefix: int,

@@ -69,7 +69,7 @@ def _random(S=24, rows=(2, 3), N=30, k=5, seed=0):
 def test_replay_matches_the_hand_twin(policy, capacity):
     T, P, scores = _random(seed=int(capacity * 10))
     N, k = scores.shape[-1], T.shape[-1]
-    got = cache.replay(T, P, N, [capacity], [policy], scores=lambda t: scores[t])[(policy, capacity)]
+    got = cache.replay(T, P, N, [capacity], [policy], scores=lambda t: scores[t])[("speculative", policy, capacity)]
     for i in range(T.shape[1]):
         for h in range(T.shape[2]):
             pk = [None] + [cache.score_keys(scores[t - 1, i, h], scores[t, i, h]) for t in range(1, len(T))]
@@ -85,8 +85,8 @@ def test_capacity_zero_is_plain_dualdecoder_and_its_coverage_is_the_hit_rate():
     N, k = scores.shape[-1], T.shape[-1]
     res = cache.replay(T, P, N, [0.0, 2.0], ["lru", "score"], scores=lambda t: scores[t])
     groups = {}
-    for (pol, cap), cnt in res.items():
-        cache.accumulate(groups, (4096, "single", 8 * k, pol, cap), cnt)
+    for (how, pol, cap), cnt in res.items():
+        cache.accumulate(groups, (4096, "single", 8 * k, how, pol, cap), cnt)
     rows = [r for r in cache.rows(groups, 8) if r["capacity"] == "0"]
     hit = overlaps(T[1:], P, T[:-1], N)["hit_rate"]          # [S, L, H], as the profiler scores it
     assert len(rows) == 2 * T.shape[1]
@@ -102,11 +102,56 @@ def test_lru_capacity_two_keeps_a_chunk_that_comes_back():
     T = torch.tensor([[0, 1], [0, 2], [0, 4]]).view(3, 1, 2)
     P = torch.tensor([[2, 3], [4, 5]]).view(2, 1, 2)
     res = cache.replay(T, P, 10, [0.0, 1.0, 2.0], ["lru"])
-    urgent = {cap: res[("lru", cap)]["urgent"][:, 0].tolist() for cap in (0.0, 1.0, 2.0)}
+    urgent = {cap: res[("speculative", "lru", cap)]["urgent"][:, 0].tolist() for cap in (0.0, 1.0, 2.0)}
     assert urgent[2.0] == [0, 0]          # 0 was touched at step 1, so LRU evicts 1 and 3 for {4, 5}
     assert urgent[1.0] == [1, 1] and urgent[0.0] == [1, 1]
-    assert res[("lru", 2.0)]["prefetched"][:, 0].tolist() == [2, 2]
-    assert res[("lru", 1.0)]["lost"][:, 0].tolist() == [1, 1]    # the prefetch evicted the 0 step 1 read
+    assert res[("speculative", "lru", 2.0)]["prefetched"][:, 0].tolist() == [2, 2]
+    assert res[("speculative", "lru", 1.0)]["lost"][:, 0].tolist() == [1, 1]    # the prefetch evicted the 0 step 1 read
+
+
+def twin_alone(T, slots, policy, keys):
+    """Without prediction, brute force: every chunk of T_t not cached is urgent; LRU (or score) victims."""
+    c, out = {}, []
+    for t in range(len(T)):
+        miss = [x for x in T[t] if x not in c]
+        for x in T[t]:
+            if x in c:
+                c[x] = 2 * t + 1
+        for x in miss:
+            if len(c) >= slots:
+                old = [y for y in c if c[y] < 2 * t + 1]
+                del c[min(old, key=lambda y: ((keys[t][y] if policy == "score" else 0), c[y], y))]
+            c[x] = 2 * t + 1
+        if t:
+            out.append((0, len(miss), 0))
+    return out
+
+
+@pytest.mark.parametrize("policy", cache.POLICIES)
+@pytest.mark.parametrize("capacity", [0, 1, 2, 4])
+def test_replay_without_prediction_matches_its_twin(policy, capacity):
+    """lru-cache (prediction none): nothing prefetched, urgent = |T_t minus C_{t-1}|; capacity 0 moves all k."""
+    T, P, scores = _random(seed=7 + capacity)
+    N, k = scores.shape[-1], T.shape[-1]
+    got = cache.replay(T, P, N, [capacity], [policy], scores=lambda t: scores[t],
+                       predictions=("none",))[("none", policy, capacity)]
+    for i in range(T.shape[1]):
+        for h in range(T.shape[2]):
+            if capacity == 0:
+                want = [(0, k, 0)] * (len(T) - 1)
+            else:
+                keys = [scores[t, i, h, 0].tolist() for t in range(len(T))]      # the output query alone
+                want = twin_alone([T[t, i, h].tolist() for t in range(len(T))], cache.slots(capacity, k), policy, keys)
+            assert list(zip(*(got[n][:, i, h].tolist() for n in cache.COUNTS))) == want, (i, h)
+    spec = cache.replay(T, P, N, [capacity], [policy], scores=lambda t: scores[t])[("speculative", policy, capacity)]
+    if capacity:       # a prediction never makes more chunks urgent than no prediction at the same capacity
+        assert int(spec["urgent"].sum()) <= int(got["urgent"].sum())
+
+
+def test_replay_refuses_an_unknown_prediction():
+    T, P, scores = _random(S=3)
+    with pytest.raises(ValueError, match="unknown cache prediction"):
+        cache.replay(T, P, 30, [1.0], ["lru"], predictions=("oracle",))
 
 
 @pytest.mark.parametrize("flag,value", [("--cache-capacity", "0.5"), ("--cache-capacity", "-1"),

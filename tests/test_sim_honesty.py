@@ -24,7 +24,9 @@ HIT = [0.88] * M8.num_layers
 def _plan(system, batch, cm=None, hit=HIT, ctx=131072):
     from ddbench.core.cacherates import forced
     cm = cm or cost_model("llama-3-8b", "h200")
-    cache = forced(0.2, 0.05, M8.num_layers, "test rates") if DESIGNS[system].chunk_cache else None
+    spec = DESIGNS[system]
+    pre = 0.2 if spec.prefetch != "none" else 0.0            # lru-cache prefetches nothing
+    cache = forced(pre, 0.05, M8.num_layers, "test rates") if spec.chunk_cache else None
     return step_layers(DESIGNS[system], M8, cm, W, batch, ctx, hit, hit, cache=cache)
 
 

@@ -154,9 +154,10 @@ def render(result: dict) -> str:
             lines.append(f"  {r['selection']:<5} {r['budget_tokens'] or '-':>6} {r['metric']:<12}"
                          f" {r['median']:.2e} {r['p95']:.2e} {r['max']:.2e}")
     if "cache" in result:
-        lines.append("cache (steady steps): policy capacity  context budget  moved/k  urgent share  coverage")
+        lines.append("cache (steady steps): prediction  policy capacity  context budget  moved/k  urgent share"
+                     "  coverage")
         for r in result["cache"][1]["by_capacity"]:
-            lines.append(f"  {r['policy']:<6} {r['capacity']:>4g}  {r['context_tokens']:>7} {r['budget_tokens']:>6}"
+            lines.append(f"  {r['prediction']:<11} {r['policy']:<6} {r['capacity']:>4g}  {r['context_tokens']:>7} {r['budget_tokens']:>6}"
                          f"  {r['moved_per_budget']:.3f}    {r['urgent_share']:.3f}         {r['coverage']:.3f}")
     lines += [f"wrote {p}" for p in result["files"].values()]
     return "\n".join(lines)

@@ -1,8 +1,8 @@
-"""dualdecoder-cache's link rates: per layer, the chunks prefetched and the chunks fetched urgently per
+"""A chunk-cache design's link rates: per layer, the chunks prefetched and the chunks fetched urgently per
 step, each over the budget's k chunks (sim/steplayers.py prices the bytes from them).
 
-    rates = from_profile(model, layers, budget, context, cache_tokens, policy)   # measured replay (sim, planner,
-                                                                                 # the engine's forced rates)
+    rates = from_profile(model, layers, budget, context, cache_tokens, policy,   # measured replay (sim, planner,
+                         prediction=prediction_of(design))                        # the engine's forced rates)
     rates = forced(prefetched, urgent, layers, note)                             # e.g. the engine's forced rates
 
 The profile: `ddbench profile --layer-accuracy --cache-capacity ...` replays the cache over a real
@@ -12,12 +12,20 @@ the committed profile of another model (SmolLM2), mapped by relative depth. Its 
 a short context: the budget whose share of its context is nearest to budget / context here is used,
 and the capacity (cache_tokens / budget) is interpolated linearly between the profiled capacities.
 
+Two designs keep the cache, and the replay measures both (its `prediction` column):
+  dualdecoder-cache  prediction "speculative": the speculative token's predicted chunks the cache lacks
+                     are prefetched; the true chunks in neither are urgent
+  lru-cache          prediction "none" (the HiSparse mechanism): nothing is prefetched (prefetched 0);
+                     every true chunk the cache lacks is urgent
+A profile written before the column is all speculative: lru-cache then has no rates (a one-line error).
+
 Where the profile has a context trend beside it (`<model>.cache-trend.json`, written by
 `python -m ddbench.profile.contexts` from one-prompt runs at 1K-8K and two budget shares), the rates
 are taken from that trend instead, at the context at hand: per depth band, the fitted power law
 exp(log_a + b * log2(context / 1024)) of the nearest profiled share (interpolated in log share between the two
 shares, held at the nearer one outside them), with its 95 % interval, and how far beyond the longest
-measured context it reaches. The note says all of it; no rate is ever assumed.
+measured context it reaches (a trend without the design's prediction falls back to the replay's rows).
+The note says all of it; no rate is ever assumed.
 """
 
 from __future__ import annotations
@@ -32,6 +40,24 @@ from ddbench.core.paths import traces_dir
 
 COLUMNS = ("layer", "context_tokens", "budget_tokens", "policy", "capacity", "prefetched_per_budget",
            "urgent_per_budget", "model")
+
+
+PREDICTIONS = ("speculative", "none")      # as the replay writes them (ddbench/profile/cache.py)
+
+
+def prediction_of(design) -> str:
+    """The replay's prediction that prices a chunk-cache design: "none" where nothing is prefetched
+    (lru-cache), "speculative" where the speculative token's selection is (dualdecoder-cache)."""
+    return "none" if design.prefetch == "none" else "speculative"
+
+
+def _check_prediction(prediction: str) -> None:
+    if prediction not in PREDICTIONS:
+        raise DDBenchError(f"unknown cache prediction {prediction!r} (choose from {', '.join(PREDICTIONS)})")
+
+
+def _what(prediction: str) -> str:
+    return "without prediction (lru-cache)" if prediction == "none" else "with the speculative prefetch"
 
 
 @dataclass(frozen=True)
@@ -93,15 +119,21 @@ def map_depth(values, target_layers: int) -> list[float]:
 
 
 def from_profile(model_name: str, layers: int, budget: int, context: int, cache_tokens: int,
-                 policy: str = "lru", path: str | None = None) -> CacheRates:
+                 policy: str = "lru", path: str | None = None, prediction: str = "speculative") -> CacheRates:
+    """The rates at `context`: from the context trend beside the profile where it has fits of `prediction`
+    (see the module's docstring), else from the replay's rows of the nearest budget share."""
+    _check_prediction(prediction)
     path = path or profile_path(model_name)
     trend = trend_path(path)
-    if os.path.exists(trend):
-        return from_trend(trend, model_name, layers, budget, context, cache_tokens, policy)
+    if os.path.exists(trend) and _trend_has(trend, prediction):
+        return from_trend(trend, model_name, layers, budget, context, cache_tokens, policy, prediction)
     df = _read(path)
-    df = df[df.policy == policy]
+    if not (df.prediction == prediction).any():
+        raise DDBenchError(f"{path}: no cache replay {_what(prediction)} (prediction '{prediction}'); re-run"
+                           " `ddbench profile --layer-accuracy --cache-capacity ...` (it replays both)")
+    df = df[(df.policy == policy) & (df.prediction == prediction)]
     if not len(df):
-        raise DDBenchError(f"{path}: no rows of cache policy '{policy}'")
+        raise DDBenchError(f"{path}: no rows of cache policy '{policy}' {_what(prediction)}")
     share = budget / context
     shares = {(int(b), int(c)): b / c for b, c in df[["budget_tokens", "context_tokens"]].drop_duplicates().values}
     (pb, pc), ps = min(shares.items(), key=lambda kv: (abs(math.log(kv[1] / share)), -kv[0][1]))
@@ -119,7 +151,7 @@ def from_profile(model_name: str, layers: int, budget: int, context: int, cache_
         out[col] = map_depth([x + t * (y - x) for x, y in zip(a, b)], layers)
     src = str(df.model.iloc[0])
     how = f"capacity {want:g}x" + (f" interpolated between {lo:g}x and {hi:g}x" if hi != lo else "")
-    note = (f"cache rates from {os.path.basename(path)}: {policy} replay on {src}'s selections"
+    note = (f"cache rates from {os.path.basename(path)}: {policy} replay {_what(prediction)} on {src}'s selections"
             f"{'' if src == model_name else f', applied to {model_name} by relative depth'},"
             f" budget {pb} of {pc} tokens (share {ps:.4f}, nearest to {share:.4f} here; no context trend profiled,"
             f" so the context is not matched), {how}:"
@@ -131,6 +163,11 @@ def from_profile(model_name: str, layers: int, budget: int, context: int, cache_
 def trend_path(profile: str) -> str:
     """The context trend beside a cache profile: <model>.cache-trend.json for <model>.cache.csv."""
     return profile[: -len(".cache.csv")] + ".cache-trend.json" if profile.endswith(".cache.csv") else profile + ".trend"
+
+
+def _trend_has(path: str, prediction: str) -> bool:
+    """Whether the trend has fits of `prediction` (a fit without the key, from before it, is speculative)."""
+    return any(f.get("prediction", "speculative") == prediction for f in _load_trend(path)["fits"])
 
 
 def _load_trend(path: str) -> dict:
@@ -145,6 +182,8 @@ def _load_trend(path: str) -> dict:
                     raise ValueError(f"{k} is not finite")
             [[float(v) for v in row] for row in f["cov"]]
             str(f["share"]), str(f["policy"]), float(f["capacity"]), str(f["band"]), str(f["metric"])
+            if f.get("prediction", "speculative") not in PREDICTIONS:
+                raise ValueError(f"prediction {f['prediction']!r} is not one of {', '.join(PREDICTIONS)}")
             int(f["dof"]), float(f["t975"]), max(int(c) for c in f["contexts"])
     except OSError as exc:
         raise DDBenchError(f"cannot read cache trend {path}: {exc.strerror}") from None
@@ -161,12 +200,14 @@ def _share_value(label: str) -> float:
 
 
 def from_trend(path: str, model_name: str, layers: int, budget: int, context: int, cache_tokens: int,
-               policy: str = "lru") -> CacheRates:
+               policy: str = "lru", prediction: str = "speculative") -> CacheRates:
     """The rates of the context trend at `context` (see the module's docstring)."""
+    _check_prediction(prediction)
     doc = _load_trend(path)
-    fits = [f for f in doc["fits"] if f["policy"] == policy and f["band"] != "all"]
+    fits = [f for f in doc["fits"] if f["policy"] == policy and f["band"] != "all"
+            and f.get("prediction", "speculative") == prediction]
     if not fits:
-        raise DDBenchError(f"{path}: no fits of cache policy '{policy}'")
+        raise DDBenchError(f"{path}: no fits of cache policy '{policy}' {_what(prediction)}")
     shares = sorted({f["share"] for f in fits}, key=_share_value)
     here = budget / context
     logs = [math.log(_share_value(s)) for s in shares]
@@ -211,7 +252,7 @@ def from_trend(path: str, model_name: str, layers: int, budget: int, context: in
             vals.append((cv, h))
         per_band[m] = vals
     pick = [min(bands - 1, int((j + 0.5) * bands / layers)) for j in range(layers)]
-    pre = tuple(per_band["prefetched_per_budget"][b][0] for b in pick)
+    pre = tuple(0.0 if prediction == "none" else per_band["prefetched_per_budget"][b][0] for b in pick)
     urg = tuple(per_band["urgent_per_budget"][b][0] for b in pick)
     u_mean = sum(urg) / layers
     u_half = sum(per_band["urgent_per_budget"][b][1] for b in pick) / layers
@@ -225,7 +266,8 @@ def from_trend(path: str, model_name: str, layers: int, budget: int, context: in
     src = str(doc.get("model", os.path.basename(path)))
     share_txt = shares[lo_i] if lo_i == hi_i else f"{shares[lo_i]}-{shares[hi_i]} (interpolated in log share)"
     cap_txt = f"{want:g}x" + (f" (between {c_lo:g}x and {c_hi:g}x)" if c_hi != c_lo else "")
-    note = (f"cache rates from the context trend {os.path.basename(path)} ({policy} replay on {src},"
+    note = (f"cache rates from the context trend {os.path.basename(path)} ({policy} replay {_what(prediction)}"
+            f" on {src},"
             f" {min(min(int(c) for c in f['contexts']) for f in fits)}-{measured} tokens"
             f"{'' if src == model_name else f'; applied to {model_name} by relative depth'}): at {context} tokens,"
             f" share {share_txt} for {here:.4f} here, capacity {cap_txt}: prefetched {p_mean:.3f}, urgent"

@@ -228,10 +228,13 @@ class AccuracyRow(Row):
 
 class CacheRow(Row):
     """One row of a chunk-cache replay, traces/accuracy/<model>.cache.csv (ddbench/profile/trace.py has
-    the columns' meaning). A truncated file fails here: every rate and the row's keys are required."""
+    the columns' meaning). A truncated file fails here: every rate and the row's keys are required.
+    `prediction` (speculative: dualdecoder-cache's prefetch | none: lru-cache) is optional: files
+    written before it are all speculative."""
     layer: NonNegInt
     context_tokens: PosInt
     budget_tokens: PosInt
+    prediction: Literal["speculative", "none"] = "speculative"
     policy: Literal["lru", "score"]
     capacity: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     coverage: Rate

@@ -188,14 +188,14 @@ class Resolved:
         share is nearest), None for other designs."""
         if not self.design.chunk_cache:
             return None
-        from ddbench.core.cacherates import forced, from_profile, scaled
+        from ddbench.core.cacherates import forced, from_profile, prediction_of, scaled
         w = self.workload
         if self.scenario.forced_cache:
             pre, urg = self.scenario.forced_cache
             return forced(pre, urg, self.model.num_layers, f"cache rates forced as the engine ran them: prefetched"
                                                            f" {pre:g}, urgent {urg:g} of the budget per step")
         rates = from_profile(self.model.name, self.model.num_layers, w.budget, int(context), w.cache_tokens,
-                             D.CACHE_POLICY)
+                             D.CACHE_POLICY, prediction=prediction_of(self.design))
         return rates if self.scenario.rate_scale == 1.0 else scaled(rates, self.scenario.rate_scale)
 
     @cached_property

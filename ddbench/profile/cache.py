@@ -18,6 +18,11 @@ Victims are chosen per fill as a set (which victim goes to which new chunk does 
          the speculative query together (kernels/select.py score_chunks, nq = 2).
 Capacity 0 is no cache (plain DualDecoder): all k of P_t are moved and T_t \\ P_t is urgent.
 
+Without prediction (`lru-cache`, the HiSparse mechanism: prediction "none"), P_t is empty: step 1 is
+skipped, every chunk of T_t not cached, T_t \\ C_{t-1}, is urgent, and the fill brings T_t in with the
+same victims (score: the output query's landmark scores of pass t alone, the only query a
+single-token step has). Capacity 0 without prediction moves all k chunks urgently.
+
 Step 0 (cold: the pre-decoding step fetches T_0 whole) loads T_0 and is not counted. Counts per
 counted step are exact: urgent = |T_t \\ C'_t| where C'_t is the cache after the prefetch fill, so
 coverage = 1 - urgent/k. `lost` counts chunks of T_t that were cached before step t, not in P_t,
@@ -27,6 +32,7 @@ and evicted by the prefetch fill: coverage + lost/k = |T_t ∩ (C_{t-1} ∪ P_t)
 from __future__ import annotations
 
 POLICIES = ("lru", "score")
+PREDICTIONS = ("speculative", "none")      # dualdecoder-cache's speculative prefetch | lru-cache: none
 CAPACITIES = (0.0, 1.0, 1.5, 2.0, 4.0, 8.0)
 COUNTS = ("prefetched", "urgent", "lost")
 
@@ -86,6 +92,20 @@ class ChunkCache:
         urg, _ = self._fill(tr, 2 * t + 1, urgent_key if self.policy == "score" else None)
         return {"prefetched": pre.sum(-1), "urgent": urg.sum(-1), "lost": (tr & had & evicted).sum(-1)}
 
+    def step_alone(self, t: int, true, urgent_key=None) -> dict:
+        """Step t >= 1 without prediction: every chunk of T_t not cached is urgent; the fill brings T_t in."""
+        import torch
+        urg, _ = self._fill(_mask(true, self.n), 2 * t + 1, urgent_key if self.policy == "score" else None)
+        zero = torch.zeros_like(urg.sum(-1))
+        return {"prefetched": zero, "urgent": urg.sum(-1), "lost": zero}
+
+
+def no_cache_alone(true) -> dict:
+    """Capacity 0 without prediction: all k chunks of T_t are urgent every step."""
+    import torch
+    k = torch.full(true.shape[:-1], true.shape[-1], dtype=torch.long, device=true.device)
+    return {"prefetched": torch.zeros_like(k), "urgent": k, "lost": torch.zeros_like(k)}
+
 
 def no_cache(pred, true, n_chunks: int) -> dict:
     p, tr = _mask(pred, n_chunks), _mask(true, n_chunks)
@@ -103,29 +123,39 @@ def score_keys(scores_prev, scores_now):
     return scores_prev.sum(-2), scores_now.sum(-2)
 
 
-def replay(true, pred, n_chunks: int, capacities, policies, scores=None) -> dict:
+def replay(true, pred, n_chunks: int, capacities, policies, scores=None, predictions=("speculative",)) -> dict:
     """true [S+1, rows..., k] (T_0..T_S), pred [S, rows..., k] (P_1..P_S); scores(t) -> [rows..., 2, n]
-    (the landmark scores of pass t; needed by `score`). -> {(policy, capacity): {count: [S, rows...]}}
-    over the counted steps 1..S. Capacity 0 is the same for every policy."""
+    (the landmark scores of pass t; needed by `score`); predictions: a subset of PREDICTIONS. ->
+    {(prediction, policy, capacity): {count: [S, rows...]}} over the counted steps 1..S. Capacity 0 is
+    the same for every policy."""
     import torch
+    bad = [p for p in predictions if p not in PREDICTIONS]
+    if bad or not predictions:
+        raise ValueError(f"unknown cache prediction {bad[0] if bad else None!r} (choose from {', '.join(PREDICTIONS)})")
     out = {}
     S = pred.shape[0]
     caches = {}
-    for pol in policies:
-        for cap in capacities:
-            if cap == 0:
-                out[(pol, cap)] = no_cache(pred, true[1:], n_chunks)
-            else:
-                caches[(pol, cap)] = ChunkCache(true.shape[1:-1], n_chunks, true.shape[-1], cap, pol, true.device)
-                caches[(pol, cap)].start(true[0])
+    for how in predictions:
+        for pol in policies:
+            for cap in capacities:
+                if cap == 0:
+                    out[(how, pol, cap)] = (no_cache(pred, true[1:], n_chunks) if how == "speculative"
+                                            else no_cache_alone(true[1:]))
+                else:
+                    c = ChunkCache(true.shape[1:-1], n_chunks, true.shape[-1], cap, pol, true.device)
+                    c.start(true[0])
+                    caches[(how, pol, cap)] = c
     steps = {key: [] for key in caches}
-    need = scores is not None and any(pol == "score" for pol, _ in caches)
+    need = scores is not None and any(pol == "score" for _, pol, _ in caches)
     now = scores(0) if need else None
     for t in range(1, S + 1):
         prev, now = now, (scores(t) if need else None)
         pk, uk = score_keys(prev, now) if need else (None, None)
-        for key, c in caches.items():
-            steps[key].append(c.step(t, pred[t - 1], true[t], pk, uk))
+        for (how, pol, cap), c in caches.items():
+            if how == "speculative":
+                steps[(how, pol, cap)].append(c.step(t, pred[t - 1], true[t], pk, uk))
+            else:       # a single-token step: only the output query (0) scored pass t
+                steps[(how, pol, cap)].append(c.step_alone(t, true[t], now[..., 0, :] if need else None))
     for key, rows in steps.items():
         out[key] = {n: torch.stack([r[n] for r in rows]) for n in COUNTS}
     return out
@@ -136,7 +166,9 @@ RATES = ("coverage", "prefetched_per_budget", "urgent_per_budget", "moved_per_bu
 NOTE = ("steady steps only: step 0 (cold cache; the pre-decoding step fetches T_0 whole) is left out of every"
         " mean; n counts (sample, step, KV head) items; the *_per_budget rates are chunks moved per step over k;"
         " coverage = 1 - urgent_per_budget; urgent_share = urgent_per_budget / moved_per_budget (0 where nothing"
-        " moved); capacity 0 = no cache (plain DualDecoder), the same for every policy")
+        " moved); capacity 0 = no cache (plain DualDecoder), the same for every policy; prediction speculative ="
+        " dualdecoder-cache's prefetch of the speculative token's selection, none = lru-cache (no prefetch: every"
+        " true chunk not cached is urgent; capacity 0 then moves all k urgently)")
 
 
 def accumulate(groups: dict, key: tuple, counts: dict, layer_ids=None) -> None:
@@ -158,11 +190,11 @@ def _rates(prefetched: float, urgent: float, n: int, k: int) -> dict:
 
 
 def rows(groups: dict, chunk: int) -> list:
-    """groups[(context, task, budget, policy, capacity, layer)] -> the cache CSV's rows (sorted)."""
+    """groups[(context, task, budget, prediction, policy, capacity, layer)] -> the cache CSV's rows (sorted)."""
     out = []
-    for (c, task, b, pol, cap, l), g in sorted(groups.items()):
+    for (c, task, b, how, pol, cap, l), g in sorted(groups.items()):
         out.append({"layer": l, "context_tokens": c, "task": task, "budget_tokens": b, "chunk_tokens": chunk,
-                    "policy": pol, "capacity": f"{cap:g}", **_rates(g["prefetched"], g["urgent"], g["n"], b // chunk),
+                    "prediction": how, "policy": pol, "capacity": f"{cap:g}", **_rates(g["prefetched"], g["urgent"], g["n"], b // chunk),
                     "lost": g["lost"], "n": int(g["n"])})
     return out
 
@@ -188,27 +220,32 @@ def _merge(rs: list, by: tuple, chunk: int) -> list:
 
 
 def summary(cache_rows: list, model: str, provenance: dict, chunk: int, basis: str) -> dict:
-    """<model>.cache.summary.json: means over layers and tasks per (policy, capacity, context, budget);
-    `best` per budget: the fewest moved chunks (means over layers, tasks and contexts)."""
+    """<model>.cache.summary.json: means over layers and tasks per (prediction, policy, capacity, context,
+    budget); `best` per budget: the fewest moved chunks with the speculative prefetch (dualdecoder-cache),
+    `best_without_prediction` the same without it (lru-cache); means over layers, tasks and contexts."""
     for r in cache_rows:
         r["capacity_f"] = float(r["capacity"])
-    keys = ("policy", "capacity", "context_tokens", "budget_tokens")
-    by = _merge(cache_rows, ("policy", "capacity_f", "context_tokens", "budget_tokens"), chunk)
-    by_capacity = [{"policy": e["policy"], "capacity": e["capacity_f"], **{k: e[k] for k in keys[2:]},
-                    **{n: e[n] for n in RATES}, "n": e["n"]} for e in by]
-    best = {}
-    for e in _merge(cache_rows, ("budget_tokens", "policy", "capacity_f"), chunk):
-        b = str(e["budget_tokens"])
-        if b not in best or e["moved_per_budget"] < best[b]["moved_per_budget"] - 1e-12:
-            best[b] = {"policy": e["policy"], "capacity": e["capacity_f"], "budget_tokens": e["budget_tokens"],
+        r.setdefault("prediction", "speculative")
+    keys = ("prediction", "policy", "capacity", "context_tokens", "budget_tokens")
+    by = _merge(cache_rows, ("prediction", "policy", "capacity_f", "context_tokens", "budget_tokens"), chunk)
+    by_capacity = [{"prediction": e["prediction"], "policy": e["policy"], "capacity": e["capacity_f"],
+                    **{k: e[k] for k in keys[3:]}, **{n: e[n] for n in RATES}, "n": e["n"]} for e in by]
+    best = {how: {} for how in PREDICTIONS}
+    for e in _merge(cache_rows, ("prediction", "budget_tokens", "policy", "capacity_f"), chunk):
+        b, into = str(e["budget_tokens"]), best[e["prediction"]]
+        if b not in into or e["moved_per_budget"] < into[b]["moved_per_budget"] - 1e-12:
+            into[b] = {"policy": e["policy"], "capacity": e["capacity_f"], "budget_tokens": e["budget_tokens"],
                        "contexts": e["contexts"], **{n: e[n] for n in RATES}, "n": e["n"]}
     for r in cache_rows:
         del r["capacity_f"]
+    spec = [e for e in by if e["prediction"] == "speculative"]
     return {"schema": 1, "model": model, "provenance": provenance, "steady_steps_only": True,
             "basis": basis, "note": NOTE,
-            "by_capacity": by_capacity, "best": dict(sorted(best.items(), key=lambda kv: int(kv[0]))),
+            "by_capacity": by_capacity,
+            "best": dict(sorted(best["speculative"].items(), key=lambda kv: int(kv[0]))),
+            "best_without_prediction": dict(sorted(best["none"].items(), key=lambda kv: int(kv[0]))),
             "evicted_by_prefetch": {
                 "what": "chunks of T_t that were cached before step t, not in P_t, and evicted by step t's prefetch"
                         " fill, per k: coverage + this = |T_t ∩ (C_{t-1} ∪ P_t)| / k",
                 "rows": [{"policy": e["policy"], "capacity": e["capacity_f"], "context_tokens": e["context_tokens"],
-                          "budget_tokens": e["budget_tokens"], "per_budget": e["lost_per_budget"]} for e in by]}}
+                          "budget_tokens": e["budget_tokens"], "per_budget": e["lost_per_budget"]} for e in spec]}}

@@ -11,12 +11,15 @@ A prompt is the unit of the intervals (its steps and KV heads are not independen
 `<model>.contexts.csv`, schema 1: one row per (context_tokens, budget_tokens, band, policy, capacity,
 metric): mean over prompts, low/high (Student t 95 % interval of the mean over prompts), prompts.
     band     depth band of the layers, 0..BANDS-1 (layer l of L is in band floor(l * BANDS / L)), or "all"
+    prediction  speculative (dualdecoder-cache's prefetch) | none (lru-cache) for the cache replay's
+             metrics (runs written before the column: speculative); empty for the prediction's rates
     policy   lru | score for the cache replay's metrics; "prediction" for hit_rate, reuse_hit_rate,
              union_hit_rate (capacity empty)
     metric   coverage, urgent_per_budget, moved_per_budget (the churn: chunks moved per step / k),
              urgent_share; or the prediction's three rates
 
-`<model>.cache-trend.json`, schema 1: per (share, policy, capacity, band, metric) in the trend metrics,
+`<model>.cache-trend.json`, schema 1: per (share, prediction, policy, capacity, band, metric) in the trend
+metrics (a fit without `prediction`, from before it, is speculative),
 a power law fitted by least squares over the prompts, metric = exp(log_a + b * log2(context / 1024)) (so
 it stays positive where it is extrapolated; `per_doubling` = exp(b), the factor per doubling), with the covariance of (log_a, b),
 and two checks of whether it may be extrapolated: `curvature_p` (the p-value of a term in
@@ -39,8 +42,9 @@ BANDS = 6
 TREND_METRICS = ("urgent_per_budget", "moved_per_budget", "prefetched_per_budget")
 CACHE_METRICS = ("coverage", "prefetched_per_budget", "urgent_per_budget", "moved_per_budget", "urgent_share")
 PRED_METRICS = ("hit_rate", "reuse_hit_rate", "union_hit_rate")
-COLUMNS = ["context_tokens", "budget_tokens", "share", "band", "policy", "capacity", "metric", "mean", "low", "high",
-           "prompts"]
+COLUMNS = ["context_tokens", "budget_tokens", "share", "band", "prediction", "policy", "capacity", "metric", "mean",
+           "low", "high", "prompts"]
+CACHE_KEYS = ["prediction", "policy", "capacity"]     # a cache row's cell (prediction: speculative | none)
 REF_CONTEXT = 1024          # the fit's x = log2(context / REF_CONTEXT)
 ALPHA = 0.05
 
@@ -83,7 +87,7 @@ def load_prompts(root: str):
         if model not in (None, stem):
             raise DDBenchError(f"{folder}: profile of {stem}, but earlier runs in {root} are of {model}")
         model, layers = stem, int(p["layers"].iloc[0])
-        for df, sink, cols, keys in ((c, cache, list(CACHE_METRICS), ["policy", "capacity"]),
+        for df, sink, cols, keys in ((c, cache, list(CACHE_METRICS), CACHE_KEYS),
                                      (p, pred, list(PRED_METRICS), [])):
             df = df.copy()
             df["band"] = [_band(x, layers) for x in df["layer"]]
@@ -111,14 +115,15 @@ def t_interval(values) -> tuple[float, float, float]:
 
 def cells(cache, pred) -> list[dict]:
     rows = []
-    for df, metrics, keys in ((cache, CACHE_METRICS, ["policy", "capacity"]), (pred, PRED_METRICS, [])):
+    for df, metrics, keys in ((cache, CACHE_METRICS, CACHE_KEYS), (pred, PRED_METRICS, [])):
         for key, g in df.groupby(["context_tokens", "budget_tokens", "band"] + keys, sort=True):
             ctx, budget, band = key[:3]
             for m in metrics:
                 mean, lo, hi = t_interval(g[m])
                 rows.append({"context_tokens": int(ctx), "budget_tokens": int(budget),
                              "share": round(budget / ctx, 6), "band": band,
-                             "policy": key[3] if keys else "prediction", "capacity": key[4] if keys else "",
+                             "prediction": key[3] if keys else "", "policy": key[4] if keys else "prediction",
+                             "capacity": key[5] if keys else "",
                              "metric": m, "mean": round(mean, 6), "low": round(lo, 6), "high": round(hi, 6),
                              "prompts": len(g)})
     return rows
@@ -192,10 +197,12 @@ def trends(cache) -> list[dict]:
     out = []
     cache = cache.copy()
     cache["share"] = [share_of(b, c) for b, c in zip(cache.budget_tokens, cache.context_tokens)]
-    for (share, policy, cap, band), g in cache.groupby(["share", "policy", "capacity", "band"], sort=True):
+    for (share, how, policy, cap, band), g in cache.groupby(["share", "prediction", "policy", "capacity", "band"],
+                                                            sort=True):
         for m in TREND_METRICS:
             fit = fit_trend(g.rename(columns={m: "value"})[["context_tokens", "value"]])
-            out.append({"share": share, "policy": policy, "capacity": float(cap), "band": band, "metric": m, **fit})
+            out.append({"share": share, "prediction": how, "policy": policy, "capacity": float(cap), "band": band,
+                        "metric": m, **fit})
     return out
 
 
@@ -254,7 +261,7 @@ def _run(a) -> int:
 
 
 def summary(fits) -> str:
-    lines = ["share  policy cap  band  metric                x per doubling  curvature p  longest held out: measured"
+    lines = ["share  prediction  policy cap  band  metric                x per doubling  curvature p  longest held out: measured"
              " [predicted interval]  supported"]
     for f in fits:
         if f["band"] != "all" or f["capacity"] not in (0.0, 2.0, 4.0):
@@ -262,7 +269,7 @@ def summary(fits) -> str:
         h = f["holdout"]
         ho = f"{h['measured']:.3f} [{h['low']:.3f}, {h['high']:.3f}]" if h else "-"
         cp = f"{f['curvature_p']:.3f}" if f["curvature_p"] is not None else "-"
-        lines.append(f"{f['share']:<6} {f['policy']:<6} {f['capacity']:<4g} {f['band']:<5} {f['metric']:<21}"
+        lines.append(f"{f['share']:<6} {f['prediction']:<11} {f['policy']:<6} {f['capacity']:<4g} {f['band']:<5} {f['metric']:<21}"
                      f" {f['per_doubling']:.3f}          {cp:<11}  {ho:<44} {f['supported']}")
     return "\n".join(lines)
 

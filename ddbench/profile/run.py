@@ -260,9 +260,10 @@ def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) ->
                                 if cfg.cache_capacities and (init, temp) in cache_runs:
                                     counts = cache_mod.replay(sel[:, :, 0], sel[:-1, :, 1], geo.n_chunks,
                                                               cfg.cache_capacities, cfg.cache_policies,
-                                                              scores=_pass_scores(r, lm, glob))
-                                    for (pol, cap), cnt in counts.items():
-                                        cache_mod.accumulate(cache_groups, (c, task, b, pol, cap), cnt, glob)
+                                                              scores=_pass_scores(r, lm, glob),
+                                                              predictions=cache_mod.PREDICTIONS)
+                                    for (how, pol, cap), cnt in counts.items():
+                                        cache_mod.accumulate(cache_groups, (c, task, b, how, pol, cap), cnt, glob)
                                 m = overlaps(sel[1:, :, 0], sel[:-1, :, 1], sel[:-1, :, 0], geo.n_chunks)
                                 for i, l in enumerate(glob):
                                     g = groups[(l, c, task, init, temp, b)]

@@ -49,7 +49,10 @@ where true = step t+1's selection from its output token's post-RoPE query. sim/p
 With --cache-capacity / --cache-policies, two more files (ddbench/profile/cache.py: the replay of a
 GPU chunk cache over the selections of the runs with init t2 and temperature > 0, else of every run):
 `<model>.cache.csv`, schema 1: one row per (layer, context_tokens, task, budget_tokens, policy,
-capacity), means over samples, steady steps (step 0, the cold start, is left out) and KV heads:
+capacity, prediction), means over samples, steady steps (step 0, the cold start, is left out) and KV heads:
+    prediction       speculative (dualdecoder-cache: the speculative token's selection is prefetched) |
+                     none (lru-cache: nothing is prefetched, every chunk of T_t not cached is urgent);
+                     files written before it have no such column and are all speculative
     policy           lru | score;  capacity: slots per (layer, KV head) / k (0 = no cache)
     coverage         share of T_t cached when attention needs it (1 - urgent_per_budget)
     prefetched_per_budget  |P_t \\ C_{t-1}| / k   (C_{t-1}: the cache before step t)
@@ -57,9 +60,10 @@ capacity), means over samples, steady steps (step 0, the cold start, is left out
     moved_per_budget       their sum;  urgent_share = urgent / moved (0 where nothing moved)
     n                (sample, step, KV head) items;  model, git_sha, date, command as in <model>.csv
 `<model>.cache.summary.json`, schema 1: {schema, model, provenance, steady_steps_only: true, basis,
-note, by_capacity: [{policy, capacity, context_tokens, budget_tokens, <the five rates>, n}] (means
-over layers and tasks), best: {budget: the policy and capacity with the fewest moved chunks, means
-over layers, tasks and contexts}, evicted_by_prefetch}.
+note, by_capacity: [{prediction, policy, capacity, context_tokens, budget_tokens, <the five rates>, n}]
+(means over layers and tasks), best: {budget: the policy and capacity with the fewest moved chunks with
+the speculative prefetch, means over layers, tasks and contexts}, best_without_prediction (the same,
+prediction none), evicted_by_prefetch (speculative only)}.
 
 With --fp8-error, two more files (ddbench/profile/fp8error.py: attention output over fp8 K/V against
 bf16, and bf16 against fp32, from every run's real output-token decode queries and the prompt's K/V):
@@ -95,7 +99,8 @@ PROVENANCE = ["model", "layers", "model_sha256", "transformers_version", "torch_
 STEP_COLUMNS = ["context_tokens", "task", "sample", "init", "temperature", "budget_tokens", "step", "hit_rate",
                 "reuse_hit_rate", "union_hit_rate", "new_pred_share", "token_acc", "output_token", "spec_token"]
 RATES = ("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share")
-CACHE_COLUMNS = ["layer", "context_tokens", "task", "budget_tokens", "chunk_tokens", "policy", "capacity", "coverage",
+CACHE_COLUMNS = ["layer", "context_tokens", "task", "budget_tokens", "chunk_tokens", "prediction", "policy", "capacity",
+                 "coverage",
                  "prefetched_per_budget", "urgent_per_budget", "moved_per_budget", "urgent_share", "n"]
 CACHE_PROVENANCE = ["model", "git_sha", "date", "command"]
 FP8_COLUMNS = ["layer", "context_tokens", "task", "budget_tokens", "chunk_tokens", "selection", "metric", "median",
