@@ -24,6 +24,7 @@ import json
 import os
 from dataclasses import replace
 
+from ddbench.commands.config import add_config_arg
 from ddbench.commands import kv_note, table as _table  # noqa: F401 (simulate imports kv_note from here)
 from ddbench.commands.plan_serving import _clean, _serving_mode, plot, render_serving, serving_plan  # noqa: F401
 from ddbench.core import defaults as D
@@ -86,7 +87,7 @@ def register(sub) -> None:
                    help="service-level objectives, e.g. p99-completion=60s,p99-tpot=100ms"
                         " (metrics completion, ttft, tpot; any percentile; units s, ms, us)")
     p.add_argument("--host", type=flags.text(), help="multi-GPU host whose GPUs share PCIe switches and host memory"
-                   " (paper-testbed, hgx-h100, hgx-h200, dgx-a100, pcie-8gpu-direct, single-h200); its host memory"
+                   " (paper-testbed, hgx-h100, hgx-h200, dgx-a100, pcie-8gpu-direct, single-h200, or a YAML/JSON file); its host memory"
                    " / its GPUs bounds the batch")
     p.add_argument("--host-mem", metavar="GB", type=flags.number(lo=0, lo_open=True, hi=D.MAX_HOST_MEM_GB),
                    help="host memory for this GPU's requests, GB (1e9 bytes): bounds the batch by pinned host KV"
@@ -116,6 +117,7 @@ def register(sub) -> None:
                         " file (.png, .pdf or .svg)")
     p.add_argument("--force", action="store_true", help="replace an earlier --plot file (ddbench's own only)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_config_arg(p)
     p.add_argument("--verbose", action="store_true", help="print the cost model's notes whole (else one line)")
     p.add_argument("--csv", action="store_true", help="one CSV row per design (or knob setting) on stdout")
     add_workload(p)

@@ -40,6 +40,7 @@ import os
 import time
 from dataclasses import replace
 
+from ddbench.commands.config import add_config_arg
 from ddbench.commands import cost_model_line
 from ddbench.commands.plan import _plot_path as plot_path, kv_note
 from ddbench.core import defaults as D
@@ -89,7 +90,8 @@ def register(sub) -> None:
     p.add_argument("--steps", type=flags.integer(lo=1, hi=D.MAX_STEPS), default=D.STEPS,
                    help=f"timeline mode: batch steps (default {D.STEPS}; 2 warm-up)")
     p.add_argument("--host", type=flags.text(),
-                   help="multi-GPU host (paper-testbed, hgx-h100, ...): its GPUs share PCIe switches and host DRAM,"
+                   help="multi-GPU host (paper-testbed, hgx-h100, ..., or a YAML/JSON file): its GPUs share PCIe switches"
+                        " and host DRAM,"
                         " and its host memory / its GPUs bounds the batch")
     p.add_argument("--fetching", type=flags.integer(lo=1, hi=D.MAX_COUNT),
                    help="GPUs of --host fetching at once (default: all of them)")
@@ -110,6 +112,8 @@ def register(sub) -> None:
     p.add_argument("--trace", action="store_true", help="also write a Chrome/Perfetto trace.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--verbose", action="store_true", help="print the cost model's notes whole (else one line)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_config_arg(p)
     add_profile_row_args(p)
     add_workload(p, words={"lowrank_layers": ("profile",)},
                  title="workload (the memory model's knobs; --lowrank-layers profile: the profile summary's"
@@ -166,7 +170,7 @@ def run(args) -> int:
     multi = len(resolved) > 1
     summaries = {}
     with output_folder(args.out, command="ddbench simulate", force=args.force) as w:
-        bar = progress_bar(resolved, desc="designs", unit="design", leave=False) if multi else None
+        bar = progress_bar(resolved, desc="designs", unit="design", leave=False, quiet=args.quiet) if multi else None
         for r in (bar if bar is not None else resolved):
             out = r.design.name if multi else ""          # the design's subfolder of --out
             t0 = time.perf_counter()
@@ -192,7 +196,7 @@ def run(args) -> int:
         grows = [(name, s) for name, s in summaries.items() if s.get("queue_grows")]
         if grows:
             print(_queue_warning(grows, args.rate))
-        _tail(args, r0, summaries)
+        _tail(args, r0, summaries, resolved)
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
 
 
@@ -203,11 +207,16 @@ def _notes(summary: dict, r, t0: float) -> None:
     if r.lowrank is not None:
         summary["lowrank_layers"] = {"layers": sorted(r.lowrank), "note": r.lowrank_note}
     summary["cost_model"] = list(r.cm.notes)
+    from ddbench.planner.accuracy import accuracy_cost, assumed_hit_rate
+    summary["accuracy"] = accuracy_cost(r)
+    summary["assumed_hit_rate"] = assumed_hit_rate(r)
     check_finite(summary, f"simulate {r.design.name}")
 
 
-def _tail(args, r0, summaries) -> None:
+def _tail(args, r0, summaries, resolved) -> None:
+    from ddbench.planner.accuracy import accuracy_lines
     print(_render_host(summaries, r0))
+    print("\n".join(accuracy_lines(resolved)))
     print(cost_model_line(r0.cm.notes, args.verbose))
     print(f"hit rates: {r0.hit_note}")
     if r0.lowrank_note:
@@ -237,7 +246,8 @@ def _sweep(args, resolved, ctx: int) -> int:
     r0 = resolved[0]
     t0 = time.perf_counter()
     points, max_batch = {}, {}
-    bar = progress_bar(total=len(resolved) * len(args.batch), desc="batch sweep", unit="point", leave=False)
+    bar = progress_bar(total=len(resolved) * len(args.batch), desc="batch sweep", unit="point", leave=False,
+                       quiet=args.quiet)
     try:
         for r in resolved:
             max_batch[r.design.name] = _host_block(r, ctx, None)["max_batch"]
@@ -252,6 +262,8 @@ def _sweep(args, resolved, ctx: int) -> int:
     sweep |= {"model": r0.model.name, "gpu": r0.gpu.name, "link": r0.link.name, "context": ctx,
               "steps": args.steps, "kv_bits": r0.workload.kv_bits}
     _notes(sweep, r0, t0)
+    from ddbench.planner.accuracy import accuracy_cost
+    sweep["accuracy"] = {r.design.name: accuracy_cost(r) for r in resolved}
     rows = [{"design": name, "max_batch": d["max_batch"], **p} for name, d in sweep["designs"].items()
             for p in d["points"]]
     head = (f"batch sweep: {r0.model.name} on {r0.gpu.name} ({r0.gpu.hbm_bytes / GB:.1f} GB), {r0.link.name},"
@@ -275,7 +287,7 @@ def _sweep(args, resolved, ctx: int) -> int:
         print("\n".join(B.render(sweep, head)))
         by_design = {name: {"host_memory": _host_block(r, ctx, None)} for name, r in
                      zip(sweep["designs"], resolved)}
-        _tail(args, r0, by_design)
+        _tail(args, r0, by_design, resolved)
     return 0 if any(p["status"] == "ok" for d in sweep["designs"].values() for p in d["points"]) else NO_FIT
 
 
@@ -329,10 +341,35 @@ def _host_block(r, ctx: int, cap: int | None) -> dict:
             "max_batch_host": b.max_batch_host, "max_batch_cap": cap, "max_batch": mb, "bound_by": bound}
 
 
-def _request_rows(requests) -> list[dict]:
-    return [{"id": q.rid, "arrival_s": q.arrival, "context": q.context, "output_tokens": q.output,
-             "rejected": int(q.rejected), "admitted_s": q.admitted, "ttft_s": q.ttft, "tpot_s": q.tpot,
-             "completion_s": q.latency, "finished_at_s": q.completion} for q in requests]
+def _request_rows(requests, offsets: dict | None = None) -> list[dict]:
+    """One row per request; `offsets` (prefill elsewhere): request id -> its prefill and KV transfer, in its TTFT
+    and completion (ddbench.planner.fleet), and a column of its own."""
+    off = offsets or {}
+    rows = [{"id": q.rid, "arrival_s": q.arrival, "context": q.context, "output_tokens": q.output,
+             "rejected": int(q.rejected), "admitted_s": q.admitted, "ttft_s": q.ttft + off.get(q.rid, 0.0),
+             "tpot_s": q.tpot, "completion_s": q.latency + off.get(q.rid, 0.0), "finished_at_s": q.completion}
+            for q in requests]
+    if offsets is not None:
+        for row in rows:
+            row["prefill_and_transfer_s"] = off.get(row["id"])
+    return rows
+
+
+def _prefill_elsewhere(sc, summary: dict, requests) -> dict:
+    """With prefill elsewhere: each completed request's prefill on a prefill GPU and its KV's transfer to the decode
+    host (ddbench.planner.fleet) added to its TTFT and completion in `summary`; -> the offsets by request id."""
+    from ddbench.core.stats import percentile
+    from ddbench.planner.fleet import RULE, offsets, transfer_link
+    done = [q for q in requests if not q.rejected]
+    off = dict(zip((q.rid for q in done), offsets(sc, [q.context for q in done])))
+    for name, xs in (("ttft", [q.ttft + off[q.rid] for q in done]),
+                     ("completion", [q.latency + off[q.rid] for q in done])):
+        for p in (50, 99):
+            summary[f"{name}_p{p}_s"] = percentile(xs, p)
+    summary["prefill_elsewhere"] = {"rule": RULE, "transfer_link": transfer_link(sc).name,
+                                    "prefill_and_transfer_s_p50": percentile(list(off.values()), 50),
+                                    "prefill_and_transfer_s_p99": percentile(list(off.values()), 99)}
+    return off
 
 
 def _serving(args, r, w, out) -> dict:
@@ -356,17 +393,19 @@ def _serving(args, r, w, out) -> dict:
         w.write_text(os.path.join(out, "steps.csv"), _csv([], STEP_COLUMNS))
         w.write_text(os.path.join(out, "memory.csv"), _csv(memory))
         return {**head, **no_fit, "peak_memory_by_category": static}
-    bar = progress_bar(total=len(reqs), desc=r.design.name, unit="req", leave=False, quiet=len(reqs) < 200)
+    bar = progress_bar(total=len(reqs), desc=r.design.name, unit="req", leave=False, quiet=args.quiet or len(reqs) < 200)
     try:
         res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, r.batch_cap,
                           prefill_here=sc.prefill == "here", progress=bar.update, lowrank=r.lowrank,
                           cache=r.cache_rates)
     finally:
         bar.close()
-    w.write_text(os.path.join(out, "requests.csv"), _csv(_request_rows(res.requests)))
+    summary = {**head, **res.summary(), "peak_memory_by_category": res.peak_by_category}
+    off = _prefill_elsewhere(sc, summary, res.requests) if sc.prefill == "elsewhere" and summary["status"] == "ok" \
+        else None
+    w.write_text(os.path.join(out, "requests.csv"), _csv(_request_rows(res.requests, off)))
     w.write_text(os.path.join(out, "steps.csv"), _csv(res.segments, STEP_COLUMNS))
     w.write_text(os.path.join(out, "memory.csv"), _csv(res.memory, ("time_s", *CATEGORIES, "total")))
-    summary = {**head, **res.summary(), "peak_memory_by_category": res.peak_by_category}
     growth = backlog_growth(res.requests)     # the planner's rule: ddbench.planner.runs
     summary["backlog_growth"] = growth
     summary["queue_grows"] = summary["status"] == "ok" and queue_grows(growth)

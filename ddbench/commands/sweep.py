@@ -68,7 +68,7 @@ def run(args) -> int:
     from ddbench.planner.sweeprun import Store, read_store, summary_plot, sweep_point, write_table
 
     # everything a user can get wrong is checked before anything is written
-    spec = load_spec(args.spec)
+    spec = beside_spec(load_spec(args.spec), args.spec)
     if args.host_mem is not None:
         spec["grid"]["host_mem_gb"] = [args.host_mem]
     n = count_points(spec)
@@ -128,3 +128,16 @@ def run(args) -> int:
         print(f"sweep {name}: not one point fits in GPU memory (every row's status is does-not-fit)")
         return NO_FIT
     return 0
+
+
+HARDWARE = ("gpu", "link", "host")
+
+
+def beside_spec(spec: dict, path: str) -> dict:
+    """The grid's gpu, link and host files of your own (relative YAML/JSON names) as paths beside the spec."""
+    from ddbench.core.catalog.files import is_file_name
+    folder = os.path.dirname(os.path.abspath(path))
+    for k in HARDWARE:
+        spec["grid"][k] = [os.path.join(folder, x) if isinstance(x, str) and is_file_name(x)
+                           and not os.path.isabs(os.path.expanduser(x)) else x for x in spec["grid"][k]]
+    return spec

@@ -53,7 +53,9 @@ def add_scenario_args(p, *, design: str, context_required: bool, requests: int, 
     serving run reads: output, link, hit rate, calibration, batch cap, requests."""
     g = serving if serving is not None else p
     p.add_argument("--model", required=True, type=flags.text(), help="catalog name or path to a config.json")
-    p.add_argument("--gpu", required=True, type=flags.text(), help="catalog GPU name, e.g. h100-80gb, h200")
+    p.add_argument("--gpu", required=True, type=flags.text(),
+                   help="catalog GPU name, e.g. h100-80gb, h200, or a YAML/JSON file of your own GPU (the catalog's"
+                        " fields: ddbench/core/catalog/files.py)")
     p.add_argument("--design", "--system", dest="design", default=design, type=designs, metavar="DESIGN",
                    help=f"design, comma list, 'all' (the paper's four) or 'every' (default {design};"
                         " --system is the older name of this flag)")
@@ -65,7 +67,9 @@ def add_scenario_args(p, *, design: str, context_required: bool, requests: int, 
                        help=f"prompt tokens: 128k, uniform:64k:128k or exp:MEAN (default {D.CONTEXT})")
     g.add_argument("--output", type=dist("output"),
                    help=f"output tokens per request: 256, uniform:LO:HI or exp:MEAN (default {D.OUTPUT})")
-    g.add_argument("--link", type=flags.text(), help="host link (default: the GPU's usual link, or the host's)")
+    g.add_argument("--link", type=flags.text(),
+                   help="host link: a catalog name (pcie4, pcie5, ...) or a YAML/JSON file of your own (default: the"
+                        " GPU's usual link, or the host's)")
     g.add_argument("--hit-rate", type=flags.fraction_or_path(), metavar="RATE|CSV",
                    help="prediction hit rate: a number in [0, 1], or an accuracy CSV (default: the model's"
                         f" traces/accuracy/<model>.csv, else {D.HIT_RATE})")

@@ -18,5 +18,6 @@ def lookup(kind: str, name: str, table: dict, aliases: dict):
         got = files.loaded(kind, key)
         if got is not None:
             return got
-        raise unknown(kind, name, list(table) + ["<a .yaml or .json file of yours>"])
+        exc = unknown(kind, name, table)
+        raise type(exc)(f"{exc}; or a .yaml or .json file of your own {kind}")
     return table[key]

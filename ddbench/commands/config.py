@@ -1,0 +1,154 @@
+"""`--config FILE` for `plan` and `simulate`: a YAML or JSON mapping whose keys are the command's flags.
+
+    # plan.yaml                          ddbench plan --config plan.yaml --design shadowkv
+    model: llama-3.1-8b
+    gpu: my-h100.yaml                    # a catalog name or a file of your own (ddbench.core.catalog.files)
+    host: hgx-h100
+    context: 128k
+    slo: p99-tpot=100ms
+    design: [all, dualdecoder-cache]     # a list is a comma list
+    prefill: elsewhere
+    json: false                          # a switch: true or false
+
+A key is a flag without its dashes (`max-runs` or `max_runs`); the flags given on the command line
+override the file's. Every value is checked by the flag's own parser before the command runs; the
+errors name the file and every bad key in one line (exit 2). A relative file name among the values of
+gpu, link and host resolves against the config's folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ddbench.core.errors import DDBenchError
+
+FILE_KEYS = ("gpu", "link", "host", "hit_rate", "calibration")   # values that may name a file beside the config
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise DDBenchError(f"config {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise DDBenchError(f"config {path}: not a text file (UTF-8 YAML or JSON)") from None
+    try:
+        if path.lower().endswith(".json"):
+            raw = json.loads(text)
+        else:
+            import yaml
+            raw = yaml.safe_load(text)
+    except ValueError as exc:
+        raise DDBenchError(f"config {path}: not valid JSON ({exc})") from None
+    except Exception as exc:   # noqa: BLE001 - yaml.YAMLError
+        mark = getattr(exc, "problem_mark", None)
+        raise DDBenchError(f"config {path}: not valid YAML{'' if mark is None else f' at line {mark.line + 1}'}") \
+            from None
+    if not isinstance(raw, dict):
+        raise DDBenchError(f"config {path}: expected a mapping of flags to values, got {type(raw).__name__}")
+    return raw
+
+
+def _actions(sub: argparse.ArgumentParser) -> dict:
+    out = {}
+    for a in sub._actions:
+        for opt in a.option_strings:
+            if opt.startswith("--"):
+                out[opt[2:].replace("-", "_")] = a
+    return out
+
+
+def _text(value, key: str, bad: dict):
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+            bad[key] = "a list must hold plain values"
+            return None
+        return ",".join(str(v) for v in value)
+    if isinstance(value, (dict, bool)) or value is None:
+        bad[key] = f"expected a value, got {type(value).__name__ if value is not None else 'null'}"
+        return None
+    return str(value)
+
+
+def config_args(sub: argparse.ArgumentParser, path: str) -> list[str]:
+    """The flags a config file stands for, each value checked by its flag's parser."""
+    raw = _read(path)
+    acts, folder = _actions(sub), os.path.dirname(os.path.abspath(path))
+    out, bad = [], {}
+    for k, v in raw.items():
+        key = str(k).replace("-", "_")
+        a = acts.get(key)
+        if a is None or key in ("config", "help"):
+            bad[k] = "not a flag of this command"
+            continue
+        opt = "--" + key.replace("_", "-")
+        if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            if not isinstance(v, bool):
+                bad[k] = f"a switch: true or false, got {v!r}"
+            elif v == isinstance(a, argparse._StoreTrueAction):
+                out.append(opt)
+            continue
+        text = _text(v, k, bad)
+        if text is None:
+            continue
+        if key in FILE_KEYS and not os.path.isabs(os.path.expanduser(text)) \
+                and os.path.exists(os.path.join(folder, text)) and not os.path.exists(text):
+            text = os.path.join(folder, text)
+        try:
+            value = a.type(text) if a.type is not None else text
+            if a.choices is not None and value not in a.choices:
+                raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from"
+                                                 f" {', '.join(map(str, a.choices))})")
+        except (argparse.ArgumentTypeError, ValueError, TypeError, DDBenchError) as exc:
+            bad[k] = str(exc)
+            continue
+        out += [opt, text]
+    if bad:
+        raise DDBenchError(f"config {path}: " + "; ".join(f"{k}: {m}" for k, m in bad.items()))
+    return out
+
+
+def _split(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(the --config FILE given, or None; the other arguments)."""
+    rest, path, i = [], None, 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            rest += argv[i:]
+            break
+        if a == "--config":
+            if i + 1 >= len(argv):
+                raise DDBenchError("--config needs a file")
+            path, i = argv[i + 1], i + 2
+            continue
+        if a.startswith("--config="):
+            path, i = a.split("=", 1)[1], i + 1
+            continue
+        rest.append(a)
+        i += 1
+    return path, rest
+
+
+def add_config_arg(p) -> None:
+    """--config FILE on the command's parser `p`: its flags go before the command line's own (which win)."""
+    base = type(p)
+
+    class ConfigParser(base):
+        def parse_known_args(self, args=None, namespace=None):
+            try:
+                path, rest = _split(list(args or []))
+                if path is not None:
+                    if not path.strip():
+                        raise DDBenchError("--config is empty: name a YAML or JSON file")
+                    args = config_args(self, path) + rest
+            except DDBenchError as exc:
+                self.error(str(exc))
+            return super().parse_known_args(args, namespace)
+
+    p.__class__ = ConfigParser
+    p.add_argument("--config", metavar="FILE",
+                   help="YAML or JSON file whose keys are this command's flags (model: ..., gpu: ...,"
+                        " design: [a, b]); flags given here override it")
