@@ -9,7 +9,7 @@ design, into the settings that apply to it:
 - buffers (the sparse-KV buffer layout, Scenario.buffers): two-layer ping-pong or one per layer
   (`buffers=pingpong:per-layer`, the default); the designs that prefetch layer-ahead, the chunk-cache
   design aside (its per-layer buffers are its cache);
-- cache (the GPU chunk cache, and nothing else): a chunk-cache design's (dualdecoder-cache) capacity
+- cache (the GPU chunk cache, and nothing else): a chunk-cache design's (dualdecoder-cache, lru-cache) capacity
   per (layer, KV head), as a multiple of the budget (`2x`) or in tokens (`8k`); `cache=2x:4x:8x` by
   default;
 - fp8 (off, on: the KV on the host and the link in fp8 e4m3, Workload.kv_bits 8): designs that fetch
@@ -147,9 +147,9 @@ def applies(knob: str, name: str) -> bool:
         return design.lowrank_keys == "adaptive"
     if knob == "fp8":      # K+V pieces (2 KiB in fp8: measured); ShadowKV's 1 KiB value pieces are not
         return not design.kv_on_gpu and not design.quant_bits and design.fetch == "kv"
-    if design.prefetch != "layer-ahead":
-        return False
-    return bool(design.chunk_cache) == (knob == "cache")        # cache: its capacity; buffers: the others
+    if knob == "cache":    # a chunk-cache design's capacity (dualdecoder-cache, lru-cache)
+        return bool(design.chunk_cache)
+    return design.prefetch == "layer-ahead" and not design.chunk_cache     # buffers: the others
 
 
 def knob_label(sc, knobs: dict) -> str:

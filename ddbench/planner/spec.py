@@ -28,8 +28,9 @@
       seed: [0]
 
 Defaults come from ddbench/core/defaults.py. Unknown fields are rejected; empty strings, NaN and
-infinite numbers, numbers out of range are errors, each naming its field (`grid.rate[2]: ...`), every
-bad field in the one line.
+infinite numbers, numbers out of range, empty lists and YAML's true/false where a value is wanted are
+errors, each naming its field (`grid.rate[2]: ...`), every bad field in the one line. A value repeated in
+a list is taken once (the same points would run twice).
 Catalog names, distributions and knob combinations are checked for every point before anything
 runs. The column and key of the design stay `system` (published in results.csv and in the keys
 of points.jsonl). The buffer layout was once the field `cache`: a spec that still says `cache:` is a
@@ -97,7 +98,11 @@ def _models():
         @field_validator("*", mode="before")
         @classmethod
         def _listify(cls, v):
-            return v if isinstance(v, list) else [v]
+            v = v if isinstance(v, list) else [v]
+            if not v:
+                raise ValueError("an empty list gives no points: give at least one value (null for the default)")
+            _no_bool(v)
+            return v
 
     class Spec(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -105,6 +110,12 @@ def _models():
         requests: int = Field(D.SWEEP_REQUESTS, ge=1, le=D.MAX_REQUESTS)
         max_batch: Optional[Count] = None
         grid: Grid
+
+        @field_validator("requests", "max_batch", mode="before")
+        @classmethod
+        def _number(cls, v):
+            _no_bool([v])
+            return v
 
         @field_validator("name")
         @classmethod
@@ -115,6 +126,21 @@ def _models():
             return v
 
     return Spec
+
+
+def _no_bool(values) -> None:
+    """YAML's true/false are not numbers (pydantic would take true as 1)."""
+    if any(isinstance(x, bool) for x in values):
+        raise ValueError("true/false is not a value here: give a number or a name")
+
+
+def _once(values: list) -> list:
+    """Each value once, in the order given: a repeated value would run the same points twice."""
+    out = []
+    for x in values:
+        if x not in out:
+            out.append(x)
+    return out
 
 
 TYPE_ERRORS = ("int_type", "int_parsing", "int_from_float", "string_type", "float_type", "float_parsing")
@@ -177,7 +203,10 @@ def load_spec(path: str) -> dict:
     except ValidationError as exc:
         raise DDBenchError(f"sweep spec {path}: {field_errors(exc.errors())}") from None
     d = spec.model_dump()
-    d["grid"] = {k: [str(x) if k in ("context", "output") else x for x in v] for k, v in d["grid"].items()}
+    d["grid"] = {k: _once([str(x) if k in ("context", "output") else x for x in v]) for k, v in d["grid"].items()}
+    from ddbench.core.designs import design_names     # 'all' and 'every' as on the command line
+    d["grid"]["system"] = _once([n for v in d["grid"]["system"] for n in
+                                 (design_names(v) if str(v).strip().lower() in ("all", "every") else (v,))])
     return d
 
 
