@@ -49,16 +49,16 @@ def loaded(kind: str, name: str):
     return _BY_NAME.get((kind, str(name).lower()))
 
 
-def _read(kind: str, path: str) -> dict:
+def _read(kind: str, full: str, path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(full, encoding="utf-8") as fh:
             text = fh.read()
     except OSError as exc:
         raise DDBenchError(f"{kind} file {path}: cannot read it ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise DDBenchError(f"{kind} file {path}: not a text file (UTF-8 YAML or JSON)") from None
     try:
-        if path.lower().endswith(".json"):
+        if full.lower().endswith(".json"):
             raw = json.loads(text)
         else:
             import yaml
@@ -124,7 +124,7 @@ def load(kind: str, path: str, cls, table: dict, aliases: dict):
         raise DDBenchError(f"{kind} file {path}: no such file") from None
     if key in _BY_PATH:
         return _BY_PATH[key]
-    raw = _read(kind, full)
+    raw = _read(kind, full, path)
     raw = _resolve_refs(kind, raw, os.path.dirname(full))
     spec = check(kind, cls, raw, f"{kind} file {path}")
     name = spec.name.lower()
