@@ -158,7 +158,8 @@ class ReuseFetchFit:
 @dataclass(frozen=True)
 class CacheFill:
     """dualdecoder-cache's fill: the GPU chunk cache's lookup, LRU eviction and miss plan (kernels/engine/
-    chunkcache.py ChunkCache.fill), twice per layer and step (the prefetch fill and the urgent fill):
+    chunkcache.py ChunkCache.fill), twice per layer and step (the prefetch fill and the urgent fill; once, the urgent
+    fill, for lru-cache, which prefetches nothing):
 
         fill_s(batch, slots) = fixed_s + per_request_s * batch + per_request_slot_s * batch * slots
 
@@ -181,7 +182,7 @@ class CacheFill:
         return (f"cache fill FITTED to {self.points} engine points of {CACHE_FILL_DESIGN} at {self.context // 1024}K"
                 f" ({src.get('folder')}, git {str(src.get('git_sha'))[:7]}; other contexts held out):"
                 f" {th['fixed_s'] * 1e6:.1f} us + {th['per_request_s'] * 1e9:.0f} ns per request"
-                f" + {th['per_request_slot_s'] * 1e12:.2f} ps per request-slot, twice per layer;"
+                f" + {th['per_request_slot_s'] * 1e12:.2f} ps per request-slot, per fill (twice per layer for dualdecoder-cache, once for lru-cache);"
                 f" max |residual| {self.max_abs_residual_us:.1f} us per fill")
 
 
