@@ -148,7 +148,8 @@ def check_kv_bits(design: DesignSpec, gpu: GPUSpec, w: Workload) -> None:
 
 
 def chunk_cache_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
-    """dualdecoder-cache's GPU chunk cache, every layer and KV head: its K and V slots and its map,
+    """A chunk-cache design's GPU chunk cache (dualdecoder-cache, lru-cache: the same bytes; neither has
+    ping-pong prefetch buffers beside it), every layer and KV head: its K and V slots and its map,
     b * L * H_kv * (cache_tokens / C * 2 * C * d * e + ceil(S / C) * 2 + cache_tokens / C * 8), the slots
     16-bit whatever kv_bits (the gathers dequantise fp8 into them; kernels/engine/chunkcache.py allocates
     exactly this); 0 for other designs."""
