@@ -115,6 +115,11 @@ def check(kind: str, cls, raw: dict, where: str):
     return spec
 
 
+def refs_error(kind: str, path: str, exc: DDBenchError) -> DDBenchError:
+    """An unknown name inside a file (a GPU's default_link, a host's gpu or link), naming the file."""
+    return DDBenchError(f"{kind} file {path}: {exc}")
+
+
 def load(kind: str, path: str, cls, table: dict, aliases: dict):
     """The spec in `path` (see the module's text); remembered by path and by name."""
     full = os.path.abspath(os.path.expanduser(path))
@@ -130,7 +135,6 @@ def load(kind: str, path: str, cls, table: dict, aliases: dict):
     name = spec.name.lower()
     if name in table or name in aliases:
         raise DDBenchError(f"{kind} file {path}: name '{spec.name}' is a catalog {kind}'s; give yours another name")
-    _refs_exist(kind, spec, path)
     _BY_PATH[key] = spec
     _BY_NAME[(kind, name)] = spec
     return spec
@@ -145,16 +149,3 @@ def _resolve_refs(kind: str, raw: dict, folder: str) -> dict:
         if isinstance(v, str) and is_file_name(v) and not os.path.isabs(os.path.expanduser(v)):
             out[k] = os.path.join(folder, v)
     return out
-
-
-def _refs_exist(kind: str, spec, path: str) -> None:
-    from ddbench.core.catalog.gpus import get_gpu
-    from ddbench.core.catalog.links import get_link
-    try:
-        if kind == "GPU":
-            get_link(spec.default_link)
-        elif kind == "host":
-            get_gpu(spec.gpu)
-            get_link(spec.link)
-    except DDBenchError as exc:
-        raise DDBenchError(f"{kind} file {path}: {exc}") from None

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddbench.core.catalog.files import is_file_name, refs_error
 from ddbench.core.catalog.lookup import lookup
+from ddbench.core.errors import DDBenchError
 
 MIB = 1024 ** 2
 
@@ -52,7 +54,14 @@ _ALIASES = {"h100": "h100-80gb", "h100-sxm": "h100-80gb", "h100-sxm-80gb": "h100
 
 
 def get_gpu(name: str) -> GPUSpec:
-    return lookup("GPU", name, GPUS, _ALIASES)
+    g = lookup("GPU", name, GPUS, _ALIASES)
+    if is_file_name(name):   # your own GPU: its default link must be known
+        from ddbench.core.catalog.links import get_link
+        try:
+            get_link(g.default_link)
+        except DDBenchError as exc:
+            raise refs_error("GPU", name, exc) from None
+    return g
 
 
 def catalog_gpu_name(device_name: str, total_bytes: int) -> str:

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ddbench.core.catalog.links import LinkSpec, get_link
+from ddbench.core.catalog.files import is_file_name, refs_error
 from ddbench.core.catalog.lookup import lookup
 from ddbench.core.errors import DDBenchError
 
@@ -88,7 +89,15 @@ _ALIASES = {"paper": "paper-testbed", "dgx-h100": "hgx-h100", "dgx-h200": "hgx-h
 
 
 def get_host(name: str) -> HostSpec:
-    return lookup("host", name, HOSTS, _ALIASES)
+    h = lookup("host", name, HOSTS, _ALIASES)
+    if is_file_name(name):   # your own host: its GPU and link must be known
+        from ddbench.core.catalog.gpus import get_gpu
+        try:
+            get_gpu(h.gpu)
+            get_link(h.link)
+        except DDBenchError as exc:
+            raise refs_error("host", name, exc) from None
+    return h
 
 
 @dataclass(frozen=True)
