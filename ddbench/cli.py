@@ -7,6 +7,7 @@ Errors a user can cause print one line and exit 2, with no traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import signal
@@ -22,7 +23,20 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage error in one line and exits 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
+def one_line(message: str) -> str:
+    """`message` on one line: a line break inside it (a path or name holding one) is written as \\n."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of a failed stdout is silent."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def version_line() -> str:
@@ -71,24 +85,35 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, _terminate)
     except ValueError:  # not the main thread
         pass
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.data is not None:
-        os.environ["DDBENCH_DATA"] = args.data
-    if os.environ.get("DDBENCH_DATA") is not None and not os.environ["DDBENCH_DATA"].strip():
-        print("ddbench: error: the data root (--data or DDBENCH_DATA) is empty: name a folder", file=sys.stderr)
-        return 2
     try:
-        return int(args.func(args) or 0)
+        args = build_parser().parse_args(argv)
+        if args.data is not None:
+            os.environ["DDBENCH_DATA"] = args.data
+        if os.environ.get("DDBENCH_DATA") is not None and not os.environ["DDBENCH_DATA"].strip():
+            raise DDBenchError("the data root (--data or DDBENCH_DATA) is empty: name a folder")
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()             # a full stdout fails here, not in the interpreter's last flush
+        return rc
     except DDBenchError as exc:
-        print(f"ddbench: error: {exc}", file=sys.stderr)
+        print(f"ddbench: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ddbench: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:            # the reader went away (`ddbench plan ... | head`): stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _quiet_stdout()
         return 1
+    except MemoryError:
+        print("ddbench: error: out of memory: ask for a smaller run (fewer --requests, a shorter --context, a"
+              " smaller grid)", file=sys.stderr)
+        return 2
+    except OSError as exc:             # stdout on a full disk (/dev/full), or another file the system refuses
+        if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS):
+            raise
+        _quiet_stdout()
+        where = f" {exc.filename}" if exc.filename else " the output"
+        print(f"ddbench: error: cannot write{one_line(where)}: {exc.strerror}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ def test_hf_config_matches_catalog(tmp_path):
     (json.dumps([1, 2]), "top level is not an object"),
     (json.dumps(_llama_config(num_hidden_layers=None)), "'num_hidden_layers' must be a positive integer"),
     (json.dumps(_llama_config(num_key_value_heads=5)), "not divisible"),
-    (json.dumps(_llama_config(rope_theta="big")), "'rope_theta' must be a positive number"),
+    (json.dumps(_llama_config(rope_theta="big")), "'rope_theta' must be a positive finite number"),
 ])
 def test_malformed_hf_config(tmp_path, text, message):
     path = tmp_path / "config.json"

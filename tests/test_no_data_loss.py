@@ -348,4 +348,5 @@ def test_a_bad_profile_summary_is_one_line_naming_the_file(tmp_path, data, conte
     assert not (tmp_path / "res").exists()
     r = run("figures", "--quiet", "--only", "table1", "--out", "figs", data=data, cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert any("figure table1 failed" in ln and f"{SMOL}.summary.json" in ln for ln in r.stderr.splitlines())
+    assert_one_line_error(r, contains=f"every figure failed (table1: ")
+    assert f"{SMOL}.summary.json" in r.stderr

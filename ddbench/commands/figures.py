@@ -109,15 +109,19 @@ def run(args) -> int:
             except DDBenchError as exc:
                 msg = _one_line(str(exc))
                 failed.append((exp.id, msg))
-                say(b, f"ddbench: figure {exp.id} failed: {msg}")
+                if not args.only:      # a chosen few are told at the end: in the error's one line if all fail
+                    say(b, f"ddbench: figure {exp.id} failed: {msg}")
                 continue
             results.append((exp, res))
             if not args.quiet:
                 say(b, f"{exp.id}: {exp.title} ({time.perf_counter() - t0:.1f} s)")
         b.close()
         if failed and not results:
-            raise DDBenchError(f"every figure failed ({', '.join(f for f, _ in failed)}); --out {args.out} "
-                               "left as it was")
+            what = "; ".join(f"{f}: {m}" for f, m in failed) if args.only else ", ".join(f for f, _ in failed)
+            raise DDBenchError(f"every figure failed ({what}); --out {args.out} left as it was")
+        if args.only:
+            for fid, msg in failed:
+                say(None, f"ddbench: figure {fid} failed: {msg}")
         if not args.only:
             cov = coverage(paper, {c.paper_id for _, r in results for c in r.comparisons})
             line = coverage_line(cov)

@@ -78,3 +78,38 @@ def write_rows_csv(path: str, rows, columns, extra: dict) -> None:
         wr.writeheader()
         for r in rows:
             wr.writerow({**{c: r.get(c) for c in columns}, **extra})
+
+
+def read_json_object(path, what: str, missing: str = "") -> dict:
+    """A JSON file whose top level is an object, or a one-line DDBenchError naming `what` and the file: not
+    there (`missing` says how to make it), not UTF-8, not JSON (with the line), nested too deeply, not an object."""
+    path = str(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise DDBenchError(f"{path}: no such file{f' ({missing})' if missing else ''}") from None
+    except OSError as exc:
+        raise DDBenchError(f"cannot read {what} {path}: {_why(exc)}") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DDBenchError(f"malformed {what} {path}: not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise DDBenchError(f"malformed {what} {path}: line {exc.lineno}: {exc.msg}") from None
+    except RecursionError:
+        raise DDBenchError(f"malformed {what} {path}: nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise DDBenchError(f"malformed {what} {path}: the top level is not a JSON object")
+    return doc
+
+
+def records(doc: dict, key: str, fields, path, what: str) -> list:
+    """doc[key] (absent: []) as a list of objects that each hold `fields`, or a one-line DDBenchError."""
+    items = doc.get(key, [])
+    if not isinstance(items, list):
+        raise DDBenchError(f"malformed {what} {path}: '{key}' is not a list")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or any(f not in item for f in fields):
+            raise DDBenchError(f"malformed {what} {path}: {key}[{i}] is not a record with {', '.join(fields)}")
+    return items

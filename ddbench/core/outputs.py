@@ -103,7 +103,17 @@ def check_path(out, flag: str = "--out", allow_cwd: bool = False, data_ok=()) ->
     `data_ok`: the folders under the data root this output may be (patterns of DATA_OUTPUTS)."""
     if out is None or not str(out).strip():
         raise DDBenchError(f"{flag} is empty: name an output folder")
+    try:
+        return _checked_path(out, flag, allow_cwd, data_ok)
+    except OSError as exc:      # a name too long for the file system, a folder that cannot be read, ...
+        raise DDBenchError(f"{flag} {out}: {_why(exc)}") from None
+
+
+def _checked_path(out, flag: str, allow_cwd: bool, data_ok) -> Path:
     path = Path(os.path.abspath(os.path.expanduser(str(out))))
+    for p in (path, *path.parents):
+        if p.is_symlink() and not p.exists():
+            raise DDBenchError(f"{flag} {out}: {p} is a link to {os.readlink(p)}, which does not exist; name a folder")
     real = Path(os.path.realpath(path))
     if real == Path(real.anchor):
         raise DDBenchError(f"{flag} {out} is a filesystem root; name a folder of its own")

@@ -94,7 +94,32 @@ def cache_profile(path: str):
     (schemas.CacheRow): a bad layer, policy or rate, or a truncated line, is a one-line error naming
     the file, the line and the field."""
     from ddbench.core.schemas import CacheRow
-    return _frame(str(path), CacheRow, "cache profile")
+    df = _frame(str(path), CacheRow, "cache profile")
+    _complete_grid(df, str(path))
+    return df
+
+
+def _complete_grid(df, path: str) -> None:
+    """A file cut at a line's end still parses: every configuration must cover every layer, and (for each
+    kind of prediction) every profiled context, task, budget, policy and capacity must meet each other."""
+    from itertools import product
+    keys = [k for k in ("prediction", "context_tokens", "task", "budget_tokens", "chunk_tokens", "policy",
+                        "capacity") if k in df.columns]
+    layers = set(df.layer)
+    for cfg, g in df.groupby(keys, dropna=False):
+        if set(g.layer) != layers:
+            raise DDBenchError(f"cache profile {path}: truncated or incomplete: {_named(keys, cfg)} has"
+                               f" {g.layer.nunique()} of the {len(layers)} layers")
+    for _, g in df.groupby(keys[:1], dropna=False):
+        have = set(map(tuple, g[keys[1:]].drop_duplicates().values.tolist()))
+        for cfg in product(*(sorted(g[k].unique()) for k in keys[1:])):
+            if tuple(cfg) not in have:
+                raise DDBenchError(f"cache profile {path}: truncated or incomplete: no rows for"
+                                   f" {_named(keys[1:], cfg)}")
+
+
+def _named(keys, values) -> str:
+    return ", ".join(f"{k} {v.item() if hasattr(v, 'item') else v}" for k, v in zip(keys, values))
 
 
 def accuracy_frame(path: str):

@@ -18,7 +18,6 @@ says so). A missing run is an error naming it, never a figure without its points
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 
 from ddbench.core.errors import DDBenchError
@@ -35,16 +34,22 @@ ENGINE_LABEL = "engine (H200, 80 GB cap)"
 @lru_cache(maxsize=None)
 def _summary(run: str) -> dict:
     path = traces_dir("engine", run, "summary.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            s = json.load(f)
-    except FileNotFoundError:
-        raise DDBenchError(f"{path}: no such file (the engine's paper points; run"
-                           " `python -m kernels.engine.sweep --phases paper` on a GPU, see its README)") from None
-    out = {(p["model"], int(p["context"]), p["design"]): p for p in s.get("paper", [])}
+    out = {(p["model"], int(p["context"]), p["design"]): p for p in _paper_points(
+        path, "the engine's paper points; run `python -m kernels.engine.sweep --phases paper` on a GPU, see its README")}
     if run == CAPPED:
         out.update(inplace_shadowkv(traces_dir()))
     return out
+
+
+def _paper_points(path, missing: str) -> list:
+    """An engine summary's "paper" points (records of model, context, design), typed: one-line errors."""
+    from ddbench.core.io import read_json_object, records
+    what = "engine summary"
+    points = records(read_json_object(path, what, missing), "paper", ("model", "context", "design"), path, what)
+    for i, p in enumerate(points):
+        if isinstance(p["context"], bool) or not isinstance(p["context"], int):
+            raise DDBenchError(f"malformed {what} {path}: paper[{i}].context is not a token count")
+    return points
 
 
 def inplace_shadowkv(traces) -> dict:
@@ -52,13 +57,9 @@ def inplace_shadowkv(traces) -> dict:
     folder `traces`: INPLACE's summary, and the 256K points of h200-rates (batch 1, 3 builds)."""
     from ddbench.core.traces import load_engine
     path = traces / "engine" / INPLACE / "summary.json"
-    try:
-        with open(path, encoding="utf-8") as f:
-            out = {(p["model"], int(p["context"]), p["design"]): {**p, "inplace": True}
-                   for p in json.load(f).get("paper", []) if p["design"] == "shadowkv"}
-    except FileNotFoundError:
-        raise DDBenchError(f"{path}: no such file (the in-place ShadowKV's paper points; its README says how"
-                           " they were run)") from None
+    out = {(p["model"], int(p["context"]), p["design"]): {**p, "inplace": True}
+           for p in _paper_points(path, "the in-place ShadowKV's paper points; its README says how they were run")
+           if p["design"] == "shadowkv"}
     e = load_engine(str(traces / "engine" / "h200-rates" / "engine.csv"))   # typed: one-line errors
     e = e[e.gpu_mem_cap.notna() & (e.design == "shadowkv") & (e.context == 262144)
           & e.status.isin(["ok", "ok-no-twin"])]

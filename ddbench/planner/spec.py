@@ -51,6 +51,7 @@ GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "host_mem_gb", "syste
                "chunk", "lowrank_layers", "buffers", "cache_tokens", "kv_bits", "hit_rate", "prefill", "rate", "seed")
 # fields renamed since points.jsonl stores were written: their key hashes them under the old name
 KEY_NAMES = {"buffers": "cache"}
+REQUIRED = ("model", "gpu", "system", "context", "rate")   # grid fields with no default
 
 
 def _models():
@@ -97,10 +98,10 @@ def _models():
 
         @field_validator("*", mode="before")
         @classmethod
-        def _listify(cls, v):
+        def _listify(cls, v, info):
             v = v if isinstance(v, list) else [v]
-            if not v:
-                raise ValueError("an empty list gives no points: give at least one value (null for the default)")
+            if not v and info.field_name not in REQUIRED:    # those: pydantic's min_length says it
+                raise ValueError("List should have at least 1 item (null for the default), not 0")
             _no_bool(v)
             return v
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -122,8 +123,8 @@ def model_from_hf_config(path: str) -> ModelSpec:
         raise DDBenchError(f"malformed config.json {file}: {heads} heads not divisible by {kv_heads} kv heads")
     model_type = str(cfg.get("model_type", ""))
     theta = cfg.get("rope_theta", 10000.0)
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        raise DDBenchError(f"malformed config.json {file}: 'rope_theta' must be a positive number")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
+        raise DDBenchError(f"malformed config.json {file}: 'rope_theta' must be a positive finite number, got {theta!r}")
     name = os.path.basename(os.path.dirname(os.path.abspath(file))) or "custom"
     return ModelSpec(
         name=name, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
