@@ -88,6 +88,18 @@ def _csv(path: Path):
     return pd.read_csv(path)
 
 
+def _engine(path: Path):
+    """An engine sweep's engine.csv through the typed loader (ddbench.core.traces.load_engine)."""
+    from ddbench.core.errors import DDBenchError
+    from ddbench.core.traces import load_engine
+    if not path.is_file():
+        raise DocTablesError(f"{path}: missing")
+    try:
+        return load_engine(str(path))
+    except DDBenchError as exc:
+        raise DocTablesError(str(exc)) from None
+
+
 def _json(path: Path) -> dict:
     if not path.is_file():
         raise DocTablesError(f"{path}: missing")
@@ -98,7 +110,7 @@ def _json(path: Path) -> dict:
 def _sweep(root: Path, name: str):
     """An engine sweep's rows, with its meta.json (git sha, date, seed)."""
     folder = root / "traces" / name
-    rows = _csv(folder / "engine.csv")
+    rows = _engine(folder / "engine.csv")
     meta = _json(folder / "meta.json")
     return rows, meta
 
@@ -117,7 +129,7 @@ def _own_step(rows):
 # -- generators ---------------------------------------------------------------------------------
 
 def headline(root: Path = ROOT) -> str:
-    rates = _csv(root / "traces" / "engine" / "h200-rates" / "engine.csv")
+    rates = _engine(root / "traces" / "engine" / "h200-rates" / "engine.csv")
     one = rates[(rates["batch"] == 1) & (rates["model"] == ENGINE_MODEL.lower())]
 
     def tpot(d):
