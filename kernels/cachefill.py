@@ -10,7 +10,8 @@ order set by the programs' atomics (the slot gather reads them in any order); pl
 on entry (fill_fused zeroes it on the current stream first).
 
 Per program: the ids' slots (slot_of), hits touched with the stamp, then the ages of the S slots
-sorted by (age, slot) in registers (one packed int64 key: the twin's stable argsort), the i-th miss
+sorted by (age, slot) in registers (one packed int64 key, (age + 1) << 16 | slot, ChunkCache's slots
+< 2**15: the twin's stable argsort), the i-th miss
 takes the i-th least recently touched slot (tl.gather), the maps are written and the program's misses
 reserved in the plan with one atomic add.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-SLOT_BITS = 16          # the slot index packed under the age in the sort key (ChunkCache: slots < 2**15)
 
 
 @triton.jit
@@ -45,8 +45,8 @@ def _fill_kernel(ids_ptr, so_ptr, co_ptr, ag_ptr, stamp_ptr, bh_ptr, chunk_ptr, 
     tl.debug_barrier()                                                    # ... before the ages are read
     js = tl.arange(0, BLOCK_S)
     age = tl.load(ag + js, mask=js < S, other=0).to(tl.int64)
-    key = tl.where(js < S, ((age + 1) << SLOT_BITS) | js.to(tl.int64), 0x3FFFFFFFFFFFFFFF)
-    order = (tl.sort(key) & ((1 << SLOT_BITS) - 1)).to(tl.int32)         # least recently touched first
+    key = tl.where(js < S, ((age + 1) << 16) | js.to(tl.int64), 0x3FFFFFFFFFFFFFFF)
+    order = (tl.sort(key) & 0xFFFF).to(tl.int32)         # least recently touched first
     rank = tl.cumsum(miss.to(tl.int32), 0) - 1
     victim = tl.gather(order, tl.maximum(rank, 0), 0)
     old = tl.load(co + victim, mask=miss, other=-1)

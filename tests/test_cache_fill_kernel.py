@@ -79,3 +79,28 @@ def test_fused_fill_refuses_int64_ids():
     _, fused = _pair(1, 1, 1, 20, 8, 4, 4, "cpu")
     with pytest.raises(ValueError, match="int32"):
         fused.fill_rows(0, torch.zeros(1, 1, 4, dtype=torch.int64), torch.zeros(1, dtype=torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slots,k,C", [(1024, 256, 8), (2048, 256, 8), (300, 64, 8)])
+def test_fused_fill_is_the_twin_on_the_gpu(slots, k, C):
+    """Compiled, at the engine's shapes (4x and 8x the 2048-token budget's 256 chunks)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    rnd = random.Random(slots)
+    L, B, H, N = 1, 3, 8, 4 * slots
+    twin, fused = _pair(L, B, H, N, slots, C, k, "cuda")
+    hot = rnd.sample(range(N), slots + k // 2)
+    step = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for t in range(8):
+        step.fill_(t)
+        for kind, add, rows in (("prefetch", 0, False), ("urgent", 1, True)):
+            ids = _ids(rnd, B, H, N, k, hot, "cuda")
+            _poison(fused, (kind,), k)
+            p0, r0 = twin.fill_rows(0, ids, step, mul=2, add=add, kind=kind, rows=rows)
+            p1, r1 = fused.fill_rows(0, ids, step, mul=2, add=add, kind=kind, rows=rows)
+            for a, b in ((twin.slot_of, fused.slot_of), (twin.chunk_of, fused.chunk_of), (twin.age, fused.age)):
+                assert torch.equal(a[..., :-1], b[..., :-1]), (t, kind)
+            assert _items(p0) == _items(p1) and torch.equal(p0.assembled, p1.assembled)
+            if rows:
+                assert torch.equal(r0, r1)

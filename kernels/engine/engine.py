@@ -69,6 +69,8 @@ class EngineConfig:
     quant_values: bool = False        # SpeCache: also hold its 2-bit value copy (memory only: the step reads keys)
     churn_rate: float | None = None   # chunk cache: forced share of the next prediction new against this one (None:
                                       # the model's own speculative selection)
+    fused_fill: bool = True           # chunk cache: its fill in one Triton launch (kernels/cachefill.py); False: the
+                                      # torch twin's ~30 kernels (the A/B of devtools/devcheck_cachefill.py)
     seed: int = 0
 
     @staticmethod
@@ -359,7 +361,7 @@ class Engine:
         if s.chunk_cache:
             from kernels.engine.chunkcache import ChunkCache
             self.cache = ChunkCache(L, B, H, self.N, cfg.workload.cache_tokens // C, C, d, self.S - self.kc * C,
-                                    self.dev, dt, self.kc, fused=not ref)
+                                    self.dev, dt, self.kc, fused=cfg.fused_fill and not ref)
             self.kbuf, self.vbuf = list(self.cache.k.unbind(0)), list(self.cache.v.unbind(0))
             self.step_dev = torch.zeros(1, device=self.dev, dtype=torch.int32)   # decode steps (LRU stamps)
             self.pf_stamp = torch.zeros(L, device=self.dev, dtype=torch.int32)
