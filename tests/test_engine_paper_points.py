@@ -351,14 +351,16 @@ def test_the_cache_design_is_searched_at_each_capacity_with_its_rates(monkeypatc
     limit = 30 * 2 ** 30
     seen = []
 
-    def rates(ctx, ct):
-        seen.append((ctx, ct))
-        return 0.05, 0.2, f"test rates at {ct}"
-    rows, calls, _ = _run_paper(monkeypatch, limit, designs=("dualdecoder-cache", "shadowkv"),
+    def rates(ctx, ct, prediction):
+        seen.append((ctx, ct, prediction))
+        return 0.05, (None if prediction == "none" else 0.2), f"test rates at {ct}"
+    rows, calls, _ = _run_paper(monkeypatch, limit, designs=("dualdecoder-cache", "lru-cache", "shadowkv"),
                                 cache_tokens=(2048, 8192), cache_rates=rates)
-    assert seen == [(32768, 2048), (32768, 8192)]
+    assert sorted(seen) == sorted([(32768, 2048, "speculative"), (32768, 8192, "speculative"),
+                                   (32768, 2048, "none"), (32768, 8192, "none")])
     s = {e["design"]: e for e in paper.summarize(rows)}
-    assert set(s) == {"dualdecoder-cache@2048", "dualdecoder-cache@8192", "shadowkv"}
+    assert set(s) == {"dualdecoder-cache@2048", "dualdecoder-cache@8192", "lru-cache@2048", "lru-cache@8192",
+                      "shadowkv"}
     assert s["dualdecoder-cache@8192"]["largest_batch"] < s["dualdecoder-cache@2048"]["largest_batch"]
     cache_calls = [c for c in calls if c[0] == "dualdecoder-cache"]
     assert cache_calls and {c[4:] for c in cache_calls} == {(0.05, 0.2)} and {c[3] for c in cache_calls} == {2048, 8192}

@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.cacherates import prediction_of
 from kernels.engine.designspec import design_spec
 
 PAPER = "paper"
@@ -110,17 +111,20 @@ def cap_gpu(cap: int | None, label: str, device_gpu: str):
 
 
 def profile_cache_rates(model, budget=None):
-    """(context, cache_tokens) -> (urgent, churn, note): a chunk-cache design's forced rates, the means over
-    layers of the measured replay (ddbench.core.cacherates.from_profile): the true chunks in neither the
-    cache nor the prediction, and the predicted chunks the cache misses, each over the budget."""
+    """(context, cache_tokens, prediction) -> (urgent, churn, note): a chunk-cache design's forced rates, the
+    means over layers of the measured replay (ddbench.core.cacherates.from_profile) with that design's
+    prediction (cacherates.prediction_of): the true chunks in neither the cache nor the prediction, and the
+    predicted chunks the cache misses (churn; None for lru-cache, which predicts nothing), each over the
+    budget."""
     from ddbench.core import defaults as D
     from ddbench.core.cacherates import from_profile
     b = budget or D.BUDGET
 
-    def rates(ctx, ct):
-        r = from_profile(model.name, model.num_layers, b, ctx, ct, D.CACHE_POLICY)
+    def rates(ctx, ct, prediction="speculative"):
+        r = from_profile(model.name, model.num_layers, b, ctx, ct, D.CACHE_POLICY, prediction=prediction)
         L = len(r.urgent)
-        return round(sum(r.urgent) / L, 4), round(sum(r.prefetched) / L, 4), r.note
+        churn = None if prediction == "none" else round(sum(r.prefetched) / L, 4)
+        return round(sum(r.urgent) / L, 4), churn, r.note
     return rates
 
 
@@ -310,7 +314,7 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
         miss = None if spec.kv_on_gpu else miss_rate
         churn, extra = None, ({} if label == d else dict(design_label=label))
         if spec.chunk_cache:
-            miss, churn, note = (cache_rates or profile_cache_rates(model))(ctx, ct)
+            miss, churn, note = (cache_rates or profile_cache_rates(model))(ctx, ct, prediction_of(spec))
             extra.update(cache_tokens=ct, churn_rate=churn, rates_note=note)
         steps = []
 

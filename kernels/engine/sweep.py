@@ -687,7 +687,8 @@ def check_args(a, phases=()):
     if a.churn is not None and a.miss is None:
         raise DDBenchError("--churn needs --miss (the urgent share beside it)")
     a.paper_cache_rates = None if a.churn is None else (
-        lambda ctx, ct: (a.miss, a.churn, f"forced by --miss {a.miss:g} --churn {a.churn:g} (not the profile's)"))
+        lambda ctx, ct, prediction: (a.miss, None if prediction == "none" else a.churn,
+                                     f"forced by --miss {a.miss:g} --churn {a.churn:g} (not the profile's)"))
     used = [m for m, _, _ in a.paper_points] if PAPER in phases else []
     if set(phases) - {PAPER} or not used:
         used = [a.model_spec] + used
