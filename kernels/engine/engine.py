@@ -264,13 +264,12 @@ class StepStats:
 class Engine:
     def __init__(self, model, system, cfg: EngineConfig, weights: Weights, device, *,
                  host_kv: torch.Tensor | None = None, host_scales: torch.Tensor | None = None, ref: bool = False,
-                 log: bool = False, debug: bool = False, timing: bool = False):
+                 log: bool = False, debug: bool = False):
         self.m, self.sys, self.cfg, self.w = model, system, cfg, weights
         self.dev = torch.device(device)
         self.ops = _ops(ref)
         self.ref = ref
         self.debug = [] if debug else None
-        self.timing = timing and self.dev.type == "cuda"
         self.graph = None                # CUDA graph of `graph_steps` whole steps (capture())
         s = system
         cfg.validate(model)
@@ -505,9 +504,6 @@ class Engine:
         nq = 1 if (predecode or s.kv_on_gpu) else self.nq
         self.step_u0 = getattr(self, "use", 0)    # the first layer use of this step (sparse designs)
         self.stats = StepStats()
-        self.rec = [] if self.timing else None
-        if self.timing:
-            self.ev_step0 = self.sched.timing_event()
         if nq < self.tokens.shape[1]:
             toks = self.tokens[:, :nq]
         elif nq > self.tokens.shape[1]:  # T'_{i+1} seeded with the pre-decoded T_2
@@ -534,8 +530,6 @@ class Engine:
             x, h = self._addnorm(x, pend, self.w.norm)
             logits = self._map(lambda t: _mm(t, self.w.lm_head.T).float(), h)
             nxt = logits.argmax(-1)                              # [B, nq]
-        if self.timing:
-            self.ev_step1 = self.sched.timing_event()
         if predecode:
             self.pending = nxt[:, :1]                            # T_2 -> T'_2; input T_1 kept
             self.pred, self.pred_new = self.pred_new, torch.zeros_like(self.pred_new)
@@ -581,7 +575,6 @@ class Engine:
         self.ready_ev = {u: [] for u in getattr(self, "ready_ev", {})}
         if getattr(self, "fill_ev", None):
             self.fill_ev = {}
-        timing, self.timing = self.timing, False
         self.sched.used.clear()          # join only the side streams this capture forks
         g = torch.cuda.CUDAGraph()
         self.out = None
@@ -604,8 +597,6 @@ class Engine:
             except Exception:  # noqa: BLE001 - a graph whose capture did not end has nothing to reset
                 pass
             raise
-        finally:
-            self.timing = timing
         self.graph, self.graph_steps = g, steps
         self.free_ev = [None] * len(getattr(self, "free_ev", []))
         self.ready_ev = {u: [] for u in getattr(self, "ready_ev", {})}
@@ -623,8 +614,6 @@ class Engine:
         add happens in this layer's first norm. Returns (residual, this layer's MLP output)."""
         s, w = self.sys, self.w
         B, Hq, H, d = self.B, self.Hq, self.H, self.d
-        if self.timing:
-            t0 = self.sched.timing_event()
         with nvtx_range("qkv"):
             if pend is None:
                 hn = self._map(lambda t: self.ops.rmsnorm(t, w.ln1[i]), x)
@@ -634,16 +623,14 @@ class Engine:
             q, k, v = self.ops.rope_split(qkv, self.cos, self.sin, Hq, H, d,
                                           bias=None if w.bqkv is None else w.bqkv[i])
         if s.kv_on_gpu:
-            o, pre, post = self._full_attention(i, q, k, v, nq)
+            o = self._full_attention(i, q, k, v, nq)
         else:
-            o, pre, post = self._sparse_attention(i, q, k, v, nq, predecode)
+            o = self._sparse_attention(i, q, k, v, nq, predecode)
         with nvtx_range("o_proj+mlp"):
             x, h2 = self._addnorm(x, self._lin(o.reshape(B, nq, Hq * d), w.wo[i]), w.ln2[i])
             gu = self._lin(h2, w.wgu[i].T)
             a = self._map(self.ops.swiglu, gu)
             mlp = self._lin(a, w.wdown[i])
-        if self.timing:
-            self.rec.append((i, t0, pre, post))
         return x, mlp
 
     def _plan(self, pred, true):
@@ -661,14 +648,13 @@ class Engine:
         kb.index_copy_(2, self.at_new, k.transpose(1, 2))     # device positions of the new token(s)
         vb.index_copy_(2, self.at_new, v.transpose(1, 2))
         lengths = self.lengths
-        pre = self.sched.timing_event() if self.timing else None
         kw = {}
         if not self.ref:   # whole-context attention: about 4 waves of (request, head, split) programs
             sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
             kw["splits"] = max(1, min(4 * sms // (self.B * self.H), kb.shape[2] // 1024))
         with nvtx_range("attention"):
             o = self._attn(q, kb, vb, lengths, **kw)
-        return o, pre, pre
+        return o
 
     def _select(self, i, q, **kw):
         """ids [B, nq, H, k], ascending (or into kw["out"]); pass 1 stores its scores in fastselect.SCORES."""
@@ -814,9 +800,7 @@ class Engine:
             ka, va = (kb, vb) if rows is None else (self.cache.tail_view(kb, kC), self.cache.tail_view(vb, kC))
             self.ops.assemble(ka, va, self.recent_k[i], self.recent_v[i], k, v, self.g_dev, kC, self.R0)
             lengths = self.lengths
-        pre = self.sched.timing_event() if self.timing else None
         ev_wait, _ = self.sched.run("compute", "wait", lambda: None, waits=waits, layer=i, buf=b, use=u)
-        post = self.sched.timing_event() if self.timing else None
         kw = {} if rows is None else {"rows": rows}
         if not self.ref and self.B * self.H < 64:   # small batch: about two waves of (request, head, split)
             sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
@@ -844,7 +828,7 @@ class Engine:
             self._issue_prefetch(u + 2, self.pred_new[(u + 2) % self.L])
         if self.prefetch == "next-step" and (nq == 2 or predecode):
             self._issue_prefetch(u + self.L, self.pred_new[i])   # same layer, next step, other set
-        return o, pre, post
+        return o
 
     # ------------------------------------------------------------------ CPU-gather ablation
     def _cpu_init(self):
@@ -941,14 +925,3 @@ class Engine:
                     sel += (B * self.kc * self.C * cfg.rank + B * H * cfg.rank * d) * E
             kv = L * B * H * (self.kc * self.C + self.R0 + mean_g + nq) * d * E * 2
         return dict(weights=weights, selection=sel, kv=kv, total=weights + sel + kv)
-
-    def layer_records(self):
-        """Per-layer compute and exposed-transfer ms of the last step (needs timing=True; syncs)."""
-        torch.cuda.synchronize()
-        out = []
-        ends = [r[1] for r in self.rec[1:]] + [self.ev_step1]
-        for (i, t0, pre, post), t1 in zip(self.rec, ends):
-            exposed = pre.elapsed_time(post) if pre is not post else 0.0
-            total = t0.elapsed_time(t1)
-            out.append(dict(layer=i, compute_ms=total - exposed, exposed_ms=exposed))
-        return out
