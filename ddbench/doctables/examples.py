@@ -1,0 +1,330 @@
+"""Example outputs in docs/*.md: each command is run here and its output printed as it is.
+
+A block `<!-- generated: example-NAME -->` holds EXAMPLES[NAME]: the command as a user types it and
+what it prints (stdout and stderr interleaved, as on a terminal), from a fresh temporary folder,
+with the repository's traces as the data root. A block `<!-- generated: notes-NAME -->` is prose
+whose numbers come from such a run (or from the engine's traces). So a change to the cost model, the
+traces or the output format makes `python -m ddbench.doctables --check` fail until the docs are
+regenerated. Every run is kept for the process (`_RUNS`), so a command shown and described is run
+once; the runs are small (seconds each) to keep `make test` fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+from ddbench.doctables.common import ROOT, DocTablesError, _engine, _json, _k, _pct
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent     # where this ddbench is imported from
+
+
+@dataclass(frozen=True)
+class Example:
+    argv: tuple[str, ...]          # after `ddbench`
+    rc: int = 0                    # the exit status it must end with
+
+
+PLAN_FLEET = ("plan", "--model", "qwen2.5-32b", "--gpu", "h100-80gb", "--link", "pcie5", "--context",
+              "uniform:64k:128k", "--output", "exp:256", "--slo", "p99-completion=120s,p99-tpot=100ms",
+              "--design", "all", "--prefill", "elsewhere", "--target-rate", "20")
+PLAN_SEARCH = ("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--output", "256",
+               "--prefill", "elsewhere", "--slo", "p99-tpot=150ms", "--design", "shadowkv,dualdecoder",
+               "--search", "budget,chunk,lowrank-layers,buffers", "--plot", "pareto.png")
+ENGINE_HIT = "0.82422"             # the engine's forced miss rate, 45 of 256 chunks (17.6 %)
+PLAN_ENGINE = ("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--output", "256",
+               "--prefill", "elsewhere", "--hit-rate", ENGINE_HIT, "--slo", "p99-tpot=1s",
+               "--design", "shadowkv,dualdecoder")
+
+EXAMPLES = {
+    "plan-memory": Example(("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k",
+                            "--design", "all")),
+    "plan-host": Example(("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k",
+                          "--design", "all", "--host", "paper-testbed")),
+    "plan-unmet": Example(("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output",
+                           "64", "--slo", "p99-tpot=5ms", "--design", "shadowkv,dualdecoder")),
+    "plan-fleet": Example(PLAN_FLEET + ("--host", "paper-testbed")),
+    "plan-search": Example(PLAN_SEARCH),
+    "plan-engine": Example(PLAN_ENGINE),
+}
+
+_RUNS: dict[tuple[str, tuple[str, ...]], tuple[int, str]] = {}
+
+
+def run_command(root: Path, argv: tuple[str, ...]) -> tuple[int, str]:
+    """`ddbench ARGV` in a fresh temporary folder, the data root `root/traces`: (exit status, what it
+    printed, stdout and stderr interleaved). Each command runs once per process."""
+    key = (str(root), tuple(argv))
+    if key not in _RUNS:
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "DDBENCH_DATA")}
+        env.update(PYTHONUNBUFFERED="1", DDBENCH_DATA=str((root / "traces").resolve()),
+                   PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p]))
+        with tempfile.TemporaryDirectory(prefix="ddbench-doc-") as tmp:
+            r = subprocess.run([sys.executable, "-m", "ddbench", *argv], cwd=tmp, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+        _RUNS[key] = (r.returncode, r.stdout)
+    return _RUNS[key]
+
+
+def _output(root: Path, ex: Example) -> str:
+    rc, out = run_command(root, ex.argv)
+    if rc != ex.rc:
+        tail = " | ".join(out.strip().splitlines()[-3:])
+        raise DocTablesError(f"`ddbench {shlex.join(ex.argv)}` exited {rc}, not {ex.rc}: {tail}")
+    return out.rstrip("\n")
+
+
+def shown(argv: tuple[str, ...], width: int = 104) -> str:
+    """The command as the docs print it: `$ ddbench ...`, a flag beside its value, continued with ` \\`
+    before `width`."""
+    units, i = [], 0
+    while i < len(argv):
+        if argv[i].startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            units.append(f"{shlex.quote(argv[i])} {shlex.quote(argv[i + 1])}")
+            i += 2
+        else:
+            units.append(shlex.quote(argv[i]))
+            i += 1
+    lines, line = [], "$ ddbench"
+    for u in units:
+        if len(line) + 1 + len(u) > width - 2:
+            lines.append(line + " \\")
+            line = "    " + u
+        else:
+            line += " " + u
+    return "\n".join(lines + [line])
+
+
+def example(name: str, root: Path = ROOT) -> str:
+    ex = EXAMPLES[name]
+    return "```\n" + shown(ex.argv) + "\n" + _output(root, ex) + "\n```"
+
+
+# -- reading an output's tables -----------------------------------------------------------------
+
+def _rank_rows(text: str) -> dict[str, list[str]]:
+    """The ranking table of a `plan --slo` output: {design: its cells}, cells split on 2+ spaces."""
+    lines = text.splitlines()
+    head = next((i for i, ln in enumerate(lines) if ln.startswith("rank ")), None)
+    if head is None:
+        raise DocTablesError("no ranking table in the plan output")
+    rows = {}
+    for ln in lines[head + 1:]:
+        cells = re.split(r"\s{2,}", ln.strip())
+        if len(cells) < 4 or not (cells[0].isdigit() or cells[0] == "-"):
+            break
+        rows[cells[1]] = cells
+    return rows
+
+
+def _columns(text: str) -> list[str]:
+    head = next(ln for ln in text.splitlines() if ln.startswith("rank "))
+    return ["rank"] + re.split(r"\s{2,}", head[len("rank"):].strip())
+
+
+def _cell(text: str, design: str, column: str) -> str:
+    cols, rows = _columns(text), _rank_rows(text)
+    if design not in rows:
+        raise DocTablesError(f"no row for {design} in the plan output")
+    return rows[design][cols.index(column)]
+
+
+def _knob_rows(text: str) -> list[dict]:
+    """The knob search's table (`plan --search`): one dict per shown setting."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("knob search (")), None)
+    if start is None:
+        raise DocTablesError("no knob-search table in the plan output")
+    out = []
+    for ln in lines[start + 2:]:
+        if not ln.startswith("  ") or ln.startswith("  ("):
+            break
+        c = re.split(r"\s{2,}", ln.strip())
+        out.append({"design": c[0], "setting": c[1], "rate": float(c[2]), "tok_s": float(c[3]),
+                    "peak_gb": float(c[4]), "binding": c[6], "front": c[7] if len(c) > 7 else ""})
+    return out
+
+
+def _num(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+# -- notes: prose whose numbers come from a run -------------------------------------------------
+
+def notes_plan_fleet(root: Path = ROOT) -> str:
+    """Worked example 1 against the same command with one GPU alone on its link (--json)."""
+    import json
+    shared = _output(root, EXAMPLES["plan-fleet"])
+    rc, out = run_command(root, PLAN_FLEET + ("--json",))
+    if rc != 0:
+        raise DocTablesError(f"`ddbench {shlex.join(PLAN_FLEET)} --json` exited {rc}")
+    alone = json.loads(out[out.index("{"):])
+    parts = []
+    for d in alone["designs"]:
+        name, rate = d["system"], d["max_rate_req_per_s"]
+        if d["status"] != "met" or not rate:
+            parts.append(f"{name} none")
+            continue
+        cell = _cell(shared, name, "max rate req/s per decode GPU")
+        loss = ("" if cell == "none" else f", {_num(cell) / rate - 1:+.0%} on the busy host")
+        fleet = (d.get("fleet") or {}).get("fleet_gpus") or d.get("gpus")
+        parts.append(f"{name} {rate:.3g} req/s per decode GPU ({fleet} GPUs in all{loss})")
+    return ("The same command without `--host` (one GPU alone on its link, "
+            f"{alone['link_gbps_per_gpu']:g} GB/s): " + "; ".join(parts) + ".")
+
+
+def notes_plan_search(root: Path = ROOT) -> str:
+    """Worked example 2's reading: what binds, budget 1024 against 2048, ShadowKV against DualDecoder,
+    ping-pong against per-layer buffers, all from the output shown."""
+    rows = _knob_rows(_output(root, EXAMPLES["plan-search"]))
+    dd = [r for r in rows if r["design"] == "dualdecoder"]
+    sk = [r for r in rows if r["design"] == "shadowkv"]
+    if not dd or not sk:
+        raise DocTablesError("the knob search shows no dualdecoder or shadowkv setting")
+    binds = sorted({r["binding"] for r in dd})
+    best = {b: max((r for r in dd if f"budget={b} " in r["setting"] + " "), key=lambda r: r["rate"], default=None)
+            for b in (1024, 2048)}
+    out = [f"DualDecoder's shown settings are bound by {' and '.join(binds)}"]
+    if best[1024] and best[2048]:
+        out.append(f"budget 1024 gives {best[1024]['rate'] / best[2048]['rate']:.1f}x the rate of budget 2048"
+                   " (fewer bytes per step)")
+    top_sk, top_dd = max(sk, key=lambda r: r["rate"]), max(dd, key=lambda r: r["rate"])
+    out.append(f"ShadowKV, bound by {top_sk['binding']}, reaches {top_sk['rate'] / top_dd['rate']:.1f}x"
+               f" DualDecoder's best rate ({top_sk['setting']})")
+    pp = [r for r in dd if r["setting"].endswith("buffers=pingpong")]
+    for r in pp:
+        twin = next((x for x in dd if x["setting"] == r["setting"].replace("pingpong", "per-layer")), None)
+        if twin:
+            out.append(f"at {r['setting'].replace(' buffers=pingpong', '')} ping-pong buffers give"
+                       f" {r['rate']:g} req/s against per-layer buffers' {twin['rate']:g}, with"
+                       f" {twin['peak_gb'] - r['peak_gb']:.1f} GB less peak memory")
+            break
+    return "From the output above: " + "; ".join(out) + "."
+
+
+def alias_note(rows, meta: dict, model: str = "llama-3-8b") -> str:
+    """How the engine's host KV held these rows' batches: one pinned buffer of meta.json's host_gib,
+    smaller than the batch's KV, so layers (then requests) read the same host bytes."""
+    gib = meta.get("host_gib")
+    if "host_alias" in rows.columns and rows["host_alias"].notna().any():
+        kinds = sorted({str(a) for a in rows["host_alias"] if str(a) not in ("none", "nan", "")})
+        layers = sorted({int(h) for h in rows["host_layers"].dropna()})
+        if not kinds:
+            return f"host KV: one pinned {gib:g} GiB buffer holding the whole batch (no aliasing)"
+        return (f"host KV aliased ({', '.join(kinds)}): one pinned {gib:g} GiB buffer, smaller than the"
+                f" batch's KV, holding {'/'.join(map(str, layers))} physical layer(s) that every logical layer"
+                " reads (l % host_layers), requests in overlapping windows where even one layer does not"
+                " fit; every chunk still crosses the link, only the values repeat")
+    from ddbench.core.catalog import get_model
+    from ddbench.core.designs import get_design
+    from ddbench.core.memory import host_kv_bytes
+    from ddbench.core.workload import Workload
+    r = rows.iloc[0]
+    need = int(r["batch"]) * host_kv_bytes(get_design(str(r["design"])), get_model(model),
+                                           Workload(context=int(r["context"]))) / 2 ** 30
+    state = "aliased" if need > gib else "not aliased"
+    return (f"host KV {state}: the batch's {need:,.0f} GiB of KV read from one pinned {gib:g} GiB buffer"
+            " (layers aliased, l % host_layers, where it is smaller; every chunk still crosses the link,"
+            " only the values repeat)")
+
+
+def notes_plan_engine(root: Path = ROOT) -> str:
+    """The planner's answer (the output shown) beside the engine's measured steps at the same points."""
+    text = _output(root, EXAMPLES["plan-engine"])
+    e = root / "traces" / "engine"
+    cal = _engine(e / "h200" / "engine.csv")
+    m = cal[(cal["phase"] == "mechanism") & (cal["design"] == "dualdecoder") & (cal["context"] == 131072)
+            & (cal["miss_rate"].astype(str) == "0.174") & (cal["transfers"] == 1) & (cal["status"] == "ok")]
+    b = int(m["batch"].max())
+    m = m[m["batch"] == b]
+    dd_plan, sk_plan = (_num(_cell(text, d, "tokens/s")) for d in ("dualdecoder", "shadowkv"))
+    sk_b = int(_num(_cell(text, "shadowkv", "max batch")))
+    out = [f"The engine's DualDecoder step at 17.4 % misses, batch {b} at 128K (`traces/engine/h200`, mechanism"
+           f" phase, {len(m)} repetitions; {alias_note(m, _json(e / 'h200' / 'meta.json'))}), runs at"
+           f" {median(m['tok_s']):.1f} tokens/s ({m['tok_s'].min():.1f}-{m['tok_s'].max():.1f}): link-bound, the"
+           f" ceiling that the planned {dd_plan:.1f} tokens/s sits below."]
+    fast = [_engine(p) for p in sorted((e / "h200-shadowkv-fast" / "builds").glob("*/engine.csv"))]
+    rates = _engine(e / "h200-rates" / "engine.csv")
+    pts = []
+    for src, d in [("h200-shadowkv-fast/builds", x) for x in fast] + [("h200-rates", rates)]:
+        g = d[(d["design"] == "shadowkv") & (d["context"] == 131072) & (d["batch"] == sk_b)
+              & d["status"].astype(str).str.startswith("ok")]
+        pts += [(float(r["miss_rate"]), float(r["tok_s"]), src) for _, r in g.iterrows()]
+    if not pts:
+        return " ".join(out) + f" The engine has not run ShadowKV at batch {sk_b} (128K)."
+    by = {}
+    for miss, tok, _ in pts:
+        by.setdefault(miss, []).append(tok)
+    meas = ", ".join(f"{median(v):,.0f} at {_pct(k, 0)}" for k, v in sorted(by.items()))
+    g = rates[(rates["design"] == "shadowkv") & (rates["batch"] == sk_b) & (rates["context"] == 131072)]
+    out.append(f"The planner's ShadowKV runs its max batch, {sk_b}, at {sk_plan:,.1f} tokens/s at the 17.6 % miss"
+               f" rate (the mean over the run's batches is lower); the engine ran ShadowKV at 128K, batch {sk_b}"
+               f" (in place; `traces/engine/h200-shadowkv-fast/builds`, `h200-rates`; median tokens/s by forced"
+               f" miss rate, {len(pts)} builds): {meas}; {alias_note(g, _json(e / 'h200-shadowkv-fast' / 'builds' / 'b0' / 'meta.json'))}.")
+    return " ".join(out)
+
+
+def notes_validation(root: Path = ROOT) -> str:
+    """The validation's headline sentence (traces/validation/h200-engine.csv, the points with transfers)."""
+    from ddbench.doctables.common import _csv
+    v = _csv(root / "traces" / "validation" / "h200-engine.csv")
+    v = v.assign(err=(v["sim_over_engine"] - 1).abs())
+    t = v[v["transfers"] == 1]
+    lb = t[t["regime"] == "link-bound"]
+    ctx = "/".join(_k(int(c)) for c in sorted(t["context"].unique()))
+    bs = "/".join(str(int(b)) for b in sorted(t["batch"].unique()))
+    miss = "/".join(f"{100 * float(m):g} %" for m in sorted(t["miss_rate"].astype(float).unique()))
+    return (f"At the engine validation points with transfers ({ctx}, batches {bs}, {miss} misses; {len(t)} points of"
+            f" {len(v)}) the sim is within {_pct(float(t['err'].median()))} median, {_pct(float(t['err'].max()))}"
+            f" worst (link-bound median {_pct(float(lb['err'].median()))}, {len(lb)} points).")
+
+
+def inplace_validation(root: Path = ROOT) -> str:
+    """The in-place engine's validations (traces/validation/h200-engine-inplace and -rates summaries):
+    per run, points, builds, median |error| over points and the worst point; ShadowKV's points one by
+    one; and how the engine's host KV held those batches."""
+    v = root / "traces" / "validation"
+    rows, lines = [], []
+    for name, label in (("inplace", "ShadowKV in place"), ("rates", "h200-rates, other designs")):
+        s = _json(v / f"h200-engine-{name}-summary.json")
+        pp = s["per_point"]
+        if not pp:
+            continue
+        w = max(pp, key=lambda p: abs(p["error_median"]))
+        wb = max((w["error_min"], w["error_max"]), key=abs)
+        what = f"{w['design']} {_k(int(w['context']))} batch {int(w['batch'])}, {float(w['miss_rate']) * 100:g} % misses"
+        if w.get("churn_rate") not in ("", None):
+            what += f", churn {float(w['churn_rate']) * 100:g} %"
+        rows.append([label, str(len(pp)), str(sum(int(p["builds"]) for p in pp)),
+                     _pct(median(abs(p["error_median"]) for p in pp)),
+                     f"{100 * w['error_median']:+.1f} % ({100 * wb:+.1f} % worst build): {what}"])
+        if name == "inplace":
+            sk = [p for p in pp if p["model"] == "llama-3-8b"]
+            lines.append("ShadowKV in place, Llama-3-8B, by point (median over builds): " + "; ".join(
+                f"{_k(int(p['context']))} batch {int(p['batch'])} at {float(p['miss_rate']) * 100:g} % misses"
+                f" {100 * p['error_median']:+.1f} %" for p in sorted(sk, key=lambda p: (-p["batch"], p["context"],
+                                                                                       float(p["miss_rate"])))) + ".")
+    from ddbench.doctables.common import _table
+    e = root / "traces" / "engine" / "h200-shadowkv-fast" / "builds"
+    b0 = _engine(e / "b0" / "engine.csv")
+    big = b0[b0["batch"] > 1]
+    lines.append("The batches above 1 ran with the " + alias_note(big, _json(e / "b0" / "meta.json")) + ".")
+    return (_table(["run", "points", "builds", "median \\|error\\|", "worst point"], rows) + "\n\n"
+            + "\n\n".join(lines))
+
+
+GENERATORS = {f"example-{name}": (lambda root=ROOT, _n=name: example(_n, root)) for name in EXAMPLES}
+GENERATORS.update({
+    "notes-plan-fleet": notes_plan_fleet,
+    "notes-plan-search": notes_plan_search,
+    "notes-plan-engine": notes_plan_engine,
+    "notes-validation": notes_validation,
+    "inplace-validation": inplace_validation,
+})
