@@ -5,7 +5,7 @@
   sim.timeline    run_timeline(): per-layer timeline of batch steps (overlap, stalls, buffers)
   sim.aggregate   aggregate_step(): the same step in closed form, for serving runs
   sim.serving     run_serving(): Poisson arrivals, continuous batching, admission by memory
-  sim.profile     per-layer hit rates from traces/accuracy/<model>.csv or a constant
+  sim.hitrates    per-layer hit rates from traces/accuracy/<model>.csv or a constant
   sim.trace       Chrome / Perfetto trace JSON
-  sim.setup       build a cost model from catalog names (the scenario: ddbench.planner.scenario)
+  sim.factory     build a cost model from catalog names (the scenario: ddbench.planner.scenario)
 """

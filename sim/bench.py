@@ -16,7 +16,7 @@ from ddbench.core.designs import DESIGNS
 from sim.aggregate import aggregate_step
 from sim.steplayers import step_layers
 from sim.serving import draw_requests, run_serving
-from sim.setup import cost_model
+from sim.factory import cost_model
 
 
 def serving(model, context, output, rate, n, system="dualdecoder", seed=0):

@@ -24,7 +24,7 @@ Per layer i of a step, for a batch of b requests:
            on the compute stream beside the fetch; hits stay in the buffer
 
 Every command (simulate in both modes, plan, sweep, the figures) and sim/validate.py price a step
-here, on one cost model (sim/setup.py); sim/validate.py adds only the engine's own terms: the harness's
+here, on one cost model (sim/factory.py); sim/validate.py adds only the engine's own terms: the harness's
 forced-miss draw, and for rows of the engine before the in-place ShadowKV (commit 0f05ef2) that
 engine's copy-then-regather fetch (sim/fit/replay.py shadowkv_step, legacy_reuse_fetch).
 """
@@ -117,7 +117,7 @@ def resident_rows(design: DesignSpec, w: Workload) -> int:
 def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: int, context: float,
               hit: list[float], reuse: list[float], lowrank: frozenset | None = None, cache=None) -> StepLayers:
     """One decode step of `design`. `lowrank`: for an adaptive design, the layers with low-rank keys
-    (e.g. the set an accuracy profile's summary picked, sim.profile.lowrank_from_summary) instead of
+    (e.g. the set an accuracy profile's summary picked, sim.hitrates.lowrank_from_summary) instead of
     the w.lowrank_layers worst-predicted layers; it must hold w.lowrank_layers layers of the model, so
     that the memory model (which counts them) and the plan agree. Ignored by other designs.
     `cache` (ddbench.core.cacherates.CacheRates): a chunk-cache design's per-layer prefetched and urgent chunks

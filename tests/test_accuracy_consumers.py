@@ -1,4 +1,4 @@
-"""The simulator's accuracy-profile reader (sim/profile.py) on synthetic profiles in the profiler's schema."""
+"""The simulator's accuracy-profile reader (sim/hitrates.py) on synthetic profiles in the profiler's schema."""
 
 import csv
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ddbench.core.errors import DDBenchError
-from sim import profile as P
+from sim import hitrates as P
 
 # the profiler's schema (ddbench/profile/trace.py, schema 1)
 COLUMNS = ["layer", "context_tokens", "task", "init", "temperature", "top_p", "budget_tokens", "chunk_tokens",

@@ -9,7 +9,7 @@ from sim.costmodel import CostModel
 from sim.fit import cachefill
 from sim.fit.fitfile import main as fit_main
 from sim.fitted import CACHE_FILL_TERMS, Fitted, fitted_path, load
-from sim.setup import cost_model
+from sim.factory import cost_model
 
 SWEEP = str(traces_dir("engine", cachefill.DEFAULT_SWEEP))
 

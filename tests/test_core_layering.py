@@ -124,8 +124,8 @@ def _closure(graph, roots) -> set:
     return seen
 
 
-PRICING = ("sim.costmodel", "sim.steplayers", "sim.setup", "sim.fitted", "sim.aggregate", "sim.timeline",
-           "sim.serving", "sim.resources", "sim.profile")
+PRICING = ("sim.costmodel", "sim.steplayers", "sim.factory", "sim.fitted", "sim.aggregate", "sim.timeline",
+           "sim.serving", "sim.resources", "sim.hitrates")
 
 
 def test_pricing_imports_nothing_that_fits_or_validates():

@@ -1,7 +1,7 @@
 """One cost model: the simulator users run is the one sim.validate checks against the engine.
 
 - `ddbench simulate --batch N` and sim.validate price an engine point through the same code
-  (sim.steplayers.step_layers on sim.setup's cost model, then the timeline); sim.validate adds only
+  (sim.steplayers.step_layers on sim.factory's cost model, then the timeline); sim.validate adds only
   the engine harness's forced-miss draw, and says so per point.
 - At the committed engine validation points the user's path meets the issue's targets: 10 % median
   and 20 % worst |error|, 5 % median where the link binds; the microbenchmark op model, the negative
@@ -24,7 +24,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from sim.fit import validation as v
 from sim.costmodel import ENGINE_TERMS, CostModel
-from sim.setup import cost_model
+from sim.factory import cost_model
 
 M8 = get_model("llama-3-8b")
 MAIN = ("dualdecoder", "shadowkv", "specache")

@@ -7,7 +7,7 @@ from ddbench.core.memory import Workload
 from ddbench.core.designs import DESIGNS
 from sim.aggregate import aggregate_step
 from sim.steplayers import step_layers
-from sim.setup import cost_model
+from sim.factory import cost_model
 from sim.timeline import run_timeline
 
 CASES = [  # (design, batch): compute-bound, critical-path fetch, and link-bound regimes

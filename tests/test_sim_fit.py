@@ -14,7 +14,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from sim.fit import fitfile
 from sim.fitted import FILE, fitted_path, load
-from sim.setup import cost_model
+from sim.factory import cost_model
 from tests.cli import assert_one_line_error, ddbench, module
 
 FITTED = fitted_path("h200")

@@ -13,7 +13,7 @@ from sim.aggregate import aggregate_step
 from sim.costmodel import CostModel
 from sim.steplayers import step_layers
 from sim.serving import draw_requests, run_serving
-from sim.setup import cost_model
+from sim.factory import cost_model
 from sim.timeline import run_timeline
 
 M8 = get_model("llama-3-8b")
@@ -32,7 +32,7 @@ def _plan(system, batch, cm=None, hit=HIT, ctx=131072):
 
 def test_sim_imports_no_torch():
     import subprocess
-    code = ("import sys, sim.serving, sim.timeline, sim.setup, ddbench.commands.simulate;"
+    code = ("import sys, sim.serving, sim.timeline, sim.factory, ddbench.commands.simulate;"
             "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','triton','kernels')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

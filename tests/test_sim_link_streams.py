@@ -16,7 +16,7 @@ from ddbench.core.catalog import get_model
 from ddbench.core.memory import Workload
 from ddbench.core.designs import DESIGNS
 from sim.steplayers import step_layers
-from sim.setup import cost_model
+from sim.factory import cost_model
 from sim.timeline import run_timeline
 
 STEPS = 5

@@ -14,7 +14,7 @@ from ddbench.core.paths import traces_dir
 from sim import validate as cli
 from sim.fit import validation as v
 from sim.resources import FluidGroup, FluidServer
-from sim.setup import cost_model
+from sim.factory import cost_model
 from sim.aggregate import aggregate_step
 from sim.timeline import run_timeline
 
@@ -164,15 +164,15 @@ def test_replay_uses_the_fitted_reuse_fetch():
 def test_replay_without_reuse_records_says_bundle_derived(tmp_path, monkeypatch):
     """An older bundle (no reuse_fetch section) is replayed with the bundle-derived fetch, and every
     output says so (column, summary, README line, notes): no silent fallback."""
-    import sim.setup
+    import sim.factory
     b = tmp_path / "h200"
     shutil.copytree(str(traces_dir("calibration", "h200")), str(b))
     os.remove(b / "reuse_fetch.csv")
     meta = json.loads((b / "bundle.json").read_text())
     del meta["sections"]["reuse_fetch"]
     (b / "bundle.json").write_text(json.dumps(meta))
-    orig = sim.setup.cost_model
-    monkeypatch.setattr(sim.setup, "cost_model", lambda *a, **k: orig(*a, **dict(k, root=str(tmp_path))))
+    orig = sim.factory.cost_model
+    monkeypatch.setattr(sim.factory, "cost_model", lambda *a, **k: orig(*a, **dict(k, root=str(tmp_path))))
     t, skipped, meta, notes = v.validate()
     s = v.summarize(t, skipped, meta)
     sk = t[(t.design == "shadowkv") & (t.transfers == 1)]

@@ -27,9 +27,9 @@ CSVs are plain, one header line, for pandas.read_csv).
 
 Hit and reuse rates come from an accuracy profile (the model's traces/accuracy/<model>.csv, or
 --hit-rate PATH), else a constant. --profile-init/-temperature/-budget/-context/-task pick the
-profile's rows (sim/profile.py; the choice is written into the output's note).
+profile's rows (sim/hitrates.py; the choice is written into the output's note).
 --lowrank-layers profile takes an adaptive design's low-rank key layers from the profile's summary
-JSON (§5.3's rule, sim.profile.lowrank_from_summary) and sets the count to match.
+JSON (§5.3's rule, sim.hitrates.lowrank_from_summary) and sets the count to match.
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ class EngineRow(Row):
 
 
 class AccuracyRow(Row):
-    """One row of an accuracy profile, traces/accuracy/<model>.csv (see sim/profile.py for the
+    """One row of an accuracy profile, traces/accuracy/<model>.csv (see sim/hitrates.py for the
     columns' meaning); the filter axes (context_tokens, task, init, temperature, budget_tokens),
     n and the provenance columns are optional."""
     layer: NonNegInt

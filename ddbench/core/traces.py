@@ -84,7 +84,7 @@ def accuracy_rows(path: str) -> list:
     """An accuracy profile (traces/accuracy/<model>.csv, `ddbench profile --layer-accuracy`) as
     validated rows (schemas.AccuracyRow: layer, hit_rate, optional reuse_hit_rate, n, context_tokens,
     budget_tokens, temperature; other columns in `row.model_extra`). One-line errors name the file,
-    the line and the field. Selecting and averaging rows is sim/profile.py's job."""
+    the line and the field. Selecting and averaging rows is sim/hitrates.py's job."""
     from ddbench.core.schemas import AccuracyRow, read_csv
     return read_csv(str(path), AccuracyRow, what="accuracy profile")
 

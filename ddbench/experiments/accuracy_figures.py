@@ -11,7 +11,7 @@ schema in ddbench/profile/trace.py), and the simulator's sensitivity to them:
                128K, budget 2048, each at its largest batch) against DualDecoder's hit rate and ShadowKV's
                reuse rate, with the measured rates and the paper's 0.88 marked
 
-Rates are read with sim/profile.py's selection: first speculative token T2, output token sampled at
+Rates are read with sim/hitrates.py's selection: first speculative token T2, output token sampled at
 temperature 0.6 (the speculative token is the argmax; greedy with T2 makes every hit 1.0 by
 construction), the smallest measured budget, every context and task averaged (n-weighted). Every
 figure names the model measured, its layer count and context; the paper's numbers come from its
@@ -71,7 +71,7 @@ def _summary(model: str) -> dict:
 
 @lru_cache(maxsize=None)
 def _summary_at(path: str) -> dict:
-    from sim.profile import read_summary
+    from sim.hitrates import read_summary
     doc = read_summary(path)               # typed: one line naming the file where it is not a summary
     for key in ("model", "shape", "task_accuracy", "lowrank_layers"):
         if not isinstance(doc, dict) or key not in doc:
@@ -85,7 +85,7 @@ def _profile(model: str, init: str = "t2", temperature: float = 0.6, context=Non
 
 @lru_cache(maxsize=None)
 def _profile_at(path: str, init, temperature, context, task):
-    from sim.profile import Select, read_profile
+    from sim.hitrates import Select, read_profile
     return read_profile(path, Select(init=init, temperature=temperature, context=context, task=task))
 
 
@@ -561,7 +561,7 @@ def _draw_sens(res: FigureResult, fig) -> None:
           _draw_sens)
 def sensitivity() -> FigureResult:
     from ddbench.core.catalog import get_model
-    from sim.profile import load_profile
+    from sim.hitrates import load_profile
     model = _need("sensitivity")[0]
     prof = _profile(model)
     # separable: DualDecoder's step depends on its hit rate only, ShadowKV's (no prefetch, reuse) on

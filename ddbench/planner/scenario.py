@@ -37,7 +37,7 @@ BUFFER_LAYOUTS = ("design", "pingpong", "per-layer")   # Scenario.buffers
 PREFILLS = ("here", "elsewhere")
 # the Workload fields a scenario sets (context and batch follow from the run)
 KNOBS = tuple(f.name for f in fields(Workload) if f.name not in ("context", "batch"))
-ROWS = ("init", "temperature", "budget", "context", "task")   # sim.profile.Select's fields
+ROWS = ("init", "temperature", "budget", "context", "task")   # sim.hitrates.Select's fields
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class Resolved:
     share: object                     # the host's sharing (catalog.fetch_share), or None
     design: object                    # the DesignSpec, with the scenario's buffer layout
     workload: Workload                # at the smallest context the scenario draws
-    select: object                    # the accuracy profile rows (sim.profile.Select)
+    select: object                    # the accuracy profile rows (sim.hitrates.Select)
     lowrank: frozenset | None = None  # low-rank key layers from the profile, or None: the design's rule
     lowrank_note: str | None = None
     host_mem: object = None           # core.catalog.HostMemory for this GPU's requests, or None: not a bound
@@ -249,22 +249,22 @@ def max_context(spec: str) -> int | None:
 
 @lru_cache(maxsize=64)
 def _cost_model(model: str, gpu: str, link, calibration, roofline):
-    from sim.setup import cost_model
+    from sim.factory import cost_model
     return cost_model(model, gpu, link, calibration, roofline)
 
 
 @lru_cache(maxsize=64)
 def _hits(spec, model: str, layers: int, select):
-    from sim import profile
-    hit, reuse, note = profile.resolve(spec, model, layers, sel=select)
+    from sim import hitrates
+    hit, reuse, note = hitrates.resolve(spec, model, layers, sel=select)
     return tuple(hit), tuple(reuse), note
 
 
 def _profile_path(sc: Scenario, model_name: str) -> str | None:
     """The accuracy profile the hit rates come from: the CSV named, else the model's own if present."""
-    from sim import profile
+    from sim import hitrates
     if sc.hit_rate is None:
-        path = profile.default_path(model_name)
+        path = hitrates.default_path(model_name)
         return path if os.path.exists(path) else None
     if isinstance(sc.hit_rate, str):
         try:
@@ -321,7 +321,7 @@ def _workload(sc: Scenario, design, model, lowrank) -> Workload:
 @lru_cache(maxsize=256)
 def resolve(sc: Scenario) -> Resolved:
     """Check `sc` and build everything a run of it needs (DDBenchError, one line, on bad input)."""
-    from sim import profile
+    from sim import hitrates
     m, g = get_model(sc.model), get_gpu(sc.gpu)
     link, share = _link(sc, g)
     design = design_of(sc.design, sc.buffers)
@@ -331,12 +331,12 @@ def resolve(sc: Scenario) -> Resolved:
                   " name a profile with --hit-rate PATH")
     if sc.rows and path is None:
         raise DDBenchError(f"--profile-{sc.rows[0][0]} picks rows of an accuracy profile, but {no_profile}")
-    select = profile.Select(**dict(sc.rows)) if sc.rows else profile.Select()
+    select = hitrates.Select(**dict(sc.rows)) if sc.rows else hitrates.Select()
     lowrank = lowrank_note = None
     if sc.lowrank_from_profile:
         if path is None:
             raise DDBenchError(f"--lowrank-layers profile needs an accuracy profile, but {no_profile}")
-        lowrank, lowrank_note = profile.lowrank_from_summary(path, m.num_layers, m.name,
+        lowrank, lowrank_note = hitrates.lowrank_from_summary(path, m.num_layers, m.name,
                                                              explicit=sc.hit_rate is not None)
     w = _workload(sc, design, m, lowrank)
     if sc.host_mem_gb is not None and not (isinstance(sc.host_mem_gb, (int, float))

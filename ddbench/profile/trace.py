@@ -23,7 +23,7 @@ averaged over every measured (step, KV head) sample of that group (and over --sa
     n                (step, KV head) samples averaged (steps x kv_heads x samples)
     model, layers (the model's layer count), model_sha256 (first 16 hex of the weights file(s)), transformers_version,
     torch_version, git_sha, date (UTC ISO), command                     provenance, same on every row
-where true = step t+1's selection from its output token's post-RoPE query. sim/profile.py reads
+where true = step t+1's selection from its output token's post-RoPE query. sim/hitrates.py reads
 `layer`, `hit_rate`, `reuse_hit_rate` and averages all rows of a layer: filter rows first
 (e.g. init == t2, temperature > 0) if the greedy rows (hit 1.0 by construction) should not count.
 

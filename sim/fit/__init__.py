@@ -7,6 +7,6 @@
   fitfile.py     `python -m sim.fit`: all three into one file, traces/fit/<gpu>/fitted.json
   validation.py  the simulator against the engine's measured points (`python -m sim.validate`)
 
-Everything here stands on the pricing (sim/costmodel.py, sim/steplayers.py, sim/setup.py), never the
+Everything here stands on the pricing (sim/costmodel.py, sim/steplayers.py, sim/factory.py), never the
 other way round: the cost model loads the fitted file (sim/fitted.py) and imports nothing of sim/fit/.
 """

@@ -1,7 +1,7 @@
 """Replaying one engine point in the simulator: what the fits (sim/fit/cachefill.py) and the validation
 (sim/fit/validation.py) share. An engine point of a sweep's engine.csv (kernels/engine/sweep.py) is
 priced exactly as the user's `ddbench simulate --design D --context C --batch B --hit-rate (1 - miss)`
-prices it: sim.steplayers.step_layers on the cost model of sim/setup.py, then the per-layer timeline.
+prices it: sim.steplayers.step_layers on the cost model of sim/factory.py, then the per-layer timeline.
 
 - Miss rate: the engine forces round(rate * k) of the k = budget / chunk predicted chunks of every
   (request, head) to miss, so the replay uses that effective rate on every layer as its hit rate
@@ -159,7 +159,7 @@ def replay_plan(design: str, context: int, batch: int, miss: float, transfers: b
     from ddbench.core.memory import Workload
     from ddbench.core.designs import get_design
     from sim.steplayers import step_layers
-    from sim.setup import cost_model
+    from sim.factory import cost_model
     m = get_model(model)
     cm = cm or cost_model(model, GPU, LINK)
     hit = [1.0 - miss] * m.num_layers

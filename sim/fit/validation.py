@@ -12,7 +12,7 @@ traces/engine/h200-validation where it exists, else traces/engine/h200 (then the
 --allow-same-run).
 
 Every engine point of `engine.csv` (kernels/engine/sweep.py) is replayed through the code every
-command runs (sim/fit/replay.py: sim.steplayers.step_layers on the cost model of sim/setup.py, the H200
+command runs (sim/fit/replay.py: sim.steplayers.step_layers on the cost model of sim/factory.py, the H200
 bundle with its fitted parameters, traces/fit/h200/fitted.json; then the per-layer timeline as
 `ddbench simulate --batch N` runs it), with the same design (by its registry switches), model
 (llama-3-8b), GPU (h200), link (pcie5), context, batch and miss rate (the engine's effective forced
@@ -138,7 +138,7 @@ def reuse_fetch_model(plan, cm) -> str:
 
 
 class CostModels:
-    """One cost model per model (sim/setup.py's, as every command builds it), each with the calibration
+    """One cost model per model (sim/factory.py's, as every command builds it), each with the calibration
     sweep's engine rows (harness term: measured for its model only)."""
 
     def __init__(self, calibration_dir: str, cm=None):
@@ -150,7 +150,7 @@ class CostModels:
 
     def __call__(self, model: str):
         if model not in self.cms:
-            from sim.setup import cost_model
+            from sim.factory import cost_model
             self.cms[model] = cost_model(model, GPU, LINK)
             self.cms[model].set_engine_rows(self.rows)
         return self.cms[model]
@@ -167,7 +167,7 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     """(table of replayed points, list of (row, reason) skipped, meta, cost-model notes).
 
     Each point is priced as the user's `ddbench simulate --batch` prices it (replay_plan, point_step_s:
-    the cost model of sim/setup.py, compute and link), plus the harness term from the calibration
+    the cost model of sim/factory.py, compute and link), plus the harness term from the calibration
     sweep's `floor` phase (with_harness). Every point replayed here is outside the validated sweep's
     `floor` phase. `meta` is the validated sweep's meta.json, with
     `sweeps` added (both runs' identities, same_run). allow_same_run=False raises a DDBenchError where
@@ -384,7 +384,7 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
     `phase`: only its rows of that phase, e.g. 'validation' of the calibration sweep): what `ddbench
     simulate --model M --gpu h200 --design D --context C --batch B --hit-rate (1 - miss)` computes
     (replay_plan and the timeline, no harness term), against the engine's measured step, for every
-    model the sweep ran (M: the row's); `cm`: another cost model than sim.setup's for MODEL (a test's
+    model the sweep ran (M: the row's); `cm`: another cost model than sim.factory's for MODEL (a test's
     negative control). Returns (table, summary): one row per point (model, design, context, batch,
     miss_rate, regime, engine_step_ms, user_step_ms, user_over_engine, harness_ms: what sim.validate adds
     on top), and per design and regime the points, median and worst |error|. ShadowKV rows of an engine
