@@ -186,156 +186,235 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
 
 
 def _sweep(cfg: ProfileConfig, budget_plan: dict, t_start: float, prefill_fn) -> dict:
-
-    import torch
-    import transformers
-    from transformers import DynamicCache
-
-    from ddbench.profile import cache as cache_mod
-    from ddbench.profile import decode, fp8error, quality, selection, trace
-    from ddbench.profile import runs as runs_mod
-    from ddbench.progress import bar as progress_bar
-    from ddbench.profile.attention import SparsePlan, install
-    from ddbench.profile.lowrank import lowrank_keys
-    from ddbench.profile.metrics import overlaps
-    from ddbench.profile.tasks import make_prompt
-
-    prefill_fn = prefill_fn or decode.prefill
-    quiet = not cfg.progress
-    torch.manual_seed(cfg.seed)
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    ctx_time = {}
-    with progress_bar(total=1, desc="load", quiet=quiet) as bar:
-        t0 = time.perf_counter()
-        loaded = model_mod.load(cfg.model, cfg.device)
-        t_load = time.perf_counter() - t0
-        bar.update(1)
-    model, tok = loaded.model, loaded.tokenizer
-    glob = loaded.global_layers or tuple(range(loaded.layers))
-    probe = install(model)
-    vocab = int(model.config.vocab_size)
-
-    groups = defaultdict(lambda: defaultdict(float))   # (layer, c, task, init, temp, budget) -> sums
-    step_rows, task_acc = [], defaultdict(lambda: [0, 0])
-    runs = [(i, t) for i in cfg.inits for t in cfg.temperatures]
-    cache_groups = {}
-    cache_runs = [r_ for r_ in runs if r_[0] == "t2" and r_[1] > 0] or runs     # the summary's basis
-    fp8_errors = fp8error.Collector() if cfg.fp8_error else None
-    run_lengths = runs_mod.Collector() if cfg.run_lengths else None
-    n_prompts = cfg.samples if cfg.prompts is None else cfg.prompts
-    methods = METHODS + (("fp8",) if cfg.fp8_error else ())
+    sweep = _Sweep(cfg, prefill_fn)
     for c in cfg.contexts:
-        budgets = budget_plan[c]
+        sweep.context(c, budget_plan[c])
+    return sweep.result(t_start)
+
+
+class _Sweep:
+    """One profile sweep: the model loaded once, and the sums every prompt adds to.
+
+    context(c, budgets)   every task and prompt at one context
+    result(t_start)       the rows, the summary and the side tables, for trace.write
+    """
+
+    def __init__(self, cfg: ProfileConfig, prefill_fn):
+        import torch
+
+        from ddbench.profile import decode, fp8error
+        from ddbench.profile import runs as runs_mod
+
+        self.cfg = cfg
+        self.prefill_fn = prefill_fn or decode.prefill
+        self.quiet = not cfg.progress
+        torch.manual_seed(cfg.seed)
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        self.ctx_time = {}
+        self._load()
+        self.groups = defaultdict(lambda: defaultdict(float))   # (layer, c, task, init, temp, budget) -> sums
+        self.step_rows, self.task_acc = [], defaultdict(lambda: [0, 0])
+        self.runs = [(i, t) for i in cfg.inits for t in cfg.temperatures]
+        self.cache_groups = {}
+        self.cache_runs = [r_ for r_ in self.runs if r_[0] == "t2" and r_[1] > 0] or self.runs   # the summary's basis
+        self.fp8_errors = fp8error.Collector() if cfg.fp8_error else None
+        self.run_lengths = runs_mod.Collector() if cfg.run_lengths else None
+        self.n_prompts = cfg.samples if cfg.prompts is None else cfg.prompts
+        self.methods = METHODS + (("fp8",) if cfg.fp8_error else ())
+
+    def _load(self) -> None:
+        from ddbench.progress import bar as progress_bar
+        from ddbench.profile.attention import install
+        with progress_bar(total=1, desc="load", quiet=self.quiet) as bar:
+            t0 = time.perf_counter()
+            self.loaded = model_mod.load(self.cfg.model, self.cfg.device)
+            self.t_load = time.perf_counter() - t0
+            bar.update(1)
+        self.model, self.tok = self.loaded.model, self.loaded.tokenizer
+        self.glob = self.loaded.global_layers or tuple(range(self.loaded.layers))
+        self.probe = install(self.model)
+        self.vocab = int(self.model.config.vocab_size)
+
+    # ------------------------------------------------------------------ the measurements
+
+    def context(self, c: int, budgets) -> None:
+        cfg = self.cfg
         geo = Geometry(c, budgets[0], cfg.chunk, cfg.local)
-        S = geo.selectable
         t_ctx = time.perf_counter()
         for task in cfg.tasks:
-            for s in range(max(cfg.samples, n_prompts if cfg.quality else 0)):
-                measure = s < cfg.samples       # hit rates (and fp8 error) on the first --samples prompts
-                prompt = make_prompt(tok, task, c, cfg.seed + s)
-                cache = DynamicCache()      # full layers everywhere: a sliding-window layer cannot crop
-                try:
-                    with progress_bar(total=c, desc=f"prefill {task} {c}", unit="tok", quiet=quiet) as bar:
-                        first = prefill_fn(model, prompt.ids, cache, bar=bar)
-                    lm = selection.landmarks(cache, geo)
-                    total = len(runs) * (cfg.steps + 1) if measure else 0
-                    with progress_bar(total=total, desc=f"steps {task} {c}", quiet=quiet) as bar:
-                        for init, temp in (runs if measure else ()):
-                            seed = cfg.seed * 1_000_003 + s * 1009 + int(round(temp * 1000))
-                            r = decode.dual_run(model, probe, cache, c, first, steps=cfg.steps, init=init,
-                                                temperature=temp, top_p=cfg.top_p, seed=seed, vocab=vocab, bar=bar)
-                            acc_t = torch.tensor(r.token_acc, dtype=torch.float32)
-                            sels = {}
-                            for b in budgets:
-                                k = b // cfg.chunk
-                                sel = torch.stack([torch.stack([
-                                    selection.select(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l], k)[0]
-                                    for l in glob]) for t in range(cfg.steps + 1)])
-                                # sel [steps+1, G, 2, H, k]: G = the global layers (all, but in Gemma 3)
-                                if fp8_errors is not None:
-                                    sels[b] = sel[:, :, 0]
-                                if run_lengths is not None:
-                                    run_lengths.add(sel[1:, :, 0], c, task, b)      # the counted steps' true selections
-                                if cfg.cache_capacities and (init, temp) in cache_runs:
-                                    counts = cache_mod.replay(sel[:, :, 0], sel[:-1, :, 1], geo.n_chunks,
-                                                              cfg.cache_capacities, cfg.cache_policies,
-                                                              scores=_pass_scores(r, lm, glob),
-                                                              predictions=cache_mod.PREDICTIONS)
-                                    for (how, pol, cap), cnt in counts.items():
-                                        cache_mod.accumulate(cache_groups, (c, task, b, how, pol, cap), cnt, glob)
-                                m = overlaps(sel[1:, :, 0], sel[:-1, :, 1], sel[:-1, :, 0], geo.n_chunks)
-                                for i, l in enumerate(glob):
-                                    g = groups[(l, c, task, init, temp, b)]
-                                    for name, v in m.items():
-                                        g[name] += float(v[:, i].sum())
-                                    g["token_acc"] += float(acc_t.sum()) * loaded.kv_heads
-                                    g["n"] += v[:, i].numel()
-                                for t in range(cfg.steps):
-                                    step_rows.append({"context_tokens": c, "task": task, "sample": s, "init": init,
-                                                      "temperature": temp, "budget_tokens": b, "step": t,
-                                                      **{n: float(v[t].mean()) for n, v in m.items()},
-                                                      "token_acc": int(r.token_acc[t]),
-                                                      "output_token": r.out_tokens[t + 1],
-                                                      "spec_token": r.spec_tokens[t]})
-                            if fp8_errors is not None:
-                                _fp8_layers(fp8_errors, model, cache, r.q_out, sels, geo, c, task, glob)
-                    if cfg.quality and s < n_prompts:
-                        ok, _ = quality.answer(model, probe, tok, cache, prompt, first, None)
-                        task_acc[(c, task, None, "dense")][0] += ok
-                        task_acc[(c, task, None, "dense")][1] += 1
-                        lk = lowrank_keys(model, cache, S, cfg.rank)
-                        kv8 = _fp8_kv(cache, S, cfg.chunk) if cfg.fp8_error else (None, None)
-                        for b in budgets:
-                            for method, keys, values in (("sparse", None, None), ("lowrank", lk, None),
-                                                         ("fp8", *kv8))[:len(methods) - 1]:
-                                plan = SparsePlan(landmarks=lm, budget_chunks=b // cfg.chunk, chunk=cfg.chunk,
-                                                  resident_from=S, keys=keys, values=values)
-                                ok, _ = quality.answer(model, probe, tok, cache, prompt, first, plan)
-                                task_acc[(c, task, b, method)][0] += ok
-                                task_acc[(c, task, b, method)][1] += 1
-                except DDBenchError:
-                    raise
-                except Exception as exc:  # noqa: BLE001
-                    if not _is_oom(exc):
-                        raise
-                    del cache
-                    fit = largest_fit(loaded, c, cfg.steps, prefill_fn)
-                    raise DDBenchError(f"out of memory at context {c} on {loaded.device}; the largest context that fits"
-                                       f" is {fit} tokens" if fit else
-                                       f"out of memory at context {c} on {loaded.device}; not even 256 tokens fit") from None
-                del cache
-        ctx_time[c] = round(time.perf_counter() - t_ctx, 1)
+            for s in range(max(cfg.samples, self.n_prompts if cfg.quality else 0)):
+                self._prompt(c, task, s, budgets, geo)
+        self.ctx_time[c] = round(time.perf_counter() - t_ctx, 1)
 
-    rows = []
-    for (l, c, task, init, temp, b), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3],
-                                                                                  kv[0][4], kv[0][5], kv[0][0])):
-        mm = _mean(g)
-        rows.append({"layer": l, "context_tokens": c, "task": task, "init": init, "temperature": temp,
-                     "top_p": cfg.top_p, "budget_tokens": b, "chunk_tokens": cfg.chunk, "local_tokens": cfg.local,
-                     **{n: mm[n] for n in trace.RATES}, "token_acc": mm["token_acc"], "n": int(g["n"])})
-    runtime = time.perf_counter() - t_start
-    provenance = {"model": loaded.name, "layers": loaded.layers, "model_sha256": loaded.sha256, "transformers_version": transformers.__version__,
-                  "torch_version": torch.__version__, "git_sha": _git_sha(),
-                  "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
-                  "command": cfg.command}
-    summary = summarize(cfg, loaded, rows, task_acc, provenance, runtime)
-    if fp8_errors is not None:
-        summary["fp8_error"] = {"file": trace.names(loaded.name, fp8=True)["fp8_summary"]}
-    summary["runtime_by_context_s"] = {str(c): v for c, v in ctx_time.items()}
-    summary["load_s"] = round(t_load, 1)
-    out = {"summary": summary, "rows": rows, "name": loaded.name, "tables": (rows, step_rows, summary, provenance)}
-    if cfg.cache_capacities:
-        crows = cache_mod.rows(cache_groups, cfg.chunk)
-        basis = ", ".join(f"init {i} temperature {t:g}" for i, t in cache_runs)
-        out["cache"] = (crows, cache_mod.summary(crows, loaded.name, provenance, cfg.chunk, basis))
-    if fp8_errors is not None:
-        out["fp8"] = (fp8_errors.rows(cfg.chunk), fp8_errors.summary(loaded.name, provenance, cfg.chunk))
-    if cfg.prompts is not None:
-        out["tasks"] = summary["task_accuracy"]
-    if run_lengths is not None:
-        out["runs"] = run_lengths.rows(cfg.chunk)
-    return out
+    def _prompt(self, c: int, task: str, s: int, budgets, geo) -> None:
+        """One prompt: its prefill, its measured runs (the first --samples prompts) and its task accuracy;
+        running out of memory is one line naming the largest context that fits."""
+        from transformers import DynamicCache
+
+        from ddbench.profile.tasks import make_prompt
+        prompt = make_prompt(self.tok, task, c, self.cfg.seed + s)
+        cache = DynamicCache()      # full layers everywhere: a sliding-window layer cannot crop
+        try:
+            self._passes(c, task, s, prompt, cache, budgets, geo)
+        except DDBenchError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if not _is_oom(exc):
+                raise
+            del cache
+            dev = self.loaded.device
+            fit = largest_fit(self.loaded, c, self.cfg.steps, self.prefill_fn)
+            raise DDBenchError(f"out of memory at context {c} on {dev}; the largest context that fits"
+                               f" is {fit} tokens" if fit else
+                               f"out of memory at context {c} on {dev}; not even 256 tokens fit") from None
+        del cache
+
+    def _passes(self, c: int, task: str, s: int, prompt, cache, budgets, geo) -> None:
+        from ddbench.profile import decode, selection
+        from ddbench.progress import bar as progress_bar
+        cfg = self.cfg
+        measure = s < cfg.samples       # hit rates (and fp8 error) on the first --samples prompts
+        with progress_bar(total=c, desc=f"prefill {task} {c}", unit="tok", quiet=self.quiet) as bar:
+            first = self.prefill_fn(self.model, prompt.ids, cache, bar=bar)
+        lm = selection.landmarks(cache, geo)
+        total = len(self.runs) * (cfg.steps + 1) if measure else 0
+        with progress_bar(total=total, desc=f"steps {task} {c}", quiet=self.quiet) as bar:
+            for init, temp in (self.runs if measure else ()):
+                seed = cfg.seed * 1_000_003 + s * 1009 + int(round(temp * 1000))
+                r = decode.dual_run(self.model, self.probe, cache, c, first, steps=cfg.steps, init=init,
+                                    temperature=temp, top_p=cfg.top_p, seed=seed, vocab=self.vocab, bar=bar)
+                self._score_run(r, lm, cache, c, task, s, init, temp, budgets, geo)
+        if cfg.quality and s < self.n_prompts:
+            self._task_accuracy(cache, prompt, first, lm, c, task, budgets, geo.selectable)
+
+    def _score_run(self, r, lm, cache, c, task, s, init, temp, budgets, geo) -> None:
+        """One dual-token run scored at every budget: the overlaps per layer and per step, the chunk-cache
+        replay, the run lengths and the fp8 error."""
+        import torch
+        cfg = self.cfg
+        acc_t = torch.tensor(r.token_acc, dtype=torch.float32)
+        sels = {}
+        for b in budgets:
+            sel = self._selections(r, lm, b // cfg.chunk)   # [steps+1, G, 2, H, k]: G = the global layers
+            if self.fp8_errors is not None:
+                sels[b] = sel[:, :, 0]
+            if self.run_lengths is not None:
+                self.run_lengths.add(sel[1:, :, 0], c, task, b)      # the counted steps' true selections
+            if cfg.cache_capacities and (init, temp) in self.cache_runs:
+                self._replay_cache(r, lm, sel, (c, task, b), geo)
+            self._add_overlaps(r, acc_t, sel, (c, task, s, init, temp, b), geo)
+        if self.fp8_errors is not None:
+            _fp8_layers(self.fp8_errors, self.model, cache, r.q_out, sels, geo, c, task, self.glob)
+
+    def _selections(self, r, lm, k: int):
+        """The output and speculative tokens' top-k chunks [steps+1, G, 2, H, k] of every global layer."""
+        import torch
+
+        from ddbench.profile import selection
+        return torch.stack([torch.stack([
+            selection.select(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l], k)[0]
+            for l in self.glob]) for t in range(self.cfg.steps + 1)])
+
+    def _replay_cache(self, r, lm, sel, where: tuple, geo) -> None:
+        from ddbench.profile import cache as cache_mod
+        cfg = self.cfg
+        counts = cache_mod.replay(sel[:, :, 0], sel[:-1, :, 1], geo.n_chunks, cfg.cache_capacities,
+                                  cfg.cache_policies, scores=_pass_scores(r, lm, self.glob),
+                                  predictions=cache_mod.PREDICTIONS)
+        for (how, pol, cap), cnt in counts.items():
+            cache_mod.accumulate(self.cache_groups, (*where, how, pol, cap), cnt, self.glob)
+
+    def _add_overlaps(self, r, acc_t, sel, where: tuple, geo) -> None:
+        """The run's overlaps at one budget into the per-layer sums and one row per step."""
+        from ddbench.profile.metrics import overlaps
+        c, task, s, init, temp, b = where
+        m = overlaps(sel[1:, :, 0], sel[:-1, :, 1], sel[:-1, :, 0], geo.n_chunks)
+        for i, l in enumerate(self.glob):
+            g = self.groups[(l, c, task, init, temp, b)]
+            for name, v in m.items():
+                g[name] += float(v[:, i].sum())
+            g["token_acc"] += float(acc_t.sum()) * self.loaded.kv_heads
+            g["n"] += v[:, i].numel()
+        for t in range(self.cfg.steps):
+            self.step_rows.append({"context_tokens": c, "task": task, "sample": s, "init": init,
+                                   "temperature": temp, "budget_tokens": b, "step": t,
+                                   **{n: float(v[t].mean()) for n, v in m.items()},
+                                   "token_acc": int(r.token_acc[t]),
+                                   "output_token": r.out_tokens[t + 1],
+                                   "spec_token": r.spec_tokens[t]})
+
+    def _task_accuracy(self, cache, prompt, first, lm, c, task, budgets, S: int) -> None:
+        """The prompt's answer with dense attention, and at each budget with sparse exact top-k, low-rank keys
+        and (with fp8_error) fp8 K/V."""
+        from ddbench.profile import quality
+        from ddbench.profile.attention import SparsePlan
+        from ddbench.profile.lowrank import lowrank_keys
+        cfg, model, probe, tok = self.cfg, self.model, self.probe, self.tok
+        ok, _ = quality.answer(model, probe, tok, cache, prompt, first, None)
+        self.task_acc[(c, task, None, "dense")][0] += ok
+        self.task_acc[(c, task, None, "dense")][1] += 1
+        lk = lowrank_keys(model, cache, S, cfg.rank)
+        kv8 = _fp8_kv(cache, S, cfg.chunk) if cfg.fp8_error else (None, None)
+        for b in budgets:
+            for method, keys, values in (("sparse", None, None), ("lowrank", lk, None),
+                                         ("fp8", *kv8))[:len(self.methods) - 1]:
+                plan = SparsePlan(landmarks=lm, budget_chunks=b // cfg.chunk, chunk=cfg.chunk,
+                                  resident_from=S, keys=keys, values=values)
+                ok, _ = quality.answer(model, probe, tok, cache, prompt, first, plan)
+                self.task_acc[(c, task, b, method)][0] += ok
+                self.task_acc[(c, task, b, method)][1] += 1
+
+    # ------------------------------------------------------------------ the results
+
+    def _rows(self) -> list[dict]:
+        """One row per (layer, context, task, init, temperature, budget): the mean rates."""
+        from ddbench.profile import trace
+        cfg, rows = self.cfg, []
+        for (l, c, task, init, temp, b), g in sorted(self.groups.items(),
+                                                    key=lambda kv: (kv[0][1], kv[0][2], kv[0][3],
+                                                                    kv[0][4], kv[0][5], kv[0][0])):
+            mm = _mean(g)
+            rows.append({"layer": l, "context_tokens": c, "task": task, "init": init, "temperature": temp,
+                         "top_p": cfg.top_p, "budget_tokens": b, "chunk_tokens": cfg.chunk,
+                         "local_tokens": cfg.local, **{n: mm[n] for n in trace.RATES},
+                         "token_acc": mm["token_acc"], "n": int(g["n"])})
+        return rows
+
+    def _provenance(self) -> dict:
+        import torch
+        import transformers
+        return {"model": self.loaded.name, "layers": self.loaded.layers, "model_sha256": self.loaded.sha256,
+                "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+                "git_sha": _git_sha(),
+                "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+                "command": self.cfg.command}
+
+    def result(self, t_start: float) -> dict:
+        from ddbench.profile import cache as cache_mod
+        from ddbench.profile import trace
+        cfg, loaded = self.cfg, self.loaded
+        rows = self._rows()
+        runtime = time.perf_counter() - t_start
+        provenance = self._provenance()
+        summary = summarize(cfg, loaded, rows, self.task_acc, provenance, runtime)
+        if self.fp8_errors is not None:
+            summary["fp8_error"] = {"file": trace.names(loaded.name, fp8=True)["fp8_summary"]}
+        summary["runtime_by_context_s"] = {str(c): v for c, v in self.ctx_time.items()}
+        summary["load_s"] = round(self.t_load, 1)
+        out = {"summary": summary, "rows": rows, "name": loaded.name,
+               "tables": (rows, self.step_rows, summary, provenance)}
+        if cfg.cache_capacities:
+            crows = cache_mod.rows(self.cache_groups, cfg.chunk)
+            basis = ", ".join(f"init {i} temperature {t:g}" for i, t in self.cache_runs)
+            out["cache"] = (crows, cache_mod.summary(crows, loaded.name, provenance, cfg.chunk, basis))
+        if self.fp8_errors is not None:
+            out["fp8"] = (self.fp8_errors.rows(cfg.chunk), self.fp8_errors.summary(loaded.name, provenance, cfg.chunk))
+        if cfg.prompts is not None:
+            out["tasks"] = summary["task_accuracy"]
+        if self.run_lengths is not None:
+            out["runs"] = self.run_lengths.rows(cfg.chunk)
+        return out
 
 
 def _fp8_layers(collector, model, cache, q_out, sels, geo, context, task, glob) -> None:
