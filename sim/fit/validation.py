@@ -185,37 +185,67 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     shadowkv_step): the in-place step by the user's plan unchanged; the copy-then-regather step (runs
     before IN_PLACE_SINCE) with legacy_reuse_fetch added, an engine term (reuse_fetch_ms)."""
     import pandas as pd
-    from ddbench.core.memory import Workload
     d_cal, d_val = default_dirs()
     engine_dir = engine_dir or d_val
     calibration_dir = calibration_dir or d_cal
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
     meta_missing = meta_fallback is not None and not os.path.exists(os.path.join(engine_dir, "meta.json"))
-    meta = dict(meta_fallback) if meta_missing else load_meta(engine_dir)
+    raw_meta = dict(meta_fallback) if meta_missing else load_meta(engine_dir)
     cal_meta = load_meta(calibration_dir)
-    same = same_run(calibration_dir, cal_meta, engine_dir, meta)
+    same = same_run(calibration_dir, cal_meta, engine_dir, raw_meta)
     if same and not allow_same_run:
         raise DDBenchError(f"{engine_dir} and {calibration_dir} hold the same engine run"
-                           f" ({run_identity(meta)['run_id'] or run_identity(meta)['date_utc']}): validate against"
-                           " a separate sweep (kernels.engine.bench --phases validation) or pass --allow-same-run")
-    thin = float(meta["thin_gather_gbps"])
+                           f" ({run_identity(raw_meta)['run_id'] or run_identity(raw_meta)['date_utc']}): validate"
+                           " against a separate sweep (kernels.engine.bench --phases validation) or pass"
+                           " --allow-same-run")
     cms = CostModels(calibration_dir)
     cm = cms(MODEL)
-    # the bundle's engine section (which the compute terms are fitted to) must not be the validated run
+    same = _bundle_from_run(cm, raw_meta, engine_dir, allow_same_run) or same
+    vi = _identity_from_rows(df, meta_fallback) if meta_missing else run_identity(raw_meta)
+    meta = _validation_meta(raw_meta, cm, calibration_dir, run_identity(cal_meta), engine_dir, vi, same, held_out)
+    replay = _RowReplay(cms, meta, raw_meta, engine_dir, held_out,
+                        calibration=same or os.path.realpath(calibration_dir) == os.path.realpath(engine_dir))
+    rows, skipped = [], []
+    for r in df.itertuples():
+        if keep is not None and not keep(r):
+            continue
+        row, why = replay(r)
+        if row is not None:
+            rows.append(row)
+        elif why is not None:
+            skipped.append(why)
+    if not rows and not allow_empty:
+        raise DDBenchError(f"{engine_dir}: no engine point to replay ({len(skipped)} skipped, the rest calibration)")
+    meta["harness_by_model"] = replay.harness_models
+    return pd.DataFrame(rows), skipped, meta, cms.notes()
+
+
+def _bundle_from_run(cm, meta: dict, engine_dir: str, allow_same_run: bool) -> bool:
+    """Whether the validated run is the one the bundle's engine section (which the compute terms are fitted
+    to) was imported from; a DDBenchError then unless allow_same_run."""
     src = (cm.bundle.meta.get("sections", {}).get("engine", {}).get("source") or {}) if cm.bundle else {}
-    if src.get("run_id") and src.get("run_id") == meta.get("run_id"):
-        same = True
-        if not allow_same_run:
-            raise DDBenchError(f"{engine_dir} holds the engine run the bundle's engine section was imported from"
-                               f" ({src['run_id']}): validate against a separate sweep or pass --allow-same-run")
-    ci, vi = run_identity(cal_meta), run_identity(meta)
-    if meta_missing:             # the run's identity from its rows; only the thin-gather rate is another run's
-        col = lambda k: ", ".join(dict.fromkeys(str(x) for x in df[k].dropna())) if k in df else None  # noqa: E731
-        vi = dict(run_id=None, gpu=col("gpu"), git_sha=col("git_sha"), command=None,
-                  date_utc=f"{df.date_utc.min()} .. {df.date_utc.max()}" if "date_utc" in df else None,
-                  phases=col("phase"), seed=None, runs=col("run"),
-                  meta=meta_fallback.get("why", "no meta.json: another run's thin-gather rate"))
-    raw_meta = meta
+    if not (src.get("run_id") and src.get("run_id") == meta.get("run_id")):
+        return False
+    if not allow_same_run:
+        raise DDBenchError(f"{engine_dir} holds the engine run the bundle's engine section was imported from"
+                           f" ({src['run_id']}): validate against a separate sweep or pass --allow-same-run")
+    return True
+
+
+def _identity_from_rows(df, meta_fallback: dict) -> dict:
+    """A run's identity from its rows, for a folder without meta.json (only the thin-gather rate is another
+    run's)."""
+    col = lambda k: ", ".join(dict.fromkeys(str(x) for x in df[k].dropna())) if k in df else None  # noqa: E731
+    return dict(run_id=None, gpu=col("gpu"), git_sha=col("git_sha"), command=None,
+                date_utc=f"{df.date_utc.min()} .. {df.date_utc.max()}" if "date_utc" in df else None,
+                phases=col("phase"), seed=None, runs=col("run"),
+                meta=meta_fallback.get("why", "no meta.json: another run's thin-gather rate"))
+
+
+def _validation_meta(meta: dict, cm, calibration_dir: str, ci: dict, engine_dir: str, vi: dict, same: bool,
+                     held_out) -> dict:
+    """The validated sweep's meta.json with both runs' identities (sweeps), the fitted file and the
+    reuse-fetch fits."""
     meta = dict(meta, sweeps={
         "calibration": dict(folder=rel(calibration_dir), **ci), "validated": dict(folder=rel(engine_dir), **vi),
         "same_run": bool(same), "same_code": ci["git_sha"] == vi["git_sha"],
@@ -227,80 +257,92 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
         miss_round_us=f.miss_s * 1e6, mix_round_us=f.mix_s * 1e6, records=f.records,
         max_abs_rel_residual=f.max_rel_residual,
         residuals={f"{c // 1024}K b{b} miss {q:g}": e for c, b, q, e in f.rel_residuals}) for k, f in fits.items()}
-    w0 = Workload(context=1)
-    rows, skipped = [], []
-    same_dir = os.path.realpath(calibration_dir) == os.path.realpath(engine_dir)
-    harness_models = {}
-    for r in df.itertuples():
-        if keep is not None and not keep(r):
-            continue
+    return meta
+
+
+class _RowReplay:
+    """One engine row -> (its replayed point, None), or (None, (label, why it is skipped)), or (None, None)
+    for a row of the calibration itself. harness_models: per model, whether a harness term was measured."""
+
+    def __init__(self, cms, meta: dict, raw_meta: dict, engine_dir: str, held_out, calibration: bool):
+        from ddbench.core.memory import Workload
+        self.cms, self.meta, self.raw_meta, self.engine_dir = cms, meta, raw_meta, engine_dir
+        self.held_out, self.calibration = held_out, calibration
+        self.thin = float(raw_meta["thin_gather_gbps"])
+        self.w0 = Workload(context=1)
+        self.harness_models = {}
+
+    def __call__(self, r):
         label = f"{r.design} {r.context // 1024}K b{r.batch} miss {r.miss_rate} transfers {r.transfers}"
-        phase = getattr(r, "phase", "")
         model = row_model(r)
-        if held_out is not None and (model == MODEL) == bool(held_out):
-            skipped.append((label, f"model {model}" + (" (the fitted shapes)" if held_out else " (held out)")))
-            continue
-        if r.status not in COMPLETED:
-            skipped.append((label, f"status {r.status}"))
-            continue
-        if phase == "floor" and (same_dir or same):
-            continue                      # the calibration itself
-        if phase == "floor" and r.miss_rate == "none" and not int(r.transfers):
-            skipped.append((label, "another sweep's calibration point (compute only, own selection)"))
-            continue
-        if not int(getattr(r, "graph", 1)):
-            skipped.append((label, "eager step (the host launches inside the step; the simulator has GPU time only)"))
-            continue
-        cmm = cms(model)
-        key = COMPUTE_TWIN.get(r.design, r.design)
-        rate = 0.0 if r.miss_rate == "none" else float(r.miss_rate)
-        miss = effective_miss(rate, w0.budget, w0.chunk)
+        why = self._not_replayed(r, model)
+        if why is not None:
+            return None, (None if why == "calibration" else (label, why))
+        cmm = self.cms(model)
+        miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), self.w0.budget, self.w0.chunk)
         cache, ct = row_cache(r, model)
         try:
             plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache, ct,
                                row_kv_bits(r))
         except DDBenchError as exc:          # e.g. fp8 pieces smaller than any the bundle measured
-            skipped.append((label + f" kv_bits {row_kv_bits(r)}", f"not priced: {exc}"))
-            continue
+            return None, (label + f" kv_bits {row_kv_bits(r)}", f"not priced: {exc}")
         step = ""
         if plan.design.reuse:
             try:
-                step = shadowkv_step(row_git_sha(r, raw_meta))
+                step = shadowkv_step(row_git_sha(r, self.raw_meta))
             except DDBenchError as exc:
-                skipped.append((label, f"not priced: {exc}"))
-                continue
+                return None, (label, f"not priced: {exc}")
             if step == COPY_REGATHER:     # the engine's old step: its fetch and full rebuild, an engine term
                 plan = legacy_reuse_fetch(plan, cmm, miss, row_kv_bits(r))
-        fill_fitted = bool(ct) and _fill_fitted(cmm, meta, int(r.context))
-        harness = 0.0
-        if r.miss_rate != "none" and not plan.design.kv_on_gpu:
-            h = cmm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)
-            harness_models[model] = harness_models.get(model, False) or h is not None
-            harness = h or 0.0
+        harness = self._harness(r, plan, cmm, model)
         plan = with_harness(plan, harness)
+        return self._point(r, model, plan, cmm, miss, ct, step, harness), None
+
+    def _not_replayed(self, r, model: str) -> str | None:
+        """Why a row is not replayed ("calibration": the calibration itself, not listed), or None."""
+        phase = getattr(r, "phase", "")
+        if self.held_out is not None and (model == MODEL) == bool(self.held_out):
+            return f"model {model}" + (" (the fitted shapes)" if self.held_out else " (held out)")
+        if r.status not in COMPLETED:
+            return f"status {r.status}"
+        if phase == "floor" and self.calibration:
+            return "calibration"
+        if phase == "floor" and r.miss_rate == "none" and not int(r.transfers):
+            return "another sweep's calibration point (compute only, own selection)"
+        if not int(getattr(r, "graph", 1)):
+            return "eager step (the host launches inside the step; the simulator has GPU time only)"
+        return None
+
+    def _harness(self, r, plan, cmm, model: str) -> float:
+        """The engine harness's forced-miss compute (s), from the calibration sweep's floor phase."""
+        if r.miss_rate == "none" or plan.design.kv_on_gpu:
+            return 0.0
+        h = cmm.engine_harness_s(COMPUTE_TWIN.get(r.design, r.design), int(r.batch), int(r.context), clamp=True)
+        self.harness_models[model] = self.harness_models.get(model, False) or h is not None
+        return h or 0.0
+
+    def _point(self, r, model: str, plan, cmm, miss: float, ct, step: str, harness: float) -> dict:
+        """The replayed point beside the engine's measurement."""
         walk = reuse_fetch(plan)
         step_s, tl = point_step_s(plan)
         sim_ms = step_s * 1e3
         sim_bytes = plan.h2d_bytes
         eng_bytes = r.link_mib * MIB
-        regime = classify(int(r.transfers), r.link_gbps, thin)
-        rows.append(dict(
-            phase=phase, rep=getattr(r, "rep", 0), model=model, gpu_mem_cap=getattr(r, "gpu_mem_cap", "none"),
+        return dict(
+            phase=getattr(r, "phase", ""), rep=getattr(r, "rep", 0), model=model,
+            gpu_mem_cap=getattr(r, "gpu_mem_cap", "none"),
             design=r.design, context=r.context, batch=r.batch, cache_tokens=ct or "", kv_bits=row_kv_bits(r),
-            cache_fill_fitted=fill_fitted, shadowkv_step=step, run=str(getattr(r, "run", "") or ""),
-            churn_rate=_num(getattr(r, "churn_rate", None)),
+            cache_fill_fitted=bool(ct) and _fill_fitted(cmm, self.meta, int(r.context)), shadowkv_step=step,
+            run=str(getattr(r, "run", "") or ""), churn_rate=_num(getattr(r, "churn_rate", None)),
             miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
-            regime=regime, engine_step_ms=r.step_ms, sim_step_ms=sim_ms, sim_over_engine=sim_ms / r.step_ms,
+            regime=classify(int(r.transfers), r.link_gbps, self.thin), engine_step_ms=r.step_ms, sim_step_ms=sim_ms,
+            sim_over_engine=sim_ms / r.step_ms,
             sim_gpu_compute_ms=plan.compute_s * 1e3, compute_scale=1.0, harness_ms=harness * 1e3,
             reuse_fetch_ms=sum(walk) * 1e3, reuse_fetch_model=reuse_fetch_model(plan, cmm) if walk else "",
             sim_stall_ms=statistics.fmean(tl.stall_s[tl.warmup:]) * 1e3, engine_exposed_ms=r.exposed_ms,
             engine_link_bytes=eng_bytes, sim_link_bytes=sim_bytes, link_bytes_diff=sim_bytes - eng_bytes,
             engine_link_gbps=r.link_gbps, sim_link_gbps=sim_bytes / (sim_ms * 1e-3) / 1e9 if sim_ms else 0.0,
-            sim_link_util=tl.link_util, source=rel(engine_dir), note=""))
-    if not rows and not allow_empty:
-        raise DDBenchError(f"{engine_dir}: no engine point to replay ({len(skipped)} skipped, the rest calibration)")
-    meta["harness_by_model"] = harness_models
-    return pd.DataFrame(rows), skipped, meta, cms.notes()
+            sim_link_util=tl.link_util, source=rel(self.engine_dir), note="")
 
 
 INPLACE_RUNS = (("h200-shadowkv-fast/builds/b0", None), ("h200-shadowkv-fast/builds/b1", None),
