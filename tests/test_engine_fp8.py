@@ -58,12 +58,13 @@ def test_fp8_engine_rejects_a_mismatched_host():
 
 
 def test_paper_labels_with_fp8():
-    from kernels.engine.paper import design_labels, parse_label
+    from kernels.engine.points import Label, design_labels
     labels = design_labels(("dualdecoder-cache", "shadowkv", "specache", "full-kv"), (4096, 8192), (16, 8))
     assert labels == ["dualdecoder-cache@4096", "dualdecoder-cache@8192", "shadowkv", "specache", "full-kv",
                       "dualdecoder-cache@4096+fp8", "dualdecoder-cache@8192+fp8", "shadowkv+fp8"]
-    assert parse_label("dualdecoder-cache@8192+fp8") == ("dualdecoder-cache", 8192, 8)
-    assert parse_label("shadowkv") == ("shadowkv", None, 16)
+    assert Label.parse("dualdecoder-cache@8192+fp8") == Label("dualdecoder-cache", 8192, 8)
+    assert Label.parse("shadowkv") == ("shadowkv", None, 16) and str(Label("shadowkv", None, 8)) == "shadowkv+fp8"
+    assert all(str(Label.parse(x)) == x for x in labels)      # one format, written and read back
 
 
 @pytest.mark.parametrize("argv", [["--phases", "paper", "--kv-bits", "12"], ["--phases", "paper", "--kv-bits", "x"],

@@ -20,6 +20,7 @@ from kernels.engine.model import Weights, weight_bytes
 from tests.cli import assert_one_line_error, module
 
 sweep = pytest.importorskip("kernels.engine.sweep")
+from kernels.engine import options, phases, points, results, runner  # noqa: E402
 GB = 10 ** 9
 PAPER_MODELS = ("llama-3-8b", "qwen2.5-14b", "qwen2.5-32b")
 
@@ -136,20 +137,22 @@ def test_bad_paper_flags_in_process(argv, word, capsys):
     assert err.count("\n") == 1 and word in err and "Traceback" not in err
 
 
-def test_bench_engine_passes_the_flags_through(monkeypatch):
+def test_bench_engine_passes_parsed_options(monkeypatch):
+    """`ddbench bench engine` hands the sweep its options parsed (typed), not an argv to parse again."""
     from ddbench import cli
     from ddbench.commands import bench
     seen = []
     monkeypatch.setattr(bench, "_need_cuda", lambda: None)
-    monkeypatch.setattr(sweep, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(runner, "run_options", lambda opts: seen.append(opts) or 0)
     assert cli.main(["bench", "engine", "--phases", "paper", "--model", "qwen2.5-32b", "--gpu-mem-cap", "h100-80gb",
-                     "--contexts", "64k,128k", "--budget-s", "300", "--out", "/tmp/x-engine", "--resume"]) == 0
-    argv = seen[0]
-    for pair in (("--phases", "paper"), ("--model", "qwen2.5-32b"), ("--gpu-mem-cap", "h100-80gb"),
-                 ("--contexts", "64k,128k"), ("--budget-s", "300")):
-        i = argv.index(pair[0])
-        assert argv[i + 1] == pair[1]
-    assert "--resume" in argv
+                     "--contexts", "64k,128k", "--budget-s", "300", "--reps", "2", "--out", "/tmp/x-engine",
+                     "--resume"]) == 0
+    opts = seen[0]
+    assert isinstance(opts, options.SweepOptions)
+    assert (opts.phases, opts.model, opts.gpu_mem_cap, opts.contexts) == ("paper", "qwen2.5-32b", "h100-80gb", "64k,128k")
+    assert opts.budget_s == 300.0 and opts.reps == 2 and opts.resume and not opts.force and opts.out == "/tmp/x-engine"
+    assert opts.host_gib == options.SweepOptions().host_gib               # not given: the sweep's default
+    assert options.check_args(opts, ("paper",)).paper_contexts == (65536, 131072)
 
 
 def test_phases_and_folders():
@@ -313,7 +316,7 @@ def test_gathers_read_aliased_requests_as_their_twins():
 # ------------------------------------------------------------------ the phase: rows, resume, files
 
 def _fake_run_point(limit, calls, ws=0.05 * 2 ** 30):
-    from kernels.engine.sweep import design_spec
+    from kernels.engine.points import design_spec
 
     def run_point(model, weights, flat, d, ctx, B, *, miss_rate, transfers, graph, reps, hbm, cfg, limit, mem_gpu,
                   overhead, seed, log):
@@ -335,14 +338,13 @@ def _fake_run_point(limit, calls, ws=0.05 * 2 ** 30):
 
 
 def _run_paper(monkeypatch, limit, *, done=None, deadline=1e18, contexts=(32768,), **kw):
-    import kernels.engine.sweep as sw
     calls, journal = [], []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
     rows = paper.run_paper(get_model("llama-3-8b"), None, None, contexts, cap=80 * GB, cap_label="80gb", limit=limit,
                            mem_gpu=None, overhead=0, reps=3, max_batch=4096, miss_rate=0.12, hbm=4000.0,
                            deadline=deadline, done=done or {}, append=lambda k, r: journal.append((k, r)),
-                           log=lambda t: None, run_point=_fake_run_point(limit, calls), make_config=sw.make_config,
+                           log=lambda t: None, run_point=_fake_run_point(limit, calls),
                            **kw)
     return rows, calls, journal
 
@@ -435,14 +437,14 @@ def test_write_paper_rows_schema_and_readers(monkeypatch, tmp_path):
                   urgent_programs=64, prefetch_mib=0.0, urgent_mib=0.0, link_mib=0.0, link_gbps=0.0)]
     prov = {"gpu": "NVIDIA H200", "git_sha": "abc", "date_utc": "2026-12-01T00:00:00Z", "command": "pytest"}
     d = tmp_path / "h200-paper"
-    sweep.write(str(d), floor + rows, dict(provenance=prov, run_id="x", phases=["floor", "paper"], seed=0))
+    results.write(str(d), floor + rows, dict(provenance=prov, run_id="x", phases=["floor", "paper"], seed=0))
     with open(d / "engine.csv", newline="") as fh:
         eng = list(csv.DictReader(fh))
-    assert {r["schema"] for r in eng} == {str(sweep.SCHEMA)} and sweep.SCHEMA == 3
+    assert {r["schema"] for r in eng} == {str(results.SCHEMA)} and results.SCHEMA == 3
     assert all(r["model"] == "llama-3-8b" for r in eng)
     pr = [r for r in eng if r["phase"] == "paper"]
     assert {r["paper_role"] for r in pr} >= {"largest", "series"} and all(r["largest_batch"] for r in pr)
-    for c in sweep.MEM_COLUMNS + ["planned_gib", "peak_reserved_gib", "tok_s_min", "tok_s_max", "gpu_mem_cap"]:
+    for c in results.MEM_COLUMNS + ["planned_gib", "peak_reserved_gib", "tok_s_min", "tok_s_max", "gpu_mem_cap"]:
         assert c in eng[0]
     df = load_engine(str(d / "engine.csv"))                      # the typed reader takes the new schema
     assert len(df) == len(eng)
@@ -546,7 +548,6 @@ def test_run_point_refuses_a_planned_oom_before_allocating(monkeypatch):
 
 
 def test_run_paper_stops_a_design_on_an_error(monkeypatch):
-    import kernels.engine.sweep as sw
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
     calls = []
@@ -557,8 +558,7 @@ def test_run_paper_stops_a_design_on_an_error(monkeypatch):
     journal = []
     rows = paper.run_paper(get_model("llama-3-8b"), None, None, (32768,), cap=None, cap_label="none", limit=100 * GB,
                            mem_gpu=None, overhead=0, reps=3, max_batch=64, miss_rate=0.12, hbm=4000.0, deadline=1e18,
-                           done={}, append=lambda k, r: journal.append((k, r)), log=lambda t: None, run_point=boom,
-                           make_config=sw.make_config)
+                           done={}, append=lambda k, r: journal.append((k, r)), log=lambda t: None, run_point=boom)
     assert len(calls) == len(paper.DESIGNS) and all(B == 1 for _, B in calls)   # one try per design, then the next
     assert {r["status"] for r in rows} == {"error"} and all("Triton" in r["error"] for r in rows)
     assert {r["largest_basis"] for r in rows} == {"error"} and not [k for k, r in journal if r is None]
@@ -569,7 +569,7 @@ def test_tables_render_the_paper_phase(monkeypatch, tmp_path):
     rows, _, _ = _run_paper(monkeypatch, 30 * 2 ** 30)
     prov = {"gpu": "NVIDIA H200", "git_sha": "abc", "date_utc": "2026-12-01T00:00:00Z", "command": "pytest"}
     d = tmp_path / "p"
-    sweep.write(str(d), rows, dict(provenance=prov, run_id="x", phases=["paper"], seed=0))
+    results.write(str(d), rows, dict(provenance=prov, run_id="x", phases=["paper"], seed=0))
     summary = json.loads((d / "summary.json").read_text())
     t = paper_table(summary)
     assert t.count("| llama-3-8b | 80gb | 32K |") == 4 and "DualDecoder / ShadowKV" in t
@@ -577,16 +577,16 @@ def test_tables_render_the_paper_phase(monkeypatch, tmp_path):
 
 
 def test_paper_points_flag():
-    pts = sweep.parse_paper_points("qwen2.5-32b:128k,llama-3-8b:128k:12,qwen2.5-32b:64k", 80 * GB)
+    pts = options.parse_paper_points("qwen2.5-32b:128k,llama-3-8b:128k:12,qwen2.5-32b:64k", 80 * GB)
     assert [(m.name, c, b) for m, c, b in pts] == [("qwen2.5-32b", 131072, None), ("llama-3-8b", 131072, 12),
                                                    ("qwen2.5-32b", 65536, None)]
     assert pts[0][0] is pts[2][0]                                   # one spec per model: its weights are kept
     for bad, word in (("qwen2.5-32b", "MODEL:CONTEXT"), ("nosuch:128k", "model"), ("qwen2.5-32b:1k", "budget"),
                       ("qwen2.5-32b:128k:0", "batch")):
         with pytest.raises(DDBenchError, match=word):
-            sweep.parse_paper_points(bad, None)
+            options.parse_paper_points(bad, None)
     with pytest.raises(DDBenchError, match="weights"):
-        sweep.parse_paper_points("llama-3-8b:128k,qwen2.5-32b:128k", 40 * GB)
+        options.parse_paper_points("llama-3-8b:128k,qwen2.5-32b:128k", 40 * GB)
 
 
 def test_cap_is_checked_against_the_models_the_run_uses(tmp_path, capsys):
@@ -785,14 +785,14 @@ def test_point_memory_classifies_out_of_memory(monkeypatch):
         monkeypatch.setattr(torch.cuda, name, lambda: None)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 78 * 2 ** 30)
     row, stage = {"status": "ok"}, {"now": "the capture"}
-    with sweep.point_memory(row, stage):
+    with points.point_memory(row, stage):
         raise cap.CaptureFailed("x", cause=torch.cuda.OutOfMemoryError("CUDA out of memory."), recovered=True)
     assert row["status"] == "oom" and "in the capture" in row["error"] and row["peak_reserved_gib"] == 78
     with pytest.raises(cap.CaptureFailed):
-        with sweep.point_memory({}, stage):
+        with points.point_memory({}, stage):
             raise cap.CaptureFailed("x", cause=torch.cuda.OutOfMemoryError("CUDA out of memory."))
     with pytest.raises(RuntimeError, match="Triton"):
-        with sweep.point_memory({}, stage):
+        with points.point_memory({}, stage):
             raise RuntimeError("Triton compile failed")
 
 
@@ -810,7 +810,6 @@ def _raising_run_point(limit, calls, fail):
 
 
 def _paper_with(monkeypatch, fail, health=lambda: (True, ""), limit=30 * 2 ** 30, gpu_state=None):
-    import kernels.engine.sweep as sw
     calls, journal = [], []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
@@ -822,8 +821,7 @@ def _paper_with(monkeypatch, fail, health=lambda: (True, ""), limit=30 * 2 ** 30
     rows = paper.run_paper(get_model("llama-3-8b"), None, None, (32768,), cap=80 * GB, cap_label="80gb", limit=limit,
                            mem_gpu=None, overhead=0, reps=3, max_batch=4096, miss_rate=0.12, hbm=4000.0,
                            deadline=1e18, done={}, append=lambda k, r: journal.append((k, r)), log=lambda t: None,
-                           gpu_state=gpu_state, health=h, run_point=_raising_run_point(limit, calls, fail),
-                           make_config=sw.make_config)
+                           gpu_state=gpu_state, health=h, run_point=_raising_run_point(limit, calls, fail))
     return rows, calls, journal, seen
 
 
@@ -899,12 +897,12 @@ def _fake_gpu_sweep(monkeypatch, *, weights_fail=(), point_fail=lambda m, d, ctx
         return dict(total=150 * GB, overhead=GB // 2, limit=(a.cap or 150 * GB) - GB // 2, cap=a.cap,
                     cap_label=a.cap_label,
                     gpu="h200", mem_gpu=paper.cap_gpu(a.cap, a.cap_label, "h200"))
-    monkeypatch.setattr(sweep, "gpu_memory", gpu_memory)
-    monkeypatch.setattr(sweep, "copy_gbps", lambda: 55.0)
-    monkeypatch.setattr(sweep, "hbm_gbps", lambda: 4200.0)
-    monkeypatch.setattr(sweep, "gather_gbps", lambda hv: 50.0)
-    monkeypatch.setattr(sweep, "alloc_host", lambda gib, seed=0: (torch.zeros(1024, dtype=torch.bfloat16), 0.0, 0.0))
-    monkeypatch.setattr(sweep, "apply_cap", lambda mem: None)
+    monkeypatch.setattr(runner, "gpu_memory", gpu_memory)
+    monkeypatch.setattr(points, "copy_gbps", lambda: 55.0)
+    monkeypatch.setattr(points, "hbm_gbps", lambda: 4200.0)
+    monkeypatch.setattr(points, "gather_gbps", lambda hv: 50.0)
+    monkeypatch.setattr(points, "alloc_host", lambda gib, seed=0: (torch.zeros(1024, dtype=torch.bfloat16), 0.0, 0.0))
+    monkeypatch.setattr(runner, "apply_cap", lambda mem: None)
     monkeypatch.setattr(cap, "gpu_health", health)
 
     def random(model, device, seed, **kw):
@@ -913,7 +911,7 @@ def _fake_gpu_sweep(monkeypatch, *, weights_fail=(), point_fail=lambda m, d, ctx
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 70.00 MiB.")
         return object()
     monkeypatch.setattr(Weights, "random", staticmethod(random))
-    monkeypatch.setattr(sweep, "run_point", _raising_run_point(70 * 2 ** 30, calls, point_fail))
+    monkeypatch.setattr(points, "run_point", _raising_run_point(70 * 2 ** 30, calls, point_fail))
     return built, calls
 
 
@@ -947,7 +945,7 @@ def test_the_sweep_goes_on_after_a_failed_point_and_model_switch(monkeypatch, tm
     assert [c for c in calls if c[:2] == ("specache", 32768)]                 # the next design was searched
     assert summary["gpu_state"] == "ok" and summary["completed"] and len(summary["paper"]) == 3 * len(paper.DESIGNS)
     assert not (folder / "current.json").exists()
-    assert meta["source_hash"] == sweep.source_hash() == meta["provenance"]["source_hash"]
+    assert meta["source_hash"] == runner.source_hash() == meta["provenance"]["source_hash"]
     assert {r["source_hash"] for r in eng} == {meta["source_hash"]}
     with open(folder / "rows.jsonl") as fh:
         assert all(e["row"]["source_hash"] == meta["source_hash"] for e in map(json.loads, fh) if e.get("row"))
@@ -973,7 +971,7 @@ def test_the_files_are_written_when_the_gpu_state_is_lost_or_the_sweep_crashes(m
     def boom(*a, **k):
         raise RuntimeError("a bug in the sweep")
     _fake_gpu_sweep(monkeypatch)
-    monkeypatch.setattr(sweep, "_run_paper_points", boom)
+    monkeypatch.setattr(phases, "run_paper_points", boom)
     with pytest.raises(RuntimeError, match="a bug"):
         sweep.main(["--phases", "paper", "--paper-points", "llama-3-8b:32k", "--gpu-mem-cap", "h100-80gb",
                     "--out", str(out), "--folder", "q"])
@@ -991,16 +989,16 @@ def test_source_hash_is_of_the_sources_only(tmp_path):
                       ("kernels/notes.txt", "junk"), ("other/e.py", "junk")):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    h = sweep.source_hash(str(tmp_path))
+    h = runner.source_hash(str(tmp_path))
     assert len(h) == 16 and int(h, 16) >= 0
     t = time.time() + 100
     os.utime(tmp_path / "kernels/a.py", (t, t))
     for rel in ("kernels/__pycache__/a.cpython-312.pyc", "kernels/.git/d.py", "kernels/notes.txt", "other/e.py"):
         (tmp_path / rel).write_text("changed")
-    assert sweep.source_hash(str(tmp_path)) == h
+    assert runner.source_hash(str(tmp_path)) == h
     (tmp_path / "kernels/engine/b.py").write_text("y = 3\n")
-    assert sweep.source_hash(str(tmp_path)) != h
-    assert len(sweep.source_hash()) == 16
+    assert runner.source_hash(str(tmp_path)) != h
+    assert len(runner.source_hash()) == 16
 
 
 # ------------------------------------------------------------------ GPU: the capture failure itself
@@ -1102,7 +1100,7 @@ def test_the_default_phases_go_on_after_a_point_raises(monkeypatch, tmp_path):
                 raise RuntimeError("while building the engine")
         return dict(status="ok", step_ms=10.0, tok_s=100.0, prefetch_mib=1.0, urgent_mib=0.0, link_mib=1.0,
                     link_gbps=1.0, peak_gib=1.0)
-    monkeypatch.setattr(sweep, "run_point", run_point)
+    monkeypatch.setattr(points, "run_point", run_point)
     out = tmp_path / "out"
     assert sweep.main(["--phases", "validation", "--out", str(out), "--folder", "v"]) == 0
     eng, summary, _ = _read(out / "v")

@@ -15,6 +15,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 
 sweep = pytest.importorskip("kernels.engine.sweep")
+from kernels.engine import phases, points, results  # noqa: E402
 
 PROV = {"gpu": "NVIDIA H200", "git_sha": "abc", "date_utc": "2026-12-01T00:00:00Z", "command": "pytest"}
 
@@ -28,7 +29,7 @@ def test_phase_selection_and_point_plan():
     assert sweep.out_folder("h200", ("reuse-fetch",)) == "h200-reuse-fetch"
     assert sweep.out_folder("h200", sweep.PHASES) == "h200"
     pts = sweep.plan_points(False, 3, ("reuse-fetch",))
-    assert pts == sweep.reuse_points() and len(pts) == 24
+    assert pts == phases.reuse_points() and len(pts) == 24
     assert {p[0] for p in pts} == {"reuse-fetch"} and {p[2] for p in pts} == {"shadowkv"}
     want = {(32768, b, m) for b in (1, 2, 4, 8, 16, 32, 64) for m in (0.0, 0.25, 1.0)}
     want |= {(131072, 16, m) for m in (0.0, 0.25, 1.0)}
@@ -76,7 +77,7 @@ def _sweep(tmp_path, name, reuse=True):
         rows += [_reuse_row(1, 0.0), _reuse_row(1, 0.25), _reuse_row(64, 1.0, status="oom"),
                  _reuse_row(16, 1.0, ctx=131072)]
     meta = dict(provenance=PROV, run_id=name, phases=list(sweep.PHASES), seed=0)
-    sweep.write(str(d), rows, dict(meta))
+    results.write(str(d), rows, dict(meta))
     (d / "meta.json").write_text(json.dumps(meta))
     return d
 
@@ -211,7 +212,7 @@ def test_reuse_fetch_point_gpu():
     from ddbench.core.catalog import get_model
     model = get_model("llama-3-8b")
     flat = torch.empty(1 << 29, dtype=torch.bfloat16, pin_memory=True)     # 1 GiB: 8 host layers at batch 1
-    r = sweep.reuse_fetch_point(model, flat, 32768, 1, 0.25, reps=3, log=lambda t: None)
+    r = points.reuse_fetch_point(model, flat, 32768, 1, 0.25, reps=3, log=lambda t: None)
     assert r["status"] == "ok" and r["host_layers"] >= 1
     k = 2048 // 8
     assert r["slots"] == 8 * k and r["miss_chunks"] == 8 * round(0.25 * k)
@@ -235,18 +236,18 @@ def test_import_reuse_records_from_a_separate_run(tmp_path):
 
 
 def test_point_memory_turns_out_of_memory_into_a_status(monkeypatch):
-    """Both measuring functions share sweep.point_memory: an out-of-memory error (or a capture's
+    """Both measuring functions share points.point_memory: an out-of-memory error (or a capture's
     RuntimeError saying so) marks the row 'oom' and the sweep goes on; any other error propagates."""
     for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
         monkeypatch.setattr(torch.cuda, name, lambda: None)
     row = dict(status="ok")
-    with sweep.point_memory(row):
+    with points.point_memory(row):
         raise RuntimeError("CUDA error: out of memory while capturing")
     assert row["status"] == "oom"
     row = dict(status="ok")
-    with sweep.point_memory(row):
+    with points.point_memory(row):
         raise torch.cuda.OutOfMemoryError("no room")
     assert row["status"] == "oom"
     with pytest.raises(RuntimeError, match="illegal"):
-        with sweep.point_memory(dict(status="ok")):
+        with points.point_memory(dict(status="ok")):
             raise RuntimeError("illegal memory access")

@@ -1,9 +1,9 @@
-"""kernels/engine/sweep.ratios: step/floor and dual/single come from the model's own selection, not
+"""kernels/engine/results.ratios: step/floor and dual/single come from the model's own selection, not
 from the floor phase's forced-miss twins of the same design, context and batch (CPU)."""
 
 import pytest
 
-sweep = pytest.importorskip("kernels.engine.sweep")
+results = pytest.importorskip("kernels.engine.results")
 
 
 def _row(design, miss, step, tokens=2):
@@ -16,6 +16,6 @@ def test_floor_ratios_ignore_forced_miss_twins(forced_first):
     own = [_row("dualdecoder", "none", 6.0), _row("dualdecoder-single", "none", 5.0, tokens=1)]
     forced = [_row("dualdecoder", 0.174, 9.0)]
     rows = forced + own if forced_first else own + forced
-    r = sweep.ratios(rows)
+    r = results.ratios(rows)
     assert r["step_over_floor"]["dualdecoder|32768|1"]["step_ms"] == 6.0
     assert r["dual_over_single"]["32768|1"] == pytest.approx(6.0 / 5.0)

@@ -39,17 +39,20 @@ EXAMPLE = """examples:
   ddbench bench host --gpus 1,2,4,8 --engine
   ddbench bench link --out /tmp/link
   ddbench bench engine --phases paper --model qwen2.5-32b --contexts 64k,128k,256k --gpu-mem-cap h100-80gb"""
-# engine target only: passed through to python -m kernels.engine.sweep (its --help says more)
-ENGINE_FLAGS = (("--phases", "comma-separated sweep phases (floor, mechanism, validation, reuse-fetch, paper)"),
-                ("--model", "catalog model or path to a config.json (default llama-3-8b)"),
-                ("--gpu-mem-cap", "emulate a GPU of this many GB, or a catalog GPU's memory (h100-80gb)"),
-                ("--contexts", "paper phase: comma-separated contexts (default 128k)"),
-                ("--paper-points", "paper phase: ordered MODEL:CONTEXT pairs (qwen2.5-32b:128k,llama-3-8b:128k)"),
-                ("--max-batch", "paper phase: the largest batch searched"),
-                ("--reps", "repetitions (paper phase: timed replays per point)"),
-                ("--budget-s", "stop starting new points after this many seconds"),
-                ("--host-gib", "pinned host KV buffer in GiB"),
-                ("--kv-bits", "paper phase: 16 and/or 8 (fp8 host KV too, labels design+fp8)"))
+# engine target only: parsed here, then handed to the engine sweep as its options
+# (kernels.engine.options.SweepOptions, one field per flag; `python -m kernels.engine.sweep --help` says more)
+ENGINE_FLAGS = (("--phases", flags.text(), "comma-separated sweep phases (floor, mechanism, validation, reuse-fetch,"
+                                           " paper)"),
+                ("--model", flags.text(), "catalog model or path to a config.json (default llama-3-8b)"),
+                ("--gpu-mem-cap", flags.text(), "emulate a GPU of this many GB, or a catalog GPU's memory (h100-80gb)"),
+                ("--contexts", flags.text(), "paper phase: comma-separated contexts (default 128k)"),
+                ("--paper-points", flags.text(), "paper phase: ordered MODEL:CONTEXT pairs"
+                                                 " (qwen2.5-32b:128k,llama-3-8b:128k)"),
+                ("--max-batch", flags.integer(), "paper phase: the largest batch searched"),
+                ("--reps", flags.integer(), "repetitions (paper phase: timed replays per point)"),
+                ("--budget-s", flags.number(), "stop starting new points after this many seconds"),
+                ("--host-gib", flags.number(), "pinned host KV buffer in GiB"),
+                ("--kv-bits", flags.text(), "paper phase: 16 and/or 8 (fp8 host KV too, labels design+fp8)"))
 PROVENANCE = ("gpu", "driver", "cuda", "torch", "triton", "git_sha", "date_utc", "command")
 
 
@@ -60,13 +63,27 @@ def register(sub) -> None:
     p.add_argument("--out", type=flags.text(), help="output root (default: the data root's kernels/ or engine/)")
     p.add_argument("--force", action="store_true", help="replace an earlier run's files (ddbench's own only)")
     p.add_argument("--quick", action="store_true", help="fewer batch sizes (a smoke run)")
-    for name, help_ in ENGINE_FLAGS:
-        p.add_argument(name, type=flags.text(), help="engine: " + help_)
+    for name, conv, help_ in ENGINE_FLAGS:
+        p.add_argument(name, type=conv, help="engine: " + help_)
     p.add_argument("--resume", action="store_true", help="engine: skip points already measured in the folder")
     p.add_argument("--gpus", type=flags.text(), help="host: comma list of GPU counts fetching at once")
     p.add_argument("--seconds", type=flags.text(), help="host: timed seconds per test and count (default 2)")
     p.add_argument("--engine", action="store_true", help="host: also the engine's decode steps at 128K")
     p.set_defaults(func=run)
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def _engine(args) -> int:
+    """The engine sweep with the options given here (the rest: its defaults); a DDBenchError is the CLI's."""
+    from kernels.engine.options import SweepOptions
+    from kernels.engine.runner import run_options
+    given = {_dest(name): getattr(args, _dest(name)) for name, _, _ in ENGINE_FLAGS
+             if getattr(args, _dest(name)) is not None}
+    return run_options(SweepOptions(out=args.out or str(traces_dir("engine")), quick=args.quick, force=args.force,
+                                    resume=args.resume, **given))
 
 
 def _need_cuda():
@@ -98,7 +115,7 @@ def run(args) -> int:
         args.out = str(check_path(args.out, data_ok={"kernels": ("kernels",), "engine": ("engine",),
                                                      "link": ("link/*",), "host": ("host/*",)}.get(args.target, ())))
     if args.target != "engine":
-        given = [name for name, _ in ENGINE_FLAGS if getattr(args, name[2:].replace("-", "_")) is not None]
+        given = [name for name, _, _ in ENGINE_FLAGS if getattr(args, _dest(name)) is not None]
         if given or args.resume:
             raise DDBenchError(f"{(given or ['--resume'])[0]} is a flag of `bench engine` only")
     if args.target != "host" and (args.gpus is not None or args.seconds is not None or args.engine):
@@ -114,12 +131,7 @@ def run(args) -> int:
         return link_main((["--out", args.out] if args.out else []) + (["--force"] if args.force else [])
                          + (["--rounds", "1", "--sizes", "8,64"] if args.quick else []))
     if args.target == "engine":
-        from kernels.engine.sweep import main as engine_main
-        out = args.out or str(traces_dir("engine"))
-        extra = [x for name, _ in ENGINE_FLAGS if getattr(args, name[2:].replace("-", "_")) is not None
-                 for x in (name, getattr(args, name[2:].replace("-", "_")))]
-        return engine_main(["--out", out] + (["--quick"] if args.quick else []) + (["--force"] if args.force else [])
-                           + (["--resume"] if args.resume else []) + extra)
+        return _engine(args)
     from kernels.microbench import run_all
     from kernels.timing import provenance
     import torch

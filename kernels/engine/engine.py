@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from ddbench.core.defaults import FORCED_MISS
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, kv_piece_bytes
 from kernels.fp8 import E4M3, check_host_scales
@@ -60,7 +61,7 @@ class EngineConfig:
     engine-only knobs below. `EngineConfig.of(context=..., batch=..., budget=..., miss_rate=...)` splits
     keyword arguments between the two."""
     workload: Workload
-    miss_rate: float | None = 0.174   # forced miss rate (None: the model's own prediction)
+    miss_rate: float | None = FORCED_MISS   # forced miss rate (None: the model's own prediction)
     host_layers: int | None = None    # physical host KV layers; logical layer l reads l % host_layers
     lowrank_layer_ids: tuple = ()     # which layers rebuild keys (Workload only counts them; engine-only)
     prefetch_programs: int = 32

@@ -6,7 +6,7 @@
 For one model, every context of --contexts and each design of DESIGNS: the largest batch that fits
 under the GPU memory cap, found by search_largest (doubling from batch 1, then the batch the memory
 prediction puts largest, then bisection where the prediction was wrong), each batch tried a full
-engine point with transfers on (kernels/engine/sweep.run_point: --reps timed CUDA-graph replays of two
+engine point with transfers on (kernels/engine/points.run_point: --reps timed CUDA-graph replays of two
 steps each, min / median / max). The batches the search measured are the throughput-against-batch
 series (Figs. 2, 3); every row has the GPU memory at its peak by category (Fig. 14) and the memory
 model's largest batch for the same point (ddbench.core.memory.max_batch).
@@ -26,7 +26,7 @@ design's search). The capture joins its side streams before an exception leaves 
 (kernels/engine/capture.py), so a capture that runs out of memory leaves torch usable; after every
 point that is not `ok` the GPU state is checked (capture.gpu_health) and, where it is unusable, every
 later point of the process reads `error` (not run) instead of a wrong `oom`. A model whose weights
-fail is rows of its own (kernels/engine/sweep.py) and the next point runs.
+fail is rows of its own (kernels/engine/phases.py) and the next point runs.
 
 Host KV: a --host-gib pinned buffer viewed by kernels.layout.host_kv_view; a point whose host KV
 exceeds it reads aliased layers, then aliased requests (rows say which: host_alias). Every chunk
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.cacherates import prediction_of
-from kernels.engine.designspec import design_spec
+from kernels.engine.points import Label, design_labels, design_spec
 
 PAPER = "paper"
 DESIGNS = ("dualdecoder", "shadowkv", "specache", "full-kv")   # the headline pair first (budget cuts the tail)
@@ -221,44 +221,20 @@ def stub_row(model: str, design: str, ctx: int, miss, *, cap_label, cap_gib, sta
     return r
 
 
-FP8 = "+fp8"
-
-
-def design_labels(designs, cache_tokens, kv_bits=(16,)) -> list:
-    """The paper phase's design labels: a design, a chunk-cache design once per capacity (design@tokens),
-    and with 8 in kv_bits each design that keeps its KV on the host once more in fp8 (label + '+fp8')."""
-    from ddbench.core.memory import keeps_kv_on_host
-    out = []
-    for bits in kv_bits:
-        for d in designs:
-            if bits == 8 and not keeps_kv_on_host(design_spec(d)):
-                continue
-            for t in (cache_tokens if design_spec(d).chunk_cache else (None,)):
-                out.append((f"{d}@{t}" if t else d) + (FP8 if bits == 8 else ""))
-    return out
-
-
-def parse_label(label: str) -> tuple[str, int | None, int]:
-    """(design, cache tokens or None, kv_bits) of a label design[@tokens][+fp8]."""
-    base, fp8 = (label[:-len(FP8)], 8) if label.endswith(FP8) else (label, 16)
-    d, _, t = base.partition("@")
-    return d, (int(t) if t else None), fp8
-
-
 def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status, error, designs=DESIGNS) -> list:
     """One row per context and design of a model whose points cannot run (its weights failed, or the GPU
     state was left unusable): `status` and `error` say why; largest batch 0, basis `error`."""
     rows = []
     for ctx in contexts:
-        for d in designs:       # d: a design, or a chunk-cache design's label design@tokens
-            name, ct, bits = parse_label(d)
-            r = stub_row(model, name, ctx, None if design_spec(d).kv_on_gpu else miss_rate,
+        for d in designs:       # d: a design, or a label design@tokens[+fp8]
+            label = Label.parse(d)
+            r = stub_row(model, label.design, ctx, None if design_spec(d).kv_on_gpu else miss_rate,
                          cap_label=cap_label, cap_gib=cap_gib, status=status, error=error)
-            r.update(largest_batch=0, largest_basis="error", paper_role="trial", kv_bits=bits)
-            if d != name:
+            r.update(largest_batch=0, largest_basis="error", paper_role="trial", kv_bits=label.kv_bits)
+            if d != label.design:
                 r["design_label"] = d
-            if ct is not None:
-                r["cache_tokens"] = ct
+            if label.cache_tokens is not None:
+                r["cache_tokens"] = label.cache_tokens
             rows.append(r)
     return rows
 
@@ -266,7 +242,7 @@ def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status,
 def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu, overhead, reps, max_batch,
               miss_rate, hbm, deadline, done, append, current=lambda key: None, seed=0, log=print,
               gpu_state=None, health=None, fixed_batch=None, repeats=1, designs=DESIGNS, cache_tokens=(None,),
-              cache_rates=None, kv_bits=(16,), run_point, make_config):
+              cache_rates=None, kv_bits=(16,), run_point=None):
     """Every design of DESIGNS at every context: search_largest on engine points. Returns the rows (the
     search's batches, each measured or refused, with the largest batch and its basis on every row of
     the design's search). `done`: rows.jsonl entries of an earlier run (a design already searched is
@@ -291,161 +267,232 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     and the prediction's churn (default: the measured profile's, ddbench.core.cacherates). kv_bits (16, 8):
     each design that keeps its KV on the host is searched once more with an fp8 host KV (label + '+fp8').
 
-    run_point, make_config: the engine sweep's (kernels/engine/sweep.py: one engine point, its config),
-    passed in by the sweep, which sits above this phase."""
-    import gc
-
-    import torch
-
+    run_point: one engine point (default kernels.engine.points.run_point; a test passes a fake)."""
     from kernels.engine import capture as cap_mod
-    from kernels.engine.engine import plan_bytes
-    gpu_state = {} if gpu_state is None else gpu_state
-    health = health or cap_mod.gpu_health
-    cap_gib = None if cap is None else cap / GIB
+    from kernels.engine import points
+    run = _PaperRun(model=model, weights=weights, flat=flat, cap_label=cap_label,
+                    cap_gib=None if cap is None else cap / GIB, limit=limit, mem_gpu=mem_gpu, overhead=overhead,
+                    reps=reps, max_batch=max_batch, miss_rate=miss_rate, hbm=hbm, deadline=deadline, append=append,
+                    current=current, seed=seed, log=log, gpu_state={} if gpu_state is None else gpu_state,
+                    health=health or cap_mod.gpu_health, fixed_batch=fixed_batch, repeats=repeats,
+                    cache_rates=cache_rates or profile_cache_rates(model), run_point=run_point or points.run_point)
+    rows = []
+    labels = design_labels(designs, cache_tokens, kv_bits)
+    for ctx in contexts:
+        for label in labels:
+            rows += run.label(ctx, label, done)
+    return rows
 
-    def search(ctx, label, mine):
-        """One design's search at one context: its rows, into `mine` as they are made."""
-        d, ct, bits = parse_label(label)
-        dkey = paper_key(model.name, cap_label, ctx, label)
+
+@dataclass
+class _Design:
+    """One label's search at one context: its design, capacity, bits and forced rates, the bytes resident
+    before it (the weights), the (batch, step seconds) it measured and its rows as they are made."""
+    ctx: int
+    label: str
+    design: str
+    cache_tokens: int | None
+    kv_bits: int
+    spec: object
+    miss: float | None
+    churn: float | None
+    extra: dict                  # columns every row of the search carries (design_label, the cache's)
+    base: int
+    steps: list = field(default_factory=list)
+    mine: list = field(default_factory=list)
+
+
+@dataclass
+class _PaperRun:
+    """run_paper's context: the model and its weights, the cap and the limits, the journal callbacks."""
+    model: object
+    weights: object
+    flat: object
+    cap_label: str
+    cap_gib: float | None
+    limit: int
+    mem_gpu: object
+    overhead: int
+    reps: int
+    max_batch: int
+    miss_rate: float
+    hbm: float
+    deadline: float
+    append: object
+    current: object
+    seed: int
+    log: object
+    gpu_state: dict
+    health: object
+    fixed_batch: int | None
+    repeats: int
+    cache_rates: object
+    run_point: object
+
+    def key(self, ctx, label, batch=None, rep=0):
+        return paper_key(self.model.name, self.cap_label, ctx, label, batch, rep)
+
+    def label(self, ctx, label, done) -> list:
+        """One label at one context: its rows from an earlier run (--resume), `error` rows where the GPU
+        state is unusable, else its search; a search that raises keeps what it measured (basis error)."""
+        if self.key(ctx, label) in done:
+            prefix = self.key(ctx, label, 0)[:-2]
+            return [e["row"] for k, e in done.items() if k.startswith(prefix) and e.get("row")]
+        if self.gpu_state.get("poisoned"):
+            rows = self._not_run(ctx, label, f"not run: the GPU state is unusable after {self.gpu_state['poisoned']}")
+            for r in rows:
+                self.append(self.key(ctx, label, r["batch"]), r)
+            return rows
+        from kernels.engine import capture as cap_mod
+        mine = []
+        try:
+            self.search(ctx, label, mine)
+        except Exception as exc:  # noqa: BLE001 - a failure outside a point (the search's own): a row
+            import traceback
+            self.log(f"  [paper] {self.model.name} {ctx // 1024}K {label}: the search failed\n"
+                     + traceback.format_exc(limit=8))
+            failure = cap_mod.classify(exc)
+        else:
+            return mine
+        cap_mod.release()
+        if not mine:
+            mine = self._not_run(ctx, label, f"the search failed: {failure[1]}")
+        ok = [r["batch"] for r in mine if r.get("status") == "ok"]
+        for r in mine:                        # what it measured stands; why it stopped is on every row
+            r.update(largest_batch=max(ok, default=0), largest_basis="error")
+            r.setdefault("paper_role", "series" if r.get("status") == "ok" else "trial")
+            self.append(self.key(ctx, label, r["batch"]), r)
+        return mine
+
+    def _not_run(self, ctx, label, error):
+        return not_run_rows(self.model.name, (ctx,), cap_label=self.cap_label, cap_gib=self.cap_gib,
+                            miss_rate=self.miss_rate, status="error", designs=(label,), error=error)
+
+    def search(self, ctx, label, mine):
+        """One label's search at one context: its rows, into `mine` as they are made."""
+        s = self._design(ctx, label, mine)
+        res = self._largest(s)
+        if res.largest and res.basis not in ("error",):
+            self._repeat(s, res.largest)
+        self._close(s, res)
+
+    def _design(self, ctx, label, mine) -> _Design:
+        import gc
+
+        import torch
+        lb = Label.parse(label)
         gc.collect()
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()      # the weights (and anything else resident)
-        spec = design_spec(d)
-        miss = None if spec.kv_on_gpu else miss_rate
-        churn, extra = None, ({} if label == d else dict(design_label=label))
+        spec = design_spec(lb.design)
+        miss = None if spec.kv_on_gpu else self.miss_rate
+        churn, extra = None, ({} if label == lb.design else dict(design_label=label))
         if spec.chunk_cache:
-            miss, churn, note = (cache_rates or profile_cache_rates(model))(ctx, ct, prediction_of(spec))
-            extra.update(cache_tokens=ct, churn_rate=churn, rates_note=note)
-        steps = []
+            miss, churn, note = self.cache_rates(ctx, lb.cache_tokens, prediction_of(spec))
+            extra.update(cache_tokens=lb.cache_tokens, churn_rate=churn, rates_note=note)
+        return _Design(ctx, label, lb.design, lb.cache_tokens, lb.kv_bits, spec, miss, churn, extra, base, mine=mine)
 
-        def cfg(B, s=seed):     # SpeCache holds its 2-bit values too: the design's whole residency
-            return make_config(ctx, B, miss, True, seed=s, quant_values=True, cache_tokens=ct, churn_rate=churn,
-                               kv_bits=bits)
+    def _cfg(self, s: _Design, B, seed):
+        """SpeCache holds its 2-bit values too: the design's whole residency."""
+        from kernels.engine.points import make_config
+        return make_config(s.ctx, B, s.miss, True, seed=seed, quant_values=True, cache_tokens=s.cache_tokens,
+                           churn_rate=s.churn, kv_bits=s.kv_bits)
 
-        def planned(B):
-            return base + sum(plan_bytes(model, spec, cfg(B)).values())
+    def _planned(self, s: _Design, B):
+        from kernels.engine.engine import plan_bytes
+        return s.base + sum(plan_bytes(self.model, s.spec, self._cfg(s, B, self.seed)).values())
 
-        def point(B, rep=0):
-            key = paper_key(model.name, cap_label, ctx, label, B, rep)
-            current(key)
-            t0 = time.perf_counter()
-            failure = None
-            try:
-                c = cfg(B, seed + rep)
-                r = run_point(model, weights, flat, d, ctx, B, miss_rate=miss, transfers=True, graph=True,
-                              reps=reps, hbm=hbm, cfg=c, limit=limit, mem_gpu=mem_gpu, overhead=overhead,
-                              seed=seed + rep, log=log)
-            except Exception as exc:  # noqa: BLE001 - reported in the row; the phase goes on
-                import traceback
-                log(f"  {d} ctx={ctx} B={B}: ERROR\n" + traceback.format_exc(limit=8))
-                failure = cap_mod.classify(exc)
-            # out of the except block: the exception (and the engine its frames hold) is gone
-            sticky = False
-            if failure is not None:
-                status, text, sticky = failure
-                r = stub_row(model.name, d, ctx, miss, cap_label=cap_label, cap_gib=cap_gib, status=status,
-                             error=text, batch=B)
-                r["planned_gib"] = planned(B) / GIB
-            if r.get("status") != "ok":
-                cap_mod.release()
-                ok, why = health()
-                if sticky or not ok:
-                    why = why or "a sticky CUDA error"
-                    r["error"] = (r.get("error") or r.get("status", "")) + f" | the GPU state is unusable after it: {why}"
-                    gpu_state["poisoned"] = f"{model.name} {d} {ctx // 1024}K B={B} ({why})"
-                    log(f"  [paper] the GPU state is unusable after {gpu_state['poisoned']}: no later point runs")
-            r.update(phase=PAPER, rep=rep, gpu_mem_cap=cap_label, cap_gib=cap_gib, wall_s=time.perf_counter() - t0,
-                     **extra)
-            mine.append(r)
-            append(key, r)
-            return r
+    def _point(self, s: _Design, B, rep=0):
+        """One engine point of the search (a failure is its row); the GPU state checked after one not ok."""
+        from kernels.engine import capture as cap_mod
+        from kernels.engine.points import check_gpu_state
+        key = self.key(s.ctx, s.label, B, rep)
+        self.current(key)
+        t0 = time.perf_counter()
+        failure = None
+        try:
+            r = self.run_point(self.model, self.weights, self.flat, s.design, s.ctx, B, miss_rate=s.miss,
+                               transfers=True, graph=True, reps=self.reps, hbm=self.hbm,
+                               cfg=self._cfg(s, B, self.seed + rep), limit=self.limit, mem_gpu=self.mem_gpu,
+                               overhead=self.overhead, seed=self.seed + rep, log=self.log)
+        except Exception as exc:  # noqa: BLE001 - reported in the row; the phase goes on
+            import traceback
+            self.log(f"  {s.design} ctx={s.ctx} B={B}: ERROR\n" + traceback.format_exc(limit=8))
+            failure = cap_mod.classify(exc)
+        # out of the except block: the exception (and the engine its frames hold) is gone
+        if failure is not None:
+            r = stub_row(self.model.name, s.design, s.ctx, s.miss, cap_label=self.cap_label, cap_gib=self.cap_gib,
+                         status=failure[0], error=failure[1], batch=B)
+            r["planned_gib"] = self._planned(s, B) / GIB
+        if r.get("status") != "ok":
+            check_gpu_state(r, failure is not None and failure[2], self.gpu_state,
+                            f"{self.model.name} {s.design} {s.ctx // 1024}K B={B}", self.health,
+                            lambda t: self.log("  [paper] " + t))
+        r.update(phase=PAPER, rep=rep, gpu_mem_cap=self.cap_label, cap_gib=self.cap_gib,
+                 wall_s=time.perf_counter() - t0, **s.extra)
+        s.mine.append(r)
+        self.append(key, r)
+        return r
 
-        def measure(B):
-            # the next point's time: its step executions (pre-decode, warm-up, a warm-up replay and
-            # `reps` replays of 2 steps) at the last step time scaled by the batch, + building and
-            # capturing (compiles excluded: they fall on the first points)
-            est = POINT_FIXED_S + (4 + 2 * reps) * steps[-1][1] * B / steps[-1][0] if steps else 0.0
-            if time.perf_counter() + est > deadline:
-                raise TimeUp
-            r = point(B)
-            if gpu_state.get("poisoned"):
-                raise Poisoned
-            if r["status"] in ("host-limit", "error"):
-                raise Stop(r["status"])
-            if r["status"] != "ok":
-                return None                           # oom (refused by its plan, or ran out): does not fit
-            steps.append((B, r["step_ms"] / 1e3))
-            return r["peak_reserved_gib"] * GIB
+    def _estimate_s(self, s: _Design, B):
+        """The next point's time: its step executions (pre-decode, warm-up, a warm-up replay and `reps`
+        replays of 2 steps) at the last step time scaled by the batch, + building and capturing
+        (compiles excluded: they fall on the first points)."""
+        if not s.steps:
+            return 0.0
+        return POINT_FIXED_S + (4 + 2 * self.reps) * s.steps[-1][1] * B / s.steps[-1][0]
 
-        if fixed_batch is None:
-            res = search_largest(measure, planned, limit, max_batch)
-        else:
-            try:
-                ok = measure(fixed_batch) is not None      # refused by its plan or out of memory: None
-                res = Search(fixed_batch if ok else 0, "fixed" if ok else "oom")
-            except Stop as exc:
-                res = Search(0, exc.basis)
-        if res.largest and res.basis not in ("error",):
-            for rep in range(1, repeats):
-                est = POINT_FIXED_S + (4 + 2 * reps) * steps[-1][1] * res.largest / steps[-1][0] if steps else 0.0
-                if time.perf_counter() + est > deadline or gpu_state.get("poisoned"):
-                    break
-                if point(res.largest, rep)["status"] != "ok" or gpu_state.get("poisoned"):
-                    break
-        if not mine and res.basis == "time":
-            mine.append({**stub_row(model.name, d, ctx, miss, cap_label=cap_label, cap_gib=cap_gib, status="skipped-time"),
-                         **extra})
-        elif not mine:                            # batch 1 refused by its plan: its row says how far over
-            point(1)
-        nxt = planned(res.largest + 1) / GIB
-        for r in mine:
+    def _measure(self, s: _Design, B):
+        """search_largest's measure: bytes in use at the point's peak, None where it does not fit."""
+        if time.perf_counter() + self._estimate_s(s, B) > self.deadline:
+            raise TimeUp
+        r = self._point(s, B)
+        if self.gpu_state.get("poisoned"):
+            raise Poisoned
+        if r["status"] in ("host-limit", "error"):
+            raise Stop(r["status"])
+        if r["status"] != "ok":
+            return None                           # oom (refused by its plan, or ran out): does not fit
+        s.steps.append((B, r["step_ms"] / 1e3))
+        return r["peak_reserved_gib"] * GIB
+
+    def _largest(self, s: _Design) -> Search:
+        """The searched largest batch, or with fixed_batch that batch alone (basis fixed where it fits)."""
+        if self.fixed_batch is None:
+            return search_largest(lambda B: self._measure(s, B), lambda B: self._planned(s, B), self.limit,
+                                  self.max_batch)
+        try:
+            ok = self._measure(s, self.fixed_batch) is not None    # refused by its plan or out of memory: None
+            return Search(self.fixed_batch if ok else 0, "fixed" if ok else "oom")
+        except Stop as exc:
+            return Search(0, exc.basis)
+
+    def _repeat(self, s: _Design, largest):
+        """The largest batch built and measured again (repeats - 1 times) while time allows."""
+        for rep in range(1, self.repeats):
+            if time.perf_counter() + self._estimate_s(s, largest) > self.deadline or self.gpu_state.get("poisoned"):
+                break
+            if self._point(s, largest, rep)["status"] != "ok" or self.gpu_state.get("poisoned"):
+                break
+
+    def _close(self, s: _Design, res: Search):
+        """Every row of the search gets its largest batch, basis and role; a finished search its done marker."""
+        if not s.mine and res.basis == "time":
+            s.mine.append({**stub_row(self.model.name, s.design, s.ctx, s.miss, cap_label=self.cap_label,
+                                      cap_gib=self.cap_gib, status="skipped-time"), **s.extra})
+        elif not s.mine:                          # batch 1 refused by its plan: its row says how far over
+            self._point(s, 1)
+        nxt = self._planned(s, res.largest + 1) / GIB
+        for r in s.mine:
             r.update(largest_batch=res.largest, largest_basis=res.basis, next_planned_gib=nxt,
                      paper_role=("repeat" if r.get("rep") else
                                  "largest" if r["batch"] == res.largest and r["status"] == "ok" else
                                  "series" if r["status"] == "ok" else "trial"))
-            append(paper_key(model.name, cap_label, ctx, label, r["batch"], r.get("rep", 0)), r)
+            self.append(self.key(s.ctx, s.label, r["batch"], r.get("rep", 0)), r)
         if res.basis not in ("time", "error"):      # a resumed run searches these again
-            append(dkey, None)
-        log(f"  [paper] {model.name} {ctx // 1024}K cap {cap_label}: {label} largest batch {res.largest}"
-            f" ({res.basis}; memory model {mine[0].get('model_max_batch')})")
-
-    rows = []
-    labels = design_labels(designs, cache_tokens, kv_bits)
-    for ctx in contexts:
-        for d in labels:
-            dkey = paper_key(model.name, cap_label, ctx, d)
-            prefix = paper_key(model.name, cap_label, ctx, d, 0)[:-2]
-            if dkey in done:
-                rows += [e["row"] for k, e in done.items() if k.startswith(prefix) and e.get("row")]
-                continue
-            if gpu_state.get("poisoned"):
-                for r in not_run_rows(model.name, (ctx,), cap_label=cap_label, cap_gib=cap_gib, miss_rate=miss_rate,
-                                      status="error", designs=(d,),
-                                      error=f"not run: the GPU state is unusable after {gpu_state['poisoned']}"):
-                    append(paper_key(model.name, cap_label, ctx, d, r["batch"]), r)
-                    rows.append(r)
-                continue
-            mine = []
-            try:
-                search(ctx, d, mine)
-            except Exception as exc:  # noqa: BLE001 - a failure outside a point (the search's own): a row
-                import traceback
-                log(f"  [paper] {model.name} {ctx // 1024}K {d}: the search failed\n" + traceback.format_exc(limit=8))
-                failure = cap_mod.classify(exc)
-            else:
-                rows += mine
-                continue
-            cap_mod.release()
-            if not mine:
-                mine = not_run_rows(model.name, (ctx,), cap_label=cap_label, cap_gib=cap_gib, miss_rate=miss_rate,
-                                    status="error", designs=(d,), error=f"the search failed: {failure[1]}")
-            ok = [r["batch"] for r in mine if r.get("status") == "ok"]
-            for r in mine:                        # what it measured stands; why it stopped is on every row
-                r.update(largest_batch=max(ok, default=0), largest_basis="error")
-                r.setdefault("paper_role", "series" if r.get("status") == "ok" else "trial")
-                append(paper_key(model.name, cap_label, ctx, d, r["batch"]), r)
-            rows += mine
-    return rows
+            self.append(self.key(s.ctx, s.label), None)
+        self.log(f"  [paper] {self.model.name} {s.ctx // 1024}K cap {self.cap_label}: {s.label} largest batch"
+                 f" {res.largest} ({res.basis}; memory model {s.mine[0].get('model_max_batch')})")
 
 
 def summarize(rows) -> list[dict]:
