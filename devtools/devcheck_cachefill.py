@@ -54,7 +54,9 @@ def fill_rows(hbm, log, reps, rows):
             for t, ids in enumerate(pool[:4]):          # the same fills into both: the states stay equal
                 step.fill_(t)
                 out = [caches[f].fill_rows(0, ids, step, mul=2, add=1, rows=True) for f in (False, True)]
-                ok &= torch.equal(out[0][1], out[1][1]) and torch.equal(caches[False].slot_of, caches[True].slot_of)
+                same = all(torch.equal(getattr(caches[False], m)[..., :-1], getattr(caches[True], m)[..., :-1])
+                           for m in ("slot_of", "chunk_of", "age"))          # [..., -1]: the twin's scatter sink
+                ok &= torch.equal(out[0][1], out[1][1]) and same
                 ok &= int(out[0][0].count) == int(out[1][0].count)
             t_ms = {}
             for f, c in caches.items():
