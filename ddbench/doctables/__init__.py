@@ -77,8 +77,31 @@ def _wrap(text: str, width: int = 100) -> str:
     return "\n\n".join(paras)
 
 
-def render(text: str, root: Path = ROOT, where: str = "text") -> tuple[str, list[str]]:
-    """`text` with every generated block rewritten, and the names of the blocks that changed."""
+def blocks(text: str, where: str = "text") -> list[tuple[str, str]]:
+    """Every generated block of `text`: (name, its body as it stands), in order."""
+    out, pos = [], 0
+    while True:
+        m = START.search(text, pos)
+        if not m:
+            return out
+        end = text.find(END, m.end())
+        nxt = START.search(text, m.end())
+        if end < 0 or (nxt and nxt.start() < end):
+            raise DocTablesError(f"{where}: block {m.group(1)!r} has no {END}")
+        out.append((m.group(1), text[m.end():end]))
+        pos = end + len(END)
+
+
+def generate(name: str, root: Path = ROOT) -> str:
+    """A block's body as `render` writes it."""
+    if name not in GENERATORS:
+        raise DocTablesError(f"unknown generated block {name!r}; known: {', '.join(GENERATORS)}")
+    return "\n" + _wrap(GENERATORS[name](root).strip("\n")) + "\n"
+
+
+def render(text: str, root: Path = ROOT, where: str = "text", only: set[str] | None = None) -> tuple[str, list[str]]:
+    """`text` with every generated block rewritten (with `only`, those blocks alone), and the names of
+    the blocks that changed."""
     out, changed, pos, cache = [], [], 0, {}
     while True:
         m = START.search(text, pos)
@@ -92,9 +115,13 @@ def render(text: str, root: Path = ROOT, where: str = "text") -> tuple[str, list
         nxt = START.search(text, m.end())
         if end < 0 or (nxt and nxt.start() < end):
             raise DocTablesError(f"{where}: block {name!r} has no {END}")
+        if only is not None and name not in only:
+            out.append(text[pos:end + len(END)])
+            pos = end + len(END)
+            continue
         if name not in cache:
-            cache[name] = _wrap(GENERATORS[name](root).strip("\n"))
-        body = "\n" + cache[name] + "\n"
+            cache[name] = generate(name, root)
+        body = cache[name]
         if text[m.end():end] != body:
             changed.append(name)
         out.append(text[pos:m.end()] + body + END)
