@@ -69,7 +69,7 @@ def fixture_root(tmp_path, monkeypatch):
 
 
 def _exp(fid):
-    from ddbench.experiments import accuracy_figures  # noqa: F401  (registers)
+    from ddbench.experiments import accuracy_figures, sensitivity_figure  # noqa: F401  (register)
     from ddbench.experiments import EXPERIMENTS
     return EXPERIMENTS[fid]
 

@@ -1,4 +1,4 @@
-"""The simulator-driven paper figures (ddbench/experiments/sim_figures.py): their numbers follow
+"""The simulator-driven paper figures (ddbench/experiments/sim_figures.py, latency_figures.py): their numbers follow
 from the simulator and the memory model, never from the paper."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 
 from ddbench.core.catalog import get_gpu, get_model
-from ddbench.experiments import sim_figures as sf
+from ddbench.experiments import latency_figures as lf, sim_figures as sf
 from ddbench.core.memory import Workload, max_batch
 from ddbench.core.designs import get_design
 
@@ -46,7 +46,7 @@ def test_fig03_stays_within_memory_and_throughput_grows_with_batch():
 def test_fig18_fifo_never_meaningfully_faster_than_priority():
     """(Priority charges an urgent miss the wait for the chunk in flight, so FIFO can come out a
     hair, 0.01%, ahead where both barely stall.)"""
-    df = sf.fig18().data
+    df = lf.fig18().data
     sw = df[df.kind == "sweep"].pivot_table(index=["model_size", "batch"], columns="system", values="step_ms")
     assert (sw["dualdecoder-fifo"] >= sw["dualdecoder"] * (1 - 1e-3)).all()
     assert (sw["dualdecoder-fifo"] > sw["dualdecoder"] * 1.01).any()  # and at some batch the order matters

@@ -49,11 +49,17 @@ def register(id: str, title: str, draw: Callable):
 
 
 def load_all() -> dict[str, Experiment]:
-    """Import every experiment module (each registers itself) and return the registry."""
-    from ddbench.experiments import (accuracy_figures, budget_figure, cache_figure, fp8_figure,  # noqa: F401
-                                     measured_figures, memory_figures, rates_figure, sim_figures,
-                                     validation_figure)
+    """Import every experiment module (each registers itself) and return the registry, in MODULES' order
+    (the order of figures/README.md)."""
+    import importlib
+    for name in MODULES:
+        importlib.import_module(f"ddbench.experiments.{name}")
     return EXPERIMENTS
+
+
+# the experiment modules, in the order their figures are listed
+MODULES = ("accuracy_figures", "sensitivity_figure", "sim_figures", "latency_figures", "budget_figure",
+           "cache_figure", "fp8_figure", "measured_figures", "memory_figures", "rates_figure", "validation_figure")
 
 
 def select(ids: str | None) -> list[Experiment]:
