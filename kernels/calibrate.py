@@ -20,6 +20,8 @@ Sections:
                 + fused top-k), Llama-3-8B heads only
   interference  an urgent 2 MiB transfer while a 256 MiB background transfer is in flight, by
                 method and stream priority, and a decode GEMM beside the background
+
+The link and interference sections, the UVA chunk copy and the timing helpers: kernels/calibrate_link.py.
 """
 
 from __future__ import annotations
@@ -33,72 +35,16 @@ import time
 
 import torch
 
-from ddbench.core.provenance import command_output
 import triton
-import triton.language as tl
+
+from ddbench.core.provenance import command_output
 
 from ddbench.core.calibration import SECTIONS, BundleWriter, bundle_dir
 from ddbench.core.catalog import MODELS
 from ddbench.core.catalog.gpus import catalog_gpu_name
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-
-MiB = 1 << 20
-
-
-# ----------------------------------------------------------------------------- kernels
-
-@triton.jit
-def _uva_copy_chunks(src, src_ids, dst, dst_ids, n, W: tl.constexpr, BLOCK: tl.constexpr):
-    """Persistent chunk copy: program p moves chunks p, p+G, ...; chunk c goes from
-    src[src_ids[c]] to dst[dst_ids[c]] (W elements each). Either side may be a pinned host
-    tensor, read or written through its UVA pointer."""
-    p = tl.program_id(0)
-    g = tl.num_programs(0)
-    for c in range(p, n, g):
-        i = tl.load(src_ids + c).to(tl.int64)
-        j = tl.load(dst_ids + c).to(tl.int64)
-        for off in tl.static_range(0, W, BLOCK):
-            o = off + tl.arange(0, BLOCK)
-            tl.store(dst + j * W + o, tl.load(src + i * W + o))
-
-
-def uva_copy(src: torch.Tensor, src_ids: torch.Tensor, dst: torch.Tensor, dst_ids: torch.Tensor,
-             blocks: int = 32) -> None:
-    """dst[dst_ids[c]] = src[src_ids[c]] for rows of 2-D tensors (one chunk per row)."""
-    n, w = src_ids.numel(), src.shape[1]
-    _uva_copy_chunks[(min(blocks, n),)](src, src_ids, dst, dst_ids, n, W=w, BLOCK=min(w, 2048), num_warps=4)
-
-
-# ----------------------------------------------------------------------------- timing
-
-def _sync():
-    torch.cuda.synchronize()
-
-
-def time_ms(fn, target_ms: float = 25.0, max_iters: int = 50, min_iters: int = 3) -> float:
-    """Median CUDA-event time of fn() in ms (kernels/timing.event_times): a warm-up call and one
-    timed call size the repeats to fill target_ms."""
-    from kernels.timing import event_times
-    first = max(event_times(fn, 1, warmup=1)[0], 1e-3)
-    iters = int(max(min_iters, min(max_iters, target_ms / first)))
-    ts = sorted(event_times(fn, iters, warmup=0))
-    return ts[len(ts) // 2]
-
-
-def host_time_ms(fn, iters: int = 5) -> float:
-    """Median wall time in ms of fn() followed by a device synchronisation (CPU-side work)."""
-    fn()
-    _sync()
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        _sync()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
-
+from kernels.calibrate_link import MiB, LinkSections, rand_bf16, time_ms, uva_copy  # noqa: F401 (uva_copy: its old home)
 
 # SpeCache's scoring row (triton_quant_scan): the engine's head configuration (Llama-3-8B) and quant group
 QUANT_SCAN_HEADS = (32, 8, 128)
@@ -110,18 +56,7 @@ def quant_scan_bytes(b, hk, ctx, d, group=QUANT_SCAN_GROUP) -> int:
     return b * hk * (ctx // 4) * d + 2 * b * hk * (ctx // group) * d * 2
 
 
-def _rand_bf16(*shape, device="cuda", pin=False):
-    """Random bf16 data (never zeros): normal on the GPU, random finite bit patterns on the host."""
-    if device == "cuda":
-        return torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
-    t = torch.empty(*shape, dtype=torch.bfloat16, pin_memory=pin)
-    t.view(torch.int16).random_(-16000, 16000)
-    return t
-
-
 # ----------------------------------------------------------------------------- provenance
-
-
 
 def provenance(gpu: str, command: str) -> dict:
     props = torch.cuda.get_device_properties(0)
@@ -154,7 +89,7 @@ def provenance(gpu: str, command: str) -> dict:
 
 # ----------------------------------------------------------------------------- sections
 
-class Calibrator:
+class Calibrator(LinkSections):
     def __init__(self, writer: BundleWriter, deadline: float, log=print):
         self.w = writer
         self.deadline = deadline
@@ -196,139 +131,20 @@ class Calibrator:
     def ceilings(self):
         def hbm():
             n = 1 << 30
-            a = _rand_bf16(n // 2)
+            a = rand_bf16(n // 2)
             b = torch.empty_like(a)
             ms = time_ms(lambda: b.copy_(a))
             return {"value": 2 * n / ms / 1e6, "unit": "GB/s (read + write)"}
         self.point("ceilings", {"name": "hbm_d2d_copy_gbps"}, hbm)
 
         def gemm():
-            a, b = _rand_bf16(8192, 8192), _rand_bf16(8192, 8192)
+            a, b = rand_bf16(8192, 8192), rand_bf16(8192, 8192)
             ms = time_ms(lambda: a @ b)
             return {"value": 2 * 8192 ** 3 / ms / 1e9, "unit": "TFLOP/s (bf16 8192^3, random data)"}
         self.point("ceilings", {"name": "bf16_gemm_tflops"}, gemm)
         torch.cuda.empty_cache()
         self.finish("ceilings")
 
-    # -- link
-    def link(self):
-        big = 256 * MiB
-        h = torch.empty(big, dtype=torch.uint8, pin_memory=True)
-        h.random_(0, 255)
-        d = torch.empty(big, dtype=torch.uint8, device="cuda")
-        d.random_(0, 255)
-        h2 = torch.empty(big, dtype=torch.uint8, pin_memory=True)
-        d2 = torch.empty(big, dtype=torch.uint8, device="cuda")
-        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-
-        def row(nbytes, ms, total=None):
-            return {"latency_ms": ms, "gbps": (total or nbytes) / ms / 1e6}
-
-        for size in [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]:
-            for direction in ["h2d", "d2h"]:
-                key = {"method": "copy_engine", "direction": direction, "transfer_bytes": size,
-                       "chunk_bytes": size, "blocks": 0}
-                if direction == "h2d":
-                    self.point("link", key, lambda: row(size, time_ms(
-                        lambda: d[:size].copy_(h[:size], non_blocking=True))))
-                else:
-                    self.point("link", key, lambda: row(size, time_ms(
-                        lambda: h[:size].copy_(d[:size], non_blocking=True))))
-        for size in [1 << 20, 16 << 20, 256 << 20]:
-            def bidir():
-                cur = torch.cuda.current_stream()
-                s1.wait_stream(cur)
-                s2.wait_stream(cur)
-                with torch.cuda.stream(s1):
-                    d[:size].copy_(h[:size], non_blocking=True)
-                with torch.cuda.stream(s2):
-                    h2[:size].copy_(d2[:size], non_blocking=True)
-                cur.wait_stream(s1)
-                cur.wait_stream(s2)
-            self.point("link", {"method": "copy_engine", "direction": "bidir", "transfer_bytes": size,
-                                "chunk_bytes": size, "blocks": 0},
-                       lambda: row(size, time_ms(bidir), total=2 * size))
-        del d2, h2
-
-        # pool of chunks in pinned host memory, as kernels/layout.py lays out K|V per (head, chunk)
-        pool_bytes = 1 << 30
-        hp = h  # reuse the 256 MiB pinned buffer as the device-side source for D2H
-        pool = torch.empty(pool_bytes, dtype=torch.uint8, pin_memory=True)
-        pool.random_(0, 255)
-        g = torch.Generator().manual_seed(0)
-        for chunk in [2048, 4096, 16384, 65536]:
-            for total in ([8 * MiB, 64 * MiB] if chunk == 4096 else [64 * MiB]):
-                n = total // chunk
-                w = chunk // 2
-                src = pool.view(torch.bfloat16).view(-1, w)
-                ids = torch.randperm(src.shape[0], generator=g)[:n].sort().values
-                ids_d = ids.cuda()
-                seq = torch.arange(n, device="cuda")
-                dst = torch.empty(n, w, dtype=torch.bfloat16, device="cuda")
-                for blocks in ([32, 132] if total == 64 * MiB and chunk in (2048, 4096) else [32]):
-                    key = {"method": "uva_gather", "direction": "h2d", "transfer_bytes": total,
-                           "chunk_bytes": chunk, "blocks": blocks}
-                    self.point("link", key, lambda: row(total, time_ms(
-                        lambda: uva_copy(src, ids_d, dst, seq, blocks))))
-                if total == 64 * MiB:
-                    # D2H: the kernel writes chunks into the pinned pool through its UVA pointer
-                    key = {"method": "uva_gather", "direction": "d2h", "transfer_bytes": total,
-                           "chunk_bytes": chunk, "blocks": 32}
-                    self.point("link", key, lambda: row(total, time_ms(
-                        lambda: uva_copy(dst, seq, src, ids_d, 32))))
-                    if chunk == 4096:
-                        dst2 = torch.empty_like(dst)
-                        ids2 = torch.randperm(src.shape[0], generator=g)[:n].sort().values.cuda()
-
-                        def uva_bidir():
-                            cur = torch.cuda.current_stream()
-                            s1.wait_stream(cur)
-                            s2.wait_stream(cur)
-                            with torch.cuda.stream(s1):
-                                uva_copy(src, ids_d, dst, seq, 32)
-                            with torch.cuda.stream(s2):
-                                uva_copy(dst2, seq, src, ids2, 32)
-                            cur.wait_stream(s1)
-                            cur.wait_stream(s2)
-                        key = {"method": "uva_gather", "direction": "bidir", "transfer_bytes": total,
-                               "chunk_bytes": chunk, "blocks": 32}
-                        self.point("link", key, lambda: row(total, time_ms(uva_bidir), total=2 * total))
-                        del dst2
-                    # CPU gather: index_select into pinned staging, then one copy (and its D2H twin)
-                    stage = torch.empty(n, w, dtype=torch.bfloat16, pin_memory=True)
-
-                    def cpu_h2d():
-                        torch.index_select(src, 0, ids, out=stage)
-                        dst.copy_(stage, non_blocking=True)
-
-                    def cpu_d2h():
-                        stage.copy_(dst, non_blocking=True)
-                        torch.cuda.current_stream().synchronize()
-                        src.index_copy_(0, ids, stage)
-                    for direction, fn in [("h2d", cpu_h2d), ("d2h", cpu_d2h)]:
-                        if direction == "d2h" and chunk != 4096:
-                            continue
-                        key = {"method": "cpu_gather", "direction": direction, "transfer_bytes": total,
-                               "chunk_bytes": chunk, "blocks": 0}
-                        self.point("link", key, lambda: row(total, host_time_ms(fn)))
-                    if chunk in (4096, 65536):
-                        m = min(n, 2048)
-                        il = ids[:m].tolist()
-
-                        def per_chunk():
-                            for j, i in enumerate(il):
-                                dst[j].copy_(src[i], non_blocking=True)
-                        key = {"method": "memcpy_per_chunk", "direction": "h2d", "transfer_bytes": m * chunk,
-                               "chunk_bytes": chunk, "blocks": 0}
-                        self.point("link", key, lambda: row(m * chunk, time_ms(per_chunk, target_ms=20, min_iters=2)))
-                    del stage
-                del dst
-        del pool, hp, h, d
-        torch.cuda.empty_cache()
-        self.finish("link", "cpu_gather bidir not measured (needs two host threads);"
-                            " uva_gather bidir = one gather H2D and one scatter D2H on two streams")
-
-    # -- linear layers
     def linear(self, m_sweep=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192)):
         seen = set()
         for model in MODELS.values():
@@ -346,10 +162,10 @@ class Calibrator:
                     continue
                 if self.out_of_time():
                     break
-                wt = _rand_bf16(n, k)
+                wt = rand_bf16(n, k)
                 for m in m_sweep:
                     def meas():
-                        x = _rand_bf16(m, k)
+                        x = rand_bf16(m, k)
                         ms = time_ms(lambda: torch.nn.functional.linear(x, wt))
                         return {"latency_ms": ms, "tflops": 2 * m * k * n / ms / 1e9}
                     self.point("linear", {"model": model.name, "layer": layer, "k": k, "n": n, "m_tokens": m}, meas)
@@ -368,75 +184,16 @@ class Calibrator:
             self.errors.append("kernels: skipped, the HBM ceiling they are compared with was not measured")
             return
         hbm *= 1e9
-        sdpa = torch.nn.functional.scaled_dot_product_attention
         configs = {}
         for m in MODELS.values():
             configs.setdefault((m.num_heads, m.num_kv_heads, m.head_dim), m)
-        for (hq, hk, d), model in configs.items():
-            # sparse decode attention over the gathered budget (+ local + generated tokens)
-            for kvt in [1024, 2048, 4096]:
-                for b in [1, 8, 32, 64, 128]:
-                    for qt in [1, 2]:
-                        def meas():
-                            k = _rand_bf16(b, hk, kvt, d)
-                            v = _rand_bf16(b, hk, kvt, d)
-                            q = _rand_bf16(b, hq, qt, d)
-                            ms = time_ms(lambda: sdpa(q, k, v, enable_gqa=True))
-                            return {"latency_ms": ms, "hbm_floor_ms": 2 * k.numel() * 2 / hbm * 1e3}
-                        self.point("kernels", {"kernel": "sdpa_decode", "batch": b, "q_tokens": qt, "kv_tokens": kvt,
-                                               "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": 0}, meas)
+        for hq, hk, d in configs:
+            self._sparse_decode(hq, hk, d, hbm)
             torch.cuda.empty_cache()
-            # landmark selection: scores of the query rows against S/C landmarks, max over the group, top-k
-            for ctx in [32768, 131072]:
-                for b in [1, 8, 32]:
-                    for qt in [1, 2]:
-                        def meas():
-                            nch = ctx // 8
-                            lm = _rand_bf16(b, hk, nch, d)
-                            q = _rand_bf16(b, hk, (hq // hk) * qt, d)
-
-                            def select():
-                                s = torch.matmul(q, lm.transpose(-1, -2)).float().softmax(-1)
-                                s = s.view(b, hk, hq // hk, qt, nch).amax(2)
-                                return torch.topk(s, 2048 // 8, dim=-1).indices
-                            ms = time_ms(select)
-                            return {"latency_ms": ms, "hbm_floor_ms": lm.numel() * 2 / hbm * 1e3}
-                        self.point("kernels", {"kernel": "select_landmarks", "batch": b, "q_tokens": qt,
-                                               "kv_tokens": ctx, "num_heads": hq, "num_kv_heads": hk,
-                                               "head_dim": d, "param": 8}, meas)
+            self._select_landmarks(hq, hk, d, hbm)
             torch.cuda.empty_cache()
-            # low-rank key rebuild: K_sel = U[rows] @ SV (rank 160), budget 2048 rows
-            for b in [1, 8, 32]:
-                def meas():
-                    ctx, r = 32768, 160
-                    u = _rand_bf16(b, ctx, r)
-                    sv = _rand_bf16(r, hk * d)
-                    rows = torch.randint(0, ctx, (b, 2048), device="cuda")
-                    ms = time_ms(lambda: torch.matmul(torch.gather(u, 1, rows[..., None].expand(-1, -1, r)), sv))
-                    floor = (b * 2048 * r + r * hk * d + b * 2048 * hk * d) * 2 / hbm * 1e3
-                    return {"latency_ms": ms, "hbm_floor_ms": floor}
-                self.point("kernels", {"kernel": "lowrank_rebuild", "batch": b, "q_tokens": 1, "kv_tokens": 2048,
-                                       "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": 160}, meas)
-            # full-context decode attention (full-kv) and a chunked-prefill pass against its prefix
-            for kvt, b in [(16384, 1), (65536, 1), (131072, 1), (131072, 4)]:
-                def meas():
-                    k = _rand_bf16(b, hk, kvt, d)
-                    v = _rand_bf16(b, hk, kvt, d)
-                    q = _rand_bf16(b, hq, 1, d)
-                    ms = time_ms(lambda: sdpa(q, k, v, enable_gqa=True))
-                    return {"latency_ms": ms, "hbm_floor_ms": 2 * k.numel() * 2 / hbm * 1e3}
-                self.point("kernels", {"kernel": "sdpa_decode", "batch": b, "q_tokens": 1, "kv_tokens": kvt,
-                                       "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": 0}, meas)
-            for kvt in [8192, 65536]:
-                def meas():
-                    qt = 8192
-                    k = _rand_bf16(1, hk, kvt, d)
-                    v = _rand_bf16(1, hk, kvt, d)
-                    q = _rand_bf16(1, hq, qt, d)
-                    ms = time_ms(lambda: sdpa(q, k, v, enable_gqa=True), target_ms=50)
-                    return {"latency_ms": ms, "hbm_floor_ms": 2 * k.numel() * 2 / hbm * 1e3}
-                self.point("kernels", {"kernel": "sdpa_prefill", "batch": 1, "q_tokens": 8192, "kv_tokens": kvt,
-                                       "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": 0}, meas)
+            self._lowrank_rebuild(hq, hk, d, hbm)
+            self._full_decode_and_prefill(hq, hk, d, hbm)
             torch.cuda.empty_cache()
             self.log(f"  kernels: heads {hq}/{hk}x{d} done ({len(self.w.rows['kernels'])} rows)")
         self.triton_kernels(configs, hbm)
@@ -451,6 +208,67 @@ class Calibrator:
                                " over the 2-bit codes + the fused top-256 of 8-token chunks), random codes,"
                                " param = quant group 64, Llama-3-8B heads; its floor = codes + scales + zeros"
                                " read at the HBM copy rate")
+
+    def _sdpa(self, kernel, b, qt, kvt, hq, hk, d, hbm, target_ms=25.0):
+        """torch SDPA of qt query tokens against kvt cached tokens; its floor: K and V read once."""
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def meas():
+            k = rand_bf16(b, hk, kvt, d)
+            v = rand_bf16(b, hk, kvt, d)
+            q = rand_bf16(b, hq, qt, d)
+            ms = time_ms(lambda: sdpa(q, k, v, enable_gqa=True), target_ms=target_ms)
+            return {"latency_ms": ms, "hbm_floor_ms": 2 * k.numel() * 2 / hbm * 1e3}
+        self.point("kernels", {"kernel": kernel, "batch": b, "q_tokens": qt, "kv_tokens": kvt,
+                               "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": 0}, meas)
+
+    def _sparse_decode(self, hq, hk, d, hbm):
+        """Sparse decode attention over the gathered budget (+ local + generated tokens), 1 and 2 queries."""
+        for kvt in [1024, 2048, 4096]:
+            for b in [1, 8, 32, 64, 128]:
+                for qt in [1, 2]:
+                    self._sdpa("sdpa_decode", b, qt, kvt, hq, hk, d, hbm)
+
+    def _select_landmarks(self, hq, hk, d, hbm):
+        """Landmark selection: scores of the query rows against S/C landmarks, max over the group, top-k."""
+        for ctx in [32768, 131072]:
+            for b in [1, 8, 32]:
+                for qt in [1, 2]:
+                    def meas():
+                        nch = ctx // 8
+                        lm = rand_bf16(b, hk, nch, d)
+                        q = rand_bf16(b, hk, (hq // hk) * qt, d)
+
+                        def select():
+                            s = torch.matmul(q, lm.transpose(-1, -2)).float().softmax(-1)
+                            s = s.view(b, hk, hq // hk, qt, nch).amax(2)
+                            return torch.topk(s, 2048 // 8, dim=-1).indices
+                        ms = time_ms(select)
+                        return {"latency_ms": ms, "hbm_floor_ms": lm.numel() * 2 / hbm * 1e3}
+                    self.point("kernels", {"kernel": "select_landmarks", "batch": b, "q_tokens": qt,
+                                           "kv_tokens": ctx, "num_heads": hq, "num_kv_heads": hk,
+                                           "head_dim": d, "param": 8}, meas)
+
+    def _lowrank_rebuild(self, hq, hk, d, hbm):
+        """Low-rank key rebuild: K_sel = U[rows] @ SV (rank 160), budget 2048 rows."""
+        for b in [1, 8, 32]:
+            def meas():
+                ctx, r = 32768, 160
+                u = rand_bf16(b, ctx, r)
+                sv = rand_bf16(r, hk * d)
+                rows = torch.randint(0, ctx, (b, 2048), device="cuda")
+                ms = time_ms(lambda: torch.matmul(torch.gather(u, 1, rows[..., None].expand(-1, -1, r)), sv))
+                floor = (b * 2048 * r + r * hk * d + b * 2048 * hk * d) * 2 / hbm * 1e3
+                return {"latency_ms": ms, "hbm_floor_ms": floor}
+            self.point("kernels", {"kernel": "lowrank_rebuild", "batch": b, "q_tokens": 1, "kv_tokens": 2048,
+                                   "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": 160}, meas)
+
+    def _full_decode_and_prefill(self, hq, hk, d, hbm):
+        """Full-context decode attention (full-kv) and a chunked-prefill pass of 8192 tokens against its prefix."""
+        for kvt, b in [(16384, 1), (65536, 1), (131072, 1), (131072, 4)]:
+            self._sdpa("sdpa_decode", b, 1, kvt, hq, hk, d, hbm)
+        for kvt in [8192, 65536]:
+            self._sdpa("sdpa_prefill", 1, 8192, kvt, hq, hk, d, hbm, target_ms=50)
 
     def triton_kernels(self, configs: dict, hbm: float) -> None:
         """The Triton kernels of kernels/ that the landmark designs run: dual/single-token sparse
@@ -473,8 +291,8 @@ class Calibrator:
                     for qt in [1, 2]:
                         def meas():
                             kv_bytes = 2 * b * hk * (kvt + qt) * d * 2
-                            sets = [(_rand_bf16(b, qt, hq, d), _rand_bf16(b, hk, kvt + qt, d),
-                                     _rand_bf16(b, hk, kvt + qt, d)) for _ in range(n_sets(kv_bytes))]
+                            sets = [(rand_bf16(b, qt, hq, d), rand_bf16(b, hk, kvt + qt, d),
+                                     rand_bf16(b, hk, kvt + qt, d)) for _ in range(n_sets(kv_bytes))]
                             lengths = torch.full((b,), kvt, device="cuda", dtype=torch.int32)
                             ms = time_cuda([lambda s=s: dual_sparse_attention(s[0], s[1], s[2], lengths)
                                             for s in sets], inner=3, reps=10)
@@ -489,7 +307,7 @@ class Calibrator:
                         def meas():
                             nch = ctx // 8
                             lm_bytes = b * hk * nch * d * 2
-                            sets = [(_rand_bf16(b, qt, hq, d), _rand_bf16(b, hk, nch, d))
+                            sets = [(rand_bf16(b, qt, hq, d), rand_bf16(b, hk, nch, d))
                                     for _ in range(n_sets(lm_bytes))]
                             ms = time_cuda([lambda s=s: select_chunks(s[0], s[1], 2048 // 8) for s in sets],
                                            inner=3, reps=10)
@@ -501,8 +319,8 @@ class Calibrator:
             for b in [1, 8, 32]:
                 def meas():
                     ctx, r, n, c = 32768, 160, 2048 // 8, 8
-                    u = _rand_bf16(b, ctx, r) / r ** 0.5
-                    sv = _rand_bf16(b, hk, r, d)
+                    u = rand_bf16(b, ctx, r) / r ** 0.5
+                    sv = rand_bf16(b, hk, r, d)
                     idx = torch.rand(b, hk, ctx // c, device="cuda").argsort(-1)[..., :n].sort(-1).values.int()
                     k_out = torch.empty(b, hk, n * c, d, device="cuda", dtype=torch.bfloat16)
                     ms = time_cuda(lambda: rebuild_keys(u, sv, idx, k_out, chunk=c), inner=3, reps=10)
@@ -527,86 +345,13 @@ class Calibrator:
         for ctx, b, qt in self.QUANT_SCAN_POINTS:
             def meas():
                 nbytes = quant_scan_bytes(b, hk, ctx, d, g)
-                sets = [(_rand_bf16(b, qt, hq, d), random_quant_keys(b, hk, ctx, d, g))
+                sets = [(rand_bf16(b, qt, hq, d), random_quant_keys(b, hk, ctx, d, g))
                         for _ in range(n_sets(nbytes))]
                 ms = time_cuda([lambda s=s: select(s[0], s[1], 8, 2048 // 8) for s in sets], inner=3, reps=10)
                 return {"latency_ms": ms, "hbm_floor_ms": nbytes / hbm * 1e3}
             self.point("kernels", {"kernel": "triton_quant_scan", "batch": b, "q_tokens": qt, "kv_tokens": ctx,
                                    "num_heads": hq, "num_kv_heads": hk, "head_dim": d, "param": g}, meas)
         torch.cuda.empty_cache()
-
-    # -- interference
-    def interference(self):
-        w = 2048  # 4 KiB chunks of bf16
-        pool_rows = 1 << 18  # 1 GiB pinned
-        pool = torch.empty(pool_rows, w, dtype=torch.bfloat16, pin_memory=True)
-        pool.view(torch.int16).random_(-1000, 1000)
-        bg_n, urg_n = 65536, 512  # 256 MiB background, 2 MiB urgent
-        g = torch.Generator().manual_seed(1)
-        bg_ids = torch.randint(0, pool_rows, (bg_n,), generator=g).cuda()
-        urg_ids = torch.randint(0, pool_rows, (urg_n,), generator=g).cuda()
-        bg_seq = torch.arange(bg_n, device="cuda")
-        urg_seq = torch.arange(urg_n, device="cuda")
-        bg_dst = torch.empty(bg_n, w, dtype=torch.bfloat16, device="cuda")
-        urg_dst = torch.empty(urg_n, w, dtype=torch.bfloat16, device="cuda")
-        bg_src = pool[:bg_n]
-        urg_src = pool[bg_n:bg_n + urg_n]
-        lo, hi, comp = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=-3), torch.cuda.Stream(priority=-1)
-        xa, wb = _rand_bf16(128, 4096), _rand_bf16(28672, 4096)  # Llama-3-8B gate_up at 128 tokens
-
-        def background(kind, blocks):
-            if kind == "copy_engine":
-                bg_dst.copy_(bg_src, non_blocking=True)
-            else:
-                uva_copy(pool, bg_ids, bg_dst, bg_seq, blocks)
-
-        def urgent(kind):
-            if kind == "copy_engine":
-                urg_dst.copy_(urg_src, non_blocking=True)
-            else:
-                uva_copy(pool, urg_ids, urg_dst, urg_seq, 132)
-
-        alone = {k: time_ms(lambda: urgent(k)) for k in ["copy_engine", "uva_gather"]}
-        gemm_alone = time_ms(lambda: torch.nn.functional.linear(xa, wb))
-        for bg, blocks in [("copy_engine", 0), ("uva_gather", 32), ("uva_gather", 132)]:
-            for ug in ["copy_engine", "uva_gather"]:
-                for sname in ["low", "high"]:
-                    def meas():
-                        us = hi if sname == "high" else torch.cuda.Stream(priority=0)
-                        lat, gem = [], []
-                        for rep in range(6):
-                            _sync()
-                            with torch.cuda.stream(lo):
-                                background(bg, blocks)
-                            t0 = time.perf_counter()
-                            while time.perf_counter() - t0 < 0.001:
-                                pass
-                            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                            with torch.cuda.stream(us):
-                                s.record(us)
-                                urgent(ug)
-                                e.record(us)
-                            s2, e2 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                            with torch.cuda.stream(comp):
-                                s2.record(comp)
-                                torch.nn.functional.linear(xa, wb)
-                                e2.record(comp)
-                            _sync()
-                            if rep:
-                                lat.append(s.elapsed_time(e))
-                                gem.append(s2.elapsed_time(e2))
-                        lat.sort()
-                        gem.sort()
-                        u, gm = lat[len(lat) // 2], gem[len(gem) // 2]
-                        return {"urgent_alone_ms": alone[ug], "urgent_ms": u, "urgent_slowdown": u / alone[ug],
-                                "gemm_alone_ms": gemm_alone, "gemm_ms": gm, "gemm_slowdown": gm / gemm_alone}
-                    self.point("interference", {"background": bg, "background_blocks": blocks, "urgent": ug,
-                                                "urgent_stream": sname}, meas)
-        del pool
-        torch.cuda.empty_cache()
-        self.finish("interference", "urgent 2 MiB (512 x 4 KiB chunks) issued 1 ms after a 256 MiB background"
-                                    " transfer; latency from its enqueue to its end; GEMM = Llama-3-8B gate_up at"
-                                    " 128 tokens on a third stream")
 
     def engine(self):
         """The engine section comes from this GPU's engine sweep (`ddbench bench engine`, its compute-only
