@@ -132,26 +132,49 @@ def _warm_worker(points):
 
 
 def topk_main(argv):
-    import multiprocessing as mp
-    from kernels.engine import fastselect
-    from devtools.devcheck_topk import _warm_worker     # by module name (spawned processes)
     from devtools._common import command
     from kernels.timing import provenance
     path = argv[0] if argv else os.path.join(os.environ.get("OUT", "."), "devcheck-topk.json")
     res = dict(schema=1, what="engine chunk-selection top-k: two-stage 'seg' against 'stream' / 'bits'",
                provenance=provenance(command("devcheck_topk", argv)),
-               reps=REPS, k=256, H=8, G=4, timing=[], checks=[])
+               reps=REPS, k=256, H=8, G=4, timing=[], checks=[], fails=0)
     log(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    # warm Triton's cache in parallel (one process per point)
     warm = os.environ.get("TOPK_WARM", "1")     # 0: the cache is warm already; only: warm it and stop
     if warm != "0":
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(min(12, len(TOPK_POINTS))) as pool:
-            pool.map(_warm_worker, [[p] for p in TOPK_POINTS], chunksize=1)
-        log("compiled (parallel warm-up done)")
+        _warm_in_parallel()
         if warm == "only":
             return 0
-    # HBM rate measured here (reported; the floors use HBM = 4.25 TB/s, the H200 copy rate of the README)
+    _rates_here(res)
+
+    def dump():
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+    for N, B, nq in TOPK_POINTS:
+        if time.time() - T0 > float(os.environ.get("TOPK_GUARD_S", "200")):
+            log("time guard: stopping the timing here")
+            break
+        _topk_point(res, N, B, nq)
+        dump()
+        torch.cuda.empty_cache()
+    dump()
+    log(f"failures: {res['fails']}; wrote {path}")
+    return 1 if res["fails"] else 0
+
+
+def _warm_in_parallel():
+    """Triton's cache filled by one spawned process per point (compiles dominate a cold run)."""
+    import multiprocessing as mp
+    from devtools.devcheck_topk import _warm_worker     # by module name (spawned processes)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(min(12, len(TOPK_POINTS))) as pool:
+        pool.map(_warm_worker, [[p] for p in TOPK_POINTS], chunksize=1)
+    log("compiled (parallel warm-up done)")
+
+
+def _rates_here(res):
+    """The HBM rates measured here (reported; the floors use HBM = 4.25 TB/s, the H200 copy rate of the
+    README) and an empty kernel's time (the launch floor of this timing)."""
     x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     y = torch.empty_like(x)
     tc = device_time(lambda: y.copy_(x))
@@ -159,81 +182,80 @@ def topk_main(argv):
     res["hbm_copy_gbps_here"] = 2 * 4 * x.numel() / (tc[1] * 1e-6) / 1e9
     res["hbm_read_gbps_here"] = 4 * x.numel() / (tr[1] * 1e-6) / 1e9
     del x, y
-    hbm = HBM
     res["floor_hbm_gbps"] = HBM / 1e9
     z = torch.zeros(1, device="cuda")
     res["empty_kernel_us"] = device_time(lambda: _empty_kernel[(1,)](z))
     log(f"HBM here: copy (1 GiB fp32 read + write) {res['hbm_copy_gbps_here']:.0f} GB/s, read (sum) "
         f"{res['hbm_read_gbps_here']:.0f} GB/s; floors at {HBM / 1e9:.0f} GB/s; an empty kernel: "
         f"{res['empty_kernel_us'][1]:.1f} us (launch floor of this timing)")
-    fails = 0
 
-    def dump():
-        res["fails"] = fails
-        with open(path, "w") as f:
-            json.dump(res, f, indent=1)
 
-    H, k = 8, 256
-    for N, B, nq in TOPK_POINTS:
-        if time.time() - T0 > float(os.environ.get("TOPK_GUARD_S", "200")):
-            log("time guard: stopping the timing here")
-            break
-        q, lm, sc, pml, G = _topk_inputs(N, B, nq)
-        floor = B * H * nq * G * N * sc.element_size() / hbm * 1e6     # the stored scores, read once
-        line = dict(N=N, context=N * 8, B=B, nq=nq, floor_us=floor, n_split=pml.numel() // (2 * B * H * 16),
-                    seg_default=fastselect._seg_geometry(B, H, nq, N, k, None, sc.device)[0],
-                    cuts_default=fastselect.SEG_CUTS)
-        outs = {}
-        for name, kw in _topk_variants(N, B, nq):
-            out = torch.full((B, nq, H, k), -7, dtype=torch.int32, device="cuda")
-            try:
-                t = device_time(lambda: fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, **kw))
-            except Exception as e:  # noqa: BLE001
-                fails += 1
-                log(f"{name} failed: {e!r}"[:400])
-                continue
-            outs[name] = out
-            line[name] = t
+def _topk_point(res, N, B, nq, H=8, k=256):
+    """One point: every variant timed against the floor, then the checks and the pass-1 splits."""
+    from kernels.engine import fastselect
+    q, lm, sc, pml, G = _topk_inputs(N, B, nq)
+    floor = B * H * nq * G * N * sc.element_size() / HBM * 1e6     # the stored scores, read once
+    line = dict(N=N, context=N * 8, B=B, nq=nq, floor_us=floor, n_split=pml.numel() // (2 * B * H * 16),
+                seg_default=fastselect._seg_geometry(B, H, nq, N, k, None, sc.device)[0],
+                cuts_default=fastselect.SEG_CUTS)
+    outs = {}
+    for name, kw in _topk_variants(N, B, nq):
+        out = torch.full((B, nq, H, k), -7, dtype=torch.int32, device="cuda")
         try:
-            line["seg stage 1"] = device_time(_seg_stage1(sc, pml, B, H, nq, G, N, k))
-            same = {n: bool(torch.equal(o, outs["bits"])) for n, o in outs.items()}
-            p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)
-            want = p.topk(k, dim=-1).values.sort(-1).values
-            got = outs["seg"].transpose(1, 2).reshape(B * H, nq, k).long()
-            probs_ok = bool(torch.allclose(p.gather(-1, got).sort(-1).values, want, rtol=1e-5, atol=1e-12)) \
-                and bool((outs["seg"].diff(dim=-1) > 0).all())
-            fails += not (all(same.values()) and probs_ok)
-            res["checks"].append(dict(N=N, B=B, nq=nq, same_ids_as_bits=same, seg_topk_probs=probs_ok))
-            del p, want, got
-            # pass 1 with min split 256 (more programs at small batch), and the seg top-k on its output
-            s_old, s_new = _splits(N, B, H, 1024), _splits(N, B, H, 256)
-            line["pass1_splits"] = [s_old, s_new]
-            line["pass1 (min split 1024)"] = device_time(lambda: fastselect._landmark_pass1(q, lm, splits=s_old))
-            if s_new != s_old:
-                line["pass1 (min split 256)"] = device_time(lambda: fastselect._landmark_pass1(q, lm, splits=s_new))
-                sc2, pml2, _ = fastselect._landmark_pass1(q, lm, splits=s_new)
-                out = torch.empty(B, nq, H, k, dtype=torch.int32, device="cuda")
-                line["seg (pass1 min split 256)"] = device_time(
-                    lambda: fastselect.topk_from_scratch(sc2, pml2, B, H, nq, G, N, k, out=out, method="seg"))
-                line["seg ids equal across pass-1 splits"] = bool(torch.equal(out, outs["seg"]))
-                del sc2, pml2
+            t = device_time(lambda: fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, **kw))
         except Exception as e:  # noqa: BLE001
-            fails += 1
-            log(f"N={N} B={B} nq={nq}: {e!r}"[:400])
-        res["timing"].append(line)
-        msg = " | ".join(f"{n} {line[n][1]:.1f} ({line[n][1] / floor:.2f}x)" for n, _ in _topk_variants(N, B, nq)
-                         if n in line)
-        nan = [0, float("nan")]
-        log(f"N={N} B={B} nq={nq} floor {floor:.1f} us seg={line['seg_default']} | {msg} | stage1 "
-            f"{line.get('seg stage 1', nan)[1]:.1f} | checks {res['checks'][-1:]} | pass1 splits "
-            f"{line.get('pass1_splits')}: {line.get('pass1 (min split 1024)', nan)[1]:.1f} -> "
-            f"{line.get('pass1 (min split 256)', nan)[1]:.1f} us, seg after {line.get('seg (pass1 min split 256)', nan)[1]:.1f}")
-        dump()
-        del q, lm, sc, pml
-        torch.cuda.empty_cache()
-    dump()
-    log(f"failures: {fails}; wrote {path}")
-    return 1 if fails else 0
+            res["fails"] += 1
+            log(f"{name} failed: {e!r}"[:400])
+            continue
+        outs[name] = out
+        line[name] = t
+    try:
+        line["seg stage 1"] = device_time(_seg_stage1(sc, pml, B, H, nq, G, N, k))
+        res["fails"] += not _check_ids(res, outs, sc, pml, B, H, nq, G, N, k)
+        _pass1_splits(line, outs, q, lm, B, H, nq, G, N, k)
+    except Exception as e:  # noqa: BLE001
+        res["fails"] += 1
+        log(f"N={N} B={B} nq={nq}: {e!r}"[:400])
+    res["timing"].append(line)
+    _log_point(res, line, N, B, nq, floor)
+
+
+def _check_ids(res, outs, sc, pml, B, H, nq, G, N, k):
+    """Every variant's ids equal the bits kernel's; the seg top-k's probabilities are the twin's top-k."""
+    from kernels.engine import fastselect
+    same = {n: bool(torch.equal(o, outs["bits"])) for n, o in outs.items()}
+    p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)
+    want = p.topk(k, dim=-1).values.sort(-1).values
+    got = outs["seg"].transpose(1, 2).reshape(B * H, nq, k).long()
+    probs_ok = bool(torch.allclose(p.gather(-1, got).sort(-1).values, want, rtol=1e-5, atol=1e-12)) \
+        and bool((outs["seg"].diff(dim=-1) > 0).all())
+    res["checks"].append(dict(N=N, B=B, nq=nq, same_ids_as_bits=same, seg_topk_probs=probs_ok))
+    return all(same.values()) and probs_ok
+
+
+def _pass1_splits(line, outs, q, lm, B, H, nq, G, N, k):
+    """Pass 1 with min split 256 (more programs at small batch), and the seg top-k on its output."""
+    from kernels.engine import fastselect
+    s_old, s_new = _splits(N, B, H, 1024), _splits(N, B, H, 256)
+    line["pass1_splits"] = [s_old, s_new]
+    line["pass1 (min split 1024)"] = device_time(lambda: fastselect._landmark_pass1(q, lm, splits=s_old))
+    if s_new != s_old:
+        line["pass1 (min split 256)"] = device_time(lambda: fastselect._landmark_pass1(q, lm, splits=s_new))
+        sc2, pml2, _ = fastselect._landmark_pass1(q, lm, splits=s_new)
+        out = torch.empty(B, nq, H, k, dtype=torch.int32, device="cuda")
+        line["seg (pass1 min split 256)"] = device_time(
+            lambda: fastselect.topk_from_scratch(sc2, pml2, B, H, nq, G, N, k, out=out, method="seg"))
+        line["seg ids equal across pass-1 splits"] = bool(torch.equal(out, outs["seg"]))
+
+
+def _log_point(res, line, N, B, nq, floor):
+    msg = " | ".join(f"{n} {line[n][1]:.1f} ({line[n][1] / floor:.2f}x)" for n, _ in _topk_variants(N, B, nq)
+                     if n in line)
+    nan = [0, float("nan")]
+    log(f"N={N} B={B} nq={nq} floor {floor:.1f} us seg={line['seg_default']} | {msg} | stage1 "
+        f"{line.get('seg stage 1', nan)[1]:.1f} | checks {res['checks'][-1:]} | pass1 splits "
+        f"{line.get('pass1_splits')}: {line.get('pass1 (min split 1024)', nan)[1]:.1f} -> "
+        f"{line.get('pass1 (min split 256)', nan)[1]:.1f} us, seg after {line.get('seg (pass1 min split 256)', nan)[1]:.1f}")
 
 
 def main(argv=None) -> int:
