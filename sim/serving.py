@@ -71,18 +71,12 @@ class Request:
         return self.completion - self.arrival
 
 
-def parse_dist(spec: str, what: str):
-    """'128k' (fixed), 'uniform:64k:128k', or 'exp:MEAN' (exponential, at least 1) -> sampler(rng)
-    (the grammar: ddbench.core.distribution)."""
-    return Distribution.parse(spec, what).sample
-
-
 def draw_requests(n: int, rate: float, context: str, output: str, seed: int) -> list[Request]:
     if n < 1:
         raise DDBenchError(f"--requests must be at least 1, got {n}")
     if not (rate > 0 and math.isfinite(rate)):
         raise DDBenchError(f"--rate must be positive and finite (requests/s), got {rate}")
-    ctx, out = parse_dist(context, "context"), parse_dist(output, "output")
+    ctx, out = Distribution.parse(context, "context").sample, Distribution.parse(output, "output").sample
     rng = random.Random(seed)
     t, reqs = 0.0, []
     for i in range(n):

@@ -196,11 +196,12 @@ def test_one_length_grammar():
 
     from ddbench.core.distribution import Distribution
     from ddbench.core.errors import DDBenchError
-    from ddbench.planner.scenario import context_bounds
-    from sim.serving import parse_dist
-    assert context_bounds("uniform:64k:128k") == (65536, 131072) and context_bounds("exp:4k") == (None, None)
+    from ddbench.planner.scenario import Scenario
+    sc = Scenario(model="llama-3-8b", gpu="h200", context="uniform:64k:128k")
+    assert (sc.contexts.low, sc.contexts.high) == (65536, 131072)
+    assert (Distribution.parse("exp:4k").low, Distribution.parse("exp:4k").high) == (None, None)
     assert Distribution.parse("128k").high == 131072
-    assert parse_dist("uniform:1:3", "output")(random.Random(0)) in (1, 2, 3)
+    assert Distribution.parse("uniform:1:3", "output").sample(random.Random(0)) in (1, 2, 3)
     for bad in ("uniform:2k", "uniform:4k:2k", "exp:", "zero"):
         with pytest.raises(DDBenchError):
             Distribution.parse(bad)

@@ -130,11 +130,10 @@ def _run_searches(args, scenarios, slos, seeds, tol, max_runs) -> list:
     from ddbench.planner.executors import run_tasks
     if args.search is not None:
         from ddbench.planner import knobs as K
-        from ddbench.planner.scenario import min_context
         tasks = []
         layers = resolve(scenarios[0]).model.num_layers
         for sc in scenarios:
-            for s in K.settings(sc, args.search, min_context(sc.context), layers):
+            for s in K.settings(sc, args.search, sc.contexts.low, layers):
                 resolve(s).check().check_host()
                 tasks.append(s)
     else:

@@ -27,7 +27,7 @@ import math
 from dataclasses import replace
 from functools import lru_cache
 
-from ddbench.planner.scenario import Scenario, context_bounds, resolve
+from ddbench.planner.scenario import Scenario, resolve
 
 PREFILL_UTILISATION = 0.8   # the prefill GPUs' target load (sized so that their queue stays short)
 GRID = 17                   # contexts at which a distribution's prefill time is priced (linear in between)
@@ -47,7 +47,7 @@ def _prefill_exact(sc: Scenario, ctx: int) -> float:
 
 @lru_cache(maxsize=256)
 def _grid(sc: Scenario, hi: int) -> tuple:
-    lo = context_bounds(sc.context)[0] or 1
+    lo = sc.contexts.low or 1
     if hi <= lo:
         return ((hi, _prefill_exact(sc, hi)),)
     xs = sorted({round(lo + (hi - lo) * i / (GRID - 1)) for i in range(GRID)})
@@ -57,7 +57,7 @@ def _grid(sc: Scenario, hi: int) -> tuple:
 def prefill_s(sc: Scenario, ctx: int, hi: int | None = None) -> float:
     """GPU seconds of one request's prefill of `ctx` tokens on a prefill GPU (interpolated on a grid of GRID
     contexts up to `hi` for a distribution, exact for a fixed context)."""
-    lo_c, hi_c = context_bounds(sc.context)
+    lo_c, hi_c = sc.contexts.low, sc.contexts.high
     if lo_c is not None and lo_c == hi_c:
         return _prefill_exact(sc, int(ctx))
     pts = _grid(sc, int(hi or hi_c or ctx))

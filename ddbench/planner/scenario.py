@@ -84,6 +84,11 @@ class Scenario:
         """The design's name, with [buffers] where the buffer layout is not the design's own."""
         return design_of(self.design, self.buffers).name
 
+    @property
+    def contexts(self) -> Distribution:
+        """The contexts it draws (.low, .high: the shortest and longest; None for exp:MEAN)."""
+        return Distribution.parse(self.context, "context")
+
 
 def _knobs(values: dict) -> tuple:
     """Sorted (name, value) pairs, the defaults left out, so equal scenarios compare and hash equal."""
@@ -112,7 +117,7 @@ class Resolved:
     @property
     def max_context(self) -> int | None:
         """The longest context the scenario draws (None: exp:MEAN, any length)."""
-        return max_context(self.scenario.context)
+        return self.scenario.contexts.high
 
     def bounds(self, context: int | None = None):
         """core.memory.BatchBounds (GPU and host) at `context` (default: the longest the scenario draws)."""
@@ -231,22 +236,6 @@ def design_of(name: str, buffers: str = D.BUFFERS):
     return replace(design, name=f"{design.name}[{buffers}]", buffer_layers=layers)
 
 
-def context_bounds(spec: str) -> tuple[int | None, int | None]:
-    """(shortest, longest) context a distribution draws (ddbench.core.distribution); None for exp:MEAN."""
-    d = Distribution.parse(spec, "context")
-    return d.low, d.high
-
-
-def min_context(spec: str) -> int | None:
-    """The smallest context a distribution draws (None for exp:MEAN)."""
-    return context_bounds(spec)[0]
-
-
-def max_context(spec: str) -> int | None:
-    """The longest context a distribution draws (None for exp:MEAN)."""
-    return context_bounds(spec)[1]
-
-
 @lru_cache(maxsize=64)
 def _cost_model(model: str, gpu: str, link, calibration, roofline):
     from sim.factory import cost_model
@@ -287,7 +276,6 @@ def _link(sc: Scenario, gpu):
 
 
 def _check(sc: Scenario) -> None:
-    from sim.serving import parse_dist
     if sc.prefill not in PREFILLS:
         raise DDBenchError(f"prefill must be 'here' or 'elsewhere', got '{sc.prefill}'")
     if not 1 <= sc.requests <= D.MAX_REQUESTS:
@@ -296,13 +284,13 @@ def _check(sc: Scenario) -> None:
         raise DDBenchError(f"max batch must be at least 1, got {sc.max_batch}")
     if sc.calibration is not None and not str(sc.calibration).strip():
         raise DDBenchError("the calibration root is empty: name a folder, or leave it out for the data root's")
-    parse_dist(sc.context, "context")
-    parse_dist(sc.output, "output")
+    Distribution.parse(sc.context, "context")
+    Distribution.parse(sc.output, "output")
 
 
 def _workload(sc: Scenario, design, model, lowrank) -> Workload:
     """The scenario's Workload at the smallest context it draws, validated for `model`."""
-    lo = min_context(sc.context)
+    lo = sc.contexts.low
     knobs = dict(sc.knobs)
     if lowrank is not None:
         knobs["lowrank_layers"] = len(lowrank)

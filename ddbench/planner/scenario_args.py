@@ -18,6 +18,7 @@ from ddbench.core import defaults as D
 from ddbench.core import flags
 from ddbench.core.designs import design_names
 from ddbench.core.errors import DDBenchError
+from ddbench.core.distribution import Distribution
 from ddbench.core.units import parse_tokens
 from ddbench.core.workload import add_workload_args
 from ddbench.planner.scenario import KNOBS, Scenario
@@ -37,10 +38,9 @@ def _type_error(fn):
 
 
 def dist(what: str):
-    """128k, uniform:LO:HI or exp:MEAN (checked by sim.serving.parse_dist) -> the text."""
+    """128k, uniform:LO:HI or exp:MEAN (checked by ddbench.core.distribution) -> the text."""
     def parse(text: str) -> str:
-        from sim.serving import parse_dist
-        parse_dist(text, what)
+        Distribution.parse(text, what)
         return text
     return flags.checked(parse)
 

@@ -259,14 +259,14 @@ def scenario_of(p: dict):
 def check_points(spec: dict, path: str) -> None:
     """Resolve every distinct scenario (catalog names, knobs, distributions) before any run. Every bad value
     of a field is named, in one line; then the first point whose combination fails."""
-    from sim.serving import parse_dist
     from ddbench.planner.scenario import resolve
     from ddbench.core.catalog import get_gpu, get_host, get_link, get_model
     from ddbench.core.designs import get_design
+    from ddbench.core.distribution import Distribution
     from ddbench.core.units import parse_tokens
     g = spec["grid"]
     checks = {"model": get_model, "gpu": get_gpu, "link": get_link, "host": get_host, "system": get_design,
-              "output": lambda v: parse_dist(v, "output"),
+              "output": lambda v: Distribution.parse(v, "output"),
               "budget": lambda v: parse_tokens(v, "budget"), "cache_tokens": lambda v: parse_tokens(v, "cache_tokens")}
     bad = []
     for field in (f for f in GRID_FIELDS if f in checks):
