@@ -127,6 +127,54 @@ def specache_chunk_scores_ref(q: torch.Tensor, qk: QuantKeys, chunk: int) -> tor
 
 
 @triton.jit
+def _split_normalisers(pml, bh, n_split, r, BLOCK_M: tl.constexpr, SP: tl.constexpr):
+    """Pass 2: each query row's softmax max and 1 / sum of exp over every split's (max, sum) of pass 1."""
+    ss = tl.arange(0, SP)
+    pidx = (bh * n_split + ss)[:, None] * BLOCK_M + r[None, :]
+    pm = tl.load(pml + 2 * pidx, mask=(ss < n_split)[:, None], other=-1.0e30)
+    pl = tl.load(pml + 2 * pidx + 1, mask=(ss < n_split)[:, None], other=0.0)
+    m = tl.max(pm, 0)
+    return m, 1.0 / tl.sum(pl * tl.exp2(pm - m[None, :]), 0)
+
+
+@triton.jit
+def _byte_row_scales(scale, zero, zb, gi, g1, rok, s_sg, D: tl.constexpr, R4: tl.constexpr, GB: tl.constexpr,
+                     ROWLOAD: tl.constexpr):
+    """The scale and zero of each byte row's group, [GB * R4, D] fp32, for the GB groups from gi."""
+    dd = tl.arange(0, D)
+    if ROWLOAD:   # each byte row loads its group's scale and zero (L1 hits), no layout shuffle
+        rr = tl.arange(0, GB * R4)
+        gsrc = zb + (gi + rr // R4)[:, None] * s_sg + dd[None, :]
+        scb = tl.load(scale + gsrc, mask=rok[:, None], other=0.0).to(tl.float32)
+        zeb = tl.load(zero + gsrc, mask=rok[:, None], other=0.0).to(tl.float32)
+    else:
+        gg = tl.arange(0, GB)
+        gv = (gi + gg) < g1
+        sc = tl.load(scale + zb + (gi + gg)[:, None] * s_sg + dd[None, :], mask=gv[:, None], other=0.0)
+        ze = tl.load(zero + zb + (gi + gg)[:, None] * s_sg + dd[None, :], mask=gv[:, None], other=0.0)
+        scb = tl.reshape(tl.broadcast_to(sc[:, None, :], (GB, R4, D)), (GB * R4, D)).to(tl.float32)
+        zeb = tl.reshape(tl.broadcast_to(ze[:, None, :], (GB, R4, D)), (GB * R4, D)).to(tl.float32)
+    return scb, zeb
+
+
+@triton.jit
+def _store_row_chunk_maxima(scratch, bh, r, rv, cmr, gi, g1, T_out, BLOCK_M: tl.constexpr, R4: tl.constexpr,
+                            BR: tl.constexpr, CHUNK: tl.constexpr):
+    """Pass 1: per query row, the max raw score of each chunk of the iteration's byte rows (`cmr`
+    [BLOCK_M, BR], the max over the 4 token phases): the row's softmax is monotone, so the chunk's
+    max probability follows from it and the row's normaliser (pass 2)."""
+    PER1: tl.constexpr = CHUNK // 4
+    NC1: tl.constexpr = BR // PER1
+    crow = tl.max(tl.reshape(cmr, [BLOCK_M, NC1, PER1]), 2)
+    cc1 = tl.arange(0, NC1)
+    ch1 = gi * (R4 // PER1) + cc1
+    cok1 = (gi + cc1 // (R4 // PER1)) < g1
+    sb = scratch + bh.to(tl.int64) * BLOCK_M * T_out
+    tl.store(sb + r[:, None] * T_out + ch1[None, :], crow.to(scratch.dtype.element_ty),
+             mask=rv[:, None] & cok1[None, :])
+
+
+@triton.jit
 def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt, s_qh, s_cb, s_ch, s_ct,
                  s_sb, s_sh, s_sg, H, G, NQ, n_split, split_groups, scale_log2, T_out,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
@@ -134,24 +182,19 @@ def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt,
                  ROWLOAD: tl.constexpr = False):
     """GB groups (GB * GROUP tokens, GB * GROUP / 4 byte rows) per iteration: the codes' 4 token
     phases are dequantised in registers (zero + scale * code, the group's scale broadcast over its
-    rows) and each phase is one [rows, D] x [D, BLOCK_M] dot."""
+    rows) and each phase is one [rows, D] x [D, BLOCK_M] dot. Pass 1 (with CHUNK: the per-row chunk
+    maxima too); pass 2 per token only (the chunk form's pass 2 is kernels/select.py's _score_pass2)."""
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D).to(tl.float16)
     dd = tl.arange(0, D)
     R4: tl.constexpr = GROUP // 4
     BR: tl.constexpr = GB * R4
     rr = tl.arange(0, BR)
-    gg = tl.arange(0, GB)
     cb = codes + b.to(tl.int64) * s_cb + h.to(tl.int64) * s_ch
     zb = b.to(tl.int64) * s_sb + h.to(tl.int64) * s_sh
     base = (bh * n_split + sp) * BLOCK_M + r
     if PASS == 2:
-        ss = tl.arange(0, SP)
-        pidx = (bh * n_split + ss)[:, None] * BLOCK_M + r[None, :]
-        pm = tl.load(pml + 2 * pidx, mask=(ss < n_split)[:, None], other=-1.0e30)
-        pl = tl.load(pml + 2 * pidx + 1, mask=(ss < n_split)[:, None], other=0.0)
-        m = tl.max(pm, 0)
-        inv = 1.0 / tl.sum(pl * tl.exp2(pm - m[None, :]), 0)
+        m, inv = _split_normalisers(pml, bh, n_split, r, BLOCK_M, SP)
         ob = out + (b * NQ * H + h).to(tl.int64) * T_out
         sel0 = rv & (t == 0)
         sel1 = rv & (t == 1)
@@ -163,20 +206,8 @@ def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt,
     for gi in range(g0, g1, GB):
         row = gi * R4 + rr
         rok = (gi + rr // R4) < g1
-        if ROWLOAD:   # each byte row loads its group's scale and zero (L1 hits), no layout shuffle
-            gsrc = zb + (gi + rr // R4)[:, None] * s_sg + dd[None, :]
-            scb = tl.load(scale + gsrc, mask=rok[:, None], other=0.0).to(tl.float32)
-            zeb = tl.load(zero + gsrc, mask=rok[:, None], other=0.0).to(tl.float32)
-        else:
-            gv = (gi + gg) < g1
-            sc = tl.load(scale + zb + (gi + gg)[:, None] * s_sg + dd[None, :], mask=gv[:, None], other=0.0)
-            ze = tl.load(zero + zb + (gi + gg)[:, None] * s_sg + dd[None, :], mask=gv[:, None], other=0.0)
-            scb = tl.reshape(tl.broadcast_to(sc[:, None, :], (GB, R4, D)), (BR, D)).to(tl.float32)
-            zeb = tl.reshape(tl.broadcast_to(ze[:, None, :], (GB, R4, D)), (BR, D)).to(tl.float32)
+        scb, zeb = _byte_row_scales(scale, zero, zb, gi, g1, rok, s_sg, D, R4, GB, ROWLOAD)
         c = tl.load(cb + row[:, None].to(tl.int64) * s_ct + dd[None, :], mask=rok[:, None], other=0)
-        if PASS == 2:
-            cm0 = tl.zeros([BR], tl.float32)
-            cm1 = tl.zeros([BR], tl.float32)
         if PASS == 1:
             if CHUNK != 0:
                 cmr = tl.full([BLOCK_M, BR], float("-inf"), tl.float32)
@@ -194,39 +225,13 @@ def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt,
                 p = tl.exp2(s - m[:, None]) * inv[:, None]
                 b0 = tl.max(tl.where(sel0[:, None], p, 0.0), 0)
                 b1 = tl.max(tl.where(sel1[:, None], p, 0.0), 0)
-                if CHUNK == 0:
-                    tok = 4 * row + j
-                    tl.store(ob + tok, b0, mask=rok)
-                    if NQ == 2:
-                        tl.store(ob + H * T_out + tok, b1, mask=rok)
-                else:
-                    cm0 = tl.maximum(cm0, b0)
-                    cm1 = tl.maximum(cm1, b1)
+                tok = 4 * row + j
+                tl.store(ob + tok, b0, mask=rok)
+                if NQ == 2:
+                    tl.store(ob + H * T_out + tok, b1, mask=rok)
         if PASS == 1:
             if CHUNK != 0:
-                # per query row, the max raw score of each chunk: the row's softmax is monotone, so
-                # the chunk's max probability follows from it and the row's normaliser (pass 2)
-                PER1: tl.constexpr = CHUNK // 4
-                NC1: tl.constexpr = BR // PER1
-                crow = tl.max(tl.reshape(cmr, [BLOCK_M, NC1, PER1]), 2)
-                cc1 = tl.arange(0, NC1)
-                ch1 = gi * (R4 // PER1) + cc1
-                cok1 = (gi + cc1 // (R4 // PER1)) < g1
-                sb = scratch + bh.to(tl.int64) * BLOCK_M * T_out
-                tl.store(sb + r[:, None] * T_out + ch1[None, :], crow.to(scratch.dtype.element_ty),
-                         mask=rv[:, None] & cok1[None, :])
-        if PASS == 2:
-            if CHUNK != 0:
-                PER: tl.constexpr = CHUNK // 4
-                NC: tl.constexpr = BR // PER
-                c0 = tl.max(tl.reshape(cm0, [NC, PER]), 1)
-                c1 = tl.max(tl.reshape(cm1, [NC, PER]), 1)
-                cc = tl.arange(0, NC)
-                ch = gi * (R4 // PER) + cc
-                cok = (gi + cc // (R4 // PER)) < g1
-                tl.store(ob + ch, c0, mask=cok)
-                if NQ == 2:
-                    tl.store(ob + H * T_out + ch, c1, mask=cok)
+                _store_row_chunk_maxima(scratch, bh, r, rv, cmr, gi, g1, T_out, BLOCK_M, R4, BR, CHUNK)
     if PASS == 1:
         tl.store(pml + 2 * base, m)
         tl.store(pml + 2 * base + 1, l)
@@ -260,6 +265,19 @@ def _store_phase(ob, tok, s, mz, inv, sel0, sel1, ok, H, T_out, NQ):
 
 
 @triton.jit
+def _zero_dots(zero, zb, qv, zsb, g0, g1, r, s_sg, scale_log2, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """q . zero_g (log2 units) of the split's groups g0..g1 into `zsb` [groups, BLOCK_M], 16 groups per dot."""
+    dd = tl.arange(0, D)
+    qT = tl.trans(qv.to(tl.float16))                                       # [D, rows]
+    z16 = tl.arange(0, 16)
+    for z0 in range(g0, g1, 16):
+        zg = z0 + z16
+        zt = tl.load(zero + zb + zg[:, None] * s_sg + dd[None, :], mask=(zg < g1)[:, None], other=0.0)
+        zz = tl.dot(zt.to(tl.float16), qT) * scale_log2                    # [16 groups, rows]
+        tl.store(zsb + (zg - g0)[:, None] * BLOCK_M + r[None, :], zz, mask=(zg < g1)[:, None])
+
+
+@triton.jit
 def _codes_kernel(q, codes, scale, zero, zs, pml, out, scratch, n_groups, s_qb, s_qt, s_qh, s_cb, s_ch, s_ct,
                   s_sb, s_sh, s_sg, H, G, NQ, n_split, split_groups, scale_log2, T_out,
                   D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
@@ -286,22 +304,11 @@ def _codes_kernel(q, codes, scale, zero, zs, pml, out, scratch, n_groups, s_qb, 
     g0 = sp * split_groups
     g1 = tl.minimum(g0 + split_groups, n_groups)
     zsb = zs + (bh * n_split + sp).to(tl.int64) * split_groups * BLOCK_M
-    # q . zero_g (log2 units) of this split's groups, 16 groups per dot
-    qT = tl.trans(qv.to(tl.float16))                                       # [D, rows]
-    z16 = tl.arange(0, 16)
-    for z0 in range(g0, g1, 16):
-        zg = z0 + z16
-        zt = tl.load(zero + zb + zg[:, None] * s_sg + dd[None, :], mask=(zg < g1)[:, None], other=0.0)
-        zz = tl.dot(zt.to(tl.float16), qT) * scale_log2                    # [16 groups, rows]
-        tl.store(zsb + (zg - g0)[:, None] * BLOCK_M + r[None, :], zz, mask=(zg < g1)[:, None])
+    _zero_dots(zero, zb, qv, zsb, g0, g1, r, s_sg, scale_log2, D, BLOCK_M)
     tl.debug_barrier()
     if PASS == 2:
-        ss = tl.arange(0, SP)
-        pidx = (bh * n_split + ss)[:, None] * BLOCK_M + r[None, :]
-        pm = tl.load(pml + 2 * pidx, mask=(ss < n_split)[:, None], other=-1.0e30)
-        pl = tl.load(pml + 2 * pidx + 1, mask=(ss < n_split)[:, None], other=0.0)
-        mfin = tl.max(pm, 0)
-        inv = (1.0 / tl.sum(pl * tl.exp2(pm - mfin[None, :]), 0))[None, None, :]
+        mfin, inv = _split_normalisers(pml, bh, n_split, r, BLOCK_M, SP)
+        inv = inv[None, None, :]
         ob = out + (b * NQ * H + h).to(tl.int64) * T_out
         sel0 = (rv & (t == 0))[None, None, :]
         sel1 = (rv & (t == 1))[None, None, :]

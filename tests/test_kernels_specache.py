@@ -61,8 +61,22 @@ def test_specache_triton_cpu_groups_per_iter(gb, nw):
     _check_triton(1, 2, 8, 2, 448, 32, 8, "cpu", seed=40 + gb, splits=2, groups_per_iter=gb, num_warps=nw)
 
 
-def test_specache_triton_cpu_dequant():
-    _check_triton(2, 2, 8, 2, 384, 32, 8, "cpu", seed=31, impl="dequant")
+@pytest.mark.parametrize("nq,chunk", [(2, 8), (2, 0), (1, 0)])
+def test_specache_triton_cpu_dequant(nq, chunk):
+    """The dequant kernel: pass 1 with the chunk maxima, and (chunk 0) its own pass 2 per token."""
+    _check_triton(2, nq, 8, 2, 384, 32, chunk, "cpu", seed=31 + nq + chunk, impl="dequant")
+
+
+def test_specache_dequant_rowload_equals_group_load_cpu():
+    """The dequant kernel's two loads of the groups' scales and zeros (per byte row, or per group and
+    broadcast over its rows) give the same pass 1."""
+    from kernels.specache import spec_pass1
+    g = torch.Generator().manual_seed(70)
+    qk = quantize_keys_2bit(torch.randn(2, 2, 384, 32, generator=g))
+    q = torch.randn(2, 2, 8, 32, generator=g)
+    (s0, p0), (s1, p1) = (spec_pass1(q, qk, 8, splits=2, impl="dequant", rowload=x) for x in (False, True))
+    rows = 2 * 4                                   # nq x the group's 4 query heads; the rest is padding
+    assert torch.equal(s0.view(4, 16, -1)[:, :rows], s1.view(4, 16, -1)[:, :rows]) and torch.equal(p0, p1)
 
 
 def test_specache_triton_rejects_bad_chunk():
