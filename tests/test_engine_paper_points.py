@@ -1109,6 +1109,37 @@ def test_the_default_phases_go_on_after_a_point_raises(monkeypatch, tmp_path):
     assert {r["status"] for r in eng[2:]} <= {"ok", "ok-no-twin"} and summary["gpu_state"] == "ok"
 
 
+def test_resume_keeps_the_run_and_makes_the_crashed_point_its_row(monkeypatch, tmp_path):
+    """--resume: the points of rows.jsonl are not run again, the point current.json names (the one
+    running when the process died) is a `crashed` row and not retried, meta.json keeps its run_id; a
+    run without --resume (and --force) starts over."""
+    _fake_gpu_sweep(monkeypatch)
+    seen = []
+
+    def run_point(model, weights, flat, d, c, B, **kw):
+        seen.append((d, c, B, kw["transfers"]))
+        return dict(status="ok", step_ms=10.0, tok_s=100.0, prefetch_mib=1.0, urgent_mib=0.0, link_mib=1.0,
+                    link_gbps=1.0, peak_gib=1.0)
+    monkeypatch.setattr(points, "run_point", run_point)
+    out, args = tmp_path / "out", ["--phases", "validation", "--out", str(tmp_path / "out"), "--folder", "v"]
+    assert sweep.main(args) == 0
+    folder = out / "v"
+    run_id = json.loads((folder / "meta.json").read_text())["run_id"]
+    lines = (folder / "rows.jsonl").read_text().splitlines()
+    n = len(lines)
+    (folder / "rows.jsonl").write_text("\n".join(lines[:5]) + "\n")       # died while running the 6th point
+    (folder / "current.json").write_text(json.dumps(dict(key=json.loads(lines[5])["key"])))
+    seen.clear()
+    assert sweep.main(args + ["--resume"]) == 0
+    eng, _, meta = _read(folder)
+    assert meta["run_id"] == run_id and len(eng) == n and len(seen) == n - 6
+    assert [r["status"].startswith("ok") for r in eng[:6]] == [True] * 5 + [False] and eng[5]["status"] == "crashed"
+    assert not (folder / "current.json").exists()
+    seen.clear()
+    assert sweep.main(args + ["--force"]) == 0
+    assert len(seen) == n and json.loads((folder / "meta.json").read_text())["run_id"] != run_id
+
+
 def test_the_memory_model_predicts_the_measured_largest_batches():
     """traces/engine/h200-paper: at every measured point (3 models, 64K-256K, 80 GB cap) the memory
     model's largest batch (model_max_batch, priced on the capped GPU) is within one request, or 2 %,
