@@ -37,14 +37,13 @@ measurement in flight, and a rerun skips every row already present.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import os
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from ddbench.core.io import write_json, write_text
+from ddbench.core.io import rows_csv, write_json, write_text
 from ddbench.core.sections import PROVENANCE_KEYS, SECTIONS, STRING_COLUMNS, columns  # noqa: F401  (re-exported)
 
 SCHEMA_VERSION = 1
@@ -56,13 +55,7 @@ def _fmt(value) -> str:
 
 
 def _render_csv(section: str, rows: list[dict]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    cols = columns(section)
-    w.writerow(cols)
-    for r in rows:
-        w.writerow([_fmt(r[c]) for c in cols])
-    return buf.getvalue()
+    return rows_csv(rows, columns(section), fmt=_fmt, strict=True)
 
 
 def _row_key(section: str, row: dict) -> tuple:

@@ -3,6 +3,8 @@
 - `atomic_path` / `write_text` / `write_json`: write a temporary file beside the target, then rename,
   so an error never leaves a half-written file; the file gets the mode an ordinary `open` would
   (0o666 less the umask), not mkstemp's 0600.
+- `rows_csv` / `write_rows_csv`: the one CSV writer of rows (dicts): named columns, then the same
+  fields on every row (provenance).
 - `write_json` / `dumps_json`: strict JSON. NaN and Infinity are refused (`allow_nan=False`): a value
   that does not exist is written as null with a reason beside it by the caller.
 
@@ -13,6 +15,7 @@ written where; these helpers only write one file safely.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import tempfile
@@ -70,14 +73,26 @@ def write_json(path: str, obj) -> None:
     write_text(path, dumps_json(obj) + "\n")
 
 
+def rows_csv(rows, columns, extra: dict | None = None, fmt=None, lineterminator: str = "\n",
+             strict: bool = False) -> str:
+    """`rows` (dicts) as CSV text of `columns` (a row's missing field: empty, or a KeyError with `strict`;
+    `fmt(value)`, where given, writes each of them), then `extra`'s fields (the same on every row:
+    provenance)."""
+    extra = extra or {}
+    buf = io.StringIO()
+    wr = csv.DictWriter(buf, fieldnames=list(columns) + list(extra), lineterminator=lineterminator)
+    wr.writeheader()
+    for r in rows:
+        vals = {c: r[c] if strict else r.get(c) for c in columns}
+        wr.writerow({**(vals if fmt is None else {c: fmt(v) for c, v in vals.items()}), **extra})
+    return buf.getvalue()
+
+
 def write_rows_csv(path: str, rows, columns, extra: dict) -> None:
-    """`rows` (dicts) as a CSV of `columns` (a row's missing field: empty), then `extra`'s fields (the same
-    on every row: provenance)."""
+    """rows_csv into `path` (a staged file of the output guard), lines ending CRLF as csv writes them by
+    default (the GPU benchmarks' tables)."""
     with open(path, "w", newline="", encoding="utf-8") as fh:
-        wr = csv.DictWriter(fh, fieldnames=list(columns) + list(extra))
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({**{c: r.get(c) for c in columns}, **extra})
+        fh.write(rows_csv(rows, columns, extra, lineterminator="\r\n"))
 
 
 def read_json_object(path, what: str, missing: str = "") -> dict:

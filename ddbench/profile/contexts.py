@@ -232,19 +232,14 @@ def _run(a) -> int:
     from ddbench.core.io import dumps_json
     from ddbench.core.outputs import output_folder
     from ddbench.core.paths import traces_dir
-    from ddbench.core.provenance import command_line, git_sha
+    from ddbench.core.provenance import command_line, short_sha
     cache, pred, model, layers = load_prompts(a.root)
     rows = cells(cache, pred)
     fits = trends(cache)
-    prov = {"model": model, "git_sha": git_sha()[:12], "command": command_line("python -m ddbench.profile.contexts")}
+    prov = {"model": model, "git_sha": short_sha(), "command": command_line("python -m ddbench.profile.contexts")}
     out = a.out or str(traces_dir("accuracy"))
-    import csv
-    import io
-    buf = io.StringIO()
-    wr = csv.DictWriter(buf, fieldnames=COLUMNS + list(prov), lineterminator="\n")
-    wr.writeheader()
-    for r in rows:
-        wr.writerow({**r, **prov})
+    from ddbench.core.io import rows_csv
+    text = rows_csv(rows, COLUMNS, prov)
     doc = {"schema": 1, "model": model, "layers": layers, "bands": BANDS, "ref_context": REF_CONTEXT,
            "model_form": "metric = exp(log_a + b * log2(context / ref_context)), least squares over prompts",
            "provenance": prov, "prompts_per_context": {str(c): int(n) for c, n in
@@ -253,7 +248,7 @@ def _run(a) -> int:
            "fits": fits}
     with output_folder(out, command="ddbench profile", shared=True, force=a.force,
                        scope=(f"{model}.contexts.csv", f"{model}.cache-trend.json")) as w:   # this model's only
-        w.write_text(f"{model}.contexts.csv", buf.getvalue())
+        w.write_text(f"{model}.contexts.csv", text)
         w.write_text(f"{model}.cache-trend.json", dumps_json(doc) + "\n")
     print(summary(fits))
     print(f"wrote {os.path.join(out, model + '.contexts.csv')} and {model}.cache-trend.json")

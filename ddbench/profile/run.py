@@ -18,7 +18,6 @@ its rates, with Wilson 95 % intervals, also go to <model>.tasks.csv.
 
 from __future__ import annotations
 
-import datetime
 import os
 import time
 from collections import defaultdict
@@ -148,12 +147,6 @@ def largest_fit(loaded, context: int, steps: int, prefill_fn, grain: int = 256) 
             break
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
-
-
-def _git_sha() -> str:
-    from ddbench.core.provenance import git_sha
-    sha = git_sha()
-    return sha[:12] if sha != "unknown" else sha
 
 
 def _mean(acc):
@@ -384,10 +377,11 @@ class _Sweep:
     def _provenance(self) -> dict:
         import torch
         import transformers
+
+        from ddbench.core.provenance import short_sha, utc_now
         return {"model": self.loaded.name, "layers": self.loaded.layers, "model_sha256": self.loaded.sha256,
                 "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-                "git_sha": _git_sha(),
-                "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+                "git_sha": short_sha(), "date": utc_now(offset=True),
                 "command": self.cfg.command}
 
     def result(self, t_start: float) -> dict:

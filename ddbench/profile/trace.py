@@ -87,10 +87,7 @@ task, budget_tokens (empty for dense), method (dense | sparse | lowrank | fp8 wi
 
 from __future__ import annotations
 
-import csv
-import io
 import os
-
 
 SCHEMA = 1
 ROW_COLUMNS = ["layer", "context_tokens", "task", "init", "temperature", "top_p", "budget_tokens", "chunk_tokens",
@@ -114,12 +111,8 @@ def _fmt(v):
 
 
 def _csv(columns, rows) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({c: _fmt(r[c]) for c in columns})
-    return buf.getvalue()
+    from ddbench.core.io import rows_csv
+    return rows_csv(rows, columns, fmt=_fmt, strict=True)
 
 
 def names(model: str, cache: bool = False, fp8: bool = False, tasks: bool = False, runs: bool = False) -> dict:

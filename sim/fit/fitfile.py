@@ -20,7 +20,6 @@ it names (exit 0), or which changed (exit 1). The cost model only loads the file
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 
@@ -65,13 +64,13 @@ def fit_bundle(bundle, cache_dir: str | None, context: int = cachefill.DEFAULT_C
 
 def document(bundle, fitted: Fitted, cache_dir: str | None, command: str) -> dict:
     """The fitted-parameters file's content (sim/fitted.py load reads it back)."""
-    from ddbench.core.provenance import git_sha, version
+    from ddbench.core.provenance import git_sha, utc_now, version
     return {
         "schema": SCHEMA, "gpu": bundle.gpu,
         "about": "fitted once by `python -m sim.fit`; the cost model (sim/costmodel.py) loads it where the bundle's"
                  " files are the inputs' (sha256); docs/simulator.md",
         "provenance": {"command": command, "git_sha": git_sha(), "ddbench_version": version(),
-                       "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")},
+                       "date_utc": utc_now()},
         "inputs": inputs_of(bundle, cache_dir),
         "engine": engine_doc(fitted.engine) if fitted.engine else None,
         "reuse_fetch": [reuse_doc(k, f) for k, f in sorted(fitted.reuse.items())],
