@@ -23,6 +23,22 @@ def table(rows: list[list[str]]) -> list[str]:
             for r in rows]
 
 
+def plural(n: int, word: str) -> str:
+    """'1 GPU', '2 GPUs': a count and its noun."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def cache_note(designs, w) -> str:
+    """A header's words for the chunk cache where a design in `designs` (names) keeps one: its capacity
+    per (layer, KV head), in tokens and in budgets; '' otherwise."""
+    from ddbench.core.designs import get_design
+    if not any(get_design(d).chunk_cache for d in designs):
+        return ""
+    cache, budget = int(w["cache_tokens"] if isinstance(w, dict) else w.cache_tokens), \
+        int(w["budget"] if isinstance(w, dict) else w.budget)
+    return f", chunk cache {cache} tokens per layer and KV head ({cache / budget:g}x the budget)"
+
+
 def kv_note(kv_bits: int) -> str:
     """A header's word for the host KV's precision: ', KV fp8 (e4m3) on the host and the link' for 8 bits."""
     return ", KV fp8 (e4m3) on the host and the link" if kv_bits == 8 else ""

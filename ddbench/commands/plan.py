@@ -25,7 +25,7 @@ import os
 from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
-from ddbench.commands import kv_note, table as _table  # noqa: F401 (simulate imports kv_note from here)
+from ddbench.commands import cache_note, kv_note, table as _table  # noqa: F401 (simulate imports kv_note from here)
 from ddbench.commands.plan_serving import _clean, _serving_mode, plot, render_serving, serving_plan  # noqa: F401
 from ddbench.core import defaults as D
 from ddbench.core import flags
@@ -168,7 +168,8 @@ def render(result: dict) -> str:
                  else f"host memory: {NOT_BOUNDED}")
     head = (f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])}, "
             f"budget {result['workload']['budget']}, chunk {result['workload']['chunk']}"
-            f"{kv_note(result['workload']['kv_bits'])}  [GB = 1e9 bytes]; {host_head}")
+            f"{kv_note(result['workload']['kv_bits'])}{cache_note([r['system'] for r in result['systems']], result['workload'])}"
+            f"  [GB = 1e9 bytes]; {host_head}")
     bounded = hm is not None
     cols = ["system", "max batch"] + (["bound by", "by GPU", "by host"] if bounded else []) + ["at batch"] \
         + [c.replace("_", " ") for c in CATEGORIES] + ["total", "of GPU", "host GB/req"]

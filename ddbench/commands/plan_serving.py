@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ddbench.commands import cost_model_line, kv_note, table as _table
+from ddbench.commands import cache_note, cost_model_line, kv_note, plural, table as _table
 from ddbench.core import defaults as D
 from ddbench.core.catalog import NOT_BOUNDED
 from ddbench.core.errors import DDBenchError
@@ -156,7 +156,8 @@ def _head(args, sc0, r0, slos, seeds, tol, max_runs) -> dict:
            "slo": [s.text for s in slos], "slo_columns": [s.column for s in slos], "seeds": list(seeds),
            "requests_per_run": sc0.requests, "tolerance": tol, "max_runs": max_runs,
            "sustainable_rule": SUSTAINABLE_RULE,
-           "kv_bits": r0.workload.kv_bits, "cost_model": list(r0.cm.notes), "hit_rates": r0.hit_note}
+           "kv_bits": r0.workload.kv_bits, "cache_tokens": r0.workload.cache_tokens, "budget": r0.workload.budget,
+           "cost_model": list(r0.cm.notes), "hit_rates": r0.hit_note}
     out["host_memory"] = NOT_BOUNDED if r0.host_mem is None else r0.host_mem.note
     if r0.share is not None:
         out["host"] = {"name": r0.share.host, "fetching": r0.share.fetching, "per_gpu_gbps": r0.share.per_gpu_gbps,
@@ -307,10 +308,17 @@ def _pareto_rows(results, slos, knobs) -> list[dict]:
 LATENCY_COLUMNS = ("ttft_p99_s", "completion_p99_s", "tpot_p99_s")   # every answer prints these
 
 
+def _cache_head(out: dict) -> str:
+    """The header's chunk cache, where a design keeps one at one capacity (not when --search sizes it)."""
+    if "cache_tokens" not in out or any(str(k).startswith("cache") for k in out.get("search") or ()):
+        return ""
+    return cache_note([d["system"] for d in out.get("designs", [])], out)
+
+
 def _render_head(out: dict) -> list[str]:
     lines = [f"{out['model']} on {out['gpu']} ({out['capacity_gb']:.1f} GB), {out['link']}"
              f" {out['link_gbps_per_gpu']:.1f} GB/s per GPU, context {out['context']}, output {out['output']},"
-             f" prefill {out['prefill']}{kv_note(out.get('kv_bits', 16))}"]
+             f" prefill {out['prefill']}{kv_note(out.get('kv_bits', 16))}{_cache_head(out)}"]
     slo = ", ".join(out["slo"]) or "none (sustainable load only)"
     lines.append(f"SLO {slo}; max rate to within {out['tolerance']:.0%}, seeds {','.join(map(str, out['seeds']))},"
                  f" {out['requests_per_run']} requests per run, at most {out['max_runs']} runs per search")
@@ -405,12 +413,12 @@ def _render_fleet(out: dict, met: list[dict]) -> list[str]:
 def _render_target(out: dict, b: dict) -> str:
     f = b.get("fleet")
     if f and "fleet_gpus" in f:
-        return (f"for {out['target_rate_req_per_s']:g} req/s: {f['fleet_gpus']} GPUs of {b['system']}:"
-                f" {f['decode_gpus']} decode GPUs at {_fmt_rate(b['max_rate_req_per_s'])} req/s each"
-                + (f" ({b['hosts']} hosts of {out['host']['name']})" if "host" in out else "")
-                + f" and {f['prefill_gpus']} prefill GPUs")
-    return (f"for {out['target_rate_req_per_s']:g} req/s: {b['gpus']} GPU{'' if b['gpus'] == 1 else 's'} of"
-            f" {b['system']}" + (f" ({b['hosts']} hosts of {out['host']['name']})" if "host" in out else "")
+        return (f"for {out['target_rate_req_per_s']:g} req/s: {plural(f['fleet_gpus'], 'GPU')} of {b['system']}:"
+                f" {plural(f['decode_gpus'], 'decode GPU')} at {_fmt_rate(b['max_rate_req_per_s'])} req/s each"
+                + (f" ({plural(b['hosts'], 'host')} of {out['host']['name']})" if "host" in out else "")
+                + f" and {plural(f['prefill_gpus'], 'prefill GPU')}")
+    return (f"for {out['target_rate_req_per_s']:g} req/s: {plural(b['gpus'], 'GPU')} of"
+            f" {b['system']}" + (f" ({plural(b['hosts'], 'host')} of {out['host']['name']})" if "host" in out else "")
             + f" at {_fmt_rate(b['max_rate_req_per_s'])} req/s per GPU")
 
 

