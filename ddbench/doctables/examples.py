@@ -360,9 +360,22 @@ def notes_validation(root: Path = ROOT) -> str:
     bs = "/".join(str(int(b)) for b in sorted(t["batch"].unique()))
     miss = sorted({float(m) for m in t["miss_rate"].astype(str) if m != "none"})
     miss = "/".join(f"{100 * m:g} %" for m in miss)
+    gib = _json(root / "traces" / "engine" / "h200-validation" / "meta.json").get("host_gib")
+    from ddbench.core.catalog import get_model
+    from ddbench.core.designs import get_design
+    from ddbench.core.memory import host_kv_bytes
+    from ddbench.core.workload import Workload
+    m, dd = get_model("llama-3-8b"), get_design("dualdecoder")
+    aliased = sorted({(int(c), int(b)) for c, b in zip(t["context"], t["batch"])
+                      if gib and int(b) * host_kv_bytes(dd, m, Workload(context=int(c))) > gib * 2 ** 30})
+    alias = ("" if not aliased else
+             f" The engine ran them from one pinned {gib:g} GiB host buffer (`h200-validation/meta.json`"
+             f" host_gib), smaller than the batch's KV at " + ", ".join(f"{_k(c)} batch {b}" for c, b in aliased)
+             + ": there the host KV is aliased (layers read l % host_layers, then overlapping request windows);"
+             " every chunk still crosses the link, only the values repeat.")
     return (f"At the engine validation points with transfers ({ctx}, batches {bs}, {miss} forced misses; {len(t)} points of"
             f" {len(v)}) the sim is within {_pct(float(t['err'].median()))} median, {_pct(float(t['err'].max()))}"
-            f" worst (link-bound median {_pct(float(lb['err'].median()))}, {len(lb)} points).")
+            f" worst (link-bound median {_pct(float(lb['err'].median()))}, {len(lb)} points)." + alias)
 
 
 def inplace_validation(root: Path = ROOT) -> str:
