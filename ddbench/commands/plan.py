@@ -101,8 +101,8 @@ def register(sub) -> None:
     g.add_argument("--search", type=flags.checked(_search),
                    help="knob search per design: budget,chunk,lowrank-layers,buffers,cache,fp8 (each optionally"
                         " =V1:V2:..., e.g. budget=1k:2k:4k; buffers: the layer-ahead designs' sparse-KV buffer"
-                        " layout, pingpong:per-layer; cache: dualdecoder-cache's chunk-cache capacity, 2x:4x or"
-                        " tokens; fp8: off:on)")
+                        " layout, pingpong:per-layer; cache: the chunk cache's capacity (dualdecoder-cache,"
+                        " lru-cache), 2x:4x or tokens; fp8: off:on)")
     g.add_argument("--seeds", type=flags.items(flags.integer(lo=0, hi=2 ** 63 - 1)),
                    help="comma list of seeds; a rate passes only if every seed does"
                         f" (default {','.join(map(str, D.SEEDS))})")
