@@ -6,7 +6,9 @@ with the repository's traces as the data root. A block `<!-- generated: notes-NA
 whose numbers come from such a run (or from the engine's traces). So a change to the cost model, the
 traces or the output format makes `python -m ddbench.doctables --check` fail until the docs are
 regenerated. Every run is kept for the process (`_RUNS`), so a command shown and described is run
-once; the runs are small (seconds each) to keep `make test` fast.
+once, and in a cache folder keyed by the digest of everything its output depends on (the source of
+ddbench and sim, the traces, the libraries' versions; `DDBENCH_DOCTABLES_CACHE`, `off` for none), so
+an unchanged checkout checks its docs without running them again. The commands take seconds each.
 """
 
 from __future__ import annotations
