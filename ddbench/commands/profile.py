@@ -137,7 +137,7 @@ def run(args) -> int:
         fp8_error=args.fp8_error, run_lengths=args.run_lengths, prompts=args.prompts, **_cache_args(args), command=command_line())
     result = run_profile(cfg)
     print(render(result))
-    if out is not None:
+    if out is not None and not _is_data_accuracy(out):
         print(f"not in the data root: pass --hit-rate {out}/<model>.csv to simulate or plan, or profile with"
               " --into-traces")
     return 0
@@ -151,6 +151,16 @@ def output_of(args) -> str | None:
             raise DDBenchError("--into-traces writes into the data root's accuracy/; give it or --out, not both")
         return None
     return args.out if args.out is not None else DEFAULT_OUT
+
+
+def _is_data_accuracy(out: str) -> bool:
+    import os
+
+    from ddbench.core.paths import traces_dir
+    try:
+        return os.path.realpath(out) == os.path.realpath(traces_dir("accuracy"))
+    except DDBenchError:
+        return False
 
 
 def model_of(name: str) -> str:
