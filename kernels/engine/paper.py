@@ -280,7 +280,7 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     labels = design_labels(designs, cache_tokens, kv_bits)
     for ctx in contexts:
         for label in labels:
-            rows += run.label(ctx, label, done)
+            rows += run.design_rows(ctx, label, done)
     return rows
 
 
@@ -332,7 +332,7 @@ class _PaperRun:
     def key(self, ctx, label, batch=None, rep=0):
         return paper_key(self.model.name, self.cap_label, ctx, label, batch, rep)
 
-    def label(self, ctx, label, done) -> list:
+    def design_rows(self, ctx, label, done) -> list:
         """One label at one context: its rows from an earlier run (--resume), `error` rows where the GPU
         state is unusable, else its search; a search that raises keeps what it measured (basis error)."""
         if self.key(ctx, label) in done:
