@@ -33,6 +33,7 @@ import textwrap
 from pathlib import Path
 
 from ddbench.doctables import examples
+from ddbench.doctables.ablation import ablation
 from ddbench.doctables.common import CALIBRATION_SWEEP, CTX, ROOT, DocTablesError  # noqa: F401
 from ddbench.doctables.engine import (cache, engine_floor, engine_mechanism, engine_transfers, fp8, headline,  # noqa: F401
                                       paper_points, validation, validation_line)
@@ -50,6 +51,7 @@ GENERATORS = {
     "fig12": fig12,
     "paper-points": paper_points,
     "cache": cache,
+    "ablation": ablation,
     "fp8": fp8,
     "engine-floor": engine_floor,
     "engine-transfers": engine_transfers,

@@ -95,8 +95,9 @@ def _draw(res: FigureResult, fig) -> None:
             ax.errorbar(x, r.tok_s, yerr=[[r.tok_s - r.tok_s_min], [r.tok_s_max - r.tok_s]], fmt="none", ecolor="black",
                         lw=0.7)
             ax.plot(x, r.sim_tok_s, ls="none", marker="_", ms=9, color="black")
-            ax.annotate(f"b{r.batch}", (x, r.tok_s), ha="center", va="bottom", fontsize=5)
+            ax.annotate(f"b{r.batch}", (x, 15), ha="center", va="bottom", fontsize=5, color="white")
     ax.set_xticks(range(len(POINTS)), [f"{m}\n{fmt_tokens(c)}" for m, c in POINTS], fontsize=7)
+    ax.set_xlabel("model and context (label in each bar: its largest batch, requests)")
     ax.set_ylabel("decode throughput (tokens/s)")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=6, ncol=4, loc="upper right")
