@@ -547,6 +547,56 @@ def test_run_point_refuses_a_planned_oom_before_allocating(monkeypatch):
     assert r["model_max_batch"] >= 1 and r["model_mem_gib"] > 70
 
 
+def test_run_point_measures_a_fake_engine(monkeypatch):
+    """The measured path of run_point on the CPU (the engine, its graph and the CUDA timing faked): the
+    eager steps, the capture and the timed replays in that order; the row's times, link traffic, floor
+    and memory by category; the log line."""
+    import kernels.engine.engine as eng
+    import kernels.timing as timing
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 16 * 2 ** 30)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 40 * 2 ** 30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 42 * 2 ** 30)
+    done = []
+
+    class FakeEngine:
+        def __init__(self, model, spec, cfg, weights, device, host_kv=None, host_scales=None):
+            done.append(("build", host_kv is not None))
+
+        def step(self):
+            done.append("step")
+
+        def capture(self, steps):
+            done.append(("capture", steps))
+
+        def replay(self):
+            pass
+
+        def step_bytes(self):
+            return 96 * 2 ** 20, 32 * 2 ** 20
+
+        def floor_bytes(self):
+            return dict(total=20 * 2 ** 30, weights=15 * 2 ** 30, selection=2 ** 30, kv=4 * 2 ** 30)
+    monkeypatch.setattr(eng, "Engine", FakeEngine)
+    monkeypatch.setattr(timing, "event_times", lambda fn, reps, warmup=0, per_call=1: [10.0, 12.0, 11.0][:reps])
+    lines = []
+    flat = torch.zeros(1 << 28, dtype=torch.bfloat16)
+    r = sweep.run_point(get_model("llama-3-8b"), None, flat, "dualdecoder", 32768, 4, miss_rate=0.33, reps=3,
+                        hbm=4000.0, limit=140 * 2 ** 30, overhead=2 ** 29, log=lines.append)
+    assert done == [("build", True), "step", "step", ("capture", 2)]
+    assert r["status"] == "ok" and r["steps"] == 6 and r["host_layers"] >= 1 and r["kv_bits"] == 16
+    assert (r["step_ms"], r["step_ms_min"], r["step_ms_max"]) == (11.0, 10.0, 12.0)
+    assert r["tok_s"] == pytest.approx(4 / 11.0 * 1e3) and r["link_mib"] == 128.0
+    assert r["link_gbps"] == pytest.approx(128 * 2 ** 20 / 11e-3 / 1e9)
+    assert r["floor_ms"] == pytest.approx(20 * 2 ** 30 / 4e12 * 1e3) and r["step_over_floor"] > 1
+    assert r["mem_weights_gib"] == 16 and r["peak_reserved_gib"] == 42 and r["mem_runtime_overhead_gib"] == 0.5
+    planned = sum(r[c] for c in results.MEM_COLUMNS if c not in ("mem_weights_gib", "mem_activations_gib",
+                                                                 "mem_runtime_overhead_gib"))
+    assert r["mem_activations_gib"] == pytest.approx(40 - 16 - planned) and r["planned_gib"] == pytest.approx(16 + planned)
+    assert len(lines) == 1 and "dualdecoder" in lines[0] and "step=  11.000 ms [10.000-12.000]" in lines[0]
+
+
 def test_run_paper_stops_a_design_on_an_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
