@@ -28,6 +28,22 @@ def _main(argv, capsys):
 
 
 # ---------------------------------------------------------------- profile: where it writes
+@pytest.mark.parametrize("flags, want", [((), "ddbench-profile"), (("--out", "mine"), "mine"), (("--into-traces",), None)])
+def test_profile_hands_its_output_folder_to_the_profiler(monkeypatch, capsys, flags, want):
+    """The command's wiring, without torch: the folder ProfileConfig gets (None: ddbench.profile.run's
+    own default, the data root's accuracy/), and the hint printed after a run outside the data root."""
+    import ddbench.profile.model as M
+    import ddbench.profile.run as R
+    seen = {}
+    monkeypatch.setattr(M, "require", lambda: None)
+    monkeypatch.setattr(R, "run", lambda cfg: seen.setdefault("cfg", cfg) and {"stub": True})
+    monkeypatch.setattr("ddbench.commands.profile.render", lambda result: "rendered")
+    rc, out, _ = _main(["profile", "--layer-accuracy", "--model", "x.gguf", *flags], capsys)
+    assert rc == 0 and seen["cfg"].out == want
+    assert ("--into-traces" in out) == (want is not None)
+
+
+@pytest.mark.slow
 def test_profile_default_out_is_outside_the_traces(tmp_path):
     """A real (tiny, random) model profiled without --out: its files land in ./ddbench-profile of the
     current folder, and the data root's accuracy/ stays byte for byte as it was."""
