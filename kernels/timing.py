@@ -14,13 +14,12 @@ provenance(command) -> dict: gpu, driver, torch, triton, git sha (DDBENCH_GIT_SH
 
 from __future__ import annotations
 
-import datetime
 import statistics
 import time
 
 import torch
 
-from ddbench.core.provenance import command_output, git_sha
+from ddbench.core.provenance import gpu_provenance
 
 
 def event_times(fn, reps: int, warmup: int = 1, per_call: int = 1) -> list[float]:
@@ -85,16 +84,6 @@ def time_host(fn, reps: int = 5, warmup: int = 1) -> float:
 
 
 def provenance(command: str) -> dict:
+    """This GPU's provenance (ddbench.core.provenance.gpu_provenance, with this process's torch and triton)."""
     import triton
-    sha = git_sha()
-    driver = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
-    return {
-        "gpu": torch.cuda.get_device_name(0),
-        "driver": driver[0] if driver else "unknown",
-        "cuda": torch.version.cuda or "",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "git_sha": sha,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": command,
-    }
+    return gpu_provenance(command, torch, triton)

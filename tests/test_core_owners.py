@@ -44,13 +44,12 @@ def test_utc_now_formats():
 
 
 def test_gpu_provenance_is_kernels_timing_provenance(fixed_git, monkeypatch):
-    """gpu_provenance takes the caller's torch and triton, and gives kernels.timing.provenance's fields in its
-    order (that order is the engine CSV's provenance columns)."""
+    """gpu_provenance takes the caller's torch and triton; kernels.timing.provenance is it, fields in this
+    order (the engine CSV's provenance columns)."""
     torch = pytest.importorskip("torch")
     triton = pytest.importorskip("triton")
     import kernels.timing as timing
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
-    monkeypatch.setattr(timing, "command_output", P.command_output)
     ours, theirs = P.gpu_provenance("cmd", torch, triton), timing.provenance("cmd")
     assert list(ours) == list(theirs) == ["gpu", "driver", "cuda", "torch", "triton", "git_sha", "date_utc", "command"]
     ours.pop("date_utc"), theirs.pop("date_utc")
