@@ -26,7 +26,6 @@ The link and interference sections, the UVA chunk copy and the timing helpers: k
 
 from __future__ import annotations
 
-import datetime
 import os
 import platform
 import socket
@@ -37,7 +36,7 @@ import torch
 
 import triton
 
-from ddbench.core.provenance import command_output
+from ddbench.core.provenance import command_output, git_dirty, git_head, utc_now
 
 from ddbench.core.calibration import SECTIONS, BundleWriter, bundle_dir
 from ddbench.core.catalog import MODELS
@@ -60,10 +59,8 @@ def quant_scan_bytes(b, hk, ctx, d, group=QUANT_SCAN_GROUP) -> int:
 
 def provenance(gpu: str, command: str) -> dict:
     props = torch.cuda.get_device_properties(0)
-    sha = os.environ.get("DDBENCH_GIT_SHA") or command_output(["git", "rev-parse", "HEAD"]) or "unknown"
-    dirty = os.environ.get("DDBENCH_GIT_DIRTY")
-    if dirty is None:
-        dirty = "yes" if command_output(["git", "status", "--porcelain"]) else "no"
+    sha, dirty = git_head(), git_dirty()      # the core's git conventions (ddbench.core.provenance)
+    dirty = "unknown" if dirty is None else ("yes" if dirty else "no")
     return {
         "gpu": gpu,
         "device_name": torch.cuda.get_device_name(0),
@@ -79,7 +76,7 @@ def provenance(gpu: str, command: str) -> dict:
         "python": platform.python_version(),
         "git_sha": sha,
         "git_dirty": dirty,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(offset=True),
         "command": command,
         "host": socket.gethostname(),
         "host_cpus": os.cpu_count(),
