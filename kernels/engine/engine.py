@@ -35,7 +35,7 @@ import torch
 from ddbench.core.errors import DDBenchError
 from kernels.engine.accounting import Accounting
 from kernels.engine.cachepath import CachePath
-from kernels.engine.config import PLAN_CATEGORIES, EngineConfig, buffer_rows, plan_bytes  # noqa: F401
+from kernels.engine.engineconfig import PLAN_CATEGORIES, EngineConfig, buffer_rows, plan_bytes  # noqa: F401
 from kernels.engine.cpugather import CpuGather
 from kernels.engine.model import Weights, nvtx_range, rope_tables
 from kernels.engine.fastselect import fused_plan_fits

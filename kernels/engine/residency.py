@@ -11,7 +11,7 @@ import math
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.engine.config import buffer_rows, holds_selection
+from kernels.engine.engineconfig import buffer_rows, holds_selection
 from kernels.fp8 import E4M3, check_host_scales
 
 
