@@ -205,3 +205,23 @@ def test_committed_outputs_are_ddbenchs_own(folder, files):
     path = Path(ROOT) / folder
     own = _owned(path, read_manifest(path))
     assert [f for f in (files or _files(path)) if f not in own] == []
+
+
+def test_the_same_bytes_again_leave_the_manifest_byte_identical(tmp_path, monkeypatch):
+    """A re-run that writes what is there (make figures on another day) keeps each file's first date, so the
+    folder, manifest included, is byte-identical; a changed file gets a new entry."""
+    from ddbench.core import outputs as O
+    monkeypatch.chdir(tmp_path)
+    stamps = iter(["2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z", "2026-01-03T00:00:00Z"])
+    monkeypatch.setattr(O.time, "strftime", lambda fmt, t=None: next(stamps))
+
+    def run(text):
+        with O.output_folder("out", command="t", own_ok=True) as w:
+            w.write_text("a.txt", text)
+            w.write_text("b.txt", "same")
+        return (tmp_path / "out" / O.MANIFEST).read_bytes()
+    first = run("one")
+    assert run("one") == first
+    third = json.loads(run("two"))["files"]
+    assert third["a.txt"]["written_utc"] == "2026-01-03T00:00:00Z"
+    assert third["b.txt"]["written_utc"] == "2026-01-01T00:00:00Z"

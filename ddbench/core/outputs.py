@@ -487,7 +487,11 @@ def _commit(w: Writer, path: Path, own: set, foreign: set, theirs: set, manifest
     for rel in new:
         src = w._stage / rel
         os.chmod(src, 0o666 & ~mask)
-        entries[rel] = {"sha256": sha256(str(src)), "command": w.command, "written_utc": now}
+        digest, prev = sha256(str(src)), manifest.get(rel) or {}
+        # the same bytes from the same command keep their first date: a re-run that changes nothing
+        # leaves the manifest (and so the folder) byte-identical
+        same = prev.get("sha256") == digest and prev.get("command") == w.command and prev.get("written_utc")
+        entries[rel] = {"sha256": digest, "command": w.command, "written_utc": prev["written_utc"] if same else now}
     # only this command's own files (in scope) are pruned; `own` never holds another command's
     stale = sorted(own - set(new) - w._live - set(LEGACY_MARKERS)) if prune else []
     legacy = [m for m in LEGACY_MARKERS if m in own]
