@@ -339,10 +339,13 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
         true, fused_plan = self._selection(i, q, nq, predecode, have_pred, sim_pred)
         inplace = s.reuse and self.held_ok[i]
         true = self._forced(i, true, predecode, have_pred, sim_pred, inplace)
-        b, waits, assembled, rows = self._fetch(i, u, true, fused_plan, have_pred, sim_pred, inplace)
+        # `plan`: the miss plan a side stream's fetch reads; held until the attention has waited for that
+        # fetch, so that the compute stream cannot reuse its memory while the fetch still reads it
+        b, waits, assembled, rows, plan = self._fetch(i, u, true, fused_plan, have_pred, sim_pred, inplace)
         kb, vb = self.kbuf[b], self.vbuf[b]
         R = self._assemble(i, k, v, kb, vb, assembled, rows, inplace)
         o = self._attend(i, u, b, q, kb, vb, waits, rows)
+        del plan
         if self.debug is not None:
             self.debug.append(dict(layer=i, q=q.clone(), k=k.clone(), v=v.clone(), true=true.clone(),
                                    assembled=assembled.clone(), out=o.clone(), R=R, g=self.g_dev.clone(), nq=nq,
@@ -404,11 +407,12 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
 
     def _fetch(self, i, u, true, fused_plan, have_pred, sim_pred, inplace):
         """What layer i's buffer lacks, fetched (or, compute only, planned): (buffer id, the events the
-        attention waits on, the chunk ids in the buffer's slot order, a chunk cache's row map or None)."""
+        attention waits on, the chunk ids in the buffer's slot order, a chunk cache's row map or None, the
+        miss plan a side-stream fetch reads or None)."""
         b = self._buf_of_use(u)
         if self.cache is not None:
             waits, rows = self._cache_fetch(i, u, true, have_pred)
-            return b, waits, true, rows
+            return b, waits, true, rows, None          # the cache's plans are its own buffers
         if inplace:
             return self._fetch_in_place(i, u, true)
         if not self.cfg.transfers:
@@ -416,7 +420,7 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
             if sim_pred:
                 with nvtx_range("plan_misses"):
                     assembled = (fused_plan or self._plan(self.pred[i], true)).assembled
-            return b, [], assembled, None
+            return b, [], assembled, None, None
         if have_pred:
             return self._fetch_misses(i, u, b, true, fused_plan)
         return self._fetch_all(i, u, b, true)
@@ -443,7 +447,7 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
             waits = [ev]
             self.stats.urgent_counts.append(plan.count)
             self.stats.urgent_layer.append((i, vo))
-        return b, waits, plan.assembled, None
+        return b, waits, plan.assembled, None, plan
 
     def _fetch_misses(self, i, u, b, true, fused_plan):
         """A prediction design: the true chunks the prefetch missed, planned on the device and fetched
@@ -467,7 +471,7 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
         ev_u, _ = self.sched.run("urgent", "urgent", urgent, waits=[ev_plan] + pre_ev, layer=i, buf=b, use=u)
         self.stats.urgent_counts.append(plan.count)
         self.stats.urgent_layer.append((i, vo))
-        return b, pre_ev + [ev_u], plan.assembled, None
+        return b, pre_ev + [ev_u], plan.assembled, None, plan
 
     def _fetch_all(self, i, u, b, true):
         """No prediction yet (pre-decoding) or nothing to reuse: every chunk on demand."""
@@ -487,7 +491,7 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
         ev, _ = self.sched.run("urgent", "fetch", fetch_all, waits=[self.free_ev[b], ev_sel], layer=i, buf=b, use=u)
         self.stats.urgent_counts.append(true.numel())
         self.stats.urgent_layer.append((i, vo))
-        return b, [ev], true, None
+        return b, [ev], true, None, None               # `true` is the caller's, held as long
 
     def _assemble(self, i, k, v, kb, vb, assembled, rows, inplace):
         """The rebuilt keys of a low-rank layer, the resident window, the generated tokens and the new
