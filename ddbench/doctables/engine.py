@@ -60,8 +60,8 @@ def headline(root: Path = ROOT) -> str:
                     "TPOT at batch 1, 32K: ms", "TPOT at batch 1, 128K: ms"], rows)
     head = (f"Decode-step engine on one NVIDIA H200 (PCIe 5), {ENGINE_MODEL} at {_k(CTX)} tokens of context, "
             f"from {_prov(CALIBRATION_SWEEP, cal_meta)} and {_prov(VALIDATION_SWEEP, val_meta)}; the batch-1 TPOT"
-            " from `traces/engine/h200-rates` (3 builds, 12 % misses; dualdecoder-cache at 4x the budget and the"
-            " rates it ran at). Compute only: CUDA-graph steps with no host reads; with transfers: misses forced"
+            " from `traces/engine/h200-rates` (3 builds, 12 % misses; dualdecoder-cache at 4x the budget, the"
+            " rates it ran at and the torch fill, before the fused one). Compute only: CUDA-graph steps with no host reads; with transfers: misses forced"
             " at 25 % and fetched over PCIe. ShadowKV's compute-only and transfer columns are the engine before"
             " its in-place step (issue 31); its TPOT and every table below are the in-place one.")
     return "\n\n".join([head, table, validation_line(root)])
