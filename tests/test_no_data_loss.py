@@ -151,7 +151,7 @@ def test_dl1_issue_repro_a_real_profile_of_another_model(tmp_path, data):
     before = snapshot(data / "accuracy", manifest=False)
     r = run("profile", "--layer-accuracy", "--model", "Other.gguf", "--context", "512", "--budget", "64",
             "--steps", "2", "--tasks", "single", "--init", "t2", "--temperature", "0.6", "--no-quality",
-            "--quiet", data=data, cwd=tmp_path)
+            "--quiet", "--into-traces", data=data, cwd=tmp_path)      # the data root's accuracy/, as DL1 did
     assert r.returncode == 0, r.stderr
     after = snapshot(data / "accuracy", manifest=False)
     assert {k: after.get(k) for k in before} == before and "Other.csv" in after

@@ -57,8 +57,8 @@ def add_scenario_args(p, *, design: str, context_required: bool, requests: int, 
                    help="catalog GPU name, e.g. h100-80gb, h200, or a YAML/JSON file of your own GPU (the catalog's"
                         " fields: ddbench/core/catalog/files.py)")
     p.add_argument("--design", "--system", dest="design", default=design, type=designs, metavar="DESIGN",
-                   help=f"design, comma list, 'all' (the paper's four) or 'every' (default {design};"
-                        " --system is the older name of this flag)")
+                   help=f"design, comma list, 'all' (the paper's four and dualdecoder-cache) or 'every' (the"
+                        f" ablations and lru-cache too; default {design}; --system is the older name of this flag)")
     if context_required:
         p.add_argument("--context", required=True, type=dist("context"),
                        help="prompt tokens per request: 131072, 128k or 1m; serving runs also uniform:LO:HI")
