@@ -6,6 +6,6 @@
   sim.aggregate   aggregate_step(): the same step in closed form, for serving runs
   sim.serving     run_serving(): Poisson arrivals, continuous batching, admission by memory
   sim.hitrates    per-layer hit rates from traces/accuracy/<model>.csv or a constant
-  sim.trace       Chrome / Perfetto trace JSON
+  sim.perfetto    Chrome / Perfetto trace JSON
   sim.factory     build a cost model from catalog names (the scenario: ddbench.planner.scenario)
 """

@@ -374,7 +374,7 @@ def _prefill_elsewhere(sc, summary: dict, requests) -> dict:
 
 def _serving(args, r, w, out) -> dict:
     from sim.serving import draw_requests, run_serving
-    from sim.trace import counter_events, trace_json
+    from sim.perfetto import counter_events, trace_json
 
     sc = r.scenario
     reqs = draw_requests(sc.requests, args.rate, sc.context, sc.output, args.seed)
@@ -415,7 +415,7 @@ def _serving(args, r, w, out) -> dict:
         if summary["status"] == "ok":
             from sim.steplayers import step_layers
             from sim.timeline import run_timeline
-            from sim.trace import timeline_events
+            from sim.perfetto import timeline_events
             b = max(1, round(summary["mean_batch"]))
             ctx = sum(q.context for q in reqs) / len(reqs)
             tl = run_timeline(step_layers(r.design, r.model, r.cm, r.workload, b, ctx, r.hit, r.reuse, r.lowrank,
@@ -436,7 +436,7 @@ def _timeline(args, r, ctx: int, batch: int, w, out) -> dict:
     from sim.aggregate import aggregate_step
     from sim.steplayers import step_layers
     from sim.timeline import run_timeline
-    from sim.trace import timeline_events, trace_json
+    from sim.perfetto import timeline_events, trace_json
 
     wl = replace(r.workload, context=ctx)
     bd = memory_breakdown(r.design, r.model, r.gpu, replace(wl, batch=batch))
