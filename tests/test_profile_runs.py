@@ -1,8 +1,8 @@
-"""Run lengths of the selections (ddbench/profile/runs.py): counted by hand on fixed selections."""
+"""Run lengths of the selections (ddbench/profile/runlengths.py): counted by hand on fixed selections."""
 
 import torch
 
-from ddbench.profile.runs import Collector, run_lengths
+from ddbench.profile.runlengths import Collector, run_lengths
 from ddbench.profile.trace import names
 
 

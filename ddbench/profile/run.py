@@ -60,7 +60,7 @@ class ProfileConfig:
     cache_policies: tuple = ("lru", "score")
     fp8_error: bool = False   # fp8 (e4m3) KV attention error against bf16 (ddbench/profile/fp8error.py) and
                               # the task accuracy of exact top-k over fp8 K/V (method "fp8")
-    run_lengths: bool = False   # the true selections' run lengths (ddbench/profile/runs.py)
+    run_lengths: bool = False   # the true selections' run lengths (ddbench/profile/runlengths.py)
     prompts: int | None = None     # prompts per (context, task) for task accuracy (None: --samples); with it,
                                    # <model>.tasks.csv (rates with Wilson 95 % intervals)
     command: str = ""
@@ -196,7 +196,7 @@ class _Sweep:
         import torch
 
         from ddbench.profile import decode, fp8error
-        from ddbench.profile import runs as runs_mod
+        from ddbench.profile import runlengths as runs_mod
 
         self.cfg = cfg
         self.prefill_fn = prefill_fn or decode.prefill

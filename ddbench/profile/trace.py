@@ -157,6 +157,6 @@ def write(w, model: str, rows: list, step_rows: list, summary: dict, provenance:
     if tasks is not None:
         w.write_text(n["tasks_csv"], _csv(TASK_COLUMNS + CACHE_PROVENANCE, [r | prov for r in task_rows(tasks)]))
     if runs is not None:
-        from ddbench.profile.runs import COLUMNS as RUN_COLUMNS
+        from ddbench.profile.runlengths import COLUMNS as RUN_COLUMNS
         w.write_text(n["runs_csv"], _csv(RUN_COLUMNS + CACHE_PROVENANCE, [r | prov for r in runs]))
     return {k: os.path.join(str(w.folder), v) for k, v in n.items()}
