@@ -135,11 +135,11 @@ class LinkCosts:
 
     def slot_gather_rates(self, chunk_bytes: int) -> LinkRates:
         """The link's rates for the engine's urgent slot gather, as ShadowKV runs it in place: the rate the
-        link bench measured for that launch on the bundle's GPU (sim/linkbench.py; the bench ran on PCIe 5,
+        link bench measured for that launch on the bundle's GPU (sim/linkrates.py; the bench ran on PCIe 5,
         another link scales by its catalog rate), else the bundle's own gather rate (the note says which)."""
         key = ("slot", chunk_bytes)
         if key not in self._cache:
-            from sim.linkbench import slot_gather_gbps
+            from sim.linkrates import slot_gather_gbps
             base = self.link_rates("gpu", chunk_bytes)
             got = slot_gather_gbps(self.bundle.gpu, chunk_bytes) if self.bundle is not None else None
             if got:
