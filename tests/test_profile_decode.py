@@ -16,8 +16,8 @@ from ddbench.profile.metrics import overlaps  # noqa: E402
 def setup(tmp_path_factory):
     from transformers import DynamicCache
 
-    from ddbench.profile.attention import install
-    from ddbench.profile.model import load
+    from ddbench.profile.hfattention import install
+    from ddbench.profile.loadmodel import load
     folder = tiny_model(tmp_path_factory.mktemp("m") / "tiny-llama", "llama")
     loaded = load(folder, "cpu")
     probe = install(loaded.model)
@@ -84,7 +84,7 @@ def test_sampled_and_random_start_are_measured_not_assumed(setup):
 
 
 def test_sparse_full_budget_equals_dense_and_full_rank_rebuild_is_exact(setup):
-    from ddbench.profile.attention import SparsePlan
+    from ddbench.profile.hfattention import SparsePlan
     from ddbench.profile.lowrank import lowrank_keys
     loaded, probe, cache, ids, first = setup
     P = len(ids)

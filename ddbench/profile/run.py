@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 from ddbench.core.errors import DDBenchError
-from ddbench.profile import model as model_mod
+from ddbench.profile import loadmodel as model_mod
 from ddbench.profile.quality import wilson
 from ddbench.profile.selection import LOCAL_TOKENS, Geometry
 from ddbench.profile.tasks import TASKS
@@ -218,7 +218,7 @@ class _Sweep:
 
     def _load(self) -> None:
         from ddbench.progress import bar as progress_bar
-        from ddbench.profile.attention import install
+        from ddbench.profile.hfattention import install
         with progress_bar(total=1, desc="load", quiet=self.quiet) as bar:
             t0 = time.perf_counter()
             self.loaded = model_mod.load(self.cfg.model, self.cfg.device)
@@ -341,7 +341,7 @@ class _Sweep:
         """The prompt's answer with dense attention, and at each budget with sparse exact top-k, low-rank keys
         and (with fp8_error) fp8 K/V."""
         from ddbench.profile import quality
-        from ddbench.profile.attention import SparsePlan
+        from ddbench.profile.hfattention import SparsePlan
         from ddbench.profile.lowrank import lowrank_keys
         cfg, model, probe, tok = self.cfg, self.model, self.probe, self.tok
         ok, _ = quality.answer(model, probe, tok, cache, prompt, first, None)
