@@ -20,8 +20,8 @@ text depends on the data alone. Where a trace holds several repetitions of a poi
 Example outputs of commands (`example-NAME`) and the prose that quotes their numbers (`notes-NAME`)
 are generated the same way: the command is run (ddbench/doctables/examples.py) and its output kept.
 
-The package: `common` (formatting, readers), `engine` (the engine's and the simulator's tables),
-`tables` (calibration, kernels, accuracy, figures), `examples` (commands and their outputs).
+The package: `common` (formatting, readers), `engine_tables` (the engine's and the simulator's tables),
+`trace_tables` (calibration, kernels, accuracy, figures), `examples` (commands and their outputs).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from pathlib import Path
 from ddbench.doctables import examples
 from ddbench.doctables.ablation import ablation
 from ddbench.doctables.common import CALIBRATION_SWEEP, CTX, ROOT, DocTablesError  # noqa: F401
-from ddbench.doctables.engine import (cache, engine_floor, engine_mechanism, engine_transfers, fp8, headline,  # noqa: F401
+from ddbench.doctables.engine_tables import (cache, engine_floor, engine_mechanism, engine_transfers, fp8, headline,  # noqa: F401
                                       paper_points, validation, validation_line)
-from ddbench.doctables.tables import (accuracy, calibration, contexts, fig12, kernels_attention, kernels_gather,
+from ddbench.doctables.trace_tables import (accuracy, calibration, contexts, fig12, kernels_attention, kernels_gather,
                                       sensitivity)
 
 START = re.compile(r"<!-- generated: ([a-z0-9-]+) -->")
