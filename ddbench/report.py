@@ -3,7 +3,7 @@ row for every number in traces/paper/reported.json (replayed or not, with the re
 
 from __future__ import annotations
 
-from ddbench.core.paper import Reported
+from ddbench.core.paper_numbers import Reported
 
 
 def fmt_value(value: float, unit: str) -> str:

@@ -8,7 +8,7 @@ import pytest
 from ddbench.commands.figures import run
 from ddbench.core.errors import DDBenchError
 from ddbench.experiments import load_all
-from ddbench.core.paper import load_reported, reported
+from ddbench.core.paper_numbers import load_reported, reported
 
 
 def Args(out, only=None, force=False):

@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from ddbench.core.paper import reported
+from ddbench.core.paper_numbers import reported
 from ddbench.experiments import load_all
 from ddbench.plotting import new_figure
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ddbench.core.errors import DDBenchError
-from ddbench.core.paper import Reported, coverage, coverage_line, reported
+from ddbench.core.paper_numbers import Reported, coverage, coverage_line, reported
 
 PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "seed" / "000_4d6cfa8e98b9173f.txt"
 

@@ -86,7 +86,7 @@ def _write_figure(exp, w, paper, new_figure, plt):
 
 
 def run(args) -> int:
-    from ddbench.core.paper import coverage, coverage_line, reported
+    from ddbench.core.paper_numbers import coverage, coverage_line, reported
     from ddbench.experiments import select
     from ddbench.plotting import new_figure, plt
     from ddbench.progress import bar, say

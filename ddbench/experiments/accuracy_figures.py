@@ -134,7 +134,7 @@ def _ctx(model: str) -> str:
 
 
 def _paper(pid: str) -> float:
-    from ddbench.core.paper import reported
+    from ddbench.core.paper_numbers import reported
     return reported()[pid].value
 
 
@@ -430,7 +430,7 @@ def table1() -> FigureResult:
     ours = _table1_frame(model)
     ours["source"] = "ours"
     ours["context"] = ours.context_tokens.map(lambda c: fmt_tokens(int(c)))
-    from ddbench.core.paper import reported
+    from ddbench.core.paper_numbers import reported
     rep = reported()
     prow = []
     for task in list(TABLE1_TASKS) + ["avg"]:

@@ -58,7 +58,7 @@ def _host_max(system: str, size: str, context: int = CONTEXT) -> int | None:
 
 # ---------------------------------------------------------------- Figure 2
 def _paper(pid: str) -> float:
-    from ddbench.core.paper import reported
+    from ddbench.core.paper_numbers import reported
     return reported()[pid].value
 
 

@@ -41,7 +41,7 @@ def _hit(model: str):
 
 
 def _paper(pid: str) -> float:
-    from ddbench.core.paper import reported
+    from ddbench.core.paper_numbers import reported
     return reported()[pid].value
 
 
