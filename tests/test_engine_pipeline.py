@@ -381,3 +381,29 @@ def test_fast_plan_dedupes_repeated_predictions(B, H, N, k, seed, monkeypatch):
         buf = pred.clone().view(B * H, k)
         buf[b.bh[:n].long(), b.slot[:n].long()] = b.chunk[:n]
         assert torch.equal(buf.view(B, H, k).sort(-1).values, true.sort(-1).values)
+
+
+@pytest.mark.parametrize("name", ["shadowkv", "dualdecoder"])
+def test_a_side_stream_fetchs_plan_lives_until_the_attention(name, monkeypatch):
+    """The miss plan the urgent stream's gather reads must be alive when the layer's attention runs (the compute
+    stream waits for that gather there): freed earlier, its memory could be reused on the compute stream while
+    the gather still reads it on the GPU (the illegal address of traces/gpu-tests/gpu-tests-split-7028523.log)."""
+    import weakref
+    e, _ = _engine(name)
+    seen, checked = [], []
+    slots = e.slots
+
+    def slots_spy(host, layer, plan, *a, **kw):
+        seen.append(weakref.ref(plan))
+        return slots(host, layer, plan, *a, **kw)
+    e.slots = slots_spy
+    attend = e._attend
+
+    def attend_spy(*a, **kw):
+        checked.extend(r() is not None for r in seen)
+        seen.clear()
+        return attend(*a, **kw)
+    monkeypatch.setattr(e, "_attend", attend_spy)
+    for _ in range(3):
+        e.step()
+    assert checked and all(checked)
