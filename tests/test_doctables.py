@@ -1,4 +1,4 @@
-"""The generated tables of README.md and docs/*.md match the committed traces (ddbench/doctables.py).
+"""The generated tables of README.md and docs/*.md match the committed traces (ddbench/doctables/).
 
 A table edited by hand, or a trace changed without `python -m ddbench.doctables`, fails here.
 """
