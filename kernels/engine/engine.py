@@ -339,13 +339,12 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
         true, fused_plan = self._selection(i, q, nq, predecode, have_pred, sim_pred)
         inplace = s.reuse and self.held_ok[i]
         true = self._forced(i, true, predecode, have_pred, sim_pred, inplace)
-        # `plan`: the miss plan a side stream's fetch reads; held until the attention has waited for that
-        # fetch, so that the compute stream cannot reuse its memory while the fetch still reads it
+        # `plan`: the miss plan a side stream's fetch reads; held to the end of the layer (after the attention
+        # has waited for that fetch), so that the compute stream cannot reuse its memory while the fetch reads it
         b, waits, assembled, rows, plan = self._fetch(i, u, true, fused_plan, have_pred, sim_pred, inplace)
         kb, vb = self.kbuf[b], self.vbuf[b]
         R = self._assemble(i, k, v, kb, vb, assembled, rows, inplace)
         o = self._attend(i, u, b, q, kb, vb, waits, rows)
-        del plan
         if self.debug is not None:
             self.debug.append(dict(layer=i, q=q.clone(), k=k.clone(), v=v.clone(), true=true.clone(),
                                    assembled=assembled.clone(), out=o.clone(), R=R, g=self.g_dev.clone(), nq=nq,
@@ -355,6 +354,7 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
                                    pred=None if self.pred is None or predecode else self.pred[i].clone()))
         self.use += 1
         self._issue_after(u, i, nq, predecode)
+        del plan                                  # as before the split: freed when the layer returns
         return o
 
     def _selection(self, i, q, nq, predecode, have_pred, sim_pred):
