@@ -21,10 +21,9 @@ from __future__ import annotations
 import pandas as pd
 
 from ddbench.core.errors import DDBenchError
-from ddbench.core.paths import traces_dir
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import FigureResult, register
-from ddbench.experiments.cache_figure import SHADOWKV_RUN, forced_rates, simulated
+from ddbench.experiments.cache_figure import SHADOWKV_RUN, _engine_rows, forced_rates, simulated
 from ddbench.plotting import SYSTEM_COLORS
 
 DESIGNS = ("dualdecoder-cache", "lru-cache", "dualdecoder", "shadowkv")
@@ -35,21 +34,11 @@ CACHE_TOKENS = 8192
 COLORS = {"dualdecoder-cache": "#9467bd", "lru-cache": "#8c564b"}
 
 
-def _rows(run: str):
-    from ddbench.core.traces import load_engine
-    paths = sorted(traces_dir("engine", run, "builds").glob("b*/engine.csv")) if run == SHADOWKV_RUN else \
-        [traces_dir("engine", run, "engine.csv")]
-    if not paths or not all(p.exists() for p in paths):
-        raise DDBenchError(f"{traces_dir('engine', run)}: no engine.csv (traces/engine/h200-cachefill/README.md"
-                           " says how it was run)")
-    return pd.concat([load_engine(str(p)) for p in paths], ignore_index=True)
-
-
 def engine_points() -> pd.DataFrame:
     """One row per (model, context, design): the largest batch's builds, min / median / max."""
     parts = []
     for run, designs in RUNS.items():
-        e = _rows(run)
+        e = _engine_rows(run)
         bits = e.kv_bits.fillna(16).astype(int) if "kv_bits" in e else 16
         e = e[e.design.isin(designs) & e.paper_role.isin(["largest", "repeat"]) & e.status.isin(["ok", "ok-no-twin"])
               & (bits == 16) & (e.batch > 1)]
@@ -65,7 +54,7 @@ def engine_points() -> pd.DataFrame:
         r0 = g.iloc[0]
         cache = design.endswith("-cache")
         urgent = float(g.miss_rate.astype(float).median())
-        pref = float(g.churn_rate.astype(float).median()) if cache and design == "dualdecoder-cache" else 0.0
+        pref = float(g.churn_rate.astype(float).median()) if design == "dualdecoder-cache" else 0.0
         rows.append(dict(model=model, context=int(ctx), design=design, run=r0.run, batch=int(r0.batch), builds=len(g),
                          tok_s=g.tok_s.median(), tok_s_min=g.tok_s.min(), tok_s_max=g.tok_s.max(),
                          step_ms=g.step_ms.median(), step_over_hbm_floor=(g.step_ms / g.floor_ms).median(),
