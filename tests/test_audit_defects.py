@@ -86,8 +86,9 @@ def test_a_damaged_cache_profile_is_refused(tmp_path, data, how, says):
 
 def test_sigterm_stops_plan_slo_with_workers(tmp_path, data):
     p = subprocess.Popen(command("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k",
-                                 "--slo", "p99-completion=60s", "--workers", "2", "--design", "all",
-                                 "--seeds", "3", "--max-runs", "40"),
+                                 "--slo", "p99-completion=60s", "--workers", "2", "--design", "every",
+                                 "--seeds", "3", "--max-runs", "40", "--tol", "0.0001", "--requests", "2000"),
+                         # short runs, many of them: about 20 s of search alone, so still searching at 6 s
                          env=env({"DDBENCH_DATA": str(data)}), cwd=tmp_path, start_new_session=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
