@@ -55,19 +55,23 @@ def run_tasks(fn, items: list, on_result, executor: str = "local", workers: int 
                 on_result(i, fn(it))
                 bar.update(1)
             return {"startup_s": 0.0}
-        with ProcessPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(items)))
+        try:
             futs = {pool.submit(fn, it): i for i, it in enumerate(items)}
             pending = set(futs)
-            try:
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in done:
-                        on_result(futs[f], f.result())
-                        bar.update(1)
-            except BaseException:
-                for f in pending:
-                    f.cancel()
-                raise
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    on_result(futs[f], f.result())
+                    bar.update(1)
+        except BaseException:
+            # interrupted (Ctrl-C, SIGTERM) or failed: the points in flight are not waited for; their workers
+            # are stopped (results come back to this process only, so a worker holds nothing to clean up)
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.kill()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
         return {"startup_s": 0.0}
     finally:
         bar.close()
