@@ -52,7 +52,7 @@ ENGINE_FLAGS = (("--phases", flags.text(), "comma-separated sweep phases (floor,
                 ("--reps", flags.integer(), "repetitions (paper phase: timed replays per point)"),
                 ("--budget-s", flags.number(), "stop starting new points after this many seconds"),
                 ("--host-gib", flags.number(), "pinned host KV buffer in GiB"),
-                ("--kv-bits", flags.text(), "paper phase: 16 and/or 8 (fp8 host KV too, labels design+fp8)"))
+                ("--kv-bits", flags.text(), flags.ENGINE_KV_BITS_HELP))
 PROVENANCE = ("gpu", "driver", "cuda", "torch", "triton", "git_sha", "date_utc", "command")
 
 

@@ -14,6 +14,7 @@ from ddbench.core import defaults as D
 from ddbench.core.catalog import get_model
 from ddbench.core.designs import DESIGNS as SYSTEMS
 from ddbench.core.errors import DDBenchError
+from ddbench.core.flags import ENGINE_KV_BITS_HELP
 from kernels.engine import paper as paper_phase
 from kernels.engine.phases import DEFAULT_MODEL, PAPER, PHASES
 from kernels.engine.points import Label, design_spec, make_config
@@ -96,9 +97,7 @@ def build_parser(description=None):
                                       " dualdecoder,shadowkv,specache,full-kv; dualdecoder-cache too)")
     ap.add_argument("--cache-tokens", help="paper phase: comma-separated chunk-cache capacities in tokens per (layer, KV"
                                            " head), each searched for dualdecoder-cache (default the Workload's)")
-    ap.add_argument("--kv-bits", default="16", help="paper phase: comma-separated 16 (bf16) and/or 8 (fp8 e4m3 host KV,"
-                                                    " dequantised by the gathers): with 8, each design that keeps its"
-                                                    " KV on the host is searched in fp8 too (label design+fp8)")
+    ap.add_argument("--kv-bits", default="16", help=ENGINE_KV_BITS_HELP)
     ap.add_argument("--churn", type=float, help="dualdecoder-cache: forced share of each step's prediction new"
                                                 " against the last (with --miss: the urgent share), instead of the"
                                                 " profile's measured rates")
