@@ -20,6 +20,8 @@ Sections:
                 + fused top-k), Llama-3-8B heads only
   interference  an urgent 2 MiB transfer while a 256 MiB background transfer is in flight, by
                 method and stream priority, and a decode GEMM beside the background
+  compute_interference  each kind of decode kernel alone and beside the engine's prefetch gather
+                (kernels/calibrate_interference.py)
 
 The link and interference sections, the UVA chunk copy and the timing helpers: kernels/calibrate_link.py.
 """
@@ -43,6 +45,7 @@ from ddbench.core.catalog import MODELS
 from ddbench.core.catalog.gpus import catalog_gpu_name
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
+from kernels.calibrate_interference import InterferenceSections
 from kernels.calibrate_link import MiB, LinkSections, rand_bf16, time_ms, uva_copy  # noqa: F401 (uva_copy: its old home)
 
 # SpeCache's scoring row (triton_quant_scan): the engine's head configuration (Llama-3-8B) and quant group
@@ -86,7 +89,7 @@ def provenance(gpu: str, command: str) -> dict:
 
 # ----------------------------------------------------------------------------- sections
 
-class Calibrator(LinkSections):
+class Calibrator(LinkSections, InterferenceSections):
     def __init__(self, writer: BundleWriter, deadline: float, log=print):
         self.w = writer
         self.deadline = deadline
@@ -366,7 +369,7 @@ class Calibrator(LinkSections):
         self.log(f"  engine: {n} rows from {engine_dir}")
 
 
-ALL_SECTIONS = ("ceilings", "link", "linear", "kernels", "interference", "engine")
+ALL_SECTIONS = ("ceilings", "link", "linear", "kernels", "interference", "compute_interference", "engine")
 
 
 def run_calibration(out_root: str, gpu: str | None, sections: list[str], budget_s: float, fresh: bool,

@@ -23,7 +23,7 @@ EXAMPLE = """examples:
   ddbench calibrate --sections link,interference --budget-s 120
   ddbench calibrate --gpu h200 --out /tmp/cal --fresh"""
 
-SECTION_NAMES = ("ceilings", "link", "linear", "kernels", "interference", "engine")
+SECTION_NAMES = ("ceilings", "link", "linear", "kernels", "interference", "compute_interference", "engine")
 
 
 def register(sub) -> None:

@@ -33,6 +33,12 @@ SECTIONS: dict[str, dict] = {
                      "gemm_slowdown"],
         "other": [],
     },
+    "compute_interference": {
+        "file": "compute_interference.csv",
+        "key": ["family", "shape", "gather_programs"],
+        "positive": ["calls", "alone_ms", "beside_ms", "slowdown", "gather_gbps_alone", "gather_gbps_beside"],
+        "other": [],
+    },
     "ceilings": {
         "file": "ceilings.csv",
         "key": ["name"],
