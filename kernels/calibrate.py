@@ -36,8 +36,6 @@ import time
 
 import torch
 
-import triton
-
 from ddbench.core.provenance import command_output, git_dirty, git_head, utc_now
 
 from ddbench.core.calibration import SECTIONS, BundleWriter, bundle_dir
@@ -46,6 +44,7 @@ from ddbench.core.catalog.gpus import catalog_gpu_name
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from kernels.calibrate_interference import InterferenceSections
+from kernels.timing import provenance as gpu_provenance
 from kernels.calibrate_link import MiB, LinkSections, rand_bf16, time_ms, uva_copy  # noqa: F401 (uva_copy: its old home)
 
 # SpeCache's scoring row (triton_quant_scan): the engine's head configuration (Llama-3-8B) and quant group
@@ -61,24 +60,24 @@ def quant_scan_bytes(b, hk, ctx, d, group=QUANT_SCAN_GROUP) -> int:
 # ----------------------------------------------------------------------------- provenance
 
 def provenance(gpu: str, command: str) -> dict:
+    """The bundle's provenance: the GPU side's (kernels.timing.provenance, the core's gpu_provenance) under
+    the bundle's names (device_name; git_sha and git_dirty apart, the core's git_head and git_dirty; date
+    with its UTC offset), the catalog GPU name, and what a calibration adds (memory, SMs, PCIe, host)."""
+    base = gpu_provenance(command)
     props = torch.cuda.get_device_properties(0)
-    sha, dirty = git_head(), git_dirty()      # the core's git conventions (ddbench.core.provenance)
-    dirty = "unknown" if dirty is None else ("yes" if dirty else "no")
+    dirty = git_dirty()
     return {
         "gpu": gpu,
-        "device_name": torch.cuda.get_device_name(0),
+        "device_name": base["gpu"],
         "device_total_bytes": int(props.total_memory),
         "sm_count": int(props.multi_processor_count),
-        "driver": (command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
-                   or ["unknown"])[0],
+        "driver": base["driver"],
         "pcie": command_output(["nvidia-smi", "--query-gpu=pcie.link.gen.current,pcie.link.width.current",
-                      "--format=csv,noheader"]),
-        "cuda": torch.version.cuda,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+                                "--format=csv,noheader"]),
+        **{k: base[k] for k in ("cuda", "torch", "triton")},
         "python": platform.python_version(),
-        "git_sha": sha,
-        "git_dirty": dirty,
+        "git_sha": git_head(),
+        "git_dirty": "unknown" if dirty is None else ("yes" if dirty else "no"),
         "date": utc_now(offset=True),
         "command": command,
         "host": socket.gethostname(),

@@ -72,3 +72,27 @@ def test_rows_csv_columns_then_provenance(tmp_path):
     for r in rows:
         w.writerow({"a": r.get("a"), "b": r.get("b"), "git_sha": "x"})
     assert raw == buf.getvalue().encode()
+
+
+def test_calibration_provenance_is_gpu_provenance_under_the_bundles_names(fixed_git, monkeypatch):
+    """kernels.calibrate.provenance builds on kernels.timing.provenance and keeps the committed bundle's keys,
+    in its order (the runs list aside), with git_sha and git_dirty apart."""
+    import json
+    import types
+
+    torch = pytest.importorskip("torch")
+    triton = pytest.importorskip("triton")
+    import kernels.calibrate as cal
+    from ddbench.core.paths import traces_dir
+    props = types.SimpleNamespace(total_memory=150109880320, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: props)
+    ours = cal.provenance("h200", "cmd")
+    with open(traces_dir("calibration") / "h200" / "bundle.json", encoding="utf-8") as fh:
+        committed = json.load(fh)["provenance"]
+    assert list(ours) == [k for k in committed if k != "runs"]
+    gpu = P.gpu_provenance("cmd", torch, triton)
+    assert {k: ours[k] for k in ("driver", "cuda", "torch", "triton", "command")} == \
+           {k: gpu[k] for k in ("driver", "cuda", "torch", "triton", "command")}
+    assert (ours["gpu"], ours["device_name"], ours["sm_count"]) == ("h200", "NVIDIA H200", 132)
+    assert (ours["git_sha"], ours["git_dirty"]) == ("0123456789abcdef", "yes") and ours["date"].endswith("+00:00")
