@@ -9,6 +9,7 @@ from pathlib import Path
 from ddbench.doctables.common import (CALIBRATION_SWEEP, CTX, DESIGNS, ENGINE_MODEL, ROOT, VALIDATION_SWEEP,
                                       _csv, _engine, _json, _k, _notna, _own_step, _pct, _prov, _spread, _sweep,
                                       _table)
+from kernels.engine.tables import MECHANISM     # the sweep summary's mechanism ratios: key prefix, label
 
 
 def headline(root: Path = ROOT) -> str:
@@ -179,18 +180,6 @@ def engine_transfers(root: Path = ROOT) -> str:
             f"median (min-max) over the two runs {_prov(CALIBRATION_SWEEP, cal_meta)} and "
             f"{_prov(VALIDATION_SWEEP, val_meta)}:\n\n"
             + _table(["context", "batch"] + designs, rows))
-
-
-MECHANISM = (
-    ("fifo_over_priority", "FIFO / priority"),
-    ("exposed_share", "exposed-transfer share (1 - compute-only / full step)"),
-    ("two_pass_over_dual_b16", "two passes / dual-token, full step"),
-    ("two_pass_over_dual_compute_only_b16", "two passes / dual-token, compute only"),
-    ("per_layer_over_pingpong_b16", "per-layer buffers / ping-pong"),
-    ("cpu_gather_over_gpu_gather_eager_b16", "CPU gather / GPU gather, both eager"),
-    ("cpu_gather_over_gpu_gather_graph_b16", "CPU gather (eager) / GPU gather (graph)"),
-    ("eager_over_graph_b16", "eager / graph, full step"),
-)
 
 
 def _point(key: str, prefix: str) -> tuple[tuple, str]:

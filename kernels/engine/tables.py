@@ -19,7 +19,7 @@ import sys
 DESIGNS = (("dualdecoder", "dualdecoder"), ("dualdecoder-single", "dualdecoder, one query token"),
            ("shadowkv", "shadowkv"), ("specache", "specache"), ("full-kv", "full-kv"))
 BATCHES = (1, 16, 64)
-MECHANISM = (   # summary key prefix -> (label, point)
+MECHANISM = (   # (summary key prefix, label): this table's and the docs' (ddbench/doctables/engine_tables.py)
     ("fifo_over_priority", "FIFO / priority"),
     ("exposed_share", "exposed-transfer share (1 - compute-only / full step)"),
     ("two_pass_over_dual_b16", "two passes / dual-token, full step"),
