@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from ddbench.core import defaults as D
 from ddbench.core.errors import DDBenchError
+from ddbench.core.io import read_json_object
 from ddbench.core.paths import traces_dir
 
 PAPER_HIT = D.HIT_RATE    # the paper's average KV prediction accuracy (§4.1)
@@ -285,26 +286,9 @@ def read_summary(path: str) -> dict:
     a JSON object whose `model` (where given) is a name, `shape.layers` a layer count, `lowrank_layers`
     {layers: integers in 0..layers-1, threshold: a number, where given}, and `task_accuracy` (where
     given) a list of records. One-line DDBenchError naming the file (and the line or the field) otherwise."""
-    import json
     import math
     path = str(path)
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise DDBenchError(f"cannot read accuracy summary {path}: {exc.strerror or type(exc).__name__}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DDBenchError(f"malformed accuracy summary {path}: not UTF-8 text (byte {exc.start})") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DDBenchError(f"malformed accuracy summary {path}: line {exc.lineno}: {exc.msg}") from None
-    except RecursionError:
-        raise DDBenchError(f"malformed accuracy summary {path}: nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise DDBenchError(f"malformed accuracy summary {path}: not a JSON object")
+    doc = read_json_object(path, "accuracy summary", missing="`ddbench profile` writes it beside <model>.csv")
     if "model" in doc and not (isinstance(doc["model"], str) and doc["model"].strip()):
         raise _summary_error(path, "model", "not a name")
     shape = doc.get("shape")
