@@ -4,7 +4,8 @@ the GPUs that prefill them, and the TTFT of the whole path.
     prefill_s(sc, ctx)    GPU seconds to prefill one request of `ctx` tokens on a prefill GPU: the same
                           chunked-prefill pricing as `--prefill here` (sim.steplayers.prefill_chunk_s on the
                           scenario's cost model: the same GPU kind, bundle and design, the SVD of the
-                          low-rank designs included), without a decode step beside it
+                          low-rank designs included), without a decode step beside it; exact_prefill_s(sc,
+                          ctx) the same at one context, never interpolated (ddbench.planner.runs's too)
     transfer_s(sc, ctx)   seconds to ship that request's KV to the decode host: the bytes the decode side
                           keeps for it (its host KV, ddbench.core.memory.host_kv_bytes, plus its GPU-resident
                           KV, landmarks and auxiliary residency) over one of the scenario's links, unshared
@@ -34,7 +35,8 @@ GRID = 17                   # contexts at which a distribution's prefill time is
 
 
 @lru_cache(maxsize=256)
-def _prefill_exact(sc: Scenario, ctx: int) -> float:
+def exact_prefill_s(sc: Scenario, ctx: int) -> float:
+    """GPU seconds of one request's chunked prefill of exactly `ctx` tokens (`--prefill here` prices the same)."""
     from sim.steplayers import prefill_chunk_s
     r = resolve(sc)
     tot, p = 0.0, 0
@@ -49,9 +51,9 @@ def _prefill_exact(sc: Scenario, ctx: int) -> float:
 def _grid(sc: Scenario, hi: int) -> tuple:
     lo = sc.contexts.low or 1
     if hi <= lo:
-        return ((hi, _prefill_exact(sc, hi)),)
+        return ((hi, exact_prefill_s(sc, hi)),)
     xs = sorted({round(lo + (hi - lo) * i / (GRID - 1)) for i in range(GRID)})
-    return tuple((x, _prefill_exact(sc, x)) for x in xs)
+    return tuple((x, exact_prefill_s(sc, x)) for x in xs)
 
 
 def prefill_s(sc: Scenario, ctx: int, hi: int | None = None) -> float:
@@ -59,7 +61,7 @@ def prefill_s(sc: Scenario, ctx: int, hi: int | None = None) -> float:
     contexts up to `hi` for a distribution, exact for a fixed context)."""
     lo_c, hi_c = sc.contexts.low, sc.contexts.high
     if lo_c is not None and lo_c == hi_c:
-        return _prefill_exact(sc, int(ctx))
+        return exact_prefill_s(sc, int(ctx))
     pts = _grid(sc, int(hi or hi_c or ctx))
     if ctx <= pts[0][0] or len(pts) == 1:
         return pts[0][1] * ctx / pts[0][0]

@@ -25,6 +25,7 @@ from functools import lru_cache
 
 from ddbench.core.memory import CATEGORIES, max_batch
 from ddbench.core.units import GB
+from ddbench.planner.fleet import exact_prefill_s
 from ddbench.planner.scenario import Scenario, resolve
 
 STABLE_SLOPE = 0.05      # backlog growth above which a run counts as overloaded
@@ -38,18 +39,6 @@ def workload_means(context: str, output: str, requests: int, seed: int) -> tuple
     from sim.serving import draw_requests
     reqs = draw_requests(requests, 1.0, context, output, seed)
     return (sum(r.context for r in reqs) / len(reqs), sum(r.output for r in reqs) / len(reqs))
-
-
-@lru_cache(maxsize=256)
-def _prefill_s(sc: Scenario, ctx: int) -> float:
-    from sim.steplayers import prefill_chunk_s
-    r = resolve(sc)
-    tot, p = 0.0, 0
-    while p < ctx:
-        c = min(r.workload.prefill_chunk, ctx - p)
-        tot += prefill_chunk_s(r.design, r.model, r.cm, r.workload, c, p, p + c >= ctx, ctx)[0]
-        p += c
-    return tot
 
 
 def _step(sc: Scenario, batch: int, ctx: float):
@@ -85,7 +74,7 @@ def capacity(sc: Scenario, seed: int = 0) -> dict:
         return {"max_batch": 0, "rate": 0.0, "ctx": ctx, "out": out, "prefill_s": math.nan, "step_s": math.nan,
                 **host_info}
     st = _step(sc, b, ctx + out / 2)
-    pre = _prefill_s(sc, int(round(ctx))) if sc.prefill == "here" else 0.0
+    pre = exact_prefill_s(sc, int(round(ctx))) if sc.prefill == "here" else 0.0
     per_req = out * st.step_s / b + pre
     return {"max_batch": b, "rate": 1.0 / per_req, "ctx": ctx, "out": out, "prefill_s": pre,
             "step_s": st.step_s, "tokens_per_s": b / st.step_s, **host_info}
