@@ -19,37 +19,16 @@ gpu, link and host resolves against the config's folder.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.io import read_mapping
 
 FILE_KEYS = ("gpu", "link", "host", "hit_rate", "calibration")   # values that may name a file beside the config
 
 
 def _read(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise DDBenchError(f"config {path}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise DDBenchError(f"config {path}: not a text file (UTF-8 YAML or JSON)") from None
-    try:
-        if path.lower().endswith(".json"):
-            raw = json.loads(text)
-        else:
-            import yaml
-            raw = yaml.safe_load(text)
-    except ValueError as exc:
-        raise DDBenchError(f"config {path}: not valid JSON ({exc})") from None
-    except Exception as exc:   # noqa: BLE001 - yaml.YAMLError
-        mark = getattr(exc, "problem_mark", None)
-        raise DDBenchError(f"config {path}: not valid YAML{'' if mark is None else f' at line {mark.line + 1}'}") \
-            from None
-    if not isinstance(raw, dict):
-        raise DDBenchError(f"config {path}: expected a mapping of flags to values, got {type(raw).__name__}")
-    return raw
+    return read_mapping(path, f"config {path}", "flags to values")
 
 
 def _actions(sub: argparse.ArgumentParser) -> dict:

@@ -119,6 +119,35 @@ def read_json_object(path, what: str, missing: str = "") -> dict:
     return doc
 
 
+def read_mapping(path, name: str, fields: str) -> dict:
+    """A YAML or JSON file (JSON where it ends in .json) whose top level is a mapping, or a one-line
+    DDBenchError that starts with `name` (e.g. "config plan.yaml"): unreadable, not UTF-8, not valid JSON
+    or YAML (with the line), or not a mapping (of `fields`: e.g. "flags to values")."""
+    path = str(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise DDBenchError(f"{name}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise DDBenchError(f"{name}: not a text file (UTF-8 YAML or JSON)") from None
+    try:
+        if path.lower().endswith(".json"):
+            raw = json.loads(text)
+        else:
+            import yaml
+            raw = yaml.safe_load(text)
+    except ValueError as exc:     # json.JSONDecodeError is a ValueError
+        raise DDBenchError(f"{name}: not valid JSON ({exc})") from None
+    except Exception as exc:      # noqa: BLE001 - yaml.YAMLError and its constructor errors
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise DDBenchError(f"{name}: not valid YAML{where}") from None
+    if not isinstance(raw, dict):
+        raise DDBenchError(f"{name}: expected a mapping of {fields}, got {type(raw).__name__}")
+    return raw
+
+
 def records(doc: dict, key: str, fields, path, what: str) -> list:
     """doc[key] (absent: []) as a list of objects that each hold `fields`, or a one-line DDBenchError."""
     items = doc.get(key, [])

@@ -20,11 +20,11 @@ up by name, finds it. Relative paths inside a host file resolve against that fil
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.io import read_mapping
 
 SUFFIXES = (".yaml", ".yml", ".json")
 # field -> (lowest, highest, lowest excluded): numbers checked beyond their type
@@ -50,29 +50,7 @@ def loaded(kind: str, name: str):
 
 
 def _read(kind: str, full: str, path: str) -> dict:
-    try:
-        with open(full, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise DDBenchError(f"{kind} file {path}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise DDBenchError(f"{kind} file {path}: not a text file (UTF-8 YAML or JSON)") from None
-    try:
-        if full.lower().endswith(".json"):
-            raw = json.loads(text)
-        else:
-            import yaml
-            raw = yaml.safe_load(text)
-    except ValueError as exc:     # json.JSONDecodeError is a ValueError
-        raise DDBenchError(f"{kind} file {path}: not valid JSON ({exc})") from None
-    except Exception as exc:      # noqa: BLE001 - yaml.YAMLError and its constructor errors
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise DDBenchError(f"{kind} file {path}: not valid YAML{where}") from None
-    if not isinstance(raw, dict):
-        raise DDBenchError(f"{kind} file {path}: expected a mapping of the catalog's fields, got"
-                           f" {type(raw).__name__}")
-    return raw
+    return read_mapping(full, f"{kind} file {path}", "the catalog's fields")
 
 
 def check(kind: str, cls, raw: dict, where: str):
