@@ -14,7 +14,8 @@ either by the link or by the compute path with its waits:
   T_compute = LM head + sum over layers of
               (pre + max(key rebuild, exposed transfer) + attention + post) * s_bg
               (plan.ur_serial: key rebuild + exposed transfer, the fetch being in the compute
-              stream's order). s_bg is the mean slowdown of compute beside a GPU gather: it applies
+              stream's order). s_bg is the mean slowdown of compute beside a GPU gather (the
+              plan's compute_slowdown: each kind of kernel's, by its time in the step): it applies
               for the link time not spent stalled (a fixed point, three iterations); within a
               prefetch's window the compute runs at 1/slowdown
   exposed transfer of layer i (the wait between its true index and its attention), on a compute
@@ -84,7 +85,7 @@ def aggregate_step(plan: StepLayers) -> AggStep:
     beta = r.bidir_factor
     t_link = W + min(D / beta, W) * (1.0 - beta) if W else 0.0
     t_cpu = sum(plan.cpu_pf_work) + sum(plan.cpu_ur_work)
-    slow = r.compute_slowdown if r.method == "uva_gather" else 1.0
+    slow = plan.compute_slowdown if r.method == "uva_gather" else 1.0
     s_u = r.urgent_slowdown if design.urgent_priority else 1.0
     chunk_s = r.chunk_bytes / (r.h2d_gbps * 1e9)
     c_pure = plan.compute_s
@@ -139,7 +140,7 @@ def _prefetches_behind(plan, t0: float) -> float:
     r = plan.rates
     if plan.design.prefetch != "layer-ahead" or L < 3:
         return sum(1 for x in plan.pf_work if x > 0)
-    slow = r.compute_slowdown if r.method == "uva_gather" else 1.0
+    slow = plan.compute_slowdown if r.method == "uva_gather" else 1.0
     s = max(1.0, r.urgent_slowdown)
     n = 0
     for i in range(L):

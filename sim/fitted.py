@@ -202,6 +202,9 @@ class Fitted:
     inputs: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
     why: str = ""                 # why nothing (or no engine terms) came from a file
+    # the torch fill of the engine before the fused one (sim/fit/replay.py FUSED_FILL_SINCE): prices only that
+    # engine's chunk-cache rows in the validation
+    cache_fill_torch: CacheFill | None = None
 
     @property
     def shown(self) -> str:
@@ -294,7 +297,8 @@ def for_bundle(bundle) -> Fitted:
         if f.engine is not None and f.inputs.get("breakdown", {}).get("sha256") != breakdown_sha(bundle):
             return Fitted(None, f.reuse, f.cache_fill, f.path, f.inputs, f.provenance,
                           f"{f.path}'s engine terms were fitted to another engine breakdown than the bundle's"
-                          f" ({shown_path(bundle.breakdown['path']) if bundle.breakdown else 'none found'})")
+                          f" ({shown_path(bundle.breakdown['path']) if bundle.breakdown else 'none found'})",
+                          f.cache_fill_torch)
         return f
     return Fitted(why="; ".join(why) or f"no {FOLDER}/{bundle.gpu}/{FILE} beside the bundle or in the data root")
 
@@ -370,18 +374,18 @@ def _reuse(doc, path) -> dict:
     return out
 
 
-def _cache_fill(doc, path) -> CacheFill | None:
-    c = _obj(doc, "cache_fill", path, optional=True)
+def _cache_fill(doc, path, key: str = "cache_fill") -> CacheFill | None:
+    c = _obj(doc, key, path, optional=True)
     if c is None:
         return None
-    th = _obj(c, "theta", path, "cache_fill")
+    th = _obj(c, "theta", path, key)
     if set(th) != set(CACHE_FILL_TERMS):
-        raise _bad(path, "cache_fill.theta", f"must hold {', '.join(CACHE_FILL_TERMS)}")
-    theta = {t: _num(th, t, path, "cache_fill.theta", nonneg=True) for t in CACHE_FILL_TERMS}
-    return CacheFill(theta, _num(c, "context", path, "cache_fill", positive=True, integer=True),
-                     _num(c, "points", path, "cache_fill", positive=True, integer=True),
-                     _num(c, "max_abs_residual_us", path, "cache_fill", nonneg=True),
-                     dict(_obj(c, "residuals_us", path, "cache_fill")), dict(_obj(c, "source", path, "cache_fill")),
+        raise _bad(path, f"{key}.theta", f"must hold {', '.join(CACHE_FILL_TERMS)}")
+    theta = {t: _num(th, t, path, f"{key}.theta", nonneg=True) for t in CACHE_FILL_TERMS}
+    return CacheFill(theta, _num(c, "context", path, key, positive=True, integer=True),
+                     _num(c, "points", path, key, positive=True, integer=True),
+                     _num(c, "max_abs_residual_us", path, key, nonneg=True),
+                     dict(_obj(c, "residuals_us", path, key)), dict(_obj(c, "source", path, key)),
                      str(c.get("model", "")), str(c.get("gpu", "")))
 
 
@@ -403,7 +407,7 @@ def load(path: str) -> Fitted:
     inputs = _obj(doc, "inputs", path)
     _obj(_obj(inputs, "bundle", path, "inputs"), "files", path, "inputs.bundle")
     return Fitted(_engine(doc, path), _reuse(doc, path), _cache_fill(doc, path), shown_path(path), inputs,
-                  dict(_obj(doc, "provenance", path)))
+                  dict(_obj(doc, "provenance", path)), cache_fill_torch=_cache_fill(doc, path, "cache_fill_torch"))
 
 
 # --------------------------------------------------------------------------- writing (sim/fit/ builds the dict)

@@ -57,6 +57,14 @@ class LinkRates:
     cpu_gather_gbps: float   # host CPU index_select stage of the CPU-gather ablation (0 = unused)
     chunk_bytes: int         # contiguous run of one transfer
     method: str              # uva_gather | cpu_gather | copy_engine
+    # (family, slowdown) of each kind of decode kernel beside the engine's prefetch gather (the bundle's
+    # compute_interference section: gemm, selection, attention, elementwise); () where not measured:
+    # then every kind is slowed by compute_slowdown
+    compute_slowdowns: tuple = ()
+
+    def slowdown_of(self, family: str) -> float:
+        """A kind of decode kernel's slowdown beside a GPU gather (compute_slowdown where not measured)."""
+        return dict(self.compute_slowdowns).get(family, self.compute_slowdown)
 
 
 class LinkCosts:
@@ -238,7 +246,21 @@ class LinkCosts:
         gs_ce = self._interference("copy_engine", 0, "uva_gather", "gemm_ms")
         comp = max(1.0, gs_bg / gs_ce) if gs_bg and gs_ce else 1.0
         return LinkRates(h2d, t0, 1 / ce["s_d2h"] / 1e9 * ce["scale"], ce["t0_d2h"], ce["bidir"],
-                         max(1.0, us or 1.0), comp, 0.0, chunk_bytes, "uva_gather")
+                         max(1.0, us or 1.0), comp, 0.0, chunk_bytes, "uva_gather", self._compute_slowdowns(comp))
+
+    def _compute_slowdowns(self, comp: float) -> tuple:
+        """(family, slowdown) beside the engine's 32-program prefetch gather: the median over the bundle's
+        compute_interference rows of each family (at least 1); () with a note where it has none."""
+        rows = [r for r in self.bundle.rows.get("compute_interference", []) if r["gather_programs"] == 32]
+        fams = sorted({r["family"] for r in rows})
+        out = []
+        for f in fams:
+            v = sorted(r["slowdown"] for r in rows if r["family"] == f)
+            out.append((f, max(1.0, v[len(v) // 2])))
+        if not out:
+            self._note(f"compute beside a GPU gather: the bundle has no compute_interference rows; every kind of"
+                       f" kernel slowed by the GEMM factor {comp:.3f}")
+        return tuple(out)
 
     def _cpu_gather_rates(self, chunk_bytes: int, ce: dict) -> LinkRates:
         """The CPU-gather ablation: the host's index_select stage (the measured time less the copy's),

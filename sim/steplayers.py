@@ -73,6 +73,9 @@ class StepLayers:
     # side stream): the key rebuild (mid) starts when the fetch ends instead of overlapping it; set
     # only by the validation, for those same old-engine rows
     ur_serial: bool = False
+    # compute beside a GPU gather runs this much slower: each kind's slowdown (LinkRates.slowdown_of)
+    # weighted by the step's time in that kind (step_layers); 1 without a gather
+    compute_slowdown: float = 1.0
 
     @property
     def layers(self) -> int:
@@ -141,10 +144,25 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     slots = 2 if design.buffer_layers == "pingpong" else L
     slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (
         w.cache_tokens if design.chunk_cache else w.budget) * m.kv_bytes_per_token_layer   # 16-bit buffers
+    kinds = {"gemm": L * passes * (c["lin_pre"] + c["lin_post"]) + lm + sum(mid) - L * passes * c["asm"],
+             "selection": L * passes * c["sel"], "attention": L * passes * c["att"],
+             "elementwise": L * (passes * (c["glue"] + c["asm"]) + fill)}
     return StepLayers(design, batch, context, q, passes, pre, mid, [passes * c["att"]] * L,
                       [passes * (c["lin_post"] + c["glue"] / 2)] * L, lm, link["pf_b"], link["ur_b"], link["d2h_b"],
                       link["pf_w"], link["ur_w"], link["d2h_w"], link["cpu_pf"], link["cpu_ur"],
-                      slot_bytes, slots, link["rates"], lr, ur_min, serial)
+                      slot_bytes, slots, link["rates"], lr, ur_min, serial, compute_slowdown(link["rates"], kinds))
+
+
+def compute_slowdown(rates: LinkRates | None, kinds: dict) -> float:
+    """The step's compute slowdown beside a GPU gather: each kind of kernel's (gemm: the linear layers, the
+    LM head and the key rebuild; selection; attention; elementwise: the glue, assembling the buffer and the
+    chunk cache's fill) weighted by its time in the step."""
+    if rates is None or rates.method != "uva_gather":
+        return 1.0
+    total = sum(kinds.values())
+    if total <= 0:
+        return rates.compute_slowdown
+    return sum(t * rates.slowdown_of(k) for k, t in kinds.items()) / total
 
 
 def cache_fills(design: DesignSpec) -> int:

@@ -101,7 +101,7 @@ class _Timeline:
             self.h2d, self.d2h = duplex_link(plan.rates, design.urgent_priority, self.link_rec)
             self.cpu = FluidServer("host_cpu", design.urgent_priority, 1.0, 0.0, 1.0, self.link_rec) \
                 if any(plan.cpu_pf_work) or any(plan.cpu_ur_work) else None
-            self.slow = plan.rates.compute_slowdown if plan.rates.method == "uva_gather" else 1.0
+            self.slow = plan.compute_slowdown if plan.rates.method == "uva_gather" else 1.0
             self.group = FluidGroup([self.h2d, self.d2h, self.cpu])
         else:
             self.h2d = self.d2h = self.cpu = self.group = None

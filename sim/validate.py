@@ -11,10 +11,10 @@ guard (ddbench.core.outputs.output_folder, all files of a run at once, nothing l
 per-point CSV of each validated sweep and its `<stem>-summary.json` (errors by regime and design, link
 bytes agreement, the cost model's notes), and the folder's README.md. Besides the four sweeps (the
 validated one, held-out, cache, fp8: all measured before the in-place ShadowKV step, so their ShadowKV
-rows carry that engine's fetch), two validations of the in-place engine: `<stem>-inplace.csv`
-(ShadowKV in place: traces/engine/h200-shadowkv-fast builds, paper-80gb and fp8, and h200-rates'
-ShadowKV rows) and `<stem>-rates.csv` (h200-rates' chunk-cache grid and the other designs at batch 1),
-each with its points' min / median / max over their builds in the summary (`per_point`). Default folder: the data root's
+rows carry that engine's fetch, and their chunk-cache rows the torch fill), three validations of the
+in-place engine: `<stem>-inplace.csv` (ShadowKV in place: traces/engine/h200-shadowkv-fast builds,
+paper-80gb and fp8, and h200-rates' ShadowKV rows), `<stem>-rates.csv` (h200-rates' chunk-cache grid and
+the other designs at batch 1) and `<stem>-ablation.csv` (issue 31's ablation, the fused fill), each with its points' min / median / max over their builds in the summary (`per_point`). Default folder: the data root's
 validation/ (traces/validation/). Imports no torch.
 """
 
@@ -27,7 +27,7 @@ import sys
 from ddbench.core.errors import DDBenchError
 from ddbench.core.outputs import output_folder
 from ddbench.core.paths import traces_dir
-from sim.fit.validation import (CACHE_SWEEP, CALIBRATION_FLOOR_SWEEP, CALIBRATION_SWEEP, FP8_SWEEP, GPU,
+from sim.fit.validation import (ABLATION_RUNS, CACHE_SWEEP, CALIBRATION_FLOOR_SWEEP, CALIBRATION_SWEEP, FP8_SWEEP, GPU,
                                 HELD_OUT_SWEEP, INPLACE_RUNS, LINK, MODEL, RATES_RUNS, STEPS, VALIDATION_SWEEP, WARMUP,
                                 summarize, user_path_errors, validate, validate_runs)
 
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
         results = [(validate(d, a.calibration_engine, allow_same_run=a.allow_same_run, held_out=h), out)
                    for d, out, h in runs]
         if a.in_place != "none":
-            for tag, spec in (("inplace", INPLACE_RUNS), ("rates", RATES_RUNS)):
+            for tag, spec in (("inplace", INPLACE_RUNS), ("rates", RATES_RUNS), ("ablation", ABLATION_RUNS)):
                 if all(os.path.exists(os.path.join(str(traces_dir("engine", f)), "engine.csv")) for f, _ in spec):
                     results.append((validate_runs(spec, a.calibration_engine),
                                     os.path.splitext(a.out)[0] + f"-{tag}.csv"))

@@ -7,11 +7,13 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from sim.costmodel import CostModel
 from sim.fit import cachefill
+from sim.fit.replay import FUSED, TORCH
 from sim.fit.fitfile import main as fit_main
 from sim.fitted import CACHE_FILL_TERMS, Fitted, fitted_path, load
 from sim.factory import cost_model
 
-SWEEP = str(traces_dir("engine", cachefill.DEFAULT_SWEEP))
+SWEEPS = {FUSED: str(traces_dir("engine", "h200-cache-fused")), TORCH: str(traces_dir("engine", "h200-cache"))}
+SWEEP = SWEEPS[TORCH]
 
 
 def _fitting_cm():
@@ -21,9 +23,11 @@ def _fitting_cm():
     return CostModel(cm.model, cm.gpu, cm.link, cm.bundle, fitted=Fitted(f.engine, f.reuse))
 
 
-def test_committed_fit_is_the_sweeps():
-    committed = load(fitted_path("h200")).cache_fill
-    again = cachefill.fit(SWEEP, _fitting_cm(), committed.context)
+@pytest.mark.parametrize("kind", [FUSED, TORCH])
+def test_committed_fit_is_the_sweeps(kind):
+    f = load(fitted_path("h200"))
+    committed = f.cache_fill if kind == FUSED else f.cache_fill_torch
+    again = cachefill.fit(SWEEPS[kind], _fitting_cm(), committed.context, kind)
     for t in CACHE_FILL_TERMS:
         assert again.theta[t] == pytest.approx(committed.theta[t], rel=1e-6, abs=1e-12)
     assert again.points == committed.points >= len(CACHE_FILL_TERMS) + 1
@@ -42,7 +46,15 @@ def test_cost_model_prices_the_fill_and_names_it():
 
 def test_too_few_points_is_an_error():
     with pytest.raises(DDBenchError, match="overlap regime"):
-        cachefill.fit(SWEEP, _fitting_cm(), 1024)
+        cachefill.fit(SWEEP, _fitting_cm(), 1024, TORCH)
+
+
+def test_a_sweep_of_the_other_fill_is_refused():
+    """The torch fill's sweep (engine code before 27aa89a) cannot be fitted as the fused fill, nor back."""
+    with pytest.raises(DDBenchError, match="ran the other fill"):
+        cachefill.fit(SWEEPS[TORCH], _fitting_cm(), 65536, FUSED)
+    with pytest.raises(DDBenchError, match="ran the other fill"):
+        cachefill.fit(SWEEPS[FUSED], _fitting_cm(), 65536, TORCH)
 
 
 def test_cli_bad_context_exits_2(capsys, tmp_path):

@@ -1,12 +1,13 @@
 """dualdecoder-cache's fill (sim/fitted.py CacheFill): the GPU chunk cache's lookup, LRU eviction and miss
-plan (kernels/engine/chunkcache.py ChunkCache.fill: about 30 small kernels and a sort over the slots),
-twice per layer and step (the prefetch fill and the urgent fill). The one cost of the design that the
+plan (kernels/cachefill.py: one Triton launch; before commit 27aa89a, ChunkCache.fill's twin of about 30
+small torch kernels), twice per layer and step (the prefetch fill and the urgent fill). The one cost of the design that the
 op-level terms of sim/costmodel.py do not price; the cost model adds it per layer (CostModel.cache_fill_s).
 
     fill_s(batch, slots) = a + b * batch + c * batch * slots          (one fill of one layer, seconds)
 
 FITTED, by non-negative least squares, to the engine's measured steps of dualdecoder-cache at ONE
-context of a sweep (default 64K of traces/engine/h200-cache), at its points in the overlap regime (the
+context of a sweep (default 64K of traces/engine/h200-cache-fused; the torch fill's of h200-cache,
+which prices only that engine's rows in the validation), at its points in the overlap regime (the
 link does not bind, so the step is compute plus exposed transfers, both priced): per point, the
 residual (engine step - simulated step without the fill) / (2 L). Two rounds: the second has the first
 fit in the plan, so that the fill's place among the transfers is priced too. The sweep's other
@@ -25,26 +26,35 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
 from ddbench.core.traces import load_engine
 from sim.fit.enginefit import nonneg_lstsq
-from sim.fit.replay import (COMPLETED, MODEL, classify, effective_miss, load_meta, point_step_s, rel, replay_plan,
-                            row_cache, row_model)
+from sim.fit.replay import (COMPLETED, FUSED, MODEL, TORCH, cache_fill_kind, classify, effective_miss, load_meta,
+                            point_step_s, rel, replay_plan, row_cache, row_git_sha, row_model)
 from sim.fitted import CACHE_FILL_DESIGN as DESIGN, CACHE_FILL_TERMS as TERMS, CacheFill, features
 
-DEFAULT_SWEEP, DEFAULT_CONTEXT = "h200-cache", 65536
+DEFAULT_CONTEXT = 65536
+SWEEPS = {FUSED: "cache-fused", TORCH: "cache"}     # kind -> the default sweep's folder, <gpu>-<it>
 
 
-def points(engine_dir: str, context: int):
-    """The sweep's dualdecoder-cache rows at `context` that ran with transfers in the overlap regime."""
+def points(engine_dir: str, context: int, kind: str = FUSED):
+    """The sweep's dualdecoder-cache rows at `context` that ran with transfers in the overlap regime; a
+    DDBenchError where one of them ran the other fill (sim/fit/replay.py cache_fill_kind)."""
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
-    thin = float(load_meta(engine_dir)["thin_gather_gbps"])
-    return [r for r in df.itertuples() if r.design == DESIGN and r.status in COMPLETED and int(r.context) == context
+    meta = load_meta(engine_dir)
+    thin = float(meta["thin_gather_gbps"])
+    rows = [r for r in df.itertuples() if r.design == DESIGN and r.status in COMPLETED and int(r.context) == context
             and int(r.transfers) and int(getattr(r, "graph", 1))
             and classify(1, r.link_gbps, thin) == "overlap" and row_model(r) == MODEL]
+    other = sorted({str(row_git_sha(r, meta))[:10] for r in rows if cache_fill_kind(row_git_sha(r, meta)) != kind})
+    if other:
+        raise DDBenchError(f"{engine_dir}: points of engine code {', '.join(other)} ran the other fill than the"
+                           f" {kind} one being fitted")
+    return rows
 
 
-def fit(engine_dir: str, cm, context: int = DEFAULT_CONTEXT) -> CacheFill:
-    """The fill fitted to a sweep's points at `context`, priced on the cost model `cm` (MODEL's; its
-    cache_fill is set while fitting and left as it was)."""
-    rows = points(engine_dir, context)
+def fit(engine_dir: str, cm, context: int = DEFAULT_CONTEXT, kind: str = FUSED) -> CacheFill:
+    """The `kind` fill (FUSED: the engine's; TORCH: the engine's before FUSED_FILL_SINCE) fitted to a sweep's
+    points at `context`, priced on the cost model `cm` (MODEL's; its cache_fill is set while fitting and
+    left as it was)."""
+    rows = points(engine_dir, context, kind)
     if len(rows) < len(TERMS) + 1:
         raise DDBenchError(f"{engine_dir}: {len(rows)} {DESIGN} points in the overlap regime at {context}"
                            f" tokens; the fill fit needs at least {len(TERMS) + 1}")

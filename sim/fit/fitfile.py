@@ -1,16 +1,17 @@
 """The one fitted-parameters file of a calibration bundle: fit every term, record what it was fitted to,
 write it, and tell whether it is stale.
 
-    python -m sim.fit [--gpu h200] [--calibration ROOT] [--cache-sweep DIR|none] [--context 64k]
-                      [--out FOLDER] [--check]
+    python -m sim.fit [--gpu h200] [--calibration ROOT] [--cache-sweep DIR|none] [--torch-fill-sweep DIR|none]
+                      [--context 64k] [--out FOLDER] [--check]
 
 fits, in this order, on the bundle of --gpu (sim/fitted.py says what each term is):
   1. the decode compute reconciled with the engine (sim/fit/enginefit.py), from the bundle's engine
      section and the engine breakdown that belongs to it (ddbench.core.calibration.find_breakdown);
   2. ShadowKV's reuse fetch per gather shape (sim/fit/reusefit.py), from the bundle's reuse_fetch records
      (the copy-then-regather fetch of the engine before 0f05ef2: it prices that engine's rows in the validation);
-  3. dualdecoder-cache's fill (sim/fit/cachefill.py), from the engine's chunk-cache sweep
-     (default <data root>/engine/<gpu>-cache where it exists), priced with 1 and 2;
+  3. dualdecoder-cache's fill (sim/fit/cachefill.py), from the engine's chunk-cache sweep of the fused fill
+     (default <data root>/engine/<gpu>-cache-fused where it exists), priced with 1 and 2; and the torch
+     fill of the engine before it (<gpu>-cache), which prices only that engine's rows in the validation;
 and writes FOLDER/fitted.json (default <calibration root>/../fit/<gpu>/: traces/fit/h200/fitted.json)
 through the output guard: the three fits with their residuals, the sha256 of every input file, and the
 command, git sha and date. --check fits nothing: it says whether the file's inputs are still the files
@@ -25,44 +26,52 @@ import sys
 
 from ddbench.core.errors import DDBenchError
 from sim.fit import cachefill, enginefit, reusefit
-from sim.fit.replay import LINK, MODEL, rel
+from sim.fit.replay import FUSED, LINK, MODEL, TORCH, rel
 from sim.fitted import (COMMAND, FILE, SCHEMA, Fitted, bundle_files, cache_fill_doc, engine_doc, fitted_path, load,
                         reuse_doc, sha256)
 
 SWEEP_FILES = ("engine.csv", "meta.json")
+TORCH_FILL_ENGINE = ("the torch fill of the engine before commit 27aa89a (the fused fill); prices only that engine's"
+                     " rows in the validation")
 
 
 def _files(folder: str, names) -> dict:
     return {n: sha256(os.path.join(folder, n)) for n in names if sha256(os.path.join(folder, n)) is not None}
 
 
-def inputs_of(bundle, cache_dir: str | None) -> dict:
+def _sweep(d: str | None) -> dict | None:
+    return {"path": rel(d), "files": _files(d, SWEEP_FILES)} if d else None
+
+
+def inputs_of(bundle, cache_dir: str | None, torch_dir: str | None = None) -> dict:
     """What a fit of `bundle` reads, each file with its sha256 (paths as outputs name them: traces/...)."""
     bd = bundle.breakdown
     return {"bundle": {"path": rel(bundle.path), "files": bundle_files(bundle.path)},
             "breakdown": {"path": rel(bd["path"]), "sha256": sha256(bd["path"])} if bd else None,
-            "cache_sweep": {"path": rel(cache_dir), "files": _files(cache_dir, SWEEP_FILES)} if cache_dir else None}
+            "cache_sweep": _sweep(cache_dir), "torch_fill_sweep": _sweep(torch_dir)}
 
 
-def default_cache_sweep(gpu: str) -> str | None:
+def default_cache_sweep(gpu: str, kind: str = FUSED) -> str | None:
     from ddbench.core.paths import traces_dir
-    d = str(traces_dir("engine", f"{gpu}-cache"))
+    d = str(traces_dir("engine", f"{gpu}-{cachefill.SWEEPS[kind]}"))
     return d if os.path.exists(os.path.join(d, "engine.csv")) else None
 
 
-def fit_bundle(bundle, cache_dir: str | None, context: int = cachefill.DEFAULT_CONTEXT) -> Fitted:
-    """The three fits of a bundle (module doc), in memory."""
+def fit_bundle(bundle, cache_dir: str | None, context: int = cachefill.DEFAULT_CONTEXT,
+               torch_dir: str | None = None) -> Fitted:
+    """The fits of a bundle (module doc), in memory."""
     from ddbench.core.catalog import get_gpu, get_link, get_model
     from sim.costmodel import CostModel
     fitted = Fitted(enginefit.fit_bundle(bundle), reusefit.fit_bundle(bundle))
-    fill = None
-    if cache_dir is not None:
-        cm = CostModel(get_model(MODEL), get_gpu(bundle.gpu), get_link(LINK), bundle, fitted=fitted)
-        fill = cachefill.fit(cache_dir, cm, context)
-    return Fitted(fitted.engine, fitted.reuse, fill)
+    fills = {}
+    for kind, d in ((FUSED, cache_dir), (TORCH, torch_dir)):
+        if d is not None:
+            cm = CostModel(get_model(MODEL), get_gpu(bundle.gpu), get_link(LINK), bundle, fitted=fitted)
+            fills[kind] = cachefill.fit(d, cm, context, kind)
+    return Fitted(fitted.engine, fitted.reuse, fills.get(FUSED), cache_fill_torch=fills.get(TORCH))
 
 
-def document(bundle, fitted: Fitted, cache_dir: str | None, command: str) -> dict:
+def document(bundle, fitted: Fitted, cache_dir: str | None, command: str, torch_dir: str | None = None) -> dict:
     """The fitted-parameters file's content (sim/fitted.py load reads it back)."""
     from ddbench.core.provenance import git_sha, utc_now, version
     return {
@@ -71,10 +80,12 @@ def document(bundle, fitted: Fitted, cache_dir: str | None, command: str) -> dic
                  " files are the inputs' (sha256); docs/simulator.md",
         "provenance": {"command": command, "git_sha": git_sha(), "ddbench_version": version(),
                        "date_utc": utc_now()},
-        "inputs": inputs_of(bundle, cache_dir),
+        "inputs": inputs_of(bundle, cache_dir, torch_dir),
         "engine": engine_doc(fitted.engine) if fitted.engine else None,
         "reuse_fetch": [reuse_doc(k, f) for k, f in sorted(fitted.reuse.items())],
         "cache_fill": cache_fill_doc(fitted.cache_fill) if fitted.cache_fill else None,
+        "cache_fill_torch": dict(cache_fill_doc(fitted.cache_fill_torch), engine=TORCH_FILL_ENGINE)
+        if fitted.cache_fill_torch else None,
     }
 
 
@@ -111,6 +122,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calibration", help="the calibration root holding <gpu>/ (default the data root's calibration/)")
     ap.add_argument("--cache-sweep", help="the chunk-cache engine sweep the fill is fitted to (default the data root's"
                                           " engine/<gpu>-cache where it exists; 'none': no fill term)")
+    ap.add_argument("--torch-fill-sweep", help="the chunk-cache sweep of the engine's torch fill (before the fused one),"
+                                               " which prices that engine's rows in the validation (default the"
+                                               " data root's engine/<gpu>-cache where it exists; 'none': not fitted)")
     ap.add_argument("--context", default="64k", help="the one context of that sweep whose points are fitted (64k)")
     ap.add_argument("--out", help=f"the folder of {FILE} (default <calibration root>/../fit/<gpu>/)")
     ap.add_argument("--force", action="store_true", help="write into a folder that holds other files (kept)")
@@ -129,12 +143,14 @@ def main(argv=None) -> int:
             return 1 if bad else 0
         cache_dir = (None if a.cache_sweep == "none" else a.cache_sweep if a.cache_sweep
                      else default_cache_sweep(a.gpu))
+        torch_dir = (None if a.torch_fill_sweep == "none" else a.torch_fill_sweep if a.torch_fill_sweep
+                     else default_cache_sweep(a.gpu, TORCH))
         context = parse_tokens(a.context, "--context")
         bundle = load_bundle(path)
         with output_folder(out, command=COMMAND, own_ok=True, force=a.force) as w:
             w.claim([FILE])
-            fitted = fit_bundle(bundle, cache_dir, context)
-            w.write_json(FILE, document(bundle, fitted, cache_dir, command_line(COMMAND, argv)))
+            fitted = fit_bundle(bundle, cache_dir, context, torch_dir)
+            w.write_json(FILE, document(bundle, fitted, cache_dir, command_line(COMMAND, argv), torch_dir))
     except DDBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -149,4 +165,6 @@ def describe(f: Fitted) -> list[str]:
     lines += [f"ShadowKV's copy-then-regather fetch (the engine before 0f05ef2) at {k[0]} B chunks, {k[1]} programs x {k[2]}: {x.describe()}"
               for k, x in sorted(f.reuse.items())] or ["ShadowKV's fetch: no reuse_fetch records, not fitted"]
     lines.append(f.cache_fill.describe() if f.cache_fill else "cache fill: no chunk-cache sweep, not fitted")
+    if f.cache_fill_torch:
+        lines.append(f"{TORCH_FILL_ENGINE}: " + f.cache_fill_torch.describe())
     return lines

@@ -18,6 +18,10 @@ prices it: sim.steplayers.step_layers on the cost model of sim/factory.py, then 
   CostModel.reuse_fetch_s on the compute stream before it). The rule reads the run's git sha (the row's
   git_sha, else its meta.json provenance; a "+dirty" suffix is dropped) and asks this repository's git
   whether IN_PLACE_SINCE is its ancestor; a sha git does not know is an error, never a guess.
+- Which chunk-cache fill the engine ran (cache_fill_kind), by the same rule: the fused Triton fill since
+  FUSED_FILL_SINCE (commit 27aa89a, issue 32: kernels/cachefill.py), which the user's cost model prices
+  (Fitted.cache_fill); before it, about 30 small torch kernels (Fitted.cache_fill_torch), priced for
+  such rows only (the fits and the validation).
 
 Regime of a point (classify): compute-only (no transfers); link-bound (engine link bytes per step /
 engine step >= LINK_BOUND x the thin-gather rate measured in the same engine run, meta.json); overlap
@@ -43,6 +47,8 @@ MIB = 2 ** 20
 COMPLETED = ("ok", "ok-no-twin")   # measured (ok-no-twin: no compute-only twin to split off the exposure)
 IN_PLACE_SINCE = "0f05ef2a41d986c7ce41f965e82ccb7ae3fbec45"   # shadowkv in place (issue 31)
 IN_PLACE, COPY_REGATHER = "in-place", "copy-regather"          # the engine's two ShadowKV steps
+FUSED_FILL_SINCE = "27aa89a75549a624878ed1fb749475d88da66f0d"  # the chunk cache's fill in one Triton launch (issue 32)
+FUSED, TORCH = "fused", "torch"                                # the engine's two chunk-cache fills
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -71,21 +77,33 @@ def load_meta(engine_dir: str) -> dict:
 
 
 @lru_cache(maxsize=None)
+def descends_from(since: str, git_sha, what: str) -> bool:
+    """Whether engine code `git_sha` has commit `since` (it or an ancestor): this repository's git asks. A
+    DDBenchError where the sha is missing or git cannot tell (`what` names the question)."""
+    sha = str(git_sha or "").strip().split("+")[0]
+    if not sha or sha == "nan":
+        raise DDBenchError(f"the engine run has no git sha: cannot tell {what}")
+    try:
+        rc = subprocess.run(["git", "-C", REPO, "merge-base", "--is-ancestor", since, sha],
+                            capture_output=True, timeout=30).returncode
+    except (OSError, subprocess.SubprocessError) as e:
+        raise DDBenchError(f"git cannot tell {what} for engine code {sha} ({e})") from None
+    if rc not in (0, 1):
+        raise DDBenchError(f"git does not know the engine run's commit {sha}: cannot tell {what}")
+    return rc == 0
+
+
 def shadowkv_step(git_sha) -> str:
     """Which ShadowKV step an engine run of this git sha ran: IN_PLACE where IN_PLACE_SINCE is the sha or
     one of its ancestors, else COPY_REGATHER (the module doc). A DDBenchError where the sha is missing or
     this repository's git cannot tell."""
-    sha = str(git_sha or "").strip().split("+")[0]
-    if not sha or sha == "nan":
-        raise DDBenchError("the engine run has no git sha: cannot tell which ShadowKV step it ran")
-    try:
-        rc = subprocess.run(["git", "-C", REPO, "merge-base", "--is-ancestor", IN_PLACE_SINCE, sha],
-                            capture_output=True, timeout=30).returncode
-    except (OSError, subprocess.SubprocessError) as e:
-        raise DDBenchError(f"git cannot tell whether engine code {sha} has the in-place ShadowKV step ({e})") from None
-    if rc not in (0, 1):
-        raise DDBenchError(f"git does not know the engine run's commit {sha}: cannot tell which ShadowKV step it ran")
-    return IN_PLACE if rc == 0 else COPY_REGATHER
+    return IN_PLACE if descends_from(IN_PLACE_SINCE, git_sha, "which ShadowKV step it ran") else COPY_REGATHER
+
+
+def cache_fill_kind(git_sha) -> str:
+    """Which chunk-cache fill an engine run of this git sha ran: FUSED where FUSED_FILL_SINCE is the sha or
+    one of its ancestors, else TORCH (the module doc)."""
+    return FUSED if descends_from(FUSED_FILL_SINCE, git_sha, "which chunk-cache fill it ran") else TORCH
 
 
 def row_git_sha(r, meta: dict | None = None):

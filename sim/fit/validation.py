@@ -45,7 +45,8 @@ stated per point:
   `reuse_fetch` records (they measure that old fetch) where it has them, else BUNDLE-DERIVED (older
   bundles), and the summary and notes say which.
 validate_runs: several folders as one validation (INPLACE_RUNS: the in-place ShadowKV points of
-h200-shadowkv-fast and h200-rates; RATES_RUNS: h200-rates' other designs), per point min / median / max
+h200-shadowkv-fast and h200-rates; RATES_RUNS: h200-rates' other designs; ABLATION_RUNS: issue 31's
+ablation), per point min / median / max
 over its builds (per_point).
 `compute_scale` is 1 at every point (the compute is the cost model's, unscaled; the column stays for
 the CSV's format).
@@ -54,16 +55,19 @@ Regime of each point: sim/fit/replay.py classify (compute-only, link-bound, over
 
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 from dataclasses import replace
 
+from ddbench.core.designs import get_design
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.traces import load_engine
 from sim.costmodel import ENGINE_REUSE_IN_FLIGHT as REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS as REUSE_PROGRAMS
-from sim.fit.replay import (COMPLETED, COPY_REGATHER, GPU, IN_PLACE, IN_PLACE_SINCE, LINK, LINK_BOUND,  # noqa: F401
-                            MIB, MODEL, STEPS, WARMUP, classify, effective_miss, engine_cache_rates,
+from sim.fit.replay import (COMPLETED, COPY_REGATHER, FUSED, GPU, IN_PLACE, IN_PLACE_SINCE, LINK,  # noqa: F401
+                            LINK_BOUND, MIB, MODEL, STEPS, WARMUP, cache_fill_kind, classify, effective_miss,
+                            engine_cache_rates,
                             legacy_reuse_fetch, load_meta, point_step_s, rel, replay_plan, row_cache, row_git_sha,
                             row_kv_bits, row_model, shadowkv_step)
 
@@ -271,6 +275,7 @@ class _RowReplay:
         self.thin = float(raw_meta["thin_gather_gbps"])
         self.w0 = Workload(context=1)
         self.harness_models = {}
+        self._torch_cms = {}           # id(cost model) -> (it, its copy with the torch fill)
 
     def __call__(self, r):
         label = f"{r.design} {r.context // 1024}K b{r.batch} miss {r.miss_rate} transfers {r.transfers}"
@@ -279,6 +284,11 @@ class _RowReplay:
         if why is not None:
             return None, (None if why == "calibration" else (label, why))
         cmm = self.cms(model)
+        if get_design(r.design).chunk_cache:
+            try:
+                cmm = self._fill_cm(cmm, cache_fill_kind(row_git_sha(r, self.raw_meta)))
+            except DDBenchError as exc:
+                return None, (label, f"not priced: {exc}")
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), self.w0.budget, self.w0.chunk)
         cache, ct = row_cache(r, model)
         try:
@@ -297,6 +307,21 @@ class _RowReplay:
         harness = self._harness(r, plan, cmm, model)
         plan = with_harness(plan, harness)
         return self._point(r, model, plan, cmm, miss, ct, step, harness), None
+
+    def _fill_cm(self, cm, kind: str):
+        """The cost model with the chunk-cache fill the row's engine ran: the user's (FUSED), or the torch fill
+        of the engine before FUSED_FILL_SINCE (Fitted.cache_fill_torch), priced for such rows only."""
+        if kind == FUSED:
+            return cm
+        key = id(cm)
+        if key not in self._torch_cms:
+            c = copy.copy(cm)
+            c.cache_fill = cm.fitted.cache_fill_torch
+            if c.cache_fill is None:
+                raise DDBenchError(f"{cm.fitted.shown} has no torch fill (cache_fill_torch) for the engine's rows"
+                                   " before the fused fill")
+            self._torch_cms[key] = (cm, c)
+        return self._torch_cms[key][1]
 
     def _not_replayed(self, r, model: str) -> str | None:
         """Why a row is not replayed ("calibration": the calibration itself, not listed), or None."""
@@ -349,6 +374,9 @@ INPLACE_RUNS = (("h200-shadowkv-fast/builds/b0", None), ("h200-shadowkv-fast/bui
                 ("h200-shadowkv-fast/builds/b2", None), ("h200-shadowkv-fast/paper-80gb", None),
                 ("h200-shadowkv-fast/fp8", None), ("h200-rates", "shadowkv"))
 RATES_RUNS = (("h200-rates", "!shadowkv"),)      # its chunk-cache grid and the other designs at batch 1
+# issue 31's ablation: the two caches (fused fill) at their largest batches, Qwen2.5-14B's four designs, and
+# DualDecoder at its largest batches (ddbench/experiments/ablation_figure.py)
+ABLATION_RUNS = (("h200-ablation", None), ("h200-ablation-qwen14b", None), ("h200-ablation-dualdecoder", None))
 META_FALLBACK = "h200-shadowkv-fast/builds/b0"   # h200-rates has no meta.json: the thin-gather rate of this run
 
 
