@@ -5,8 +5,10 @@ the rows of the program are the nq query tokens x the G query heads of the KV he
         bh = program_id(0) = b*H + h, sp = program_id(1); row r = t*GP + g (token t, group member g);
         rv marks the real rows (t < NQ, g < G; GP is G rounded up to a power of two)
     load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D) -> [BLOCK_M, D] queries, 0 in padding rows
+    sm_count(device) -> the device's SMs (4 off CUDA: the interpreter), which the launchers size their splits by
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -29,3 +31,7 @@ def load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D: tl.constexpr):
     dd = tl.arange(0, D)
     return tl.load(q + b * s_qb + t[:, None] * s_qt + (h * G + g)[:, None] * s_qh + dd[None, :],
                    mask=rv[:, None], other=0.0)
+
+
+def sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
-from kernels.grouprows import group_rows, load_group_queries
+from kernels.grouprows import group_rows, load_group_queries, sm_count
 from kernels.indexsets import index_overlap  # noqa: F401  (re-exported)
 
 LOG2E = 1.4426950408889634
@@ -90,10 +90,6 @@ def _score_pass2(scratch, pml, out, N, H, G, NQ, n_split, split_len,
                 tl.store(ob + tt * H * N + n, best, mask=nv)
 
 
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def _check(q, lm):
     if q.dim() != 4 or lm.dim() != 4 or q.shape[0] != lm.shape[0] or q.shape[3] != lm.shape[3]:
         raise DDBenchError(f"need q [B, nq, Hq, d] and landmarks [B, H, N, d], got {tuple(q.shape)}, {tuple(lm.shape)}")
@@ -111,7 +107,7 @@ def score_chunks(q, lm, *, out=None, block_n=64, splits=None, scratch=None):
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     if splits is None:
-        splits = max(1, min(triton.cdiv(4 * _sm_count(q.device), B * H), N // 1024))
+        splits = max(1, min(triton.cdiv(4 * sm_count(q.device), B * H), N // 1024))
     split_len = triton.cdiv(triton.cdiv(N, splits), block_n) * block_n
     n_split = triton.cdiv(N, split_len)
     if scratch is None or scratch.numel() < B * H * BLOCK_M * N:

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
-from kernels.grouprows import group_rows, load_group_queries
+from kernels.grouprows import group_rows, load_group_queries, sm_count
 
 LOG2E = 1.4426950408889634
 
@@ -358,10 +358,6 @@ def _codes_kernel(q, codes, scale, zero, zs, pml, out, scratch, n_groups, s_qb, 
         tl.store(pml + 2 * base + 1, L)
 
 
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 class _Launch(NamedTuple):
     codes: torch.Tensor
     sc: torch.Tensor
@@ -399,7 +395,7 @@ def _launch(q: torch.Tensor, qk: QuantKeys, splits: int | None, groups_per_iter:
     GP = triton.next_power_of_2(Hq // H)
     ng = qk.tokens // qk.group
     if splits is None:
-        splits = max(1, min(triton.cdiv(waves * _sm_count(q.device), B * H), ng // (4 * groups_per_iter)))
+        splits = max(1, min(triton.cdiv(waves * sm_count(q.device), B * H), ng // (4 * groups_per_iter)))
     split_groups = triton.cdiv(triton.cdiv(ng, splits), groups_per_iter) * groups_per_iter
     return _Launch(codes, sc, ze, Hq // H, GP, block_m, ng, split_groups, triton.cdiv(ng, split_groups))
 
