@@ -1,5 +1,6 @@
-"""The `ddbench` command line. Each subcommand lives in ddbench/commands/<name>.py
-and exposes `register(subparsers)`; GPU commands import `kernels` lazily.
+"""The `ddbench` command line. Each subcommand lives in ddbench/commands/<name>.py (<name>_cmd.py where the
+name would share its basename with the code it runs: bench, calibrate, sweep) and exposes
+`register(subparsers)`; GPU commands import `kernels` lazily.
 
 Errors a user can cause print one line and exit 2, with no traceback.
 """
@@ -17,6 +18,8 @@ from ddbench.core.errors import DDBenchError
 
 # Subcommand modules under ddbench/commands, in --help order.
 COMMANDS = ("plan", "sweep", "figures", "calibrate", "bench", "simulate", "profile")
+# a command whose module is not ddbench/commands/<command>.py (no basename shared with kernels/ or sim/)
+MODULES = {"sweep": "sweep_cmd", "calibrate": "calibrate_cmd", "bench": "bench_cmd"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -70,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     for name in COMMANDS:
-        importlib.import_module(f"ddbench.commands.{name}").register(sub)
+        importlib.import_module(f"ddbench.commands.{MODULES.get(name, name)}").register(sub)
     return parser
 
 

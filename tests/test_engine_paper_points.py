@@ -140,7 +140,7 @@ def test_bad_paper_flags_in_process(argv, word, capsys):
 def test_bench_engine_passes_parsed_options(monkeypatch):
     """`ddbench bench engine` hands the sweep its options parsed (typed), not an argv to parse again."""
     from ddbench import cli
-    from ddbench.commands import bench
+    from ddbench.commands import bench_cmd as bench
     seen = []
     monkeypatch.setattr(bench, "_need_cuda", lambda: None)
     monkeypatch.setattr(runner, "run_options", lambda opts: seen.append(opts) or 0)

@@ -66,7 +66,7 @@ def test_defaults_live_in_one_place():
 
 
 @pytest.mark.parametrize("path", ["ddbench/commands/plan.py", "ddbench/commands/simulate.py",
-                                  "ddbench/commands/sweep.py", "ddbench/planner/spec.py",
+                                  "ddbench/commands/sweep_cmd.py", "ddbench/planner/spec.py",
                                   "ddbench/planner/scenario.py", "ddbench/planner/scenario_args.py"])
 def test_no_command_restates_a_workload_default(path):
     """The numbers of the Workload defaults appear as argparse/pydantic defaults nowhere but defaults.py."""
