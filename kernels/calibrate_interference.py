@@ -8,11 +8,12 @@ prefetch before the compute it hides behind. The gather must outlast the loop (e
 never a shorter window). Rows: the loop's time alone and beside it (medians of 5 timed rounds after a
 warm-up, CUDA events), their ratio, and the gather's rate alone and beside it.
 
-Families, at Llama-3-8B's shapes:
-  gemm         the gate_up projection, 64 tokens (compute-bound: the decode linears, the LM head and the
+Families, at Llama-3-8B's shapes and at several sizes (the simulator interpolates in `size`):
+  gemm         the gate_up projection at 2 to 240 tokens (the decode linears, the LM head and the
                low-rank key rebuild)
-  selection    landmark scoring and top-k (kernels.select.select_chunks), 16 requests at 128K, budget 2048
-  attention    dual-token sparse attention (kernels.attention), 64 requests over 2048 + 128 rows
+  selection    landmark scoring and top-k (kernels.select.select_chunks, budget 2048): 1 to 95 requests
+               at 32K and 128K (size: landmarks read)
+  attention    dual-token sparse attention (kernels.attention), 1 to 64 requests over 2048 + 128 rows
   elementwise  an RMS norm over 64 MiB of bf16 (memory-bound torch glue)
 """
 
@@ -25,28 +26,36 @@ import torch
 from kernels.calibrate_link import rand_bf16, sync
 
 MiB = 1 << 20
-FAMILIES = ("gemm", "selection", "attention", "elementwise")
+FAMILIES = ("gemm", "selection", "attention", "elementwise")    # the simulator's kinds of compute
 LOOP_MS = 3.0          # each family's loop alone
 LEAD_S = 3e-4          # the gather is issued this long before the loop
 ROUNDS = 5
 
 
-def _family_ops() -> dict:
-    """family -> (shape description, one call)."""
+def _shapes():
+    """(family, shape, size, size_unit, one call) at Llama-3-8B's shapes: the sizes the simulator interpolates
+    in (gemm: tokens; selection: landmarks read, requests x chunks; attention: requests; elementwise: rows)."""
     from kernels.attention import dual_sparse_attention
     from kernels.select import select_chunks
-    x, w = rand_bf16(64, 4096), rand_bf16(28672, 4096)
-    q_sel, lm = rand_bf16(16, 2, 32, 128), rand_bf16(16, 8, 16384, 128)
-    q_att, kb, vb = rand_bf16(64, 2, 32, 128), rand_bf16(64, 8, 2176, 128), rand_bf16(64, 8, 2176, 128)
-    lengths = torch.full((64,), 2174, dtype=torch.int32, device="cuda")
+    w = rand_bf16(28672, 4096)
+    for m in (2, 32, 128, 240):                 # batch 1, 16, 64, 120 with two query tokens
+        x = rand_bf16(m, 4096)
+        yield "gemm", f"{m}x4096x28672", m, "tokens", lambda x=x: torch.nn.functional.linear(x, w)
+        del x
+    for b, ctx in ((1, 131072), (16, 131072), (60, 131072), (16, 32768), (95, 32768)):
+        q, lm = rand_bf16(b, 2, 32, 128), rand_bf16(b, 8, ctx // 8, 128)
+        yield ("selection", f"b{b} {ctx // 1024}K landmarks top-256", b * ctx // 8, "landmarks",
+               lambda q=q, lm=lm: select_chunks(q, lm, 256))
+        del q, lm
+    for b in (1, 16, 64):
+        q, kb, vb = rand_bf16(b, 2, 32, 128), rand_bf16(b, 8, 2176, 128), rand_bf16(b, 8, 2176, 128)
+        n = torch.full((b,), 2174, dtype=torch.int32, device="cuda")
+        yield ("attention", f"b{b} nq2 32q/8kv 2176 rows", b, "requests",
+               lambda q=q, kb=kb, vb=vb, n=n: dual_sparse_attention(q, kb, vb, n))
+        del q, kb, vb, n
     h = rand_bf16(8192, 4096)
-
-    def rms():
-        return h * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(h.dtype)
-    return {"gemm": ("64x4096x28672", lambda: torch.nn.functional.linear(x, w)),
-            "selection": ("b16 128K landmarks top-256", lambda: select_chunks(q_sel, lm, 256)),
-            "attention": ("b64 nq2 32q/8kv 2176 rows", lambda: dual_sparse_attention(q_att, kb, vb, lengths)),
-            "elementwise": ("rmsnorm 8192x4096", rms)}
+    yield ("elementwise", "rmsnorm 8192x4096", 8192, "rows",
+           lambda: h * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(h.dtype))
 
 
 class _Gather:
@@ -122,9 +131,10 @@ class InterferenceSections:
     def compute_interference(self):
         gather = _Gather()
         comp, bg = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=0)
-        for family, (shape, fn) in _family_ops().items():
+        for family, shape, size, unit, fn in _shapes():
             self.point("compute_interference", {"family": family, "shape": shape, "gather_programs": 32},
-                       lambda fn=fn: measure_family(fn, gather, comp, bg))
+                       lambda fn=fn, size=size, unit=unit: dict(measure_family(fn, gather, comp, bg), size=size,
+                                                                size_unit=unit))
         del gather
         torch.cuda.empty_cache()
         self.finish("compute_interference", f"each family's loop (~{LOOP_MS:g} ms alone) on the compute stream,"

@@ -57,14 +57,23 @@ class LinkRates:
     cpu_gather_gbps: float   # host CPU index_select stage of the CPU-gather ablation (0 = unused)
     chunk_bytes: int         # contiguous run of one transfer
     method: str              # uva_gather | cpu_gather | copy_engine
-    # (family, slowdown) of each kind of decode kernel beside the engine's prefetch gather (the bundle's
-    # compute_interference section: gemm, selection, attention, elementwise); () where not measured:
-    # then every kind is slowed by compute_slowdown
+    # (family, ((size, slowdown), ...)) of each kind of decode kernel beside the engine's prefetch gather
+    # (the bundle's compute_interference section: gemm, selection, attention, elementwise, each at its
+    # measured sizes); () where not measured: then every kind is slowed by compute_slowdown
     compute_slowdowns: tuple = ()
 
-    def slowdown_of(self, family: str) -> float:
-        """A kind of decode kernel's slowdown beside a GPU gather (compute_slowdown where not measured)."""
-        return dict(self.compute_slowdowns).get(family, self.compute_slowdown)
+    def slowdown_of(self, family: str, size: float) -> float:
+        """A kind of decode kernel's slowdown beside a GPU gather at `size` (its unit: the bundle's rows),
+        interpolated in log2(size) between the measured sizes and held at the ends; compute_slowdown
+        where the family was not measured."""
+        pts = dict(self.compute_slowdowns).get(family)
+        if not pts:
+            return self.compute_slowdown
+        if len(pts) == 1 or size <= pts[0][0]:
+            return pts[0][1]
+        if size >= pts[-1][0]:
+            return pts[-1][1]
+        return _interp([math.log2(x) for x, _ in pts], [y for _, y in pts], math.log2(size))
 
 
 class LinkCosts:
@@ -249,14 +258,17 @@ class LinkCosts:
                          max(1.0, us or 1.0), comp, 0.0, chunk_bytes, "uva_gather", self._compute_slowdowns(comp))
 
     def _compute_slowdowns(self, comp: float) -> tuple:
-        """(family, slowdown) beside the engine's 32-program prefetch gather: the median over the bundle's
-        compute_interference rows of each family (at least 1); () with a note where it has none."""
+        """(family, ((size, slowdown), ...) by size) beside the engine's 32-program prefetch gather, from the
+        bundle's compute_interference rows (each slowdown at least 1: a kernel beside a gather is not
+        faster); () with a note where it has none."""
         rows = [r for r in self.bundle.rows.get("compute_interference", []) if r["gather_programs"] == 32]
-        fams = sorted({r["family"] for r in rows})
         out = []
-        for f in fams:
-            v = sorted(r["slowdown"] for r in rows if r["family"] == f)
-            out.append((f, max(1.0, v[len(v) // 2])))
+        for f in sorted({r["family"] for r in rows}):
+            by = {}
+            for r in rows:
+                if r["family"] == f:
+                    by.setdefault(float(r["size"]), []).append(r["slowdown"])
+            out.append((f, tuple((x, max(1.0, sorted(v)[len(v) // 2])) for x, v in sorted(by.items()))))
         if not out:
             self._note(f"compute beside a GPU gather: the bundle has no compute_interference rows; every kind of"
                        f" kernel slowed by the GEMM factor {comp:.3f}")

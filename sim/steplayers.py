@@ -144,9 +144,10 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     slots = 2 if design.buffer_layers == "pingpong" else L
     slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (
         w.cache_tokens if design.chunk_cache else w.budget) * m.kv_bytes_per_token_layer   # 16-bit buffers
-    kinds = {"gemm": L * passes * (c["lin_pre"] + c["lin_post"]) + lm + sum(mid) - L * passes * c["asm"],
-             "selection": L * passes * c["sel"], "attention": L * passes * c["att"],
-             "elementwise": L * (passes * (c["glue"] + c["asm"]) + fill)}
+    kinds = {"gemm": (L * passes * (c["lin_pre"] + c["lin_post"]) + lm + sum(mid) - L * passes * c["asm"], batch * q),
+             "selection": (L * passes * c["sel"], batch * context / w.chunk),
+             "attention": (L * passes * c["att"], batch),
+             "elementwise": (L * (passes * (c["glue"] + c["asm"]) + fill), batch * q)}
     return StepLayers(design, batch, context, q, passes, pre, mid, [passes * c["att"]] * L,
                       [passes * (c["lin_post"] + c["glue"] / 2)] * L, lm, link["pf_b"], link["ur_b"], link["d2h_b"],
                       link["pf_w"], link["ur_w"], link["d2h_w"], link["cpu_pf"], link["cpu_ur"],
@@ -154,15 +155,16 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
 
 
 def compute_slowdown(rates: LinkRates | None, kinds: dict) -> float:
-    """The step's compute slowdown beside a GPU gather: each kind of kernel's (gemm: the linear layers, the
-    LM head and the key rebuild; selection; attention; elementwise: the glue, assembling the buffer and the
-    chunk cache's fill) weighted by its time in the step."""
+    """The step's compute slowdown beside a GPU gather: each kind of kernel's at its size (gemm: the linear
+    layers, the LM head and the key rebuild, in tokens; selection, in landmarks read; attention, in
+    requests; elementwise: the glue, assembling the buffer and the chunk cache's fill) weighted by its time
+    in the step. kinds: kind -> (seconds, size)."""
     if rates is None or rates.method != "uva_gather":
         return 1.0
-    total = sum(kinds.values())
+    total = sum(t for t, _ in kinds.values())
     if total <= 0:
         return rates.compute_slowdown
-    return sum(t * rates.slowdown_of(k) for k, t in kinds.items()) / total
+    return sum(t * rates.slowdown_of(k, x) for k, (t, x) in kinds.items()) / total
 
 
 def cache_fills(design: DesignSpec) -> int:

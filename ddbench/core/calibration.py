@@ -260,7 +260,8 @@ class BundleWriter:
             self.sections = {s: dict(v) for s, v in old.meta["sections"].items()}
             runs = list(old.provenance.get("runs", []))
             runs.append({k: provenance.get(k) for k in ("date", "git_sha", "command")})
-            provenance = dict(provenance, runs=runs)
+            # the bundle's provenance stays its first run's (most rows are that run's); each run is in `runs`
+            provenance = dict(old.provenance, runs=runs)
         else:
             provenance = dict(provenance, runs=[{k: provenance.get(k) for k in ("date", "git_sha", "command")}])
         self.provenance = provenance

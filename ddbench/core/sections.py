@@ -36,8 +36,8 @@ SECTIONS: dict[str, dict] = {
     "compute_interference": {
         "file": "compute_interference.csv",
         "key": ["family", "shape", "gather_programs"],
-        "positive": ["calls", "alone_ms", "beside_ms", "slowdown", "gather_gbps_alone", "gather_gbps_beside"],
-        "other": [],
+        "positive": ["size", "calls", "alone_ms", "beside_ms", "slowdown", "gather_gbps_alone", "gather_gbps_beside"],
+        "other": ["size_unit"],
     },
     "ceilings": {
         "file": "ceilings.csv",
@@ -62,7 +62,7 @@ SECTIONS: dict[str, dict] = {
     },
 }
 STRING_COLUMNS = {"method", "direction", "model", "layer", "kernel", "background", "urgent", "urgent_stream",
-                  "name", "unit", "system"}
+                  "name", "unit", "system", "family", "shape", "size_unit"}
 
 
 def columns(section: str) -> list[str]:
