@@ -8,13 +8,18 @@ capture_graph(body, warm) -> CUDAGraph of `body`, after one warm-up pass of `war
 time_cuda(fns, inner=..., reps=...) -> median ms per call: event_times around CUDA-graph replays
     of `fns` (a list of callables, e.g. one per rotated input set so repeats do not hit in L2).
 time_host(fn, reps) -> median ms per call with a host clock and device syncs (for CPU-side work).
+kernel_events(run) -> [dict]: the GPU events (kernels, copies, sets: name, ts and dur in us, stream) of one
+    call of `run` (e.g. a graph replay), by torch.profiler.
 provenance(command) -> dict: gpu, driver, torch, triton, git sha (DDBENCH_GIT_SHA, else HEAD, +dirty
     when tracked files differ from it), date, command.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import tempfile
 import time
 
 import torch
@@ -81,6 +86,24 @@ def time_host(fn, reps: int = 5, warmup: int = 1) -> float:
     return statistics.median(ts)
 
 
+GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")     # the trace categories kernel_events keeps
+
+
+def kernel_events(run) -> list[dict]:
+    """The GPU events of one call of `run` under torch.profiler: name, ts and dur (us), stream (the trace's
+    stream, else its thread id, as text), in the trace's order."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        run()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        p.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as fh:
+            tr = json.load(fh)
+    return [dict(name=x["name"], ts=x["ts"], dur=x["dur"], stream=str(x.get("args", {}).get("stream", x.get("tid"))))
+            for x in tr.get("traceEvents", []) if x.get("ph") == "X" and x.get("cat") in GPU_EVENTS]
 
 
 def provenance(command: str) -> dict:

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
-import tempfile
 
 import torch
 
@@ -57,19 +55,9 @@ def union_ms(intervals: list[tuple[float, float]]) -> float:
 
 
 def profile_replay(e, steps: int) -> list[dict]:
-    """Kernel events (name, start us, duration us) of one graph replay of `steps` steps."""
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        e.replay()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        p.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as fh:
-            tr = json.load(fh)
-    return [dict(name=x["name"], ts=x["ts"], dur=x["dur"]) for x in tr.get("traceEvents", [])
-            if x.get("ph") == "X" and x.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    """Kernel events (name, start us, duration us, stream) of one graph replay of `steps` steps."""
+    from kernels.timing import kernel_events
+    return kernel_events(e.replay)
 
 
 def summarize(row: dict, events: list[dict], steps: int, hbm_gbps: float) -> dict:

@@ -250,26 +250,15 @@ def _write_files(out, journal, meta, t_start, gpu_state, completed):
 
 def profile_one(model, weights, flat, out, hbm):
     """Kernel timeline of one graph replay (two steps) at PROFILE_POINT: timeline.json, per stream."""
-    from torch.profiler import ProfilerActivity, profile
+    from kernels.timing import kernel_events
     d, c, B, m = PROFILE_POINT
     row, e = pt.run_point(model, weights, flat, d, c, B, miss_rate=m, transfers=True, graph=True, reps=3,
                           hbm=hbm, keep=True)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        e.replay()
-        torch.cuda.synchronize()
-    tmp = os.path.join(out, ".trace.json")
-    p.export_chrome_trace(tmp)
-    with open(tmp, encoding="utf-8") as fh:
-        tr = json.load(fh)
-    os.remove(tmp)
-    ev = [x for x in tr.get("traceEvents", []) if x.get("ph") == "X" and x.get("cat") in ("kernel", "gpu_memcpy",
-                                                                                          "gpu_memset")]
+    ev = kernel_events(e.replay)
     t0 = min(x["ts"] for x in ev) if ev else 0
     streams = {}
     for x in ev:
-        streams.setdefault(str(x.get("args", {}).get("stream", x.get("tid"))), []).append(
-            [x["name"][:60], round(x["ts"] - t0, 2), round(x["dur"], 2)])
+        streams.setdefault(x["stream"], []).append([x["name"][:60], round(x["ts"] - t0, 2), round(x["dur"], 2)])
     from ddbench.core.io import write_json
     write_json(os.path.join(out, "timeline.json"), dict(
         point=dict(design=d, context=c, batch=B, miss_rate=m, graph_steps=2), row=row,
