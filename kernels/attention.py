@@ -8,7 +8,15 @@
         lengths [B] int32       context tokens per request (excluding the new ones)
         Query t sees key s iff s < lengths[b] + t + 1: T_i never sees T'.
         splits: KV splits per (b, h) (flash-decoding); None picks one from the SM count.
-    dual_sparse_attention_ref(q, k_buf, v_buf, lengths) -> o    torch twin (fp32 math)
+        rows    [B, H, S] int32 (optional): token n of (b, h) is physical row rows[b, h, n] of the buffers
+    fp8 KV (e4m3): k_buf, v_buf torch.float8_e4m3fn with k_scale, v_scale fp32 [B, H, S_phys // chunk], one
+        scale per chunk of physical rows per (b, h) (kernels.fp8.quantize_chunks); row r's scale is
+        scale[b, h, r // chunk]. The kernel multiplies the scores' columns by the K scales and the
+        probabilities' columns by the V scales (the e4m3 tiles convert exactly to q's dtype for the dots).
+    dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, k_scale=None, v_scale=None, chunk=8) -> o
+        torch twin (fp32 math; fp8 buffers dequantised with kernels.fp8.dequantize_chunks)
+    chunk_cache_rows(B, H, n_tokens, n_slots, chunk, generator=None, device=None) -> rows
+        a chunk cache's random slot permutation as rows (test and benchmark inputs)
 
 One program owns one (request, KV head, split): all nq * (Hq/H) query rows of the group share
 each K/V tile read from HBM, so two query tokens cost about the bytes of one.
@@ -23,17 +31,18 @@ import triton
 import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
+from kernels.fp8 import E4M3, dequantize_chunks
 from kernels.grouprows import group_rows, load_group_queries
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attn_kernel(q, k, v, lengths, o, po, pml, rows,
-                 s_qb, s_qt, s_qh, s_kb, s_kh, s_kt, s_ob, s_ot, s_oh, s_rows,
+def _attn_kernel(q, k, v, lengths, o, po, pml, rows, ksc, vsc,
+                 s_qb, s_qt, s_qh, s_kb, s_kh, s_kt, s_ob, s_ot, s_oh, s_rows, s_sb, s_sh,
                  H, G, NQ, n_split, split_len, scale_log2,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 SPLIT: tl.constexpr, ROWS: tl.constexpr):
+                 SPLIT: tl.constexpr, ROWS: tl.constexpr, FP8: tl.constexpr, CHUNK: tl.constexpr):
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
     dd = tl.arange(0, D)
@@ -47,6 +56,7 @@ def _attn_kernel(q, k, v, lengths, o, po, pml, rows,
     kb = k + b.to(tl.int64) * s_kb + h * s_kh
     vb = v + b.to(tl.int64) * s_kb + h * s_kh
     rb = rows + (b.to(tl.int64) * H + h) * s_rows
+    sb = b.to(tl.int64) * s_sb + h * s_sh   # the (b, h) row of k_scale / v_scale (FP8)
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nv = n < end
@@ -55,13 +65,20 @@ def _attn_kernel(q, k, v, lengths, o, po, pml, rows,
         else:
             pr = n
         kt = tl.load(kb + pr[None, :] * s_kt + dd[:, None], mask=nv[None, :], other=0.0)
-        s = tl.dot(qt, kt) * scale_log2
+        if FP8:       # e4m3 -> q's dtype is exact; row scales applied to the score columns
+            ks = tl.load(ksc + sb + pr // CHUNK, mask=nv, other=0.0)
+            s = tl.dot(qt, kt.to(qt.dtype)) * (ks * scale_log2)[None, :]
+        else:
+            s = tl.dot(qt, kt) * scale_log2
         s = tl.where((n[None, :] < limit[:, None]) & nv[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         vt = tl.load(vb + pr[:, None] * s_kt + dd[None, :], mask=nv[:, None], other=0.0)
+        if FP8:       # p @ (v * vs) = (p * vs) @ v
+            p = p * tl.load(vsc + sb + pr // CHUNK, mask=nv, other=0.0)[None, :]
+            vt = vt.to(qt.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
         m = m_new
     if SPLIT:
@@ -119,6 +136,18 @@ def _check_rows(rows, B, H, S_phys):
     return rows.shape[2]
 
 
+def chunk_cache_rows(B, H, n_tokens, n_slots, chunk, generator=None, device=None):
+    """int32 [B, H, n_tokens]: token n of (b, h) in slot perm[b, h, n // chunk] (a random permutation of the
+    n_slots slots of `chunk` physical rows each), at row slot * chunk + n % chunk, as a chunk cache holds them."""
+    n_chunks = -(-n_tokens // chunk)
+    if n_chunks > n_slots:
+        raise DDBenchError(f"{n_tokens} tokens need {n_chunks} slots of {chunk} rows, the cache has {n_slots}")
+    perm = torch.rand(B, H, n_slots, generator=generator).argsort(-1)[..., :n_chunks]
+    n = torch.arange(n_tokens)
+    rows = perm[..., n // chunk] * chunk + n % chunk
+    return rows.to(device=device, dtype=torch.int32).contiguous()
+
+
 def _check(q, k_buf, v_buf, lengths):
     if q.dim() != 4 or k_buf.dim() != 4 or k_buf.shape != v_buf.shape:
         raise DDBenchError("need q [B, nq, Hq, d] and k_buf, v_buf [B, H, S, d] of equal shape")
@@ -134,11 +163,35 @@ def _check(q, k_buf, v_buf, lengths):
     return B, nq, Hq, d, k_buf.shape[1]
 
 
+def _check_scales(k_buf, v_buf, k_scale, v_scale, chunk) -> bool:
+    """True for e4m3 buffers with their fp32 [B, H, S_phys // chunk] scales; one-line DDBenchError otherwise."""
+    fp8 = k_buf.dtype == E4M3
+    if fp8 != (v_buf.dtype == E4M3):
+        raise DDBenchError(f"k_buf and v_buf must both be fp8 or neither, got {k_buf.dtype} and {v_buf.dtype}")
+    if not fp8:
+        if k_scale is not None or v_scale is not None:
+            raise DDBenchError(f"k_scale / v_scale belong to fp8 KV buffers, not {k_buf.dtype} ones")
+        return False
+    if k_scale is None or v_scale is None:
+        raise DDBenchError("fp8 KV buffers need k_scale and v_scale (kernels.fp8.quantize_chunks)")
+    B, H, S_phys = k_buf.shape[:3]
+    if chunk < 1 or S_phys % chunk:
+        raise DDBenchError(f"fp8 KV: the buffers' {S_phys} rows are not a multiple of the chunk {chunk}")
+    need = (B, H, S_phys // chunk)
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if sc.shape != need or sc.dtype != torch.float32 or not sc.is_contiguous() or sc.device != k_buf.device:
+            raise DDBenchError(f"{name} must be a contiguous fp32 {list(need)} tensor on {k_buf.device} (one scale per "
+                               f"chunk of {chunk} rows), got {sc.dtype} {list(sc.shape)} on {sc.device}")
+    return True
+
+
 def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, block_n=64, num_warps=4, num_stages=3,
-                          rows=None):
+                          rows=None, k_scale=None, v_scale=None, chunk=8):
     """See module docstring. Caller guarantees lengths[b] + nq <= S. rows [B, H, S] int32: token n of
-    (b, h) is row rows[b, h, n] of k_buf / v_buf (a chunk cache's slots; its values < k_buf's rows)."""
+    (b, h) is row rows[b, h, n] of k_buf / v_buf (a chunk cache's slots; its values < k_buf's rows).
+    fp8 k_buf / v_buf: k_scale, v_scale fp32 [B, H, S_phys // chunk]."""
     B, nq, Hq, d, H = _check(q, k_buf, v_buf, lengths)
+    fp8 = _check_scales(k_buf, v_buf, k_scale, v_scale, chunk)
     G = Hq // H
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
@@ -157,12 +210,15 @@ def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, bl
         pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
     else:
         po = pml = o
-    _attn_kernel[(B * H, n_split)](q, k_buf, v_buf, lengths, o, po, pml, lengths if rows is None else rows,
+    ks, vs = (k_scale, v_scale) if fp8 else (lengths, lengths)   # placeholders where FP8 is off
+    _attn_kernel[(B * H, n_split)](q, k_buf, v_buf, lengths, o, po, pml, lengths if rows is None else rows, ks, vs,
                                    q.stride(0), q.stride(1), q.stride(2), *k_buf.stride()[:3],
                                    o.stride(0), o.stride(1), o.stride(2), S,
+                                   H * ks.shape[-1] if fp8 else 0, ks.shape[-1] if fp8 else 0,
                                    H, G, nq, n_split, split_len, scale,
                                    D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT=n_split > 1,
-                                   ROWS=rows is not None, num_warps=num_warps, num_stages=num_stages)
+                                   ROWS=rows is not None, FP8=fp8, CHUNK=chunk if fp8 else 1,
+                                   num_warps=num_warps, num_stages=num_stages)
     if n_split > 1:
         _combine_kernel[(B * H, nq * G)](po, pml, o, o.stride(0), o.stride(1), o.stride(2), H, G, n_split,
                                          D=d, GP=GP, BLOCK_M=BLOCK_M, SP=triton.next_power_of_2(n_split),
@@ -170,9 +226,11 @@ def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, bl
     return o
 
 
-def dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, **_):
-    """Torch twin in fp32, one request at a time (rows: read through them first)."""
+def dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, k_scale=None, v_scale=None, chunk=8, **_):
+    """Torch twin in fp32, one request at a time (fp8 buffers: dequantised first; rows: read through them)."""
     B, nq, Hq, d, H = _check(q, k_buf, v_buf, lengths)
+    if _check_scales(k_buf, v_buf, k_scale, v_scale, chunk):
+        k_buf, v_buf = dequantize_chunks(k_buf, k_scale, chunk), dequantize_chunks(v_buf, v_scale, chunk)
     if rows is not None:
         _check_rows(rows, B, H, k_buf.shape[2])
         idx = rows.long()[..., None].expand(*rows.shape, d)
