@@ -26,14 +26,17 @@ def test_committed_fitted_file_is_fresh_against_its_inputs():
     """Every input file the fit read still has the sha256 the file records (rerun `python -m sim.fit`)."""
     assert fitfile.stale(FITTED) == [], "traces/fit/h200/fitted.json is stale: rerun `python -m sim.fit`"
     f = load(FITTED)
-    assert set(f.inputs) == {"bundle", "breakdown", "cache_sweep"}
+    assert set(f.inputs) == {"bundle", "breakdown", "cache_sweep", "torch_fill_sweep"}
     assert f.inputs["bundle"]["path"] == "traces/calibration/h200"
     assert {"bundle.json", "engine.csv", "reuse_fetch.csv", "link.csv"} <= set(f.inputs["bundle"]["files"])
     assert f.inputs["breakdown"]["path"] == "traces/engine/h200/breakdown.json"
-    assert set(f.inputs["cache_sweep"]["files"]) == {"engine.csv", "meta.json"}
+    assert f.inputs["cache_sweep"]["path"] == "traces/engine/h200-cache-fused"
+    assert f.inputs["torch_fill_sweep"]["path"] == "traces/engine/h200-cache"
+    for sweep in ("cache_sweep", "torch_fill_sweep"):
+        assert set(f.inputs[sweep]["files"]) == {"engine.csv", "meta.json"}
     assert f.provenance["command"].startswith("python -m sim.fit") and f.provenance["git_sha"]
     assert f.engine is not None and f.engine.residuals and f.engine.floor_residuals
-    assert f.reuse[(2048, 32, 2)].rel_residuals and f.cache_fill.residuals_us
+    assert f.reuse[(2048, 32, 2)].rel_residuals and f.cache_fill.residuals_us and f.cache_fill_torch.residuals_us
 
 
 def test_staleness_is_seen(tmp_path):
@@ -55,14 +58,15 @@ def test_check_cli(tmp_path, capsys):
     doc["inputs"]["cache_sweep"]["files"]["meta.json"] = "0" * 64
     (tmp_path / FILE).write_text(json.dumps(doc))
     assert fitfile.main(["--check", "--out", str(tmp_path)]) == 1
-    assert "traces/engine/h200-cache/meta.json" in capsys.readouterr().err
+    assert "traces/engine/h200-cache-fused/meta.json" in capsys.readouterr().err
 
 
 def test_refit_is_the_committed_file():
     """The fits, rerun now on the committed inputs, give the committed parameters (code drift is seen)."""
     committed = load(FITTED)
     again = fitfile.fit_bundle(load_bundle(str(traces_dir("calibration", "h200"))),
-                               str(traces_dir("engine", "h200-cache")), committed.cache_fill.context)
+                               str(traces_dir("engine", "h200-cache-fused")), committed.cache_fill.context,
+                               torch_dir=str(traces_dir("engine", "h200-cache")))
     for c, th in committed.engine.theta.items():
         assert again.engine.theta[c] == pytest.approx(th, rel=1e-9, abs=1e-18), c
     assert set(again.reuse) == set(committed.reuse)
@@ -70,8 +74,9 @@ def test_refit_is_the_committed_file():
         g = again.reuse[k]
         assert (g.fixed_s, g.copy_Bps, g.hit_s, g.miss_s, g.mix_s) == pytest.approx(
             (f.fixed_s, f.copy_Bps, f.hit_s, f.miss_s, f.mix_s), rel=1e-9)
-    for t, v in committed.cache_fill.theta.items():
-        assert again.cache_fill.theta[t] == pytest.approx(v, rel=1e-6, abs=1e-12)
+    for fill in ("cache_fill", "cache_fill_torch"):
+        for t, v in getattr(committed, fill).theta.items():
+            assert getattr(again, fill).theta[t] == pytest.approx(v, rel=1e-6, abs=1e-12), (fill, t)
 
 
 # ------------------------------------------------------------------ the cost model takes it for its bundle only
