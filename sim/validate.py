@@ -29,7 +29,8 @@ from ddbench.core.outputs import output_folder
 from ddbench.core.paths import traces_dir
 from sim.fit.validation import (ABLATION_RUNS, CACHE_SWEEP, CALIBRATION_FLOOR_SWEEP, CALIBRATION_SWEEP, FP8_SWEEP, GPU,
                                 HELD_OUT_SWEEP, INPLACE_RUNS, LINK, MODEL, RATES_RUNS, STEPS, VALIDATION_SWEEP, WARMUP,
-                                summarize, user_path_errors, validate, validate_runs)
+                                user_path_errors, validate, validate_runs)
+from sim.fit.summary import summarize
 
 COMMAND = "python -m sim.validate"
 README = "README.md"

@@ -23,6 +23,7 @@ from ddbench.core.catalog import get_gpu, get_link, get_model
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from sim.fit import validation as v
+from sim.fit.summary import summarize
 from sim.costmodel import ENGINE_TERMS, CostModel
 from sim.factory import cost_model
 
@@ -183,7 +184,7 @@ def test_user_path_meets_the_targets_at_the_in_place_engine():
         t, _, meta, _ = v.validate_runs(runs)
         err = (t.sim_over_engine - 1).abs()
         assert len(t) and err.max() <= worst and err.median() <= 0.05
-        pts = v.summarize(t, [], meta)["per_point"]
+        pts = summarize(t, [], meta)["per_point"]
         assert all(abs(x["error_median"]) <= point for x in pts)
     t, _ = v.user_path_errors(str(traces_dir("engine", "h200-shadowkv-fast", "builds", "b0")))
     assert len(t) == 4 and ((t.user_over_engine - 1).abs() <= 0.10).all()
@@ -220,7 +221,7 @@ def test_user_path_meets_the_targets_on_held_out_shapes():
     assert (h.shadowkv_step[h.design == "shadowkv"] == v.COPY_REGATHER).all()
     assert len(h[h.design != "shadowkv"]) == (t.model != v.MODEL).sum() and (h.harness_ms == 0).all()
     assert not any(meta["harness_by_model"].values())
-    s = v.summarize(h, skipped, meta)
+    s = summarize(h, skipped, meta)
     assert s["held_out"] and "NOT MEASURED for qwen2.5-14b, qwen2.5-32b" in s["harness"]
 
 
@@ -239,7 +240,7 @@ def test_the_microbenchmark_op_model_misses_the_targets():
 
 def test_validate_regimes_meet_the_targets():
     t, skipped, meta, notes = v.validate()
-    s = v.summarize(t, skipped, meta)
+    s = summarize(t, skipped, meta)
     r = s["regimes"]
     assert r["link-bound"]["median_abs_error"] <= 0.05
     for k in ("link-bound", "overlap", "compute-only"):

@@ -13,6 +13,7 @@ import pytest
 from ddbench.core.paths import traces_dir
 from sim import validate as cli
 from sim.fit import validation as v
+from sim.fit.summary import summarize
 from sim.resources import FluidGroup, FluidServer
 from sim.factory import cost_model
 from sim.aggregate import aggregate_step
@@ -146,7 +147,7 @@ def test_replay_uses_the_fitted_reuse_fetch():
     share (column reuse_fetch_model, summary, notes); negative control: the same replay on a bundle
     without the records says BUNDLE-DERIVED everywhere and charges another fetch."""
     t, skipped, meta, notes = v.validate()
-    s = v.summarize(t, skipped, meta)
+    s = summarize(t, skipped, meta)
     sk = t[(t.design == "shadowkv") & (t.transfers == 1)]
     # 6: 128K batch 32 too (replayed since the compute is the cost model's, not scaled to a floor step)
     assert len(sk) == 6 and set(sk.reuse_fetch_model) == {"fitted"}
@@ -174,7 +175,7 @@ def test_replay_without_reuse_records_says_bundle_derived(tmp_path, monkeypatch)
     orig = sim.factory.cost_model
     monkeypatch.setattr(sim.factory, "cost_model", lambda *a, **k: orig(*a, **dict(k, root=str(tmp_path))))
     t, skipped, meta, notes = v.validate()
-    s = v.summarize(t, skipped, meta)
+    s = summarize(t, skipped, meta)
     sk = t[(t.design == "shadowkv") & (t.transfers == 1)]
     assert len(sk) == 6 and set(sk.reuse_fetch_model) == {"bundle-derived"}
     assert s["reuse_fetch"] == {"models": ["bundle-derived"], "fits": {}} and "BUNDLE-DERIVED" in s["harness"]

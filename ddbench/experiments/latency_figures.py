@@ -186,11 +186,12 @@ def _draw_fig18(res: FigureResult, fig) -> None:
 def _engine_fifo_note() -> str:
     """The decode-step engine's FIFO / priority (H200) against the simulator replaying the same points."""
     from sim.fit import validation as v
+    from sim.fit.summary import fifo_pairs
     try:
         t, _, _, _ = v.validate()
     except Exception as e:  # noqa: BLE001  (the figure stands without the engine traces)
         return f"(engine comparison unavailable: {e})"
-    pairs = list(v.fifo_pairs(t))
+    pairs = list(fifo_pairs(t))
     if not pairs:
         return ""
     inside = sum(p["engine_min"] <= p["sim"] <= p["engine_max"] for p in pairs)

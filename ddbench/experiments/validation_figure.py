@@ -32,8 +32,9 @@ def _draw(res: FigureResult, fig) -> None:
           _draw)
 def validation() -> FigureResult:
     from sim.fit import validation as v
+    from sim.fit.summary import summarize
     t, skipped, meta, _ = v.validate()
-    s = v.summarize(t, skipped, meta)
+    s = summarize(t, skipped, meta)
     errs = "; ".join(f"{k}: median |error| {x['median_abs_error']:.1%} ({x['points']} points)"
                      for k, x in s["regimes"].items() if x["points"])
     sw = s.get("sweeps", {})

@@ -6,6 +6,7 @@
   cachefill.py   dualdecoder-cache's fill, from the engine's chunk-cache sweep (CacheFill)
   fitfile.py     `python -m sim.fit`: all three into one file, traces/fit/<gpu>/fitted.json
   validation.py  the simulator against the engine's measured points (`python -m sim.validate`)
+  summary.py     a validation table's summary: errors by regime and design, per point over its builds
 
 Everything here stands on the pricing (sim/costmodel.py, sim/steplayers.py, sim/factory.py), never the
 other way round: the cost model loads the fitted file (sim/fitted.py) and imports nothing of sim/fit/.
