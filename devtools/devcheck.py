@@ -18,10 +18,10 @@ from devtools._common import rand_bf16, refusal
 
 
 def specache_kernel():
-    from kernels.engine.sweep import hbm_gbps
-    from kernels.engine.fastselect import specache_select_topk
-    from kernels.specache import quantize_keys_2bit, spec_pass1, specache_scores_triton
-    from kernels.timing import time_cuda
+    from ddbench.kernels.engine.sweep import hbm_gbps
+    from ddbench.kernels.engine.fastselect import specache_select_topk
+    from ddbench.kernels.specache import quantize_keys_2bit, spec_pass1, specache_scores_triton
+    from ddbench.kernels.timing import time_cuda
     hbm = hbm_gbps()
     Hq, H, d = 32, 8, 128
     for B, T in [(8, 32768), (16, 131072)]:
@@ -47,10 +47,10 @@ def specache_kernel():
 
 
 def select_kernel():
-    from kernels.engine.sweep import hbm_gbps
-    from kernels.engine.fastselect import select_topk
-    from kernels.select import select_chunks
-    from kernels.timing import time_cuda
+    from ddbench.kernels.engine.sweep import hbm_gbps
+    from ddbench.kernels.engine.fastselect import select_topk
+    from ddbench.kernels.select import select_chunks
+    from ddbench.kernels.timing import time_cuda
     hbm = hbm_gbps()
     for B, N, nq in [(4, 4096, 2), (16, 16384, 2), (64, 16384, 2), (64, 16384, 1)]:
         sets = [(rand_bf16(B, nq, 32, 128), rand_bf16(B, 8, N, 128)) for _ in range(2)]
@@ -65,8 +65,8 @@ def select_kernel():
 def profile(points):
     from torch.profiler import ProfilerActivity, profile as prof
     from ddbench.core.catalog import get_model
-    from kernels.engine.sweep import hbm_gbps, run_point
-    from kernels.engine.model import Weights
+    from ddbench.kernels.engine.sweep import hbm_gbps, run_point
+    from ddbench.kernels.engine.model import Weights
     model = get_model("llama-3-8b")
     w = Weights.random(model, "cuda", seed=0)
     hbm = hbm_gbps()

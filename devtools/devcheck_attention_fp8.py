@@ -3,9 +3,9 @@
     PYTHONPATH=. python3 devtools/devcheck_attention_fp8.py [--batches 1 16 64] [--reps 3] [--out FILE.json]
 
 The engine's chunk-cache shape: Llama-3-8B heads (32 q / 8 KV, d=128), S = 4096 + 128 physical rows in
-slots of chunk 8 read through `rows` (a random slot permutation, kernels.attention.chunk_cache_rows),
+slots of chunk 8 read through `rows` (a random slot permutation, ddbench.kernels.attention.chunk_cache_rows),
 2 query tokens, every row attended (lengths = S - 2), automatic splits, as the engine calls it.
-(a) per batch, on fresh random bf16 inputs quantised with kernels.fp8.quantize_chunks (NaN-poisoned
+(a) per batch, on fresh random bf16 inputs quantised with ddbench.kernels.fp8.quantize_chunks (NaN-poisoned
     outputs): the fp8 kernel against its torch twin (PASS below 1e-2, relative), and fp8 against bf16
     on the unquantised K/V: max abs error, max abs / max |bf16|, relative (norm) error.
 (b) CUDA-event timing of CUDA-graph replays after warm-up, each replay `inner` calls over rotated input
@@ -33,8 +33,8 @@ MiB = 1 << 20
 
 def make_set(B, Hq, H, d, S, chunk, nq, *, seed, device="cuda", dtype=torch.bfloat16):
     """One input set: q, bf16 K/V [B, H, S, d] and their e4m3 + scales, lengths S - nq, chunk-cache rows."""
-    from kernels.attention import chunk_cache_rows
-    from kernels.fp8 import quantize_chunks
+    from ddbench.kernels.attention import chunk_cache_rows
+    from ddbench.kernels.fp8 import quantize_chunks
     g = torch.Generator(device=device).manual_seed(seed)
     q, k, v = (torch.randn(*sh, device=device, generator=g).to(dtype)
                for sh in ((B, nq, Hq, d), (B, H, S, d), (B, H, S, d)))
@@ -47,7 +47,7 @@ def make_set(B, Hq, H, d, S, chunk, nq, *, seed, device="cuda", dtype=torch.bflo
 
 def attend(x, fp8, out=None, **kw):
     """The kernel the engine would call on set x: bf16 buffers, or the e4m3 ones with their scales."""
-    from kernels.attention import dual_sparse_attention
+    from ddbench.kernels.attention import dual_sparse_attention
     if fp8:
         return dual_sparse_attention(x["q"], x["k8"], x["v8"], x["lengths"], rows=x["rows"], k_scale=x["ks"],
                                      v_scale=x["vs"], chunk=x["chunk"], out=out, **kw)
@@ -66,7 +66,7 @@ def floor_bytes(x, fp8) -> dict:
 
 def errors(x, **kw) -> dict:
     """fp8 kernel against its twin, and fp8 against bf16 on the unquantised K/V (NaN-poisoned outputs)."""
-    from kernels.attention import dual_sparse_attention_ref
+    from ddbench.kernels.attention import dual_sparse_attention_ref
     outs = {}
     for fp8 in (False, True):
         outs[fp8] = attend(x, fp8, out=torch.full_like(x["q"], float("nan")), **kw).float()
@@ -81,7 +81,7 @@ def errors(x, **kw) -> dict:
 
 
 def _replay_times(fns, inner, timed):
-    from kernels.timing import capture_graph, event_times
+    from ddbench.kernels.timing import capture_graph, event_times
 
     def body():
         for i in range(inner):
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     if (err := refusal("devcheck_attention_fp8", a.reps)):
         print(err, file=sys.stderr)
         return 2
-    from kernels.timing import provenance
+    from ddbench.kernels.timing import provenance
     prov = provenance(command("devcheck_attention_fp8", argv))
     print(prov, flush=True)
     rate = copy_rate()

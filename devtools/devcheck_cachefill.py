@@ -38,8 +38,8 @@ CACHE_TOKENS = 8192
 
 
 def fill_rows(hbm, log, reps, rows):
-    from kernels.engine.chunkcache import ChunkCache
-    from kernels.timing import event_times
+    from ddbench.kernels.engine.chunkcache import ChunkCache
+    from ddbench.kernels.timing import event_times
     H, k, C, ctx = 8, 256, 8, 131072
     N = ctx // C
     for B in (1, 16, 60):
@@ -81,9 +81,9 @@ def engine_rows(points, builds, reps, host_gib, lru_miss, profile, hbm, log, row
     from dataclasses import replace
 
     from ddbench.core.catalog import get_model
-    from kernels.engine import breakdown
-    from kernels.engine.model import Weights
-    from kernels.engine.sweep import alloc_host, make_config, run_point
+    from ddbench.kernels.engine import breakdown
+    from ddbench.kernels.engine.model import Weights
+    from ddbench.kernels.engine.sweep import alloc_host, make_config, run_point
     model = get_model("llama-3-8b")
     weights = Weights.random(model, "cuda", seed=0)
     flat = alloc_host(host_gib)[0]
@@ -154,8 +154,8 @@ def main(argv=None) -> int:
     if why:
         print(why, file=sys.stderr)
         return 2
-    from kernels.engine.sweep import hbm_gbps
-    from kernels.timing import provenance
+    from ddbench.kernels.engine.sweep import hbm_gbps
+    from ddbench.kernels.timing import provenance
     pts = [tuple(int(v) for v in p.split(":")) for p in a.points.split(",")]
     if any(c not in RATES for c, _ in pts):
         print(f"devcheck_cachefill: contexts must be among {sorted(RATES)}", file=sys.stderr)

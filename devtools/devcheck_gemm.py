@@ -29,8 +29,8 @@ def main(argv=None) -> int:
     if (err := refusal("devcheck_gemm", a.reps)):
         print(err, file=sys.stderr)
         return 2
-    from kernels.engine.sweep import hbm_gbps
-    from kernels.timing import capture_graph, event_times
+    from ddbench.kernels.engine.sweep import hbm_gbps
+    from ddbench.kernels.timing import capture_graph, event_times
     hbm = hbm_gbps()
     dev, bf = torch.device("cuda"), torch.bfloat16
     rows = []
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
                       flush=True)
     if a.out:
         from ddbench.core.io import write_json
-        from kernels.timing import provenance
+        from ddbench.kernels.timing import provenance
         write_json(a.out, dict(provenance=provenance(command("devcheck_gemm", argv)), hbm_copy_gbps=hbm,
                                rows=rows))
     return 0

@@ -50,7 +50,7 @@ def chain(x, y, n_kernels, programs, pdl, gemv=None):
 
 
 def timed(fn, reps=20):
-    from kernels.timing import capture_graph, event_times
+    from ddbench.kernels.timing import capture_graph, event_times
     g = capture_graph(fn, [fn])
     return statistics.median(event_times(g.replay, reps, warmup=3))
 
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     print(f"gemv alone x{n_gemv}: {t_gemv:.4f} ms", flush=True)
     if a.out:
         from ddbench.core.io import write_json
-        from kernels.timing import provenance
+        from ddbench.kernels.timing import provenance
         write_json(a.out, dict(provenance=provenance(command("devcheck_pdl", argv)), gemv_ms=t_gemv,
                                kernels=a.kernels, rows=rows))
     return 0

@@ -30,9 +30,9 @@ def main(argv=None) -> int:
         print(err, file=sys.stderr)
         return 2
     from ddbench.core.catalog import get_model
-    from kernels.engine.sweep import hbm_gbps, run_point
-    from kernels.engine.model import Weights
-    from kernels.timing import event_times, provenance
+    from ddbench.kernels.engine.sweep import hbm_gbps, run_point
+    from ddbench.kernels.engine.model import Weights
+    from ddbench.kernels.timing import event_times, provenance
     model, hbm = get_model("llama-3-8b"), hbm_gbps()
     weights = Weights.random(model, "cuda", seed=0)
     rows = []

@@ -41,7 +41,7 @@ def variants(quick=False, final=False):
     block_chunks (bc), rank_block (rb), num_warps (w), num_stages (s); `resident` its SV-resident kernel
     (impl="resident"; programs per SM, or rebuild_keys' default); `default` is rebuild_keys as it stands.
     final: the default and the launches LAUNCH names (the check of the chosen default)."""
-    from kernels.rebuild import LAUNCH, rebuild_keys
+    from ddbench.kernels.rebuild import LAUNCH, rebuild_keys
     v = {"default rebuild_keys (impl auto)": rebuild_keys}
     cfgs = [(4, 32, 4, 3), (8, 32, 4, 3), (8, 32, 8, 3), (8, 64, 4, 3), (16, 32, 8, 2), (16, 32, 8, 3),
             (16, 64, 8, 3), (16, 32, 16, 3), (32, 32, 16, 3), (32, 32, 8, 3)]
@@ -75,7 +75,7 @@ def _inputs(B, T, gen, n=N):
 
 
 def correctness(vs):
-    from kernels.rebuild import rebuild_keys_ref
+    from ddbench.kernels.rebuild import rebuild_keys_ref
     g = torch.Generator(device="cuda").manual_seed(1234)
     ok = {}
     cases = [(2, 32768, 256, 32, torch.bfloat16, None, 1e-2), (2, 32768, 250, 5, torch.bfloat16, None, 1e-2),
@@ -109,7 +109,7 @@ def correctness(vs):
 
 
 def copy_rate():
-    from kernels.timing import capture_graph, event_times
+    from ddbench.kernels.timing import capture_graph, event_times
     bufs = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(2)]
 
     def cp(b=bufs):
@@ -121,7 +121,7 @@ def copy_rate():
 
 def _cold_times(fns, flush, reps=30):
     """per-launch ms of a graph replay of all `fns` (one launch per input set), an L2 flush before each replay."""
-    from kernels.timing import capture_graph
+    from ddbench.kernels.timing import capture_graph
 
     def body():
         for f in fns:
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     if (err := refusal("devcheck_rebuild")):
         print(err, file=sys.stderr)
         return 2
-    from kernels.timing import provenance
+    from ddbench.kernels.timing import provenance
     t0 = time.time()
     prov = provenance(command("devcheck_rebuild", argv))
     print(prov, flush=True)

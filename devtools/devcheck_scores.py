@@ -40,9 +40,9 @@ def _shared(a, b, k):
 
 
 def kernels(reps, rows):
-    from kernels.engine import fastselect
-    from kernels.specache import random_quant_keys
-    from kernels.timing import capture_graph, event_times
+    from ddbench.kernels.engine import fastselect
+    from ddbench.kernels.specache import random_quant_keys
+    from ddbench.kernels.timing import capture_graph, event_times
     g = torch.Generator(device="cuda").manual_seed(7)
     k = 256
     for ctx, B in KERNEL_POINTS:
@@ -82,9 +82,9 @@ def topk_grid(rows):
     fused miss plan as the engine runs it, and one token: every (segment, cuts, warps) once, then the
     default and the fastest three again, 3 times interleaved."""
     import itertools
-    from kernels.engine import fastselect
-    from kernels.engine.transfer import plan_buffers
-    from kernels.timing import capture_graph, event_times
+    from ddbench.kernels.engine import fastselect
+    from ddbench.kernels.engine.transfer import plan_buffers
+    from ddbench.kernels.timing import capture_graph, event_times
     g = torch.Generator(device="cuda").manual_seed(8)
     k = 256
     for ctx, B, nq in ((131072, 64, 2), (131072, 64, 1), (32768, 64, 2), (131072, 16, 2)):
@@ -128,7 +128,7 @@ def topk_grid(rows):
 def with_scores(dt):
     """fn(engine): the engine's selection ops (landmarks and SpeCache) store pass 1's scores in `dt`
     (the engine itself always uses fastselect.SCORES)."""
-    from kernels.engine import fastselect
+    from ddbench.kernels.engine import fastselect
 
     def apply(e):
         e.ops = dataclasses.replace(e.ops, select=functools.partial(fastselect.select_topk, scores=dt),
@@ -141,9 +141,9 @@ def engine(reps, rows, hbm, points=ENGINE_POINTS, designs=("dualdecoder-single",
     turn applied, captured and timed. One row per (design, point, repetition), and one dual / single
     row per repetition where both DualDecoder steps ran."""
     from ddbench.core.catalog import get_model
-    from kernels.engine.model import Weights
-    from kernels.engine.sweep import run_point
-    from kernels.timing import event_times
+    from ddbench.kernels.engine.model import Weights
+    from ddbench.kernels.engine.sweep import run_point
+    from ddbench.kernels.timing import event_times
     model = get_model("llama-3-8b")
     weights = Weights.random(model, "cuda", seed=0)
     variants = {name: with_scores(dt) for name, dt in DTYPES.items()}
@@ -188,8 +188,8 @@ def main(argv=None) -> int:
     if (err := refusal("devcheck_scores", a.reps)):
         print(err, file=sys.stderr)
         return 2
-    from kernels.engine.sweep import hbm_gbps
-    from kernels.timing import provenance
+    from ddbench.kernels.engine.sweep import hbm_gbps
+    from ddbench.kernels.timing import provenance
     hbm = hbm_gbps()
     rows = []
     if a.topk_grid:

@@ -30,8 +30,8 @@ POINTS = "131072:46,65536:80,32768:126,131072:1"
 
 
 def rebuild_rows(points, miss, hbm, log):
-    from kernels.rebuild import rebuild_changed, rebuild_changed_ref, rebuild_keys
-    from kernels.timing import event_times
+    from ddbench.kernels.rebuild import rebuild_changed, rebuild_changed_ref, rebuild_keys
+    from ddbench.kernels.timing import event_times
     R, H, d, C, n = 160, 8, 128, 8, 256
     rows = []
     for ctx, B in points:
@@ -67,9 +67,9 @@ def engine_rows(points, miss, reps, host_gib, profile, hbm, cg, log):
     import gc
 
     from ddbench.core.catalog import get_model
-    from kernels.engine import breakdown
-    from kernels.engine.model import Weights
-    from kernels.engine.sweep import alloc_host, run_point
+    from ddbench.kernels.engine import breakdown
+    from ddbench.kernels.engine.model import Weights
+    from ddbench.kernels.engine.sweep import alloc_host, run_point
     model = get_model("llama-3-8b")
     weights = Weights.random(model, "cuda", seed=0)
     flat = alloc_host(host_gib)[0]
@@ -119,8 +119,8 @@ def main(argv=None) -> int:
     if why:
         print(why, file=sys.stderr)
         return 2
-    from kernels.engine.sweep import copy_gbps, hbm_gbps
-    from kernels.timing import provenance
+    from ddbench.kernels.engine.sweep import copy_gbps, hbm_gbps
+    from ddbench.kernels.timing import provenance
     pts = [tuple(int(v) for v in p.split(":")) for p in a.points.split(",")]
     hbm, cg = hbm_gbps(), copy_gbps()
     print(f"HBM copy {hbm:.0f} GB/s, pinned H2D {cg:.1f} GB/s", flush=True)

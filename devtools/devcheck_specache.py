@@ -25,8 +25,8 @@ HBM = 4.25e12
 
 
 def correctness():
-    from kernels.engine.fastselect import specache_select_topk, specache_select_topk_ref, topk_from_scratch
-    from kernels.specache import (quantize_keys_2bit, spec_block_m, spec_pass1, specache_chunk_scores_ref, specache_scores_ref,
+    from ddbench.kernels.engine.fastselect import specache_select_topk, specache_select_topk_ref, topk_from_scratch
+    from ddbench.kernels.specache import (quantize_keys_2bit, spec_block_m, spec_pass1, specache_chunk_scores_ref, specache_scores_ref,
                                   specache_scores_triton)
     ok_all = True
     g = torch.Generator(device="cuda").manual_seed(1234)
@@ -86,7 +86,7 @@ def correctness():
 
 
 def _graph_times(fns, inner=8, reps=25):
-    from kernels.timing import capture_graph, event_times
+    from ddbench.kernels.timing import capture_graph, event_times
     for f in fns:
         f()
     torch.cuda.synchronize()
@@ -107,8 +107,8 @@ def copy_rate():
 
 def timing(quick=False, reps=3):
     """Every variant `reps` times, interleaved (rep 0 of each, then rep 1, ...); rows for the JSON."""
-    from kernels.engine.fastselect import specache_select_topk, topk_from_scratch
-    from kernels.specache import random_quant_keys, spec_block_m, spec_pass1, specache_scores_triton
+    from ddbench.kernels.engine.fastselect import specache_select_topk, topk_from_scratch
+    from ddbench.kernels.specache import random_quant_keys, spec_block_m, spec_pass1, specache_scores_triton
     rate = copy_rate()
     print(f"HBM copy rate measured: {rate / 1e9:.0f} GB/s (floors below at 4250 GB/s; x{HBM / rate:.3f} for the measured)",
           flush=True)
@@ -175,8 +175,8 @@ def waves_sweep(reps=3):
     """Pass 1 and the engine's path (pass 1 + fused top-256) at automatic splits for 2 / 4 / 8 / 16
     programs per SM (the default: 8), `reps` times interleaved; rows for the JSON."""
     import triton
-    from kernels.engine.fastselect import specache_select_topk
-    from kernels.specache import random_quant_keys, spec_pass1
+    from ddbench.kernels.engine.fastselect import specache_select_topk
+    from ddbench.kernels.specache import random_quant_keys, spec_pass1
     out = []
     g = torch.Generator(device="cuda").manual_seed(9)
     Hq, H, d, C, kk = 32, 8, 128, 8, 256
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     if (err := refusal("devcheck_specache", a.reps)):
         print(err, file=sys.stderr)
         return 2
-    from kernels.timing import provenance
+    from ddbench.kernels.timing import provenance
     prov = provenance(command("devcheck_specache", argv))
     print(prov, flush=True)
     if a.waves:

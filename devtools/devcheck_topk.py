@@ -44,7 +44,7 @@ def device_time(fn, reps=REPS):
     global _flush
     if _flush is None:
         _flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    from kernels.timing import capture_graph
+    from ddbench.kernels.timing import capture_graph
     g = capture_graph(fn, [fn, fn])
     g.replay()
     torch.cuda.synchronize()
@@ -73,7 +73,7 @@ def _splits(N, B, H, min_split):
 
 
 def _topk_inputs(N, B, nq, min_split=1024, seed=0):
-    from kernels.engine import fastselect
+    from ddbench.kernels.engine import fastselect
     g = torch.Generator(device="cuda").manual_seed(seed + N + B + nq)
     q = torch.randn(B, nq, 32, 128, device="cuda", generator=g).bfloat16()
     lm = torch.randn(B, 8, N, 128, device="cuda", generator=g).bfloat16()
@@ -94,7 +94,7 @@ def _topk_variants(N, B, nq):
 
 def _seg_stage1(sc, pml, B, H, nq, G, N, k):
     """Stage 1 of the default "seg" alone (for the split of its time between the stages)."""
-    from kernels.engine import fastselect as fs
+    from ddbench.kernels.engine import fastselect as fs
     GP = triton.next_power_of_2(G)
     BM = max(16, triton.next_power_of_2(nq * GP))
     n_split = pml.numel() // (2 * B * H * BM)
@@ -114,7 +114,7 @@ def _empty_kernel(x):
 
 
 def _warm_worker(points):
-    from kernels.engine import fastselect
+    from ddbench.kernels.engine import fastselect
     for N, B, nq in points:
         for ms in (1024, 256):
             q, lm, sc, pml, G = _topk_inputs(N, B, nq, ms)
@@ -133,7 +133,7 @@ def _warm_worker(points):
 
 def topk_main(argv):
     from devtools._common import command
-    from kernels.timing import provenance
+    from ddbench.kernels.timing import provenance
     path = argv[0] if argv else os.path.join(os.environ.get("OUT", "."), "devcheck-topk.json")
     res = dict(schema=1, what="engine chunk-selection top-k: two-stage 'seg' against 'stream' / 'bits'",
                provenance=provenance(command("devcheck_topk", argv)),
@@ -192,7 +192,7 @@ def _rates_here(res):
 
 def _topk_point(res, N, B, nq, H=8, k=256):
     """One point: every variant timed against the floor, then the checks and the pass-1 splits."""
-    from kernels.engine import fastselect
+    from ddbench.kernels.engine import fastselect
     q, lm, sc, pml, G = _topk_inputs(N, B, nq)
     floor = B * H * nq * G * N * sc.element_size() / HBM * 1e6     # the stored scores, read once
     line = dict(N=N, context=N * 8, B=B, nq=nq, floor_us=floor, n_split=pml.numel() // (2 * B * H * 16),
@@ -222,7 +222,7 @@ def _topk_point(res, N, B, nq, H=8, k=256):
 
 def _check_ids(res, outs, sc, pml, B, H, nq, G, N, k):
     """Every variant's ids equal the bits kernel's; the seg top-k's probabilities are the twin's top-k."""
-    from kernels.engine import fastselect
+    from ddbench.kernels.engine import fastselect
     same = {n: bool(torch.equal(o, outs["bits"])) for n, o in outs.items()}
     p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)
     want = p.topk(k, dim=-1).values.sort(-1).values
@@ -235,7 +235,7 @@ def _check_ids(res, outs, sc, pml, B, H, nq, G, N, k):
 
 def _pass1_splits(line, outs, q, lm, B, H, nq, G, N, k):
     """Pass 1 with min split 256 (more programs at small batch), and the seg top-k on its output."""
-    from kernels.engine import fastselect
+    from ddbench.kernels.engine import fastselect
     s_old, s_new = _splits(N, B, H, 1024), _splits(N, B, H, 256)
     line["pass1_splits"] = [s_old, s_new]
     line["pass1 (min split 1024)"] = device_time(lambda: fastselect._landmark_pass1(q, lm, splits=s_old))

@@ -16,10 +16,10 @@ def main() -> int:
     if (err := refusal("sanitize_gather")):
         print(err, file=sys.stderr)
         return 2
-    from kernels.engine.transfer import gather_slots, gather_slots_ref, perturb, plan_misses
-    from kernels.fp8 import quantize_host_kv
-    from kernels.gather import gather_ref, gather_uva
-    from kernels.layout import alloc_host_kv
+    from ddbench.kernels.engine.transfer import gather_slots, gather_slots_ref, perturb, plan_misses
+    from ddbench.kernels.fp8 import quantize_host_kv
+    from ddbench.kernels.gather import gather_ref, gather_uva
+    from ddbench.kernels.layout import alloc_host_kv
     B, H, N, n, C, d = 2, 8, 64, 13, 8, 128
     host = alloc_host_kv(2, B, H, N, C, d)
     host.copy_(torch.randn(host.shape).to(torch.bfloat16))

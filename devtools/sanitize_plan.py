@@ -24,7 +24,7 @@ def main() -> int:
     if (err := refusal("sanitize_plan")):
         print(err, file=sys.stderr)
         return 2
-    from kernels.engine.transfer import plan_misses, plan_misses_fast
+    from ddbench.kernels.engine.transfer import plan_misses, plan_misses_fast
     g = torch.Generator(device="cuda").manual_seed(3)
     bad = 0
     for B, H, N, k in ((2, 8, 512, 64), (3, 4, 4096, 256)):

@@ -10,11 +10,11 @@
         splits: KV splits per (b, h) (flash-decoding); None picks one from the SM count.
         rows    [B, H, S] int32 (optional): token n of (b, h) is physical row rows[b, h, n] of the buffers
     fp8 KV (e4m3): k_buf, v_buf torch.float8_e4m3fn with k_scale, v_scale fp32 [B, H, S_phys // chunk], one
-        scale per chunk of physical rows per (b, h) (kernels.fp8.quantize_chunks); row r's scale is
+        scale per chunk of physical rows per (b, h) (ddbench.kernels.fp8.quantize_chunks); row r's scale is
         scale[b, h, r // chunk]. The kernel multiplies the scores' columns by the K scales and the
         probabilities' columns by the V scales (the e4m3 tiles convert exactly to q's dtype for the dots).
     dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, k_scale=None, v_scale=None, chunk=8) -> o
-        torch twin (fp32 math; fp8 buffers dequantised with kernels.fp8.dequantize_chunks)
+        torch twin (fp32 math; fp8 buffers dequantised with ddbench.kernels.fp8.dequantize_chunks)
     chunk_cache_rows(B, H, n_tokens, n_slots, chunk, generator=None, device=None) -> rows
         a chunk cache's random slot permutation as rows (test and benchmark inputs)
 
@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
-from kernels.fp8 import E4M3, dequantize_chunks
-from kernels.grouprows import group_rows, load_group_queries
+from ddbench.kernels.fp8 import E4M3, dequantize_chunks
+from ddbench.kernels.grouprows import group_rows, load_group_queries
 
 LOG2E = 1.4426950408889634
 
@@ -173,7 +173,7 @@ def _check_scales(k_buf, v_buf, k_scale, v_scale, chunk) -> bool:
             raise DDBenchError(f"k_scale / v_scale belong to fp8 KV buffers, not {k_buf.dtype} ones")
         return False
     if k_scale is None or v_scale is None:
-        raise DDBenchError("fp8 KV buffers need k_scale and v_scale (kernels.fp8.quantize_chunks)")
+        raise DDBenchError("fp8 KV buffers need k_scale and v_scale (ddbench.kernels.fp8.quantize_chunks)")
     B, H, S_phys = k_buf.shape[:3]
     if chunk < 1 or S_phys % chunk:
         raise DDBenchError(f"fp8 KV: the buffers' {S_phys} rows are not a multiple of the chunk {chunk}")

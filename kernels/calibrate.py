@@ -43,9 +43,9 @@ from ddbench.core.catalog import MODELS
 from ddbench.core.catalog.gpus import catalog_gpu_name
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from kernels.calibrate_interference import InterferenceSections
-from kernels.timing import provenance as gpu_provenance
-from kernels.calibrate_link import MiB, LinkSections, rand_bf16, time_ms, uva_copy  # noqa: F401 (uva_copy: its old home)
+from ddbench.kernels.calibrate_interference import InterferenceSections
+from ddbench.kernels.timing import provenance as gpu_provenance
+from ddbench.kernels.calibrate_link import MiB, LinkSections, rand_bf16, time_ms, uva_copy  # noqa: F401 (uva_copy: its old home)
 
 # SpeCache's scoring row (triton_quant_scan): the engine's head configuration (Llama-3-8B) and quant group
 QUANT_SCAN_HEADS = (32, 8, 128)
@@ -60,7 +60,7 @@ def quant_scan_bytes(b, hk, ctx, d, group=QUANT_SCAN_GROUP) -> int:
 # ----------------------------------------------------------------------------- provenance
 
 def provenance(gpu: str, command: str) -> dict:
-    """The bundle's provenance: the GPU side's (kernels.timing.provenance, the core's gpu_provenance) under
+    """The bundle's provenance: the GPU side's (ddbench.kernels.timing.provenance, the core's gpu_provenance) under
     the bundle's names (device_name; git_sha and git_dirty apart, the core's git_head and git_dirty; date
     with its UTC offset), the catalog GPU name, and what a calibration adds (memory, SMs, PCIe, host)."""
     base = gpu_provenance(command)
@@ -203,7 +203,7 @@ class Calibrator(LinkSections, InterferenceSections):
                                " (kernels/rebuild.py, + RoPE): the Triton kernels of kernels/, CUDA-graph"
                                " replays (kernels/timing.py), input sets rotated over >= 256 MiB against L2."
                                " triton_quant_scan: SpeCache's selection as the decode-step engine runs it"
-                               " (kernels.engine.fastselect.specache_select_topk: kernels/specache.py pass 1"
+                               " (ddbench.kernels.engine.fastselect.specache_select_topk: kernels/specache.py pass 1"
                                " over the 2-bit codes + the fused top-256 of 8-token chunks), random codes,"
                                " param = quant group 64, Llama-3-8B heads; its floor = codes + scales + zeros"
                                " read at the HBM copy rate")
@@ -273,11 +273,11 @@ class Calibrator(LinkSections, InterferenceSections):
         """The Triton kernels of kernels/ that the landmark designs run: dual/single-token sparse
         attention over the gathered budget, chunk selection, low-rank key rebuild (+ RoPE); and
         SpeCache's selection over its 2-bit keys (triton_quant_scan, the engine's heads only)."""
-        from kernels.attention import dual_sparse_attention
-        from kernels.engine.fastselect import specache_select_topk
-        from kernels.rebuild import rebuild_keys
-        from kernels.select import select_chunks
-        from kernels.timing import time_cuda
+        from ddbench.kernels.attention import dual_sparse_attention
+        from ddbench.kernels.engine.fastselect import specache_select_topk
+        from ddbench.kernels.rebuild import rebuild_keys
+        from ddbench.kernels.select import select_chunks
+        from ddbench.kernels.timing import time_cuda
 
         def n_sets(nbytes):
             return int(min(8, max(1, -(-256 * MiB // max(1, nbytes)))))
@@ -336,10 +336,10 @@ class Calibrator(LinkSections, InterferenceSections):
 
     def quant_scan(self, hq, hk, d, hbm, n_sets, select) -> None:
         """SpeCache's selection as the decode-step engine runs it (`select` =
-        kernels.engine.fastselect.specache_select_topk: pass 1 over the 2-bit codes, then the fused
+        ddbench.kernels.engine.fastselect.specache_select_topk: pass 1 over the 2-bit codes, then the fused
         top-k of 8-token chunks, budget 2048 tokens) on random codes; 12 rows."""
-        from kernels.specache import random_quant_keys
-        from kernels.timing import time_cuda
+        from ddbench.kernels.specache import random_quant_keys
+        from ddbench.kernels.timing import time_cuda
         g = QUANT_SCAN_GROUP
         for ctx, b, qt in self.QUANT_SCAN_POINTS:
             def meas():

@@ -2,7 +2,7 @@
 engine's prefetch gather, the interference that the simulator prices per kind of compute.
 
 A loop of one kernel family (about 3 ms alone) runs on the compute stream while a 512 MiB bf16 gather of
-4 KiB pieces (kernels.gather.gather_uva at its defaults, 32 programs: the engine's prefetch launch) is in
+4 KiB pieces (ddbench.kernels.gather.gather_uva at its defaults, 32 programs: the engine's prefetch launch) is in
 flight on a stream of the same priority, issued 0.3 ms before the loop, as the engine issues a layer's
 prefetch before the compute it hides behind. The gather must outlast the loop (else the row is an error,
 never a shorter window). Rows: the loop's time alone and beside it (medians of 5 timed rounds after a
@@ -11,9 +11,9 @@ warm-up, CUDA events), their ratio, and the gather's rate alone and beside it.
 Families, at Llama-3-8B's shapes and at several sizes (the simulator interpolates in `size`):
   gemm         the gate_up projection at 2 to 240 tokens (the decode linears, the LM head and the
                low-rank key rebuild)
-  selection    landmark scoring and top-k (kernels.select.select_chunks, budget 2048): 1 to 95 requests
+  selection    landmark scoring and top-k (ddbench.kernels.select.select_chunks, budget 2048): 1 to 95 requests
                at 32K and 128K (size: landmarks read)
-  attention    dual-token sparse attention (kernels.attention), 1 to 64 requests over 2048 + 128 rows
+  attention    dual-token sparse attention (ddbench.kernels.attention), 1 to 64 requests over 2048 + 128 rows
   elementwise  an RMS norm over 64 MiB of bf16 (memory-bound torch glue)
 """
 
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from kernels.calibrate_link import rand_bf16, sync
+from ddbench.kernels.calibrate_link import rand_bf16, sync
 
 MiB = 1 << 20
 FAMILIES = ("gemm", "selection", "attention", "elementwise")    # the simulator's kinds of compute
@@ -35,8 +35,8 @@ ROUNDS = 5
 def _shapes():
     """(family, shape, size, size_unit, one call) at Llama-3-8B's shapes: the sizes the simulator interpolates
     in (gemm: tokens; selection: landmarks read, requests x chunks; attention: requests; elementwise: rows)."""
-    from kernels.attention import dual_sparse_attention
-    from kernels.select import select_chunks
+    from ddbench.kernels.attention import dual_sparse_attention
+    from ddbench.kernels.select import select_chunks
     w = rand_bf16(28672, 4096)
     for m in (2, 32, 128, 240):                 # batch 1, 16, 64, 120 with two query tokens
         x = rand_bf16(m, 4096)
@@ -62,7 +62,7 @@ class _Gather:
     """The background: the engine's prefetch gather of 512 MiB of random 4 KiB bf16 pieces."""
 
     def __init__(self):
-        from kernels.layout import alloc_host_kv
+        from ddbench.kernels.layout import alloc_host_kv
         B, H, N, C, d = 8, 8, 8192, 8, 128
         self.host = alloc_host_kv(1, B, H, N, C, d)
         self.host.view(torch.int16).random_(-16000, 16000)
@@ -74,7 +74,7 @@ class _Gather:
         self.bytes = 2 * self.k.numel() * 2
 
     def __call__(self):
-        from kernels.gather import gather_uva
+        from ddbench.kernels.gather import gather_uva
         gather_uva(self.host, 0, self.idx, self.k, self.v)
 
 

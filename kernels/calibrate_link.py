@@ -57,7 +57,7 @@ def sync():
 def time_ms(fn, target_ms: float = 25.0, max_iters: int = 50, min_iters: int = 3) -> float:
     """Median CUDA-event time of fn() in ms (kernels/timing.event_times): a warm-up call and one
     timed call size the repeats to fill target_ms."""
-    from kernels.timing import event_times
+    from ddbench.kernels.timing import event_times
     first = max(event_times(fn, 1, warmup=1)[0], 1e-3)
     iters = int(max(min_iters, min(max_iters, target_ms / first)))
     ts = sorted(event_times(fn, iters, warmup=0))

@@ -6,7 +6,7 @@
 
 Host KV (kernels/layout.py [L, B, H, N, 2, C, d]) in fp8: the e4m3 tensor and its `scales`, a flat fp32
 tensor with one scale per C*d elements of the host tensor's storage (scale i for elements i*C*d ..),
-so every view of the storage (kernels.layout.host_kv_view's aliasing) finds its pieces' scales:
+so every view of the storage (ddbench.kernels.layout.host_kv_view's aliasing) finds its pieces' scales:
     q, scales = quantize_host_kv(x)             # x [..., 2, C, d] contiguous -> e4m3 x.shape, fp32 [x.numel() / (C*d)]
     check_host_scales(host_kv, scales)          # one-line DDBenchError when they do not belong together
     layer_scales(host_kv, layer, scales)        # the scales from host_kv[layer]'s first piece on (kernel pointer)
@@ -92,7 +92,7 @@ def check_host_scales(host_kv: torch.Tensor, scales) -> None:
             raise DDBenchError(f"scales belong to an fp8 host KV, not a {host_kv.dtype} one")
         return
     if scales is None:
-        raise DDBenchError("an fp8 host KV needs its scales (kernels.fp8.quantize_host_kv)")
+        raise DDBenchError("an fp8 host KV needs its scales (ddbench.kernels.fp8.quantize_host_kv)")
     need = host_kv.untyped_storage().nbytes() // _piece(host_kv)
     if scales.dtype != torch.float32 or scales.dim() != 1 or scales.numel() < need or not scales.is_contiguous():
         raise DDBenchError(f"fp8 host scales must be a contiguous fp32 vector of at least {need} (one per {_piece(host_kv)}"

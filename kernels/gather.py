@@ -1,9 +1,9 @@
 """Gather selected KV chunks from pinned host memory into a compact GPU buffer.
 
     gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=None, scales=None)
-        host_kv [L, B, H, N, 2, C, d] pinned (kernels.layout; request and layer strides free); idx [B, H, n] int32 chunk ids;
+        host_kv [L, B, H, N, 2, C, d] pinned (ddbench.kernels.layout; request and layer strides free); idx [B, H, n] int32 chunk ids;
         k_out, v_out [B, H, S, d] on the GPU (k_out=None: values only, as ShadowKV fetches).
-        fp8: host_kv float8_e4m3fn with `scales` (kernels.fp8.quantize_host_kv: one fp32 per K or V piece of
+        fp8: host_kv float8_e4m3fn with `scales` (ddbench.kernels.fp8.quantize_host_kv: one fp32 per K or V piece of
         its storage); the pieces cross the link as e4m3 and are dequantised in the kernel into the
         outputs' dtype (bf16): the GPU buffers, and so attention, stay as in bf16.
 
@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
-from kernels.fp8 import E4M3, check_host_scales, dequantized_layer, layer_scales
-from kernels.indexsets import reuse_plan
-from kernels.layout import check_host_kv
+from ddbench.kernels.fp8 import E4M3, check_host_scales, dequantized_layer, layer_scales
+from ddbench.kernels.indexsets import reuse_plan
+from ddbench.kernels.layout import check_host_kv
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """What a multi-GPU host does to offloaded KV: every GPU of a set fetching from pinned host memory at once.
 
-    python -m kernels.hostbench [--gpus 1,2,4,8] [--seconds 2] [--engine] [--out DIR] [--force]
+    python -m ddbench.kernels.hostbench [--gpus 1,2,4,8] [--seconds 2] [--engine] [--out DIR] [--force]
     (or `ddbench bench host ...`)
 
 For each count n of --gpus (at most the GPUs visible), n processes, one per GPU 0..n-1 (torch
@@ -67,7 +67,7 @@ def _worker(gpu: int, n: int, seconds: float, engine: bool, barrier, queue, topo
             os.sched_setaffinity(0, cpus)
             affinity = True
         import torch
-        from kernels.calibrate import uva_copy
+        from ddbench.kernels.calibrate import uva_copy
         torch.cuda.set_device(gpu)
         base = dict(gpus_fetching=n, gpu_index=gpu, numa_node=node, affinity_set=affinity,
                     pci_bus_id=info.get("pci_bus_id", ""), tokens_per_s=None, step_ms=None)
@@ -102,8 +102,8 @@ def _worker(gpu: int, n: int, seconds: float, engine: bool, barrier, queue, topo
 def _engine_rows(base: dict, seconds: float, barrier) -> list[dict]:
     import torch
     from ddbench.core.catalog import get_model
-    from kernels.engine.model import Weights
-    from kernels.engine.sweep import alloc_host, run_point
+    from ddbench.kernels.engine.model import Weights
+    from ddbench.kernels.engine.sweep import alloc_host, run_point
     model = get_model("llama-3-8b")
     weights = Weights.random(model, "cuda", seed=0)
     flat = alloc_host(8)[0]
@@ -185,7 +185,7 @@ def check_counts(text: str, visible: int) -> list[int]:
 
 def main(argv=None) -> int:
     import json
-    ap = argparse.ArgumentParser(prog="python -m kernels.hostbench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ddbench.kernels.hostbench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", default=None, help="comma list of GPU counts fetching at once (default 1,2,4,8 up to"
                                                  " the GPUs visible)")
     ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per test and count (default 2)")
@@ -205,11 +205,11 @@ def main(argv=None) -> int:
         from ddbench.core.io import write_rows_csv
         from ddbench.core.outputs import output_folder
         from ddbench.core.paths import traces_dir
-        from kernels.timing import provenance
+        from ddbench.kernels.timing import provenance
         gpu = catalog_gpu_name(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
         out = a.out or str(traces_dir("host", f"{gpu}-x{visible}"))
-        prov = provenance(" ".join(["python -m kernels.hostbench"] + list(argv if argv is not None else sys.argv[1:])))
-        with output_folder(out, command="python -m kernels.hostbench", force=a.force) as w:
+        prov = provenance(" ".join(["python -m ddbench.kernels.hostbench"] + list(argv if argv is not None else sys.argv[1:])))
+        with output_folder(out, command="python -m ddbench.kernels.hostbench", force=a.force) as w:
             w.claim(["host.csv", "topology.json"])
             rows, topo = run(counts, a.seconds, a.engine)
             write_rows_csv(w.stage_path("host.csv"), rows, COLUMNS, prov)

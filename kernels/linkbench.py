@@ -1,6 +1,6 @@
 """The gather's link against its ceiling: bf16 and fp8 pieces, interference with compute, urgent latency.
 
-    python -m kernels.linkbench [--rounds 3] [--sizes 8,32,64,128,256] [--out DIR] [--force]
+    python -m ddbench.kernels.linkbench [--rounds 3] [--sizes 8,32,64,128,256] [--out DIR] [--force]
     (or `ddbench bench link [--quick] [--out DIR] [--force]`: 3 rounds, or with --quick 1 round at 8 and 64 MiB)
 
 Every round measures, one after the other (CUDA events after a warm-up, the median of --reps calls):
@@ -21,7 +21,7 @@ Every round measures, one after the other (CUDA events after a warm-up, the medi
              rate), the window from the prefetch's start to the later end of the two
 Rows (link.csv): round, test, variant, piece_bytes, programs, items, call_bytes, ms, gbps, pct_of_copy,
 latency_ratio, link_busy, note; summary.json: min / median / max over the rounds of every (test,
-variant, size), and the provenance (kernels.timing.provenance).
+variant, size), and the provenance (ddbench.kernels.timing.provenance).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ COLUMNS = ["round", "test", "variant", "piece_bytes", "programs", "items", "call
 
 def _hosts(torch):
     """(bf16 host flat, e4m3 host flat, its scales): HOST_BYTES each, random normal values."""
-    from kernels.fp8 import quantize_host_kv
+    from ddbench.kernels.fp8 import quantize_host_kv
     n = HOST_BYTES // 2
     h16 = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
     q8 = torch.empty(HOST_BYTES, dtype=torch.uint8, pin_memory=True)
@@ -66,7 +66,7 @@ class Case:
     """One gather call of `items` chunk-heads of `kind` (bf16 | fp8 | fp8-values) over the host buffers."""
 
     def __init__(self, torch, hosts, kind, call_bytes, seed=0):
-        from kernels.layout import host_kv_view
+        from ddbench.kernels.layout import host_kv_view
         h16, q8, sc = hosts
         self.kind = kind
         piece = {"bf16": 2 * C * D * 2, "fp8": 2 * (C * D + 4), "fp8-values": C * D + 4}[kind]
@@ -89,14 +89,14 @@ class Case:
         self.v = torch.empty(B, H, k * C, D, device="cuda", dtype=torch.bfloat16)
 
     def __call__(self, programs=32, items=2):
-        from kernels.gather import gather_uva
+        from ddbench.kernels.gather import gather_uva
         idx = self.idx[self.calls % SETS]
         self.calls += 1
         gather_uva(self.host, 0, idx, self.k, self.v, programs=programs, items=items, scales=self.scales)
 
 
 def _ms(torch, fn, reps):
-    from kernels.timing import event_times
+    from ddbench.kernels.timing import event_times
     return statistics.median(event_times(fn, reps, warmup=2))
 
 
@@ -213,7 +213,7 @@ def summarise(rows):
 
 def main(argv=None) -> int:
     import json
-    ap = argparse.ArgumentParser(prog="python -m kernels.linkbench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ddbench.kernels.linkbench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="repetitions of the whole sweep (>= 3 for a stated ratio)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per measurement (their median)")
     ap.add_argument("--sizes", default="8,32,64,128,256", help="link MiB per gather call, comma-separated (8..256)")
@@ -237,11 +237,11 @@ def main(argv=None) -> int:
         from ddbench.core.outputs import output_folder
         from ddbench.core.paths import traces_dir
         from ddbench.core.provenance import command_line
-        from kernels.timing import provenance
+        from ddbench.kernels.timing import provenance
         gpu = catalog_gpu_name(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
         out = a.out or str(traces_dir("link", gpu))
-        prov = provenance(command_line("python -m kernels.linkbench", argv))
-        with output_folder(out, command="python -m kernels.linkbench", force=a.force) as w:
+        prov = provenance(command_line("python -m ddbench.kernels.linkbench", argv))
+        with output_folder(out, command="python -m ddbench.kernels.linkbench", force=a.force) as w:
             w.claim(["link.csv", "summary.json"])
             hosts = _hosts(torch)
             cp_src = torch.empty(max(sizes) * MiB + MiB, dtype=torch.uint8, pin_memory=True).random_()

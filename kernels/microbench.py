@@ -14,14 +14,14 @@ import math
 
 import torch
 
-from kernels.attention import dual_sparse_attention
-from kernels.gather import gather_cpu_staging, gather_per_chunk, gather_ref, gather_uva
-from kernels.landmarks import build_landmarks
-from kernels.layout import alloc_host_kv
-from kernels.rebuild import rebuild_keys
-from kernels.select import score_chunks, select_chunks
-from kernels.specache import quantize_keys_2bit, specache_scores, specache_scores_triton
-from kernels.timing import time_cuda, time_host
+from ddbench.kernels.attention import dual_sparse_attention
+from ddbench.kernels.gather import gather_cpu_staging, gather_per_chunk, gather_ref, gather_uva
+from ddbench.kernels.landmarks import build_landmarks
+from ddbench.kernels.layout import alloc_host_kv
+from ddbench.kernels.rebuild import rebuild_keys
+from ddbench.kernels.select import score_chunks, select_chunks
+from ddbench.kernels.specache import quantize_keys_2bit, specache_scores, specache_scores_triton
+from ddbench.kernels.timing import time_cuda, time_host
 
 MiB = 1 << 20
 COLUMNS = ["kernel", "variant", "batch", "shape", "bytes", "latency_ms", "gbps", "floor_ms", "pct_of_floor",

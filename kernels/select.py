@@ -6,7 +6,7 @@
     select_chunks(q, lm, budget_chunks) -> idx [B, nq, H, k] int32, ascending chunk ids
         (k = budget_chunks, e.g. 2048 tokens / 8 = 256). Top-k by torch.topk over the kernel's probs.
     score_chunks_ref / select_chunks_ref                   torch twins
-    index_overlap(a, b)  (from kernels.indexsets)          per (layer, head) overlap of two index sets
+    index_overlap(a, b)  (from ddbench.kernels.indexsets)          per (layer, head) overlap of two index sets
 
 Two Triton passes over (request, KV head, landmark split) programs: pass 1 streams the landmarks
 once for every query row of the group (both tokens), writes raw fp32 scores of the valid rows to
@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
-from kernels.grouprows import group_rows, load_group_queries, sm_count
-from kernels.indexsets import index_overlap  # noqa: F401  (re-exported)
+from ddbench.kernels.grouprows import group_rows, load_group_queries, sm_count
+from ddbench.kernels.indexsets import index_overlap  # noqa: F401  (re-exported)
 
 LOG2E = 1.4426950408889634
 

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
-from kernels.grouprows import group_rows, load_group_queries, sm_count
+from ddbench.kernels.grouprows import group_rows, load_group_queries, sm_count
 
 LOG2E = 1.4426950408889634
 
@@ -419,7 +419,7 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
     if out.shape != (B, nq, H, T_out) or not out.is_contiguous() or out.dtype != torch.float32:
         raise DDBenchError(f"out must be a contiguous fp32 {(B, nq, H, T_out)} tensor")
     if chunk:   # one pass over the codes; pass 2 reads the per-row chunk maxima (select.py's pass 2)
-        from kernels.select import _score_pass2
+        from ddbench.kernels.select import _score_pass2
         scratch, pml = _pass1(q, qk, chunk, L, gb, num_warps, False, impl)
         split_len = triton.cdiv(T_out, n_split)
         _score_pass2[(B * H, n_split)](scratch, pml, out, T_out, H, G, nq, n_split, split_len,

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.steplayers import StepLayers
+from ddbench.sim.steplayers import StepLayers
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Speed benchmark of the simulator (not a timed test): `python -m sim.bench`.
+"""Speed benchmark of the simulator (not a timed test): `python -m ddbench.sim.bench`.
 
 1. serving mode: batch steps simulated per second of wall time, and the wall time of a
    1,000-request Poisson run of Qwen2.5-32B at 128K context on the H200;
@@ -13,10 +13,10 @@ import time
 from ddbench.core.catalog import get_gpu, get_model
 from ddbench.core.memory import Workload
 from ddbench.core.designs import DESIGNS
-from sim.aggregate import aggregate_step
-from sim.steplayers import step_layers
-from sim.serving import draw_requests, run_serving
-from sim.factory import cost_model
+from ddbench.sim.aggregate import aggregate_step
+from ddbench.sim.steplayers import step_layers
+from ddbench.sim.serving import draw_requests, run_serving
+from ddbench.sim.factory import cost_model
 
 
 def serving(model, context, output, rate, n, system="dualdecoder", seed=0):
@@ -31,7 +31,7 @@ def serving(model, context, output, rate, n, system="dualdecoder", seed=0):
 
 
 def main() -> None:
-    from sim.timeline import run_timeline
+    from ddbench.sim.timeline import run_timeline
     print("serving mode (wall on this machine):")
     for model, ctx, out, rate, n, system in [
         ("qwen2.5-32b", "128k", "256", 1.0, 1000, "dualdecoder"),

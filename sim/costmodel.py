@@ -9,7 +9,7 @@ Sources, in order of preference, and every output says which one was used (`Cost
 
 The decode step's GPU compute (every op of sim/steplayers.py) is RECONCILED with the decode-step
 engine where the bundle has fitted parameters (sim/fitted.py: traces/fit/<gpu>/fitted.json, written
-once by `python -m sim.fit` from the engine's kernel breakdown and the bundle's engine section): each
+once by `python -m ddbench.sim.fit` from the engine's kernel breakdown and the bundle's engine section): each
 category is a model linear in a few physical terms (a fixed cost per layer, a time per byte read), and
 every sparse design is then costed with the engine's kernels. ShadowKV's fetch and dualdecoder-cache's
 fill come from the same file. Without it (or where it was fitted to other inputs than this bundle's),
@@ -32,8 +32,8 @@ from ddbench.core.calibration import Bundle
 from ddbench.core.catalog.gpus import GPUSpec, get_gpu
 from ddbench.core.catalog.links import LinkSpec
 from ddbench.core.catalog.models import ModelSpec
-from sim.fitted import COMMAND, ENGINE_TERMS, CacheFill, EngineFit, Fitted, ReuseFetchFit, for_bundle  # noqa: F401
-from sim.linkcosts import LinkCosts, LinkRates, _fit_affine, _interp  # noqa: F401  (LinkRates: re-exported)
+from ddbench.sim.fitted import COMMAND, ENGINE_TERMS, CacheFill, EngineFit, Fitted, ReuseFetchFit, for_bundle  # noqa: F401
+from ddbench.sim.linkcosts import LinkCosts, LinkRates, _fit_affine, _interp  # noqa: F401  (LinkRates: re-exported)
 
 E = 2  # bf16 bytes
 SCORE_BYTES = 2   # the engine's selection stores its pass-1 scores in fp16 (kernels/engine/fastselect.py)
@@ -45,7 +45,7 @@ class CostModel(LinkCosts):
     def __init__(self, model: ModelSpec, gpu: GPUSpec, link: LinkSpec, bundle: Bundle | None = None,
                  reconcile: bool = True, fitted: Fitted | None = None):
         """fitted: the fitted parameters to price with (sim/fitted.py); None: the bundle's own, found by
-        sim.fitted.for_bundle (none without a bundle). reconcile: price the decode compute with the
+        ddbench.sim.fitted.for_bundle (none without a bundle). reconcile: price the decode compute with the
         fitted engine terms where there are some (False: the microbenchmark op model; ShadowKV's fetch
         and the cache fill still come from `fitted`)."""
         self.model, self.gpu, self.link, self.bundle = model, gpu, link, bundle
@@ -348,7 +348,7 @@ class CostModel(LinkCosts):
         Reconciled (the bundle has an engine breakdown): the engine fit's selection at the engine's
         (2 bits, group 64): pass 1 over the codes, scales and zeros, then the same top-k terms as the
         landmark selection. Otherwise, measured (the bundle has `triton_quant_scan` rows): the decode-step
-        engine's selection (kernels.engine.fastselect.specache_select_topk: pass 1 over the 2-bit codes and
+        engine's selection (ddbench.kernels.engine.fastselect.specache_select_topk: pass 1 over the 2-bit codes and
         the fused top-k, so the top-k is included here and costed nowhere else), fitted like the other kernels against
         the bytes read (codes + scales + zeros) and scaled per op on another GPU. Only at the measured
         2 bits and group; any other (bits, group), or a bundle without the rows (older bundles) or no

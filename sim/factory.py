@@ -7,7 +7,7 @@ from __future__ import annotations
 from ddbench.core.calibration import available_bundles, find_bundle, load_bundle
 from ddbench.core.errors import DDBenchError
 from ddbench.core.catalog import LinkSpec, get_gpu, get_link, get_model
-from sim.costmodel import CostModel
+from ddbench.sim.costmodel import CostModel
 
 PREFERRED_SOURCE = "h200"
 

@@ -1,6 +1,6 @@
 """The fitted parameters the cost model prices with: typed, loaded, never fitted here.
 
-`python -m sim.fit` (sim/fit/) fits them ONCE from committed measurements and writes one file per
+`python -m ddbench.sim.fit` (sim/fit/) fits them ONCE from committed measurements and writes one file per
 calibration bundle, `<data root>/fit/<gpu>/fitted.json` (traces/fit/h200/fitted.json), with the
 sha256 of every input it read, the git sha and command, and the residuals:
 
@@ -34,7 +34,7 @@ from ddbench.core.errors import DDBenchError
 FILE = "fitted.json"
 FOLDER = "fit"                # <data root>/fit/<gpu>/fitted.json
 SCHEMA = 1
-COMMAND = "python -m sim.fit"
+COMMAND = "python -m ddbench.sim.fit"
 
 # The decode-step engine's kernels by category (kernels/engine/breakdown.py), each priced as a dot product of
 # a parameter vector with the op's feature vector (per layer, or the LM head); the parameters' names and units:

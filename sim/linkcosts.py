@@ -156,7 +156,7 @@ class LinkCosts:
         another link scales by its catalog rate), else the bundle's own gather rate (the note says which)."""
         key = ("slot", chunk_bytes)
         if key not in self._cache:
-            from sim.linkrates import slot_gather_gbps
+            from ddbench.sim.linkrates import slot_gather_gbps
             base = self.link_rates("gpu", chunk_bytes)
             got = slot_gather_gbps(self.bundle.gpu, chunk_bytes) if self.bundle is not None else None
             if got:

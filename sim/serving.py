@@ -13,7 +13,7 @@ request gets one token per step, and per-request times are exact at step boundar
 - Prefill: admitted requests are prefilled in chunks of `prefill_chunk` tokens, one chunk per
   iteration beside the decode step of the running batch (its GPU time adds to the step; its KV
   copy to host runs on the D2H direction). The first token comes out of the last chunk: TTFT.
-- Decode: step time from `sim.aggregate` on the same StepLayers as the timeline, evaluated at the
+- Decode: step time from `ddbench.sim.aggregate` on the same StepLayers as the timeline, evaluated at the
   batch's mean context at the start of each stretch (contexts grow by one token per step).
 """
 
@@ -35,10 +35,10 @@ from ddbench.core.memory import CATEGORIES, Workload, activation_bytes, memory_b
 from ddbench.core.designs import DesignSpec
 from ddbench.core.distribution import Distribution
 from ddbench.core.stats import percentile
-from sim.aggregate import AggStep, aggregate_step
-from sim.costmodel import CostModel
-from sim.steplayers import prefill_chunk_s, step_layers
-from sim.resources import MemoryLedger
+from ddbench.sim.aggregate import AggStep, aggregate_step
+from ddbench.sim.costmodel import CostModel
+from ddbench.sim.steplayers import prefill_chunk_s, step_layers
+from ddbench.sim.resources import MemoryLedger
 
 PER_REQUEST = ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers")
 STEP_GRID = 4096  # tokens between exact step evaluations (serving mode interpolates between them)
@@ -209,7 +209,7 @@ def run_serving(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w
     request joins the decode batch at once with its first token, its prompt's KV already in place
     (TTFT is then the wait for memory alone); memory is accounted as before.
     progress: called with 1 whenever a request completes or is rejected (a progress bar).
-    lowrank: an adaptive design's low-rank key layers (sim.steplayers.step_layers), else its worst-predicted.
+    lowrank: an adaptive design's low-rank key layers (ddbench.sim.steplayers.step_layers), else its worst-predicted.
     cache: a chunk-cache design's rates (ddbench.core.cacherates.CacheRates)."""
     _check_inputs(design, w, requests, max_batch)
     mdl = _Model(design, m, gpu, cm, w, hit, reuse, lowrank, cache)

@@ -37,7 +37,7 @@ from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, kv_piece_bytes, lowrank_layer_count
 from ddbench.core.designs import DesignSpec
-from sim.costmodel import E, CostModel, LinkRates
+from ddbench.sim.costmodel import E, CostModel, LinkRates
 
 
 @dataclass
@@ -120,7 +120,7 @@ def resident_rows(design: DesignSpec, w: Workload) -> int:
 def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, batch: int, context: float,
               hit: list[float], reuse: list[float], lowrank: frozenset | None = None, cache=None) -> StepLayers:
     """One decode step of `design`. `lowrank`: for an adaptive design, the layers with low-rank keys
-    (e.g. the set an accuracy profile's summary picked, sim.hitrates.lowrank_from_summary) instead of
+    (e.g. the set an accuracy profile's summary picked, ddbench.sim.hitrates.lowrank_from_summary) instead of
     the w.lowrank_layers worst-predicted layers; it must hold w.lowrank_layers layers of the model, so
     that the memory model (which counts them) and the plan agree. Ignored by other designs.
     `cache` (ddbench.core.cacherates.CacheRates): a chunk-cache design's per-layer prefetched and urgent chunks

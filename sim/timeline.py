@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from sim.steplayers import StepLayers
-from sim.resources import FluidGroup, FluidServer, Job, duplex_link
+from ddbench.sim.steplayers import StepLayers
+from ddbench.sim.resources import FluidGroup, FluidServer, Job, duplex_link
 
 
 @dataclass

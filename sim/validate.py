@@ -1,9 +1,9 @@
-"""`python -m sim.validate`: the simulator against the decode-step engine measured on the H200.
+"""`python -m ddbench.sim.validate`: the simulator against the decode-step engine measured on the H200.
 
-    python -m sim.validate [--calibration-engine traces/engine/h200] [--engine traces/engine/h200-validation]
+    python -m ddbench.sim.validate [--calibration-engine traces/engine/h200] [--engine traces/engine/h200-validation]
                            [--allow-same-run] [--out traces/validation/h200-engine.csv] [--force]
 
-    python -m sim.validate --user-path      # the user's path (ddbench simulate --batch) at the validated
+    python -m ddbench.sim.validate --user-path      # the user's path (ddbench simulate --batch) at the validated
                                             # sweep's points with transfers, by design and regime; no files
 
 The replay and its rules: sim/fit/validation.py. This module is the command: it writes, through the output
@@ -27,12 +27,12 @@ import sys
 from ddbench.core.errors import DDBenchError
 from ddbench.core.outputs import output_folder
 from ddbench.core.paths import traces_dir
-from sim.fit.validation import (ABLATION_RUNS, CACHE_SWEEP, CALIBRATION_FLOOR_SWEEP, CALIBRATION_SWEEP, FP8_SWEEP, GPU,
+from ddbench.sim.fit.validation import (ABLATION_RUNS, CACHE_SWEEP, CALIBRATION_FLOOR_SWEEP, CALIBRATION_SWEEP, FP8_SWEEP, GPU,
                                 HELD_OUT_SWEEP, INPLACE_RUNS, LINK, MODEL, RATES_RUNS, STEPS, VALIDATION_SWEEP, WARMUP,
                                 user_path_errors, validate, validate_runs)
-from sim.fit.summary import summarize
+from ddbench.sim.fit.summary import summarize
 
-COMMAND = "python -m sim.validate"
+COMMAND = "python -m ddbench.sim.validate"
 README = "README.md"
 
 
@@ -92,8 +92,8 @@ def write_readme(w, sections) -> str:
     """README.md in the output folder: per validation (the fitted shapes, then the held-out ones): which
     sweeps were used, the rule and the errors by regime and design. sections: [(summary, csv, json)]."""
     files = ", ".join(f"`{os.path.basename(c)}` and `{os.path.basename(j)}`" for _, c, j in sections)
-    lines = ["# Simulator against the decode-step engine (`python -m sim.validate`)", "",
-             f"Written by `python -m sim.validate`: {files} (one row per replayed point, and its summary)."
+    lines = ["# Simulator against the decode-step engine (`python -m ddbench.sim.validate`)", "",
+             f"Written by `python -m ddbench.sim.validate`: {files} (one row per replayed point, and its summary)."
              " Do not edit; rerun it.", ""]
     for summary, csv, _ in sections:
         title = (f"Held out: {', '.join(summary['models'])} (the compute terms were fitted to"
@@ -143,7 +143,7 @@ def write_readme(w, sections) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ddbench.sim.validate", description=__doc__.splitlines()[0])
     ap.add_argument("--engine", help="the validated sweep's folder (engine.csv, meta.json; default the data root's"
                                      f" engine/{VALIDATION_SWEEP} where it exists, else engine/{CALIBRATION_SWEEP})")
     ap.add_argument("--calibration-engine", help="the sweep whose compute-only floor steps calibrate the simulator's"

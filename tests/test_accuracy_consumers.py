@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ddbench.core.errors import DDBenchError
-from sim import hitrates as P
+from ddbench.sim import hitrates as P
 
 # the profiler's schema (ddbench/profile/trace.py, schema 1)
 COLUMNS = ["layer", "context_tokens", "task", "init", "temperature", "top_p", "budget_tokens", "chunk_tokens",
@@ -205,7 +205,7 @@ def test_lowrank_by_threshold_and_plan_agree_on_lowest_layers():
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
     from ddbench.core.designs import get_design
-    from sim.steplayers import lowrank_layers
+    from ddbench.sim.steplayers import lowrank_layers
     hit = [0.9, 0.5, 0.95, 0.6, 0.99, 0.65]
     by_rule = P.lowrank_by_threshold(hit, 0.7)
     assert by_rule == {1, 3, 5}

@@ -5,12 +5,12 @@ import pytest
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from sim.costmodel import CostModel
-from sim.fit import cachefill
-from sim.fit.replay import FUSED, TORCH
-from sim.fit.fitfile import main as fit_main
-from sim.fitted import CACHE_FILL_TERMS, Fitted, fitted_path, load
-from sim.factory import cost_model
+from ddbench.sim.costmodel import CostModel
+from ddbench.sim.fit import cachefill
+from ddbench.sim.fit.replay import FUSED, TORCH
+from ddbench.sim.fit.fitfile import main as fit_main
+from ddbench.sim.fitted import CACHE_FILL_TERMS, Fitted, fitted_path, load
+from ddbench.sim.factory import cost_model
 
 SWEEPS = {FUSED: str(traces_dir("engine", "h200-cache-fused")), TORCH: str(traces_dir("engine", "h200-cache"))}
 SWEEP = SWEEPS[TORCH]

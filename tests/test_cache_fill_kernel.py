@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from kernels.engine.chunkcache import ChunkCache
+from ddbench.kernels.engine.chunkcache import ChunkCache
 
 POISON = -7
 

@@ -10,7 +10,7 @@ def test_calibrate_ceilings_resume(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from ddbench.core.calibration import load_bundle
-    from kernels.calibrate import run_calibration
+    from ddbench.kernels.calibrate import run_calibration
 
     r1 = run_calibration(str(tmp_path), "testgpu", ["ceilings"], 120, False, "pytest", log=lambda m: None)
     assert r1["measured"] == 2 and not r1["errors"]

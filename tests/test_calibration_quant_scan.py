@@ -39,7 +39,7 @@ class _Writer:
 
 
 def _run_kernels(writer):
-    from kernels.calibrate import Calibrator
+    from ddbench.kernels.calibrate import Calibrator
     cal = Calibrator(writer, deadline=0.0, log=lambda m: None)  # out of time: point() measures nothing
     cal.kernels()
     assert cal.measured == 0 and not cal.errors
@@ -59,20 +59,20 @@ def test_resume_without_quant_scan_rows_attempts_only_the_12_new_points():
 
 
 def test_quant_scan_points_only_for_the_engine_heads():
-    from kernels.calibrate import QUANT_SCAN_GROUP, QUANT_SCAN_HEADS, Calibrator, quant_scan_bytes
+    from ddbench.kernels.calibrate import QUANT_SCAN_GROUP, QUANT_SCAN_HEADS, Calibrator, quant_scan_bytes
     assert QUANT_SCAN_HEADS in {(m.num_heads, m.num_kv_heads, m.head_dim) for m in MODELS.values()}
     assert len(Calibrator.QUANT_SCAN_POINTS) == 12
     # the HBM floor's bytes: codes (4 tokens a byte) + bf16 scale and zero per group, per KV head and channel
     assert quant_scan_bytes(16, 8, 131072, 128) == 16 * 8 * 128 * (131072 // 4 + 2 * 2 * 131072 // QUANT_SCAN_GROUP)
     # the cost model's x for the same row is the same bytes
-    from sim.costmodel import CostModel
+    from ddbench.sim.costmodel import CostModel
     assert CostModel._kernel_x("triton_quant_scan", 16, 2, 131072, 32, 8, 128, QUANT_SCAN_GROUP) == \
         quant_scan_bytes(16, 8, 131072, 128)
 
 
 def test_nothing_missing_once_the_rows_exist():
     """A bundle with every row (the committed one plus the 12) attempts nothing."""
-    from kernels.calibrate import Calibrator, QUANT_SCAN_HEADS, QUANT_SCAN_GROUP
+    from ddbench.kernels.calibrate import Calibrator, QUANT_SCAN_HEADS, QUANT_SCAN_GROUP
     w = _Writer()
     hq, hk, d = QUANT_SCAN_HEADS
     for ctx, b, q in Calibrator.QUANT_SCAN_POINTS:

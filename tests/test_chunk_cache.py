@@ -11,10 +11,10 @@ from ddbench.core.catalog import get_gpu, get_model
 from ddbench.core.designs import DESIGNS
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, chunk_cache_bytes, host_kv_bytes, max_batch, memory_breakdown
-from kernels.engine.chunkcache import ChunkCache
-from kernels.engine.engine import Engine, EngineConfig, plan_bytes
-from kernels.engine.model import Weights
-from kernels.layout import alloc_host_kv
+from ddbench.kernels.engine.chunkcache import ChunkCache
+from ddbench.kernels.engine.engine import Engine, EngineConfig, plan_bytes
+from ddbench.kernels.engine.model import Weights
+from ddbench.kernels.layout import alloc_host_kv
 from tests.test_engine_pipeline import TINY, reference_output
 
 CACHE = DESIGNS["dualdecoder-cache"]

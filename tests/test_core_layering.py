@@ -19,7 +19,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROJECT = ("ddbench", "sim", "kernels")
+PROJECT = ("ddbench", "sim", "kernels")          # the folders; sim/ and kernels/ import as ddbench.sim, ddbench.kernels
+SUBPACKAGES = ("sim", "kernels")
 
 
 def _modules():
@@ -29,7 +30,7 @@ def _modules():
                 if f.endswith(".py"):
                     path = os.path.join(folder, f)
                     mod = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")
-                    yield mod, path
+                    yield (f"ddbench.{mod}" if top in SUBPACKAGES else mod), path
 
 
 def _imports(mod: str, path: str, known=frozenset()):
@@ -58,8 +59,11 @@ def _imports(mod: str, path: str, known=frozenset()):
 def component(mod: str) -> str:
     if mod == "ddbench.core" or mod.startswith("ddbench.core."):
         return "core"
-    if mod.split(".")[0] in ("sim", "kernels"):
-        return mod.split(".")[0]
+    parts = mod.split(".")
+    if parts[0] in SUBPACKAGES:
+        return "old name"   # the top-level name of before ddbench.sim / ddbench.kernels: never imported
+    if len(parts) > 1 and parts[1] in SUBPACKAGES:
+        return parts[1]
     return "cli"  # ddbench itself: commands, experiments, planner, profiler, reports
 
 
@@ -124,18 +128,19 @@ def _closure(graph, roots) -> set:
     return seen
 
 
-PRICING = ("sim.costmodel", "sim.steplayers", "sim.factory", "sim.fitted", "sim.aggregate", "sim.timeline",
-           "sim.serving", "sim.resources", "sim.hitrates")
+PRICING = tuple(f"ddbench.sim.{m}" for m in ("costmodel", "steplayers", "factory", "fitted", "aggregate", "timeline",
+                                             "serving", "resources", "hitrates"))
 
 
 def test_pricing_imports_nothing_that_fits_or_validates():
     graph = module_graph(("sim",))
     assert set(PRICING) <= set(graph)
     reached = _closure(graph, PRICING)
-    bad = sorted(m for m in reached if m == "sim.validate" or m == "sim.fit" or m.startswith("sim.fit."))
+    bad = sorted(m for m in reached if m in ("ddbench.sim.validate", "ddbench.sim.fit") or m.startswith("ddbench.sim.fit."))
     assert bad == [], f"the pricing reaches {bad}"
     # the fits and the validation do stand on the pricing (the test is not vacuous)
-    assert "sim.costmodel" in _closure(graph, ["sim.fit.fitfile"]) and "sim.fit.validation" in graph["sim.validate"]
+    assert "ddbench.sim.costmodel" in _closure(graph, ["ddbench.sim.fit.fitfile"])
+    assert "ddbench.sim.fit.validation" in graph["ddbench.sim.validate"]
 
 
 def test_cycle_checker_sees_a_lazy_cycle(tmp_path, monkeypatch):
@@ -154,29 +159,47 @@ def test_cycle_checker_sees_a_lazy_cycle(tmp_path, monkeypatch):
 def test_cycle_checker_sees_a_sim_cycle_and_pricing_that_fits(tmp_path, monkeypatch):
     """A circle of sim/ or kernels/ through a lazy import is found, and so is a cost model that reaches sim/fit/."""
     (tmp_path / "sim" / "fit").mkdir(parents=True)
-    (tmp_path / "sim" / "costmodel.py").write_text("def f():\n    from sim.fit import enginefit\n")
-    (tmp_path / "sim" / "fit" / "enginefit.py").write_text("from sim.costmodel import f\n")
+    (tmp_path / "sim" / "costmodel.py").write_text("def f():\n    from ddbench.sim.fit import enginefit\n")
+    (tmp_path / "sim" / "fit" / "enginefit.py").write_text("from ddbench.sim.costmodel import f\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
     graph = module_graph(("sim",))
-    assert graph["sim.costmodel"] == {"sim.fit.enginefit"} and graph["sim.fit.enginefit"] == {"sim.costmodel"}
+    assert graph["ddbench.sim.costmodel"] == {"ddbench.sim.fit.enginefit"}
+    assert graph["ddbench.sim.fit.enginefit"] == {"ddbench.sim.costmodel"}
     assert _cycle(graph) is not None
-    assert "sim.fit.enginefit" in _closure(graph, ["sim.costmodel"])
+    assert "ddbench.sim.fit.enginefit" in _closure(graph, ["ddbench.sim.costmodel"])
     (tmp_path / "kernels" / "engine").mkdir(parents=True)
-    (tmp_path / "kernels" / "engine" / "paper.py").write_text("def g():\n    from kernels.engine import sweep\n")
-    (tmp_path / "kernels" / "engine" / "sweep.py").write_text("from kernels.engine import paper\n")
+    (tmp_path / "kernels" / "engine" / "paper.py").write_text("def g():\n    from ddbench.kernels.engine import sweep\n")
+    (tmp_path / "kernels" / "engine" / "sweep.py").write_text("from ddbench.kernels.engine import paper\n")
     assert _cycle(module_graph(("kernels",))) is not None
+
+
+def test_no_module_imports_the_old_top_level_names():
+    """sim/ and kernels/ are ddbench.sim and ddbench.kernels: a bare `import sim` or `from kernels...`
+    would load a second copy of a module (or another distribution's package of that name)."""
+    _, bad = component_graph()
+    old = [b for b in bad if b.endswith("(old name)")]
+    assert old == []
+
+
+def test_the_old_names_are_seen(tmp_path, monkeypatch):
+    """Negative control: a lazy `from kernels.gather import x` in sim/ is reported."""
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "x.py").write_text("def f():\n    from kernels.gather import gather_uva\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+    _, found = component_graph()
+    assert len(found) == 1 and found[0].endswith("imports kernels.gather (old name)")
 
 
 def test_checker_sees_a_violation(tmp_path, monkeypatch):
     """The checker is not vacuous: a core module importing sim is reported."""
     bad = tmp_path / "ddbench" / "core"
     bad.mkdir(parents=True)
-    (bad / "oops.py").write_text("def f():\n    from sim.steplayers import step_layers\n")
+    (bad / "oops.py").write_text("def f():\n    from ddbench.sim.steplayers import step_layers\n")
     (tmp_path / "sim").mkdir()
     (tmp_path / "sim" / "x.py").write_text("from ddbench.commands import simulate\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
     _, found = component_graph()
-    assert len(found) == 2 and "imports sim.steplayers (sim)" in found[0] + found[1]
+    assert len(found) == 2 and "imports ddbench.sim.steplayers (sim)" in found[0] + found[1]
 
 
 @pytest.mark.parametrize("module", ["ddbench.core.memory", "ddbench.core.calibration", "ddbench.core.schemas",

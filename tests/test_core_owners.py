@@ -44,11 +44,11 @@ def test_utc_now_formats():
 
 
 def test_gpu_provenance_is_kernels_timing_provenance(fixed_git, monkeypatch):
-    """gpu_provenance takes the caller's torch and triton; kernels.timing.provenance is it, fields in this
+    """gpu_provenance takes the caller's torch and triton; ddbench.kernels.timing.provenance is it, fields in this
     order (the engine CSV's provenance columns)."""
     torch = pytest.importorskip("torch")
     triton = pytest.importorskip("triton")
-    import kernels.timing as timing
+    import ddbench.kernels.timing as timing
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
     ours, theirs = P.gpu_provenance("cmd", torch, triton), timing.provenance("cmd")
     assert list(ours) == list(theirs) == ["gpu", "driver", "cuda", "torch", "triton", "git_sha", "date_utc", "command"]
@@ -75,14 +75,14 @@ def test_rows_csv_columns_then_provenance(tmp_path):
 
 
 def test_calibration_provenance_is_gpu_provenance_under_the_bundles_names(fixed_git, monkeypatch):
-    """kernels.calibrate.provenance builds on kernels.timing.provenance and keeps the committed bundle's keys,
+    """ddbench.kernels.calibrate.provenance builds on ddbench.kernels.timing.provenance and keeps the committed bundle's keys,
     in its order (the runs list aside), with git_sha and git_dirty apart."""
     import json
     import types
 
     torch = pytest.importorskip("torch")
     triton = pytest.importorskip("triton")
-    import kernels.calibrate as cal
+    import ddbench.kernels.calibrate as cal
     from ddbench.core.paths import traces_dir
     props = types.SimpleNamespace(total_memory=150109880320, multi_processor_count=132)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")

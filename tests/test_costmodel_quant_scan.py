@@ -8,7 +8,7 @@ from ddbench.core.catalog import get_gpu, get_link, get_model
 from ddbench.core.memory import Workload
 from ddbench.core.paths import traces_dir
 from ddbench.core.designs import DESIGNS
-from sim.costmodel import E, CostModel
+from ddbench.sim.costmodel import E, CostModel
 
 M8 = get_model("llama-3-8b")
 HQ, HK, D, GROUP = 32, 8, 128, 64
@@ -123,7 +123,7 @@ def test_other_head_configuration_uses_the_fit_and_says_so():
 def test_specache_plan_selection_is_the_measured_scan_only():
     """SpeCache's per-layer selection in the step plan is quant_scan_s alone: the measured row already
     holds the top-k, and nothing adds another."""
-    from sim.steplayers import step_layers
+    from ddbench.sim.steplayers import step_layers
     cm = _cm(True)
     w = Workload(context=131072)
     hit = [0.9] * M8.num_layers

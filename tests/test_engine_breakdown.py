@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from kernels.engine.breakdown import category, summarize, union_ms
+from ddbench.kernels.engine.breakdown import category, summarize, union_ms
 
 
 @pytest.mark.parametrize("name,cat", [
@@ -38,6 +38,6 @@ def test_summarize_per_step():
 
 
 def test_bad_points_one_line_exit_2():
-    r = subprocess.run([sys.executable, "-m", "kernels.engine.breakdown", "--points", "32k:x"],
+    r = subprocess.run([sys.executable, "-m", "ddbench.kernels.engine.breakdown", "--points", "32k:x"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--points" in r.stderr

@@ -12,9 +12,9 @@ import pytest
 import torch
 import triton
 
-from kernels.engine import fastselect
-from kernels.select import score_chunks_ref
-from kernels.specache import quantize_keys_2bit, specache_chunk_scores_ref
+from ddbench.kernels.engine import fastselect
+from ddbench.kernels.select import score_chunks_ref
+from ddbench.kernels.specache import quantize_keys_2bit, specache_chunk_scores_ref
 
 
 def _same_selection(got, probs, k):
@@ -304,7 +304,7 @@ def test_select_topk_gpu(nq):
     q = torch.randn(B, nq, Hq, d, device="cuda", generator=g).bfloat16()
     lm = torch.randn(B, H, N, d, device="cuda", generator=g).bfloat16()
     got = fastselect.select_topk(q, lm, k, scores=torch.float32)
-    from kernels.select import score_chunks
+    from ddbench.kernels.select import score_chunks
     probs = score_chunks(q, lm)          # the same pass 1 and normaliser (fp32 stored scores)
     assert (got.diff(dim=-1) > 0).all()
     want = probs.topk(k, dim=-1).values.sort(-1).values
@@ -391,7 +391,7 @@ def _check_fused_plan(B, H, G, N, k, pred, seed, dev):
     the plan equals plan_misses(pred, true) (twin) as sets of (request-head, chunk) and (request-head,
     slot), in its count and in `assembled`. Outputs poisoned first (the count with a non-zero value:
     stage 1 must zero it)."""
-    from kernels.engine.transfer import plan_buffers, plan_misses
+    from ddbench.kernels.engine.transfer import plan_buffers, plan_misses
     sc, pml = _scratch(B, H, 2, G, N, 3, torch.Generator().manual_seed(seed), dev)
     want = fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, method="seg", seg=64)
     mp = plan_buffers(B, H, k, dev)
@@ -426,7 +426,7 @@ def test_fused_miss_plan_matches_twin(B, H, G, N, k, dev="cpu"):
 
 
 def test_fused_miss_plan_checked():
-    from kernels.engine.transfer import plan_buffers
+    from ddbench.kernels.engine.transfer import plan_buffers
     sc, pml = _scratch(1, 2, 2, 4, 64, 2, torch.Generator().manual_seed(1))
     mp = plan_buffers(1, 2, 8, "cpu")
     with pytest.raises(ValueError, match="seg"):

@@ -7,10 +7,10 @@ import torch
 
 from ddbench.core.designs import DESIGNS as SYSTEMS
 from ddbench.core.errors import DDBenchError
-from kernels.engine.engine import Engine, EngineConfig
-from kernels.engine.model import Weights
-from kernels.fp8 import dequantized_layer, quantize_host_kv
-from kernels.layout import alloc_host_kv
+from ddbench.kernels.engine.engine import Engine, EngineConfig
+from ddbench.kernels.engine.model import Weights
+from ddbench.kernels.fp8 import dequantized_layer, quantize_host_kv
+from ddbench.kernels.layout import alloc_host_kv
 from tests.test_engine_pipeline import TINY
 
 HOST_DESIGNS = ["dualdecoder", "dualdecoder-cache", "shadowkv"]
@@ -58,7 +58,7 @@ def test_fp8_engine_rejects_a_mismatched_host():
 
 
 def test_paper_labels_with_fp8():
-    from kernels.engine.points import Label, design_labels
+    from ddbench.kernels.engine.points import Label, design_labels
     labels = design_labels(("dualdecoder-cache", "shadowkv", "specache", "full-kv"), (4096, 8192), (16, 8))
     assert labels == ["dualdecoder-cache@4096", "dualdecoder-cache@8192", "shadowkv", "specache", "full-kv",
                       "dualdecoder-cache@4096+fp8", "dualdecoder-cache@8192+fp8", "shadowkv+fp8"]
@@ -70,7 +70,7 @@ def test_paper_labels_with_fp8():
 @pytest.mark.parametrize("argv", [["--phases", "paper", "--kv-bits", "12"], ["--phases", "paper", "--kv-bits", "x"],
                                   ["--point", "specache+fp8:32768:2"]])
 def test_sweep_bad_kv_bits_exits_2(argv, capsys):
-    from kernels.engine.sweep import main
+    from ddbench.kernels.engine.sweep import main
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and ("kv-bits" in err or "fp8" in err)
@@ -81,7 +81,7 @@ def test_sweep_bad_kv_bits_exits_2(argv, capsys):
 def test_fp8_engine_equals_dequantised_bf16_gpu(name):
     """The Triton path on the GPU: the fp8 step equals, bit for bit, the bf16 step over the dequantised
     host (the gathers round each dequantised value to bf16 as the torch cast does)."""
-    from kernels.engine.selfcheck import SMALL
+    from ddbench.kernels.engine.selfcheck import SMALL
     L, B, H, d, ctx = SMALL.num_layers, 3, SMALL.num_kv_heads, SMALL.head_dim, 8192
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(L, B, H, ctx // 8, 2, 8, d, device="cuda", generator=g)

@@ -4,9 +4,9 @@ inputs, NaN-poisoned outputs (CPU through the Triton interpreter in fp32/fp16; G
 import pytest
 import torch
 
-from kernels.engine import fused
-from kernels.engine.model import rmsnorm as rmsnorm_ref
-from kernels.engine.model import rope_tables
+from ddbench.kernels.engine import fused
+from ddbench.kernels.engine.model import rmsnorm as rmsnorm_ref
+from ddbench.kernels.engine.model import rope_tables
 
 
 def _dev_dtypes():

@@ -13,7 +13,7 @@ SPARSE = ["dualdecoder", "dualdecoder-cache", "dualdecoder-fifo", "dualdecoder-p
 
 @pytest.mark.parametrize("name,miss_rate", [(n, 0.33) for n in SPARSE] + [("dualdecoder", None)])
 def test_engine_matches_true_selection_gpu(name, miss_rate):
-    from kernels.engine.selfcheck import build, reference_output
+    from ddbench.kernels.engine.selfcheck import build, reference_output
     e, host = build(name, miss_rate)
     for _ in range(4):
         e.step()
@@ -27,7 +27,7 @@ def test_engine_matches_true_selection_gpu(name, miss_rate):
 
 
 def test_schedules_bit_identical_gpu():
-    from kernels.engine.selfcheck import build
+    from ddbench.kernels.engine.selfcheck import build
     outs = {}
     for name in ("dualdecoder", "dualdecoder-fifo", "dualdecoder-per-layer"):
         e, _ = build(name, None)
@@ -41,8 +41,8 @@ def test_schedules_bit_identical_gpu():
 
 
 def test_slot_gather_kernel_gpu():
-    from kernels.engine.transfer import gather_slots, gather_slots_ref, perturb, plan_misses
-    from kernels.layout import alloc_host_kv
+    from ddbench.kernels.engine.transfer import gather_slots, gather_slots_ref, perturb, plan_misses
+    from ddbench.kernels.layout import alloc_host_kv
     g = torch.Generator(device="cuda").manual_seed(3)
     host = alloc_host_kv(2, 4, 8, 512, 8, 128)
     host.copy_(torch.randn(host.shape, device="cuda", generator=g).bfloat16())
@@ -64,9 +64,9 @@ def test_slot_gather_kernel_gpu():
 def test_engine_graph_matches_true_selection_gpu(name):
     """Two whole steps captured in one CUDA graph and replayed: every captured layer equals attention
     over the true selection of that replay, and successive replays move on."""
-    from kernels.engine.selfcheck import check_graph
+    from ddbench.kernels.engine.selfcheck import check_graph
     if name == "full-kv":
-        from kernels.engine.selfcheck import build
+        from ddbench.kernels.engine.selfcheck import build
         e, _ = build(name, None, debug=False)
         e.step(); e.step()
         e.capture(2)
@@ -81,7 +81,7 @@ def test_engine_graph_matches_true_selection_gpu(name):
 
 
 def test_graph_streams_keep_priority_gpu():
-    from kernels.engine.selfcheck import build
+    from ddbench.kernels.engine.selfcheck import build
     e, _ = build("dualdecoder", 0.33, debug=False)
     assert e.sched.streams["urgent"].priority < e.sched.streams["prefetch"].priority == 0
     f, _ = build("dualdecoder-fifo", 0.33, debug=False)
@@ -93,7 +93,7 @@ def test_chunk_cache_evicts_and_matches_true_selection_gpu(cache_tokens, miss_ra
     """dualdecoder-cache on the Triton path with a small cache (1-2x the budget: slots are evicted): eager
     steps and a captured graph's replays equal attention over the true selection; the fills move fewer
     chunks than DualDecoder's prefetch of the whole prediction."""
-    from kernels.engine.selfcheck import build, check_graph, reference_output
+    from ddbench.kernels.engine.selfcheck import build, check_graph, reference_output
     e, host = build("dualdecoder-cache", miss_rate, cache_tokens=cache_tokens, churn_rate=churn)
     for _ in range(6):
         e.step()

@@ -14,13 +14,13 @@ from ddbench.core.catalog import get_model
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DESIGNS
 from ddbench.core.errors import DDBenchError
-from kernels.engine import paper
-from kernels.engine.engine import Engine, EngineConfig, plan_bytes
-from kernels.engine.model import Weights, weight_bytes
+from ddbench.kernels.engine import paper
+from ddbench.kernels.engine.engine import Engine, EngineConfig, plan_bytes
+from ddbench.kernels.engine.model import Weights, weight_bytes
 from tests.cli import assert_one_line_error, module
 
-sweep = pytest.importorskip("kernels.engine.sweep")
-from kernels.engine import options, phases, points, results, runner  # noqa: E402
+sweep = pytest.importorskip("ddbench.kernels.engine.sweep")
+from ddbench.kernels.engine import options, phases, points, results, runner  # noqa: E402
 GB = 10 ** 9
 PAPER_MODELS = ("llama-3-8b", "qwen2.5-14b", "qwen2.5-32b")
 
@@ -39,7 +39,7 @@ def small_cfg(miss_rate=0.3, batch=2, quant_values=False):
 
 
 def host_for(model, batch=2, ctx=256, gen=None):
-    from kernels.layout import alloc_host_kv
+    from ddbench.kernels.layout import alloc_host_kv
     h = alloc_host_kv(model.num_layers, batch, model.num_kv_heads, ctx // 8, 8, model.head_dim, dtype=torch.float32)
     return h.copy_(torch.randn(h.shape, generator=gen or torch.Generator().manual_seed(1)))
 
@@ -122,7 +122,7 @@ def test_cap_parse_and_check():
 
 
 def test_bad_cap_is_one_line_exit_2():
-    r = module("kernels.engine.sweep", "--phases", "paper", "--model", "qwen2.5-32b", "--gpu-mem-cap", "60",
+    r = module("ddbench.kernels.engine.sweep", "--phases", "paper", "--model", "qwen2.5-32b", "--gpu-mem-cap", "60",
                timeout=120)
     assert_one_line_error(r, contains="weights")
 
@@ -246,7 +246,7 @@ def test_plan_grows_with_batch_and_matches_the_memory_model_where_they_agree():
 def test_paper_model_shapes_in_the_twin_path(name, design):
     """Each paper model's heads (32/8 or 40/8 of 128, QKV bias for Qwen): per-layer attention equals
     attention over the true selection, with forced misses, and the QKV bias changes the step."""
-    from kernels.engine.selfcheck import reference_output
+    from ddbench.kernels.engine.selfcheck import reference_output
     m = mini(name)
     w = Weights.random(m, "cpu", 0, dtype=torch.float32)
     host = host_for(m)
@@ -267,7 +267,7 @@ def test_paper_model_shapes_in_the_twin_path(name, design):
 # ------------------------------------------------------------------ aliased host KV
 
 def test_host_kv_view_aliases_layers_then_requests():
-    from kernels.layout import check_host_kv, host_kv_view
+    from ddbench.kernels.layout import check_host_kv, host_kv_view
     H, N, C, d = 2, 16, 8, 32
     per = H * N * 2 * C * d
     flat = torch.arange(per * 5, dtype=torch.float32)
@@ -283,9 +283,9 @@ def test_host_kv_view_aliases_layers_then_requests():
 
 
 def test_gathers_read_aliased_requests_as_their_twins():
-    from kernels.engine.transfer import gather_slots, gather_slots_ref, perturb, plan_misses
-    from kernels.gather import gather_ref, gather_uva
-    from kernels.layout import host_kv_view
+    from ddbench.kernels.engine.transfer import gather_slots, gather_slots_ref, perturb, plan_misses
+    from ddbench.kernels.gather import gather_ref, gather_uva
+    from ddbench.kernels.layout import host_kv_view
     g = torch.Generator().manual_seed(5)
     B, H, N, C, d, k = 5, 2, 16, 8, 32, 6
     flat = torch.randn(2 * H * N * 2 * C * d + 3 * 2 * C * d, generator=g)
@@ -316,7 +316,7 @@ def test_gathers_read_aliased_requests_as_their_twins():
 # ------------------------------------------------------------------ the phase: rows, resume, files
 
 def _fake_run_point(limit, calls, ws=0.05 * 2 ** 30):
-    from kernels.engine.points import design_spec
+    from ddbench.kernels.engine.points import design_spec
 
     def run_point(model, weights, flat, d, ctx, B, *, miss_rate, transfers, graph, reps, hbm, cfg, limit, mem_gpu,
                   overhead, seed, log):
@@ -501,7 +501,7 @@ def _check_categories(row, m, d):
     for the row's point, nonzero exactly where the design holds it (landmarks: DualDecoder and ShadowKV;
     2-bit keys, outliers or low-rank factors: SpeCache and ShadowKV; no selected-KV buffers in full-kv),
     and weights + plan + activations make the allocated peak."""
-    from kernels.engine.engine import PLAN_CATEGORIES
+    from ddbench.kernels.engine.engine import PLAN_CATEGORIES
     spec = DESIGNS[d]
     miss = None if spec.kv_on_gpu else float(row["miss_rate"])
     plan = plan_bytes(m, spec, sweep.make_config(int(row["context"]), int(row["batch"]), miss, True, quant_values=True))
@@ -521,7 +521,7 @@ def _check_categories(row, m, d):
 def test_qwen_heads_triton_path_gpu(name):
     """Qwen2.5's 40 / 8 heads (a group of 5, padded in the kernels) and QKV bias through the Triton path,
     eagerly: every layer's attention equals attention over the true selection."""
-    from kernels.engine.selfcheck import SMALL_QWEN, build, reference_output
+    from ddbench.kernels.engine.selfcheck import SMALL_QWEN, build, reference_output
     e, host = build(name, 0.33, model=SMALL_QWEN)
     for _ in range(3):
         e.step()
@@ -534,7 +534,7 @@ def test_qwen_heads_triton_path_gpu(name):
 
 def test_run_point_refuses_a_planned_oom_before_allocating(monkeypatch):
     """Over the limit by its plan: status oom with the planned bytes, and no engine is built."""
-    import kernels.engine.engine as eng
+    import ddbench.kernels.engine.engine as eng
     for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
         monkeypatch.setattr(torch.cuda, name, lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 16 * 2 ** 30)
@@ -551,8 +551,8 @@ def test_run_point_measures_a_fake_engine(monkeypatch):
     """The measured path of run_point on the CPU (the engine, its graph and the CUDA timing faked): the
     eager steps, the capture and the timed replays in that order; the row's times, link traffic, floor
     and memory by category; the log line."""
-    import kernels.engine.engine as eng
-    import kernels.timing as timing
+    import ddbench.kernels.engine.engine as eng
+    import ddbench.kernels.timing as timing
     for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
         monkeypatch.setattr(torch.cuda, name, lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 16 * 2 ** 30)
@@ -615,7 +615,7 @@ def test_run_paper_stops_a_design_on_an_error(monkeypatch):
 
 
 def test_tables_render_the_paper_phase(monkeypatch, tmp_path):
-    from kernels.engine.tables import paper_table, render, render_markdown
+    from ddbench.kernels.engine.tables import paper_table, render, render_markdown
     rows, _, _ = _run_paper(monkeypatch, 30 * 2 ** 30)
     prov = {"gpu": "NVIDIA H200", "git_sha": "abc", "date_utc": "2026-12-01T00:00:00Z", "command": "pytest"}
     d = tmp_path / "p"
@@ -736,7 +736,7 @@ def test_capture_joins_the_forks_and_ends_before_an_error_propagates():
     steps while prefetches were forked): the forks are joined and the capture ended before the error
     leaves, so it is the out-of-memory error that propagates, the stream is restored, the allocator never
     needs a recovery; the normal path joins once and ends."""
-    from kernels.engine import capture as cap
+    from ddbench.kernels.engine import capture as cap
     cuda = _FakeCuda()
     g = _FakeGraph(cuda.log)
     oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
@@ -770,7 +770,7 @@ def test_a_capture_whose_end_fails_is_recovered_or_sticky():
     """Ending the capture fails after the error (an invalidated capture): the allocator is taken out of the
     capture's pool with the pool id the capture chose, and the pool given back; CaptureFailed says whether
     that worked (sticky where torch lacks the bindings), with the out-of-memory error as its cause."""
-    from kernels.engine import capture as cap
+    from ddbench.kernels.engine import capture as cap
     for present in (True, False):
         cuda = _FakeCuda()
         g = _FakeGraph(cuda.log, end_error=RuntimeError("CUDA error: operation failed due to a previous error"
@@ -793,7 +793,7 @@ def test_classify_point_failures():
     """What the H200 run got (capture_end's 'unjoined work' raised while handling the capture's out of
     memory): oom (the batch does not fit) and sticky (torch's state is suspect); a plain out of memory:
     oom, not sticky; a compile error: error, not sticky; an illegal access: error, sticky."""
-    from kernels.engine import capture as cap
+    from ddbench.kernels.engine import capture as cap
     oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has ...")
     try:
         try:
@@ -814,7 +814,7 @@ def test_gpu_health_tells_a_stuck_allocator():
     """gpu_health after a failed point: usable; empty_cache that releases nothing (the allocator left in a
     capture's pool mode: its num_sync_all_streams does not move); a side stream left current; synchronize
     failing."""
-    from kernels.engine import capture as cap
+    from ddbench.kernels.engine import capture as cap
     assert cap.gpu_health(_FakeCuda(), alloc=lambda: None) == (True, "")
     ok, why = cap.gpu_health(_FakeCuda(syncs_move=False), alloc=lambda: None)
     assert not ok and "releases nothing" in why
@@ -830,7 +830,7 @@ def test_gpu_health_tells_a_stuck_allocator():
 def test_point_memory_classifies_out_of_memory(monkeypatch):
     """run_point's guard: an out of memory anywhere in the chain is the row's oom with where it ran out;
     a sticky capture failure (even of an out of memory) and any other error propagate."""
-    from kernels.engine import capture as cap
+    from ddbench.kernels.engine import capture as cap
     for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
         monkeypatch.setattr(torch.cuda, name, lambda: None)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 78 * 2 ** 30)
@@ -930,9 +930,9 @@ def _fake_gpu_sweep(monkeypatch, *, weights_fail=(), point_fail=lambda m, d, ctx
     weights, run_point, the health check); returns the (model, ...) calls to Weights.random and run_point."""
     import types
 
-    import kernels.timing as timing
-    from kernels.engine import capture as cap
-    from kernels.engine.model import Weights
+    import ddbench.kernels.timing as timing
+    from ddbench.kernels.engine import capture as cap
+    from ddbench.kernels.engine.model import Weights
     built, calls = [], []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for name in ("synchronize", "empty_cache"):
@@ -1059,8 +1059,8 @@ def test_engine_capture_out_of_memory_leaves_torch_usable_gpu():
     while prefetches are forked (injected at the first MLP with side streams in use). Engine.capture
     raises the out-of-memory error itself (not 'unjoined work'), the default stream is current again,
     empty_cache really releases (capture.gpu_health), and a new engine captures and replays."""
-    from kernels.engine import capture as cap
-    from kernels.engine.selfcheck import build
+    from ddbench.kernels.engine import capture as cap
+    from ddbench.kernels.engine.selfcheck import build
     e, _ = build("dualdecoder", 0.33, debug=False)
     e.step()
     e.step()
@@ -1097,7 +1097,7 @@ def test_torch_graph_failure_is_told_by_gpu_health_gpu():
     import sys
     code = """
 import json, torch
-from kernels.engine import capture as cap
+from ddbench.kernels.engine import capture as cap
 x = torch.ones(1 << 20, device="cuda")
 s = torch.cuda.Stream()
 g = torch.cuda.CUDAGraph()

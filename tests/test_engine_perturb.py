@@ -7,7 +7,7 @@ given seed and salt, another seed or salt another draw."""
 import pytest
 import torch
 
-from kernels.engine.transfer import perturb_fast, perturb_fast_ref
+from ddbench.kernels.engine.transfer import perturb_fast, perturb_fast_ref
 
 
 def _base(B, H, N, k, g, ascending=True):

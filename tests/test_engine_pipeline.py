@@ -6,13 +6,13 @@ import torch
 
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DESIGNS as SYSTEMS
-from kernels.attention import dual_sparse_attention_ref
-from kernels.engine.engine import Engine, EngineConfig
-from kernels.engine.model import Weights
-from kernels.engine.transfer import gather_slots, gather_slots_ref, perturb, plan_misses
-from kernels.gather import gather_ref
-from kernels.layout import alloc_host_kv
-from kernels.rebuild import rebuild_keys_ref
+from ddbench.kernels.attention import dual_sparse_attention_ref
+from ddbench.kernels.engine.engine import Engine, EngineConfig
+from ddbench.kernels.engine.model import Weights
+from ddbench.kernels.engine.transfer import gather_slots, gather_slots_ref, perturb, plan_misses
+from ddbench.kernels.gather import gather_ref
+from ddbench.kernels.layout import alloc_host_kv
+from ddbench.kernels.rebuild import rebuild_keys_ref
 
 TINY = ModelSpec("tiny", 3, 4, 2, 32, 64, 96, 101)   # 3 layers: the ping-pong parity wraps across steps
 SPARSE = [n for n, s in SYSTEMS.items() if not s.kv_on_gpu and s.gather == "gpu" and n != "ideal"]
@@ -248,7 +248,7 @@ def test_invalid_config_one_line():
                                          ("dualdecoder:4096:4", ["--chunk", "24"]), ("nosuch:4096:4", []),
                                          ("dualdecoder:4096", [])])
 def test_sweep_bad_point_exits_2(point, extra, capsys):
-    from kernels.engine.sweep import main
+    from ddbench.kernels.engine.sweep import main
     assert main(["--point", point] + extra) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err
@@ -259,7 +259,7 @@ def test_fast_plan_and_perturb_match_twins(B, H, N, k, rate):
     """The one-launch miss plan equals plan_misses as sets of (request-head, chunk) and (request-head,
     slot) and in `assembled`; the one-launch perturbation forces exactly round(rate*k) new, distinct
     chunks outside the base, and another seed gives another draw. Outputs poisoned first."""
-    from kernels.engine.transfer import perturb_fast, perturb_fast_ref, plan_misses_fast
+    from ddbench.kernels.engine.transfer import perturb_fast, perturb_fast_ref, plan_misses_fast
     g = torch.Generator().manual_seed(B * N + k)
     pred = torch.rand(B, H, N, generator=g).argsort(-1)[..., :k].sort(-1).values.int()
     true = perturb(pred, rate, N, g)
@@ -301,7 +301,7 @@ def test_linear_layers_read_each_weight_once(name):
 def test_fast_plan_bitmaps_edge_cases(n_chunks):
     """The bitmap plan against the twin where ids sit on word edges (31, 32, 63, 95), where the
     prediction repeats one chunk (a compute-only step's zero prediction), and with no miss at all."""
-    from kernels.engine.transfer import plan_misses_fast
+    from ddbench.kernels.engine.transfer import plan_misses_fast
     g = torch.Generator().manual_seed(7)
     N, k = 96, 8
     edge = torch.tensor([0, 31, 32, 63, 64, 95, 5, 40], dtype=torch.int32)
@@ -321,7 +321,7 @@ def test_fast_plan_bitmaps_edge_cases(n_chunks):
 
 
 def test_selfcheck_bad_input_one_line(monkeypatch, capsys):
-    from kernels.engine import selfcheck
+    from ddbench.kernels.engine import selfcheck
     monkeypatch.setattr("sys.argv", ["selfcheck", "--kernels", "nosuch"])
     assert selfcheck.main() == 2
     err = capsys.readouterr().err
@@ -363,7 +363,7 @@ def test_fast_plan_dedupes_repeated_predictions(B, H, N, k, seed, monkeypatch):
     free, exactly as in plan_misses: the one-launch plan gives the twin's count, its items in the twin's
     order within each (b, h) group (the groups come in the programs' reservation order) and its
     `assembled`; after the fill the buffer holds the true set. The plan's buffers are poisoned."""
-    from kernels.engine.transfer import plan_misses_fast
+    from ddbench.kernels.engine.transfer import plan_misses_fast
     g = torch.Generator().manual_seed(100 + seed)
     pred, true = _repeating_predictions(g, B, H, N, k)
     assert (pred.sort(-1).values.diff(dim=-1) == 0).any(-1).sum() >= B * H - 1   # repeats in all rows but one

@@ -14,8 +14,8 @@ import torch
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 
-sweep = pytest.importorskip("kernels.engine.sweep")
-from kernels.engine import phases, points, results  # noqa: E402
+sweep = pytest.importorskip("ddbench.kernels.engine.sweep")
+from ddbench.kernels.engine import phases, points, results  # noqa: E402
 
 PROV = {"gpu": "NVIDIA H200", "git_sha": "abc", "date_utc": "2026-12-01T00:00:00Z", "command": "pytest"}
 
@@ -93,7 +93,7 @@ def test_write_keeps_reuse_rows_out_of_engine_csv(tmp_path):
     assert float(rf[1]["fetch_ms"]) == pytest.approx(0.06) and rf[1]["miss_chunks"] == str(8 * 64)
     summary = json.loads((d / "summary.json").read_text())
     assert len(summary["reuse_fetch"]) == 4 and "shadowkv|32768|1" in summary["ratios"]["step_over_floor"]
-    from kernels.engine.tables import render
+    from ddbench.kernels.engine.tables import render
     assert "shadowkv" in render(str(d))                            # the README tables still render
     # a sweep without the phase writes no reuse_fetch.csv
     d2 = _sweep(tmp_path, "s2", reuse=False)
@@ -161,7 +161,7 @@ def test_bad_reuse_row_is_one_line(tmp_path):
 # ------------------------------------------------------------------ the engine's factored fetch
 
 def _fetch_case(dev, B=2, H=3, N=40, k=8, C=4, d=8, S=40, miss=0.25):
-    from kernels.engine.transfer import perturb
+    from ddbench.kernels.engine.transfer import perturb
     g = torch.Generator(device=dev).manual_seed(5)
     host = torch.randn(2, B, H, N, 2, C, d, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
     if dev == "cuda":
@@ -179,8 +179,8 @@ def _fetch_case(dev, B=2, H=3, N=40, k=8, C=4, d=8, S=40, miss=0.25):
 
 
 def test_reuse_fetch_assembles_the_true_selection_cpu():
-    from kernels.engine.engine import reuse_fetch, reuse_launch
-    from kernels.gather import gather_ref, gather_uva
+    from ddbench.kernels.engine.engine import reuse_fetch, reuse_launch
+    from ddbench.kernels.gather import gather_ref, gather_uva
     assert reuse_launch(gather_uva) == {"programs": 32, "items": 2}
     host, prev, true, vb, spare, hv = _fetch_case("cpu")
     B, H, k, (C, d) = *true.shape, host.shape[-2:]
@@ -194,8 +194,8 @@ def test_reuse_fetch_assembles_the_true_selection_cpu():
 
 @pytest.mark.gpu
 def test_reuse_fetch_triton_matches_twin_gpu():
-    from kernels.engine.engine import reuse_fetch
-    from kernels.gather import gather_ref, gather_uva
+    from ddbench.kernels.engine.engine import reuse_fetch
+    from ddbench.kernels.gather import gather_ref, gather_uva
     outs = []
     for fn in (gather_uva, gather_ref):
         host, prev, true, vb, spare, hv = _fetch_case("cuda")

@@ -8,11 +8,11 @@ import torch
 
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DESIGNS
-from kernels.engine.engine import Engine, EngineConfig
-from kernels.engine.model import Weights
-from kernels.indexsets import reuse_plan
-from kernels.layout import alloc_host_kv
-from kernels.rebuild import rebuild_keys_ref
+from ddbench.kernels.engine.engine import Engine, EngineConfig
+from ddbench.kernels.engine.model import Weights
+from ddbench.kernels.indexsets import reuse_plan
+from ddbench.kernels.layout import alloc_host_kv
+from ddbench.kernels.rebuild import rebuild_keys_ref
 
 TINY = ModelSpec("tiny", 3, 4, 2, 32, 64, 96, 101)
 
@@ -82,7 +82,7 @@ def test_inplace_keys_and_fetch_gpu():
     """Triton path: after eager steps and two graph replays, every layer's keys are the twin's rebuild
     of the chunks its buffer holds (so the miss-only rebuild left no stale slot), and the attention of
     each captured layer equals attention over the true selection."""
-    from kernels.engine.selfcheck import build, check_graph
+    from ddbench.kernels.engine.selfcheck import build, check_graph
     e, _ = build("shadowkv", 0.12, B=4, lowrank=(0, 1, 2), debug=False)
     for _ in range(3):
         e.step()

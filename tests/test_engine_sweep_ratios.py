@@ -3,7 +3,7 @@ from the floor phase's forced-miss twins of the same design, context and batch (
 
 import pytest
 
-results = pytest.importorskip("kernels.engine.results")
+results = pytest.importorskip("ddbench.kernels.engine.results")
 
 
 def _row(design, miss, step, tokens=2):

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from kernels.engine.tables import main, plain, render
+from ddbench.kernels.engine.tables import main, plain, render
 
 
 def _sweep(tmp_path):
@@ -30,7 +30,7 @@ def test_render_from_summary(tmp_path):
 
 
 def test_not_a_sweep_exits_2(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "kernels.engine.tables", str(tmp_path)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "ddbench.kernels.engine.tables", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.fp8 import E4M3_MAX, REL_ERROR, dequantize_chunks, gather_dequant, piece_bytes, quantize_chunks
+from ddbench.kernels.fp8 import E4M3_MAX, REL_ERROR, dequantize_chunks, gather_dequant, piece_bytes, quantize_chunks
 
 
 def _kv(seed, shape=(2, 3, 64, 16)):

@@ -9,8 +9,8 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, host_kv_bytes, kv_piece_bytes, max_batch, memory_breakdown
 from ddbench.planner.knobs import knob_label, parse_search, settings
 from ddbench.planner.scenario import Scenario
-from sim.factory import cost_model
-from sim.steplayers import step_layers
+from ddbench.sim.factory import cost_model
+from ddbench.sim.steplayers import step_layers
 from tests.cli import ddbench
 
 M, H200 = get_model("llama-3-8b"), get_gpu("h200")

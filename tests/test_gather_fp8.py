@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.engine.transfer import gather_slots, gather_slots_ref, plan_misses
-from kernels.fp8 import E4M3, REL_ERROR, dequantized_layer, quantize_host_kv
-from kernels.gather import gather_ref, gather_uva
-from kernels.layout import alloc_host_kv, host_kv_view
+from ddbench.kernels.engine.transfer import gather_slots, gather_slots_ref, plan_misses
+from ddbench.kernels.fp8 import E4M3, REL_ERROR, dequantized_layer, quantize_host_kv
+from ddbench.kernels.gather import gather_ref, gather_uva
+from ddbench.kernels.layout import alloc_host_kv, host_kv_view
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
@@ -136,7 +136,7 @@ def test_fp8_gather_rejects_bad_inputs():
 
 
 def test_launch_items_keep_fp8_pieces_in_flight():
-    from kernels.gather import launch_items
+    from ddbench.kernels.gather import launch_items
     q = torch.empty(1, dtype=E4M3)
     b = torch.empty(1, dtype=torch.bfloat16)
     assert [launch_items(None, p, q) for p in (32, 64, 132, 5)] == [8, 4, 2, 32]

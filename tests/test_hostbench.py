@@ -10,7 +10,7 @@ import pytest
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.hosttopo import numa_of, parse_cpulist, parse_topo, sysfs_name
-from kernels.hostbench import check_counts, summarise
+from ddbench.kernels.hostbench import check_counts, summarise
 
 TOPO = ("\t\x1b[4mGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
         "GPU0\t X \tNV18\tPXB\t0-47,96-143\t0\t\tN/A\n"
@@ -52,7 +52,7 @@ def test_cli_without_gpu_is_one_line(tmp_path):
     import torch
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    r = subprocess.run([sys.executable, "-m", "kernels.hostbench", "--out", str(tmp_path / "h")],
+    r = subprocess.run([sys.executable, "-m", "ddbench.kernels.hostbench", "--out", str(tmp_path / "h")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and not (tmp_path / "h").exists()
 
@@ -60,7 +60,7 @@ def test_cli_without_gpu_is_one_line(tmp_path):
 @pytest.mark.gpu
 def test_harness_runs_on_one_gpu(tmp_path):
     out = tmp_path / "host"
-    r = subprocess.run([sys.executable, "-m", "kernels.hostbench", "--gpus", "1", "--seconds", "0.5", "--out",
+    r = subprocess.run([sys.executable, "-m", "ddbench.kernels.hostbench", "--gpus", "1", "--seconds", "0.5", "--out",
                         str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(open(out / "host.csv")))

@@ -11,6 +11,7 @@ import sysconfig
 import pytest
 
 from tests.cli import ROOT, ddbench as run_source
+from tests.test_import_names import PROBE, foreign_packages
 
 IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
                                 "figures", "sim-out", ".whl", ".gl")
@@ -68,7 +69,24 @@ def test_wheel_install_matches_the_source_tree(tmp_path):
         fh.write(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([vpy, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
                     str(next(wheels.glob("ddbench-*.whl")))], check=True, capture_output=True, env=_clean_env())
+    # another distribution whose top-level packages are `kernels` and `sim` (as Hugging Face's `kernels`),
+    # installed beside ddbench: each keeps its own (issue 30, part 4; tests/test_import_names.py)
+    other = tmp_path / "other"
+    foreign_packages(other)
+    (other / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+                                          '[project]\nname = "kernels"\nversion = "9.9"\n'
+                                          '[tool.setuptools]\npackages = ["kernels", "sim"]\n')
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(other), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(wheels)], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run([vpy, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
+                    str(next(wheels.glob("kernels-*.whl")))], check=True, capture_output=True, env=_clean_env())
     env = _clean_env()
+    probe = subprocess.run([vpy, "-c", PROBE], capture_output=True, text=True, cwd=run_dir, env=env)
+    assert probe.returncode == 0, probe.stderr
+    who_k, who_s, att, cm = json.loads(probe.stdout)
+    assert (who_k, who_s) == ("the other kernels", "the other sim")
+    assert att.startswith(str(venv)) and att.endswith(os.path.join("ddbench", "kernels", "attention.py"))
+    assert cm.startswith(str(venv)) and cm.endswith(os.path.join("ddbench", "sim", "costmodel.py"))
     where = subprocess.run([vpy, "-c", "import ddbench.core.paths as p; print(p.data_root())"], capture_output=True,
                            text=True, cwd=run_dir, env=env, check=True).stdout.strip()
     assert where.startswith(str(venv)) and where.endswith(os.path.join("ddbench", "_traces")), where

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.attention import dual_sparse_attention, dual_sparse_attention_ref
+from ddbench.kernels.attention import dual_sparse_attention, dual_sparse_attention_ref
 
 
 def _relerr(a, b):

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.attention import chunk_cache_rows, dual_sparse_attention, dual_sparse_attention_ref
-from kernels.fp8 import E4M3, dequantize_chunks, quantize_chunks
+from ddbench.kernels.attention import chunk_cache_rows, dual_sparse_attention, dual_sparse_attention_ref
+from ddbench.kernels.fp8 import E4M3, dequantize_chunks, quantize_chunks
 
 C = 8
 

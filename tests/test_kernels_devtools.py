@@ -20,16 +20,27 @@ SCRIPTS = sorted(p.stem for p in DEVTOOLS.glob("*.py") if not p.stem.startswith(
 PROJECT = ("kernels", "ddbench", "devtools")
 
 
-def test_devtools_is_not_shipped():
-    """pyproject's package search (namespace packages, its include patterns) finds kernels and its
-    engine, and nothing of devtools; MANIFEST.in does not add it to the sdist."""
+def setup_kwargs(monkeypatch) -> dict:
+    """What setup.py passes to setuptools.setup (run with setup() caught)."""
+    import runpy
+
     setuptools = pytest.importorskip("setuptools")
-    text = (ROOT / "pyproject.toml").read_text()
-    block = re.search(r"\[tool\.setuptools\.packages\.find\]\s*include\s*=\s*\[([^\]]*)\]", text)
-    include = re.findall(r'"([^"]+)"', block.group(1))
-    found = setuptools.find_namespace_packages(where=str(ROOT), include=include)
-    assert "kernels.engine" in found and "ddbench" in found
-    assert not [p for p in found if p.split(".")[0] == "devtools"]
+    seen = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: seen.update(kw))
+    runpy.run_path(str(ROOT / "setup.py"))
+    return seen
+
+
+def test_devtools_is_not_shipped(monkeypatch):
+    """setup.py's packages: ddbench, and kernels/ and sim/ as ddbench.kernels and ddbench.sim (their
+    namespace subpackages too), nothing of devtools and no other top-level name; MANIFEST.in does not
+    add devtools to the sdist."""
+    kw = setup_kwargs(monkeypatch)
+    found = kw["packages"]
+    assert {"ddbench", "ddbench.core", "ddbench.kernels", "ddbench.kernels.engine", "ddbench.sim",
+            "ddbench.sim.fit"} <= set(found)
+    assert {p.split(".")[0] for p in found} == {"ddbench"}
+    assert kw["package_dir"] == {"ddbench.kernels": "kernels", "ddbench.sim": "sim"}
     assert "devtools" not in (ROOT / "MANIFEST.in").read_text()
     assert SCRIPTS, "devtools/ holds no scripts"
 
@@ -82,8 +93,8 @@ def test_scores_ab_swaps_only_the_selection_ops():
     """devcheck_scores' variant: the engine's landmark and SpeCache selections store pass 1's scores in
     the given dtype (called as the engine calls them), every other op stays the engine's."""
     from devtools.devcheck_scores import with_scores
-    from kernels.engine import fastselect
-    from kernels.engine.engine import _ops
+    from ddbench.kernels.engine import fastselect
+    from ddbench.kernels.engine.engine import _ops
     e = types.SimpleNamespace(ops=_ops(False))
     before = e.ops
     with_scores(torch.float32)(e)

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.gather import gather_cpu_staging, gather_per_chunk, gather_ref, gather_uva
-from kernels.indexsets import index_overlap, reuse_plan
-from kernels.layout import alloc_host_kv
+from ddbench.kernels.gather import gather_cpu_staging, gather_per_chunk, gather_ref, gather_uva
+from ddbench.kernels.indexsets import index_overlap, reuse_plan
+from ddbench.kernels.layout import alloc_host_kv
 
 
 def _case(B, H, N, n, C, d, dtype, dev, seed):

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from kernels.rebuild import apply_rope_ref, rebuild_keys, rebuild_keys_ref
+from ddbench.kernels.rebuild import apply_rope_ref, rebuild_keys, rebuild_keys_ref
 
 
 def _check(B, T, R, H, d, n, off, dtype, dev, theta, seed, out_dtype=None, last=None, tol=1e-2, **kw):
@@ -67,7 +67,7 @@ def test_rebuild_cpu_resident(n, bc, R, programs):
 def test_rebuild_cpu_auto_picks_by_blocks_per_program(B, H, n, want, monkeypatch):
     """impl="auto" (the default) takes the resident kernel where each of its programs (16 on CPU's 4
     'SMs', at least one per (request, head)) gets >= 4 blocks of 4 chunks: 2*4 (b, h) x 10 blocks."""
-    import kernels.rebuild as rb
+    import ddbench.kernels.rebuild as rb
     used = []
     for name, impl in (("_rebuild_kernel", "blocks"), ("_rebuild_resident_kernel", "resident")):
         kern = getattr(rb, name)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.rebuild import rebuild_changed, rebuild_changed_ref, rebuild_keys_ref
+from ddbench.kernels.rebuild import rebuild_changed, rebuild_changed_ref, rebuild_keys_ref
 
 
 def _ids(B, H, n, nch, share, g):

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.landmarks import build_landmarks, build_landmarks_ref
-from kernels.select import score_chunks, score_chunks_ref, select_chunks
+from ddbench.kernels.landmarks import build_landmarks, build_landmarks_ref
+from ddbench.kernels.select import score_chunks, score_chunks_ref, select_chunks
 
 
 def _randn(*shape, dtype, dev, g):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels.specache import dequantize_keys, quantize_keys_2bit, specache_scores, specache_scores_ref
+from ddbench.kernels.specache import dequantize_keys, quantize_keys_2bit, specache_scores, specache_scores_ref
 
 
 def _check(B, nq, Hq, H, T, d, dev, seed):
@@ -32,7 +32,7 @@ def test_specache_gpu():
 
 def _check_triton(B, nq, Hq, H, T, d, chunk, dev, seed, splits=None, **kw):
     """The Triton kernel against the dequantize-in-fp32 twin: fresh random inputs, NaN-poisoned output."""
-    from kernels.specache import specache_chunk_scores_ref, specache_scores_triton
+    from ddbench.kernels.specache import specache_chunk_scores_ref, specache_scores_triton
     g = torch.Generator().manual_seed(seed)
     k = (torch.randn(B, H, T, d, generator=g) * (1 + torch.rand(1, H, 1, d, generator=g))).to(dev)
     q = torch.randn(B, nq, Hq, d, generator=g).to(dev)
@@ -70,7 +70,7 @@ def test_specache_triton_cpu_dequant(nq, chunk):
 def test_specache_dequant_rowload_equals_group_load_cpu():
     """The dequant kernel's two loads of the groups' scales and zeros (per byte row, or per group and
     broadcast over its rows) give the same pass 1."""
-    from kernels.specache import spec_pass1
+    from ddbench.kernels.specache import spec_pass1
     g = torch.Generator().manual_seed(70)
     qk = quantize_keys_2bit(torch.randn(2, 2, 384, 32, generator=g))
     q = torch.randn(2, 2, 8, 32, generator=g)
@@ -81,7 +81,7 @@ def test_specache_dequant_rowload_equals_group_load_cpu():
 
 def test_specache_triton_rejects_bad_chunk():
     from ddbench.core.errors import DDBenchError
-    from kernels.specache import specache_scores_triton
+    from ddbench.kernels.specache import specache_scores_triton
     qk = quantize_keys_2bit(torch.randn(1, 2, 128, 32))
     with pytest.raises(DDBenchError):
         specache_scores_triton(torch.randn(1, 1, 4, 32), qk, chunk=6)
@@ -92,7 +92,7 @@ def test_specache_rows_8_and_16_agree_cpu(nq, chunk):
     """The codes kernel's default 8 query rows per program (the dot's N) and the previous 16 (padding
     rows) give the same scores and, for the chunk form, the same scratch and normalisers (to fp32
     rounding: the interpreter's matmul may sum in another order for another shape)."""
-    from kernels.specache import spec_block_m, spec_pass1, specache_scores_triton
+    from ddbench.kernels.specache import spec_block_m, spec_pass1, specache_scores_triton
     g = torch.Generator().manual_seed(50 + nq + chunk)
     B, Hq, H, T, d = 2, 8, 2, 384, 32
     qk = quantize_keys_2bit(torch.randn(B, H, T, d, generator=g))
@@ -112,7 +112,7 @@ def test_specache_rows_8_and_16_agree_cpu(nq, chunk):
 @pytest.mark.parametrize("nq", [1, 2])
 def test_specache_fp16_scores_are_rounded_fp32(nq):
     """The engine's fp16 stored chunk maxima are the fp32 ones rounded; the normalisers are unchanged."""
-    from kernels.specache import spec_pass1
+    from ddbench.kernels.specache import spec_pass1
     g = torch.Generator().manual_seed(60 + nq)
     B, Hq, H, T, d, chunk = 2, 8, 2, 384, 32, 8
     qk = quantize_keys_2bit(torch.randn(B, H, T, d, generator=g))
@@ -126,7 +126,7 @@ def test_specache_fp16_scores_are_rounded_fp32(nq):
 
 def test_specache_rows_rejected():
     from ddbench.core.errors import DDBenchError
-    from kernels.specache import spec_block_m
+    from ddbench.kernels.specache import spec_block_m
     with pytest.raises(DDBenchError):
         spec_block_m(2, 4, rows=4)
     assert spec_block_m(2, 8) == 16 and spec_block_m(1, 1, impl="dequant") == 16

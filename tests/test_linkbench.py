@@ -1,8 +1,8 @@
-"""kernels.linkbench's bad input: one line, exit 2 (the measurement itself runs on a CUDA GPU)."""
+"""ddbench.kernels.linkbench's bad input: one line, exit 2 (the measurement itself runs on a CUDA GPU)."""
 
 import pytest
 
-from kernels import linkbench
+from ddbench.kernels import linkbench
 
 
 @pytest.mark.parametrize("argv,word", [(["--sizes", "x"], "--sizes"), (["--sizes", "0,8"], "--sizes"),

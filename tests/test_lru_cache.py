@@ -10,8 +10,8 @@ from ddbench.core.catalog import get_gpu, get_model
 from ddbench.core.designs import DESIGNS, design_names
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, chunk_cache_bytes, memory_breakdown
-from sim.factory import cost_model
-from sim.steplayers import cache_fills, step_layers
+from ddbench.sim.factory import cost_model
+from ddbench.sim.steplayers import cache_fills, step_layers
 from tests.cli import assert_one_line_error, ddbench
 
 LRU, DC = DESIGNS["lru-cache"], DESIGNS["dualdecoder-cache"]

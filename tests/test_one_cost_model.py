@@ -1,7 +1,7 @@
-"""One cost model: the simulator users run is the one sim.validate checks against the engine.
+"""One cost model: the simulator users run is the one ddbench.sim.validate checks against the engine.
 
-- `ddbench simulate --batch N` and sim.validate price an engine point through the same code
-  (sim.steplayers.step_layers on sim.factory's cost model, then the timeline); sim.validate adds only
+- `ddbench simulate --batch N` and ddbench.sim.validate price an engine point through the same code
+  (ddbench.sim.steplayers.step_layers on ddbench.sim.factory's cost model, then the timeline); ddbench.sim.validate adds only
   the engine harness's forced-miss draw, and says so per point.
 - At the committed engine validation points the user's path meets the issue's targets: 10 % median
   and 20 % worst |error|, 5 % median where the link binds; the microbenchmark op model, the negative
@@ -22,10 +22,10 @@ from ddbench.core.calibration import find_breakdown, load_breakdown, load_bundle
 from ddbench.core.catalog import get_gpu, get_link, get_model
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from sim.fit import validation as v
-from sim.fit.summary import summarize
-from sim.costmodel import ENGINE_TERMS, CostModel
-from sim.factory import cost_model
+from ddbench.sim.fit import validation as v
+from ddbench.sim.fit.summary import summarize
+from ddbench.sim.costmodel import ENGINE_TERMS, CostModel
+from ddbench.sim.factory import cost_model
 
 M8 = get_model("llama-3-8b")
 MAIN = ("dualdecoder", "shadowkv", "specache")
@@ -45,7 +45,7 @@ def _simulate(tmp_path, capsys, design, context, batch, hit):
 @pytest.mark.parametrize("design,context,batch", [("shadowkv", 32768, 8), ("dualdecoder", 131072, 8),
                                                   ("specache", 131072, 2)])
 def test_simulate_and_validate_price_a_point_alike(tmp_path, capsys, design, context, batch):
-    """The CLI's timeline step at hit rate 0.75 is sim.validate's plan of the engine point at 25 %
+    """The CLI's timeline step at hit rate 0.75 is ddbench.sim.validate's plan of the engine point at 25 %
     forced misses, to the last bit; validate's step is that plus the harness term alone."""
     s = _simulate(tmp_path, capsys, design, context, batch, 0.75)
     miss = v.effective_miss(0.25, 2048, 8)
@@ -110,7 +110,7 @@ def test_in_place_rows_are_the_users_plan_and_old_rows_the_legacy_fetch(tmp_path
 def test_serving_aggregate_agrees_with_the_timeline_at_the_validation_points():
     """Serving mode prices a step with the aggregate (sim/aggregate.py) on the same plan: within 2 % of
     the timeline at each of the 18 points of the issue."""
-    from sim.aggregate import aggregate_step
+    from ddbench.sim.aggregate import aggregate_step
     cm = cost_model("llama-3-8b", "h200", "pcie5")
     for design in MAIN:
         for context in (32768, 131072):
@@ -216,7 +216,7 @@ def test_user_path_meets_the_targets_on_held_out_shapes():
             e = err[sub.design == d]
             assert len(e) >= 3 and e.median() <= 0.10 and e.max() <= 0.20, (held, d)
     assert t[t.model == v.MODEL].batch.max() > 64
-    # and sim.validate's held-out replay is the same path (no harness term for shapes it did not measure)
+    # and ddbench.sim.validate's held-out replay is the same path (no harness term for shapes it did not measure)
     h, skipped, meta, _ = v.validate(str(traces_dir("engine", v.HELD_OUT_SWEEP)), held_out=True)
     assert (h.shadowkv_step[h.design == "shadowkv"] == v.COPY_REGATHER).all()
     assert len(h[h.design != "shadowkv"]) == (t.model != v.MODEL).sum() and (h.harness_ms == 0).all()

@@ -89,8 +89,8 @@ def test_layer_errors_match_a_hand_computation(topk):
 
 
 def test_topk_equals_moving_only_the_selected_chunks():
-    """Quantising the whole region and masking = kernels.fp8.gather_dequant of the selected chunks."""
-    from kernels.fp8 import gather_dequant, quantize_chunks
+    """Quantising the whole region and masking = ddbench.kernels.fp8.gather_dequant of the selected chunks."""
+    from ddbench.kernels.fp8 import gather_dequant, quantize_chunks
     n, Hq, H, T, d, chunk, S = 2, 2, 2, 40, 8, 8, 32
     q, k, v = _fresh(4, n, Hq, d), _fresh(5, H, T, d), _fresh(6, H, T, d)
     sel = torch.tensor([[[1, 3], [0, 2]], [[0, 1], [2, 3]]])

@@ -33,7 +33,7 @@ def test_overlaps_batched_extremes():
 
 
 def test_overlaps_agree_with_kernel_indexsets():
-    from kernels.indexsets import index_overlap
+    from ddbench.kernels.indexsets import index_overlap
     g = torch.Generator().manual_seed(1)
     a = torch.stack([torch.randperm(64, generator=g)[:16] for _ in range(12)]).view(3, 4, 16)
     b = torch.stack([torch.randperm(64, generator=g)[:16] for _ in range(12)]).view(3, 4, 16)

@@ -5,10 +5,10 @@ import pytest
 from ddbench.core.catalog import get_model
 from ddbench.core.memory import Workload
 from ddbench.core.designs import DESIGNS
-from sim.aggregate import aggregate_step
-from sim.steplayers import step_layers
-from sim.factory import cost_model
-from sim.timeline import run_timeline
+from ddbench.sim.aggregate import aggregate_step
+from ddbench.sim.steplayers import step_layers
+from ddbench.sim.factory import cost_model
+from ddbench.sim.timeline import run_timeline
 
 CASES = [  # (design, batch): compute-bound, critical-path fetch, and link-bound regimes
     ("full-kv", 1), ("full-kv", 4), ("shadowkv", 4), ("shadowkv", 32), ("ideal", 8),
@@ -31,7 +31,7 @@ def test_timeline_and_aggregate_agree(system, batch):
 
 def test_serving_step_times_come_from_the_aggregate():
     from ddbench.core.catalog import get_gpu
-    from sim.serving import draw_requests, run_serving
+    from ddbench.sim.serving import draw_requests, run_serving
     m = get_model("llama-3-8b")
     cm = cost_model("llama-3-8b", "h200")
     w = Workload(context=131072)
@@ -96,7 +96,7 @@ def test_agree_on_the_engine_reuse_fetch(batch):
     """sim/validate.py's replay of the old engine's ShadowKV rows (its copy-then-regather fetch on the
     compute stream, before the key rebuild: plan.ur_min_s with plan.ur_serial, legacy_reuse_fetch) is
     charged the same by both modes."""
-    from sim.fit import validation as v
+    from ddbench.sim.fit import validation as v
     cm = cost_model("llama-3-8b", "h200", "pcie5")
     plan = v.replay_plan("shadowkv", 32768, batch, v.effective_miss(0.25, 2048, 8), True, cm)
     plan = v.legacy_reuse_fetch(plan, cm, 0.25)

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from sim.fit import validation as v
-from sim.aggregate import aggregate_step
-from sim.timeline import run_timeline
+from ddbench.sim.fit import validation as v
+from ddbench.sim.aggregate import aggregate_step
+from ddbench.sim.timeline import run_timeline
 
 MISS = v.effective_miss(0.33, 2048, 8)
 

@@ -1,7 +1,7 @@
 """Fit once, price many: the committed fitted-parameters file (traces/fit/h200/fitted.json, written by
-`python -m sim.fit`) is fresh against its inputs and is what a refit gives; the cost model takes it only
+`python -m ddbench.sim.fit`) is fresh against its inputs and is what a refit gives; the cost model takes it only
 for the bundle it was fitted to and says so otherwise; a bad file, a bad meta.json or an empty engine
-CSV is one line naming the file (and field), exit 2; `python -m sim.validate` writes through the guard."""
+CSV is one line naming the file (and field), exit 2; `python -m ddbench.sim.validate` writes through the guard."""
 
 import json
 import os
@@ -12,9 +12,9 @@ import pytest
 from ddbench.core.calibration import load_bundle
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from sim.fit import fitfile
-from sim.fitted import FILE, fitted_path, load
-from sim.factory import cost_model
+from ddbench.sim.fit import fitfile
+from ddbench.sim.fitted import FILE, fitted_path, load
+from ddbench.sim.factory import cost_model
 from tests.cli import assert_one_line_error, ddbench, module
 
 FITTED = fitted_path("h200")
@@ -23,8 +23,8 @@ FITTED = fitted_path("h200")
 # ------------------------------------------------------------------ the committed file
 
 def test_committed_fitted_file_is_fresh_against_its_inputs():
-    """Every input file the fit read still has the sha256 the file records (rerun `python -m sim.fit`)."""
-    assert fitfile.stale(FITTED) == [], "traces/fit/h200/fitted.json is stale: rerun `python -m sim.fit`"
+    """Every input file the fit read still has the sha256 the file records (rerun `python -m ddbench.sim.fit`)."""
+    assert fitfile.stale(FITTED) == [], "traces/fit/h200/fitted.json is stale: rerun `python -m ddbench.sim.fit`"
     f = load(FITTED)
     assert set(f.inputs) == {"bundle", "breakdown", "cache_sweep", "torch_fill_sweep"}
     assert f.inputs["bundle"]["path"] == "traces/calibration/h200"
@@ -34,7 +34,7 @@ def test_committed_fitted_file_is_fresh_against_its_inputs():
     assert f.inputs["torch_fill_sweep"]["path"] == "traces/engine/h200-cache"
     for sweep in ("cache_sweep", "torch_fill_sweep"):
         assert set(f.inputs[sweep]["files"]) == {"engine.csv", "meta.json"}
-    assert f.provenance["command"].startswith("python -m sim.fit") and f.provenance["git_sha"]
+    assert f.provenance["command"].startswith("python -m ddbench.sim.fit") and f.provenance["git_sha"]
     assert f.engine is not None and f.engine.residuals and f.engine.floor_residuals
     assert f.reuse[(2048, 32, 2)].rel_residuals and f.cache_fill.residuals_us and f.cache_fill_torch.residuals_us
 
@@ -103,13 +103,13 @@ def test_another_bundle_gets_no_fitted_terms_and_says_why(tmp_path):
     cm = cost_model("llama-3-8b", "h200", root=str(root))
     assert cm.engine is None and cm.reuse_fits == {} and cm.cache_fill is None
     note = next(n for n in cm.notes if n.startswith("NOT RECONCILED"))
-    assert "fitted to another bundle (bundle.json differs)" in note and "python -m sim.fit" in note
+    assert "fitted to another bundle (bundle.json differs)" in note and "python -m ddbench.sim.fit" in note
     cm.cache_fill_s(4, 1024)
     cm.reuse_fetch_s(16 * 8 * 256, 2048, 32, 2, 0.25)
     assert any("cache fill NOT MEASURED" in n and "bundle.json differs" in n for n in cm.notes)
     assert any("BUNDLE-DERIVED" in n and "24 records are not fitted" in n for n in cm.notes)
     # a fitted file beside the bundle's own data root is looked at first, and fitted to it
-    from sim.fit.fitfile import main
+    from ddbench.sim.fit.fitfile import main
     assert main(["--calibration", str(root), "--cache-sweep", "none"]) == 0
     own = cost_model("llama-3-8b", "h200", root=str(root))
     assert own.engine is not None and own.cache_fill is None and own.fitted.path.endswith("fit/h200/fitted.json")
@@ -152,7 +152,7 @@ def _data_copy(tmp_path):
 
 
 def test_cli_bad_fitted_file_and_empty_engine_csv(tmp_path):
-    """Subprocesses: `simulate` with a bad fitted file, `sim.validate` and `sim.fit` over an empty engine
+    """Subprocesses: `simulate` with a bad fitted file, `ddbench.sim.validate` and `ddbench.sim.fit` over an empty engine
     CSV or a meta.json that is not an object: one line naming the file, exit 2, nothing written."""
     d = _data_copy(tmp_path)
     fit = d / "fit" / "h200" / FILE
@@ -166,24 +166,24 @@ def test_cli_bad_fitted_file_and_empty_engine_csv(tmp_path):
     shutil.copy(FITTED, str(fit))
     (d / "engine" / "h200-cache" / "engine.csv").write_text("")
     out = tmp_path / "val"
-    r = module("sim.validate", "--engine", str(d / "engine" / "h200-cache"), "--out", str(out / "v.csv"),
+    r = module("ddbench.sim.validate", "--engine", str(d / "engine" / "h200-cache"), "--out", str(out / "v.csv"),
                "--held-out", "none", "--cache", "none", "--fp8", "none", env=env, cwd=tmp_path)
     assert_one_line_error(r, contains=f"{d / 'engine' / 'h200-cache' / 'engine.csv'}: empty")
-    r = module("sim.fit", "--out", str(out), env=env, cwd=tmp_path)
+    r = module("ddbench.sim.fit", "--out", str(out), env=env, cwd=tmp_path)
     assert_one_line_error(r, contains="engine.csv: empty")
     (d / "engine" / "h200-validation" / "meta.json").write_text("[1]")
-    r = module("sim.validate", "--out", str(out / "v.csv"), "--held-out", "none", "--cache", "none", "--fp8",
+    r = module("ddbench.sim.validate", "--out", str(out / "v.csv"), "--held-out", "none", "--cache", "none", "--fp8",
                "none", env=env, cwd=tmp_path)
     assert_one_line_error(r, contains="meta.json: the top level is not an object")
     assert not out.exists()
 
 
-# ------------------------------------------------------------------ sim.validate through the output guard
+# ------------------------------------------------------------------ ddbench.sim.validate through the output guard
 
 def test_validate_writes_through_the_guard(tmp_path, capsys):
     """Its files land with a manifest naming the command; a rerun replaces only its own; a user's file of
     the same name is never overwritten, even with --force."""
-    from sim import validate as cli
+    from ddbench.sim import validate as cli
     out = tmp_path / "val"
     args = ["--out", str(out / "h200-engine.csv"), "--held-out", "none", "--cache", "none", "--fp8", "none",
             "--in-place", "none"]
@@ -192,7 +192,7 @@ def test_validate_writes_through_the_guard(tmp_path, capsys):
     assert files == [".ddbench-manifest.json", "README.md", "h200-engine-summary.json", "h200-engine.csv"]
     man = json.loads((out / ".ddbench-manifest.json").read_text())["files"]
     assert set(man) == {"README.md", "h200-engine-summary.json", "h200-engine.csv"}
-    assert {e["command"] for e in man.values()} == {"python -m sim.validate"}
+    assert {e["command"] for e in man.values()} == {"python -m ddbench.sim.validate"}
     assert cli.main(args) == 0                              # its own files: replaced in place
     (out / "h200-engine.csv").write_text("mine\n")          # now a user's file
     capsys.readouterr()

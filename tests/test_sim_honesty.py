@@ -9,12 +9,12 @@ from ddbench.core.catalog import get_gpu, get_link, get_model
 from ddbench.core.memory import Workload
 from ddbench.core.designs import DESIGNS
 from ddbench.core.errors import DDBenchError
-from sim.aggregate import aggregate_step
-from sim.costmodel import CostModel
-from sim.steplayers import step_layers
-from sim.serving import draw_requests, run_serving
-from sim.factory import cost_model
-from sim.timeline import run_timeline
+from ddbench.sim.aggregate import aggregate_step
+from ddbench.sim.costmodel import CostModel
+from ddbench.sim.steplayers import step_layers
+from ddbench.sim.serving import draw_requests, run_serving
+from ddbench.sim.factory import cost_model
+from ddbench.sim.timeline import run_timeline
 
 M8 = get_model("llama-3-8b")
 W = Workload(context=131072)
@@ -32,7 +32,7 @@ def _plan(system, batch, cm=None, hit=HIT, ctx=131072):
 
 def test_sim_imports_no_torch():
     import subprocess
-    code = ("import sys, sim.serving, sim.timeline, sim.factory, ddbench.commands.simulate;"
+    code = ("import sys, ddbench.sim.serving, ddbench.sim.timeline, ddbench.sim.factory, ddbench.commands.simulate;"
             "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','triton','kernels')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -172,7 +172,7 @@ def test_serving_step_interpolation_matches_exact_step(system):
     within 1e-4 of the exact aggregate at contexts off the grid."""
     import random
 
-    from sim.serving import STEP_GRID, _Model
+    from ddbench.sim.serving import STEP_GRID, _Model
     cm = cost_model("llama-3-8b", "h200")
     hit = [0.5 + 0.4 * i / M8.num_layers for i in range(M8.num_layers)]
     mdl = _Model(DESIGNS[system], M8, get_gpu("h200"), cm, W, hit, hit)
@@ -195,7 +195,7 @@ def test_triton_kernels_cost_dualdecoder_designs_only():
     queries and ShadowKV with torch SDPA."""
     from ddbench.core.calibration import load_bundle
     from ddbench.core.paths import traces_dir
-    from sim.steplayers import attended_tokens
+    from ddbench.sim.steplayers import attended_tokens
     cm = cost_model("llama-3-8b", "h200")
     assert cm.engine is not None and any("RECONCILED" in n for n in cm.notes)
     assert cm.attention_decode_s(32, 2, 2100, triton=True) < 1.1 * cm.attention_decode_s(32, 1, 2100, triton=True)
@@ -274,7 +274,7 @@ def test_lowrank_layers_fetch_values_only():
     assert plan.lowrank == frozenset({28, 29, 30, 31})
     full = 8 * W.budget * M8.kv_bytes_per_token_layer
     # every sparse layer assembles its attended buffer (mid); the low-rank ones rebuild K before it
-    from sim.steplayers import resident_rows
+    from ddbench.sim.steplayers import resident_rows
     cm = cost_model("llama-3-8b", "h200")
     asm, reb = cm.assemble_s(8, resident_rows(DESIGNS["dualdecoder"], w)), cm.rebuild_s(8, w.budget, w.rank)
     assert asm > 0 and reb > 0

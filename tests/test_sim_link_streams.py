@@ -15,9 +15,9 @@ import pytest
 from ddbench.core.catalog import get_model
 from ddbench.core.memory import Workload
 from ddbench.core.designs import DESIGNS
-from sim.steplayers import step_layers
-from sim.factory import cost_model
-from sim.timeline import run_timeline
+from ddbench.sim.steplayers import step_layers
+from ddbench.sim.factory import cost_model
+from ddbench.sim.timeline import run_timeline
 
 STEPS = 5
 

@@ -138,8 +138,8 @@ def test_step_layers_takes_a_lowrank_set():
     from ddbench.core.errors import DDBenchError
     from ddbench.core.memory import Workload
     from ddbench.core.designs import get_design
-    from sim.steplayers import step_layers
-    from sim.factory import cost_model
+    from ddbench.sim.steplayers import step_layers
+    from ddbench.sim.factory import cost_model
     m, cm = get_model("llama-3-8b"), cost_model("llama-3-8b", "h200", "pcie5")
     hit = [0.5 + i / 100 for i in range(32)]
     w = Workload(context=131072, lowrank_layers=2)

@@ -11,13 +11,13 @@ from dataclasses import replace
 import pytest
 
 from ddbench.core.paths import traces_dir
-from sim import validate as cli
-from sim.fit import validation as v
-from sim.fit.summary import summarize
-from sim.resources import FluidGroup, FluidServer
-from sim.factory import cost_model
-from sim.aggregate import aggregate_step
-from sim.timeline import run_timeline
+from ddbench.sim import validate as cli
+from ddbench.sim.fit import validation as v
+from ddbench.sim.fit.summary import summarize
+from ddbench.sim.resources import FluidGroup, FluidServer
+from ddbench.sim.factory import cost_model
+from ddbench.sim.aggregate import aggregate_step
+from ddbench.sim.timeline import run_timeline
 
 ENGINE = str(traces_dir("engine", "h200"))
 MS = 1e-3
@@ -143,7 +143,7 @@ def test_fitted_reuse_fetch_reproduces_the_records():
 
 
 def test_replay_uses_the_fitted_reuse_fetch():
-    """sim.validate costs every ShadowKV point with transfers by the fitted fetch at the replay's miss
+    """ddbench.sim.validate costs every ShadowKV point with transfers by the fitted fetch at the replay's miss
     share (column reuse_fetch_model, summary, notes); negative control: the same replay on a bundle
     without the records says BUNDLE-DERIVED everywhere and charges another fetch."""
     t, skipped, meta, notes = v.validate()
@@ -165,15 +165,15 @@ def test_replay_uses_the_fitted_reuse_fetch():
 def test_replay_without_reuse_records_says_bundle_derived(tmp_path, monkeypatch):
     """An older bundle (no reuse_fetch section) is replayed with the bundle-derived fetch, and every
     output says so (column, summary, README line, notes): no silent fallback."""
-    import sim.factory
+    from ddbench.sim import factory as sim_factory
     b = tmp_path / "h200"
     shutil.copytree(str(traces_dir("calibration", "h200")), str(b))
     os.remove(b / "reuse_fetch.csv")
     meta = json.loads((b / "bundle.json").read_text())
     del meta["sections"]["reuse_fetch"]
     (b / "bundle.json").write_text(json.dumps(meta))
-    orig = sim.factory.cost_model
-    monkeypatch.setattr(sim.factory, "cost_model", lambda *a, **k: orig(*a, **dict(k, root=str(tmp_path))))
+    orig = sim_factory.cost_model
+    monkeypatch.setattr(sim_factory, "cost_model", lambda *a, **k: orig(*a, **dict(k, root=str(tmp_path))))
     t, skipped, meta, notes = v.validate()
     s = summarize(t, skipped, meta)
     sk = t[(t.design == "shadowkv") & (t.transfers == 1)]
@@ -346,7 +346,7 @@ def test_engine_import_splits_forced_miss_rows_and_replaces_the_section(tmp_path
 # ------------------------------------------------------------------ kernels/engine/bench.py phase selection
 
 def test_bench_phase_selection_and_folders():
-    bench = pytest.importorskip("kernels.engine.sweep")
+    bench = pytest.importorskip("ddbench.kernels.engine.sweep")
     from ddbench.core.errors import DDBenchError
     allp = bench.plan_points(False, 2)
     val = bench.plan_points(False, 2, ("validation",))
@@ -373,7 +373,7 @@ def test_bench_phase_selection_and_folders():
 
 
 def test_bench_cli_rejects_unknown_phase_before_any_gpu_work(capsys):
-    bench = pytest.importorskip("kernels.engine.sweep")
+    bench = pytest.importorskip("ddbench.kernels.engine.sweep")
     assert bench.main(["--phases", "bogus"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--phases" in err and "bogus" in err

@@ -3,13 +3,13 @@
 Targets:
   engine    the decode-step engine (kernels/engine): every design at a model's shapes (default
             Llama-3-8B), 32K-128K; --phases paper: each design's largest batch under --gpu-mem-cap;
-            writes traces/engine/<gpu>[-<phases>]/ (python -m kernels.engine.sweep --help for its options)
+            writes traces/engine/<gpu>[-<phases>]/ (python -m ddbench.kernels.engine.sweep --help for its options)
   host      every GPU of the host fetching at once (1, 2, 4, 8 GPUs): the pinned big copy, the UVA
             gather of 4 and 2 KiB pieces, with --engine the engine's steps; writes
-            traces/host/<gpu>-x<n>/ with the topology (python -m kernels.hostbench --help)
+            traces/host/<gpu>-x<n>/ with the topology (python -m ddbench.kernels.hostbench --help)
   link      the gather against the pinned big copy at 8-256 MiB per call, bf16 and fp8 pieces, its
             interference with compute and the urgent fetch's latency with a prefetch in flight (gated
-            and not); writes traces/link/<gpu>/ (python -m kernels.linkbench --help)
+            and not); writes traces/link/<gpu>/ (python -m ddbench.kernels.linkbench --help)
   kernels   the Triton kernels (gather, dual-token attention, selection, key rebuild, SpeCache
             scoring) against their floors measured in the same run; writes
             traces/kernels/<gpu>/kernels.csv with provenance columns.
@@ -40,7 +40,7 @@ EXAMPLE = """examples:
   ddbench bench link --out /tmp/link
   ddbench bench engine --phases paper --model qwen2.5-32b --contexts 64k,128k,256k --gpu-mem-cap h100-80gb"""
 # engine target only: parsed here, then handed to the engine sweep as its options
-# (kernels.engine.options.SweepOptions, one field per flag; `python -m kernels.engine.sweep --help` says more)
+# (ddbench.kernels.engine.options.SweepOptions, one field per flag; `python -m ddbench.kernels.engine.sweep --help` says more)
 ENGINE_FLAGS = (("--phases", flags.text(), "comma-separated sweep phases (floor, mechanism, validation, reuse-fetch,"
                                            " paper)"),
                 ("--model", flags.text(), "catalog model or path to a config.json (default llama-3-8b)"),
@@ -78,8 +78,8 @@ def _dest(flag: str) -> str:
 
 def _engine(args) -> int:
     """The engine sweep with the options given here (the rest: its defaults); a DDBenchError is the CLI's."""
-    from kernels.engine.options import SweepOptions
-    from kernels.engine.runner import run_options
+    from ddbench.kernels.engine.options import SweepOptions
+    from ddbench.kernels.engine.runner import run_options
     given = {_dest(name): getattr(args, _dest(name)) for name, _, _ in ENGINE_FLAGS
              if getattr(args, _dest(name)) is not None}
     return run_options(SweepOptions(out=args.out or str(traces_dir("engine")), quick=args.quick, force=args.force,
@@ -101,7 +101,7 @@ def _need_cuda():
 
 def write_csv(path: str, rows: list[dict], prov: dict) -> None:
     """Write the kernels table to `path` (a staged file of the output guard)."""
-    from kernels.microbench import COLUMNS
+    from ddbench.kernels.microbench import COLUMNS
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, fieldnames=["schema"] + COLUMNS + list(PROVENANCE))
         w.writeheader()
@@ -122,18 +122,18 @@ def run(args) -> int:
         raise DDBenchError("--gpus, --seconds and --engine are flags of `bench host` only")
     _need_cuda()
     if args.target == "host":
-        from kernels.hostbench import main as host_main
+        from ddbench.kernels.hostbench import main as host_main
         return host_main((["--out", args.out] if args.out else []) + (["--force"] if args.force else [])
                          + (["--gpus", args.gpus] if args.gpus else []) + (["--engine"] if args.engine else [])
                          + (["--seconds", args.seconds] if args.seconds else []))
     if args.target == "link":
-        from kernels.linkbench import main as link_main
+        from ddbench.kernels.linkbench import main as link_main
         return link_main((["--out", args.out] if args.out else []) + (["--force"] if args.force else [])
                          + (["--rounds", "1", "--sizes", "8,64"] if args.quick else []))
     if args.target == "engine":
         return _engine(args)
-    from kernels.microbench import run_all
-    from kernels.timing import provenance
+    from ddbench.kernels.microbench import run_all
+    from ddbench.kernels.timing import provenance
     import torch
     from ddbench.core.provenance import command_line
     prov = provenance(command_line() if sys.argv[1:] else "ddbench bench kernels")

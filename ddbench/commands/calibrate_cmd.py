@@ -54,7 +54,7 @@ def run(args) -> int:
         raise DDBenchError("ddbench calibrate needs torch with CUDA; torch is not installed") from None
     if not torch.cuda.is_available():
         raise DDBenchError("ddbench calibrate needs a CUDA GPU; none is visible to torch")
-    from kernels.calibrate import run_calibration
+    from ddbench.kernels.calibrate import run_calibration
 
     from ddbench.core.provenance import command_line
     command = command_line() if sys.argv and sys.argv[0].endswith(("ddbench", "__main__.py")) \

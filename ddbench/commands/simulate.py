@@ -29,7 +29,7 @@ Hit and reuse rates come from an accuracy profile (the model's traces/accuracy/<
 --hit-rate PATH), else a constant. --profile-init/-temperature/-budget/-context/-task pick the
 profile's rows (sim/hitrates.py; the choice is written into the output's note).
 --lowrank-layers profile takes an adaptive design's low-rank key layers from the profile's summary
-JSON (§5.3's rule, sim.hitrates.lowrank_from_summary) and sets the count to match.
+JSON (§5.3's rule, ddbench.sim.hitrates.lowrank_from_summary) and sets the count to match.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-# sim.serving's per-stretch rows, for a steps.csv without rows
+# ddbench.sim.serving's per-stretch rows, for a steps.csv without rows
 STEP_COLUMNS = ("start_s", "steps", "batch", "step_s", "prefill_tokens", "link_util", "memory_bytes")
 
 
@@ -373,8 +373,8 @@ def _prefill_elsewhere(sc, summary: dict, requests) -> dict:
 
 
 def _serving(args, r, w, out) -> dict:
-    from sim.serving import draw_requests, run_serving
-    from sim.perfetto import counter_events, trace_json
+    from ddbench.sim.serving import draw_requests, run_serving
+    from ddbench.sim.perfetto import counter_events, trace_json
 
     sc = r.scenario
     reqs = draw_requests(sc.requests, args.rate, sc.context, sc.output, args.seed)
@@ -413,9 +413,9 @@ def _serving(args, r, w, out) -> dict:
         events = []
         notes = ["pid 2: serving counters"]
         if summary["status"] == "ok":
-            from sim.steplayers import step_layers
-            from sim.timeline import run_timeline
-            from sim.perfetto import timeline_events
+            from ddbench.sim.steplayers import step_layers
+            from ddbench.sim.timeline import run_timeline
+            from ddbench.sim.perfetto import timeline_events
             b = max(1, round(summary["mean_batch"]))
             ctx = sum(q.context for q in reqs) / len(reqs)
             tl = run_timeline(step_layers(r.design, r.model, r.cm, r.workload, b, ctx, r.hit, r.reuse, r.lowrank,
@@ -433,10 +433,10 @@ def _timeline(args, r, ctx: int, batch: int, w, out) -> dict:
     """The per-layer timeline of `batch` requests at context `ctx`: its summary; with a writer `w`, its
     steps.csv, layers.csv (and trace.json) into `out` (a batch sweep passes None: the summary only)."""
     from ddbench.core.memory import memory_breakdown
-    from sim.aggregate import aggregate_step
-    from sim.steplayers import step_layers
-    from sim.timeline import run_timeline
-    from sim.perfetto import timeline_events, trace_json
+    from ddbench.sim.aggregate import aggregate_step
+    from ddbench.sim.steplayers import step_layers
+    from ddbench.sim.timeline import run_timeline
+    from ddbench.sim.perfetto import timeline_events, trace_json
 
     wl = replace(r.workload, context=ctx)
     bd = memory_breakdown(r.design, r.model, r.gpu, replace(wl, batch=batch))

@@ -103,7 +103,7 @@ def fraction_or_path():
     return conv
 
 
-# The engine sweep's --kv-bits, given by `python -m kernels.engine.sweep` and by `ddbench bench engine`
+# The engine sweep's --kv-bits, given by `python -m ddbench.kernels.engine.sweep` and by `ddbench bench engine`
 ENGINE_KV_BITS_HELP = ("paper phase: comma-separated 16 (bf16) and/or 8 (fp8 e4m3 host KV, dequantised by the"
                        " gathers): with 8, each design that keeps its KV on the host is searched in fp8 too"
                        " (label design+fp8)")

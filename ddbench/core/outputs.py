@@ -61,12 +61,23 @@ DATA_OUTPUTS = {
     "ddbench calibrate": ("calibration/*",),
     "ddbench profile": ("accuracy",),
     "ddbench bench kernels": ("kernels/*",),
-    "python -m kernels.linkbench": ("link/*",),
-    "python -m kernels.hostbench": ("host/*",),
-    "python -m kernels.engine.sweep": ("engine/*",),
-    "python -m sim.validate": ("validation",),
-    "python -m sim.fit": ("fit/*",),
+    "python -m ddbench.kernels.linkbench": ("link/*",),
+    "python -m ddbench.kernels.hostbench": ("host/*",),
+    "python -m ddbench.kernels.engine.sweep": ("engine/*",),
+    "python -m ddbench.sim.validate": ("validation",),
+    "python -m ddbench.sim.fit": ("fit/*",),
 }
+
+
+# commands renamed since they wrote files (the folders sim/ and kernels/ import as ddbench.sim and
+# ddbench.kernels): what they wrote under the old name stays theirs under the new one
+RENAMED = {f"python -m {old}": f"python -m ddbench.{old}"
+           for old in ("sim.fit", "sim.validate", "kernels.linkbench", "kernels.hostbench", "kernels.engine.sweep")}
+
+
+def owner(command):
+    """The command a manifest entry's `command` names today."""
+    return RENAMED.get(command, command)
 
 
 def _why(exc: OSError) -> str:
@@ -188,7 +199,7 @@ def _owned(folder: Path, manifest: dict, command: str | None = None, scope=None)
     own = set()
     real = os.path.realpath(folder)
     for rel, entry in manifest.items():
-        if command is not None and entry.get("command") != command:
+        if command is not None and owner(entry.get("command")) != command:
             continue
         if scope is not None and rel not in scope:
             continue
@@ -490,7 +501,7 @@ def _commit(w: Writer, path: Path, own: set, foreign: set, theirs: set, manifest
         digest, prev = sha256(str(src)), manifest.get(rel) or {}
         # the same bytes from the same command keep their first date: a re-run that changes nothing
         # leaves the manifest (and so the folder) byte-identical
-        same = prev.get("sha256") == digest and prev.get("command") == w.command and prev.get("written_utc")
+        same = prev.get("sha256") == digest and owner(prev.get("command")) == w.command and prev.get("written_utc")
         entries[rel] = {"sha256": digest, "command": w.command, "written_utc": prev["written_utc"] if same else now}
     # only this command's own files (in scope) are pruned; `own` never holds another command's
     stale = sorted(own - set(new) - w._live - set(LEGACY_MARKERS)) if prune else []

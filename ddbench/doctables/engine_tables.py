@@ -12,7 +12,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.doctables.common import (CALIBRATION_SWEEP, CTX, DESIGNS, ENGINE_MODEL, ROOT, VALIDATION_SWEEP,
                                       _csv, _engine, _json, _k, _notna, _own_step, _pct, _prov, _spread, _sweep,
                                       _table)
-from kernels.engine.tables import MECHANISM     # the sweep summary's mechanism ratios: key prefix, label
+from ddbench.kernels.engine.tables import MECHANISM     # the sweep summary's mechanism ratios: key prefix, label
 
 
 def headline(root: Path = ROOT) -> str:
@@ -236,7 +236,7 @@ def engine_mechanism(root: Path = ROOT) -> str:
 def _sim_tok_s(design: str, model: str, context: int, batch: int, **knobs) -> float:
     """`ddbench simulate`'s cost model on the H200 at one point (the engine's batch, 12 % misses)."""
     from ddbench.experiments.sim_figures import _plan
-    from sim.timeline import run_timeline
+    from ddbench.sim.timeline import run_timeline
     hit = None if design == "full-kv" else 0.88
     return batch / run_timeline(_plan(design, model, context, batch, hit=hit, gpu="h200", **knobs), steps=6,
                                 warmup=2).steady_step_s

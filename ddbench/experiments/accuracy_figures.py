@@ -63,7 +63,7 @@ def _summary(model: str) -> dict:
 
 @lru_cache(maxsize=None)
 def _summary_at(path: str) -> dict:
-    from sim.hitrates import read_summary
+    from ddbench.sim.hitrates import read_summary
     doc = read_summary(path)               # typed: one line naming the file where it is not a summary
     for key in ("model", "shape", "task_accuracy", "lowrank_layers"):
         if not isinstance(doc, dict) or key not in doc:
@@ -77,7 +77,7 @@ def _profile(model: str, init: str = "t2", temperature: float = 0.6, context=Non
 
 @lru_cache(maxsize=None)
 def _profile_at(path: str, init, temperature, context, task):
-    from sim.hitrates import Select, read_profile
+    from ddbench.sim.hitrates import Select, read_profile
     return read_profile(path, Select(init=init, temperature=temperature, context=context, task=task))
 
 

@@ -35,8 +35,8 @@ PAPER_RATIOS = {64 * 1024: "fig12.64k.over_shadowkv", 128 * 1024: "fig12.128k.ov
 @lru_cache(maxsize=None)
 def point(system: str, ctx: int, budget: int) -> dict:
     """Largest batch that fits and its steady decode step (per-layer timeline) at one budget."""
-    from sim.steplayers import step_layers
-    from sim.timeline import run_timeline
+    from ddbench.sim.steplayers import step_layers
+    from ddbench.sim.timeline import run_timeline
     r = scene(F12_MODEL, system, budget=budget)
     w = workload(r, ctx)
     mb = max_batch(r.design, r.model, r.gpu, w)

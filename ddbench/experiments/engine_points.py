@@ -1,6 +1,6 @@
 """The decode-step engine's measurements at the paper's points, for the figures that replay them.
 
-Two committed runs of `python -m kernels.engine.sweep --phases paper` on one H200 (their READMEs
+Two committed runs of `python -m ddbench.kernels.engine.sweep --phases paper` on one H200 (their READMEs
 say how):
   traces/engine/h200-paper   each design's largest batch under an 80 GB cap (h100-80gb's memory),
                              the batches its search measured, 3 independently built engines at the
@@ -35,7 +35,7 @@ ENGINE_LABEL = "engine (H200, 80 GB cap)"
 def _summary(run: str) -> dict:
     path = traces_dir("engine", run, "summary.json")
     out = {(p["model"], int(p["context"]), p["design"]): p for p in _paper_points(
-        path, "the engine's paper points; run `python -m kernels.engine.sweep --phases paper` on a GPU, see its README")}
+        path, "the engine's paper points; run `python -m ddbench.kernels.engine.sweep --phases paper` on a GPU, see its README")}
     if run == CAPPED:
         out.update(inplace_shadowkv(traces_dir()))
     return out

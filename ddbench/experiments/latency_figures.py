@@ -30,7 +30,7 @@ F13_PLACE = {True: "prefill on this GPU", False: "prefill elsewhere"}
 
 @lru_cache(maxsize=None)
 def _serve(system: str, model: str, ctx: int, out: int, rate: float, n: int, prefill_here: bool = True):
-    from sim.serving import draw_requests, run_serving
+    from ddbench.sim.serving import draw_requests, run_serving
     r = scene(model, system)
     reqs = draw_requests(n, rate, str(ctx), str(out), SEED)
     res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, ctx), reqs, r.hit, r.reuse,
@@ -65,7 +65,7 @@ def _max_rate(system: str, here: bool) -> float:
 
 
 def _prefill_s(design: str, model: str, ctx: int) -> float:
-    from sim.steplayers import prefill_chunk_s
+    from ddbench.sim.steplayers import prefill_chunk_s
     r = scene(model, design)
     w = workload(r, ctx)
     tot, p = 0.0, 0
@@ -185,8 +185,8 @@ def _draw_fig18(res: FigureResult, fig) -> None:
 
 def _engine_fifo_note() -> str:
     """The decode-step engine's FIFO / priority (H200) against the simulator replaying the same points."""
-    from sim.fit import validation as v
-    from sim.fit.summary import fifo_pairs
+    from ddbench.sim.fit import validation as v
+    from ddbench.sim.fit.summary import fifo_pairs
     try:
         t, _, _, _ = v.validate()
     except Exception as e:  # noqa: BLE001  (the figure stands without the engine traces)
@@ -207,7 +207,7 @@ def _engine_fifo_note() -> str:
 
 @register("fig18", "Per-step latency at a 33% miss rate, priority against FIFO (paper Figure 18)", _draw_fig18)
 def fig18() -> FigureResult:
-    from sim.timeline import run_timeline
+    from ddbench.sim.timeline import run_timeline
     rows, res = [], {}
     for size, (model, b) in F18_MODELS.items():
         for design in ("dualdecoder", "dualdecoder-fifo"):

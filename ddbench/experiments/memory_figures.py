@@ -258,9 +258,9 @@ def _draw_fig4(res: FigureResult, fig) -> None:
 
 
 def _timeline(system: str):
-    """Memory by category over one serving run (sim.serving records it whenever it changes)."""
+    """Memory by category over one serving run (ddbench.sim.serving records it whenever it changes)."""
     from ddbench.experiments.scene import scene, workload
-    from sim.serving import draw_requests, run_serving
+    from ddbench.sim.serving import draw_requests, run_serving
     r = scene(F4_MODEL, system, gpu=GPU)
     reqs = draw_requests(F4_N, F4_RATE, str(CONTEXT), str(F4_OUT), 0)
     res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, CONTEXT), reqs, r.hit, r.reuse, prefill_here=False)

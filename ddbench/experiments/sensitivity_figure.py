@@ -40,7 +40,7 @@ def sens_tokens_per_s(design: str, hit, reuse, mode: str = "aggregate") -> float
     """Decode tokens/s of `design` at Figure 12's 128K setting and its largest batch, with per-layer (or
     constant) hit and reuse rates; `mode`: the closed-form aggregate step, or the per-layer timeline."""
     from ddbench.experiments.scene import workload
-    from sim.steplayers import step_layers
+    from ddbench.sim.steplayers import step_layers
     r = _sens_scene(design)
     L = r.model.num_layers
     h = [float(hit)] * L if isinstance(hit, (int, float)) else list(hit)
@@ -48,9 +48,9 @@ def sens_tokens_per_s(design: str, hit, reuse, mode: str = "aggregate") -> float
     b = _sens_batch(design)
     plan = step_layers(r.design, r.model, r.cm, workload(r, SENS_CTX), b, SENS_CTX, h, reu)
     if mode == "timeline":
-        from sim.timeline import run_timeline
+        from ddbench.sim.timeline import run_timeline
         return b / run_timeline(plan, steps=6, warmup=2).steady_step_s
-    from sim.aggregate import aggregate_step
+    from ddbench.sim.aggregate import aggregate_step
     return b / aggregate_step(plan).step_s
 
 
@@ -90,7 +90,7 @@ def _draw_sens(res: FigureResult, fig) -> None:
           _draw_sens)
 def sensitivity() -> FigureResult:
     from ddbench.core.catalog import get_model
-    from sim.hitrates import load_profile
+    from ddbench.sim.hitrates import load_profile
     model = _need("sensitivity")[0]
     prof = _profile(model)
     # separable: DualDecoder's step depends on its hit rate only, ShadowKV's (no prefetch, reuse) on

@@ -31,8 +31,8 @@ def _draw(res: FigureResult, fig) -> None:
 @register("validation", "Simulated against measured decode step time, every H200 engine point (no paper figure)",
           _draw)
 def validation() -> FigureResult:
-    from sim.fit import validation as v
-    from sim.fit.summary import summarize
+    from ddbench.sim.fit import validation as v
+    from ddbench.sim.fit.summary import summarize
     t, skipped, meta, _ = v.validate()
     s = summarize(t, skipped, meta)
     errs = "; ".join(f"{k}: median |error| {x['median_abs_error']:.1%} ({x['points']} points)"
@@ -98,8 +98,8 @@ def timeline() -> FigureResult:
     from ddbench.core import defaults as D
     from ddbench.core.paths import traces_dir
     from ddbench.experiments.scene import scene
-    from sim.fit import validation as v
-    from sim.timeline import run_timeline
+    from ddbench.sim.fit import validation as v
+    from ddbench.sim.timeline import run_timeline
     path = str(traces_dir("engine", v.GPU, "timeline.json"))
     with open(path, encoding="utf-8") as fh:
         tl = json.load(fh)

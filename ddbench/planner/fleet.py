@@ -2,7 +2,7 @@
 the GPUs that prefill them, and the TTFT of the whole path.
 
     prefill_s(sc, ctx)    GPU seconds to prefill one request of `ctx` tokens on a prefill GPU: the same
-                          chunked-prefill pricing as `--prefill here` (sim.steplayers.prefill_chunk_s on the
+                          chunked-prefill pricing as `--prefill here` (ddbench.sim.steplayers.prefill_chunk_s on the
                           scenario's cost model: the same GPU kind, bundle and design, the SVD of the
                           low-rank designs included), without a decode step beside it; exact_prefill_s(sc,
                           ctx) the same at one context, never interpolated (ddbench.planner.runs's too)
@@ -37,7 +37,7 @@ GRID = 17                   # contexts at which a distribution's prefill time is
 @lru_cache(maxsize=256)
 def exact_prefill_s(sc: Scenario, ctx: int) -> float:
     """GPU seconds of one request's chunked prefill of exactly `ctx` tokens (`--prefill here` prices the same)."""
-    from sim.steplayers import prefill_chunk_s
+    from ddbench.sim.steplayers import prefill_chunk_s
     r = resolve(sc)
     tot, p = 0.0, 0
     while p < ctx:
@@ -118,7 +118,7 @@ def fleet(sc: Scenario, rate: float, ttft_p99_s: float | None, seed: int = 0,
     """The prefill side of a decode GPU serving `rate` req/s (see the module's text); `ttft_p99_s`: the run's P99
     TTFT (decode wait + prefill + transfer)."""
     from ddbench.core.stats import percentile
-    from sim.serving import draw_requests
+    from ddbench.sim.serving import draw_requests
     load = target_rate if target_rate is not None else rate
     reqs = draw_requests(sc.requests, load, sc.context, sc.output, seed)
     hi = max(q.context for q in reqs)

@@ -1,7 +1,7 @@
 """One seeded serving run of a scenario at a Poisson arrival rate, its closed-form capacity, and
 what binds it.
 
-`run_point(scenario, rate, seed)` runs sim.serving on the resolved scenario and returns one flat
+`run_point(scenario, rate, seed)` runs ddbench.sim.serving on the resolved scenario and returns one flat
 row (units in the column names). `capacity(scenario)` is the search's first probe; `binding`
 names the limiting resource of a run.
 
@@ -36,14 +36,14 @@ PCTS = (50, 90, 99)      # percentiles every row carries
 @lru_cache(maxsize=256)
 def workload_means(context: str, output: str, requests: int, seed: int) -> tuple[float, float]:
     """Mean context and output tokens of the requests a run draws (they do not depend on the rate)."""
-    from sim.serving import draw_requests
+    from ddbench.sim.serving import draw_requests
     reqs = draw_requests(requests, 1.0, context, output, seed)
     return (sum(r.context for r in reqs) / len(reqs), sum(r.output for r in reqs) / len(reqs))
 
 
 def _step(sc: Scenario, batch: int, ctx: float):
-    from sim.aggregate import aggregate_step
-    from sim.steplayers import step_layers
+    from ddbench.sim.aggregate import aggregate_step
+    from ddbench.sim.steplayers import step_layers
     r = resolve(sc)
     return aggregate_step(step_layers(r.design, r.model, r.cm, r.workload, batch, ctx, r.hit, r.reuse, r.lowrank,
                                       cache=r.cache_rates))
@@ -111,7 +111,7 @@ def _slope(xs: list[float], ys: list[float]) -> float:
 
 def backlog_growth(requests) -> float:
     """The least-squares slope of completion time against arrival time over the requests that completed
-    (sim.serving's requests; rejected ones left out): zero up to noise where the load is sustained,
+    (ddbench.sim.serving's requests; rejected ones left out): zero up to noise where the load is sustained,
     rate / served rate - 1 where the queue grows."""
     done = [q for q in requests if not q.rejected]
     return _slope([q.arrival for q in done], [q.latency for q in done])
@@ -170,7 +170,7 @@ def run_point(sc: Scenario, rate: float, seed: int = 0, pcts: tuple = ()) -> dic
     Where the weights alone do not fit, or not one request's host KV fits in host memory, nothing runs
     and every request counts as rejected. Admission is capped by `Resolved.batch_cap` (--max-batch and
     host memory)."""
-    from sim.serving import draw_requests, run_serving
+    from ddbench.sim.serving import draw_requests, run_serving
     from ddbench.core.stats import percentile
     t0, c0 = time.perf_counter(), time.process_time()
     r = resolve(sc)

@@ -37,7 +37,7 @@ BUFFER_LAYOUTS = ("design", "pingpong", "per-layer")   # Scenario.buffers
 PREFILLS = ("here", "elsewhere")
 # the Workload fields a scenario sets (context and batch follow from the run)
 KNOBS = tuple(f.name for f in fields(Workload) if f.name not in ("context", "batch"))
-ROWS = ("init", "temperature", "budget", "context", "task")   # sim.hitrates.Select's fields
+ROWS = ("init", "temperature", "budget", "context", "task")   # ddbench.sim.hitrates.Select's fields
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class Resolved:
     share: object                     # the host's sharing (catalog.fetch_share), or None
     design: object                    # the DesignSpec, with the scenario's buffer layout
     workload: Workload                # at the smallest context the scenario draws
-    select: object                    # the accuracy profile rows (sim.hitrates.Select)
+    select: object                    # the accuracy profile rows (ddbench.sim.hitrates.Select)
     lowrank: frozenset | None = None  # low-rank key layers from the profile, or None: the design's rule
     lowrank_note: str | None = None
     host_mem: object = None           # core.catalog.HostMemory for this GPU's requests, or None: not a bound
@@ -238,20 +238,20 @@ def design_of(name: str, buffers: str = D.BUFFERS):
 
 @lru_cache(maxsize=64)
 def _cost_model(model: str, gpu: str, link, calibration, roofline):
-    from sim.factory import cost_model
+    from ddbench.sim.factory import cost_model
     return cost_model(model, gpu, link, calibration, roofline)
 
 
 @lru_cache(maxsize=64)
 def _hits(spec, model: str, layers: int, select):
-    from sim import hitrates
+    from ddbench.sim import hitrates
     hit, reuse, note = hitrates.resolve(spec, model, layers, sel=select)
     return tuple(hit), tuple(reuse), note
 
 
 def _profile_path(sc: Scenario, model_name: str) -> str | None:
     """The accuracy profile the hit rates come from: the CSV named, else the model's own if present."""
-    from sim import hitrates
+    from ddbench.sim import hitrates
     if sc.hit_rate is None:
         path = hitrates.default_path(model_name)
         return path if os.path.exists(path) else None
@@ -309,7 +309,7 @@ def _workload(sc: Scenario, design, model, lowrank) -> Workload:
 @lru_cache(maxsize=256)
 def resolve(sc: Scenario) -> Resolved:
     """Check `sc` and build everything a run of it needs (DDBenchError, one line, on bad input)."""
-    from sim import hitrates
+    from ddbench.sim import hitrates
     m, g = get_model(sc.model), get_gpu(sc.gpu)
     link, share = _link(sc, g)
     design = design_of(sc.design, sc.buffers)

@@ -93,7 +93,7 @@ PROFILE_ROWS = ("init", "temperature", "budget", "context", "task")
 
 def _row_arg(key: str):
     def parse(text: str):
-        from sim.hitrates import SMALLEST
+        from ddbench.sim.hitrates import SMALLEST
         v = text.strip()
         if not v:
             raise argparse.ArgumentTypeError(f"--profile-{key} is empty; give a value or 'all'")

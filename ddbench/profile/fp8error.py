@@ -18,7 +18,7 @@ Attention is computed in fp32 from each copy, with the same queries, either dens
 tokens or over the true top-k selection (the chunks exact top-k picks for that query, what
 dualdecoder-cache attends, plus the resident tokens [S, P), the mask the profiler's sparse attention
 uses). Because the scale is per chunk-head, quantising the whole region then masking equals moving
-only the selected chunks' bytes and scales (kernels.fp8.gather_dequant). Generated tokens are not in
+only the selected chunks' bytes and scales (ddbench.kernels.fp8.gather_dequant). Generated tokens are not in
 the prompt cache (the profiler drops them after each run) and are left out of both sides.
 Metrics per (step, query head) item: fp8_vs_bf16 = ||o_fp8 - o_bf16|| / ||o_bf16||, and the floor
 bf16_vs_fp32 = ||o_bf16 - o_fp32|| / ||o_fp32||.
@@ -42,7 +42,7 @@ def variants(k, v, chunk: int, selectable: int) -> dict:
     """The fp32, bf16 and fp8 copies of k, v [H, P, d] (all returned as fp32)."""
     import torch
 
-    from kernels.fp8 import dequantize_chunks, quantize_chunks
+    from ddbench.kernels.fp8 import dequantize_chunks, quantize_chunks
     k32, v32 = k.float(), v.float()
     kb, vb = k32.to(torch.bfloat16).float(), v32.to(torch.bfloat16).float()
     S = selectable

@@ -57,7 +57,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if plan is None or query.shape[2] != 1 or getattr(module, "sliding_window", None):   # local layers stay dense
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kw)
-    from kernels.select import select_chunks_ref
+    from ddbench.kernels.select import select_chunks_ref
 
     B, Hq, _, d = query.shape
     H, T = key.shape[1], key.shape[2]

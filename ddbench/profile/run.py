@@ -433,7 +433,7 @@ def _fp8_kv(cache, S: int, chunk: int):
     per chunk-head, kernels/fp8.py), dequantised: the "fp8" task-accuracy method's K/V."""
     import torch
 
-    from kernels.fp8 import dequantize_chunks, quantize_chunks
+    from ddbench.kernels.fp8 import dequantize_chunks, quantize_chunks
 
     def f(x):
         q, s = quantize_chunks(x[:, :, :S].to(torch.bfloat16), chunk)
@@ -483,7 +483,7 @@ def summarize(cfg, loaded, rows, task_acc, provenance, runtime) -> dict:
                   "kv_heads": loaded.kv_heads, "head_dim": loaded.head_dim, "max_positions": loaded.max_positions,
                   "device": loaded.device, "dtype": loaded.dtype},
         "config": cfg_d, "runtime_s": round(runtime, 1),
-        "selection": {"rule": "kernels.select.select_chunks_ref over kernels.landmarks.build_landmarks_ref",
+        "selection": {"rule": "ddbench.kernels.select.select_chunks_ref over ddbench.kernels.landmarks.build_landmarks_ref",
                       "local_tokens": cfg.local, "sink_tokens": 0,
                       "scored": "selectable chunks only; the local window and generated tokens are always resident"},
         "per_layer": {"basis": basis, "rows": per_layer},

@@ -1,9 +1,9 @@
 """Chunk selection for the profiler: the project's own rule, from the kernels' torch twins.
 
     Geometry(prompt_tokens, budget, chunk, local)      which tokens are selectable, k, N
-    landmarks(cache, geo) -> per layer [1, H, N, d]     kernels.landmarks.build_landmarks_ref
-    select(q, lm, k) -> [1, nq, H, k] int32             kernels.select.select_chunks_ref
-    scores(q, lm) -> [1, nq, H, N] fp32                 kernels.select.score_chunks_ref (what select ranks)
+    landmarks(cache, geo) -> per layer [1, H, N, d]     ddbench.kernels.landmarks.build_landmarks_ref
+    select(q, lm, k) -> [1, nq, H, k] int32             ddbench.kernels.select.select_chunks_ref
+    scores(q, lm) -> [1, nq, H, N] fp32                 ddbench.kernels.select.score_chunks_ref (what select ranks)
 
 The rule (kernels/select.py): landmark = mean of a chunk's post-RoPE keys; score = softmax over
 chunks of q . landmark / sqrt(d) per query head; max over the GQA group; top-k of budget/chunk
@@ -62,7 +62,7 @@ class Geometry:
 
 def landmarks(cache, geo: Geometry) -> list:
     """Exact landmarks of every layer from the prefill cache (post-RoPE keys), fp32."""
-    from kernels.landmarks import build_landmarks_ref
+    from ddbench.kernels.landmarks import build_landmarks_ref
     out = []
     for layer in cache.layers:
         k = layer.keys[:, :, :geo.selectable].float().contiguous()
@@ -72,11 +72,11 @@ def landmarks(cache, geo: Geometry) -> list:
 
 def select(q, lm, k: int):
     """q [1, nq, Hq, d] post-RoPE queries; lm [1, H, N, d]; -> [1, nq, H, k] ascending chunk ids."""
-    from kernels.select import select_chunks_ref
+    from ddbench.kernels.select import select_chunks_ref
     return select_chunks_ref(q.float().contiguous(), lm, k)
 
 
 def scores(q, lm):
     """The landmark scores `select` takes the top-k of: [1, nq, H, N] fp32."""
-    from kernels.select import score_chunks_ref
+    from ddbench.kernels.select import score_chunks_ref
     return score_chunks_ref(q.float().contiguous(), lm)

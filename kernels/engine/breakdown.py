@@ -1,6 +1,6 @@
 """Where a compute-only engine step goes, kernel by kernel, against its floor (H200).
 
-    PYTHONPATH=. python -m kernels.engine.breakdown [--out DIR] [--points 32768:1,131072:16]
+    PYTHONPATH=. python -m ddbench.kernels.engine.breakdown [--out DIR] [--points 32768:1,131072:16]
 
 For each design (dualdecoder, its single-token step, shadowkv, specache, full-kv) at each point
 (context:batch, compute only, the model's own selection, CUDA graph): the step as timed by
@@ -56,7 +56,7 @@ def union_ms(intervals: list[tuple[float, float]]) -> float:
 
 def profile_replay(e, steps: int) -> list[dict]:
     """Kernel events (name, start us, duration us, stream) of one graph replay of `steps` steps."""
-    from kernels.timing import kernel_events
+    from ddbench.kernels.timing import kernel_events
     return kernel_events(e.replay)
 
 
@@ -103,11 +103,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: the breakdown needs a CUDA GPU; none is visible to torch", file=sys.stderr)
         return 2
-    from kernels.engine.sweep import hbm_gbps, run_point
-    from kernels.engine.model import Weights
-    from kernels.timing import provenance
+    from ddbench.kernels.engine.sweep import hbm_gbps, run_point
+    from ddbench.kernels.engine.model import Weights
+    from ddbench.kernels.timing import provenance
     from ddbench.core.provenance import command_line
-    prov = provenance(command_line("python -m kernels.engine.breakdown", argv))     # local paths cut
+    prov = provenance(command_line("python -m ddbench.kernels.engine.breakdown", argv))     # local paths cut
     gpu = catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory)
     out = a.out or os.path.join(str(traces_dir("engine")), gpu)
     os.makedirs(out, exist_ok=True)

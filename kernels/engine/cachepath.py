@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.engine.model import nvtx_range
+from ddbench.kernels.engine.model import nvtx_range
 
 
 class CachePath:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.engine.transfer import MissPlan
+from ddbench.kernels.engine.transfer import MissPlan
 
 
 class ChunkCache:
@@ -98,7 +98,7 @@ class ChunkCache:
         (kernels/cachefill.py fill_fused; the plan's items in another order), else fill() and set_rows."""
         plan = self._plan(kind, ids.shape[2])
         if self.fused:
-            from kernels.cachefill import fill_fused
+            from ddbench.kernels.cachefill import fill_fused
             fill_fused(self, layer, ids, stamp, plan, mul=mul, add=add, rows=self.rows if rows else None)
             return plan, (self.rows if rows else None)
         st = stamp * mul + add if (mul, add) != (1, 0) else stamp

@@ -30,7 +30,7 @@ class CpuGather:
         ih.copy_(idx, non_blocking=True)
         torch.cuda.current_stream().synchronize()   # the host needs the index
         j = self._cpu_stage()
-        from kernels.gather import gather_cpu_staging
+        from ddbench.kernels.gather import gather_cpu_staging
         gather_cpu_staging(self.host, self._hl(layer), ih, self.stage[j], self.dstage[j],
                            kb, vb if kb is not None else vb)
         e = torch.cuda.Event()

@@ -2,7 +2,7 @@
 switches (ddbench.core.designs.DesignSpec), never by its name.
 
     Engine(model, system, cfg, weights, device, host_kv=None, host_scales=None, ref=False)   (host_scales: an
-        fp8 host KV's scales, kernels.fp8.quantize_host_kv; cfg.workload.kv_bits 8 needs one)
+        fp8 host KV's scales, ddbench.kernels.fp8.quantize_host_kv; cfg.workload.kv_bits 8 needs one)
     engine.step() -> next tokens [B, nq] (the first call of a prediction design is the pre-decoding
         step: one token, every chunk fetched on demand, its selection seeds the prediction and its
         output seeds T'_2 = T_2)
@@ -33,16 +33,16 @@ from dataclasses import dataclass, field
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.engine.accounting import Accounting
-from kernels.engine.cachepath import CachePath
-from kernels.engine.engineconfig import PLAN_CATEGORIES, EngineConfig, buffer_rows, plan_bytes  # noqa: F401
-from kernels.engine.cpugather import CpuGather
-from kernels.engine.model import Weights, nvtx_range, rope_tables
-from kernels.engine.fastselect import fused_plan_fits
-from kernels.engine.ops import _ops
-from kernels.engine.residency import Residency
-from kernels.engine.reusefetch import reuse_copy, reuse_fetch, reuse_gather, reuse_launch  # noqa: F401
-from kernels.engine.transfer import Sched, perturb, perturb_fast, plan_misses, plan_buffers, plan_misses_fast
+from ddbench.kernels.engine.accounting import Accounting
+from ddbench.kernels.engine.cachepath import CachePath
+from ddbench.kernels.engine.engineconfig import PLAN_CATEGORIES, EngineConfig, buffer_rows, plan_bytes  # noqa: F401
+from ddbench.kernels.engine.cpugather import CpuGather
+from ddbench.kernels.engine.model import Weights, nvtx_range, rope_tables
+from ddbench.kernels.engine.fastselect import fused_plan_fits
+from ddbench.kernels.engine.ops import _ops
+from ddbench.kernels.engine.residency import Residency
+from ddbench.kernels.engine.reusefetch import reuse_copy, reuse_fetch, reuse_gather, reuse_launch  # noqa: F401
+from ddbench.kernels.engine.transfer import Sched, perturb, perturb_fast, plan_misses, plan_buffers, plan_misses_fast
 
 
 def _mm(t, w):
@@ -249,7 +249,7 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
         # kernels/engine/capture.py: a failure inside the steps (out of memory with prefetches forked)
         # joins the side streams and ends the capture before it propagates, so torch stays usable; the
         # capture stream is none of the side streams (torch's stream pool is round-robin)
-        from kernels.engine.capture import capture as guarded_capture
+        from ddbench.kernels.engine.capture import capture as guarded_capture
         try:
             guarded_capture(g, body, self.sched.join, avoid=tuple(self.sched.streams.values()))
         except BaseException:

@@ -89,7 +89,7 @@ PLAN_CATEGORIES = ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffe
 
 def plan_bytes(model, system, cfg: EngineConfig, dtype_bytes: int = 2) -> dict:
     """GPU bytes an Engine keeps once built and stepped (its own tensors; the shared weights apart:
-    kernels.engine.model.weight_bytes), by ddbench/core/memory.py's categories, computed from the shapes Engine.__init__
+    ddbench.kernels.engine.model.weight_bytes), by ddbench/core/memory.py's categories, computed from the shapes Engine.__init__
     and step() allocate, so that a point can be refused before anything is allocated:
       resident_kv        full-kv: K and V of every token; sparse: the local window and generated-token slots
       landmarks          chunk-mean keys [L, B, H, N, d]

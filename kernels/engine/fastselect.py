@@ -4,7 +4,7 @@ over the selection state and no torch top-k or sort.
     select_topk(q, lm, k, scores=SCORES) -> idx [B, nq, H, k] int32, ascending chunk ids     (landmarks)
     specache_select_topk(q, qk, chunk, k, rows=None, splits=None, scores=SCORES) -> the same from SpeCache's
         2-bit keys
-        (`rows`: the codes kernel's fewest query rows per program, kernels.specache.spec_block_m; `splits`
+        (`rows`: the codes kernel's fewest query rows per program, ddbench.kernels.specache.spec_block_m; `splits`
         its programs per (request, KV head), automatic by default)
     topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search=None,
                       seg=None, slots=None, cuts=None, plan=None, block_m=None)
@@ -17,7 +17,7 @@ over the selection state and no torch top-k or sort.
     probs_from_scratch_ref(...)  torch twin of the kernels' group-max probabilities
     topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k)   torch twin of the kernel (same fp32
         probabilities, same tie rule), used by the tests
-    select_topk_ref(q, lm, k) = kernels.select.select_chunks_ref                 torch twin
+    select_topk_ref(q, lm, k) = ddbench.kernels.select.select_chunks_ref                 torch twin
 
 Pass 1 is kernels/select.py's `_score_pass1` (landmarks, raw scores of the group's rows to a
 scratch and each split's row max / sum of exp) or kernels/specache.py's `spec_pass1` (2-bit keys,
@@ -77,8 +77,8 @@ import math
 import torch
 import triton
 
-from kernels.engine.topk_kernels import _bits_topk_kernel, _merge_topk_kernel, _seg_topk_kernel, _stream_topk_kernel
-from kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
+from ddbench.kernels.engine.topk_kernels import _bits_topk_kernel, _merge_topk_kernel, _seg_topk_kernel, _stream_topk_kernel
+from ddbench.kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
 
 MAX_CAP = 8192          # candidate buffer (entries) of the stream kernel; larger k: bits
 STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see docs/engine.md)
@@ -149,7 +149,7 @@ def _outputs(out, B, H, nq, k, device):
 
 def _block_m(nq, G, block_m=None):
     """Rows per (request, KV head) in scratch and pml: pass 1's BLOCK_M (16 unless it says otherwise,
-    as kernels.specache.spec_block_m does)."""
+    as ddbench.kernels.specache.spec_block_m does)."""
     rows = max(16, triton.next_power_of_2(nq * triton.next_power_of_2(G))) if block_m is None else block_m
     if rows < nq * triton.next_power_of_2(G) or rows & (rows - 1):
         raise ValueError(f"block_m {rows} cannot hold {nq} tokens x {G} heads")
@@ -296,7 +296,7 @@ def _landmark_pass1(q, lm, *, block_n=64, splits=None, scores=SCORES):
 
 
 def specache_select_topk(q, qk, chunk, k, *, rows=None, splits=None, scores=SCORES, **topk_kw):
-    from kernels.specache import spec_block_m, spec_pass1
+    from ddbench.kernels.specache import spec_block_m, spec_pass1
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     scratch, pml = spec_pass1(q, qk, chunk, rows=rows, splits=splits, scores=_score_dtype(scores))
@@ -321,6 +321,6 @@ def select_topk_ref(q, lm, k, out=None):
 
 
 def specache_select_topk_ref(q, qk, chunk, k, out=None):
-    from kernels.specache import specache_chunk_scores_ref
+    from ddbench.kernels.specache import specache_chunk_scores_ref
     p = specache_chunk_scores_ref(q, qk, chunk)
     return _into(p.topk(k, dim=-1).indices.sort(-1).values.to(torch.int32), out)

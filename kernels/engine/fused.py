@@ -72,7 +72,7 @@ def add_rmsnorm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float = 
 
 
 def add_rmsnorm_ref(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float = 1e-5):
-    from kernels.engine.model import rmsnorm as rmsnorm_ref
+    from ddbench.kernels.engine.model import rmsnorm as rmsnorm_ref
     s = x + y
     return s, rmsnorm_ref(s, w, eps)
 
@@ -121,7 +121,7 @@ def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, Hq: int,
 
 
 def rope_split_ref(qkv, cos, sin, Hq, H, d, bias=None):
-    from kernels.engine.model import rope
+    from ddbench.kernels.engine.model import rope
     if bias is not None:
         qkv = qkv + bias
     B, T, _ = qkv.shape

@@ -102,7 +102,7 @@ def rope_tables(pos: torch.Tensor, d: int, theta: float):
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, nh, d]; cos/sin [T, d/2] (rotate-half, as kernels.rebuild.apply_rope_ref)."""
+    """x [B, T, nh, d]; cos/sin [T, d/2] (rotate-half, as ddbench.kernels.rebuild.apply_rope_ref)."""
     half = x.shape[-1] // 2
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.engine.model import rmsnorm
-from kernels.engine.transfer import gather_slots, gather_slots_ref
+from ddbench.kernels.engine.model import rmsnorm
+from ddbench.kernels.engine.transfer import gather_slots, gather_slots_ref
 
 
 @dataclass
@@ -27,8 +27,8 @@ class _Ops:
 
 
 def _ops(ref: bool) -> _Ops:
-    from kernels import attention, gather, rebuild, select, specache
-    from kernels.engine import fastselect, fused
+    from ddbench.kernels import attention, gather, rebuild, select, specache
+    from ddbench.kernels.engine import fastselect, fused
     if ref:
         return _Ops(select.score_chunks_ref, attention.dual_sparse_attention_ref, gather.gather_ref,
                     gather_slots_ref, rebuild.rebuild_keys_ref, rebuild.rebuild_changed_ref,

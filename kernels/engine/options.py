@@ -1,4 +1,4 @@
-"""The engine sweep's options: as given (SweepOptions, one field per flag of `python -m kernels.engine.sweep`,
+"""The engine sweep's options: as given (SweepOptions, one field per flag of `python -m ddbench.kernels.engine.sweep`,
 which `ddbench bench engine` fills from its own flags), and as checked (Checked: the models, the cap,
 the paper phase's points, labels and bounds). Everything here is checked without a GPU: bad input
 exits 2 anywhere, before any GPU work.
@@ -15,9 +15,9 @@ from ddbench.core.catalog import get_model
 from ddbench.core.designs import DESIGNS as SYSTEMS
 from ddbench.core.errors import DDBenchError
 from ddbench.core.flags import ENGINE_KV_BITS_HELP
-from kernels.engine import paper as paper_phase
-from kernels.engine.phases import DEFAULT_MODEL, PAPER, PHASES
-from kernels.engine.points import Label, design_spec, make_config
+from ddbench.kernels.engine import paper as paper_phase
+from ddbench.kernels.engine.phases import DEFAULT_MODEL, PAPER, PHASES
+from ddbench.kernels.engine.points import Label, design_spec, make_config
 
 
 @dataclass(frozen=True)

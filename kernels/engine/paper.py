@@ -1,6 +1,6 @@
 """The engine sweep's `paper` phase: the paper's own points (Figs. 2, 3, 12 and 14), measured.
 
-    python -m kernels.engine.sweep --phases paper --model qwen2.5-32b --contexts 64k,128k,256k \
+    python -m ddbench.kernels.engine.sweep --phases paper --model qwen2.5-32b --contexts 64k,128k,256k \
         --gpu-mem-cap h100-80gb [--reps 3] [--max-batch 4096] [--budget-s 400]
 
 For one model, every context of --contexts and each design of DESIGNS: the largest batch that fits
@@ -14,7 +14,7 @@ model's largest batch for the same point (ddbench.core.memory.max_batch).
 The cap (--gpu-mem-cap GB, or a catalog GPU's memory: h100-80gb) emulates a smaller GPU: the CUDA
 context and cuBLAS (measured at start, outside torch's allocator) count against it, torch's allocator
 is limited to the rest (torch.cuda.set_per_process_memory_fraction), and a batch whose planned bytes
-(the weights and the engine's own tensors, kernels.engine.engine.plan_bytes) exceed that limit is
+(the weights and the engine's own tensors, ddbench.kernels.engine.engine.plan_bytes) exceed that limit is
 refused before anything is allocated. A batch "does not fit" only where its plan is over the limit
 or where it ran out of memory (in building, the eager steps, the CUDA-graph capture or the replays:
 the row's `error` says where). The plan leaves out the step's transient work and the graph's private
@@ -28,7 +28,7 @@ point that is not `ok` the GPU state is checked (capture.gpu_health) and, where 
 later point of the process reads `error` (not run) instead of a wrong `oom`. A model whose weights
 fail is rows of its own (kernels/engine/phases.py) and the next point runs.
 
-Host KV: a --host-gib pinned buffer viewed by kernels.layout.host_kv_view; a point whose host KV
+Host KV: a --host-gib pinned buffer viewed by ddbench.kernels.layout.host_kv_view; a point whose host KV
 exceeds it reads aliased layers, then aliased requests (rows say which: host_alias). Every chunk
 still crosses the link; only the values repeat.
 """
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.cacherates import prediction_of
-from kernels.engine.points import Label, design_labels, design_spec
+from ddbench.kernels.engine.points import Label, design_labels, design_spec
 
 PAPER = "paper"
 DESIGNS = ("dualdecoder", "shadowkv", "specache", "full-kv")   # the headline pair first (budget cuts the tail)
@@ -91,7 +91,7 @@ def check_cap(cap: int | None, model, total: int | None = None) -> None:
     """One-line DDBenchError for a cap at or below the model's weights, or above the GPU's memory."""
     if cap is None:
         return
-    from kernels.engine.model import weight_bytes
+    from ddbench.kernels.engine.model import weight_bytes
     w = weight_bytes(model)
     if cap <= w:
         raise DDBenchError(f"--gpu-mem-cap {cap / 1e9:.1f} GB is not above {model.name}'s weights ({w / 1e9:.1f} GB)")
@@ -267,9 +267,9 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     and the prediction's churn (default: the measured profile's, ddbench.core.cacherates). kv_bits (16, 8):
     each design that keeps its KV on the host is searched once more with an fp8 host KV (label + '+fp8').
 
-    run_point: one engine point (default kernels.engine.points.run_point; a test passes a fake)."""
-    from kernels.engine import capture as cap_mod
-    from kernels.engine import points
+    run_point: one engine point (default ddbench.kernels.engine.points.run_point; a test passes a fake)."""
+    from ddbench.kernels.engine import capture as cap_mod
+    from ddbench.kernels.engine import points
     run = _PaperRun(model=model, weights=weights, flat=flat, cap_label=cap_label,
                     cap_gib=None if cap is None else cap / GIB, limit=limit, mem_gpu=mem_gpu, overhead=overhead,
                     reps=reps, max_batch=max_batch, miss_rate=miss_rate, hbm=hbm, deadline=deadline, append=append,
@@ -343,7 +343,7 @@ class _PaperRun:
             for r in rows:
                 self.append(self.key(ctx, label, r["batch"]), r)
             return rows
-        from kernels.engine import capture as cap_mod
+        from ddbench.kernels.engine import capture as cap_mod
         mine = []
         try:
             self.search(ctx, label, mine)
@@ -394,18 +394,18 @@ class _PaperRun:
 
     def _cfg(self, s: _Design, B, seed):
         """SpeCache holds its 2-bit values too: the design's whole residency."""
-        from kernels.engine.points import make_config
+        from ddbench.kernels.engine.points import make_config
         return make_config(s.ctx, B, s.miss, True, seed=seed, quant_values=True, cache_tokens=s.cache_tokens,
                            churn_rate=s.churn, kv_bits=s.kv_bits)
 
     def _planned(self, s: _Design, B):
-        from kernels.engine.engine import plan_bytes
+        from ddbench.kernels.engine.engine import plan_bytes
         return s.base + sum(plan_bytes(self.model, s.spec, self._cfg(s, B, self.seed)).values())
 
     def _point(self, s: _Design, B, rep=0):
         """One engine point of the search (a failure is its row); the GPU state checked after one not ok."""
-        from kernels.engine import capture as cap_mod
-        from kernels.engine.points import check_gpu_state
+        from ddbench.kernels.engine import capture as cap_mod
+        from ddbench.kernels.engine.points import check_gpu_state
         key = self.key(s.ctx, s.label, B, rep)
         self.current(key)
         t0 = time.perf_counter()

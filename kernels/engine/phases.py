@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 from ddbench.core.defaults import FORCED_MISS
 from ddbench.core.errors import DDBenchError
-from kernels.engine import paper as paper_phase
-from kernels.engine import points as pt
+from ddbench.kernels.engine import paper as paper_phase
+from ddbench.kernels.engine import points as pt
 
 PHASES = ("floor", "mechanism", "validation", "reuse-fetch")     # the default run
 PAPER = paper_phase.PAPER
@@ -259,7 +259,7 @@ def run_points(a, phases, model, weights, flat, hbm, mem, journal, t_start, gpu_
 
 def _measure_point(a, p, model, weights, flat, hbm, mem, gpu_state):
     """One planned point's row: measured, or the failure it raised (the GPU state checked after it)."""
-    from kernels.engine import capture as cap_mod
+    from ddbench.kernels.engine import capture as cap_mod
     failure = None
     try:
         if p.phase == REUSE:
@@ -323,8 +323,8 @@ def _not_run(a, journal, pm, ctx, status, error):
 
 def _model_weights(a, journal, pm, ctx, gpu_state):
     """(pm, its random weights), or (None, None) with the point's rows where they fail."""
-    from kernels.engine import capture as cap_mod
-    from kernels.engine.model import Weights
+    from ddbench.kernels.engine import capture as cap_mod
+    from ddbench.kernels.engine.model import Weights
     cap_mod.release()
     failure = None
     try:
@@ -341,7 +341,7 @@ def _model_weights(a, journal, pm, ctx, gpu_state):
 
 def _search_point(a, journal, pm, weights, flat, ctx, fixed, hbm, mem, t_start, gpu_state):
     """One MODEL:CONTEXT[:BATCH] point of the paper phase: every label searched (paper.run_paper)."""
-    from kernels.engine import capture as cap_mod
+    from ddbench.kernels.engine import capture as cap_mod
     failure = None
     try:
         journal.rows.extend(paper_phase.run_paper(

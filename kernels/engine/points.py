@@ -2,7 +2,7 @@
 
     Label.parse("dualdecoder-cache@8192+fp8") -> Label(design, cache_tokens=8192, kv_bits=8); str() gives it back
     design_spec(name)      the registry design of a name or label ('<design>-single': one query token per step)
-    make_config(ctx, batch, miss_rate, ...) -> kernels.engine.engine.EngineConfig
+    make_config(ctx, batch, miss_rate, ...) -> ddbench.kernels.engine.engine.EngineConfig
     run_point(model, weights, flat, design, ctx, batch, ...) -> row: build, pre-decode, warm up, capture, time
     reuse_fetch_point(model, flat, ctx, batch, miss_rate, ...) -> row: ShadowKV's fetch of one layer alone
     copy_gbps, hbm_gbps, gather_gbps, alloc_host, fp8_host, host_view: the start-up rates and the host KV
@@ -90,7 +90,7 @@ def make_config(ctx, batch, miss_rate=FORCED_MISS, transfers=True, urgent_progra
         wl["budget"] = budget
     if chunk is not None:
         wl["chunk"] = chunk
-    from kernels.engine.engine import EngineConfig
+    from ddbench.kernels.engine.engine import EngineConfig
     return EngineConfig.of(context=ctx, batch=batch, miss_rate=miss_rate, transfers=transfers,
                            urgent_programs=urgent_programs, seed=seed, quant_values=quant_values,
                            churn_rate=churn_rate, **wl)
@@ -99,7 +99,7 @@ def make_config(ctx, batch, miss_rate=FORCED_MISS, transfers=True, urgent_progra
 # ------------------------------------------------------------------ start-up rates and the host KV
 
 def copy_gbps(nbytes=GIB, reps=5):
-    from kernels.timing import event_times
+    from ddbench.kernels.timing import event_times
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     ts = event_times(lambda: dst.copy_(src, non_blocking=True), reps)
@@ -109,7 +109,7 @@ def copy_gbps(nbytes=GIB, reps=5):
 
 def hbm_gbps(nbytes=2 * GIB, reps=10):
     """Device-to-device copy rate, bytes read + written."""
-    from kernels.timing import event_times
+    from ddbench.kernels.timing import event_times
     a = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
     b = torch.empty_like(a)
     ts = event_times(lambda: b.copy_(a), reps, warmup=2)
@@ -119,8 +119,8 @@ def hbm_gbps(nbytes=2 * GIB, reps=10):
 
 def gather_gbps(host, programs=32, reps=5):
     """The persistent UVA gather alone on this host buffer (one layer, every chunk of a 256-chunk budget)."""
-    from kernels.gather import gather_uva
-    from kernels.timing import event_times
+    from ddbench.kernels.gather import gather_uva
+    from ddbench.kernels.timing import event_times
     L, B, H, N, _, C, d = host.shape
     k = min(256, N)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -153,9 +153,9 @@ _FP8_HOST = {}        # (bytes, seed, piece) -> (e4m3 flat, scales): made once p
 
 def fp8_host(flat, piece, seed=0):
     """(e4m3 flat, fp32 scales) of the same pinned bytes as the bf16 host buffer `flat`: random normal
-    values quantised on the GPU one GiB at a time (kernels.fp8.quantize_host_kv, one scale per `piece` =
+    values quantised on the GPU one GiB at a time (ddbench.kernels.fp8.quantize_host_kv, one scale per `piece` =
     C * d elements), made once and kept for the process."""
-    from kernels.fp8 import quantize_host_kv
+    from ddbench.kernels.fp8 import quantize_host_kv
     key = (flat.numel() * flat.element_size(), seed, piece)
     if key not in _FP8_HOST:
         n = key[0] // (2 * piece) * (2 * piece)
@@ -175,9 +175,9 @@ def fp8_host(flat, piece, seed=0):
 
 
 def host_view(flat, model, ctx, batch, chunk=8, requests=True):
-    """(view, alias) of the pinned buffer as the point's host KV (kernels.layout.host_kv_view: aliased
+    """(view, alias) of the pinned buffer as the point's host KV (ddbench.kernels.layout.host_kv_view: aliased
     layers, then with `requests` aliased requests), or (None, None) where it does not fit."""
-    from kernels.layout import host_kv_view
+    from ddbench.kernels.layout import host_kv_view
     view, alias = host_kv_view(flat, model.num_layers, batch, model.num_kv_heads, ctx // chunk, chunk, model.head_dim)
     if alias == "layers+requests" and not requests:
         return None, None
@@ -189,11 +189,11 @@ def host_view(flat, model, ctx, batch, chunk=8, requests=True):
 @contextlib.contextmanager
 def point_memory(row, stage=None):
     """Around one point's GPU work: cached memory freed and the peak reset first; an out-of-memory
-    error anywhere in the exception's chain (kernels.engine.capture.is_oom: a capture that runs out
+    error anywhere in the exception's chain (ddbench.kernels.engine.capture.is_oom: a capture that runs out
     included) sets row["status"] = "oom", row["error"] (where: `stage`, a dict whose "now" the point
     updates) and the reserved peak; anything else, or a capture whose end left torch's state suspect
     (capture.is_sticky), propagates."""
-    from kernels.engine import capture as cap
+    from ddbench.kernels.engine import capture as cap
     torch.cuda.synchronize()
     gc.collect()
     torch.cuda.empty_cache()
@@ -210,9 +210,9 @@ def point_memory(row, stage=None):
 
 def check_gpu_state(row, sticky, gpu_state, where, health=None, log=None):
     """After a point (or a model's weights) that is not ok: the cache released and the GPU state checked
-    (`health`, default kernels.engine.capture.gpu_health); where it is unusable or the failure was sticky,
+    (`health`, default ddbench.kernels.engine.capture.gpu_health); where it is unusable or the failure was sticky,
     the row's error says so and gpu_state["poisoned"] names `where`: no later point of the process runs."""
-    from kernels.engine import capture as cap
+    from ddbench.kernels.engine import capture as cap
     cap.release()
     ok, why = (health or cap.gpu_health)()
     if sticky or not ok:
@@ -229,13 +229,13 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=FORCED_MISS
     """One engine point: build, pre-decode, warm up, capture, time `reps` graph replays (2 steps each).
 
     Memory: `limit` (bytes torch may allocate; None: no check) refuses a point whose planned bytes (what
-    is allocated now, the weights, + kernels.engine.engine.plan_bytes) exceed it, before allocating:
+    is allocated now, the weights, + ddbench.kernels.engine.engine.plan_bytes) exceed it, before allocating:
     status oom, planned_gib. Every row has the peak (allocated and reserved) and the peak by category:
     mem_weights_gib (allocated before the point), the plan's categories, mem_activations_gib (the rest of
     the allocated peak: transient work and the CUDA graph's pool), mem_runtime_overhead_gib (`overhead`:
     the CUDA context and cuBLAS outside torch's allocator); model_max_batch and model_mem_gib are the
     memory model's (ddbench.core.memory) on `mem_gpu` (default the H200) for the same workload."""
-    from kernels.engine.engine import plan_bytes
+    from ddbench.kernels.engine.engine import plan_bytes
     spec = design_spec(design)
     cfg = cfg or make_config(ctx, batch, miss_rate, transfers, urgent_programs, seed=seed)
     row = _point_row(model, design, ctx, batch, cfg, miss_rate, transfers, graph, urgent_programs,
@@ -308,8 +308,8 @@ def _point_host_kv(row, flat, model, cfg, ctx, batch, seed):
 def _build_and_time(model, spec, cfg, weights, host, scales, stage, graph, reps):
     """(engine, step times in ms, steps timed): the pre-decoding and a warm-up step eagerly, then `reps`
     CUDA-graph replays of two steps (graph) or `reps` eager steps; stage["now"] names the part running."""
-    from kernels.engine.engine import Engine
-    from kernels.timing import event_times
+    from ddbench.kernels.engine.engine import Engine
+    from ddbench.kernels.timing import event_times
     e = Engine(model, spec, cfg, weights, "cuda", host_kv=host, host_scales=scales)
     stage["now"] = "the eager steps"
     e.step()                                  # pre-decoding step (prediction designs) or warm-up
@@ -334,7 +334,7 @@ def _step_counters(e):
 
 def _record_times(row, times, steps, c, plan, resident, overhead, hbm):
     """The row's step times, tokens/s, floor, link traffic and memory by category."""
-    from kernels.engine.engine import PLAN_CATEGORIES
+    from ddbench.kernels.engine.engine import PLAN_CATEGORIES
     batch = row["batch"]
     step = statistics.median(times)
     fb, pf, ur = c["floor"], c["prefetch"], c["urgent"]
@@ -370,9 +370,9 @@ def reuse_fetch_point(model, flat, ctx, batch, miss_rate, *, reps=5, seed=0, log
     whole fetch are each captured as one CUDA graph of the model's L layers back to back; each is the
     median of `reps` replays (after one warm-up replay) / L, in ms per layer. miss_chunks is counted
     from the gather's own plan (an eager fetch of every layer before the graphs)."""
-    from kernels.engine.engine import _ops
+    from ddbench.kernels.engine.engine import _ops
     t0 = time.perf_counter()
-    gather = _ops(False).gather               # the engine's gather (kernels.gather.gather_uva)
+    gather = _ops(False).gather               # the engine's gather (ddbench.kernels.gather.gather_uva)
     geo, row = _reuse_geometry(model, ctx, batch, miss_rate, reps, seed, gather)
     host, _ = host_view(flat, model, ctx, batch, chunk=geo["C"], requests=False)
     if host is None:
@@ -404,7 +404,7 @@ def reuse_fetch_point(model, flat, ctx, batch, miss_rate, *, reps=5, seed=0, log
 def _reuse_geometry(model, ctx, batch, miss_rate, reps, seed, gather):
     """(shapes of the fetch, the row's identity and launch): ShadowKV's config at the point, values only
     where every layer rebuilds its keys, the engine's buffer rows and the gather's launch."""
-    from kernels.engine.engine import buffer_rows, reuse_launch
+    from ddbench.kernels.engine.engine import buffer_rows, reuse_launch
     sys_ = SYSTEMS["shadowkv"]
     cfg = make_config(ctx, batch, miss_rate, True, seed=seed)
     cfg.validate(model)
@@ -424,9 +424,9 @@ def _reuse_geometry(model, ctx, batch, miss_rate, reps, seed, gather):
 def _reuse_parts(gather, host, geo, batch, miss_rate, seed, device):
     """{copy, plan, gather, fetch}: each the L layers' calls back to back, on per-layer buffers, the
     previous selections (random sorted k-subsets) and this step's (the engine's forced-miss draw)."""
-    from kernels.engine.engine import reuse_copy, reuse_fetch, reuse_gather
-    from kernels.engine.transfer import perturb_fast
-    from kernels.indexsets import reuse_plan
+    from ddbench.kernels.engine.engine import reuse_copy, reuse_fetch, reuse_gather
+    from ddbench.kernels.engine.transfer import perturb_fast
+    from ddbench.kernels.indexsets import reuse_plan
     L, H, d, N, k, C, S, vo = (geo[x] for x in ("L", "H", "d", "N", "k", "C", "S", "vo"))
     hl = host.shape[0]
     g = torch.Generator(device=device).manual_seed(seed + 11)
@@ -459,7 +459,7 @@ def _count_misses(fetch):
 
 def _time_parts(parts, reps, L):
     """Each part captured as one CUDA graph and replayed: its times per layer (ms)."""
-    from kernels.timing import capture_graph, event_times
+    from ddbench.kernels.timing import capture_graph, event_times
     times = {}
     for name, body in parts.items():
         gr = capture_graph(body, [body])

@@ -11,8 +11,8 @@ import math
 import torch
 
 from ddbench.core.errors import DDBenchError
-from kernels.engine.engineconfig import buffer_rows, holds_selection
-from kernels.fp8 import E4M3, check_host_scales
+from ddbench.kernels.engine.engineconfig import buffer_rows, holds_selection
+from ddbench.kernels.fp8 import E4M3, check_host_scales
 
 
 class Residency:
@@ -52,7 +52,7 @@ class Residency:
         if s.landmarks:
             self.lm = torch.empty(L, B, H, self.N, d, device=self.dev, dtype=dt).normal_(generator=g0)
         if s.quant_bits:
-            from kernels.specache import QuantKeys
+            from ddbench.kernels.specache import QuantKeys
             T = cfg.context
             self.qk = [QuantKeys(torch.randint(0, 256, (B, H, T // 4, d), device=self.dev, dtype=torch.uint8, generator=g0),
                                  torch.rand(B, H, T // 64, d, device=self.dev, generator=g0).to(dt) * 0.5,
@@ -88,7 +88,7 @@ class Residency:
             nbuf = L * s.buffer_sets
         self.cache = None
         if s.chunk_cache:
-            from kernels.engine.chunkcache import ChunkCache
+            from ddbench.kernels.engine.chunkcache import ChunkCache
             self.cache = ChunkCache(L, B, H, self.N, cfg.workload.cache_tokens // C, C, d, self.S - self.kc * C,
                                     self.dev, dt, self.kc, fused=cfg.fused_fill and not self.ref)
             self.kbuf, self.vbuf = list(self.cache.k.unbind(0)), list(self.cache.v.unbind(0))

@@ -11,8 +11,8 @@ import os
 import statistics
 
 from ddbench.core.designs import DESIGNS as SYSTEMS
-from kernels.engine import paper as paper_phase
-from kernels.engine.phases import K32, K128, MECH_POINTS, PAPER, REUSE
+from ddbench.kernels.engine import paper as paper_phase
+from ddbench.kernels.engine.phases import K32, K128, MECH_POINTS, PAPER, REUSE
 
 SCHEMA = 3    # engine.csv and reuse_fetch.csv; 3: the model column, memory by category, the paper phase's columns
 MEM_COLUMNS = ["mem_weights_gib", "mem_resident_kv_gib", "mem_landmarks_gib", "mem_aux_residency_gib",

@@ -20,7 +20,7 @@ def reuse_copy(kb, vb, pk, pv):
 
 def reuse_gather(gather, host_kv, layer, true, prev_true, kb, vb, pk, pv):
     """`true` into the layer's buffer: hits from the spare, misses from host_kv[layer] (`gather`:
-    kernels.gather.gather_uva, its own plan reuse_plan(prev_true, true) included, with its default
+    ddbench.kernels.gather.gather_uva, its own plan reuse_plan(prev_true, true) included, with its default
     launch, or the torch twin). Returns the gather's src_slot (None from the twin)."""
     return gather(host_kv, layer, true, kb, vb, prev=(prev_true, pk, pv))
 
@@ -33,7 +33,7 @@ def reuse_fetch(gather, host_kv, layer, true, prev_true, kb, vb, pk, pv):
 
 def reuse_launch(gather) -> dict:
     """{'programs', 'items'} of the reuse gather as the engine launches it over a bf16 host: reuse_gather
-    passes neither, so `gather`'s defaults (32 persistent programs; items None: kernels.gather.launch_items,
+    passes neither, so `gather`'s defaults (32 persistent programs; items None: ddbench.kernels.gather.launch_items,
     2 chunks in flight each for bf16 pieces)."""
     import inspect
     p = inspect.signature(gather).parameters

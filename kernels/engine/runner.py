@@ -5,7 +5,7 @@
     source_hash()                             the code a run used
     profile_one(...)                          the one-step kernel timeline (--profile)
 
-`python -m kernels.engine.sweep` and `ddbench bench engine` both call run_options; the sweep's
+`python -m ddbench.kernels.engine.sweep` and `ddbench bench engine` both call run_options; the sweep's
 docstring says what each phase measures and what the files hold.
 """
 
@@ -23,14 +23,14 @@ from ddbench.core.catalog.gpus import catalog_gpu_name
 from ddbench.core.defaults import FORCED_MISS
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from kernels.engine import paper as paper_phase
-from kernels.engine import phases as ph
-from kernels.engine import points as pt
-from kernels.engine import results
-from kernels.engine.options import Checked, SweepOptions, check_args, check_point, parse_point
+from ddbench.kernels.engine import paper as paper_phase
+from ddbench.kernels.engine import phases as ph
+from ddbench.kernels.engine import points as pt
+from ddbench.kernels.engine import results
+from ddbench.kernels.engine.options import Checked, SweepOptions, check_args, check_point, parse_point
 
 GIB = pt.GIB
-COMMAND = "python -m kernels.engine.sweep"
+COMMAND = "python -m ddbench.kernels.engine.sweep"
 OUT_FILES = ("meta.json", "rows.jsonl", "current.json", "engine.csv", "summary.json", "reuse_fetch.csv",
              "timeline.json")
 SOURCE_DIRS = ("kernels", "ddbench")
@@ -61,7 +61,7 @@ def gpu_memory(a: Checked):
     overhead = max(0, total - free - torch.cuda.memory_reserved())
     gpu = catalog_gpu_name(torch.cuda.get_device_name(0), total)
     limit = (a.cap if a.cap is not None else total) - overhead
-    from kernels.engine.model import weight_bytes
+    from ddbench.kernels.engine.model import weight_bytes
     for m in a.cap_models:
         paper_phase.check_cap(a.cap, m, total)
         if limit <= weight_bytes(m):
@@ -101,7 +101,7 @@ def run_one(opts: SweepOptions) -> int:
     d, c, b = parse_point(a.point)
     cfg = check_point(model, d, c, b, a)        # before touching the GPU: bad input exits 2 anywhere
     _need_cuda()
-    from kernels.engine.model import Weights
+    from ddbench.kernels.engine.model import Weights
     mem = gpu_memory(a)
     flat = None if a.no_transfers else pt.alloc_host(a.host_gib)[0]
     hbm = pt.hbm_gbps()
@@ -138,7 +138,7 @@ def source_hash(root=None, dirs=SOURCE_DIRS) -> str:
 
 
 def run(opts: SweepOptions) -> int:
-    from kernels.timing import provenance
+    from ddbench.kernels.timing import provenance
     phases = ph.parse_phases(opts.phases)       # before touching the GPU: bad input exits 2 anywhere
     a = check_args(opts, phases)
     _need_cuda()
@@ -202,7 +202,7 @@ def _meta(a, phases, prov, model, out, mem, rates):
 
 def _sweep(a, phases, prov, model, out, t_start, mem):
     from ddbench.core.io import write_json
-    from kernels.engine.model import Weights
+    from ddbench.kernels.engine.model import Weights
     flat, rates = _start_up(a, prov, model, mem)
     hbm = rates["hbm_copy_gbps"]
     apply_cap(mem)
@@ -250,7 +250,7 @@ def _write_files(out, journal, meta, t_start, gpu_state, completed):
 
 def profile_one(model, weights, flat, out, hbm):
     """Kernel timeline of one graph replay (two steps) at PROFILE_POINT: timeline.json, per stream."""
-    from kernels.timing import kernel_events
+    from ddbench.kernels.timing import kernel_events
     d, c, B, m = PROFILE_POINT
     row, e = pt.run_point(model, weights, flat, d, c, B, miss_rate=m, transfers=True, graph=True, reps=3,
                           hbm=hbm, keep=True)

@@ -1,6 +1,6 @@
 """Small CUDA run of the engine's Triton path against the torch reference, for compute-sanitizer.
 
-    python -m kernels.engine.selfcheck [--graph] [--kernels] [DESIGN ...]
+    python -m ddbench.kernels.engine.selfcheck [--graph] [--kernels] [DESIGN ...]
         -> prints one line per design (eager; with --graph also captured and replayed) and, with
            --kernels, per kernel variant the engine may pick (both key-rebuild kernels, every top-k
            method with one and per-token outputs, the seg top-k with the fused miss plan, the fused
@@ -22,9 +22,9 @@ SMALL_QWEN = ModelSpec("gpu-small-qwen", 3, 40, 8, 128, 1024, 2048, 1000, qkv_bi
 
 
 def build(name, miss_rate=0.33, B=3, ctx=8192, budget=512, seed=0, lowrank=(1,), debug=True, model=SMALL, **extra):
-    from kernels.engine.engine import Engine, EngineConfig
-    from kernels.engine.model import Weights
-    from kernels.layout import alloc_host_kv
+    from ddbench.kernels.engine.engine import Engine, EngineConfig
+    from ddbench.kernels.engine.model import Weights
+    from ddbench.kernels.layout import alloc_host_kv
     g = torch.Generator(device="cuda").manual_seed(seed)
     host = alloc_host_kv(model.num_layers, B, model.num_kv_heads, ctx // 8, 8, model.head_dim)
     tmp = torch.empty(host.shape, device="cuda", dtype=host.dtype).normal_(generator=g)
@@ -37,9 +37,9 @@ def build(name, miss_rate=0.33, B=3, ctx=8192, budget=512, seed=0, lowrank=(1,),
 
 
 def reference_output(e, rec, host):
-    from kernels.attention import dual_sparse_attention_ref
-    from kernels.gather import gather_ref
-    from kernels.rebuild import rebuild_keys_ref
+    from ddbench.kernels.attention import dual_sparse_attention_ref
+    from ddbench.kernels.gather import gather_ref
+    from ddbench.kernels.rebuild import rebuild_keys_ref
     B, H, d, C = e.B, e.H, e.d, e.C
     true = rec["true"].sort(-1).values
     kC = true.shape[-1] * C
@@ -93,8 +93,8 @@ def check_graph(name, miss_rate=0.33, replays=2, **extra):
 def _fused_plan_ok(sc, pml, B, H, G, N, k, g) -> bool:
     """The dual-token seg top-k with the miss plan in its merge kernel against the plain top-k and the
     twin plan_misses (sets of (request-head, chunk) and (request-head, slot), count, assembled)."""
-    from kernels.engine import fastselect
-    from kernels.engine.transfer import plan_buffers, plan_misses
+    from ddbench.kernels.engine import fastselect
+    from ddbench.kernels.engine.transfer import plan_buffers, plan_misses
     pred = torch.rand(B, H, N, device="cuda", generator=g).argsort(-1)[..., :k].sort(-1).values.to(torch.int32)
     want = fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, method="seg")
     mp = plan_buffers(B, H, k, "cuda")
@@ -111,8 +111,8 @@ def _fused_plan_ok(sc, pml, B, H, G, N, k, g) -> bool:
 
 def kernel_checks():
     """(name, ok) per kernel variant, fresh random inputs, outputs poisoned first."""
-    from kernels.engine import fastselect, fused
-    from kernels.rebuild import rebuild_keys, rebuild_keys_ref
+    from ddbench.kernels.engine import fastselect, fused
+    from ddbench.kernels.rebuild import rebuild_keys, rebuild_keys_ref
     g = torch.Generator(device="cuda").manual_seed(5)
     res = []
     B, T, R, H, d, n = 5, 4096, 40, 8, 128, 70

@@ -1,8 +1,8 @@
 """Engine measurement sweep on the local CUDA GPU: a model's shapes (--model, default Llama-3-8B), every design.
 
-    python -m kernels.engine.sweep [--quick] [--reps 3] [--host-gib 16] [--budget-s 420] [--out DIR]
-    python -m kernels.engine.sweep --point dualdecoder:131072:16 [--miss 0.33] [--budget 2048] [--chunk 8]
-    python -m kernels.engine.sweep --phases paper --model qwen2.5-32b --contexts 64k,128k,256k --gpu-mem-cap h100-80gb
+    python -m ddbench.kernels.engine.sweep [--quick] [--reps 3] [--host-gib 16] [--budget-s 420] [--out DIR]
+    python -m ddbench.kernels.engine.sweep --point dualdecoder:131072:16 [--miss 0.33] [--budget 2048] [--chunk 8]
+    python -m ddbench.kernels.engine.sweep --phases paper --model qwen2.5-32b --contexts 64k,128k,256k --gpu-mem-cap h100-80gb
 
 Every step is timed as CUDA-graph replays (kernels/timing.event_times: events between back-to-back
 replays, no host sync inside or between them) after the pre-decoding step, one eager warm-up step
@@ -60,13 +60,13 @@ from __future__ import annotations
 import sys
 
 from ddbench.core.errors import DDBenchError
-from kernels.engine.options import SweepOptions, build_parser
-from kernels.engine.runner import run_options
+from ddbench.kernels.engine.options import SweepOptions, build_parser
+from ddbench.kernels.engine.runner import run_options
 
 # the names other code imports from here (devtools, kernels/hostbench.py, breakdown, tests): their homes
 # are kernels/engine/points.py (one point), phases.py (the phases) and results.py (the files)
-from kernels.engine.phases import PHASES, out_folder, parse_phases, plan_points  # noqa: E402,F401
-from kernels.engine.points import (alloc_host, copy_gbps, design_spec, hbm_gbps, make_config,  # noqa: E402,F401
+from ddbench.kernels.engine.phases import PHASES, out_folder, parse_phases, plan_points  # noqa: E402,F401
+from ddbench.kernels.engine.points import (alloc_host, copy_gbps, design_spec, hbm_gbps, make_config,  # noqa: E402,F401
                                    run_point)
 
 

@@ -1,6 +1,6 @@
 """The engine's result tables, rendered from an engine sweep (no GPU, no torch).
 
-    python -m kernels.engine.tables [DIR] [--markdown]     (default DIR: the data root's engine/h200)
+    python -m ddbench.kernels.engine.tables [DIR] [--markdown]     (default DIR: the data root's engine/h200)
 
 Step against its floor per design, context and batch (the floor phase), the dual-token over
 single-token step, and every mechanism ratio with its min-max over repetitions and whether the
@@ -192,7 +192,7 @@ def plain(text: str) -> str:
 
 def main(argv=None) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m kernels.engine.tables", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ddbench.kernels.engine.tables", description=__doc__.split("\n")[0])
     ap.add_argument("folder", nargs="?", help="an engine sweep folder (default: the data root's engine/h200)")
     ap.add_argument("--markdown", action="store_true", help="a markdown section instead of plain-text tables")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)

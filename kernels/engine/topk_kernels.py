@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.engine.transfer import plan_row_sorted
+from ddbench.kernels.engine.transfer import plan_row_sorted
 
 
 @triton.jit

@@ -29,10 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fp8 import E4M3, check_host_scales, dequantized_layer, layer_scales
-from kernels.gather import launch_items
-from kernels.indexsets import reuse_plan
-from kernels.layout import check_host_kv
+from ddbench.kernels.fp8 import E4M3, check_host_scales, dequantized_layer, layer_scales
+from ddbench.kernels.gather import launch_items
+from ddbench.kernels.indexsets import reuse_plan
+from ddbench.kernels.layout import check_host_kv
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""`python -m sim.fit`: sim/fit/fitfile.py."""
+"""`python -m ddbench.sim.fit`: sim/fit/fitfile.py."""
 
 import sys
 
-from sim.fit.fitfile import main
+from ddbench.sim.fit.fitfile import main
 
 sys.exit(main())

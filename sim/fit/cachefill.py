@@ -11,8 +11,8 @@ which prices only that engine's rows in the validation), at its points in the ov
 link does not bind, so the step is compute plus exposed transfers, both priced): per point, the
 residual (engine step - simulated step without the fill) / (2 L). Two rounds: the second has the first
 fit in the plan, so that the fill's place among the transfers is priced too. The sweep's other
-contexts are held out: `python -m sim.validate` replays every point of it, and its summary says which
-were fitted. Run by `python -m sim.fit` (its --cache-sweep, --context), on the cost model with the
+contexts are held out: `python -m ddbench.sim.validate` replays every point of it, and its summary says which
+were fitted. Run by `python -m ddbench.sim.fit` (its --cache-sweep, --context), on the cost model with the
 engine and reuse-fetch terms fitted just before; imports no torch.
 """
 
@@ -25,10 +25,10 @@ import numpy as np
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
 from ddbench.core.traces import load_engine
-from sim.fit.enginefit import nonneg_lstsq
-from sim.fit.replay import (COMPLETED, FUSED, MODEL, TORCH, cache_fill_kind, classify, effective_miss, load_meta,
+from ddbench.sim.fit.enginefit import nonneg_lstsq
+from ddbench.sim.fit.replay import (COMPLETED, FUSED, MODEL, TORCH, cache_fill_kind, classify, effective_miss, load_meta,
                             point_step_s, rel, replay_plan, row_cache, row_git_sha, row_model)
-from sim.fitted import CACHE_FILL_DESIGN as DESIGN, CACHE_FILL_TERMS as TERMS, CacheFill, features
+from ddbench.sim.fitted import CACHE_FILL_DESIGN as DESIGN, CACHE_FILL_TERMS as TERMS, CacheFill, features
 
 DEFAULT_CONTEXT = 65536
 SWEEPS = {FUSED: "cache-fused", TORCH: "cache"}     # kind -> the default sweep's folder, <gpu>-<it>

@@ -1,6 +1,6 @@
 """The decode compute reconciled with the engine: ENGINE_TERMS (sim/fitted.py EngineFit) fitted to the
 engine's kernel breakdown (kernels/engine/breakdown.py: kernel time by category of compute-only CUDA-graph
-steps) and the bundle's engine section (whole compute-only steps). Run by `python -m sim.fit`
+steps) and the bundle's engine section (whole compute-only steps). Run by `python -m ddbench.sim.fit`
 (sim/fit/fitfile.py), which writes the result into the fitted-parameters file; the cost model only
 loads it. Imports no torch.
 """
@@ -18,10 +18,10 @@ from ddbench.core.catalog.models import get_model
 from ddbench.core.designs import get_design
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
-from sim.costmodel import CostModel
-from sim.fitted import ENGINE_TERMS, EngineFit, Fitted
-from sim.fit.replay import COPY_REGATHER, IN_PLACE, legacy_reuse_fetch, shadowkv_step
-from sim.steplayers import step_layers
+from ddbench.sim.costmodel import CostModel
+from ddbench.sim.fitted import ENGINE_TERMS, EngineFit, Fitted
+from ddbench.sim.fit.replay import COPY_REGATHER, IN_PLACE, legacy_reuse_fetch, shadowkv_step
+from ddbench.sim.steplayers import step_layers
 
 
 def nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The one fitted-parameters file of a calibration bundle: fit every term, record what it was fitted to,
 write it, and tell whether it is stale.
 
-    python -m sim.fit [--gpu h200] [--calibration ROOT] [--cache-sweep DIR|none] [--torch-fill-sweep DIR|none]
+    python -m ddbench.sim.fit [--gpu h200] [--calibration ROOT] [--cache-sweep DIR|none] [--torch-fill-sweep DIR|none]
                       [--context 64k] [--out FOLDER] [--check]
 
 fits, in this order, on the bundle of --gpu (sim/fitted.py says what each term is):
@@ -25,9 +25,9 @@ import os
 import sys
 
 from ddbench.core.errors import DDBenchError
-from sim.fit import cachefill, enginefit, reusefit
-from sim.fit.replay import FUSED, LINK, MODEL, TORCH, rel
-from sim.fitted import (COMMAND, FILE, SCHEMA, Fitted, bundle_files, cache_fill_doc, engine_doc, fitted_path, load,
+from ddbench.sim.fit import cachefill, enginefit, reusefit
+from ddbench.sim.fit.replay import FUSED, LINK, MODEL, TORCH, rel
+from ddbench.sim.fitted import (COMMAND, FILE, SCHEMA, Fitted, bundle_files, cache_fill_doc, engine_doc, fitted_path, load,
                         reuse_doc, sha256)
 
 SWEEP_FILES = ("engine.csv", "meta.json")
@@ -61,7 +61,7 @@ def fit_bundle(bundle, cache_dir: str | None, context: int = cachefill.DEFAULT_C
                torch_dir: str | None = None) -> Fitted:
     """The fits of a bundle (module doc), in memory."""
     from ddbench.core.catalog import get_gpu, get_link, get_model
-    from sim.costmodel import CostModel
+    from ddbench.sim.costmodel import CostModel
     fitted = Fitted(enginefit.fit_bundle(bundle), reusefit.fit_bundle(bundle))
     fills = {}
     for kind, d in ((FUSED, cache_dir), (TORCH, torch_dir)):
@@ -76,7 +76,7 @@ def document(bundle, fitted: Fitted, cache_dir: str | None, command: str, torch_
     from ddbench.core.provenance import git_sha, utc_now, version
     return {
         "schema": SCHEMA, "gpu": bundle.gpu,
-        "about": "fitted once by `python -m sim.fit`; the cost model (sim/costmodel.py) loads it where the bundle's"
+        "about": "fitted once by `python -m ddbench.sim.fit`; the cost model (sim/costmodel.py) loads it where the bundle's"
                  " files are the inputs' (sha256); docs/simulator.md",
         "provenance": {"command": command, "git_sha": git_sha(), "ddbench_version": version(),
                        "date_utc": utc_now()},

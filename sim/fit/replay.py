@@ -1,7 +1,7 @@
 """Replaying one engine point in the simulator: what the fits (sim/fit/cachefill.py) and the validation
 (sim/fit/validation.py) share. An engine point of a sweep's engine.csv (kernels/engine/sweep.py) is
 priced exactly as the user's `ddbench simulate --design D --context C --batch B --hit-rate (1 - miss)`
-prices it: sim.steplayers.step_layers on the cost model of sim/factory.py, then the per-layer timeline.
+prices it: ddbench.sim.steplayers.step_layers on the cost model of sim/factory.py, then the per-layer timeline.
 
 - Miss rate: the engine forces round(rate * k) of the k = budget / chunk predicted chunks of every
   (request, head) to miss, so the replay uses that effective rate on every layer as its hit rate
@@ -125,7 +125,7 @@ def legacy_reuse_fetch(plan, cm, miss: float, kv_bits: int = 16):
     in-place slot gather's). Unchanged for designs without reuse. A term of that engine, never the
     user's plan."""
     from ddbench.core.memory import Workload, kv_piece_bytes
-    from sim.costmodel import ENGINE_REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS
+    from ddbench.sim.costmodel import ENGINE_REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS
     d = plan.design
     if not (d.reuse and d.prefetch == "none" and not d.kv_on_gpu):
         return plan
@@ -176,8 +176,8 @@ def replay_plan(design: str, context: int, batch: int, miss: float, transfers: b
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload
     from ddbench.core.designs import get_design
-    from sim.steplayers import step_layers
-    from sim.factory import cost_model
+    from ddbench.sim.steplayers import step_layers
+    from ddbench.sim.factory import cost_model
     m = get_model(model)
     cm = cm or cost_model(model, GPU, LINK)
     hit = [1.0 - miss] * m.num_layers
@@ -202,7 +202,7 @@ def classify(transfers: int, link_gbps: float, thin_gbps: float) -> str:
 def point_step_s(plan) -> tuple:
     """(steady step seconds, the timeline) of a plan in the timeline mode, as `ddbench simulate --batch`
     runs it (D.STEPS batch steps, 2 warm-up)."""
-    from sim.timeline import run_timeline
+    from ddbench.sim.timeline import run_timeline
     tl = run_timeline(plan, steps=STEPS, warmup=WARMUP)
     return tl.steady_step_s, tl
 

@@ -1,13 +1,13 @@
 """ShadowKV's fetch as the engine ran it before commit 0f05ef2 (the copy-then-regather step; sim/fitted.py
 ReuseFetchFit: it prices that engine's rows in the validation only), fitted per gather shape to the
 bundle's `reuse_fetch` records (kernels/engine/sweep.py, its `reuse-fetch` phase: the engine's fetch of
-one layer alone). Run by `python -m sim.fit`; the cost model only loads the result."""
+one layer alone). Run by `python -m ddbench.sim.fit`; the cost model only loads the result."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from sim.fitted import ReuseFetchFit
+from ddbench.sim.fitted import ReuseFetchFit
 
 
 def fit_reuse_fetch(rows: list[dict], source: str = "") -> ReuseFetchFit | None:

@@ -1,12 +1,12 @@
 """The summary of a validation table (sim/fit/validation.py validate / validate_runs): errors by regime and
 design, the chunk cache's held-out capacities, FIFO against priority, each point over its builds, and how
-every term was priced; `python -m sim.validate` writes it as <stem>-summary.json. Imports no torch."""
+every term was priced; `python -m ddbench.sim.validate` writes it as <stem>-summary.json. Imports no torch."""
 
 from __future__ import annotations
 
 import statistics
 
-from sim.fit.replay import COPY_REGATHER, IN_PLACE, IN_PLACE_SINCE, LINK_BOUND, MODEL
+from ddbench.sim.fit.replay import COPY_REGATHER, IN_PLACE, IN_PLACE_SINCE, LINK_BOUND, MODEL
 
 
 POINT_KEY = ["model", "design", "context", "batch", "miss_rate", "churn_rate", "kv_bits", "gpu_mem_cap", "shadowkv_step"]
@@ -106,7 +106,7 @@ def summarize(t, skipped, meta) -> dict:
         "by_design": {f"{d} {g}": _errors(sub) for (d, g), sub in t.groupby(["design", "regime"])},
         "cache_held_out": _cache_held_out(t),
         "sweeps": sw,
-        "calibration": "one cost model, the user's: every point is priced by sim.steplayers.step_layers and the"
+        "calibration": "one cost model, the user's: every point is priced by ddbench.sim.steplayers.step_layers and the"
                        " timeline as `ddbench simulate --batch N` prices it; compute: the bundle's decode terms"
                        " fitted to the engine's kernel breakdown and engine section (sim/fit/enginefit.py, fitted once"
                        f" into {meta.get('fitted', 'the fitted-parameters file')}; the fit is in the cost-model notes), unscaled (compute_scale 1); link: the bundle's link and"

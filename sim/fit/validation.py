@@ -1,5 +1,5 @@
 """The simulator against the decode-step engine measured on the H200: the computation behind
-`python -m sim.validate` (sim/validate.py: its command line and its files).
+`python -m ddbench.sim.validate` (sim/validate.py: its command line and its files).
 
 Two engine sweeps: `--calibration-engine` (its `floor` phase gives the harness term below; the bundle's
 engine section, imported from it, is one of the data the compute terms are fitted to) and `--engine`
@@ -12,7 +12,7 @@ traces/engine/h200-validation where it exists, else traces/engine/h200 (then the
 --allow-same-run).
 
 Every engine point of `engine.csv` (kernels/engine/sweep.py) is replayed through the code every
-command runs (sim/fit/replay.py: sim.steplayers.step_layers on the cost model of sim/factory.py, the H200
+command runs (sim/fit/replay.py: ddbench.sim.steplayers.step_layers on the cost model of sim/factory.py, the H200
 bundle with its fitted parameters, traces/fit/h200/fitted.json; then the per-layer timeline as
 `ddbench simulate --batch N` runs it), with the same design (by its registry switches), model
 (llama-3-8b), GPU (h200), link (pcie5), context, batch and miss rate (the engine's effective forced
@@ -64,8 +64,8 @@ from ddbench.core.designs import get_design
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.traces import load_engine
-from sim.costmodel import ENGINE_REUSE_IN_FLIGHT as REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS as REUSE_PROGRAMS
-from sim.fit.replay import (COMPLETED, COPY_REGATHER, FUSED, GPU, IN_PLACE, IN_PLACE_SINCE, LINK,  # noqa: F401
+from ddbench.sim.costmodel import ENGINE_REUSE_IN_FLIGHT as REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS as REUSE_PROGRAMS
+from ddbench.sim.fit.replay import (COMPLETED, COPY_REGATHER, FUSED, GPU, IN_PLACE, IN_PLACE_SINCE, LINK,  # noqa: F401
                             LINK_BOUND, MIB, MODEL, STEPS, WARMUP, cache_fill_kind, classify, effective_miss,
                             engine_cache_rates,
                             legacy_reuse_fetch, load_meta, point_step_s, rel, replay_plan, row_cache, row_git_sha,
@@ -154,7 +154,7 @@ class CostModels:
 
     def __call__(self, model: str):
         if model not in self.cms:
-            from sim.factory import cost_model
+            from ddbench.sim.factory import cost_model
             self.cms[model] = cost_model(model, GPU, LINK)
             self.cms[model].set_engine_rows(self.rows)
         return self.cms[model]
@@ -200,7 +200,7 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
     if same and not allow_same_run:
         raise DDBenchError(f"{engine_dir} and {calibration_dir} hold the same engine run"
                            f" ({run_identity(raw_meta)['run_id'] or run_identity(raw_meta)['date_utc']}): validate"
-                           " against a separate sweep (kernels.engine.bench --phases validation) or pass"
+                           " against a separate sweep (ddbench.kernels.engine.bench --phases validation) or pass"
                            " --allow-same-run")
     cms = CostModels(calibration_dir)
     cm = cms(MODEL)
@@ -435,12 +435,12 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
     `phase`: only its rows of that phase, e.g. 'validation' of the calibration sweep): what `ddbench
     simulate --model M --gpu h200 --design D --context C --batch B --hit-rate (1 - miss)` computes
     (replay_plan and the timeline, no harness term), against the engine's measured step, for every
-    model the sweep ran (M: the row's); `cm`: another cost model than sim.factory's for MODEL (a test's
+    model the sweep ran (M: the row's); `cm`: another cost model than ddbench.sim.factory's for MODEL (a test's
     negative control). Returns (table, summary): one row per point (model, design, context, batch,
-    miss_rate, regime, engine_step_ms, user_step_ms, user_over_engine, harness_ms: what sim.validate adds
+    miss_rate, regime, engine_step_ms, user_step_ms, user_over_engine, harness_ms: what ddbench.sim.validate adds
     on top), and per design and regime the points, median and worst |error|. ShadowKV rows of an engine
     that ran the copy-then-regather step (shadowkv_step) are left out: the user's plan prices the
-    in-place step only (sim.validate replays them with that engine's fetch); summary["left_out"] counts
+    in-place step only (ddbench.sim.validate replays them with that engine's fetch); summary["left_out"] counts
     them."""
     import pandas as pd
     from ddbench.core.memory import Workload
