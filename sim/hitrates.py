@@ -70,7 +70,7 @@ class Select:
 
 
 @dataclass(frozen=True)
-class Profile:
+class HitRates:
     path: str
     model: str                # the model measured (provenance column `model`, else the file name)
     layers: int               # its layer count
@@ -130,7 +130,7 @@ def _describe(sel: Select, header: set, contexts: list, tasks: list, budgets: li
     return ", ".join(parts)
 
 
-def read_profile(path: str, sel: Select = Select()) -> Profile:
+def read_hitrates(path: str, sel: Select = Select()) -> HitRates:
     """The per-layer n-weighted means of the rows `sel` picks. Rows are validated by the core schema
     (ddbench.core.schemas.AccuracyRow): a defect is one line naming the file, the line and the field."""
     from ddbench.core.schemas import AccuracyRow, read_csv
@@ -205,7 +205,7 @@ def read_profile(path: str, sel: Select = Select()) -> Profile:
     contexts = sorted({r.context_tokens for r in used}) if "context_tokens" in has else []
     tasks = sorted({_extra(r, "task") for r in used}) if "task" in has else []
     budgets = sorted({r.budget_tokens for r in used}) if "budget_tokens" in has else []
-    return Profile(path, model, L, tuple(mean(i, 0) for i in range(L)), tuple(mean(i, 1) for i in range(L)),
+    return HitRates(path, model, L, tuple(mean(i, 0) for i in range(L)), tuple(mean(i, 1) for i in range(L)),
                    tok[0] / tok[1] if tok[1] else None, len(used), _describe(sel, has, contexts, tasks, budgets),
                    tuple(contexts), tuple(tasks), tuple(budgets))
 
@@ -214,7 +214,7 @@ def read_profile(path: str, sel: Select = Select()) -> Profile:
 from ddbench.core.cacherates import map_depth  # noqa: E402,F401  (one definition; re-exported here)
 
 
-def apply(prof: Profile, target: str, target_layers: int, explicit: bool) -> tuple[list[float], list[float], str]:
+def apply(prof: HitRates, target: str, target_layers: int, explicit: bool) -> tuple[list[float], list[float], str]:
     """(hit, reuse, note) of `prof` for a `target_layers`-layer model; a different layer count needs `explicit`."""
     head = f"accuracy profile {prof.path}: measured on {prof.model} ({prof.layers} layers)"
     tail = (f"; {prof.selection}; hit mean {prof.hit_mean:.3f} (min {min(prof.hit):.3f}, max {max(prof.hit):.3f}),"
@@ -229,9 +229,9 @@ def apply(prof: Profile, target: str, target_layers: int, explicit: bool) -> tup
             head + f", mapped by relative depth onto {target} ({target_layers} layers)" + tail)
 
 
-def load_profile(path: str, layers: int, sel: Select = Select(), target: str | None = None):
+def load_hitrates(path: str, layers: int, sel: Select = Select(), target: str | None = None):
     """(hit, reuse, note) per layer of a `layers`-layer model from a profile CSV named explicitly."""
-    prof = read_profile(path, sel)
+    prof = read_hitrates(path, sel)
     return apply(prof, target or prof.model, layers, explicit=True)
 
 
@@ -246,7 +246,7 @@ def resolve(spec: str | float | None, model_name: str, layers: int, default: flo
     if spec is None:
         path = default_path(model_name)
         if os.path.exists(path):
-            return apply(read_profile(path, sel), model_name, layers, explicit=False)
+            return apply(read_hitrates(path, sel), model_name, layers, explicit=False)
         h = constant(default, layers)
         return h, h, (f"constant hit rate {default} (no traces/accuracy/{model_name}.csv; the paper's"
                       f" average KV prediction accuracy, §4.1)")
@@ -258,7 +258,7 @@ def resolve(spec: str | float | None, model_name: str, layers: int, default: flo
     try:
         rate = float(spec)
     except ValueError:
-        return load_profile(spec, layers, sel, target=model_name)
+        return load_hitrates(spec, layers, sel, target=model_name)
     h = constant(rate, layers)
     return h, h, f"constant hit rate {rate}"
 

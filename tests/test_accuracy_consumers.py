@@ -53,7 +53,7 @@ def write_profile(path, model="tiny-llama", layers=6, inits=("t2", "random"), te
 
 
 def test_default_selection_is_t2_at_temperature_06(tmp_path):
-    prof = P.read_profile(write_profile(tmp_path / "m.csv"))
+    prof = P.read_hitrates(write_profile(tmp_path / "m.csv"))
     assert prof.layers == 6 and prof.model == "tiny-llama"
     # t2, T=0.6, tasks a and b averaged (n-weighted, equal n per task): base - 0.06 - 0.01
     for i, h in enumerate(prof.hit):
@@ -61,20 +61,20 @@ def test_default_selection_is_t2_at_temperature_06(tmp_path):
     assert "init t2" in prof.selection and "temperature 0.6" in prof.selection
     assert "tasks a, b averaged" in prof.selection and "contexts 2048/4096 averaged" in prof.selection
     assert "budget 1024 (50%/25% of the context) (the smallest measured)" in prof.selection
-    wide = P.read_profile(tmp_path / "m.csv", P.Select(budget=1536))
+    wide = P.read_hitrates(tmp_path / "m.csv", P.Select(budget=1536))
     assert wide.hit[0] == pytest.approx(prof.hit[0] + 0.05)
-    every = P.read_profile(tmp_path / "m.csv", P.Select(budget=None))
+    every = P.read_hitrates(tmp_path / "m.csv", P.Select(budget=None))
     assert every.hit[0] == pytest.approx(prof.hit[0] + 0.025) and "budget 1024/1536" in every.selection
 
 
 def test_filters_change_the_rates(tmp_path):
     path = write_profile(tmp_path / "m.csv")
-    t2 = P.read_profile(path, P.Select(task="a"))
-    rnd = P.read_profile(path, P.Select(init="random", task="a"))
-    greedy = P.read_profile(path, P.Select(temperature=0.0, task="a"))
+    t2 = P.read_hitrates(path, P.Select(task="a"))
+    rnd = P.read_hitrates(path, P.Select(init="random", task="a"))
+    greedy = P.read_hitrates(path, P.Select(temperature=0.0, task="a"))
     assert all(h == pytest.approx(r + 0.2) for h, r in zip(t2.hit, rnd.hit))
     assert greedy.hit == (1.0,) * 6                      # greedy + T2: the speculative token is the next token
-    assert P.read_profile(path, P.Select(context=2048)).rows == 12
+    assert P.read_hitrates(path, P.Select(context=2048)).rows == 12
     assert "task a" in t2.selection
 
 
@@ -87,22 +87,22 @@ def test_rows_weighted_by_n(tmp_path):
               "union_hit_rate": 0.0, "new_pred_share": 0.0, "token_acc": 0.0, "n": 384, "model": "tiny-llama",
               **PROV}]
     write_profile(extra_path, tasks=("a",), contexts=(4096,), extra=extra)
-    base = P.read_profile(path).hit[0]
-    assert P.read_profile(extra_path).hit[0] == pytest.approx(base * 128 / (128 + 384))
+    base = P.read_hitrates(path).hit[0]
+    assert P.read_hitrates(extra_path).hit[0] == pytest.approx(base * 128 / (128 + 384))
 
 
 def test_missing_filter_value_lists_what_the_file_has(tmp_path):
     path = write_profile(tmp_path / "m.csv", temps=(0.0, 1.0))
     with pytest.raises(DDBenchError, match=r"no rows for temperature 0.6 \(it has 0, 1\)"):
-        P.read_profile(path)
+        P.read_hitrates(path)
     with pytest.raises(DDBenchError, match="no rows for task zzz"):
-        P.read_profile(path, P.Select(temperature=1.0, task="zzz"))
+        P.read_hitrates(path, P.Select(temperature=1.0, task="zzz"))
 
 
 def test_old_two_column_profile_still_reads(tmp_path):
     path = tmp_path / "old.csv"
     path.write_text("layer,hit_rate\n0,0.5\n1,0.7\n1,0.9\n")
-    prof = P.read_profile(path)
+    prof = P.read_hitrates(path)
     assert prof.hit == (0.5, 0.8) and prof.reuse == prof.hit
     assert "no init column" in prof.selection and "no temperature column" in prof.selection
 
@@ -130,7 +130,7 @@ def test_default_lookup_uses_own_profile(tmp_path, monkeypatch):
 
 def test_explicit_profile_maps_by_relative_depth(tmp_path):
     path = write_profile(tmp_path / "smol.csv", model="SmolLM2-135M-Instruct", layers=30)
-    src = P.read_profile(path)
+    src = P.read_hitrates(path)
     hit, reuse, note = P.resolve(str(path), "qwen2.5-32b", 64)
     assert len(hit) == 64
     assert hit[0] == src.hit[0] and hit[-1] == src.hit[-1]
@@ -165,7 +165,7 @@ def test_malformed_profile_names_file_line_field(tmp_path, bad, where):
     lines[4] = ",".join(cells)
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(DDBenchError) as exc:
-        P.read_profile(path)
+        P.read_hitrates(path)
     msg = str(exc.value)
     assert "\n" not in msg and str(path) in msg and "line 5" in msg and where in msg
 
@@ -174,10 +174,10 @@ def test_missing_column_and_missing_layer(tmp_path):
     path = tmp_path / "m.csv"
     path.write_text("# comment\nlayer,reuse_hit_rate\n0,0.5\n")
     with pytest.raises(DDBenchError, match=r"m.csv line 2: missing column\(s\) hit_rate"):
-        P.read_profile(path)
+        P.read_hitrates(path)
     path.write_text("layer,hit_rate\n0,0.5\n2,0.5\n")
     with pytest.raises(DDBenchError, match=r"no rows for layers \[1\]"):
-        P.read_profile(path)
+        P.read_hitrates(path)
 
 
 def write_summary(path, model="SmolLM2-135M-Instruct", layers=30, lowrank=(0, 1, 7)):

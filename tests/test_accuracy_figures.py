@@ -178,11 +178,11 @@ def test_real_profile_committed_and_read_as_pandas_would():
     equal an independent pandas computation at the default selection (t2, temperature 0.6, budget 1024)."""
     path = SOURCE_TRACES / "accuracy" / f"{REAL}.csv"
     assert path.exists(), f"{path} is not committed: run `ddbench profile --layer-accuracy` (issue 8)"
-    from ddbench.sim.hitrates import read_profile
+    from ddbench.sim.hitrates import read_hitrates
     df = pd.read_csv(path)
     sel = df[(df.init == "t2") & (df.temperature == 0.6) & (df.budget_tokens == df.budget_tokens.min())]
     per_layer = sel.groupby("layer").apply(lambda g: (g.hit_rate * g.n).sum() / g.n.sum(), include_groups=False)
-    prof = read_profile(path)
+    prof = read_hitrates(path)
     assert prof.layers == 30 == len(per_layer)
     assert list(prof.hit) == pytest.approx(per_layer.tolist(), abs=1e-9)
     assert prof.model == REAL and prof.budgets == (int(df.budget_tokens.min()),)

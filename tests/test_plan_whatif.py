@@ -226,3 +226,11 @@ def test_plan_slo_where_no_design_fits_is_exit_3():
     assert r.returncode == 3, r.stderr
     out = json.loads(r.stdout)
     assert {d["status"] for d in out["designs"]} == {"no fit"} and "none fits one request" in out["verdict"]
+
+
+def test_one_fetching_gpu_is_singular():
+    """'1 GPU of ... fetching at once', '8 GPUs of ...' (issue 30: plurals are right)."""
+    from ddbench.core.catalog.hosts import fetch_share, get_host
+    host = get_host("paper-testbed")
+    assert fetch_share(host, 1).describe().startswith("1 GPU of paper-testbed fetching at once")
+    assert fetch_share(host, 8).describe().startswith("8 GPUs of paper-testbed fetching at once")

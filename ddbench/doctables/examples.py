@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
+from ddbench.core.defaults import FORCED_MISS
 from ddbench.doctables.common import ROOT, DocTablesError, _engine, _json, _k, _pct
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent     # where this ddbench is imported from
@@ -313,16 +314,18 @@ def notes_plan_host(root: Path = ROOT) -> str:
 
 def notes_plan_engine(root: Path = ROOT) -> str:
     """The planner's answer (the output shown) beside the engine's measured steps at the same points."""
+    import pandas as pd
     text = _output(root, EXAMPLES["plan-engine"])
     e = root / "traces" / "engine"
     cal = _engine(e / "h200" / "engine.csv")
     m = cal[(cal["phase"] == "mechanism") & (cal["design"] == "dualdecoder") & (cal["context"] == 131072)
-            & (cal["miss_rate"].astype(str) == "0.174") & (cal["transfers"] == 1) & (cal["status"] == "ok")]
+            & (pd.to_numeric(cal["miss_rate"], errors="coerce") == FORCED_MISS) & (cal["transfers"] == 1)
+            & (cal["status"] == "ok")]
     b = int(m["batch"].max())
     m = m[m["batch"] == b]
     dd_plan, sk_plan = (_num(_cell(text, d, "tokens/s")) for d in ("dualdecoder", "shadowkv"))
     sk_b = int(_num(_cell(text, "shadowkv", "max batch")))
-    out = [f"The engine's DualDecoder step at 17.4 % misses, batch {b} at 128K (`traces/engine/h200`, mechanism"
+    out = [f"The engine's DualDecoder step at {FORCED_MISS * 100:.1f} % misses, batch {b} at 128K (`traces/engine/h200`, mechanism"
            f" phase, {len(m)} repetitions; {alias_note(m, _json(e / 'h200' / 'meta.json').get('host_gib'))}), runs at"
            f" {median(m['tok_s']):.1f} tokens/s ({m['tok_s'].min():.1f}-{m['tok_s'].max():.1f}): link-bound, the"
            f" ceiling that the planned {dd_plan:.1f} tokens/s sits below."]

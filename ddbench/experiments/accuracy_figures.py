@@ -77,8 +77,8 @@ def _profile(model: str, init: str = "t2", temperature: float = 0.6, context=Non
 
 @lru_cache(maxsize=None)
 def _profile_at(path: str, init, temperature, context, task):
-    from ddbench.sim.hitrates import Select, read_profile
-    return read_profile(path, Select(init=init, temperature=temperature, context=context, task=task))
+    from ddbench.sim.hitrates import Select, read_hitrates
+    return read_hitrates(path, Select(init=init, temperature=temperature, context=context, task=task))
 
 
 def _rows(model: str) -> pd.DataFrame:

@@ -90,7 +90,7 @@ def _draw_sens(res: FigureResult, fig) -> None:
           _draw_sens)
 def sensitivity() -> FigureResult:
     from ddbench.core.catalog import get_model
-    from ddbench.sim.hitrates import load_profile
+    from ddbench.sim.hitrates import load_hitrates
     model = _need("sensitivity")[0]
     prof = _profile(model)
     # separable: DualDecoder's step depends on its hit rate only, ShadowKV's (no prefetch, reuse) on
@@ -116,7 +116,7 @@ def sensitivity() -> FigureResult:
     label = f"{model} ({prof.layers} layers) at {_ctx(model)}: that model's rates, not Qwen2.5-32B's"
     meas = point("measured", f"measured on {label}: layer means", prof.hit_mean, prof.reuse_mean)
     L = get_model(SENS_MODEL).num_layers
-    h_map, r_map, map_note = load_profile(_path(model, "csv"), L, target=SENS_MODEL)
+    h_map, r_map, map_note = load_hitrates(_path(model, "csv"), L, target=SENS_MODEL)
     mapped = point("measured", f"measured on {label}: per layer, mapped by depth", prof.hit_mean, prof.reuse_mean,
                    h_map, r_map)
     mapped["kind"] = "measured-per-layer"

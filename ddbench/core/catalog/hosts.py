@@ -145,7 +145,7 @@ class FetchShare:
     limit: str                    # "link" | "switch" | "host memory"
 
     def describe(self) -> str:
-        return (f"{self.fetching} GPUs of {self.host} fetching at once: {self.per_gpu_gbps:.1f} GB/s per GPU"
+        return (f"{self.fetching} GPU{'' if self.fetching == 1 else 's'} of {self.host} fetching at once: {self.per_gpu_gbps:.1f} GB/s per GPU"
                 f" (alone {self.alone_gbps:.1f}; switch uplink shared by {self.per_switch}: {self.switch_gbps:.1f};"
                 f" host DRAM {DRAM_EFFICIENCY:.0%} of nominal / {self.fetching}: {self.host_mem_gbps:.1f};"
                 f" bound: {self.limit}; unmeasured)")
