@@ -225,3 +225,26 @@ def test_the_same_bytes_again_leave_the_manifest_byte_identical(tmp_path, monkey
     third = json.loads(run("two"))["files"]
     assert third["a.txt"]["written_utc"] == "2026-01-03T00:00:00Z"
     assert third["b.txt"]["written_utc"] == "2026-01-01T00:00:00Z"
+
+
+@pytest.mark.parametrize("recorded, ok", [("python -m sim.fit", True), ("python -m ddbench.sim.fit", True),
+                                          ("python -m sim.validate", False)])
+def test_a_renamed_commands_files_stay_its_own(tmp_path, monkeypatch, recorded, ok):
+    """A folder written under a command's old module name (`python -m sim.fit`, before ddbench.sim) is that
+    command's under its new name; another command's stay foreign (the negative control)."""
+    from ddbench.core import outputs as O
+    from ddbench.core.errors import DDBenchError
+    monkeypatch.chdir(tmp_path)
+    with O.output_folder("out", command=recorded) as w:
+        w.write_text("fitted.json", "{}")
+
+    def rewrite():
+        with O.output_folder("out", command="python -m ddbench.sim.fit", own_ok=True) as w:
+            w.write_text("fitted.json", '{"a": 1}')
+    if ok:
+        rewrite()
+        assert (tmp_path / "out" / "fitted.json").read_text() == '{"a": 1}'
+    else:
+        with pytest.raises(DDBenchError, match="another ddbench command"):
+            rewrite()
+        assert (tmp_path / "out" / "fitted.json").read_text() == "{}"
