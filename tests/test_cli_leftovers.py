@@ -143,7 +143,7 @@ def test_design_all_holds_dualdecoder_cache(capsys):
 
 
 def test_plural():
-    from ddbench.commands import plural
+    from ddbench.core.units import plural
     assert (plural(1, "GPU"), plural(2, "GPU"), plural(0, "host")) == ("1 GPU", "2 GPUs", "0 hosts")
 
 

@@ -23,11 +23,6 @@ def table(rows: list[list[str]]) -> list[str]:
             for r in rows]
 
 
-def plural(n: int, word: str) -> str:
-    """'1 GPU', '2 GPUs': a count and its noun."""
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def cache_note(designs, w) -> str:
     """A header's words for the chunk cache where a design in `designs` (names) keeps one: its capacity
     per (layer, KV head), in tokens and in budgets; '' otherwise."""

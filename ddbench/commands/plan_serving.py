@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ddbench.commands import cache_note, cost_model_line, kv_note, plural, table as _table
+from ddbench.commands import cache_note, cost_model_line, kv_note, table as _table
+from ddbench.core.units import plural
 from ddbench.core import defaults as D
 from ddbench.core.catalog import NOT_BOUNDED
 from ddbench.core.errors import DDBenchError

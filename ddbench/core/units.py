@@ -34,3 +34,8 @@ def fmt_tokens(tokens: int) -> str:
     if tokens % 1024 == 0:
         return f"{tokens // 1024}K"
     return str(tokens)
+
+
+def plural(n: int, word: str) -> str:
+    """'1 GPU', '2 GPUs': a count and its noun."""
+    return f"{n} {word}{'' if n == 1 else 's'}"

@@ -33,6 +33,7 @@ from ddbench.core.catalog.links import LinkSpec, get_link
 from ddbench.core.catalog.files import is_file_name, refs_error
 from ddbench.core.catalog.lookup import lookup
 from ddbench.core.errors import DDBenchError
+from ddbench.core.units import plural
 
 DRAM_EFFICIENCY = 0.8   # achievable / nominal host DRAM read bandwidth (assumed, not measured)
 GIB = 1 << 30
@@ -145,7 +146,7 @@ class FetchShare:
     limit: str                    # "link" | "switch" | "host memory"
 
     def describe(self) -> str:
-        return (f"{self.fetching} GPU{'' if self.fetching == 1 else 's'} of {self.host} fetching at once: {self.per_gpu_gbps:.1f} GB/s per GPU"
+        return (f"{plural(self.fetching, 'GPU')} of {self.host} fetching at once: {self.per_gpu_gbps:.1f} GB/s per GPU"
                 f" (alone {self.alone_gbps:.1f}; switch uplink shared by {self.per_switch}: {self.switch_gbps:.1f};"
                 f" host DRAM {DRAM_EFFICIENCY:.0%} of nominal / {self.fetching}: {self.host_mem_gbps:.1f};"
                 f" bound: {self.limit}; unmeasured)")
