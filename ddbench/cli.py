@@ -15,23 +15,12 @@ import signal
 import sys
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.flags import OneLineParser, one_line
 
 # Subcommand modules under ddbench/commands, in --help order.
 COMMANDS = ("plan", "sweep", "figures", "calibrate", "bench", "simulate", "profile")
 # a command whose module is not ddbench/commands/<command>.py (no basename shared with kernels/ or sim/)
 MODULES = {"sweep": "sweep_cmd", "calibrate": "calibrate_cmd", "bench": "bench_cmd"}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line and exits 2."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
-
-
-def one_line(message: str) -> str:
-    """`message` on one line: a line break inside it (a path or name holding one) is written as \\n."""
-    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _quiet_stdout() -> None:

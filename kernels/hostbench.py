@@ -21,12 +21,12 @@ holds the host's layout (ddbench/core/hosttopo.py) and the provenance. NVLink mu
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.flags import OneLineParser
 
 MIB, GIB = 1 << 20, 1 << 30
 CALL_BYTES = 256 * MIB
@@ -185,7 +185,7 @@ def check_counts(text: str, visible: int) -> list[int]:
 
 def main(argv=None) -> int:
     import json
-    ap = argparse.ArgumentParser(prog="python -m ddbench.kernels.hostbench", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="python -m ddbench.kernels.hostbench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", default=None, help="comma list of GPU counts fetching at once (default 1,2,4,8 up to"
                                                  " the GPUs visible)")
     ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per test and count (default 2)")

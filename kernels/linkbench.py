@@ -26,10 +26,10 @@ variant, size), and the provenance (ddbench.kernels.timing.provenance).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 
+from ddbench.core.flags import OneLineParser
 from ddbench.core.errors import DDBenchError
 
 MiB = 1 << 20
@@ -213,7 +213,7 @@ def summarise(rows):
 
 def main(argv=None) -> int:
     import json
-    ap = argparse.ArgumentParser(prog="python -m ddbench.kernels.linkbench", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="python -m ddbench.kernels.linkbench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="repetitions of the whole sweep (>= 3 for a stated ratio)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per measurement (their median)")
     ap.add_argument("--sizes", default="8,32,64,128,256", help="link MiB per gather call, comma-separated (8..256)")

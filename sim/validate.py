@@ -20,10 +20,10 @@ validation/ (traces/validation/). Imports no torch.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
+from ddbench.core.flags import OneLineParser
 from ddbench.core.errors import DDBenchError
 from ddbench.core.outputs import output_folder
 from ddbench.core.paths import traces_dir
@@ -143,7 +143,7 @@ def write_readme(w, sections) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddbench.sim.validate", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="python -m ddbench.sim.validate", description=__doc__.splitlines()[0])
     ap.add_argument("--engine", help="the validated sweep's folder (engine.csv, meta.json; default the data root's"
                                      f" engine/{VALIDATION_SWEEP} where it exists, else engine/{CALIBRATION_SWEEP})")
     ap.add_argument("--calibration-engine", help="the sweep whose compute-only floor steps calibrate the simulator's"

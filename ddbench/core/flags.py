@@ -21,6 +21,18 @@ import re
 from ddbench.core.errors import DDBenchError
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line and exits 2 (the CLI and every `python -m` tool)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
+def one_line(message: str) -> str:
+    """`message` on one line: a line break inside it (a path or name holding one) is written as \\n."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _bad(text, why: str):
     return argparse.ArgumentTypeError(f"{text!r}: {why}")
 

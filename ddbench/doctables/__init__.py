@@ -26,12 +26,12 @@ The package: `common` (formatting, readers), `engine_tables` (the engine's and t
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import textwrap
 from pathlib import Path
 
+from ddbench.core.flags import OneLineParser
 from ddbench.doctables import examples
 from ddbench.doctables.ablation import ablation
 from ddbench.doctables.common import CALIBRATION_SWEEP, CTX, ROOT, DocTablesError  # noqa: F401
@@ -150,7 +150,7 @@ def run(root: Path = ROOT, check: bool = False) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddbench.doctables", description=__doc__.split("\n\n")[0],
+    ap = OneLineParser(prog="python -m ddbench.doctables", description=__doc__.split("\n\n")[0],
                                  epilog="example: python -m ddbench.doctables --check")
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is stale")
     ap.add_argument("--root", type=Path, default=ROOT, help="the repository (default: the one holding this package)")

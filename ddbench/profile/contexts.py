@@ -215,8 +215,9 @@ def predict(fit: dict, context: int) -> tuple[float, float, float]:
 
 def main(argv=None) -> int:
     from ddbench.core.errors import DDBenchError
-    ap = argparse.ArgumentParser(prog="python -m ddbench.profile.contexts", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    from ddbench.core.flags import OneLineParser
+    ap = OneLineParser(prog="python -m ddbench.profile.contexts", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root", help="the folder of one-prompt profile runs (devtools/profile_contexts.sh ROOT)")
     ap.add_argument("--out", help="output folder (default: the data root's accuracy/)")
     ap.add_argument("--force", action="store_true", help="replace this model's earlier context files there")

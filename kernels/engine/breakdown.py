@@ -24,6 +24,8 @@ import sys
 
 import torch
 
+from ddbench.core.flags import OneLineParser
+
 CATEGORIES = (   # first match wins; names of the kernels in one replay
     ("gemm", ("nvjet", "gemm", "cutlass", "splitkreduce", "sm90_xmma", "cublas")),
     ("selection", ("score_pass", "norm_topk", "spec_pass", "_topk", "_spec", "_codes_kernel")),
@@ -83,7 +85,7 @@ def summarize(row: dict, events: list[dict], steps: int, hbm_gbps: float) -> dic
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="output folder (default: the data root's engine/<gpu>/)")
     ap.add_argument("--points", default="32768:1,131072:16", help="context:batch list (compute only)")
     ap.add_argument("--replays", type=int, default=5)

@@ -14,7 +14,7 @@ from ddbench.core import defaults as D
 from ddbench.core.catalog import get_model
 from ddbench.core.designs import DESIGNS as SYSTEMS
 from ddbench.core.errors import DDBenchError
-from ddbench.core.flags import ENGINE_KV_BITS_HELP
+from ddbench.core.flags import ENGINE_KV_BITS_HELP, OneLineParser
 from ddbench.kernels.engine import paper as paper_phase
 from ddbench.kernels.engine.phases import DEFAULT_MODEL, PAPER, PHASES
 from ddbench.kernels.engine.points import Label, design_spec, make_config
@@ -70,7 +70,7 @@ class Checked(SweepOptions):
 
 
 def build_parser(description=None):
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of every mechanism point (>= 3 for ratios); in"
                                                         " the paper phase, the timed replays of every point")

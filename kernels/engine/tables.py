@@ -191,8 +191,8 @@ def plain(text: str) -> str:
 
 
 def main(argv=None) -> int:
-    import argparse
-    ap = argparse.ArgumentParser(prog="python -m ddbench.kernels.engine.tables", description=__doc__.split("\n")[0])
+    from ddbench.core.flags import OneLineParser
+    ap = OneLineParser(prog="python -m ddbench.kernels.engine.tables", description=__doc__.split("\n")[0])
     ap.add_argument("folder", nargs="?", help="an engine sweep folder (default: the data root's engine/h200)")
     ap.add_argument("--markdown", action="store_true", help="a markdown section instead of plain-text tables")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)

@@ -20,10 +20,10 @@ it names (exit 0), or which changed (exit 1). The cost model only loads the file
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
+from ddbench.core.flags import OneLineParser
 from ddbench.core.errors import DDBenchError
 from ddbench.sim.fit import cachefill, enginefit, reusefit
 from ddbench.sim.fit.replay import FUSED, LINK, MODEL, TORCH, rel
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     from ddbench.core.outputs import output_folder
     from ddbench.core.provenance import command_line
     from ddbench.core.units import parse_tokens
-    ap = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", default="h200", help="the calibration bundle's GPU (default h200)")
     ap.add_argument("--calibration", help="the calibration root holding <gpu>/ (default the data root's calibration/)")
     ap.add_argument("--cache-sweep", help="the chunk-cache engine sweep the fill is fitted to (default the data root's"
