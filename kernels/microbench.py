@@ -30,7 +30,9 @@ COLUMNS = ["kernel", "variant", "batch", "shape", "bytes", "latency_ms", "gbps",
 
 class Rows(list):
     def add(self, kernel, variant, batch, shape, nbytes, ms, floor_ms=None, vs=None, notes=""):
-        ref = next((r for r in self if r["kernel"] == kernel and r["variant"] == vs and r["batch"] == batch), None)
+        # the latest row of `vs` at this batch: the one measured beside it (same shape loop)
+        ref = next((r for r in reversed(self) if r["kernel"] == kernel and r["variant"] == vs and r["batch"] == batch),
+                   None)
         self.append({"kernel": kernel, "variant": variant, "batch": batch, "shape": shape, "bytes": int(nbytes),
                      "latency_ms": round(ms, 5), "gbps": round(nbytes / ms / 1e6, 2) if nbytes else "",
                      "floor_ms": round(floor_ms, 5) if floor_ms else "",

@@ -250,7 +250,7 @@ class CostModel(LinkCosts):
             self._note(f"cache fill NOT MEASURED (no fitted cache fill for this bundle: {self.fitted.why or self.fitted.shown + ' has none'}):"
                        " dualdecoder-cache's lookup and eviction are priced at 0")
             return 0.0
-        if self.cache_fill.source is not None:
+        if self.cache_fill.sources:
             self._note(self.cache_fill.describe() + ("; measured on the bundle's GPU, not scaled" if self.scaled else ""))
         return self.cache_fill.fill_s(batch, slots)
 

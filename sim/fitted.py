@@ -33,7 +33,7 @@ from ddbench.core.errors import DDBenchError
 
 FILE = "fitted.json"
 FOLDER = "fit"                # <data root>/fit/<gpu>/fitted.json
-SCHEMA = 1
+SCHEMA = 2
 COMMAND = "python -m ddbench.sim.fit"
 
 # The decode-step engine's kernels by category (kernels/engine/breakdown.py), each priced as a dot product of
@@ -163,14 +163,14 @@ class CacheFill:
 
         fill_s(batch, slots) = fixed_s + per_request_s * batch + per_request_slot_s * batch * slots
 
-    one fill of one layer, seconds; fitted by sim/fit/cachefill.py. `source`: the engine sweep it was
-    fitted to (folder, run_id, git sha, date); None while it is being fitted (no note then)."""
+    one fill of one layer, seconds; fitted by sim/fit/cachefill.py. `sources`: the engine sweeps it was
+    fitted to (each folder, run_id, git sha, date); empty while it is being fitted (no note then)."""
     theta: dict               # CACHE_FILL_TERMS -> seconds
-    context: int = 0          # the one context of the sweep it was fitted at (the others held out)
+    contexts: tuple = ()      # the contexts of the sweeps it was fitted at (other sweeps and contexts held out)
     points: int = 0
     max_abs_residual_us: float = 0.0
     residuals_us: dict = field(default_factory=dict)
-    source: dict | None = None
+    sources: tuple = ()
     model: str = ""
     gpu: str = ""
 
@@ -178,9 +178,10 @@ class CacheFill:
         return float(features(batch, slots) @ np.array([self.theta[t] for t in CACHE_FILL_TERMS]))
 
     def describe(self) -> str:
-        th, src = self.theta, self.source or {}
-        return (f"cache fill FITTED to {self.points} engine points of {CACHE_FILL_DESIGN} at {self.context // 1024}K"
-                f" ({src.get('folder')}, git {str(src.get('git_sha'))[:7]}; other contexts held out):"
+        th = self.theta
+        where = ", ".join(f"{s.get('folder')} git {str(s.get('git_sha'))[:7]}" for s in self.sources)
+        return (f"cache fill FITTED to {self.points} engine points of {CACHE_FILL_DESIGN} at"
+                f" {'/'.join(f'{c // 1024}K' for c in self.contexts)} ({where}; other sweeps held out):"
                 f" {th['fixed_s'] * 1e6:.1f} us + {th['per_request_s'] * 1e9:.0f} ns per request"
                 f" + {th['per_request_slot_s'] * 1e12:.2f} ps per request-slot, per fill (twice per layer for dualdecoder-cache, once for lru-cache);"
                 f" max |residual| {self.max_abs_residual_us:.1f} us per fill")
@@ -382,10 +383,15 @@ def _cache_fill(doc, path, key: str = "cache_fill") -> CacheFill | None:
     if set(th) != set(CACHE_FILL_TERMS):
         raise _bad(path, f"{key}.theta", f"must hold {', '.join(CACHE_FILL_TERMS)}")
     theta = {t: _num(th, t, path, f"{key}.theta", nonneg=True) for t in CACHE_FILL_TERMS}
-    return CacheFill(theta, _num(c, "context", path, key, positive=True, integer=True),
-                     _num(c, "points", path, key, positive=True, integer=True),
+    ctx = c.get("contexts")
+    if not isinstance(ctx, list) or not ctx or not all(isinstance(x, int) and x > 0 for x in ctx):
+        raise _bad(path, f"{key}.contexts", "must be a list of positive token counts")
+    src = c.get("sources")
+    if not isinstance(src, list) or not src or not all(isinstance(x, dict) for x in src):
+        raise _bad(path, f"{key}.sources", "must be a list of the sweeps fitted to")
+    return CacheFill(theta, tuple(ctx), _num(c, "points", path, key, positive=True, integer=True),
                      _num(c, "max_abs_residual_us", path, key, nonneg=True),
-                     dict(_obj(c, "residuals_us", path, key)), dict(_obj(c, "source", path, key)),
+                     dict(_obj(c, "residuals_us", path, key)), tuple(dict(x) for x in src),
                      str(c.get("model", "")), str(c.get("gpu", "")))
 
 
@@ -429,8 +435,8 @@ def reuse_doc(key: tuple, f: ReuseFetchFit) -> dict:
 
 
 def cache_fill_doc(f: CacheFill) -> dict:
-    return {"design": CACHE_FILL_DESIGN, "model": f.model, "gpu": f.gpu, "context": f.context, "points": f.points,
+    return {"design": CACHE_FILL_DESIGN, "model": f.model, "gpu": f.gpu, "contexts": list(f.contexts), "points": f.points,
             "terms": "fill_s = fixed_s + per_request_s * batch + per_request_slot_s * batch * slots (one fill of"
                      " one layer; two per layer and step)",
             "theta": dict(f.theta), "max_abs_residual_us": f.max_abs_residual_us, "residuals_us": dict(f.residuals_us),
-            "source": f.source}
+            "sources": list(f.sources)}

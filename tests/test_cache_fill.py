@@ -12,7 +12,7 @@ from ddbench.sim.fit.fitfile import main as fit_main
 from ddbench.sim.fitted import CACHE_FILL_TERMS, Fitted, fitted_path, load
 from ddbench.sim.factory import cost_model
 
-SWEEPS = {FUSED: str(traces_dir("engine", "h200-cache-fused")), TORCH: str(traces_dir("engine", "h200-cache"))}
+SWEEPS = {kind: [str(traces_dir("engine", f"h200-{it}")) for it in cachefill.SWEEPS[kind]] for kind in (FUSED, TORCH)}
 SWEEP = SWEEPS[TORCH]
 
 
@@ -27,7 +27,7 @@ def _fitting_cm():
 def test_committed_fit_is_the_sweeps(kind):
     f = load(fitted_path("h200"))
     committed = f.cache_fill if kind == FUSED else f.cache_fill_torch
-    again = cachefill.fit(SWEEPS[kind], _fitting_cm(), committed.context, kind)
+    again = cachefill.fit(SWEEPS[kind], _fitting_cm(), committed.contexts, kind)
     for t in CACHE_FILL_TERMS:
         assert again.theta[t] == pytest.approx(committed.theta[t], rel=1e-6, abs=1e-12)
     assert again.points == committed.points >= len(CACHE_FILL_TERMS) + 1
@@ -45,8 +45,10 @@ def test_cost_model_prices_the_fill_and_names_it():
 
 
 def test_too_few_points_is_an_error():
-    with pytest.raises(DDBenchError, match="overlap regime"):
+    with pytest.raises(DDBenchError, match="overlap regime at 1024 tokens"):
         cachefill.fit(SWEEP, _fitting_cm(), 1024, TORCH)
+    with pytest.raises(DDBenchError, match="no dualdecoder-cache points in the overlap regime at 1024 tokens"):
+        cachefill.fit(SWEEPS[FUSED], _fitting_cm(), (65536, 1024), FUSED)      # one context of several missing
 
 
 def test_a_sweep_of_the_other_fill_is_refused():

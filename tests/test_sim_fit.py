@@ -12,7 +12,8 @@ import pytest
 from ddbench.core.calibration import load_bundle
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
-from ddbench.sim.fit import fitfile
+from ddbench.sim.fit import cachefill, fitfile
+from ddbench.sim.fit.replay import FUSED, TORCH
 from ddbench.sim.fitted import FILE, fitted_path, load
 from ddbench.sim.factory import cost_model
 from tests.cli import assert_one_line_error, ddbench, module
@@ -26,14 +27,15 @@ def test_committed_fitted_file_is_fresh_against_its_inputs():
     """Every input file the fit read still has the sha256 the file records (rerun `python -m ddbench.sim.fit`)."""
     assert fitfile.stale(FITTED) == [], "traces/fit/h200/fitted.json is stale: rerun `python -m ddbench.sim.fit`"
     f = load(FITTED)
-    assert set(f.inputs) == {"bundle", "breakdown", "cache_sweep", "torch_fill_sweep"}
+    assert set(f.inputs) == {"bundle", "breakdown", "cache_sweeps", "torch_fill_sweeps"}
     assert f.inputs["bundle"]["path"] == "traces/calibration/h200"
     assert {"bundle.json", "engine.csv", "reuse_fetch.csv", "link.csv"} <= set(f.inputs["bundle"]["files"])
     assert f.inputs["breakdown"]["path"] == "traces/engine/h200/breakdown.json"
-    assert f.inputs["cache_sweep"]["path"] == "traces/engine/h200-cache-fused"
-    assert f.inputs["torch_fill_sweep"]["path"] == "traces/engine/h200-cache"
-    for sweep in ("cache_sweep", "torch_fill_sweep"):
-        assert set(f.inputs[sweep]["files"]) == {"engine.csv", "meta.json"}
+    assert [x["path"] for x in f.inputs["cache_sweeps"]] == [f"traces/engine/h200-{it}" for it in cachefill.SWEEPS[FUSED]]
+    assert [x["path"] for x in f.inputs["torch_fill_sweeps"]] == ["traces/engine/h200-cache"]
+    for sweep in ("cache_sweeps", "torch_fill_sweeps"):
+        assert all(set(x["files"]) == {"engine.csv", "meta.json"} for x in f.inputs[sweep])
+    assert f.cache_fill.contexts == cachefill.DEFAULT_CONTEXTS[FUSED] and f.cache_fill_torch.contexts == (65536,)
     assert f.provenance["command"].startswith("python -m ddbench.sim.fit") and f.provenance["git_sha"]
     assert f.engine is not None and f.engine.residuals and f.engine.floor_residuals
     assert f.reuse[(2048, 32, 2)].rel_residuals and f.cache_fill.residuals_us and f.cache_fill_torch.residuals_us
@@ -55,7 +57,7 @@ def test_staleness_is_seen(tmp_path):
 def test_check_cli(tmp_path, capsys):
     assert fitfile.main(["--check"]) == 0 and capsys.readouterr().out.strip() == "fresh"
     doc = json.loads(open(FITTED, encoding="utf-8").read())
-    doc["inputs"]["cache_sweep"]["files"]["meta.json"] = "0" * 64
+    doc["inputs"]["cache_sweeps"][0]["files"]["meta.json"] = "0" * 64
     (tmp_path / FILE).write_text(json.dumps(doc))
     assert fitfile.main(["--check", "--out", str(tmp_path)]) == 1
     assert "traces/engine/h200-cache-fused/meta.json" in capsys.readouterr().err
@@ -65,8 +67,8 @@ def test_refit_is_the_committed_file():
     """The fits, rerun now on the committed inputs, give the committed parameters (code drift is seen)."""
     committed = load(FITTED)
     again = fitfile.fit_bundle(load_bundle(str(traces_dir("calibration", "h200"))),
-                               str(traces_dir("engine", "h200-cache-fused")), committed.cache_fill.context,
-                               torch_dir=str(traces_dir("engine", "h200-cache")))
+                               fitfile.default_cache_sweeps("h200"), committed.cache_fill.contexts,
+                               torch_dirs=fitfile.default_cache_sweeps("h200", TORCH))
     for c, th in committed.engine.theta.items():
         assert again.engine.theta[c] == pytest.approx(th, rel=1e-9, abs=1e-18), c
     assert set(again.reuse) == set(committed.reuse)
@@ -129,11 +131,12 @@ def _mutated(tmp_path, change) -> str:
 @pytest.mark.parametrize("change,match", [
     (lambda d: "{not json", "line 1"),
     (lambda d: "[]", "top level is not an object"),
-    (lambda d: d.update(schema=2), "field schema"),
+    (lambda d: d.update(schema=1), "field schema"),
     (lambda d: d["engine"]["theta"].update(gemm=[1.0]), "field engine.theta.gemm: 1 parameters"),
     (lambda d: d["engine"]["theta"]["glue"].__setitem__(0, -1.0), r"field engine.theta.glue\[0\]"),
     (lambda d: d["cache_fill"]["theta"].pop("fixed_s"), "field cache_fill.theta: must hold"),
-    (lambda d: d["cache_fill"].update(context="64k"), "field cache_fill.context"),
+    (lambda d: d["cache_fill"].update(contexts=["64k"]), "field cache_fill.contexts"),
+    (lambda d: d["cache_fill"].update(sources=[]), "field cache_fill.sources"),
     (lambda d: d["reuse_fetch"][0].update(copy_Bps=0), r"field reuse_fetch\[0\].copy_Bps"),
     (lambda d: d["reuse_fetch"][0].update(rel_residuals=[[1, 2]]), r"reuse_fetch\[0\].rel_residuals\[0\]"),
     (lambda d: d.pop("inputs"), "field inputs: missing"),

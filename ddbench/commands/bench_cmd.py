@@ -12,7 +12,9 @@ Targets:
             and not); writes traces/link/<gpu>/ (python -m ddbench.kernels.linkbench --help)
   kernels   the Triton kernels (gather, dual-token attention, selection, key rebuild, SpeCache
             scoring) against their floors measured in the same run; writes
-            traces/kernels/<gpu>/kernels.csv with provenance columns.
+            traces/kernels/<gpu>/kernels.csv with provenance columns. --peer flashinfer: our sparse
+            attention and top-k against flashinfer's (the optional extra ddbench[flashinfer]), each
+            against its HBM floor (kernels/peerbench.py); writes traces/kernels/<gpu>/peer-flashinfer.csv.
 
 Outputs go through the output guard (ddbench/core/outputs.py): written whole or not at all, never
 over a file ddbench did not write; an earlier run's file is replaced only with --force.
@@ -32,9 +34,11 @@ from ddbench.core import flags
 from ddbench.core.outputs import check_path, output_folder
 
 TARGETS = ("kernels", "engine", "host", "link")
+PEERS = ("flashinfer",)
 EXAMPLE = """examples:
   ddbench bench kernels                     # into traces/kernels/<this gpu>/kernels.csv
   ddbench bench kernels --quick --out /tmp/bench
+  ddbench bench kernels --peer flashinfer    # into traces/kernels/<this gpu>/peer-flashinfer.csv
   ddbench bench engine --quick --out /tmp/engine
   ddbench bench host --gpus 1,2,4,8 --engine
   ddbench bench link --out /tmp/link
@@ -63,6 +67,7 @@ def register(sub) -> None:
     p.add_argument("--out", type=flags.text(), help="output root (default: the data root's kernels/ or engine/)")
     p.add_argument("--force", action="store_true", help="replace an earlier run's files (ddbench's own only)")
     p.add_argument("--quick", action="store_true", help="fewer batch sizes (a smoke run)")
+    p.add_argument("--peer", choices=PEERS, help="kernels: time ours against this library's kernels instead")
     for name, conv, help_ in ENGINE_FLAGS:
         p.add_argument(name, type=conv, help="engine: " + help_)
     p.add_argument("--resume", action="store_true", help="engine: skip points already measured in the folder")
@@ -120,6 +125,8 @@ def run(args) -> int:
             raise DDBenchError(f"{(given or ['--resume'])[0]} is a flag of `bench engine` only")
     if args.target != "host" and (args.gpus is not None or args.seconds is not None or args.engine):
         raise DDBenchError("--gpus, --seconds and --engine are flags of `bench host` only")
+    if args.target != "kernels" and args.peer is not None:
+        raise DDBenchError("--peer is a flag of `bench kernels` only")
     _need_cuda()
     if args.target == "host":
         from ddbench.kernels.hostbench import main as host_main
@@ -132,16 +139,27 @@ def run(args) -> int:
                          + (["--rounds", "1", "--sizes", "8,64"] if args.quick else []))
     if args.target == "engine":
         return _engine(args)
-    from ddbench.kernels.microbench import run_all
+    return _kernels(args)
+
+
+def _kernels(args) -> int:
+    """The kernels table (kernels.csv), or with --peer the table against that library (peer-<name>.csv)."""
     from ddbench.kernels.timing import provenance
     import torch
     from ddbench.core.provenance import command_line
+    if args.peer:
+        from ddbench.kernels.peerbench import load_flashinfer, run_peer
+        load_flashinfer()               # a missing extra: one line, before any folder is touched
+        name, bench = f"peer-{args.peer}.csv", run_peer
+    else:
+        from ddbench.kernels.microbench import run_all
+        name, bench = "kernels.csv", run_all
     prov = provenance(command_line() if sys.argv[1:] else "ddbench bench kernels")
     gpu = catalog_gpu_name(prov["gpu"], torch.cuda.get_device_properties(0).total_memory)
     folder = os.path.join(args.out or str(traces_dir("kernels")), gpu)
     with output_folder(folder, command="ddbench bench kernels", shared=True, force=args.force) as w:
-        w.claim(["kernels.csv"])
-        rows, _ = run_all(quick=args.quick)
-        write_csv(w.stage_path("kernels.csv"), rows, prov)
-    print(f"wrote {os.path.join(folder, 'kernels.csv')} ({len(rows)} rows)")
+        w.claim([name])
+        rows, _ = bench(quick=args.quick)
+        write_csv(w.stage_path(name), rows, prov)
+    print(f"wrote {os.path.join(folder, name)} ({len(rows)} rows)")
     return 0

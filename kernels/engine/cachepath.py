@@ -22,6 +22,9 @@ class CachePath:
         def fill():
             with nvtx_range(f"prefetch fill L{layer}"):
                 box["plan"], _ = self.cache.fill_rows(layer, pred, self.pf_stamp[layer:layer + 1], kind="prefetch")
+                # the plan buffers are reused: keep its count, copied on this stream after the fill (a copy on
+                # the compute stream raced the fill and recorded another fill's count, or none)
+                box["count"] = box["plan"].count.clone()
         ev_fill, _ = self.sched.run("prefetch", "prefetch-fill", fill, waits=[self.free_ev[layer], ev_st], layer=layer,
                                     buf=layer, use=u)
         self.fill_ev[u] = ev_fill
@@ -33,7 +36,7 @@ class CachePath:
         ev, _ = self.sched.run("prefetch", "prefetch", go, layer=layer, buf=layer, use=u)
         self.ready_ev.setdefault(u, []).append(ev)
         self.prefetched[u] = pred
-        self.stats.prefetch_items.append(box["plan"].count.clone())     # the plan buffers are reused: keep its count
+        self.stats.prefetch_items.append(box["count"])
         self.stats.prefetch_layer.append((layer, False))
 
     def _cache_fetch(self, i, u, true, have_pred):

@@ -5,15 +5,15 @@ op-level terms of sim/costmodel.py do not price; the cost model adds it per laye
 
     fill_s(batch, slots) = a + b * batch + c * batch * slots          (one fill of one layer, seconds)
 
-FITTED, by non-negative least squares, to the engine's measured steps of dualdecoder-cache at ONE
-context of a sweep (default 64K of traces/engine/h200-cache-fused; the torch fill's of h200-cache,
-which prices only that engine's rows in the validation), at its points in the overlap regime (the
-link does not bind, so the step is compute plus exposed transfers, both priced): per point, the
-residual (engine step - simulated step without the fill) / (2 L). Two rounds: the second has the first
-fit in the plan, so that the fill's place among the transfers is priced too. The sweep's other
-contexts are held out: `python -m ddbench.sim.validate` replays every point of it, and its summary says which
-were fitted. Run by `python -m ddbench.sim.fit` (its --cache-sweep, --context), on the cost model with the
-engine and reuse-fetch terms fitted just before; imports no torch.
+FITTED, by non-negative least squares, to the engine's measured steps of dualdecoder-cache in one or more
+sweeps at the contexts named (default 32K, 64K and 128K of traces/engine/h200-cache-fused and
+h200-cache-fused-ctx; the torch fill's at 64K of h200-cache, which prices only that engine's rows in the
+validation), at their points in the overlap regime (the link does not bind, so the step is compute plus
+exposed transfers, both priced): per point, the residual (engine step - simulated step without the fill) /
+(2 L). Two rounds: the second has the first fit in the plan, so that the fill's place among the transfers is
+priced too. Other sweeps and contexts are held out: `python -m ddbench.sim.validate` replays every point,
+and its summary says which were fitted. Run by `python -m ddbench.sim.fit` (its --cache-sweep, --context),
+on the cost model with the engine and reuse-fetch terms fitted just before; imports no torch.
 """
 
 from __future__ import annotations
@@ -30,17 +30,18 @@ from ddbench.sim.fit.replay import (COMPLETED, FUSED, MODEL, TORCH, cache_fill_k
                             point_step_s, rel, replay_plan, row_cache, row_git_sha, row_model)
 from ddbench.sim.fitted import CACHE_FILL_DESIGN as DESIGN, CACHE_FILL_TERMS as TERMS, CacheFill, features
 
-DEFAULT_CONTEXT = 65536
-SWEEPS = {FUSED: "cache-fused", TORCH: "cache"}     # kind -> the default sweep's folder, <gpu>-<it>
+DEFAULT_CONTEXTS = {FUSED: (32768, 65536, 131072), TORCH: (65536,)}
+SWEEPS = {FUSED: ("cache-fused", "cache-fused-ctx"), TORCH: ("cache",)}   # kind -> the default sweeps, <gpu>-<it>
 
 
-def points(engine_dir: str, context: int, kind: str = FUSED):
-    """The sweep's dualdecoder-cache rows at `context` that ran with transfers in the overlap regime; a
-    DDBenchError where one of them ran the other fill (sim/fit/replay.py cache_fill_kind)."""
+def points(engine_dir: str, contexts, kind: str = FUSED):
+    """The sweep's dualdecoder-cache rows at `contexts` (tokens, one or several) that ran with transfers in the
+    overlap regime; a DDBenchError where one of them ran the other fill (sim/fit/replay.py cache_fill_kind)."""
+    contexts = {int(c) for c in ((contexts,) if isinstance(contexts, int) else contexts)}
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
     meta = load_meta(engine_dir)
     thin = float(meta["thin_gather_gbps"])
-    rows = [r for r in df.itertuples() if r.design == DESIGN and r.status in COMPLETED and int(r.context) == context
+    rows = [r for r in df.itertuples() if r.design == DESIGN and r.status in COMPLETED and int(r.context) in contexts
             and int(r.transfers) and int(getattr(r, "graph", 1))
             and classify(1, r.link_gbps, thin) == "overlap" and row_model(r) == MODEL]
     other = sorted({str(row_git_sha(r, meta))[:10] for r in rows if cache_fill_kind(row_git_sha(r, meta)) != kind})
@@ -50,14 +51,29 @@ def points(engine_dir: str, context: int, kind: str = FUSED):
     return rows
 
 
-def fit(engine_dir: str, cm, context: int = DEFAULT_CONTEXT, kind: str = FUSED) -> CacheFill:
-    """The `kind` fill (FUSED: the engine's; TORCH: the engine's before FUSED_FILL_SINCE) fitted to a sweep's
-    points at `context`, priced on the cost model `cm` (MODEL's; its cache_fill is set while fitting and
-    left as it was)."""
-    rows = points(engine_dir, context, kind)
+def _source(engine_dir: str) -> dict:
+    meta = load_meta(engine_dir)
+    p = meta.get("provenance", {}) or {}
+    return {"folder": rel(engine_dir), "run_id": meta.get("run_id"), "git_sha": p.get("git_sha"),
+            "date_utc": p.get("date_utc")}
+
+
+def fit(engine_dirs, cm, contexts=None, kind: str = FUSED) -> CacheFill:
+    """The `kind` fill (FUSED: the engine's; TORCH: the engine's before FUSED_FILL_SINCE) fitted to the points
+    of one sweep or several (`engine_dirs`, a folder or a list) at `contexts` (default DEFAULT_CONTEXTS[kind]),
+    priced on the cost model `cm` (MODEL's; its cache_fill is set while fitting and left as it was)."""
+    engine_dirs = [engine_dirs] if isinstance(engine_dirs, str) else list(engine_dirs)
+    contexts = DEFAULT_CONTEXTS[kind] if contexts is None else (contexts,) if isinstance(contexts, int) else contexts
+    contexts = tuple(sorted({int(c) for c in contexts}))
+    found = [(d, r) for d in engine_dirs for r in points(d, contexts, kind)]
+    missing = sorted(set(contexts) - {int(r.context) for _, r in found})
+    if missing:
+        raise DDBenchError(f"{', '.join(engine_dirs)}: no {DESIGN} points in the overlap regime at"
+                           f" {', '.join(str(c) for c in missing)} tokens")
+    rows = [r for _, r in found]
     if len(rows) < len(TERMS) + 1:
-        raise DDBenchError(f"{engine_dir}: {len(rows)} {DESIGN} points in the overlap regime at {context}"
-                           f" tokens; the fill fit needs at least {len(TERMS) + 1}")
+        raise DDBenchError(f"{', '.join(engine_dirs)}: {len(rows)} {DESIGN} points in the overlap regime at"
+                           f" {', '.join(str(c) for c in contexts)} tokens; the fill fit needs at least {len(TERMS) + 1}")
     w0 = Workload(context=1)
     L = cm.model.num_layers
     x = np.array([features(int(r.batch), int(r.cache_tokens) // w0.chunk) for r in rows])
@@ -78,10 +94,9 @@ def fit(engine_dir: str, cm, context: int = DEFAULT_CONTEXT, kind: str = FUSED) 
     finally:
         cm.cache_fill = before
     res = y - x @ theta
-    meta = load_meta(engine_dir)
-    p = meta.get("provenance", {}) or {}
-    return CacheFill(dict(zip(TERMS, theta.tolist())), context, len(rows), float(np.abs(res).max() * 1e6),
-                     {f"b{int(r.batch)} {int(r.cache_tokens)} tokens rep {int(getattr(r, 'rep', 0))}":
-                      round(float(e) * 1e6, 2) for r, e in zip(rows, res)},
-                     {"folder": rel(engine_dir), "run_id": meta.get("run_id"), "git_sha": p.get("git_sha"),
-                      "date_utc": p.get("date_utc")}, MODEL, cm.bundle.gpu if cm.bundle is not None else "")
+    used = [d for d in engine_dirs if any(fd == d for fd, _ in found)]
+    return CacheFill(dict(zip(TERMS, theta.tolist())), contexts, len(rows), float(np.abs(res).max() * 1e6),
+                     {f"{int(r.context) // 1024}K b{int(r.batch)} {int(r.cache_tokens)} tokens rep {int(getattr(r, 'rep', 0))}"
+                      f" ({os.path.basename(d.rstrip(os.sep))})": round(float(e) * 1e6, 2)
+                      for (d, r), e in zip(found, res)},
+                     tuple(_source(d) for d in used), MODEL, cm.bundle.gpu if cm.bundle is not None else "")

@@ -1,17 +1,18 @@
 """The one fitted-parameters file of a calibration bundle: fit every term, record what it was fitted to,
 write it, and tell whether it is stale.
 
-    python -m ddbench.sim.fit [--gpu h200] [--calibration ROOT] [--cache-sweep DIR|none] [--torch-fill-sweep DIR|none]
-                      [--context 64k] [--out FOLDER] [--check]
+    python -m ddbench.sim.fit [--gpu h200] [--calibration ROOT] [--cache-sweep DIR[,DIR]|none]
+                      [--torch-fill-sweep DIR[,DIR]|none] [--context 32k,64k,128k] [--out FOLDER] [--check]
 
 fits, in this order, on the bundle of --gpu (sim/fitted.py says what each term is):
   1. the decode compute reconciled with the engine (sim/fit/enginefit.py), from the bundle's engine
      section and the engine breakdown that belongs to it (ddbench.core.calibration.find_breakdown);
   2. ShadowKV's reuse fetch per gather shape (sim/fit/reusefit.py), from the bundle's reuse_fetch records
      (the copy-then-regather fetch of the engine before 0f05ef2: it prices that engine's rows in the validation);
-  3. dualdecoder-cache's fill (sim/fit/cachefill.py), from the engine's chunk-cache sweep of the fused fill
-     (default <data root>/engine/<gpu>-cache-fused where it exists), priced with 1 and 2; and the torch
-     fill of the engine before it (<gpu>-cache), which prices only that engine's rows in the validation;
+  3. dualdecoder-cache's fill (sim/fit/cachefill.py), from the engine's chunk-cache sweeps of the fused fill
+     (default <data root>/engine/<gpu>-cache-fused and <gpu>-cache-fused-ctx where they exist) at the
+     contexts of --context, priced with 1 and 2; and the torch fill of the engine before it (<gpu>-cache, at
+     64K), which prices only that engine's rows in the validation;
 and writes FOLDER/fitted.json (default <calibration root>/../fit/<gpu>/: traces/fit/h200/fitted.json)
 through the output guard: the three fits with their residuals, the sha256 of every input file, and the
 command, git sha and date. --check fits nothing: it says whether the file's inputs are still the files
@@ -39,39 +40,40 @@ def _files(folder: str, names) -> dict:
     return {n: sha256(os.path.join(folder, n)) for n in names if sha256(os.path.join(folder, n)) is not None}
 
 
-def _sweep(d: str | None) -> dict | None:
-    return {"path": rel(d), "files": _files(d, SWEEP_FILES)} if d else None
+def _sweeps(dirs) -> list | None:
+    return [{"path": rel(d), "files": _files(d, SWEEP_FILES)} for d in dirs] if dirs else None
 
 
-def inputs_of(bundle, cache_dir: str | None, torch_dir: str | None = None) -> dict:
+def inputs_of(bundle, cache_dirs, torch_dirs=None) -> dict:
     """What a fit of `bundle` reads, each file with its sha256 (paths as outputs name them: traces/...)."""
     bd = bundle.breakdown
     return {"bundle": {"path": rel(bundle.path), "files": bundle_files(bundle.path)},
             "breakdown": {"path": rel(bd["path"]), "sha256": sha256(bd["path"])} if bd else None,
-            "cache_sweep": _sweep(cache_dir), "torch_fill_sweep": _sweep(torch_dir)}
+            "cache_sweeps": _sweeps(cache_dirs), "torch_fill_sweeps": _sweeps(torch_dirs)}
 
 
-def default_cache_sweep(gpu: str, kind: str = FUSED) -> str | None:
+def default_cache_sweeps(gpu: str, kind: str = FUSED) -> list | None:
+    """The kind's default chunk-cache sweeps (cachefill.SWEEPS) that exist in the data root, or None."""
     from ddbench.core.paths import traces_dir
-    d = str(traces_dir("engine", f"{gpu}-{cachefill.SWEEPS[kind]}"))
-    return d if os.path.exists(os.path.join(d, "engine.csv")) else None
+    dirs = [str(traces_dir("engine", f"{gpu}-{it}")) for it in cachefill.SWEEPS[kind]]
+    return [d for d in dirs if os.path.exists(os.path.join(d, "engine.csv"))] or None
 
 
-def fit_bundle(bundle, cache_dir: str | None, context: int = cachefill.DEFAULT_CONTEXT,
-               torch_dir: str | None = None) -> Fitted:
-    """The fits of a bundle (module doc), in memory."""
+def fit_bundle(bundle, cache_dirs, contexts=None, torch_dirs=None) -> Fitted:
+    """The fits of a bundle (module doc), in memory: the fused fill to `cache_dirs` at `contexts` (default
+    cachefill.DEFAULT_CONTEXTS), the torch fill to `torch_dirs` at its default context."""
     from ddbench.core.catalog import get_gpu, get_link, get_model
     from ddbench.sim.costmodel import CostModel
     fitted = Fitted(enginefit.fit_bundle(bundle), reusefit.fit_bundle(bundle))
     fills = {}
-    for kind, d in ((FUSED, cache_dir), (TORCH, torch_dir)):
-        if d is not None:
+    for kind, dirs, ctx in ((FUSED, cache_dirs, contexts), (TORCH, torch_dirs, None)):
+        if dirs:
             cm = CostModel(get_model(MODEL), get_gpu(bundle.gpu), get_link(LINK), bundle, fitted=fitted)
-            fills[kind] = cachefill.fit(d, cm, context, kind)
+            fills[kind] = cachefill.fit(dirs, cm, ctx, kind)
     return Fitted(fitted.engine, fitted.reuse, fills.get(FUSED), cache_fill_torch=fills.get(TORCH))
 
 
-def document(bundle, fitted: Fitted, cache_dir: str | None, command: str, torch_dir: str | None = None) -> dict:
+def document(bundle, fitted: Fitted, cache_dirs, command: str, torch_dirs=None) -> dict:
     """The fitted-parameters file's content (sim/fitted.py load reads it back)."""
     from ddbench.core.provenance import git_sha, utc_now, version
     return {
@@ -80,7 +82,7 @@ def document(bundle, fitted: Fitted, cache_dir: str | None, command: str, torch_
                  " files are the inputs' (sha256); docs/simulator.md",
         "provenance": {"command": command, "git_sha": git_sha(), "ddbench_version": version(),
                        "date_utc": utc_now()},
-        "inputs": inputs_of(bundle, cache_dir, torch_dir),
+        "inputs": inputs_of(bundle, cache_dirs, torch_dirs),
         "engine": engine_doc(fitted.engine) if fitted.engine else None,
         "reuse_fetch": [reuse_doc(k, f) for k, f in sorted(fitted.reuse.items())],
         "cache_fill": cache_fill_doc(fitted.cache_fill) if fitted.cache_fill else None,
@@ -98,17 +100,21 @@ def stale(path: str) -> list[str]:
 
     def where(p):
         return p if os.path.isabs(p) else os.path.join(base, p)
-    for role, x in f.inputs.items():
-        if not x:
-            continue
-        if "files" in x:
-            now = _files(where(x["path"]), x["files"])
-            out += [f"{x['path']}/{n}" for n, h in sorted(x["files"].items()) if now.get(n) != h]
-            if role == "bundle":
-                extra = sorted(set(bundle_files(where(x["path"]))) - set(x["files"]))
-                out += [f"{x['path']}/{n} (not fitted)" for n in extra]
-        elif sha256(where(x["path"])) != x.get("sha256"):
-            out.append(x["path"])
+    for role, xs in f.inputs.items():
+        for x in (xs if isinstance(xs, list) else [xs] if xs else []):
+            out += _stale_one(role, x, where)
+    return out
+
+
+def _stale_one(role: str, x: dict, where) -> list[str]:
+    """The files of one input (a folder with its files' sha256, or one file) that changed."""
+    if "files" not in x:
+        return [] if sha256(where(x["path"])) == x.get("sha256") else [x["path"]]
+    now = _files(where(x["path"]), x["files"])
+    out = [f"{x['path']}/{n}" for n, h in sorted(x["files"].items()) if now.get(n) != h]
+    if role == "bundle":
+        extra = sorted(set(bundle_files(where(x["path"]))) - set(x["files"]))
+        out += [f"{x['path']}/{n} (not fitted)" for n in extra]
     return out
 
 
@@ -120,12 +126,14 @@ def main(argv=None) -> int:
     ap = OneLineParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", default="h200", help="the calibration bundle's GPU (default h200)")
     ap.add_argument("--calibration", help="the calibration root holding <gpu>/ (default the data root's calibration/)")
-    ap.add_argument("--cache-sweep", help="the chunk-cache engine sweep the fill is fitted to (default the data root's"
-                                          " engine/<gpu>-cache where it exists; 'none': no fill term)")
+    ap.add_argument("--cache-sweep", help="the chunk-cache engine sweeps the fused fill is fitted to, comma-separated"
+                                          " (default the data root's engine/<gpu>-cache-fused and <gpu>-cache-fused-ctx"
+                                          " where they exist; 'none': no fill term)")
     ap.add_argument("--torch-fill-sweep", help="the chunk-cache sweep of the engine's torch fill (before the fused one),"
                                                " which prices that engine's rows in the validation (default the"
                                                " data root's engine/<gpu>-cache where it exists; 'none': not fitted)")
-    ap.add_argument("--context", default="64k", help="the one context of that sweep whose points are fitted (64k)")
+    ap.add_argument("--context", default="32k,64k,128k",
+                    help="the contexts of those sweeps whose points the fused fill is fitted to (32k,64k,128k)")
     ap.add_argument("--out", help=f"the folder of {FILE} (default <calibration root>/../fit/<gpu>/)")
     ap.add_argument("--force", action="store_true", help="write into a folder that holds other files (kept)")
     ap.add_argument("--check", action="store_true", help="fit nothing: exit 1 where the file's inputs changed")
@@ -141,16 +149,18 @@ def main(argv=None) -> int:
                 print(f"stale: {b} changed since {os.path.join(out, FILE)} was fitted", file=sys.stderr)
             print("fresh" if not bad else f"{len(bad)} input(s) changed: rerun `{COMMAND}`")
             return 1 if bad else 0
-        cache_dir = (None if a.cache_sweep == "none" else a.cache_sweep if a.cache_sweep
-                     else default_cache_sweep(a.gpu))
-        torch_dir = (None if a.torch_fill_sweep == "none" else a.torch_fill_sweep if a.torch_fill_sweep
-                     else default_cache_sweep(a.gpu, TORCH))
-        context = parse_tokens(a.context, "--context")
+        cache_dirs = _dirs(a.cache_sweep, "--cache-sweep") or default_cache_sweeps(a.gpu)
+        torch_dirs = _dirs(a.torch_fill_sweep, "--torch-fill-sweep") or default_cache_sweeps(a.gpu, TORCH)
+        if a.cache_sweep == "none":
+            cache_dirs = None
+        if a.torch_fill_sweep == "none":
+            torch_dirs = None
+        contexts = tuple(parse_tokens(c.strip(), "--context") for c in a.context.split(","))
         bundle = load_bundle(path)
         with output_folder(out, command=COMMAND, own_ok=True, force=a.force) as w:
             w.claim([FILE])
-            fitted = fit_bundle(bundle, cache_dir, context, torch_dir)
-            w.write_json(FILE, document(bundle, fitted, cache_dir, command_line(COMMAND, argv), torch_dir))
+            fitted = fit_bundle(bundle, cache_dirs, contexts, torch_dirs)
+            w.write_json(FILE, document(bundle, fitted, cache_dirs, command_line(COMMAND, argv), torch_dirs))
     except DDBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -158,6 +168,17 @@ def main(argv=None) -> int:
         print(line)
     print(f"wrote {os.path.join(out, FILE)}")
     return 0
+
+
+def _dirs(text: str | None, flag: str) -> list | None:
+    """A comma-separated list of sweep folders (None where not given or 'none'); a missing one is an error."""
+    if not text or text == "none":
+        return None
+    dirs = [d.strip() for d in text.split(",") if d.strip()]
+    for d in dirs:
+        if not os.path.exists(os.path.join(d, "engine.csv")):
+            raise DDBenchError(f"{flag}: {d} holds no engine.csv (an engine sweep's folder)")
+    return dirs
 
 
 def describe(f: Fitted) -> list[str]:

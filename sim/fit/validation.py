@@ -496,4 +496,5 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
 def _fill_fitted(cm, meta: dict, context: int) -> bool:
     """Whether the cost model's cache-fill term (sim/fit/cachefill.py) was fitted to this run at this context."""
     f = cm.cache_fill
-    return f is not None and (f.source or {}).get("run_id") == meta.get("run_id") and f.context == context
+    return (f is not None and any(s.get("run_id") == meta.get("run_id") for s in f.sources)
+            and context in f.contexts)
