@@ -47,7 +47,7 @@ ENGINE_TERMS = {
     "glue": ("fixed_s", "s_per_activation_byte", "s_per_resident_byte"),
 }
 CACHE_FILL_DESIGN = "dualdecoder-cache"
-CACHE_FILL_TERMS = ("fixed_s", "per_request_s", "per_request_slot_s")
+CACHE_FILL_TERMS = ("fixed_s", "per_slot_s", "per_request_s", "per_request_slot_s")
 
 
 # --------------------------------------------------------------------------- the three fits, typed
@@ -161,7 +161,10 @@ class CacheFill:
     chunkcache.py ChunkCache.fill), twice per layer and step (the prefetch fill and the urgent fill; once, the urgent
     fill, for lru-cache, which prefetches nothing):
 
-        fill_s(batch, slots) = fixed_s + per_request_s * batch + per_request_slot_s * batch * slots
+        fill_s(batch, slots) = fixed_s + per_slot_s * slots + per_request_s * batch + per_request_slot_s * batch * slots
+
+    (per_slot_s: the scan of one (request, KV head)'s slots by one program, the step's latency where the
+    programs are fewer than the SMs; per_request_slot_s: the scans' total work where they are not)
 
     one fill of one layer, seconds; fitted by sim/fit/cachefill.py. `sources`: the engine sweeps it was
     fitted to (each folder, run_id, git sha, date); empty while it is being fitted (no note then)."""
@@ -182,14 +185,15 @@ class CacheFill:
         where = ", ".join(f"{s.get('folder')} git {str(s.get('git_sha'))[:7]}" for s in self.sources)
         return (f"cache fill FITTED to {self.points} engine points of {CACHE_FILL_DESIGN} at"
                 f" {'/'.join(f'{c // 1024}K' for c in self.contexts)} ({where}; other sweeps held out):"
-                f" {th['fixed_s'] * 1e6:.1f} us + {th['per_request_s'] * 1e9:.0f} ns per request"
+                f" {th['fixed_s'] * 1e6:.1f} us + {th['per_slot_s'] * 1e9:.1f} ns per slot"
+                f" + {th['per_request_s'] * 1e9:.0f} ns per request"
                 f" + {th['per_request_slot_s'] * 1e12:.2f} ps per request-slot, per fill (twice per layer for dualdecoder-cache, once for lru-cache);"
                 f" max |residual| {self.max_abs_residual_us:.1f} us per fill")
 
 
 def features(batch: int, slots: int) -> np.ndarray:
-    """The cache fill's features: (1, batch, batch x slots)."""
-    return np.array([1.0, float(batch), float(batch) * float(slots)])
+    """The cache fill's features: (1, slots, batch, batch x slots)."""
+    return np.array([1.0, float(slots), float(batch), float(batch) * float(slots)])
 
 
 @dataclass(frozen=True)
@@ -436,7 +440,7 @@ def reuse_doc(key: tuple, f: ReuseFetchFit) -> dict:
 
 def cache_fill_doc(f: CacheFill) -> dict:
     return {"design": CACHE_FILL_DESIGN, "model": f.model, "gpu": f.gpu, "contexts": list(f.contexts), "points": f.points,
-            "terms": "fill_s = fixed_s + per_request_s * batch + per_request_slot_s * batch * slots (one fill of"
+            "terms": "fill_s = fixed_s + per_slot_s * slots + per_request_s * batch + per_request_slot_s * batch * slots (one fill of"
                      " one layer; two per layer and step)",
             "theta": dict(f.theta), "max_abs_residual_us": f.max_abs_residual_us, "residuals_us": dict(f.residuals_us),
             "sources": list(f.sources)}

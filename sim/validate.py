@@ -14,7 +14,8 @@ validated one, held-out, cache, fp8: all measured before the in-place ShadowKV s
 rows carry that engine's fetch, and their chunk-cache rows the torch fill), three validations of the
 in-place engine: `<stem>-inplace.csv` (ShadowKV in place: traces/engine/h200-shadowkv-fast builds,
 paper-80gb and fp8, and h200-rates' ShadowKV rows), `<stem>-rates.csv` (h200-rates' chunk-cache grid and
-the other designs at batch 1) and `<stem>-ablation.csv` (issue 31's ablation, the fused fill), each with its points' min / median / max over their builds in the summary (`per_point`). Default folder: the data root's
+the other designs at batch 1), `<stem>-ablation.csv` (issue 31's ablation, the fused fill) and `<stem>-fill.csv`
+(the fused fill's sweep at 32K / 64K / 128K, traces/engine/h200-cache-fill, whose overlap points it is fitted to), each with its points' min / median / max over their builds in the summary (`per_point`). Default folder: the data root's
 validation/ (traces/validation/). Imports no torch.
 """
 
@@ -27,7 +28,7 @@ from ddbench.core.flags import OneLineParser
 from ddbench.core.errors import DDBenchError
 from ddbench.core.outputs import output_folder
 from ddbench.core.paths import traces_dir
-from ddbench.sim.fit.validation import (ABLATION_RUNS, CACHE_SWEEP, CALIBRATION_FLOOR_SWEEP, CALIBRATION_SWEEP, FP8_SWEEP, GPU,
+from ddbench.sim.fit.validation import (ABLATION_RUNS, CACHE_SWEEP, FILL_RUNS, CALIBRATION_FLOOR_SWEEP, CALIBRATION_SWEEP, FP8_SWEEP, GPU,
                                 HELD_OUT_SWEEP, INPLACE_RUNS, LINK, MODEL, RATES_RUNS, STEPS, VALIDATION_SWEEP, WARMUP,
                                 user_path_errors, validate, validate_runs)
 from ddbench.sim.fit.summary import summarize
@@ -210,7 +211,8 @@ def main(argv=None) -> int:
         results = [(validate(d, a.calibration_engine, allow_same_run=a.allow_same_run, held_out=h), out)
                    for d, out, h in runs]
         if a.in_place != "none":
-            for tag, spec in (("inplace", INPLACE_RUNS), ("rates", RATES_RUNS), ("ablation", ABLATION_RUNS)):
+            for tag, spec in (("inplace", INPLACE_RUNS), ("rates", RATES_RUNS), ("ablation", ABLATION_RUNS),
+                              ("fill", FILL_RUNS)):
                 if all(os.path.exists(os.path.join(str(traces_dir("engine", f)), "engine.csv")) for f, _ in spec):
                     results.append((validate_runs(spec, a.calibration_engine),
                                     os.path.splitext(a.out)[0] + f"-{tag}.csv"))

@@ -60,7 +60,7 @@ def test_check_cli(tmp_path, capsys):
     doc["inputs"]["cache_sweeps"][0]["files"]["meta.json"] = "0" * 64
     (tmp_path / FILE).write_text(json.dumps(doc))
     assert fitfile.main(["--check", "--out", str(tmp_path)]) == 1
-    assert "traces/engine/h200-cache-fused/meta.json" in capsys.readouterr().err
+    assert "traces/engine/h200-cache-fill/meta.json" in capsys.readouterr().err
 
 
 def test_refit_is_the_committed_file():

@@ -3,11 +3,10 @@ plan (kernels/cachefill.py: one Triton launch; before commit 27aa89a, ChunkCache
 small torch kernels), twice per layer and step (the prefetch fill and the urgent fill). The one cost of the design that the
 op-level terms of sim/costmodel.py do not price; the cost model adds it per layer (CostModel.cache_fill_s).
 
-    fill_s(batch, slots) = a + b * batch + c * batch * slots          (one fill of one layer, seconds)
+    fill_s(batch, slots) = a + b * slots + c * batch + e * batch * slots   (one fill of one layer, seconds)
 
 FITTED, by non-negative least squares, to the engine's measured steps of dualdecoder-cache in one or more
-sweeps at the contexts named (default 32K, 64K and 128K of traces/engine/h200-cache-fused and
-h200-cache-fused-ctx; the torch fill's at 64K of h200-cache, which prices only that engine's rows in the
+sweeps at the contexts named (default 32K, 64K and 128K of traces/engine/h200-cache-fill; the torch fill's at 64K of h200-cache, which prices only that engine's rows in the
 validation), at their points in the overlap regime (the link does not bind, so the step is compute plus
 exposed transfers, both priced): per point, the residual (engine step - simulated step without the fill) /
 (2 L). Two rounds: the second has the first fit in the plan, so that the fill's place among the transfers is
@@ -31,7 +30,9 @@ from ddbench.sim.fit.replay import (COMPLETED, FUSED, MODEL, TORCH, cache_fill_k
 from ddbench.sim.fitted import CACHE_FILL_DESIGN as DESIGN, CACHE_FILL_TERMS as TERMS, CacheFill, features
 
 DEFAULT_CONTEXTS = {FUSED: (32768, 65536, 131072), TORCH: (65536,)}
-SWEEPS = {FUSED: ("cache-fused", "cache-fused-ctx"), TORCH: ("cache",)}   # kind -> the default sweeps, <gpu>-<it>
+# kind -> the default sweeps, <gpu>-<it>. The fused fill's: cache-fill (commit bc6729d on: the prefetch bytes each row
+# records are its fills' own; cache-fused and cache-fused-ctx, before it, recorded none at batch 16 and 32)
+SWEEPS = {FUSED: ("cache-fill",), TORCH: ("cache",)}
 
 
 def points(engine_dir: str, contexts, kind: str = FUSED):

@@ -10,7 +10,7 @@ fits, in this order, on the bundle of --gpu (sim/fitted.py says what each term i
   2. ShadowKV's reuse fetch per gather shape (sim/fit/reusefit.py), from the bundle's reuse_fetch records
      (the copy-then-regather fetch of the engine before 0f05ef2: it prices that engine's rows in the validation);
   3. dualdecoder-cache's fill (sim/fit/cachefill.py), from the engine's chunk-cache sweeps of the fused fill
-     (default <data root>/engine/<gpu>-cache-fused and <gpu>-cache-fused-ctx where they exist) at the
+     (default <data root>/engine/<gpu>-cache-fill where it exists) at the
      contexts of --context, priced with 1 and 2; and the torch fill of the engine before it (<gpu>-cache, at
      64K), which prices only that engine's rows in the validation;
 and writes FOLDER/fitted.json (default <calibration root>/../fit/<gpu>/: traces/fit/h200/fitted.json)
@@ -127,8 +127,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default="h200", help="the calibration bundle's GPU (default h200)")
     ap.add_argument("--calibration", help="the calibration root holding <gpu>/ (default the data root's calibration/)")
     ap.add_argument("--cache-sweep", help="the chunk-cache engine sweeps the fused fill is fitted to, comma-separated"
-                                          " (default the data root's engine/<gpu>-cache-fused and <gpu>-cache-fused-ctx"
-                                          " where they exist; 'none': no fill term)")
+                                          " (default the data root's engine/<gpu>-cache-fill where it exists;"
+                                          " 'none': no fill term)")
     ap.add_argument("--torch-fill-sweep", help="the chunk-cache sweep of the engine's torch fill (before the fused one),"
                                                " which prices that engine's rows in the validation (default the"
                                                " data root's engine/<gpu>-cache where it exists; 'none': not fitted)")

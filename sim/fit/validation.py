@@ -377,6 +377,7 @@ RATES_RUNS = (("h200-rates", "!shadowkv"),)      # its chunk-cache grid and the 
 # issue 31's ablation: the two caches (fused fill) at their largest batches, Qwen2.5-14B's four designs, and
 # DualDecoder at its largest batches (ddbench/experiments/ablation_figure.py)
 ABLATION_RUNS = (("h200-ablation", None), ("h200-ablation-qwen14b", None), ("h200-ablation-dualdecoder", None))
+FILL_RUNS = (("h200-cache-fill", None),)   # the fused fill's sweep (32K/64K/128K): its fitted points, and the link-bound ones
 META_FALLBACK = "h200-shadowkv-fast/builds/b0"   # h200-rates has no meta.json: the thin-gather rate of this run
 
 
