@@ -34,6 +34,7 @@ from pathlib import Path
 from ddbench.core.flags import OneLineParser
 from ddbench.doctables import examples
 from ddbench.doctables.ablation import ablation
+from ddbench.doctables.peer import peer_flashinfer
 from ddbench.doctables.common import CALIBRATION_SWEEP, CTX, ROOT, DocTablesError  # noqa: F401
 from ddbench.doctables.engine_tables import (cache, engine_floor, engine_mechanism, engine_transfers, fp8, headline,  # noqa: F401
                                       paper_points, validation, validation_line)
@@ -47,6 +48,7 @@ GENERATORS = {
     "headline": headline,
     "kernels-gather": kernels_gather,
     "kernels-attention": kernels_attention,
+    "kernels-peer-flashinfer": peer_flashinfer,
     "calibration": calibration,
     "fig12": fig12,
     "paper-points": paper_points,

@@ -15,6 +15,7 @@ class CachePath:
         the predicted chunks it missed, on the prefetch stream after the layer's last reader."""
         layer = u % self.L
         off = u // self.L - self.step_u0 // self.L      # 1: a prefetch for the next step's first layers
+        count = self.pf_count[(self.step_u0 // self.L) % 2, layer:layer + 1]   # this (issuing) step's row
         torch.mul(self.step_dev + off, 2, out=self.pf_stamp[layer:layer + 1])
         ev_st, _ = self.sched.run("compute", "stamp", lambda: None, layer=layer)
         box = {}
@@ -23,8 +24,9 @@ class CachePath:
             with nvtx_range(f"prefetch fill L{layer}"):
                 box["plan"], _ = self.cache.fill_rows(layer, pred, self.pf_stamp[layer:layer + 1], kind="prefetch")
                 # the plan buffers are reused: keep its count, copied on this stream after the fill (a copy on
-                # the compute stream raced the fill and recorded another fill's count, or none)
-                box["count"] = box["plan"].count.clone()
+                # the compute stream raced the fill and recorded another fill's count, or none); an add, a
+                # kernel, not a memcpy node (a copy engine's) between the fill and the gather
+                torch.add(box["plan"].count, 0, out=count)
         ev_fill, _ = self.sched.run("prefetch", "prefetch-fill", fill, waits=[self.free_ev[layer], ev_st], layer=layer,
                                     buf=layer, use=u)
         self.fill_ev[u] = ev_fill
@@ -36,7 +38,7 @@ class CachePath:
         ev, _ = self.sched.run("prefetch", "prefetch", go, layer=layer, buf=layer, use=u)
         self.ready_ev.setdefault(u, []).append(ev)
         self.prefetched[u] = pred
-        self.stats.prefetch_items.append(box["count"])
+        self.stats.prefetch_items.append(count)
         self.stats.prefetch_layer.append((layer, False))
 
     def _cache_fetch(self, i, u, true, have_pred):

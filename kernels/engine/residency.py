@@ -94,6 +94,8 @@ class Residency:
             self.kbuf, self.vbuf = list(self.cache.k.unbind(0)), list(self.cache.v.unbind(0))
             self.step_dev = torch.zeros(1, device=self.dev, dtype=torch.int32)   # decode steps (LRU stamps)
             self.pf_stamp = torch.zeros(L, device=self.dev, dtype=torch.int32)
+            # each layer's prefetch count, one row per step parity (a captured graph's two steps keep their own)
+            self.pf_count = torch.zeros(2, L, device=self.dev, dtype=torch.int32)
             self.fill_ev = {}            # use id -> event after its prefetch fill
         else:
             self.kbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]
