@@ -6,7 +6,8 @@ from ddbench.kernels import linkbench
 
 
 @pytest.mark.parametrize("argv,word", [(["--sizes", "x"], "--sizes"), (["--sizes", "0,8"], "--sizes"),
-                                       (["--sizes", "1024"], "--sizes"), (["--rounds", "0"], "--rounds")])
+                                       (["--sizes", "1024"], "--sizes"), (["--rounds", "0"], "--rounds"),
+                                       (["--only", "urgent,bogus"], "--only"), (["--only", ""], "--only")])
 def test_bad_flags_one_line(argv, word, capsys):
     assert linkbench.main(argv) == 2
     err = capsys.readouterr().err.strip()
