@@ -9,10 +9,11 @@ layer and KV head), at the profile's rates for that capacity and their own predi
 (ddbench.core.cacherates: the speculative replay for dualdecoder-cache, the replay without prediction for
 lru-cache); DualDecoder and ShadowKV at 12 % forced misses.
 
-Measured (traces/engine): h200-ablation (the two caches on Llama-3-8B, the batch fixed at the largest that
-dualdecoder-cache's search found, which the memory model gives lru-cache too), h200-ablation-qwen14b (all
-four searched), h200-ablation-dualdecoder (DualDecoder on Llama-3-8B at its largest batches of h200-cache)
-and h200-shadowkv-fast/builds (ShadowKV). Simulated: `ddbench simulate`'s cost model at each engine point's
+Measured (traces/engine): h200-ablation (the two caches at all four points, the batch fixed at the largest
+that dualdecoder-cache's search found, which the memory model gives lru-cache too: h200-cache-fill's at 32K,
+94, and h200-ablation-qwen14b's for Qwen2.5-14B; engine code adecbf8, whose rows record the prefetch bytes
+they moved), h200-ablation-qwen14b (DualDecoder and ShadowKV searched), h200-ablation-dualdecoder
+(DualDecoder on Llama-3-8B at its largest batches of h200-cache) and h200-shadowkv-fast/builds (ShadowKV). Simulated: `ddbench simulate`'s cost model at each engine point's
 batch and forced rates (cache_figure.simulated). Not a paper figure: no paper number.
 """
 
@@ -28,7 +29,7 @@ from ddbench.plotting import SYSTEM_COLORS
 
 DESIGNS = ("dualdecoder-cache", "lru-cache", "dualdecoder", "shadowkv")
 POINTS = (("llama-3-8b", 32 * 1024), ("llama-3-8b", 64 * 1024), ("llama-3-8b", 128 * 1024), ("qwen2.5-14b", 128 * 1024))
-RUNS = {"h200-ablation": ("dualdecoder-cache", "lru-cache"), "h200-ablation-qwen14b": DESIGNS,
+RUNS = {"h200-ablation": ("dualdecoder-cache", "lru-cache"), "h200-ablation-qwen14b": ("dualdecoder", "shadowkv"),
         "h200-ablation-dualdecoder": ("dualdecoder",), SHADOWKV_RUN: ("shadowkv",)}
 CACHE_TOKENS = 8192
 COLORS = {"dualdecoder-cache": "#9467bd", "lru-cache": "#8c564b"}

@@ -374,9 +374,12 @@ INPLACE_RUNS = (("h200-shadowkv-fast/builds/b0", None), ("h200-shadowkv-fast/bui
                 ("h200-shadowkv-fast/builds/b2", None), ("h200-shadowkv-fast/paper-80gb", None),
                 ("h200-shadowkv-fast/fp8", None), ("h200-rates", "shadowkv"))
 RATES_RUNS = (("h200-rates", "!shadowkv"),)      # its chunk-cache grid and the other designs at batch 1
-# issue 31's ablation: the two caches (fused fill) at their largest batches, Qwen2.5-14B's four designs, and
-# DualDecoder at its largest batches (ddbench/experiments/ablation_figure.py)
-ABLATION_RUNS = (("h200-ablation", None), ("h200-ablation-qwen14b", None), ("h200-ablation-dualdecoder", None))
+# issue 31's ablation (ddbench/experiments/ablation_figure.py): the two caches (fused fill) at their largest
+# batches, Qwen2.5-14B's searches, and DualDecoder at its largest batches
+# h200-ablation: the two caches at all four points (commit adecbf8, the prefetch bytes each row moved);
+# h200-ablation-qwen14b's dualdecoder-cache rows recorded too few of them (before bc6729d), its others stand
+ABLATION_RUNS = (("h200-ablation", None), ("h200-ablation-qwen14b", "!dualdecoder-cache"),
+                 ("h200-ablation-dualdecoder", None))
 FILL_RUNS = (("h200-cache-fill", None),)   # the fused fill's sweep (32K/64K/128K): its fitted points, and the link-bound ones
 META_FALLBACK = "h200-shadowkv-fast/builds/b0"   # h200-rates has no meta.json: the thin-gather rate of this run
 
