@@ -230,7 +230,8 @@ def run_peer(quick: bool = False):
     rows = Rows()
     ceil = ceilings(dev)
     hbm = ceil["hbm_copy_gbps_rw"]
-    rows.add("ceiling", "hbm_d2d_copy_1GiB", 0, "read+write", 2 << 30, 2 * (1 << 30) / hbm / 1e6)
+    rows.add("ceiling", "hbm_d2d_copy_1GiB", 0, "read+write", 2 << 30, 2 * (1 << 30) / hbm / 1e6,
+             notes=f"peer: flashinfer {getattr(fi, '__version__', 'unknown')}")
     batches = (1, 16) if quick else (1, 16, 64)
     contexts = (32768,) if quick else (32768, 131072)
     for ctx in contexts:
