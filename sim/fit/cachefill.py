@@ -7,12 +7,13 @@ op-level terms of sim/costmodel.py do not price; the cost model adds it per laye
 
 FITTED, by non-negative least squares, to the engine's measured steps of dualdecoder-cache in one or more
 sweeps at the contexts named (default 32K, 64K and 128K of traces/engine/h200-cache-fill; the torch
-fill's at 64K of h200-cache, which prices only that engine's rows in the validation), at their points in the overlap regime (the link does not bind, so the step is compute plus
-exposed transfers, both priced): per point, the residual (engine step - simulated step without the fill) /
-(2 L). Two rounds: the second has the first fit in the plan, so that the fill's place among the transfers is
-priced too. Other sweeps and contexts are held out: `python -m ddbench.sim.validate` replays every point,
-and its summary says which were fitted. Run by `python -m ddbench.sim.fit` (its --cache-sweep, --context),
-on the cost model with the engine and reuse-fetch terms fitted just before; imports no torch.
+fill's at 64K of h200-cache, which prices only that engine's rows in the validation), at their points in
+the overlap regime (the link does not bind, so the step is compute plus exposed transfers, both priced):
+per point, the residual (engine step - simulated step without the fill) / (2 L). Two rounds: the second
+has the first fit in the plan, so that the fill's place among the transfers is priced too. Other sweeps
+and contexts are held out: `python -m ddbench.sim.validate` replays every point, and its summary says
+which were fitted. Run by `python -m ddbench.sim.fit` (its --cache-sweep, --context), on the cost model
+with the engine and reuse-fetch terms fitted just before; imports no torch.
 """
 
 from __future__ import annotations
