@@ -34,6 +34,8 @@ from ddbench.sim.fit.validation import (ABLATION_RUNS, CACHE_SWEEP, FILL_RUNS, C
 from ddbench.sim.fit.summary import summarize
 
 COMMAND = "python -m ddbench.sim.validate"
+# the validations of the in-place engine, each written as <out stem>-<tag>.csv
+RUN_SETS = (("inplace", INPLACE_RUNS), ("rates", RATES_RUNS), ("ablation", ABLATION_RUNS), ("fill", FILL_RUNS))
 README = "README.md"
 
 
@@ -211,8 +213,7 @@ def main(argv=None) -> int:
         results = [(validate(d, a.calibration_engine, allow_same_run=a.allow_same_run, held_out=h), out)
                    for d, out, h in runs]
         if a.in_place != "none":
-            for tag, spec in (("inplace", INPLACE_RUNS), ("rates", RATES_RUNS), ("ablation", ABLATION_RUNS),
-                              ("fill", FILL_RUNS)):
+            for tag, spec in RUN_SETS:
                 if all(os.path.exists(os.path.join(str(traces_dir("engine", f)), "engine.csv")) for f, _ in spec):
                     results.append((validate_runs(spec, a.calibration_engine),
                                     os.path.splitext(a.out)[0] + f"-{tag}.csv"))
