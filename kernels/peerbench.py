@@ -23,8 +23,7 @@ Top-k over the selection's probabilities (2 query tokens, N = context / 8 chunks
   flashinfer_top_k / torch_topk   over the fp32 group-max probabilities [B * 2 * H, N] (floor: those)
   ours_select / ours_scores+flashinfer_top_k   the whole selection from the landmarks (floor: the landmarks)
 Timing: CUDA graphs of `inner` calls (kernels/timing.py time_cuda), inputs rotated over enough copies that
-they do not stay in L2 where they fit; a kernel whose launch cannot be captured is timed eagerly, with ours
-eagerly beside it, and the row says so. flashinfer's plan() runs once per input set, outside the timing.
+they do not stay in L2 where they fit; flashinfer's plan() runs once per input set, outside the timing.
 """
 
 from __future__ import annotations
@@ -116,13 +115,9 @@ class AttnCase:
         return o.view(B, H, nq, G, D).permute(0, 2, 1, 3, 4).reshape(B, nq, HQ, D)
 
 
-def _timed(fns_graph):
-    """(ms, how): CUDA-graph timing, or eager where the capture fails (how says so)."""
-    try:
-        return time_cuda(fns_graph, inner=3, reps=15), "graph"
-    except Exception as exc:  # a launch that cannot be captured
-        torch.cuda.synchronize()
-        return time_cuda(fns_graph, inner=3, reps=15, graph=False), f"eager (capture failed: {type(exc).__name__})"
+def _timed(fns):
+    """(ms, how): the median call of CUDA-graph replays over the rotated input sets."""
+    return time_cuda(fns, inner=3, reps=15), "graph"
 
 
 def _rel(a, b) -> float:
@@ -176,10 +171,6 @@ def bench_attention(rows, fi, hbm_gbps, batches, contexts, dev, gen):
                             "prefill": "flashinfer_prefill_causal"}[kind]
                     rows.add("peer_attention", f"{name}_{tok}", B, shape, case.floor_bytes, t, floor,
                              vs=f"ours_rows_{tok}", notes=f"{how}; rel_err_vs_ours_rows={err:.1e}")
-                    if how != "graph":   # ours eagerly beside it, a fair pair
-                        t = time_cuda(ours_r, inner=3, reps=15, graph=False)
-                        rows.add("peer_attention", f"ours_rows_{tok}_eager", B, shape, case.floor_bytes, t, floor,
-                                 notes="eager, beside an eager flashinfer")
                     del wr
                 del case
                 torch.cuda.empty_cache()

@@ -28,8 +28,8 @@ def _rows(d, kernel, variants, suffix=""):
     out = {}
     for _, r in d.iterrows():
         v = r["variant"]
-        base = v[:-len(suffix)] if suffix and v.endswith(suffix) else (None if suffix else v)
-        if base in variants:
+        base = v[:len(v) - len(suffix)]
+        if v.endswith(suffix) and base in variants:
             out.setdefault((_context(r["shape"]), int(r["batch"])), {})[base] = r
     return out
 

@@ -36,10 +36,9 @@ DEFAULT_CONTEXTS = {FUSED: (32768, 65536, 131072), TORCH: (65536,)}
 SWEEPS = {FUSED: ("cache-fill",), TORCH: ("cache",)}
 
 
-def points(engine_dir: str, contexts, kind: str = FUSED):
-    """The sweep's dualdecoder-cache rows at `contexts` (tokens, one or several) that ran with transfers in the
-    overlap regime; a DDBenchError where one of them ran the other fill (sim/fit/replay.py cache_fill_kind)."""
-    contexts = {int(c) for c in ((contexts,) if isinstance(contexts, int) else contexts)}
+def points(engine_dir: str, contexts: tuple, kind: str = FUSED):
+    """The sweep's dualdecoder-cache rows at `contexts` (tokens) that ran with transfers in the overlap
+    regime; a DDBenchError where one of them ran the other fill (sim/fit/replay.py cache_fill_kind)."""
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
     meta = load_meta(engine_dir)
     thin = float(meta["thin_gather_gbps"])

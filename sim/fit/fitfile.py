@@ -149,12 +149,8 @@ def main(argv=None) -> int:
                 print(f"stale: {b} changed since {os.path.join(out, FILE)} was fitted", file=sys.stderr)
             print("fresh" if not bad else f"{len(bad)} input(s) changed: rerun `{COMMAND}`")
             return 1 if bad else 0
-        cache_dirs = _dirs(a.cache_sweep, "--cache-sweep") or default_cache_sweeps(a.gpu)
-        torch_dirs = _dirs(a.torch_fill_sweep, "--torch-fill-sweep") or default_cache_sweeps(a.gpu, TORCH)
-        if a.cache_sweep == "none":
-            cache_dirs = None
-        if a.torch_fill_sweep == "none":
-            torch_dirs = None
+        cache_dirs = _dirs(a.cache_sweep, "--cache-sweep", a.gpu, FUSED)
+        torch_dirs = _dirs(a.torch_fill_sweep, "--torch-fill-sweep", a.gpu, TORCH)
         contexts = tuple(parse_tokens(c.strip(), "--context") for c in a.context.split(","))
         bundle = load_bundle(path)
         with output_folder(out, command=COMMAND, own_ok=True, force=a.force) as w:
@@ -170,10 +166,13 @@ def main(argv=None) -> int:
     return 0
 
 
-def _dirs(text: str | None, flag: str) -> list | None:
-    """A comma-separated list of sweep folders (None where not given or 'none'); a missing one is an error."""
-    if not text or text == "none":
+def _dirs(text: str | None, flag: str, gpu: str, kind: str) -> list | None:
+    """The sweeps of `flag`: None for 'none', the kind's defaults where not given, else its comma-separated
+    folders (one without an engine.csv is an error)."""
+    if text == "none":
         return None
+    if not text:
+        return default_cache_sweeps(gpu, kind)
     dirs = [d.strip() for d in text.split(",") if d.strip()]
     for d in dirs:
         if not os.path.exists(os.path.join(d, "engine.csv")):
