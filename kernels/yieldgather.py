@@ -1,5 +1,6 @@
 """Two ways to keep an urgent fetch from queueing behind a prefetch (issue 32, part 3), for bench link's
-urgent test (kernels/linkbench.py) to measure. The engine does not use them.
+urgent test (kernels/linkbench.py) to measure. The engine's chunk cache takes the yield (its slot gather,
+kernels/engine/transfer.gather_slots, polls the same flag) behind EngineConfig.yield_prefetch.
 
     gather_yielding(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, programs=32, items=None,
                     scales=None, spin=SPIN, polls=None) -> programs launched
@@ -99,7 +100,7 @@ def _yield_kernel(host, scales, idx, flag, polls, k_out, v_out, n_items, n_sel, 
         tl.store(polls + p, spin - left)
 
 
-def _check_flag(flag, polls, programs, device):
+def check_flag(flag, polls, programs, device):
     if not (isinstance(flag, torch.Tensor) and flag.dtype == torch.int32 and flag.numel() == 1
             and flag.device == device):
         raise DDBenchError(f"the yield flag must be an int32 tensor of one element on {device}")
@@ -126,7 +127,7 @@ def gather_yielding(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, p
     n_items = B * H * n_sel
     items = launch_items(items, programs, host_kv)
     grid = _grid(n_items, programs, items)
-    _check_flag(flag, polls, programs, v_out.device)
+    check_flag(flag, polls, programs, v_out.device)
     if n_items == 0:
         return 0
     idx = idx.to(device=v_out.device, dtype=torch.int32).contiguous()
@@ -146,7 +147,7 @@ def gather_yielding_ref(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=
     B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
     n_items = B * H * idx.shape[2]
     grid = _grid(n_items, programs, launch_items(items, programs, host_kv))
-    _check_flag(flag, polls, programs, v_out.device)
+    check_flag(flag, polls, programs, v_out.device)
     if n_items == 0:
         return 0
     gather_ref(host_kv, layer, idx, k_out, v_out, slot_offset=slot_offset, scales=scales)

@@ -77,13 +77,13 @@ def test_a_cache_smaller_than_the_selection_is_refused():
         ChunkCache(1, 1, 1, 64, 4, 8, 8, 8, "cpu", torch.float32, 8)
 
 
-def _engine(cache_tokens, miss_rate, churn, seed=0, design=CACHE):
+def _engine(cache_tokens, miss_rate, churn, seed=0, design=CACHE, **switches):
     g = torch.Generator().manual_seed(seed)
     host = alloc_host_kv(3, 2, 2, 32, 8, 32, dtype=torch.float32)
     host.copy_(torch.randn(host.shape, generator=g))
     w = Weights.random(TINY, "cpu", seed, dtype=torch.float32)
     cfg = EngineConfig.of(context=256, batch=2, budget=64, local_chunks=1, gen_tokens=8, rank=16,
-                          miss_rate=miss_rate, churn_rate=churn, cache_tokens=cache_tokens, seed=seed)
+                          miss_rate=miss_rate, churn_rate=churn, cache_tokens=cache_tokens, seed=seed, **switches)
     return Engine(TINY, design, cfg, w, "cpu", host_kv=host, ref=True, debug=True, log=True), host
 
 
@@ -187,3 +187,18 @@ def test_cache_only_misses_are_the_forced_rate():
         assert len(counts) == e.L
         if step >= 1:
             assert all(m // 2 <= n <= m for n in counts), (step, counts, m)
+
+
+def test_the_yield_and_split_switches_change_no_result():
+    """yield_prefetch (the urgent fetch raises a flag the prefetch gathers poll) and rows_two_waves (the
+    rows attention's split count) change when work runs, never what: the same tokens, moved chunks and
+    attention outputs as without them; the flag is down after every step."""
+    runs = []
+    for switches in ({}, dict(yield_prefetch=True, rows_two_waves=True)):
+        e, _ = _engine(128, 0.25, 0.25, seed=3, **switches)
+        toks = [e.step().clone() for _ in range(4)]
+        runs.append((e, toks, [int(n) for n in e.stats.prefetch_items], [int(n) for n in e.stats.urgent_counts]))
+    (plain, t0, pf0, ur0), (sw, t1, pf1, ur1) = runs
+    assert not plain.yield_kw and int(sw.yield_kw["flag"]) == 0
+    assert all(torch.equal(a, b) for a, b in zip(t0, t1)) and pf0 == pf1 and ur0 == ur1 and sum(pf0) > 0
+    assert all(torch.equal(a["out"], b["out"]) for a, b in zip(plain.debug, sw.debug))

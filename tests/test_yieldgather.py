@@ -172,3 +172,25 @@ def test_a_flag_never_lowered_delays_the_prefetch_by_its_budget_only_gpu():
     torch.cuda.synchronize()                         # ends: the budget is spent, the flag ignored
     assert _same(k, kr) and _same(v, vr)
     assert (polls == 1000).all()
+
+
+@pytest.mark.parametrize("kind,held,values_only", [("bf16", 0, False), ("bf16", 1, True), ("fp8", 1, False)])
+def test_yielding_slot_gather_writes_the_plain_ones_bytes(kind, held, values_only):
+    """The chunk cache's prefetch gather with a yield flag (kernels/engine/transfer.gather_slots): whatever
+    the flag holds, the same slots as without it and as its twin, and nothing else."""
+    from ddbench.kernels.engine.transfer import gather_slots, gather_slots_ref, perturb, plan_misses
+    B, H, N, n, C, d = 2, 3, 32, 6, 8, 16
+    q, s = _host(kind, 2, B, H, N, C, d, seed=50 + held)
+    g = torch.Generator().manual_seed(51)
+    pred = torch.rand(B, H, N, generator=g).argsort(-1)[..., :n].sort(-1).values.int()
+    plan = plan_misses(pred.to(DEV), perturb(pred, 0.5, N, g).to(DEV))
+    outs = []
+    for fn, kw in ((gather_slots, dict(flag=_flag(held), spin=3)), (gather_slots, {}), (gather_slots_ref, {})):
+        k, v = _poison(B, H, n * C, d), _poison(B, H, n * C, d)
+        fn(q, 1, plan, None if values_only else k, v, programs=3, items=2, scales=s, **kw)
+        outs.append((k, v))
+    (k, v), (kp, vp), (kr, vr) = outs
+    assert _same(k, kp) and _same(v, vp) and _close(k, kr) and _close(v, vr)
+    assert int((~v.isnan()).sum()) == int(plan.count) * C * d and int(plan.count) > 0
+    with pytest.raises(DDBenchError, match="flag"):
+        gather_slots(q, 1, plan, k, v, scales=s, flag=torch.zeros(1, dtype=torch.int64, device=DEV))

@@ -519,7 +519,8 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
         """The attention over buffer b once its transfers are in; its end frees the buffer."""
         ev_wait, _ = self.sched.run("compute", "wait", lambda: None, waits=waits, layer=i, buf=b, use=u)
         kw = {} if rows is None else {"rows": rows}
-        if not self.ref and self.B * self.H < 64:   # small batch: about two waves of (request, head, split)
+        if not self.ref and (self.B * self.H < 64 or (rows is not None and self.cfg.rows_two_waves)):
+            # small batch (or, with the switch, a chunk cache's rows): about two waves of (request, head, split)
             sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
             kw["splits"] = max(1, min(2 * sms // (self.B * self.H), self.S // 256))
         with nvtx_range("attention"):

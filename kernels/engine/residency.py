@@ -87,6 +87,7 @@ class Residency:
         else:
             nbuf = L * s.buffer_sets
         self.cache = None
+        self.yield_kw = {}               # the prefetch gathers' yield flag, with cfg.yield_prefetch
         if s.chunk_cache:
             from ddbench.kernels.engine.chunkcache import ChunkCache
             self.cache = ChunkCache(L, B, H, self.N, cfg.workload.cache_tokens // C, C, d, self.S - self.kc * C,
@@ -97,6 +98,9 @@ class Residency:
             # each layer's prefetch count, one row per step parity (a captured graph's two steps keep their own)
             self.pf_count = torch.zeros(2, L, device=self.dev, dtype=torch.int32)
             self.fill_ev = {}            # use id -> event after its prefetch fill
+            if cfg.yield_prefetch and s.prefetch != "none" and cfg.transfers:
+                # raised by each urgent fetch, polled by the prefetch gathers (kernels/yieldgather.py)
+                self.yield_kw = {"flag": torch.zeros(1, device=self.dev, dtype=torch.int32)}
         else:
             self.kbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]
             self.vbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]

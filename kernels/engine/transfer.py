@@ -8,9 +8,10 @@ forced-miss perturbation, and the stream/event scheduler with its hazard log.
         order `assembled`, so attention over the k*C selected tokens is attention over the true set.
         All on the device, no host sync: a stable sort puts the misses (and the free slots) first,
         per (b, h) in flat order, so the r-th miss and the r-th free slot share their (b, h).
-    gather_slots(host_kv, layer, plan, k_out, v_out, programs=64, scales=None)   urgent path: UVA reads
+    gather_slots(host_kv, layer, plan, k_out, v_out, programs=64, scales=None, flag=None)   UVA reads
         of the misses only; the item count is read on the device (`plan.count`), so no host sync; an
-        fp8 host KV is dequantised in the kernel (kernels/gather.py)
+        fp8 host KV is dequantised in the kernel (kernels/gather.py); with `flag` (a chunk cache's
+        prefetch), it yields to the urgent fetches that raise it (kernels/yieldgather.py)
     gather_slots_ref(...)                                            torch twin
     perturb(base, miss_rate, n_chunks, gen)                          forced-miss index: `base` with
         round(miss_rate*k) chunks per (b, h) replaced by random chunks outside `base` (sorted)
@@ -33,6 +34,7 @@ from ddbench.kernels.fp8 import E4M3, check_host_scales, dequantized_layer, laye
 from ddbench.kernels.gather import launch_items
 from ddbench.kernels.indexsets import reuse_plan
 from ddbench.kernels.layout import check_host_kv
+from ddbench.kernels.yieldgather import SPIN, check_flag
 
 
 @dataclass
@@ -70,15 +72,21 @@ def _used_slots(src: torch.Tensor, miss: torch.Tensor, k: int) -> torch.Tensor:
     return cnt > 0
 
 
-@triton.jit
-def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, k_out, v_out, H, N, s_hb,
-                        s_ob, s_oh, s_ot, CD: tl.constexpr, C: tl.constexpr, ITEMS: tl.constexpr,
-                        FETCH_K: tl.constexpr, FP8: tl.constexpr):
+@triton.jit(do_not_specialize=["spin"])
+def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, flag, k_out, v_out, H, N, s_hb,
+                        s_ob, s_oh, s_ot, spin, CD: tl.constexpr, C: tl.constexpr, ITEMS: tl.constexpr,
+                        FETCH_K: tl.constexpr, FP8: tl.constexpr, YIELD: tl.constexpr):
     p = tl.program_id(0)
     G = tl.num_programs(0)
     n_items = tl.load(count_ptr)
     e = tl.arange(0, CD)[None, :]
+    left = spin
+    raised = tl.load(flag, volatile=True) if YIELD else 0
     for base in range(p * ITEMS, n_items, G * ITEMS):
+        if YIELD:   # kernels/yieldgather.py's bounded yield: no new round while the urgent side holds the flag
+            while (left > 0) & (raised != 0):
+                left -= 1
+                raised = tl.load(flag, volatile=True)
         it = base + tl.arange(0, ITEMS)
         ok = it < n_items
         bh = tl.load(bh_ptr + it, mask=ok, other=0).to(tl.int64)
@@ -91,6 +99,8 @@ def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, k_out
         v = tl.load(host + row[:, None] + CD + e, mask=ok[:, None])
         if FETCH_K:
             k = tl.load(host + row[:, None] + e, mask=ok[:, None])
+        if YIELD:     # for the next round: its wait overlaps this round's pieces
+            raised = tl.load(flag, volatile=True)
         if FP8:       # e4m3 bytes and their pieces' scales (kernels/gather.py)
             sv = tl.load(scales + row // CD + 1, mask=ok, other=0.0)
             v = (v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sv[:, None]).to(v_out.dtype.element_ty)
@@ -102,9 +112,14 @@ def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, k_out
             tl.store(k_out + dst, k, mask=ok[:, None])
 
 
-def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, items=None, scales=None):
-    """Fetch plan's misses from host_kv[layer] into slot plan.slot of (b, h) (k_out None: values only)."""
+def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, items=None, scales=None, flag=None,
+                 spin=SPIN):
+    """Fetch plan's misses from host_kv[layer] into slot plan.slot of (b, h) (k_out None: values only).
+    flag: None, or an int32 [1] device tensor: the prefetch then yields to an urgent fetch that raises it
+    (kernels/yieldgather.py: at most `spin` polls per program, the same writes)."""
     check_host_kv(host_kv)
+    if flag is not None:
+        check_flag(flag, None, programs, v_out.device)
     check_host_scales(host_kv, scales)
     L, B, H, N, _, C, d = host_kv.shape
     n = plan.bh.numel()
@@ -115,10 +130,11 @@ def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, i
     fp8 = host_kv.dtype == E4M3
     src = host_kv[layer].view(torch.uint8) if fp8 else host_kv[layer]
     sc = layer_scales(host_kv, layer, scales) if fp8 else v_out
-    _slot_gather_kernel[grid](src, sc, plan.bh, plan.chunk, plan.slot, plan.count,
+    _slot_gather_kernel[grid](src, sc, plan.bh, plan.chunk, plan.slot, plan.count, plan.count if flag is None else flag,
                               v_out if k_out is None else k_out, v_out, H, N, host_kv.stride(1),
-                              *v_out.stride()[:3],
-                              CD=C * d, C=C, ITEMS=items, FETCH_K=k_out is not None, FP8=fp8, num_warps=4)
+                              *v_out.stride()[:3], spin,
+                              CD=C * d, C=C, ITEMS=items, FETCH_K=k_out is not None, FP8=fp8, YIELD=flag is not None,
+                              num_warps=4)
 
 
 def gather_slots_ref(host_kv, layer, plan: MissPlan, k_out, v_out, *, scales=None, **_):
