@@ -5,8 +5,8 @@ kernels/engine/transfer.gather_slots, polls the same flag) behind EngineConfig.y
     gather_yielding(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, programs=32, items=None,
                     scales=None, spin=SPIN, polls=None) -> programs launched
         gather_uva's contract and bytes (kernels/gather.py, without reuse: bf16, or fp8 dequantised in the
-        kernel), plus `flag`, an int32 [1] device tensor. Each program reads the flag with a volatile load
-        (from L2 every time, never a cached copy) once at its start and once beside each round of `items`
+        kernel), plus `flag`, an int32 [1] device tensor. Each program reads the flag with an atomic add
+        of 0 (flag_now: from L2 every time, never a cached copy) once at its start and once beside each round of `items`
         pieces, after that round's reads are issued, so the read's latency hides behind the pieces. While
         the last read found the flag nonzero, the program issues no new round and polls again. So a raise
         stops each program within two rounds: the one in flight, and the next if its read came first.
@@ -59,6 +59,13 @@ from ddbench.kernels.gather import _check, gather_ref, gather_uva, launch_items
 SPIN = 1 << 14          # polls per program per launch at most (the wait's bound; see the module docstring)
 
 
+@triton.jit
+def flag_now(flag):
+    """The flag as it is now, from L2: an atomic add of 0 (relaxed), which no cache or compiler can serve
+    from an earlier read."""
+    return tl.atomic_add(flag, 0, sem="relaxed")
+
+
 @triton.jit(do_not_specialize=["spin"])
 def _yield_kernel(host, scales, idx, flag, polls, k_out, v_out, n_items, n_sel, H, N, s_hb,
                   s_ob, s_oh, s_ot, slot_offset, spin,
@@ -68,12 +75,12 @@ def _yield_kernel(host, scales, idx, flag, polls, k_out, v_out, n_items, n_sel, 
     G = tl.num_programs(0)
     e = tl.arange(0, CD)[None, :]
     left = spin
-    raised = tl.load(flag, volatile=True)
+    raised = flag_now(flag)
     for base in range(p * ITEMS, n_items, G * ITEMS):
         # yield the link: no new reads while the urgent side holds the flag, within the launch's budget
         while (left > 0) & (raised != 0):
             left -= 1
-            raised = tl.load(flag, volatile=True)
+            raised = flag_now(flag)
         it = base + tl.arange(0, ITEMS)
         ok = it < n_items
         j = it % n_sel
@@ -86,7 +93,7 @@ def _yield_kernel(host, scales, idx, flag, polls, k_out, v_out, n_items, n_sel, 
         v = tl.load(host + row[:, None] + CD + e, mask=ok[:, None])       # every load before the first store
         if FETCH_K:
             k = tl.load(host + row[:, None] + e, mask=ok[:, None])
-        raised = tl.load(flag, volatile=True)     # for the next round: its wait overlaps this round's pieces
+        raised = flag_now(flag)                   # for the next round: its wait overlaps this round's pieces
         if FP8:
             sv = tl.load(scales + row // CD + 1, mask=ok, other=0.0)
             v = (v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sv[:, None]).to(v_out.dtype.element_ty)

@@ -34,7 +34,7 @@ from ddbench.kernels.fp8 import E4M3, check_host_scales, dequantized_layer, laye
 from ddbench.kernels.gather import launch_items
 from ddbench.kernels.indexsets import reuse_plan
 from ddbench.kernels.layout import check_host_kv
-from ddbench.kernels.yieldgather import SPIN, check_flag
+from ddbench.kernels.yieldgather import SPIN, check_flag, flag_now
 
 
 @dataclass
@@ -81,12 +81,12 @@ def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, flag,
     n_items = tl.load(count_ptr)
     e = tl.arange(0, CD)[None, :]
     left = spin
-    raised = tl.load(flag, volatile=True) if YIELD else 0
+    raised = flag_now(flag) if YIELD else 0
     for base in range(p * ITEMS, n_items, G * ITEMS):
         if YIELD:   # kernels/yieldgather.py's bounded yield: no new round while the urgent side holds the flag
             while (left > 0) & (raised != 0):
                 left -= 1
-                raised = tl.load(flag, volatile=True)
+                raised = flag_now(flag)
         it = base + tl.arange(0, ITEMS)
         ok = it < n_items
         bh = tl.load(bh_ptr + it, mask=ok, other=0).to(tl.int64)
@@ -100,7 +100,7 @@ def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, flag,
         if FETCH_K:
             k = tl.load(host + row[:, None] + e, mask=ok[:, None])
         if YIELD:     # for the next round: its wait overlaps this round's pieces
-            raised = tl.load(flag, volatile=True)
+            raised = flag_now(flag)
         if FP8:       # e4m3 bytes and their pieces' scales (kernels/gather.py)
             sv = tl.load(scales + row // CD + 1, mask=ok, other=0.0)
             v = (v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sv[:, None]).to(v_out.dtype.element_ty)
