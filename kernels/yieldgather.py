@@ -5,8 +5,8 @@ kernels/engine/transfer.gather_slots, polls the same flag) behind EngineConfig.y
     gather_yielding(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, programs=32, items=None,
                     scales=None, spin=SPIN, polls=None) -> programs launched
         gather_uva's contract and bytes (kernels/gather.py, without reuse: bf16, or fp8 dequantised in the
-        kernel), plus `flag`, an int32 [1] device tensor. Each program reads the flag with an atomic add
-        of 0 (flag_now: from L2 every time, never a cached copy) once at its start and once beside each round of `items`
+        kernel), plus `flag`, an int32 [1] device tensor. Each program reads the flag with a volatile load
+        (flag_now: from L2 every time, never a cached copy) once at its start and once beside each round of `items`
         pieces, after that round's reads are issued, so the read's latency hides behind the pieces. While
         the last read found the flag nonzero, the program issues no new round and polls again. So a raise
         stops each program within two rounds: the one in flight, and the next if its read came first.
@@ -61,9 +61,8 @@ SPIN = 1 << 14          # polls per program per launch at most (the wait's bound
 
 @triton.jit
 def flag_now(flag):
-    """The flag as it is now, from L2: an atomic add of 0 (relaxed), which no cache or compiler can serve
-    from an earlier read."""
-    return tl.atomic_add(flag, 0, sem="relaxed")
+    """The flag as it is now: a volatile load (PTX ld.volatile, read again at every poll)."""
+    return tl.load(flag, volatile=True)
 
 
 @triton.jit(do_not_specialize=["spin"])
