@@ -194,7 +194,7 @@ def test_the_yield_and_split_switches_change_no_result():
     rows attention's split count) change when work runs, never what: the same tokens, moved chunks and
     attention outputs as without them; the flag is down after every step."""
     runs = []
-    for switches in ({}, dict(yield_prefetch=True, rows_two_waves=True)):
+    for switches in (dict(yield_prefetch=False, rows_two_waves=False), {}):      # off, and the defaults (on)
         e, _ = _engine(128, 0.25, 0.25, seed=3, **switches)
         toks = [e.step().clone() for _ in range(4)]
         runs.append((e, toks, [int(n) for n in e.stats.prefetch_items], [int(n) for n in e.stats.urgent_counts]))

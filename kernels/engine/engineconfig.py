@@ -31,10 +31,12 @@ class EngineConfig:
                                       # the model's own speculative selection)
     fused_fill: bool = True           # chunk cache: its fill in one Triton launch (kernels/cachefill.py); False: the
                                       # torch twin's ~30 kernels (the A/B of devtools/devcheck_cachefill.py)
-    yield_prefetch: bool = False      # chunk cache: its prefetch gather yields to the urgent fetches (a device flag,
-                                      # kernels/yieldgather.py); the A/B of devtools/devcheck_engine_ab.py
-    rows_two_waves: bool = False      # chunk cache: attention through its rows split for about two waves of (request,
-                                      # KV head, split) programs at every batch (False: two below 64 (b, h), else one)
+    yield_prefetch: bool = True       # chunk cache: its prefetch gather yields to the urgent fetches (a device flag,
+                                      # kernels/yieldgather.py); False: as before (devtools/devcheck_engine_ab.py's A/B,
+                                      # traces/engine/h200-switches: 0.94-0.99x the step)
+    rows_two_waves: bool = True       # chunk cache: attention through its rows split for about two waves of (request,
+                                      # KV head, split) programs at every batch (False: two below 64 (b, h), else one;
+                                      # the same A/B: 0.97-0.99x the step at batch 8 and 16)
     seed: int = 0
 
     @staticmethod
