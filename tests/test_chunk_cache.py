@@ -190,9 +190,10 @@ def test_cache_only_misses_are_the_forced_rate():
 
 
 def test_the_yield_and_split_switches_change_no_result():
-    """yield_prefetch (the urgent fetch raises a flag the prefetch gathers poll) and rows_two_waves (the
-    rows attention's split count) change when work runs, never what: the same tokens, moved chunks and
-    attention outputs as without them; the flag is down after every step."""
+    """The twins' engine with yield_prefetch and rows_two_waves on (the defaults) and off: the yield (each
+    urgent fetch raises a flag that the prefetch gathers poll) changes when work runs, never what, and the
+    split count is the Triton attention's alone (tests/test_engine_gpu.py checks both there). So the same
+    tokens, moved chunks and attention outputs; the flag is down after every step."""
     runs = []
     for switches in (dict(yield_prefetch=False, rows_two_waves=False), {}):      # off, and the defaults (on)
         e, _ = _engine(128, 0.25, 0.25, seed=3, **switches)
