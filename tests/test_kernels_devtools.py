@@ -74,7 +74,7 @@ def test_imports_resolve(script):
 def test_refuses_without_gpu(script, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     main = importlib.import_module(f"devtools.{script}").main
-    args = {"devcheck": ["spec"]}.get(script, [])
+    args = {"devcheck": ["spec"], "devcheck_engine_ab": ["--switch", "yield_prefetch"]}.get(script, [])
     assert (main(args) if inspect.signature(main).parameters else main()) == 2
     assert capsys.readouterr().err.strip() == f"{script}: needs a CUDA GPU"
 
