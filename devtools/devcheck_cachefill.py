@@ -30,7 +30,7 @@ import sys
 
 import torch
 
-from devtools._common import command, refusal
+from devtools._common import command, context_batches, refusal
 
 POINTS = "131072:1,32768:1,131072:60"
 RATES = {131072: (0.0444, 0.1271), 32768: (0.0229, 0.0730)}      # (urgent, churn) at 4x: traces/engine/h200-rates
@@ -151,15 +151,13 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-engine", action="store_true")
     a = ap.parse_args(argv)
     why = refusal("devcheck_cachefill", a.reps)
+    if not why:
+        pts, why = context_batches("devcheck_cachefill", a.points, RATES)
     if why:
         print(why, file=sys.stderr)
         return 2
     from ddbench.kernels.engine.sweep import hbm_gbps
     from ddbench.kernels.timing import provenance
-    pts = [tuple(int(v) for v in p.split(":")) for p in a.points.split(",")]
-    if any(c not in RATES for c, _ in pts):
-        print(f"devcheck_cachefill: contexts must be among {sorted(RATES)}", file=sys.stderr)
-        return 2
     hbm = hbm_gbps()
     print(f"HBM copy {hbm:.0f} GB/s", flush=True)
     log = lambda t: print(t, flush=True)   # noqa: E731

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from devtools._common import command, refusal
+from devtools._common import command, context_batches, refusal
 from devtools.devcheck_cachefill import CACHE_TOKENS, RATES
 
 SWITCHES = ("yield_prefetch", "rows_two_waves")
@@ -42,9 +42,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     why = refusal("devcheck_engine_ab", a.reps)
-    pts = [tuple(int(v) for v in p.split(":")) for p in a.points.split(",")]
-    if not why and any(c not in RATES for c, _ in pts):
-        why = f"devcheck_engine_ab: contexts must be among {sorted(RATES)}"
+    if not why and a.builds < 1:
+        why = "devcheck_engine_ab: --builds must be at least 1"
+    if not why:
+        pts, why = context_batches("devcheck_engine_ab", a.points, RATES)
     if why:
         print(why, file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from devtools._common import command, refusal
+from devtools._common import command, context_batches, refusal
 
 POINTS = "131072:46,65536:80,32768:126,131072:1"
 
@@ -116,12 +116,13 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-rebuild", action="store_true")
     a = ap.parse_args(argv)
     why = refusal("devcheck_shadowkv", a.reps)
+    if not why:
+        pts, why = context_batches("devcheck_shadowkv", a.points)
     if why:
         print(why, file=sys.stderr)
         return 2
     from ddbench.kernels.engine.sweep import copy_gbps, hbm_gbps
     from ddbench.kernels.timing import provenance
-    pts = [tuple(int(v) for v in p.split(":")) for p in a.points.split(",")]
     hbm, cg = hbm_gbps(), copy_gbps()
     print(f"HBM copy {hbm:.0f} GB/s, pinned H2D {cg:.1f} GB/s", flush=True)
     log = lambda t: print(t, flush=True)   # noqa: E731

@@ -89,6 +89,28 @@ def test_refusal(monkeypatch):
     assert refusal("devcheck_x", 1) is None and refusal("devcheck_x") is None
 
 
+@pytest.mark.parametrize("script", ["devcheck_engine_ab", "devcheck_cachefill", "devcheck_shadowkv"])
+@pytest.mark.parametrize("points", ["131072:abc", "131072", "131072:0", "", "131072:8:2"])
+def test_bad_points_are_one_line(script, points, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    main = importlib.import_module(f"devtools.{script}").main
+    extra = ["--switch", "yield_prefetch"] if script == "devcheck_engine_ab" else []
+    assert main([*extra, "--points", points]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"{script}: --points must be CONTEXT:BATCH,... of positive integers, got {points!r}"
+
+
+def test_point_contexts_and_builds_are_checked(monkeypatch, capsys):
+    from devtools._common import context_batches
+    assert context_batches("x", "131072:8,32768:94", {131072, 32768}) == ([(131072, 8), (32768, 94)], None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    from devtools.devcheck_engine_ab import main
+    assert main(["--switch", "rows_two_waves", "--points", "65536:8"]) == 2
+    assert capsys.readouterr().err.strip() == "devcheck_engine_ab: contexts must be among [32768, 131072]"
+    assert main(["--switch", "rows_two_waves", "--builds", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "devcheck_engine_ab: --builds must be at least 1"
+
+
 def test_scores_ab_swaps_only_the_selection_ops():
     """devcheck_scores' variant: the engine's landmark and SpeCache selections store pass 1's scores in
     the given dtype (called as the engine calls them), every other op stays the engine's."""
