@@ -13,7 +13,10 @@
         scale per chunk of physical rows per (b, h) (ddbench.kernels.fp8.quantize_chunks); row r's scale is
         scale[b, h, r // chunk]. The kernel multiplies the scores' columns by the K scales and the
         probabilities' columns by the V scales (the e4m3 tiles convert exactly to q's dtype for the dots).
-    dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, k_scale=None, v_scale=None, chunk=8) -> o
+    tail=(tk, tv), kc: logical tokens kc.. are rows 0.. of the 16-bit tk, tv [B, H, T, d] (an fp8 chunk cache's
+        resident window, generated and new tokens, kept in q's dtype); tokens below kc go through rows
+    dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, k_scale=None, v_scale=None, chunk=8,
+                              tail=None, kc=0) -> o
         torch twin (fp32 math; fp8 buffers dequantised with ddbench.kernels.fp8.dequantize_chunks)
     chunk_cache_rows(B, H, n_tokens, n_slots, chunk, generator=None, device=None) -> rows
         a chunk cache's random slot permutation as rows (test and benchmark inputs)
@@ -38,11 +41,36 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attn_kernel(q, k, v, lengths, o, po, pml, rows, ksc, vsc,
-                 s_qb, s_qt, s_qh, s_kb, s_kh, s_kt, s_ob, s_ot, s_oh, s_rows, s_sb, s_sh,
+def _tile(qt, kb, vb, s_kt, pr, n, nv, limit, m, l, acc, ksc, vsc, scale_log2, dd, FP8: tl.constexpr,
+          CHUNK: tl.constexpr):
+    """One BLOCK_N tile of logical tokens n (valid nv) at physical rows pr of kb / vb: the online softmax's
+    (m, l, acc) after it. FP8: e4m3 rows with their chunk scales at ksc / vsc + pr // CHUNK."""
+    kt = tl.load(kb + pr[None, :] * s_kt + dd[:, None], mask=nv[None, :], other=0.0)
+    if FP8:       # e4m3 -> q's dtype is exact; row scales applied to the score columns
+        ks = tl.load(ksc + pr // CHUNK, mask=nv, other=0.0)
+        s = tl.dot(qt, kt.to(qt.dtype)) * (ks * scale_log2)[None, :]
+    else:
+        s = tl.dot(qt, kt) * scale_log2
+    s = tl.where((n[None, :] < limit[:, None]) & nv[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    vt = tl.load(vb + pr[:, None] * s_kt + dd[None, :], mask=nv[:, None], other=0.0)
+    if FP8:       # p @ (v * vs) = (p * vs) @ v
+        p = p * tl.load(vsc + pr // CHUNK, mask=nv, other=0.0)[None, :]
+        vt = vt.to(qt.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+    return m_new, l, acc
+
+
+@triton.jit
+def _attn_kernel(q, k, v, lengths, o, po, pml, rows, ksc, vsc, tk, tv,
+                 s_qb, s_qt, s_qh, s_kb, s_kh, s_kt, s_ob, s_ot, s_oh, s_rows, s_sb, s_sh, s_tb, s_th, s_tt, KC,
                  H, G, NQ, n_split, split_len, scale_log2,
                  D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 SPLIT: tl.constexpr, ROWS: tl.constexpr, FP8: tl.constexpr, CHUNK: tl.constexpr):
+                 SPLIT: tl.constexpr, ROWS: tl.constexpr, FP8: tl.constexpr, CHUNK: tl.constexpr,
+                 TAIL: tl.constexpr):
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D)
     dd = tl.arange(0, D)
@@ -57,30 +85,25 @@ def _attn_kernel(q, k, v, lengths, o, po, pml, rows, ksc, vsc,
     vb = v + b.to(tl.int64) * s_kb + h * s_kh
     rb = rows + (b.to(tl.int64) * H + h) * s_rows
     sb = b.to(tl.int64) * s_sb + h * s_sh   # the (b, h) row of k_scale / v_scale (FP8)
-    for n0 in range(start, end, BLOCK_N):
+    # TAIL: logical tokens from KC on are rows n - KC of the 16-bit tail buffers tk / tv, the rest as below
+    mid = tl.minimum(tl.maximum(start, KC), end) if TAIL else end
+    for n0 in range(start, mid, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        nv = n < end
+        nv = n < mid
         if ROWS:      # logical token -> physical row (a chunk cache's slots)
             pr = tl.load(rb + n, mask=nv, other=0).to(tl.int64)
         else:
             pr = n
-        kt = tl.load(kb + pr[None, :] * s_kt + dd[:, None], mask=nv[None, :], other=0.0)
-        if FP8:       # e4m3 -> q's dtype is exact; row scales applied to the score columns
-            ks = tl.load(ksc + sb + pr // CHUNK, mask=nv, other=0.0)
-            s = tl.dot(qt, kt.to(qt.dtype)) * (ks * scale_log2)[None, :]
-        else:
-            s = tl.dot(qt, kt) * scale_log2
-        s = tl.where((n[None, :] < limit[:, None]) & nv[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        vt = tl.load(vb + pr[:, None] * s_kt + dd[None, :], mask=nv[:, None], other=0.0)
-        if FP8:       # p @ (v * vs) = (p * vs) @ v
-            p = p * tl.load(vsc + sb + pr // CHUNK, mask=nv, other=0.0)[None, :]
-            vt = vt.to(qt.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m = m_new
+        m, l, acc = _tile(qt, kb, vb, s_kt, pr, n, nv, limit, m, l, acc, ksc + sb, vsc + sb, scale_log2, dd,
+                          FP8=FP8, CHUNK=CHUNK)
+    if TAIL:
+        tkb = tk + b.to(tl.int64) * s_tb + h * s_th
+        tvb = tv + b.to(tl.int64) * s_tb + h * s_th
+        for n0 in range(mid, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            nv = n < end
+            m, l, acc = _tile(qt, tkb, tvb, s_tt, n - KC, n, nv, limit, m, l, acc, ksc, vsc,
+                              scale_log2, dd, FP8=False, CHUNK=1)
     if SPLIT:
         base = (bh * n_split + sp) * BLOCK_M
         tl.store(po + (base + r)[:, None] * D + dd[None, :], acc)
@@ -127,6 +150,22 @@ def auto_splits(batch: int, kv_heads: int, capacity: int, device) -> int:
     H200, 2048 tokens (run 1 sweep): B=8 best at 2 splits, B=32 and B=64 at 1.
     """
     return max(1, min(_sm_count(device) // (batch * kv_heads), capacity // 256))
+
+
+def _check_tail(tail, kc, S, q, k_buf, rows):
+    """(tk, tv) of a tail (tk, tv) [B, H, T >= S - kc, d] in q's dtype, or placeholders (k_buf) without one."""
+    if tail is None:
+        return k_buf, k_buf
+    if rows is None:
+        raise DDBenchError("a tail goes with rows (a chunk cache's slots before it)")
+    tk, tv = tail
+    B, H, _, d = k_buf.shape
+    if not 0 <= kc <= S or tk.shape != tv.shape or tk.dim() != 4 or tuple(tk.shape[:2]) != (B, H) \
+            or tk.shape[3] != d or tk.shape[2] < S - kc or tk.dtype != q.dtype or tk.stride() != tv.stride() \
+            or tk.stride(3) != 1 or tk.device != q.device:
+        raise DDBenchError(f"tail must be two [B={B}, H={H}, >= {max(S - kc, 0)}, d={d}] {q.dtype} tensors of equal strides"
+                           f" with 0 <= kc <= {S}")
+    return tk, tv
 
 
 def _check_rows(rows, B, H, S_phys):
@@ -186,16 +225,18 @@ def _check_scales(k_buf, v_buf, k_scale, v_scale, chunk) -> bool:
 
 
 def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, block_n=64, num_warps=4, num_stages=3,
-                          rows=None, k_scale=None, v_scale=None, chunk=8):
+                          rows=None, k_scale=None, v_scale=None, chunk=8, tail=None, kc=0):
     """See module docstring. Caller guarantees lengths[b] + nq <= S. rows [B, H, S] int32: token n of
     (b, h) is row rows[b, h, n] of k_buf / v_buf (a chunk cache's slots; its values < k_buf's rows).
-    fp8 k_buf / v_buf: k_scale, v_scale fp32 [B, H, S_phys // chunk]."""
+    fp8 k_buf / v_buf: k_scale, v_scale fp32 [B, H, S_phys // chunk]. tail (tk, tv) [B, H, T, d] in q's
+    dtype: logical tokens kc.. are their rows 0.. (an fp8 chunk cache's 16-bit tail; rows[..., kc:] unread)."""
     B, nq, Hq, d, H = _check(q, k_buf, v_buf, lengths)
     fp8 = _check_scales(k_buf, v_buf, k_scale, v_scale, chunk)
     G = Hq // H
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     S = k_buf.shape[2] if rows is None else _check_rows(rows, B, H, k_buf.shape[2])
+    tk, tv = _check_tail(tail, kc, S, q, k_buf, rows)
     lengths = lengths.to(device=q.device, dtype=torch.int32)
     n_split = auto_splits(B, H, S, q.device) if splits is None else int(splits)
     n_split = max(1, min(n_split, triton.cdiv(S, block_n)))
@@ -212,12 +253,12 @@ def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, bl
         po = pml = o
     ks, vs = (k_scale, v_scale) if fp8 else (lengths, lengths)   # placeholders where FP8 is off
     _attn_kernel[(B * H, n_split)](q, k_buf, v_buf, lengths, o, po, pml, lengths if rows is None else rows, ks, vs,
-                                   q.stride(0), q.stride(1), q.stride(2), *k_buf.stride()[:3],
+                                   tk, tv, q.stride(0), q.stride(1), q.stride(2), *k_buf.stride()[:3],
                                    o.stride(0), o.stride(1), o.stride(2), S,
                                    H * ks.shape[-1] if fp8 else 0, ks.shape[-1] if fp8 else 0,
-                                   H, G, nq, n_split, split_len, scale,
+                                   *tk.stride()[:3], kc, H, G, nq, n_split, split_len, scale,
                                    D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT=n_split > 1,
-                                   ROWS=rows is not None, FP8=fp8, CHUNK=chunk if fp8 else 1,
+                                   ROWS=rows is not None, FP8=fp8, CHUNK=chunk if fp8 else 1, TAIL=tail is not None,
                                    num_warps=num_warps, num_stages=num_stages)
     if n_split > 1:
         _combine_kernel[(B * H, nq * G)](po, pml, o, o.stride(0), o.stride(1), o.stride(2), H, G, n_split,
@@ -226,15 +267,21 @@ def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, bl
     return o
 
 
-def dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, k_scale=None, v_scale=None, chunk=8, **_):
-    """Torch twin in fp32, one request at a time (fp8 buffers: dequantised first; rows: read through them)."""
+def dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, k_scale=None, v_scale=None, chunk=8, tail=None,
+                              kc=0, **_):
+    """Torch twin in fp32, one request at a time (fp8 buffers: dequantised first; rows: read through them;
+    tail: logical tokens kc.. from its rows)."""
     B, nq, Hq, d, H = _check(q, k_buf, v_buf, lengths)
+    S = k_buf.shape[2] if rows is None else _check_rows(rows, B, H, k_buf.shape[2])
+    tk, tv = _check_tail(tail, kc, S, q, k_buf, rows)
     if _check_scales(k_buf, v_buf, k_scale, v_scale, chunk):
         k_buf, v_buf = dequantize_chunks(k_buf, k_scale, chunk), dequantize_chunks(v_buf, v_scale, chunk)
     if rows is not None:
-        _check_rows(rows, B, H, k_buf.shape[2])
-        idx = rows.long()[..., None].expand(*rows.shape, d)
-        k_buf, v_buf = k_buf.gather(2, idx), v_buf.gather(2, idx)
+        n = kc if tail is not None else S
+        idx = rows[..., :n].long()[..., None].expand(B, H, n, d)
+        k_buf, v_buf = k_buf.float().gather(2, idx), v_buf.float().gather(2, idx)
+        if tail is not None:
+            k_buf, v_buf = torch.cat([k_buf, tk[:, :, :S - kc].float()], 2), torch.cat([v_buf, tv[:, :, :S - kc].float()], 2)
     out = torch.empty_like(q)
     for b in range(B):
         L0 = int(lengths[b])

@@ -59,6 +59,10 @@ class Workload:
                                  " dualdecoder-cache and the ablations. ShadowKV's fp8 values: the memory"
                                  " model only; the simulator refuses them, their 1 KiB gather pieces having no"
                                  " measured rate in the calibration bundle)", minimum=8)
+    cache_bits: int = _f(D.CACHE_BITS, "bits of a chunk-cache design's GPU chunk cache (dualdecoder-cache,"
+                                       " lru-cache): 16 (bf16) or 8 (fp8 e4m3 slots, one fp32 scale per chunk and"
+                                       " KV head, copied from an fp8 host KV as they are and read by the attention"
+                                       " directly; needs kv_bits 8)", minimum=8)
 
     def validate(self, model) -> None:
         """DDBenchError (one line) for a value no design can serve on `model`."""
@@ -74,6 +78,11 @@ class Workload:
             raise DDBenchError(f"lowrank_layers {self.lowrank_layers} exceeds the model's {model.num_layers} layers")
         if self.kv_bits not in (8, 16):
             raise DDBenchError(f"kv_bits must be 16 (bf16) or 8 (fp8 e4m3), got {self.kv_bits}")
+        if self.cache_bits not in (8, 16):
+            raise DDBenchError(f"cache_bits must be 16 (bf16) or 8 (fp8 e4m3), got {self.cache_bits}")
+        if self.cache_bits == 8 and self.kv_bits != 8:
+            raise DDBenchError("cache_bits 8 (an fp8 GPU chunk cache) needs kv_bits 8: its slots are the host's fp8"
+                               " pieces as they are")
         if self.cache_tokens % self.chunk:
             raise DDBenchError(f"cache_tokens {self.cache_tokens} is not a multiple of the chunk size {self.chunk}")
         if self.rank > model.num_kv_heads * model.head_dim:
