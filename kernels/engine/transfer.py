@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ddbench.core.errors import DDBenchError
 from ddbench.kernels.fp8 import E4M3, check_host_scales, dequantized_layer, layer_scales
 from ddbench.kernels.gather import launch_items
 from ddbench.kernels.indexsets import reuse_plan
@@ -73,9 +74,10 @@ def _used_slots(src: torch.Tensor, miss: torch.Tensor, k: int) -> torch.Tensor:
 
 
 @triton.jit(do_not_specialize=["spin"])
-def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, flag, k_out, v_out, H, N, s_hb,
-                        s_ob, s_oh, s_ot, spin, CD: tl.constexpr, C: tl.constexpr, ITEMS: tl.constexpr,
-                        FETCH_K: tl.constexpr, FP8: tl.constexpr, YIELD: tl.constexpr):
+def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, flag, k_out, v_out, ks_out, vs_out, H, N,
+                        s_hb, s_ob, s_oh, s_ot, s_sb, s_sh, spin, CD: tl.constexpr, C: tl.constexpr,
+                        ITEMS: tl.constexpr, FETCH_K: tl.constexpr, FP8: tl.constexpr, YIELD: tl.constexpr,
+                        RAW: tl.constexpr):
     p = tl.program_id(0)
     G = tl.num_programs(0)
     n_items = tl.load(count_ptr)
@@ -101,7 +103,12 @@ def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, flag,
             k = tl.load(host + row[:, None] + e, mask=ok[:, None])
         if YIELD:     # for the next round: its wait overlaps this round's pieces
             raised = flag_now(flag)
-        if FP8:       # e4m3 bytes and their pieces' scales (kernels/gather.py)
+        if RAW:       # fp8 slots: the e4m3 bytes as they are, and their pieces' scales into the slots' scales
+            so = b * s_sb + h * s_sh + sl
+            tl.store(vs_out + so, tl.load(scales + row // CD + 1, mask=ok, other=0.0), mask=ok)
+            if FETCH_K:
+                tl.store(ks_out + so, tl.load(scales + row // CD, mask=ok, other=0.0), mask=ok)
+        elif FP8:     # e4m3 bytes and their pieces' scales (kernels/gather.py)
             sv = tl.load(scales + row // CD + 1, mask=ok, other=0.0)
             v = (v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sv[:, None]).to(v_out.dtype.element_ty)
             if FETCH_K:
@@ -112,15 +119,39 @@ def _slot_gather_kernel(host, scales, bh_ptr, ch_ptr, slot_ptr, count_ptr, flag,
             tl.store(k_out + dst, k, mask=ok[:, None])
 
 
+def check_slot_scales(host_kv, k_out, v_out, k_scale_out, v_scale_out) -> bool:
+    """True for fp8 slots (e4m3 k_out / v_out, fed by an fp8 host KV, with their fp32 [B, H, slots] scales);
+    one-line DDBenchError where they do not belong together."""
+    raw = v_out.dtype == E4M3
+    if not raw:
+        if k_scale_out is not None or v_scale_out is not None:
+            raise DDBenchError(f"slot scales belong to fp8 slots, not {v_out.dtype} ones")
+        return False
+    if host_kv.dtype != E4M3:
+        raise DDBenchError(f"fp8 slots take the pieces of an fp8 host KV as they are, not {host_kv.dtype} ones")
+    B, H, rows = v_out.shape[:3]
+    C = host_kv.shape[-2]
+    for name, out, sc in (("k", k_out, k_scale_out), ("v", v_out, v_scale_out)):
+        if out is None:
+            continue
+        if out.dtype != E4M3 or sc is None or sc.dtype != torch.float32 or sc.shape != (B, H, rows // C) \
+                or sc.stride(2) != 1 or sc.device != v_out.device:
+            raise DDBenchError(f"fp8 slots need e4m3 {name}_out and an fp32 {name}_scale_out [{B}, {H}, {rows // C}]"
+                               f" on {v_out.device}")
+    return True
+
+
 def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, items=None, scales=None, flag=None,
-                 spin=SPIN):
+                 spin=SPIN, k_scale_out=None, v_scale_out=None):
     """Fetch plan's misses from host_kv[layer] into slot plan.slot of (b, h) (k_out None: values only).
     flag: None, or an int32 [1] device tensor: the prefetch then yields to an urgent fetch that raises it
-    (kernels/yieldgather.py: at most `spin` polls per program, the same writes)."""
+    (kernels/yieldgather.py: at most `spin` polls per program, the same writes). e4m3 k_out / v_out (an fp8
+    chunk cache): the fp8 host pieces' bytes as they are, their scales into k/v_scale_out [B, H, slots]."""
     check_host_kv(host_kv)
     if flag is not None:
         check_flag(flag, None, programs, v_out.device)
     check_host_scales(host_kv, scales)
+    raw = check_slot_scales(host_kv, k_out, v_out, k_scale_out, v_scale_out)
     L, B, H, N, _, C, d = host_kv.shape
     n = plan.bh.numel()
     if n == 0:
@@ -130,15 +161,22 @@ def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, i
     fp8 = host_kv.dtype == E4M3
     src = host_kv[layer].view(torch.uint8) if fp8 else host_kv[layer]
     sc = layer_scales(host_kv, layer, scales) if fp8 else v_out
+    ko, vo = (v_out if k_out is None else k_out), v_out
+    if raw:
+        ko, vo = ko.view(torch.uint8), vo.view(torch.uint8)
+    vs = v_scale_out if raw else sc
+    ks = k_scale_out if (raw and k_out is not None) else vs
     _slot_gather_kernel[grid](src, sc, plan.bh, plan.chunk, plan.slot, plan.count, plan.count if flag is None else flag,
-                              v_out if k_out is None else k_out, v_out, H, N, host_kv.stride(1),
-                              *v_out.stride()[:3], spin,
+                              ko, vo, ks, vs, H, N, host_kv.stride(1), *v_out.stride()[:3],
+                              *(vs.stride()[:2] if raw else (0, 0)), spin,
                               CD=C * d, C=C, ITEMS=items, FETCH_K=k_out is not None, FP8=fp8, YIELD=flag is not None,
-                              num_warps=4)
+                              RAW=raw, num_warps=4)
 
 
-def gather_slots_ref(host_kv, layer, plan: MissPlan, k_out, v_out, *, scales=None, **_):
+def gather_slots_ref(host_kv, layer, plan: MissPlan, k_out, v_out, *, scales=None, k_scale_out=None, v_scale_out=None,
+                     **_):
     check_host_scales(host_kv, scales)
+    raw = check_slot_scales(host_kv, k_out, v_out, k_scale_out, v_scale_out)
     L, B, H, N, _, C, d = host_kv.shape
     n = int(plan.count.item())
     if n == 0:
@@ -146,8 +184,16 @@ def gather_slots_ref(host_kv, layer, plan: MissPlan, k_out, v_out, *, scales=Non
     bh = plan.bh[:n].long().cpu()
     ch = plan.chunk[:n].long().cpu()
     sl = plan.slot[:n].long().cpu()
-    src = dequantized_layer(host_kv, layer, scales, v_out.dtype)[bh // H, bh % H, ch].to(v_out.device)   # [n, 2, C, d]
     b, h = (bh // H).to(v_out.device), (bh % H).to(v_out.device)
+    if raw:       # the e4m3 bytes as they are, and the pieces' scales
+        per = layer_scales(host_kv, layer, scales)
+        base = ((bh // H) * host_kv.stride(1) + ((bh % H) * N + ch) * 2 * C * d) // (C * d)   # the K piece's scale
+        v_scale_out[b, h, sl.to(v_out.device)] = per[base + 1].to(v_out.device)
+        if k_out is not None:
+            k_scale_out[b, h, sl.to(v_out.device)] = per[base].to(v_out.device)
+        src = host_kv[layer][bh // H, bh % H, ch].to(v_out.device)
+    else:
+        src = dequantized_layer(host_kv, layer, scales, v_out.dtype)[bh // H, bh % H, ch].to(v_out.device)  # [n, 2, C, d]
     tok = (sl[:, None] * C + torch.arange(C)).to(v_out.device)             # [n, C]
     v_out[b[:, None], h[:, None], tok] = src[:, 1]
     if k_out is not None:
