@@ -35,7 +35,7 @@ class CachePath:
         def go():
             with nvtx_range(f"prefetch L{layer}"):
                 self.slots(self.host, self._hl(layer), box["plan"], self.kbuf[layer], self.vbuf[layer],
-                           programs=self.cfg.prefetch_programs, **self.yield_kw)
+                           programs=self.cfg.prefetch_programs, **self.yield_kw, **self.cache.slot_kw(layer))
         ev, _ = self.sched.run("prefetch", "prefetch", go, layer=layer, buf=layer, use=u)
         self.ready_ev.setdefault(u, []).append(ev)
         self.prefetched[u] = pred
@@ -66,7 +66,8 @@ class CachePath:
             with nvtx_range(f"urgent L{i}"):
                 if self.yield_kw:       # the prefetch gathers issue no new reads meanwhile
                     raise_flag(self.yield_kw["flag"])
-                self.slots(self.host, self._hl(i), plan, self.kbuf[i], self.vbuf[i], programs=cfg.urgent_programs)
+                self.slots(self.host, self._hl(i), plan, self.kbuf[i], self.vbuf[i], programs=cfg.urgent_programs,
+                           **c.slot_kw(i))
                 if self.yield_kw:
                     lower_flag(self.yield_kw["flag"])
         ev_u, _ = self.sched.run("urgent", "urgent", urgent, waits=[ev_plan, self.free_ev[i]] + pre_ev, layer=i, buf=i,

@@ -19,6 +19,10 @@ replay of ddbench/profile/cache.py, so the profile's rates are this cache's.
 Layout: k, v [L, B, H, slots * C + tail, d]: the slots' rows, then `tail` rows the engine assembles
 (the resident window, generated tokens, the new tokens). Attention reads the true selection through
 `rows` [B, H, k * C + tail] int32 (kernels/attention.py: logical token -> physical row).
+fp8 (cache_bits 8): k, v [L, B, H, slots * C, d] e4m3, the host's fp8 pieces as they are (slot_kw: the slot
+gather's k/v_scale_out), k_scale, v_scale [L, B, H, slots] fp32 (one per chunk and KV head), and the tail
+in its own 16-bit tk, tv [L, B, H, tail, d]; attention_kw gives the attention both (kernels/attention.py
+tail=, kc=), assemble_target where the engine's assemble writes.
 Metadata: slot_of [L, B, H, N + 1] int16 (-1: not cached; column N a write sink), chunk_of and age
 [L, B, H, slots + 1] int32 (-1: empty; column `slots` a sink). Sizes: ddbench/core/memory.py
 chunk_cache_bytes counts the slots and the map (the sinks, `rows` and the plans are a few MB).
@@ -30,17 +34,26 @@ import torch
 
 from ddbench.core.errors import DDBenchError
 from ddbench.kernels.engine.transfer import MissPlan
+from ddbench.kernels.fp8 import E4M3
 
 
 class ChunkCache:
-    def __init__(self, L, B, H, N, slots, C, d, tail, device, dtype, k_max, fused=False):
+    def __init__(self, L, B, H, N, slots, C, d, tail, device, dtype, k_max, fused=False, fp8=False):
         if slots < k_max:
             raise DDBenchError(f"a chunk cache of {slots} chunks cannot hold a selection of {k_max}")
         if slots >= 2 ** 15:
             raise DDBenchError(f"a chunk cache of {slots} chunks per head exceeds the int16 map (32767)")
         self.L, self.B, self.H, self.N, self.S, self.C, self.tail = L, B, H, N, slots, C, tail
         self.fused = fused                # fill_rows: one Triton launch (kernels/cachefill.py), else the twin below
-        self.k = torch.zeros(L, B, H, slots * C + tail, d, device=device, dtype=dtype)
+        self.fp8 = fp8
+        if fp8:                           # e4m3 slots with their scales; the tail 16-bit, apart
+            self.k = torch.zeros(L, B, H, slots * C, d, device=device, dtype=E4M3)
+            self.k_scale = torch.ones(L, B, H, slots, device=device, dtype=torch.float32)
+            self.v_scale = torch.ones_like(self.k_scale)
+            self.tk = torch.zeros(L, B, H, tail, d, device=device, dtype=dtype)
+            self.tv = torch.zeros_like(self.tk)
+        else:
+            self.k = torch.zeros(L, B, H, slots * C + tail, d, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.slot_of = torch.full((L, B, H, N + 1), -1, device=device, dtype=torch.int16)
         self.chunk_of = torch.full((L, B, H, slots + 1), -1, device=device, dtype=torch.int32)
@@ -115,3 +128,21 @@ class ChunkCache:
         """A view of layer buffer t [B, H, S*C + tail, d] whose rows kC.. are its tail: what the engine's
         assemble writes at kC onward lands after the slots."""
         return t[:, :, self.S * self.C - kC:]
+
+    def assemble_target(self, layer: int, kC: int):
+        """(k, v, row offset) the engine's assemble writes layer's tail into: the slots' buffers viewed so that
+        rows kC.. are the tail, or (fp8) the 16-bit tail buffers from row 0."""
+        if self.fp8:
+            return self.tk[layer], self.tv[layer], 0
+        return self.tail_view(self.k[layer], kC), self.tail_view(self.v[layer], kC), kC
+
+    def attention_kw(self, layer: int, kC: int) -> dict:
+        """What the attention needs beside the buffers and rows: fp8, the slots' scales and the tail."""
+        if not self.fp8:
+            return {}
+        return dict(k_scale=self.k_scale[layer], v_scale=self.v_scale[layer], chunk=self.C,
+                    tail=(self.tk[layer], self.tv[layer]), kc=kC)
+
+    def slot_kw(self, layer: int) -> dict:
+        """What the slot gather needs beside the buffers: fp8, where the pieces' scales go."""
+        return dict(k_scale_out=self.k_scale[layer], v_scale_out=self.v_scale[layer]) if self.fp8 else {}

@@ -511,14 +511,14 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
             # length R0 + g lives on the device), the new token(s) go right after the used part,
             # and the true token's K/V is persisted at R0 + g for the next steps (one kernel)
             R = self.R0 + self.g
-            ka, va = (kb, vb) if rows is None else (self.cache.tail_view(kb, kC), self.cache.tail_view(vb, kC))
-            self.ops.assemble(ka, va, self.recent_k[i], self.recent_v[i], k, v, self.g_dev, kC, self.R0)
+            ka, va, at = (kb, vb, kC) if rows is None else self.cache.assemble_target(i, kC)
+            self.ops.assemble(ka, va, self.recent_k[i], self.recent_v[i], k, v, self.g_dev, at, self.R0)
         return R
 
     def _attend(self, i, u, b, q, kb, vb, waits, rows):
         """The attention over buffer b once its transfers are in; its end frees the buffer."""
         ev_wait, _ = self.sched.run("compute", "wait", lambda: None, waits=waits, layer=i, buf=b, use=u)
-        kw = {} if rows is None else {"rows": rows}
+        kw = {} if rows is None else {"rows": rows, **self.cache.attention_kw(i, self.kc * self.C)}
         if not self.ref and (self.B * self.H < 64 or (rows is not None and self.cfg.rows_two_waves)):
             # small batch (or, with the switch, a chunk cache's rows): about two waves of (request, head, split)
             sms = torch.cuda.get_device_properties(self.dev).multi_processor_count

@@ -127,10 +127,13 @@ def plan_bytes(model, system, cfg: EngineConfig, dtype_bytes: int = 2) -> dict:
     nbuf = 2 if s.buffer_layers == "pingpong" else L * s.buffer_sets
     ids = 1 + (s.prefetch != "none" and (cfg.transfers or s.tokens_per_step == 2)) + holds_selection(s)
     out["sparse_kv_buffers"] = nbuf * 2 * B * H * S * d * E + ids * L * B * H * kc * 4
-    if s.chunk_cache:     # kernels/engine/chunkcache.py: slots + tail rows, the map and its sinks, rows, a plan per fill kind
+    if s.chunk_cache:     # kernels/engine/chunkcache.py: slots (+ scales) and tail rows, the map and its sinks, rows,
+        # a plan per fill kind
         slots = cfg.workload.cache_tokens // C
         plans = 1 + (s.prefetch != "none")
-        out["sparse_kv_buffers"] = (2 * L * B * H * (slots * C + S - kc * C) * d * E + L * B * H * (N + 1) * 2
+        slot_bytes = 2 * L * B * H * slots * (C * d + 4) if cfg.workload.cache_bits == 8 else \
+            2 * L * B * H * slots * C * d * E     # fp8: e4m3 slots and an fp32 scale each for K and V
+        out["sparse_kv_buffers"] = (slot_bytes + 2 * L * B * H * (S - kc * C) * d * E + L * B * H * (N + 1) * 2
                                     + 2 * L * B * H * (slots + 1) * 4 + B * H * S * 4
                                     + plans * (3 * (B * H * kc + 1) + 1) * 4
                                     + plans * B * H * kc * 4 + ids * L * B * H * kc * 4)

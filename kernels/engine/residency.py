@@ -40,6 +40,9 @@ class Residency:
                 raise DDBenchError("the CPU-gather ablation needs a contiguous host KV (no aliased requests)")
         elif cfg.transfers:
             raise DDBenchError("a sparse design needs host_kv")
+        if cfg.workload.cache_bits == 8 and not s.chunk_cache:
+            raise DDBenchError(f"{s.name}: cache_bits 8 (an fp8 GPU chunk cache) applies to chunk-cache designs"
+                               " (dualdecoder-cache, lru-cache)")
 
     def _init_selection_state(self, g0):
         """What selection reads, and the resident rows: the recent window, landmarks or 2-bit keys, the
@@ -91,7 +94,8 @@ class Residency:
         if s.chunk_cache:
             from ddbench.kernels.engine.chunkcache import ChunkCache
             self.cache = ChunkCache(L, B, H, self.N, cfg.workload.cache_tokens // C, C, d, self.S - self.kc * C,
-                                    self.dev, dt, self.kc, fused=cfg.fused_fill and not self.ref)
+                                    self.dev, dt, self.kc, fused=cfg.fused_fill and not self.ref,
+                                    fp8=cfg.workload.cache_bits == 8)
             self.kbuf, self.vbuf = list(self.cache.k.unbind(0)), list(self.cache.v.unbind(0))
             self.step_dev = torch.zeros(1, device=self.dev, dtype=torch.int32)   # decode steps (LRU stamps)
             self.pf_stamp = torch.zeros(L, device=self.dev, dtype=torch.int32)
