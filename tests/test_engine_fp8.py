@@ -63,17 +63,22 @@ def test_paper_labels_with_fp8():
     assert labels == ["dualdecoder-cache@4096", "dualdecoder-cache@8192", "shadowkv", "specache", "full-kv",
                       "dualdecoder-cache@4096+fp8", "dualdecoder-cache@8192+fp8", "shadowkv+fp8"]
     assert Label.parse("dualdecoder-cache@8192+fp8") == Label("dualdecoder-cache", 8192, 8)
-    assert Label.parse("shadowkv") == ("shadowkv", None, 16) and str(Label("shadowkv", None, 8)) == "shadowkv+fp8"
+    assert Label.parse("shadowkv") == ("shadowkv", None, 16, 16) and str(Label("shadowkv", None, 8)) == "shadowkv+fp8"
     assert all(str(Label.parse(x)) == x for x in labels)      # one format, written and read back
+    both = design_labels(("dualdecoder-cache", "dualdecoder"), (8192,), (8,), (16, 8))
+    assert both == ["dualdecoder-cache@8192+fp8", "dualdecoder-cache@8192+fp8cache", "dualdecoder+fp8"]
+    assert Label.parse("dualdecoder-cache@8192+fp8cache") == Label("dualdecoder-cache", 8192, 8, 8)
+    assert all(str(Label.parse(x)) == x for x in both)
 
 
 @pytest.mark.parametrize("argv", [["--phases", "paper", "--kv-bits", "12"], ["--phases", "paper", "--kv-bits", "x"],
-                                  ["--point", "specache+fp8:32768:2"]])
+                                  ["--point", "specache+fp8:32768:2"], ["--point", "dualdecoder+fp8cache:32768:2"],
+                                  ["--phases", "paper", "--cache-bits", "8"], ["--phases", "paper", "--cache-bits", "4"]])
 def test_sweep_bad_kv_bits_exits_2(argv, capsys):
     from ddbench.kernels.engine.sweep import main
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and ("kv-bits" in err or "fp8" in err)
+    assert err.startswith("error: ") and "\n" not in err and ("kv-bits" in err or "fp8" in err or "cache-bits" in err)
 
 
 @pytest.mark.gpu

@@ -41,6 +41,7 @@ class SweepOptions:
     designs: str | None = None
     cache_tokens: str | None = None
     kv_bits: str = "16"
+    cache_bits: str = "16"
     churn: float | None = None
     repeats: int = 1
     max_batch: int | None = None
@@ -64,6 +65,7 @@ class Checked(SweepOptions):
     paper_designs: tuple = ()
     paper_cache_tokens: tuple = ()
     paper_kv_bits: tuple = ()
+    paper_cache_bits: tuple = ()
     paper_cache_rates: object = None      # (context, tokens, prediction) -> (urgent, churn, note), or None
     paper_max_batch: int = 0
     paper_miss: float = 0.0
@@ -98,6 +100,9 @@ def build_parser(description=None):
     ap.add_argument("--cache-tokens", help="paper phase: comma-separated chunk-cache capacities in tokens per (layer, KV"
                                            " head), each searched for dualdecoder-cache (default the Workload's)")
     ap.add_argument("--kv-bits", default="16", help=ENGINE_KV_BITS_HELP)
+    ap.add_argument("--cache-bits", default="16", help="paper phase: 16 and/or 8 (comma-separated): with 8 (and 8 in"
+                                                       " --kv-bits), each chunk-cache design with an fp8 host KV once"
+                                                       " more with an fp8 GPU chunk cache (label +fp8cache)")
     ap.add_argument("--churn", type=float, help="dualdecoder-cache: forced share of each step's prediction new"
                                                 " against the last (with --miss: the urgent share), instead of the"
                                                 " profile's measured rates")
@@ -135,15 +140,18 @@ def parse_point(text):
 
 
 def check_point(model, design, ctx, batch, a):
-    """The --point's config; a label design[@tokens][+fp8] sets the cache capacity and the fp8 host KV."""
+    """The --point's config; a label design[@tokens][+fp8|+fp8cache] sets the cache capacity, the fp8 host KV
+    and the fp8 GPU chunk cache."""
     label = Label.parse(design)
     chunk_cache = design_spec(design).chunk_cache
     ct = (label.cache_tokens or a.paper_cache_tokens[0]) if chunk_cache else None
     from ddbench.core.memory import keeps_kv_on_host
     if label.kv_bits == 8 and not keeps_kv_on_host(design_spec(design)):
         raise DDBenchError(f"--point {design}: fp8 applies to designs that keep their KV on the host")
+    if label.cache_bits == 8 and not chunk_cache:
+        raise DDBenchError(f"--point {design}: an fp8 GPU chunk cache applies to chunk-cache designs")
     cfg = make_config(ctx, batch, a.miss, not a.no_transfers, budget=a.budget, chunk=a.chunk, cache_tokens=ct,
-                      churn_rate=a.churn if chunk_cache else None, kv_bits=label.kv_bits)
+                      churn_rate=a.churn if chunk_cache else None, kv_bits=label.kv_bits, cache_bits=label.cache_bits)
     cfg.validate(model)
     if ct is not None and ct < cfg.budget:
         raise DDBenchError(f"--cache-tokens {ct} is smaller than the budget ({cfg.budget} tokens)")
@@ -214,13 +222,21 @@ def _cache_tokens(text, model, budget):
     return out
 
 
-def _kv_bits(text):
+def _kv_bits(text, flag="--kv-bits"):
     try:
         bits = tuple(int(x) for x in str(text).split(","))
     except ValueError:
         bits = ()
     if not bits or any(b not in (8, 16) for b in bits):
-        raise DDBenchError(f"--kv-bits takes 16 and/or 8 (comma-separated), got {text!r}")
+        raise DDBenchError(f"{flag} takes 16 and/or 8 (comma-separated), got {text!r}")
+    return bits
+
+
+def _cache_bits(text, kv_bits):
+    bits = _kv_bits(text, "--cache-bits")
+    if 8 in bits and 8 not in kv_bits:
+        raise DDBenchError("--cache-bits 8 (an fp8 GPU chunk cache) needs 8 in --kv-bits: its slots are the fp8 host's"
+                           " pieces")
     return bits
 
 
@@ -255,6 +271,7 @@ def check_args(a: SweepOptions, phases=()) -> Checked:
     designs = _paper_designs(a.designs)
     cache_tokens = _cache_tokens(a.cache_tokens, model, a.budget)
     kv_bits = _kv_bits(a.kv_bits)
+    cache_bits = _cache_bits(a.cache_bits, kv_bits)
     rates = _forced_cache_rates(a)
     used = [m for m, _, _ in points] if PAPER in phases else []
     if set(phases) - {PAPER} or not used:
@@ -272,5 +289,6 @@ def check_args(a: SweepOptions, phases=()) -> Checked:
     given.pop("paper_points")
     return Checked(**given, model_spec=model, cap=cap, cap_label=cap_label, cap_models=cap_models,
                    paper_contexts=contexts, paper_points=tuple(points), paper_designs=designs,
-                   paper_cache_tokens=cache_tokens, paper_kv_bits=kv_bits, paper_cache_rates=rates,
+                   paper_cache_tokens=cache_tokens, paper_kv_bits=kv_bits, paper_cache_bits=cache_bits,
+                   paper_cache_rates=rates,
                    paper_max_batch=max_batch, paper_miss=miss)

@@ -230,7 +230,8 @@ def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status,
             label = Label.parse(d)
             r = stub_row(model, label.design, ctx, None if design_spec(d).kv_on_gpu else miss_rate,
                          cap_label=cap_label, cap_gib=cap_gib, status=status, error=error)
-            r.update(largest_batch=0, largest_basis="error", paper_role="trial", kv_bits=label.kv_bits)
+            r.update(largest_batch=0, largest_basis="error", paper_role="trial", kv_bits=label.kv_bits,
+                     cache_bits=label.cache_bits)
             if d != label.design:
                 r["design_label"] = d
             if label.cache_tokens is not None:
@@ -242,7 +243,7 @@ def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status,
 def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu, overhead, reps, max_batch,
               miss_rate, hbm, deadline, done, append, current=lambda key: None, seed=0, log=print,
               gpu_state=None, health=None, fixed_batch=None, repeats=1, designs=DESIGNS, cache_tokens=(None,),
-              cache_rates=None, kv_bits=(16,), run_point=None):
+              cache_rates=None, kv_bits=(16,), cache_bits=(16,), run_point=None):
     """Every design of DESIGNS at every context: search_largest on engine points. Returns the rows (the
     search's batches, each measured or refused, with the largest batch and its basis on every row of
     the design's search). `done`: rows.jsonl entries of an earlier run (a design already searched is
@@ -265,7 +266,8 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     at each capacity of `cache_tokens` (its label `design@tokens`), with the forced rates
     cache_rates(context, tokens) -> (urgent, churn, note): the true chunks forced to miss the prediction
     and the prediction's churn (default: the measured profile's, ddbench.core.cacherates). kv_bits (16, 8):
-    each design that keeps its KV on the host is searched once more with an fp8 host KV (label + '+fp8').
+    each design that keeps its KV on the host is searched once more with an fp8 host KV (label + '+fp8');
+    cache_bits (16, 8): with 8, a chunk-cache design with an fp8 host KV once more with an fp8 cache ('+fp8cache').
 
     run_point: one engine point (default ddbench.kernels.engine.points.run_point; a test passes a fake)."""
     from ddbench.kernels.engine import capture as cap_mod
@@ -277,7 +279,7 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
                     health=health or cap_mod.gpu_health, fixed_batch=fixed_batch, repeats=repeats,
                     cache_rates=cache_rates or profile_cache_rates(model), run_point=run_point or points.run_point)
     rows = []
-    labels = design_labels(designs, cache_tokens, kv_bits)
+    labels = design_labels(designs, cache_tokens, kv_bits, cache_bits)
     for ctx in contexts:
         for label in labels:
             rows += run.design_rows(ctx, label, done)
@@ -293,6 +295,7 @@ class _Design:
     design: str
     cache_tokens: int | None
     kv_bits: int
+    cache_bits: int
     spec: object
     miss: float | None
     churn: float | None
@@ -390,13 +393,14 @@ class _PaperRun:
         if spec.chunk_cache:
             miss, churn, note = self.cache_rates(ctx, lb.cache_tokens, prediction_of(spec))
             extra.update(cache_tokens=lb.cache_tokens, churn_rate=churn, rates_note=note)
-        return _Design(ctx, label, lb.design, lb.cache_tokens, lb.kv_bits, spec, miss, churn, extra, base, mine=mine)
+        return _Design(ctx, label, lb.design, lb.cache_tokens, lb.kv_bits, lb.cache_bits, spec, miss, churn, extra,
+                       base, mine=mine)
 
     def _cfg(self, s: _Design, B, seed):
         """SpeCache holds its 2-bit values too: the design's whole residency."""
         from ddbench.kernels.engine.points import make_config
         return make_config(s.ctx, B, s.miss, True, seed=seed, quant_values=True, cache_tokens=s.cache_tokens,
-                           churn_rate=s.churn, kv_bits=s.kv_bits)
+                           churn_rate=s.churn, kv_bits=s.kv_bits, cache_bits=s.cache_bits)
 
     def _planned(self, s: _Design, B):
         from ddbench.kernels.engine.engine import plan_bytes

@@ -314,7 +314,7 @@ def run_paper_points(a, model, box, flat, hbm, mem, journal, t_start, gpu_state)
 
 def _not_run(a, journal, pm, ctx, status, error):
     """Rows for every label of a paper point that cannot run (status and error say why)."""
-    labels = pt.design_labels(a.paper_designs, a.paper_cache_tokens, a.paper_kv_bits)
+    labels = pt.design_labels(a.paper_designs, a.paper_cache_tokens, a.paper_kv_bits, a.paper_cache_bits)
     for r in paper_phase.not_run_rows(pm.name, (ctx,), cap_label=a.cap_label,
                                       cap_gib=None if a.cap is None else a.cap / pt.GIB, miss_rate=a.paper_miss,
                                       status=status, error=error, designs=labels):
@@ -350,7 +350,8 @@ def _search_point(a, journal, pm, weights, flat, ctx, fixed, hbm, mem, t_start, 
             miss_rate=a.paper_miss, hbm=hbm, deadline=t_start + a.budget_s, done=journal.done, append=journal.record,
             current=journal.current, seed=a.seed, log=_log, gpu_state=gpu_state, health=cap_mod.gpu_health,
             fixed_batch=fixed, repeats=a.repeats, designs=a.paper_designs, cache_tokens=a.paper_cache_tokens,
-            cache_rates=a.paper_cache_rates, kv_bits=a.paper_kv_bits, run_point=pt.run_point))
+            cache_rates=a.paper_cache_rates, kv_bits=a.paper_kv_bits, cache_bits=a.paper_cache_bits,
+            run_point=pt.run_point))
     except Exception as exc:  # noqa: BLE001 - run_paper makes rows of its failures; this is a last guard
         import traceback
         _log(f"  [paper] {pm.name} {ctx // 1024}K failed:\n" + traceback.format_exc(limit=8))

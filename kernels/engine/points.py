@@ -1,6 +1,7 @@
 """One engine point: its design label, its config, and the code that builds it and times it.
 
     Label.parse("dualdecoder-cache@8192+fp8") -> Label(design, cache_tokens=8192, kv_bits=8); str() gives it back
+    ('+fp8cache': the fp8 host KV and an fp8 GPU chunk cache, cache_bits 8)
     design_spec(name)      the registry design of a name or label ('<design>-single': one query token per step)
     make_config(ctx, batch, miss_rate, ...) -> ddbench.kernels.engine.engine.EngineConfig
     run_point(model, weights, flat, design, ctx, batch, ...) -> row: build, pre-decode, warm up, capture, time
@@ -30,28 +31,33 @@ from ddbench.core.memory import max_batch
 
 GIB = 1 << 30
 FP8 = "+fp8"
+FP8_CACHE = "+fp8cache"
 
 
 # ------------------------------------------------------------------ the point's design
 
 class Label(NamedTuple):
-    """A design as the paper phase and --point name it, `design[@tokens][+fp8]`: a chunk-cache design's
-    capacity in tokens per (layer, KV head), and the bits of the KV on the host (8: fp8 e4m3). The one
-    place the label is written (str) and read (parse)."""
+    """A design as the paper phase and --point name it, `design[@tokens][+fp8|+fp8cache]`: a chunk-cache
+    design's capacity in tokens per (layer, KV head), the bits of the KV on the host (8: fp8 e4m3) and of
+    its GPU chunk cache (+fp8cache: both 8). The one place the label is written (str) and read (parse)."""
     design: str
     cache_tokens: int | None = None
     kv_bits: int = 16
+    cache_bits: int = 16
 
     def __str__(self) -> str:
         return (f"{self.design}@{self.cache_tokens}" if self.cache_tokens else self.design) + \
-            (FP8 if self.kv_bits == 8 else "")
+            (FP8_CACHE if self.cache_bits == 8 else FP8 if self.kv_bits == 8 else "")
 
     @classmethod
     def parse(cls, text: str) -> "Label":
-        base, bits = (text[:-len(FP8)], 8) if text.endswith(FP8) else (text, 16)
+        for suffix, bits in ((FP8_CACHE, (8, 8)), (FP8, (8, 16)), ("", (16, 16))):
+            if text.endswith(suffix):
+                base = text[:len(text) - len(suffix)]
+                break
         d, at, t = base.partition("@")
         try:
-            return cls(d, int(t) if t else None, bits)
+            return cls(d, int(t) if t else None, *bits)
         except ValueError:
             raise DDBenchError(f"design label {text!r}: the cache capacity after '@' must be a whole number"
                                " of tokens") from None
@@ -67,23 +73,26 @@ def design_spec(name):
     return SYSTEMS[name]
 
 
-def design_labels(designs, cache_tokens, kv_bits=(16,)) -> list[str]:
+def design_labels(designs, cache_tokens, kv_bits=(16,), cache_bits=(16,)) -> list[str]:
     """The paper phase's labels: a design, a chunk-cache design once per capacity (design@tokens), and
-    with 8 in kv_bits each design that keeps its KV on the host once more in fp8 (label + '+fp8')."""
+    with 8 in kv_bits each design that keeps its KV on the host once more in fp8 (label + '+fp8'), a
+    chunk-cache design with 8 in cache_bits too with an fp8 cache ('+fp8cache')."""
     from ddbench.core.memory import keeps_kv_on_host
     out = []
     for bits in kv_bits:
         for d in designs:
             if bits == 8 and not keeps_kv_on_host(design_spec(d)):
                 continue
-            for t in (cache_tokens if design_spec(d).chunk_cache else (None,)):
-                out.append(str(Label(d, t, bits)))
+            cache = design_spec(d).chunk_cache
+            for t in (cache_tokens if cache else (None,)):
+                for cb in (cache_bits if (cache and bits == 8) else (16,)):
+                    out.append(str(Label(d, t, bits, cb)))
     return out
 
 
 def make_config(ctx, batch, miss_rate=FORCED_MISS, transfers=True, urgent_programs=64, budget=None, chunk=None,
-                seed=0, quant_values=False, cache_tokens=None, churn_rate=None, kv_bits=16):
-    wl = {"kv_bits": kv_bits}
+                seed=0, quant_values=False, cache_tokens=None, churn_rate=None, kv_bits=16, cache_bits=16):
+    wl = {"kv_bits": kv_bits, "cache_bits": cache_bits}
     if cache_tokens is not None:
         wl["cache_tokens"] = cache_tokens
     if budget is not None:
@@ -288,6 +297,7 @@ def _point_row(model, design, ctx, batch, cfg, miss_rate, transfers, graph, urge
     if spec.chunk_cache:
         row.update(cache_tokens=cfg.workload.cache_tokens, churn_rate=cfg.churn_rate)
     row["kv_bits"] = cfg.workload.kv_bits
+    row["cache_bits"] = cfg.workload.cache_bits
     return row
 
 
