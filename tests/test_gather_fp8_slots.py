@@ -89,11 +89,13 @@ def test_raw_slot_gather_refusals(fn):
     plan = _plan(B, H, N, k, seed=2)
     (ko, kso), (vo, vso) = _slots(B, H, k, C, d), _slots(B, H, k, C, d)
     bf = torch.zeros(B, H, k * C, d, dtype=torch.bfloat16, device=DEV)
+    host16 = q.float().to(torch.bfloat16)
+    host16 = host16.pin_memory() if GPU else host16
     cases = [
         (lambda: fn(q, 0, plan, ko, vo, scales=s, v_scale_out=vso), "k_scale_out"),
         (lambda: fn(q, 0, plan, ko, vo, scales=s, k_scale_out=kso, v_scale_out=vso[..., :2]), "v_scale_out"),
         (lambda: fn(q, 0, plan, bf, bf, scales=s, k_scale_out=kso, v_scale_out=vso), "belong to fp8 slots"),
-        (lambda: fn(q.float().to(torch.bfloat16), 0, plan, ko, vo, k_scale_out=kso, v_scale_out=vso), "fp8 host KV"),
+        (lambda: fn(host16, 0, plan, ko, vo, k_scale_out=kso, v_scale_out=vso), "fp8 host KV"),
     ]
     for call, words in cases:
         with pytest.raises(DDBenchError) as ei:
