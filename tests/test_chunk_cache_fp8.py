@@ -89,7 +89,7 @@ def test_fp8_cache_engine_gpu(design):
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(L, B, H, ctx // 8, 2, 8, d, device="cuda", generator=g) * 2
     q, s = quantize_host_kv(x)
-    deq = torch.stack([dequantized_layer(q, i, s, torch.bfloat16) for i in range(L)]).cpu()
+    deq = torch.stack([dequantized_layer(q, i, s, torch.bfloat16) for i in range(L)]).cpu().pin_memory()
     q, s = q.cpu().pin_memory(), s.cpu().pin_memory()
     cfg = EngineConfig.of(context=ctx, batch=B, budget=512, local_chunks=4, gen_tokens=16, miss_rate=0.33,
                           churn_rate=None if DESIGNS[design].prefetch == "none" else 0.25, cache_tokens=1024, seed=0,
