@@ -34,6 +34,7 @@ from pathlib import Path
 from ddbench.core.flags import OneLineParser
 from ddbench.doctables import examples
 from ddbench.doctables.ablation import ablation
+from ddbench.doctables.fp8_cache import fp8_cache
 from ddbench.doctables.peer import peer_flashinfer
 from ddbench.doctables.common import CALIBRATION_SWEEP, CTX, ROOT, DocTablesError  # noqa: F401
 from ddbench.doctables.engine_tables import (cache, engine_floor, engine_mechanism, engine_transfers, fp8, headline,  # noqa: F401
@@ -55,6 +56,7 @@ GENERATORS = {
     "cache": cache,
     "ablation": ablation,
     "fp8": fp8,
+    "fp8-cache": fp8_cache,
     "engine-floor": engine_floor,
     "engine-transfers": engine_transfers,
     "engine-mechanism": engine_mechanism,
