@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.errors import DDBenchError
-from ddbench.core.memory import Workload, kv_piece_bytes, lowrank_layer_count
+from ddbench.core.memory import Workload, cache_slot_bytes, kv_piece_bytes, lowrank_layer_count
 from ddbench.core.designs import DesignSpec
 from ddbench.sim.costmodel import E, CostModel, LinkRates
 
@@ -142,8 +142,9 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
            for i in range(L)]
     lm = passes * cm.decode_linear_s(m.hidden, m.vocab, batch * q)
     slots = 2 if design.buffer_layers == "pingpong" else L
-    slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (
-        w.cache_tokens if design.chunk_cache else w.budget) * m.kv_bytes_per_token_layer   # 16-bit buffers
+    slot_bytes = 0.0 if design.kv_on_gpu else batch * design.buffer_sets * (   # the cache's slots, or 16-bit buffers
+        w.cache_tokens // w.chunk * m.num_kv_heads * cache_slot_bytes(m, w) if design.chunk_cache
+        else w.budget * m.kv_bytes_per_token_layer)
     kinds = {"gemm": (L * passes * (c["lin_pre"] + c["lin_post"]) + lm + sum(mid) - L * passes * c["asm"], batch * q),
              "selection": (L * passes * c["sel"], batch * context / w.chunk),
              "attention": (L * passes * c["att"], batch),
@@ -209,6 +210,12 @@ def _compute_terms(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload,
         out["sel"] = cm.quant_scan_s(batch, q, ctx_i, design.quant_bits, w.quant_group, w.chunk)
     else:
         out["sel"] = 0.0
+    # an fp8 chunk cache (cache_bits 8) is priced as the bf16 attention at the same tokens: the Triton fp8
+    # attention measured on the H200 took the same time (batch 64: 0.268 ms fp8, 0.260 ms bf16;
+    # traces/kernels/h200-attention-fp8/); its gain is the memory (a larger max batch, ddbench/core/memory.py)
+    if design.chunk_cache and w.cache_bits == 8:
+        cm._note("fp8 chunk cache (cache_bits 8): attention priced as the bf16 kernel at the same tokens, as"
+                 " measured (traces/kernels/h200-attention-fp8: 0.268 ms fp8, 0.260 ms bf16 at batch 64)")
     out["att"] = cm.attention_decode_s(batch, q, max(1, int(round(attended_tokens(design, w, context)))),
                                        triton=tri and not design.kv_on_gpu)
     return out
@@ -246,8 +253,9 @@ def _link_work(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, bat
         rates = rates_v = cm.slot_gather_rates(chunk_bytes)     # the in-place fetch's own launch (module doc)
     if w.kv_bits != 16:
         cm._note("fp8 KV: link and host bytes in e4m3 with a scale per chunk-head, gathered at the bundle's"
-                 " measured rate of that piece size; the gathers dequantise into bf16 buffers, so attention"
-                 " is the bf16 kernel")
+                 " measured rate of that piece size; " + ("the chunk cache keeps them in fp8 (cache_bits 8)"
+                 if design.chunk_cache and w.cache_bits == 8 else "the gathers dequantise into bf16 buffers, so"
+                 " attention is the bf16 kernel"))
     out["rates"] = rates
     for i in range(L):
         values_only = values_only_all or i in lr

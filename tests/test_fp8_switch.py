@@ -57,13 +57,14 @@ def test_link_bytes_halve_and_pieces_need_a_measured_rate():
 
 
 def test_planner_fp8_knob():
-    knobs = parse_search("fp8,cache=4x")
+    knobs = parse_search("fp8=off:on,cache=4x")
     small = dict(model="llama-3-8b", gpu="h200", context="32k")
     cc = settings(Scenario(design="dualdecoder-cache", **small), knobs, 32768, 32)
     assert sorted(s.knob("kv_bits") for s in cc) == [8, 16]
     assert sorted(knob_label(s, knobs) for s in cc) == ["fp8=off cache=4x", "fp8=on cache=4x"]
+    knobs = parse_search("fp8,cache=4x")      # by default on+cache too (tests/test_fp8_cache.py)
     assert {s.knob("kv_bits") for s in settings(Scenario(design="shadowkv", **small), knobs, 32768, 32)} == {16}
     both = settings(Scenario(design="dualdecoder", **small), parse_search("fp8,lowrank-layers=0:4"), 32768, 32)
     assert sorted((s.knob("kv_bits"), s.knob("lowrank_layers")) for s in both) == [(8, 0), (16, 0), (16, 4)]
-    with pytest.raises(DDBenchError, match="fp8 takes off and on"):
+    with pytest.raises(DDBenchError, match="fp8 takes off, on and on\\+cache"):
         parse_search("fp8=yes")

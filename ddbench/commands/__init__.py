@@ -25,13 +25,16 @@ def table(rows: list[list[str]]) -> list[str]:
 
 def cache_note(designs, w) -> str:
     """A header's words for the chunk cache where a design in `designs` (names) keeps one: its capacity
-    per (layer, KV head), in tokens and in budgets; '' otherwise."""
+    per (layer, KV head), in tokens and in budgets, and 'in fp8 (e4m3)' for cache_bits 8; '' otherwise."""
     from ddbench.core.designs import get_design
     if not any(get_design(d).chunk_cache for d in designs):
         return ""
-    cache, budget = int(w["cache_tokens"] if isinstance(w, dict) else w.cache_tokens), \
-        int(w["budget"] if isinstance(w, dict) else w.budget)
-    return f", chunk cache {cache} tokens per layer and KV head ({cache / budget:g}x the budget)"
+
+    def get(key, default=None):
+        return w.get(key, default) if isinstance(w, dict) else getattr(w, key, default)
+    cache, budget, bits = int(get("cache_tokens")), int(get("budget")), int(get("cache_bits", 16))
+    fp8 = " in fp8 (e4m3)" if bits == 8 else ""
+    return f", chunk cache {cache} tokens per layer and KV head ({cache / budget:g}x the budget){fp8}"
 
 
 def kv_note(kv_bits: int) -> str:

@@ -157,7 +157,8 @@ def _head(args, sc0, r0, slos, seeds, tol, max_runs) -> dict:
            "slo": [s.text for s in slos], "slo_columns": [s.column for s in slos], "seeds": list(seeds),
            "requests_per_run": sc0.requests, "tolerance": tol, "max_runs": max_runs,
            "sustainable_rule": SUSTAINABLE_RULE,
-           "kv_bits": r0.workload.kv_bits, "cache_tokens": r0.workload.cache_tokens, "budget": r0.workload.budget,
+           "kv_bits": r0.workload.kv_bits, "cache_bits": r0.workload.cache_bits,
+           "cache_tokens": r0.workload.cache_tokens, "budget": r0.workload.budget,
            "cost_model": list(r0.cm.notes), "hit_rates": r0.hit_note}
     out["host_memory"] = NOT_BOUNDED if r0.host_mem is None else r0.host_mem.note
     if r0.share is not None:

@@ -260,7 +260,8 @@ def _sweep(args, resolved, ctx: int) -> int:
         bar.close()
     sweep = B.summarize(points, tuple(args.batch), max_batch)
     sweep |= {"model": r0.model.name, "gpu": r0.gpu.name, "link": r0.link.name, "context": ctx,
-              "steps": args.steps, "kv_bits": r0.workload.kv_bits}
+              "steps": args.steps, "kv_bits": r0.workload.kv_bits,
+              "cache_bits": r0.workload.cache_bits}
     _notes(sweep, r0, t0)
     from ddbench.planner.accuracy import accuracy_cost
     sweep["accuracy"] = {r.design.name: accuracy_cost(r) for r in resolved}

@@ -147,16 +147,33 @@ def check_kv_bits(design: DesignSpec, gpu: GPUSpec, w: Workload) -> None:
         raise DDBenchError(f"fp8 KV (kv_bits 8) needs a GPU with fp8 support; {gpu.name} has none")
 
 
+def cache_slot_bytes(m: ModelSpec, w: Workload) -> int:
+    """K and V of one chunk-cache slot (one chunk, layer and KV head): 2 * C * d * cache_bits / 8, plus their
+    two fp32 scales (one for K, one for V) where cache_bits is 8 (fp8 e4m3 slots, copied from the fp8 host KV
+    as they are)."""
+    return 2 * w.chunk * m.head_dim * w.cache_bits // 8 + (2 * FP32 if w.cache_bits == 8 else 0)
+
+
+def check_cache_bits(design: DesignSpec, w: Workload) -> None:
+    """One-line DDBenchError for an fp8 chunk cache (cache_bits 8) on a design that keeps none."""
+    if w.cache_bits != 16 and not design.chunk_cache:
+        raise DDBenchError(f"{design.name}: an fp8 chunk cache (cache_bits 8) applies to the chunk-cache designs"
+                           " (dualdecoder-cache, lru-cache)")
+
+
 def chunk_cache_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """A chunk-cache design's GPU chunk cache (dualdecoder-cache, lru-cache: the same bytes; neither has
     ping-pong prefetch buffers beside it), every layer and KV head: its K and V slots and its map,
-    b * L * H_kv * (cache_tokens / C * 2 * C * d * e + ceil(S / C) * 2 + cache_tokens / C * 8), the slots
-    16-bit whatever kv_bits (the gathers dequantise fp8 into them; kernels/engine/chunkcache.py allocates
-    exactly this); 0 for other designs."""
+    b * L * H_kv * (cache_tokens / C * slot + ceil(S / C) * 2 + cache_tokens / C * 8), where a slot
+    (cache_slot_bytes) is 2 * C * d * e in bf16 (cache_bits 16, whatever kv_bits: the gathers dequantise
+    fp8 into it) or 2 * C * d + 2 * 4 in fp8 with its K and V scales (cache_bits 8); the map (int16 per
+    chunk) and the chunk id and stamp (int32 each per slot) whatever cache_bits. The engine's tail rows
+    (window, generated and new tokens) stay bf16, in resident_kv_bytes. kernels/engine/chunkcache.py
+    allocates exactly this in bf16. 0 for other designs."""
     if not design.chunk_cache:
         return 0
     slots = w.cache_tokens // w.chunk
-    per_head = slots * 2 * w.chunk * m.head_dim * m.dtype_bytes + math.ceil(w.context / w.chunk) * CACHE_MAP_BYTES \
+    per_head = slots * cache_slot_bytes(m, w) + math.ceil(w.context / w.chunk) * CACHE_MAP_BYTES \
         + slots * CACHE_SLOT_BYTES
     return w.batch * m.num_layers * m.num_kv_heads * per_head
 
@@ -227,6 +244,7 @@ def memory_breakdown(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workload
     w.validate(m)
     check_chunk_cache(design, m, gpu, w)
     check_kv_bits(design, gpu, w)
+    check_cache_bits(design, w)
     return MemoryBreakdown(
         system=design.name, model=m.name, gpu=gpu.name, context=w.context, batch=w.batch,
         weights=weights_bytes(m),

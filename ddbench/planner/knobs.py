@@ -12,8 +12,10 @@ design, into the settings that apply to it:
 - cache (the GPU chunk cache, and nothing else): a chunk-cache design's (dualdecoder-cache, lru-cache) capacity
   per (layer, KV head), as a multiple of the budget (`2x`) or in tokens (`8k`); `cache=2x:4x:8x` by
   default;
-- fp8 (off, on: the KV on the host and the link in fp8 e4m3, Workload.kv_bits 8): designs that fetch
-  K and V (ShadowKV's 1 KiB fp8 value pieces have no measured gather rate).
+- fp8 (off; on: the KV on the host and the link in fp8 e4m3, Workload.kv_bits 8; on+cache: that and a
+  chunk-cache design's GPU chunk cache in fp8 too, cache_bits 8, tried for those designs only): designs that
+  fetch K and V (ShadowKV's 1 KiB fp8 value pieces have no measured gather rate); `fp8=off:on:on+cache`
+  by default.
 Each setting gets its own rate search; the best setting per design is the one with the highest
 rate (ties: tokens/s). Pareto fronts: tokens/s against peak GPU memory, and against the P99 of the
 first SLO term, over the settings that meet the SLO.
@@ -30,10 +32,11 @@ from ddbench.core.units import parse_tokens
 
 LAYOUTS = ("pingpong", "per-layer")
 DEFAULTS = {"budget": (1024, 2048, 4096), "chunk": (8, 16), "lowrank-layers": (0, 4, 8), "buffers": LAYOUTS,
-            "cache": ("2x", "4x", "8x"), "fp8": ("off", "on")}
-# the Workload knob each searched knob sets (buffers is Scenario.buffers; cache sets cache_tokens from the budget)
-FIELD = {"budget": "budget", "chunk": "chunk", "lowrank-layers": "lowrank_layers", "fp8": "kv_bits"}
-FP8_BITS = {"off": 16, "on": 8}
+            "cache": ("2x", "4x", "8x"), "fp8": ("off", "on", "on+cache")}
+# the Workload knob each searched knob sets (buffers is Scenario.buffers; cache sets cache_tokens from the budget;
+# fp8 sets kv_bits and cache_bits, FP8_BITS)
+FIELD = {"budget": "budget", "chunk": "chunk", "lowrank-layers": "lowrank_layers"}
+FP8_BITS = {"off": (16, 16), "on": (8, 16), "on+cache": (8, 8)}     # fp8 value -> (kv_bits, cache_bits)
 
 
 def parse_search(text: str) -> dict:
@@ -71,7 +74,7 @@ def parse_search(text: str) -> dict:
         elif name == "fp8":
             bad = [v for v in items if v not in FP8_BITS]
             if bad:
-                raise DDBenchError(f"--search: fp8 takes off and on, got '{bad[0]}'")
+                raise DDBenchError(f"--search: fp8 takes off, on and on+cache, got '{bad[0]}'")
             out[name] = tuple(items)
         elif name == "lowrank-layers":
             try:
@@ -117,7 +120,12 @@ def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
     out = []
     for combo in itertools.product(*(axes[n] for n in names)) if names else [()]:
         values = dict(zip(names, combo))
-        sc = base.with_knobs(**{FIELD[n]: FP8_BITS[v] if n == "fp8" else v for n, v in values.items() if n in FIELD})
+        sc = base.with_knobs(**{FIELD[n]: v for n, v in values.items() if n in FIELD})
+        if "fp8" in values:
+            kv, cache = FP8_BITS[values["fp8"]]
+            if cache == 8 and not get_design(base.design).chunk_cache:
+                continue        # on+cache: a chunk cache's fp8 slots (the same setting as on elsewhere)
+            sc = sc.with_knobs(kv_bits=kv, cache_bits=cache)
         cap = values.get("cache")
         if cap is not None:
             ct = cache_tokens(cap, sc.knob("budget"))
@@ -134,7 +142,8 @@ def settings(base, knobs: dict, min_context: int, num_layers: int) -> list:
     if not out:
         raise DDBenchError(f"--search leaves no setting for {base.design}: every budget is above the smallest"
                            f" context ({min_context}) or not a multiple of its chunk, no lowrank-layers value is"
-                           f" within 0..{num_layers}, or no cache capacity is whole chunks of at least the budget")
+                           f" within 0..{num_layers}, no cache capacity is whole chunks of at least the budget, or"
+                           " fp8=on+cache alone on a design without a chunk cache")
     return out
 
 
@@ -160,7 +169,7 @@ def knob_label(sc, knobs: dict) -> str:
         if k == "buffers":
             return sc.buffers
         if k == "fp8":
-            return "on" if sc.knob("kv_bits") == 8 else "off"
+            return next(v for v, bits in FP8_BITS.items() if bits == (sc.knob("kv_bits"), sc.knob("cache_bits")))
         return sc.knob(FIELD[k])
     parts = [f"{k}={value(k)}" for k in knobs if applies(k, sc.design)]
     return " ".join(parts) or "(no knob applies)"

@@ -22,6 +22,7 @@
       buffers: [design]           # sparse-KV buffer layout: design | pingpong | per-layer
       cache_tokens: [null]        # dualdecoder-cache's GPU cache per layer and KV head; null: the default
       kv_bits: [null]             # 16 (bf16) or 8 (fp8 host KV and link); null: 16
+      cache_bits: [null]          # a chunk cache's slots: 16 (bf16) or 8 (fp8, needs kv_bits 8); null: 16
       hit_rate: [null]            # null: the model's profile, else 0.88
       prefill: [here]             # here | elsewhere
       rate: [0.1, 1, 10]          # Poisson arrivals, requests/s
@@ -48,7 +49,8 @@ from typing import Annotated, Literal, Optional, Union
 from ddbench.core.errors import DDBenchError
 
 GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "host_mem_gb", "system", "context", "output", "budget",
-               "chunk", "lowrank_layers", "buffers", "cache_tokens", "kv_bits", "hit_rate", "prefill", "rate", "seed")
+               "chunk", "lowrank_layers", "buffers", "cache_tokens", "kv_bits", "cache_bits", "hit_rate", "prefill",
+               "rate", "seed")
 # fields renamed since points.jsonl stores were written: their key hashes them under the old name
 KEY_NAMES = {"buffers": "cache"}
 REQUIRED = ("model", "gpu", "system", "context", "rate")   # grid fields with no default
@@ -84,6 +86,7 @@ def _models():
         buffers: list[Literal["design", "pingpong", "per-layer"]] = [D.BUFFERS]
         cache_tokens: list[Optional[Tokens]] = [None]
         kv_bits: list[Optional[Literal[8, 16]]] = [None]
+        cache_bits: list[Optional[Literal[8, 16]]] = [None]
         hit_rate: list[Optional[Union[Fraction, Text]]] = [None]
         prefill: list[Literal["here", "elsewhere"]] = [D.PREFILL]
         rate: list[Rate] = Field(min_length=1)
@@ -231,7 +234,7 @@ def points(spec: dict) -> list[dict]:
 
 # fields added after points.jsonl stores were written: left out of the key where they are null, so an
 # older store's points keep their keys
-LATER_FIELDS = ("host_mem_gb", "cache_tokens", "kv_bits")
+LATER_FIELDS = ("host_mem_gb", "cache_tokens", "kv_bits", "cache_bits")
 
 
 def point_key(p: dict) -> str:
@@ -246,8 +249,9 @@ def scenario_of(p: dict):
     later = {}
     if p.get("cache_tokens") is not None:
         later["cache_tokens"] = parse_tokens(p["cache_tokens"], "cache_tokens")
-    if p.get("kv_bits") is not None:
-        later["kv_bits"] = int(p["kv_bits"])
+    for k in ("kv_bits", "cache_bits"):
+        if p.get(k) is not None:
+            later[k] = int(p[k])
     return Scenario.make(**later, model=p["model"], gpu=p["gpu"], design=p["system"], context=p["context"],
                          output=p["output"], link=p["link"], host=p["host"], fetching=p["fetching"],
                          host_mem_gb=p.get("host_mem_gb"),
