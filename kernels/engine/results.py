@@ -24,7 +24,7 @@ COLUMNS = ["phase", "model", "rep", "design", "context", "batch", "miss_rate", "
            "prefetch_mib", "urgent_mib", "link_mib", "link_gbps", "link_util", "floor_link_ms",
            "model_max_batch", "model_mem_gib", "gpu_mem_cap", "cap_gib", "largest_batch", "largest_basis",
            "next_planned_gib", "paper_role", "steps", "wall_s", "error", "cache_tokens", "churn_rate", "design_label",
-           "kv_bits"]
+           "kv_bits", "cache_bits"]
 REUSE_COLUMNS = ["phase", "model", "rep", "design", "context", "batch", "miss_rate", "status", "layers", "host_layers",
                  "slots", "miss_chunks", "chunk_bytes", "programs", "items", "rounds", "link_mib", "copy_ms",
                  "plan_ms", "gather_ms", "fetch_ms", "fetch_ms_min", "fetch_ms_max", "replays", "buffer_tokens",

@@ -168,7 +168,7 @@ def engine_cache_rates(r, model: str):
 
 
 def replay_plan(design: str, context: int, batch: int, miss: float, transfers: bool, cm=None, model: str = MODEL,
-                cache=None, cache_tokens: int | None = None, kv_bits: int = 16):
+                cache=None, cache_tokens: int | None = None, kv_bits: int = 16, cache_bits: int = 16):
     """The simulator's plan of one engine point: exactly the user's (`ddbench simulate --design design
     --context context --batch batch --hit-rate 1-miss`: step_layers at hit = reuse = 1 - miss on every
     layer), with the link work (and ShadowKV's fetch) removed where the engine ran compute only. No
@@ -181,7 +181,7 @@ def replay_plan(design: str, context: int, batch: int, miss: float, transfers: b
     m = get_model(model)
     cm = cm or cost_model(model, GPU, LINK)
     hit = [1.0 - miss] * m.num_layers
-    w = Workload(context=context, batch=batch, kv_bits=kv_bits,
+    w = Workload(context=context, batch=batch, kv_bits=kv_bits, cache_bits=cache_bits,
                  **({} if cache_tokens is None else {"cache_tokens": int(cache_tokens)}))
     plan = step_layers(get_design(design), m, cm, w, batch, context, hit, hit, cache=cache)
     if not transfers and plan.rates is not None:   # compute only: no host reads, nothing on the link
@@ -216,6 +216,12 @@ def row_model(r) -> str:
 def row_kv_bits(r) -> int:
     """The engine row's kv_bits (rows before the fp8 switch have none: 16)."""
     v = getattr(r, "kv_bits", None)
+    return 16 if v is None or v != v or v == "" else int(v)
+
+
+def row_cache_bits(r) -> int:
+    """The engine row's cache_bits (rows before the fp8 GPU cache have none: 16)."""
+    v = getattr(r, "cache_bits", None)
     return 16 if v is None or v != v or v == "" else int(v)
 
 

@@ -9,13 +9,16 @@ import statistics
 from ddbench.sim.fit.replay import COPY_REGATHER, IN_PLACE, IN_PLACE_SINCE, LINK_BOUND, MODEL
 
 
-POINT_KEY = ["model", "design", "context", "batch", "miss_rate", "churn_rate", "kv_bits", "gpu_mem_cap", "shadowkv_step"]
+POINT_KEY = ["model", "design", "context", "batch", "miss_rate", "churn_rate", "kv_bits", "cache_bits", "gpu_mem_cap",
+             "shadowkv_step"]
 
 
 def per_point(t) -> list[dict]:
     """Per point (POINT_KEY), over its builds (rows): the engine step's and the error's min / median / max."""
     out = []
     t = t.assign(churn_rate=t.churn_rate.astype(str))
+    if "cache_bits" not in t:           # validations written before the fp8 GPU cache
+        t = t.assign(cache_bits=16)
     for k, sub in t.groupby(POINT_KEY, sort=False):
         err = sub.sim_over_engine - 1
         out.append(dict(zip(POINT_KEY, k), builds=int(len(sub)), regime="/".join(dict.fromkeys(sub.regime)),
@@ -25,6 +28,7 @@ def per_point(t) -> list[dict]:
                         sources=", ".join(dict.fromkeys(sub.source))))
     for x in out:
         x["context"], x["batch"], x["kv_bits"] = int(x["context"]), int(x["batch"]), int(x["kv_bits"])
+        x["cache_bits"] = int(x["cache_bits"])
     return out
 
 

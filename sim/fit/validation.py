@@ -69,7 +69,7 @@ from ddbench.sim.fit.replay import (COMPLETED, COPY_REGATHER, FUSED, GPU, IN_PLA
                             LINK_BOUND, MIB, MODEL, STEPS, WARMUP, cache_fill_kind, classify, effective_miss,
                             engine_cache_rates,
                             legacy_reuse_fetch, load_meta, point_step_s, rel, replay_plan, row_cache, row_git_sha,
-                            row_kv_bits, row_model, shadowkv_step)
+                            row_cache_bits, row_kv_bits, row_model, shadowkv_step)
 
 ENGINE_REL = "traces/engine/h200"    # under the data root; named so in outputs
 CALIBRATION_SWEEP = GPU               # traces/engine/<this>: the default calibration sweep ...
@@ -293,7 +293,7 @@ class _RowReplay:
         cache, ct = row_cache(r, model)
         try:
             plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache, ct,
-                               row_kv_bits(r))
+                               row_kv_bits(r), row_cache_bits(r))
         except DDBenchError as exc:          # e.g. fp8 pieces smaller than any the bundle measured
             return None, (label + f" kv_bits {row_kv_bits(r)}", f"not priced: {exc}")
         step = ""
@@ -357,6 +357,7 @@ class _RowReplay:
             phase=getattr(r, "phase", ""), rep=getattr(r, "rep", 0), model=model,
             gpu_mem_cap=getattr(r, "gpu_mem_cap", "none"),
             design=r.design, context=r.context, batch=r.batch, cache_tokens=ct or "", kv_bits=row_kv_bits(r),
+            cache_bits=row_cache_bits(r),
             cache_fill_fitted=bool(ct) and _fill_fitted(cmm, self.meta, int(r.context)), shadowkv_step=step,
             run=str(getattr(r, "run", "") or ""), churn_rate=_num(getattr(r, "churn_rate", None)),
             miss_rate=r.miss_rate, miss_replayed=miss, transfers=r.transfers, urgent_programs=r.urgent_programs,
@@ -380,6 +381,8 @@ RATES_RUNS = (("h200-rates", "!shadowkv"),)      # its chunk-cache grid and the 
 # h200-ablation-qwen14b's dualdecoder-cache rows recorded too few of them (before bc6729d), its others stand
 ABLATION_RUNS = (("h200-ablation", None), ("h200-ablation-qwen14b", "!dualdecoder-cache"),
                  ("h200-ablation-dualdecoder", None))
+# issue 32's fp8 GPU chunk cache beside the bf16 one and ShadowKV (bf16 and fp8 values) at the largest batches
+FP8_CACHE_RUNS = (("h200-cache-fp8", None), ("h200-cache-fp8-qwen", None))
 FILL_RUNS = (("h200-cache-fill", None),)   # the fused fill's sweep (32K/64K/128K): its fitted points, and the link-bound ones
 META_FALLBACK = "h200-shadowkv-fast/builds/b0"   # h200-rates has no meta.json: the thin-gather rate of this run
 
@@ -470,7 +473,8 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), w0.budget, w0.chunk)
         cache, ct = row_cache(r, model)
         try:
-            plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model, cache, ct, row_kv_bits(r))
+            plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model, cache, ct, row_kv_bits(r),
+                               row_cache_bits(r))
         except DDBenchError:                 # not priced (validate() lists why)
             continue
         step, _ = point_step_s(plan)
