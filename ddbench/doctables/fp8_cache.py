@@ -121,7 +121,8 @@ def fp8_cache(root: Path = ROOT) -> str:
             " Each design at its largest batch, tokens/s median (min-max) over 3 builds, 8,192 cache tokens;"
             " ratios at the medians (min over max - max over min); simulated: the engine's step priced by the cost"
             f" model every command uses (`{VALIDATION}`; ShadowKV's 1 KiB fp8 value pieces have no measured gather"
-            " rate). The simulator's largest errors, in tokens/s: " + "; ".join(e for _, e in sorted(errs, reverse=True)[:3])
+            " rate). The simulator's largest errors, in tokens/s: "
+            + "; ".join(e for _, e in sorted(errs, reverse=True)[:3])
             + ".\n\n"
             + _table(["model", "context", "design", "batch", "tokens/s", "/ ShadowKV bf16", "/ ShadowKV fp8",
                       "simulated tokens/s"], rows)
