@@ -119,3 +119,18 @@ def test_fp8_cache_engine_gpu(design):
         worst = max(_err(r, reference_output(e, r, deq)) for r in captured)
         assert worst < 3e-2, worst
     assert len(captured) == 2 * L and not torch.equal(outs[0], outs[1])
+
+
+def test_engine_plan_is_the_memory_model_in_fp8():
+    """The engine's planned cache bytes (plan_bytes) are the memory model's fp8 cache (e4m3 slots, their
+    scales and the map) plus the 16-bit tail rows and a few MB of ids, rows and plans, as in bf16."""
+    from ddbench.core.catalog import get_model
+    from ddbench.core.memory import Workload, chunk_cache_bytes
+    from ddbench.kernels.engine.engine import plan_bytes
+    m, dc = get_model("llama-3-8b"), DESIGNS["dualdecoder-cache"]
+    per = chunk_cache_bytes(dc, m, Workload(context=131072, batch=4, cache_tokens=4096, kv_bits=8, cache_bits=8))
+    assert per == 4 * 32 * 8 * (512 * (2 * 8 * 128 + 8) + 16384 * 2 + 512 * 8)
+    eng = plan_bytes(m, dc, EngineConfig.of(context=131072, batch=4, cache_tokens=4096, kv_bits=8,
+                                            cache_bits=8))["sparse_kv_buffers"]
+    tail = 2 * 32 * 4 * 8 * (168 * 128 * 2)
+    assert 0 < eng - per - tail < 0.01 * per

@@ -169,7 +169,7 @@ def chunk_cache_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     fp8 into it) or 2 * C * d + 2 * 4 in fp8 with its K and V scales (cache_bits 8); the map (int16 per
     chunk) and the chunk id and stamp (int32 each per slot) whatever cache_bits. The engine's tail rows
     (window, generated and new tokens) stay bf16, in resident_kv_bytes. kernels/engine/chunkcache.py
-    allocates exactly this in bf16. 0 for other designs."""
+    allocates exactly this, in either. 0 for other designs."""
     if not design.chunk_cache:
         return 0
     slots = w.cache_tokens // w.chunk
