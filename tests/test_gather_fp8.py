@@ -94,16 +94,23 @@ def test_fp8_slot_gather_matches_twin():
     assert _same(ko, kr) and _same(vo, vr) and (~vo.isnan()).sum() > 0
 
 
-def test_fp8_scales_follow_an_aliased_view():
-    """host_kv_view's aliased requests: each view piece finds its own scale (one per C*d of storage)."""
-    L, B, H, N, C, d = 4, 3, 2, 8, 8, 16
-    x = torch.randn(2 * H * N * 2 * C * d).to(torch.bfloat16)          # room for 2 requests' layer, not 3
+def aliased_fp8_host(L, B, H, N, C, d):
+    """(view, flat e4m3, scales): an fp8 host KV with room for 2 requests' layer, not B = 3, so host_kv_view
+    aliases its layers and requests (pinned on a GPU)."""
+    x = torch.randn(2 * H * N * 2 * C * d).to(torch.bfloat16)
     q, s = quantize_host_kv(x.view(-1, 2, C, d))
     q = q.view(-1)
     if GPU:
         q, s = q.pin_memory(), s.pin_memory()
     view, alias = host_kv_view(q, L, B, H, N, C, d)
     assert alias == "layers+requests" and view.dtype == E4M3
+    return view, q, s
+
+
+def test_fp8_scales_follow_an_aliased_view():
+    """host_kv_view's aliased requests: each view piece finds its own scale (one per C*d of storage)."""
+    L, B, H, N, C, d = 4, 3, 2, 8, 8, 16
+    view, q, s = aliased_fp8_host(L, B, H, N, C, d)
     deq = dequantized_layer(view, 0, s, torch.float32)
     plain = (q.float().view(-1, C, d) * s[:, None, None]).view(-1)
     for b in range(B):

@@ -8,7 +8,8 @@ import torch
 from ddbench.core.errors import DDBenchError
 from ddbench.kernels.engine.transfer import gather_slots, gather_slots_ref, plan_misses
 from ddbench.kernels.fp8 import E4M3, layer_scales, quantize_host_kv
-from ddbench.kernels.layout import alloc_host_kv, host_kv_view
+from ddbench.kernels.layout import alloc_host_kv
+from tests.test_gather_fp8 import aliased_fp8_host
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
@@ -72,13 +73,7 @@ def test_raw_slot_gather_copies_bytes_and_scales(programs):
 def test_raw_slot_gather_follows_an_aliased_view():
     """host_kv_view's aliased requests: each piece's scale is found by its storage offset, as the kernel's."""
     L, B, H, N, C, d = 4, 3, 2, 8, 8, 16
-    x = torch.randn(2 * H * N * 2 * C * d).to(torch.bfloat16)          # room for 2 requests' layer, not 3
-    q, s = quantize_host_kv(x.view(-1, 2, C, d))
-    q = q.view(-1)
-    if GPU:
-        q, s = q.pin_memory(), s.pin_memory()
-    view, alias = host_kv_view(q, L, B, H, N, C, d)
-    assert alias == "layers+requests"
+    view, _, s = aliased_fp8_host(L, B, H, N, C, d)
     _check(view, s, 0, _plan(B, H, N, 4, seed=3), B, H, C, d, S=5)
 
 

@@ -32,19 +32,17 @@ def _points(root: Path) -> dict:
 
 
 def _simulated(root: Path) -> dict:
-    """(model, context, design, batch, kv_bits, cache_bits) -> the simulator's error at that point (median over
+    """(model, context, batch, design, kv_bits, cache_bits) -> the simulator's error at that point (median over
     the builds) from `python -m ddbench.sim.validate`'s replay of these sweeps."""
     pp = _json(root / VALIDATION)["per_point"]
-    return {(x["model"], x["context"], x["design"], x["batch"], x["kv_bits"], x["cache_bits"]): x["error_median"]
+    return {(x["model"], x["context"], x["batch"], x["design"], x["kv_bits"], x["cache_bits"]): x["error_median"]
             for x in pp}
 
 
-def _bits(label: str) -> tuple:
-    return (8, 8) if label.endswith("+fp8cache") else (8, 16) if label.endswith("+fp8") else (16, 16)
-
 
 def _floors(root: Path) -> dict:
-    """(model, context) -> {label: (batch, HBM floor ms, step ms)} of each search's largest-batch row."""
+    """(model, context) -> {label: (batch, HBM floor ms, step ms, design, kv_bits, cache_bits)} of each
+    search's largest-batch row."""
     out = {}
     for name in SWEEPS:
         path = root / "traces" / "engine" / name / "rows.jsonl"
@@ -53,13 +51,13 @@ def _floors(root: Path) -> dict:
             r = r.get("row", r)
             if r.get("paper_role") == "largest":
                 out.setdefault((r["model"], r["context"]), {})[r.get("design_label") or r["design"]] = (
-                    r["batch"], r["floor_ms"], r["step_ms"])
+                    r["batch"], r["floor_ms"], r["step_ms"], r["design"], r["kv_bits"], r["cache_bits"])
     return out
 
 
-def _binds(root: Path, pts: dict) -> str:
+def _binds(fl: dict, pts: dict) -> str:
     """The fp8 cache's largest batch against the bf16 cache's (floor tokens/s), and what 2x ShadowKV needs."""
-    fl, parts, need = _floors(root), [], []
+    parts, need = [], []
     for key in sorted(fl, key=lambda k: (MODELS.index(k[0]), k[1])):
         f = fl[key]
         c8, c16, sk = f.get(CACHE + "+fp8cache"), f.get(CACHE + "+fp8"), f.get("shadowkv")
@@ -98,7 +96,7 @@ def _accuracy(root: Path) -> str:
 
 
 def fp8_cache(root: Path = ROOT) -> str:
-    pts, sim = _points(root), _simulated(root)
+    pts, sim, fl = _points(root), _simulated(root), _floors(root)
     rows, gains, errs = [], [], []
     for (model, ctx), got in sorted(pts.items(), key=lambda kv: (MODELS.index(kv[0][0]), kv[0][1])):
         sk, sk8 = got.get("shadowkv"), got.get("shadowkv+fp8")
@@ -108,7 +106,7 @@ def fp8_cache(root: Path = ROOT) -> str:
             r = got[label]
             over = [_ratio(r, sk) if sk and label != "shadowkv" else "-",
                     _ratio(r, sk8) if sk8 and not label.startswith("shadowkv") else "-"]
-            step_err = sim.get((model, ctx, label.split("@")[0].split("+")[0], r[0], *_bits(label)))
+            step_err = sim.get((model, ctx, r[0], *fl[(model, ctx)][label][3:]))
             err = None if step_err is None else 1 / (1 + step_err) - 1          # in tokens/s
             if err is not None:
                 errs.append((abs(err), f"{model} {_k(ctx)} {name}, {err:+.1%}"))
@@ -127,4 +125,4 @@ def fp8_cache(root: Path = ROOT) -> str:
             + _table(["model", "context", "design", "batch", "tokens/s", "/ ShadowKV bf16", "/ ShadowKV fp8",
                       "simulated tokens/s"], rows)
             + "\n\nThe fp8 cache over the bf16 cache, both with the fp8 host: " + "; ".join(gains) + ".\n\n"
-            + _binds(root, pts) + "\n\n" + _accuracy(root))
+            + _binds(fl, pts) + "\n\n" + _accuracy(root))

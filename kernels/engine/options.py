@@ -145,14 +145,13 @@ def check_point(model, design, ctx, batch, a):
     label = Label.parse(design)
     chunk_cache = design_spec(design).chunk_cache
     ct = (label.cache_tokens or a.paper_cache_tokens[0]) if chunk_cache else None
-    from ddbench.core.memory import keeps_kv_on_host
+    from ddbench.core.memory import check_cache_bits, keeps_kv_on_host
     if label.kv_bits == 8 and not keeps_kv_on_host(design_spec(design)):
         raise DDBenchError(f"--point {design}: fp8 applies to designs that keep their KV on the host")
-    if label.cache_bits == 8 and not chunk_cache:
-        raise DDBenchError(f"--point {design}: an fp8 GPU chunk cache applies to chunk-cache designs")
     cfg = make_config(ctx, batch, a.miss, not a.no_transfers, budget=a.budget, chunk=a.chunk, cache_tokens=ct,
                       churn_rate=a.churn if chunk_cache else None, kv_bits=label.kv_bits, cache_bits=label.cache_bits)
     cfg.validate(model)
+    check_cache_bits(design_spec(design), cfg.workload)
     if ct is not None and ct < cfg.budget:
         raise DDBenchError(f"--cache-tokens {ct} is smaller than the budget ({cfg.budget} tokens)")
     return cfg

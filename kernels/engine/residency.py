@@ -11,6 +11,7 @@ import math
 import torch
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.memory import check_cache_bits
 from ddbench.kernels.engine.engineconfig import buffer_rows, holds_selection
 from ddbench.kernels.fp8 import E4M3, check_host_scales
 
@@ -40,9 +41,7 @@ class Residency:
                 raise DDBenchError("the CPU-gather ablation needs a contiguous host KV (no aliased requests)")
         elif cfg.transfers:
             raise DDBenchError("a sparse design needs host_kv")
-        if cfg.workload.cache_bits == 8 and not s.chunk_cache:
-            raise DDBenchError(f"{s.name}: cache_bits 8 (an fp8 GPU chunk cache) applies to chunk-cache designs"
-                               " (dualdecoder-cache, lru-cache)")
+        check_cache_bits(s, cfg.workload)
 
     def _init_selection_state(self, g0):
         """What selection reads, and the resident rows: the recent window, landmarks or 2-bit keys, the
