@@ -23,11 +23,14 @@ import triton.language as tl
 
 
 
+AGE_BIAS = tl.constexpr(0x7FF0)     # KEY32: ages from stamp - AGE_BIAS to stamp + 15 keep their order; older ones tie (slot order)
+
+
 @triton.jit
 def _fill_kernel(ids_ptr, so_ptr, co_ptr, ag_ptr, stamp_ptr, bh_ptr, chunk_ptr, slot_ptr, count_ptr, asm_ptr,
                  rows_ptr, s_ib, s_ih, s_rb, s_rh, H, K, S, NP1,
                  MUL: tl.constexpr, ADD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
-                 C: tl.constexpr, WRITE_ROWS: tl.constexpr):
+                 C: tl.constexpr, WRITE_ROWS: tl.constexpr, KEY32: tl.constexpr = False):
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H
@@ -44,9 +47,14 @@ def _fill_kernel(ids_ptr, so_ptr, co_ptr, ag_ptr, stamp_ptr, bh_ptr, chunk_ptr, 
     tl.store(ag + s, tl.zeros_like(s) + stamp, mask=hit)                 # touch the hits
     tl.debug_barrier()                                                    # ... before the ages are read
     js = tl.arange(0, BLOCK_S)
-    age = tl.load(ag + js, mask=js < S, other=0).to(tl.int64)
-    key = tl.where(js < S, ((age + 1) << 16) | js.to(tl.int64), 0x3FFFFFFFFFFFFFFF)
-    order = (tl.sort(key) & 0xFFFF).to(tl.int32)         # least recently touched first
+    if KEY32:       # int32 keys: the age relative to the stamp, saturating (AGE_BIAS)
+        age32 = tl.load(ag + js, mask=js < S, other=0)
+        hi = tl.minimum(tl.maximum(age32 - stamp + AGE_BIAS, 0), 0x7FFF)
+        order = tl.sort(tl.where(js < S, (hi << 16) | js, 0x7FFFFFFF)) & 0xFFFF
+    else:
+        age = tl.load(ag + js, mask=js < S, other=0).to(tl.int64)
+        key = tl.where(js < S, ((age + 1) << 16) | js.to(tl.int64), 0x3FFFFFFFFFFFFFFF)
+        order = (tl.sort(key) & 0xFFFF).to(tl.int32)         # least recently touched first
     rank = tl.cumsum(miss.to(tl.int32), 0) - 1
     victim = tl.gather(order, tl.maximum(rank, 0), 0)
     old = tl.load(co + victim, mask=miss, other=-1)
@@ -67,7 +75,8 @@ def _fill_kernel(ids_ptr, so_ptr, co_ptr, ag_ptr, stamp_ptr, bh_ptr, chunk_ptr, 
         tl.store(r, slot[:, None] * C + lane[None, :], mask=mk[:, None])
 
 
-def fill_fused(cache, layer: int, ids, stamp, plan, *, mul: int = 1, add: int = 0, rows=None):
+def fill_fused(cache, layer: int, ids, stamp, plan, *, mul: int = 1, add: int = 0, rows=None, key32=False,
+               num_warps=None):
     """ChunkCache.fill + set_rows in one launch (module doc). ids [B, H, k] int32 (last dim contiguous);
     stamp an int32 device tensor of one element; plan a MissPlan of cache's; rows [B, H, k*C + tail] int32
     or None."""
@@ -81,4 +90,4 @@ def fill_fused(cache, layer: int, ids, stamp, plan, *, mul: int = 1, add: int = 
                            ids.stride(0), ids.stride(1), r.stride(0), r.stride(1), H, k, cache.S, cache.N + 1,
                            MUL=mul, ADD=add, BLOCK_K=triton.next_power_of_2(k),
                            BLOCK_S=triton.next_power_of_2(cache.S), C=cache.C, WRITE_ROWS=rows is not None,
-                           num_warps=4 if cache.S <= 1024 else 8)
+                           KEY32=key32, num_warps=num_warps or (4 if cache.S <= 1024 else 8))
