@@ -170,13 +170,37 @@ class LinkCosts:
             self._cache[key] = base
         return self._cache[key]
 
-    def link_rates(self, gather: str, chunk_bytes: int, measured_only: bool = False) -> LinkRates:
+    def fp8_gather_rates(self, chunk_bytes: int) -> LinkRates | None:
+        """The bundle's GPU gather terms with the rate the link bench measured for the engine's fp8 launch
+        (sim/linkrates.fp8_gather_gbps; the bench ran on PCIe 5, another link scales by its catalog rate);
+        None where the bench has no fp8 rows of that piece size."""
+        key = ("fp8", chunk_bytes)
+        if key not in self._cache:
+            from ddbench.sim.linkrates import ENGINE_FP8_IN_FLIGHT, fp8_gather_gbps
+            got = fp8_gather_gbps(self.bundle.gpu, chunk_bytes)
+            if got is None:
+                self._cache[key] = None
+            else:
+                rate = got[0] * self.link.achievable_gbps / get_link("pcie5").achievable_gbps
+                self._note(f"fp8 pieces of {chunk_bytes} B gathered at {rate:.1f} GB/s: {got[1]} `bench link` rows at"
+                           f" {ENGINE_FP8_IN_FLIGHT} pieces in flight, the engine's fp8 launch (traces/link/{self.bundle.gpu})")
+                self._cache[key] = replace(self._measured_rates("gpu", chunk_bytes), h2d_gbps=rate)
+        return self._cache[key]
+
+    def link_rates(self, gather: str, chunk_bytes: int, measured_only: bool = False, fp8: bool = False) -> LinkRates:
         """The link's rates for pieces of `chunk_bytes`, interpolated between the bundle's measured piece
         sizes. measured_only: a DDBenchError for a piece smaller than the smallest measured one (the
-        gather's rate falls with its piece size; below the measurements it is not known)."""
-        key = ("link", gather, chunk_bytes)
+        gather's rate falls with its piece size; below the measurements it is not known). fp8: fp8 pieces,
+        which the engine's GPU gathers launch with more pieces in flight than the bundle's gather: their
+        rate is the link bench's at that launch where it has the piece size (fp8_gather_rates); the bundle's
+        other terms of the piece (its fixed cost, its round trip) are still checked by measured_only."""
         if measured_only and self.bundle is not None:
             self._check_measured(gather, chunk_bytes)
+        if fp8 and gather == "gpu" and self.bundle is not None:
+            got = self.fp8_gather_rates(chunk_bytes)
+            if got is not None:
+                return got
+        key = ("link", gather, chunk_bytes)
         if key not in self._cache:
             self._cache[key] = (self._catalog_rates(gather, chunk_bytes) if self.bundle is None
                                 else self._measured_rates(gather, chunk_bytes))

@@ -246,14 +246,14 @@ def _link_work(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, bat
     piece = kv_piece_bytes(m, w)     # K or V of a chunk-head as it crosses the link (bf16, or fp8 + scale)
     values_only_all = design.fetch == "values"
     chunk_bytes = (1 if values_only_all else 2) * piece
-    rates = cm.link_rates(design.gather, chunk_bytes, measured_only=w.kv_bits != 16)
-    rates_v = cm.link_rates(design.gather, piece, measured_only=w.kv_bits != 16) \
+    rates = cm.link_rates(design.gather, chunk_bytes, measured_only=w.kv_bits != 16, fp8=w.kv_bits != 16)
+    rates_v = cm.link_rates(design.gather, piece, measured_only=w.kv_bits != 16, fp8=w.kv_bits != 16) \
         if lr and not values_only_all else rates
     if design.reuse and design.prefetch == "none" and design.gather == "gpu" and w.kv_bits == 16:
         rates = rates_v = cm.slot_gather_rates(chunk_bytes)     # the in-place fetch's own launch (module doc)
     if w.kv_bits != 16:
-        cm._note("fp8 KV: link and host bytes in e4m3 with a scale per chunk-head, gathered at the bundle's"
-                 " measured rate of that piece size; " + ("the chunk cache keeps them in fp8 (cache_bits 8)"
+        cm._note("fp8 KV: link and host bytes in e4m3 with a scale per chunk-head, gathered at the rate measured"
+                 " for the engine's fp8 launch and that piece size; " + ("the chunk cache keeps them in fp8 (cache_bits 8)"
                  if design.chunk_cache and w.cache_bits == 8 else "the gathers dequantise into bf16 buffers, so"
                  " attention is the bf16 kernel"))
     out["rates"] = rates

@@ -75,6 +75,29 @@ def test_fused_fill_reads_strided_ids():
     assert _items(p0) == _items(p1) and torch.equal(r0, r1) and torch.equal(twin.slot_of, fused.slot_of)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fused_fill_ages_saturate_as_the_twin(device):
+    """Slots untouched for more than AGE_WINDOW stamps tie and go in slot order, in both fills; within the
+    window the least recently touched go first, including an age ahead of the stamp (a layer-ahead prefetch)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    rnd = random.Random(11)
+    twin, fused = _pair(1, 2, 2, 64, 16, 4, 8, device)
+    stamp = torch.zeros(1, dtype=torch.int32, device=device)
+    W = twin.AGE_WINDOW
+    for st in (3, 1, 2, W + 2, W + 5, W + 9, 2 * W, 2 * W + 7, 2 * W + 6):
+        stamp.fill_(st)
+        ids = _ids(rnd, 2, 2, 64, 8, list(range(40)), device)
+        p0, r0 = twin.fill_rows(0, ids, stamp, rows=True)
+        p1, r1 = fused.fill_rows(0, ids, stamp, rows=True)
+        for a, b in ((twin.slot_of, fused.slot_of), (twin.chunk_of, fused.chunk_of), (twin.age, fused.age)):
+            assert torch.equal(a[..., :-1], b[..., :-1]), st
+        assert _items(p0) == _items(p1) and torch.equal(r0, r1)
+    age = torch.tensor([0, 5, 2 * W, 2 * W + 3, 2 * W + 20, -1], dtype=torch.int32)
+    key = ChunkCache.age_key(age, torch.tensor(2 * W + 10, dtype=torch.int32))
+    assert key.tolist() == [0, 0, W - 10, W - 7, W + 10, 0]       # the three oldest tie; the future one last
+
+
 def test_fused_fill_refuses_int64_ids():
     _, fused = _pair(1, 1, 1, 20, 8, 4, 4, "cpu")
     with pytest.raises(ValueError, match="int32"):

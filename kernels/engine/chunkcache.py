@@ -7,7 +7,8 @@ twin, kernels/cachefill.py the same fill in one Triton launch (fill_rows picks; 
 
 fill() makes every chunk of `ids` cached: a cached chunk is a hit (its slot is touched with `stamp`);
 a chunk not cached takes the least recently touched slot among those not touched with `stamp` (empty
-slots first) and is touched with it. It returns the chunks to fetch as a MissPlan (kernels/engine/
+slots first; slots untouched for more than AGE_WINDOW stamps count as equally old, age_key) and is
+touched with it. It returns the chunks to fetch as a MissPlan (kernels/engine/
 transfer.py: the compacted (b*H + h, chunk, slot) items and their device count, what gather_slots
 reads) and the slot of every id [B, H, k]. Victims are distinct because k <= slots.
 
@@ -38,6 +39,15 @@ from ddbench.kernels.fp8 import E4M3
 
 
 class ChunkCache:
+    AGE_WINDOW = 0x7FF0     # age_key: ages from stamp - AGE_WINDOW to stamp + 15 keep their order
+
+    @classmethod
+    def age_key(cls, age, stamp):
+        """The LRU order's key of a slot (least recently touched first): its age relative to the stamp,
+        clamped to 15 bits, so that (key, slot) packs into one int32 (kernels/cachefill.py). Slots untouched
+        for more than AGE_WINDOW stamps (about 16K decode steps at two fills a step) tie, in slot order."""
+        return (age - stamp + cls.AGE_WINDOW).clamp(0, 0x7FFF)
+
     def __init__(self, L, B, H, N, slots, C, d, tail, device, dtype, k_max, fused=False, fp8=False):
         if slots < k_max:
             raise DDBenchError(f"a chunk cache of {slots} chunks cannot hold a selection of {k_max}")
@@ -84,7 +94,7 @@ class ChunkCache:
         miss = ~hit
         st = stamp.reshape(1, 1, 1).to(torch.int32)
         ag.scatter_(2, torch.where(hit, s, S), st.expand(s.shape).contiguous())   # touch the hits
-        order = ag[..., :S].argsort(dim=2, stable=True)                  # least recently touched first
+        order = self.age_key(ag[..., :S], st).argsort(dim=2, stable=True)   # least recently touched first
         rank = (miss.to(torch.int32).cumsum(2) - 1).clamp(min=0).long()
         victim = torch.where(miss, order.gather(2, rank), S)             # hits write the sink
         old = torch.where(miss, co.gather(2, victim).long(), -1)

@@ -93,6 +93,10 @@ SEG_PROGRAMS = 64       # "seg": segments halve while stage 1 would have fewer p
 SEG_FEW = 128           # "seg": stage 1 with fewer programs than this runs 8 warps each (shorter search latency)
 SEG_CUTS = 2            # "seg": cuts counted per reduction of the search (1: bisection; 2 or 4: packed counts)
 PASS1_MIN_SPLIT = 256   # landmark pass 1: splits of at least this many chunks (was 1024; measured faster at batch 1)
+PASS1_SPLITS = 16       # landmark pass 1: at least this many splits per (request, KV head) where the rows have them.
+                        # One split per row from B x H = 4 x SMs on left a wave's tail of programs (Qwen2.5-7B 128K,
+                        # batch 181: 724 programs, 0.95 ms against 0.78 at 16 splits); 16 is within 1 % of the best
+                        # count at every point measured (traces/kernels/h200-pass1-waves)
 
 
 def _geometry(B, H, nq, G, N, k, blk, num_warps, device):
@@ -284,7 +288,7 @@ def _landmark_pass1(q, lm, *, block_n=64, splits=None, scores=SCORES):
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
     if splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        splits = max(1, min(triton.cdiv(4 * sms, B * H), N // PASS1_MIN_SPLIT))
+        splits = max(1, min(max(triton.cdiv(4 * sms, B * H), PASS1_SPLITS), N // PASS1_MIN_SPLIT))
     split_len = triton.cdiv(triton.cdiv(N, splits), block_n) * block_n
     n_split = triton.cdiv(N, split_len)
     scratch = torch.empty(B * H * BLOCK_M * N, device=q.device, dtype=_score_dtype(scores))
