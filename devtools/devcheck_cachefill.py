@@ -1,7 +1,8 @@
 """GPU check of the chunk cache's fused fill (issue 32, kernels/cachefill.py), and the cache-only design.
 
     PYTHONPATH=. python3 -m devtools.devcheck_cachefill [--out FILE.json] [--builds 3] [--reps 5]
-        [--host-gib 8] [--points 131072:1,32768:1,131072:60] [--no-profile]
+        [--host-gib 8] [--points 131072:1,32768:1,131072:60] [--no-profile] [--runs design:fill,...]
+        [--transfers 0,1]
 
 (a) one fill, fused against the torch twin (ChunkCache.fill + set_rows), at the engine's shapes (Llama-3-8B:
     8 KV heads, k = 256 chunks of 8, 4x and 8x cache slots, 128K context): timed with CUDA events after
@@ -77,7 +78,10 @@ def fill_rows(hbm, log, reps, rows):
             torch.cuda.empty_cache()
 
 
-def engine_rows(points, builds, reps, host_gib, lru_miss, profile, hbm, log, rows):
+RUNS = "dualdecoder-cache:fused,dualdecoder-cache:twin,lru-cache:fused,dualdecoder:-"
+
+
+def engine_rows(points, builds, reps, host_gib, lru_miss, profile, hbm, log, rows, runs=RUNS, xfers=(False, True)):
     from dataclasses import replace
 
     from ddbench.core.catalog import get_model
@@ -89,11 +93,12 @@ def engine_rows(points, builds, reps, host_gib, lru_miss, profile, hbm, log, row
     flat = alloc_host(host_gib)[0]
     for ctx, B in points:
         urgent, churn = RATES[ctx]
-        runs = [("dualdecoder-cache", "fused", urgent, churn), ("dualdecoder-cache", "twin", urgent, churn),
-                ("lru-cache", "fused", lru_miss if lru_miss is not None else churn, None),
-                ("dualdecoder", "-", 0.12, None)]
-        for design, fill, miss, ch in runs:
-            for transfers in (False, True):
+        every = {("dualdecoder-cache", "fused"): (urgent, churn), ("dualdecoder-cache", "twin"): (urgent, churn),
+                 ("lru-cache", "fused"): (lru_miss if lru_miss is not None else churn, None),
+                 ("dualdecoder", "-"): (0.12, None)}
+        for design, fill in (tuple(r.split(":")) for r in runs.split(",")):
+            miss, ch = every[(design, fill)]
+            for transfers in xfers:
                 for rep in range(builds):
                     cache = design.endswith("cache")
                     cfg = make_config(ctx, B, miss, transfers, seed=rep, cache_tokens=CACHE_TOKENS if cache else None,
@@ -149,8 +154,15 @@ def main(argv=None) -> int:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--skip-fill", action="store_true")
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--runs", default=RUNS, help=f"design:fill pairs of the engine part (default {RUNS})")
+    ap.add_argument("--transfers", default="0,1", help="0 (compute only), 1 (with transfers) or both (default 0,1)")
     a = ap.parse_args(argv)
     why = refusal("devcheck_cachefill", a.reps)
+    known = set(RUNS.split(","))
+    if not why and (not a.runs or any(r not in known for r in a.runs.split(","))):
+        why = f"devcheck_cachefill: --runs takes design:fill pairs among {RUNS}"
+    if not why and (not a.transfers or any(x not in ("0", "1") for x in a.transfers.split(","))):
+        why = "devcheck_cachefill: --transfers takes 0, 1 or 0,1"
     if not why:
         pts, why = context_batches("devcheck_cachefill", a.points, RATES)
     if why:
@@ -165,7 +177,8 @@ def main(argv=None) -> int:
     if not a.skip_fill:
         fill_rows(hbm, log, a.reps, rows)
     if not a.skip_engine:
-        engine_rows(pts, a.builds, a.reps, a.host_gib, a.lru_miss, not a.no_profile, hbm, log, rows)
+        engine_rows(pts, a.builds, a.reps, a.host_gib, a.lru_miss, not a.no_profile, hbm, log, rows, a.runs,
+                    tuple(x == "1" for x in a.transfers.split(",")))
     return 0 if all(r.get("ok", True) for r in rows) else 1
 
 
