@@ -207,9 +207,10 @@ class Fitted:
     inputs: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
     why: str = ""                 # why nothing (or no engine terms) came from a file
-    # the torch fill of the engine before the fused one (sim/fit/replay.py FUSED_FILL_SINCE): prices only that
-    # engine's chunk-cache rows in the validation
+    # the torch fill of the engine before the fused one (sim/fit/replay.py FUSED_FILL_SINCE), and the fused fill
+    # with int64 keys before INT32_KEYS_SINCE: each prices only that engine's chunk-cache rows in the validation
     cache_fill_torch: CacheFill | None = None
+    cache_fill_int64: CacheFill | None = None
 
     @property
     def shown(self) -> str:
@@ -303,7 +304,7 @@ def for_bundle(bundle) -> Fitted:
             return Fitted(None, f.reuse, f.cache_fill, f.path, f.inputs, f.provenance,
                           f"{f.path}'s engine terms were fitted to another engine breakdown than the bundle's"
                           f" ({shown_path(bundle.breakdown['path']) if bundle.breakdown else 'none found'})",
-                          f.cache_fill_torch)
+                          f.cache_fill_torch, f.cache_fill_int64)
         return f
     return Fitted(why="; ".join(why) or f"no {FOLDER}/{bundle.gpu}/{FILE} beside the bundle or in the data root")
 
@@ -417,7 +418,8 @@ def load(path: str) -> Fitted:
     inputs = _obj(doc, "inputs", path)
     _obj(_obj(inputs, "bundle", path, "inputs"), "files", path, "inputs.bundle")
     return Fitted(_engine(doc, path), _reuse(doc, path), _cache_fill(doc, path), shown_path(path), inputs,
-                  dict(_obj(doc, "provenance", path)), cache_fill_torch=_cache_fill(doc, path, "cache_fill_torch"))
+                  dict(_obj(doc, "provenance", path)), cache_fill_torch=_cache_fill(doc, path, "cache_fill_torch"),
+                  cache_fill_int64=_cache_fill(doc, path, "cache_fill_int64"))
 
 
 # --------------------------------------------------------------------------- writing (sim/fit/ builds the dict)

@@ -7,12 +7,13 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.sim.costmodel import CostModel
 from ddbench.sim.fit import cachefill
-from ddbench.sim.fit.replay import FUSED, TORCH
+from ddbench.sim.fit.replay import FUSED, FUSED64, TORCH
 from ddbench.sim.fit.fitfile import main as fit_main
 from ddbench.sim.fitted import CACHE_FILL_TERMS, Fitted, fitted_path, load
 from ddbench.sim.factory import cost_model
 
-SWEEPS = {kind: [str(traces_dir("engine", f"h200-{it}")) for it in cachefill.SWEEPS[kind]] for kind in (FUSED, TORCH)}
+SWEEPS = {kind: [str(traces_dir("engine", f"h200-{it}")) for it in cachefill.SWEEPS[kind]] for kind in (FUSED, FUSED64, TORCH)}
+FIELD = {FUSED: "cache_fill", FUSED64: "cache_fill_int64", TORCH: "cache_fill_torch"}
 SWEEP = SWEEPS[TORCH]
 
 
@@ -23,10 +24,10 @@ def _fitting_cm():
     return CostModel(cm.model, cm.gpu, cm.link, cm.bundle, fitted=Fitted(f.engine, f.reuse))
 
 
-@pytest.mark.parametrize("kind", [FUSED, TORCH])
+@pytest.mark.parametrize("kind", [FUSED, FUSED64, TORCH])
 def test_committed_fit_is_the_sweeps(kind):
     f = load(fitted_path("h200"))
-    committed = f.cache_fill if kind == FUSED else f.cache_fill_torch
+    committed = getattr(f, FIELD[kind])
     again = cachefill.fit(SWEEPS[kind], _fitting_cm(), committed.contexts, kind)
     for t in CACHE_FILL_TERMS:
         assert again.theta[t] == pytest.approx(committed.theta[t], rel=1e-6, abs=1e-12)
@@ -52,11 +53,14 @@ def test_too_few_points_is_an_error():
 
 
 def test_a_sweep_of_the_other_fill_is_refused():
-    """The torch fill's sweep (engine code before 27aa89a) cannot be fitted as the fused fill, nor back."""
+    """The torch fill's sweep (engine code before 27aa89a) cannot be fitted as the fused fill, nor back; nor the
+    int64-key fill's (27aa89a to 3aee165) as the engine's fill."""
     with pytest.raises(DDBenchError, match="ran the other fill"):
         cachefill.fit(SWEEPS[TORCH], _fitting_cm(), 65536, FUSED)
     with pytest.raises(DDBenchError, match="ran the other fill"):
         cachefill.fit(SWEEPS[FUSED], _fitting_cm(), 65536, TORCH)
+    with pytest.raises(DDBenchError, match="ran the other fill"):
+        cachefill.fit(SWEEPS[FUSED64], _fitting_cm(), 65536, FUSED)
 
 
 def test_cli_bad_context_exits_2(capsys, tmp_path):

@@ -13,7 +13,7 @@ from ddbench.core.calibration import load_bundle
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.sim.fit import cachefill, fitfile
-from ddbench.sim.fit.replay import FUSED, TORCH
+from ddbench.sim.fit.replay import FUSED, FUSED64, TORCH
 from ddbench.sim.fitted import FILE, fitted_path, load
 from ddbench.sim.factory import cost_model
 from tests.cli import assert_one_line_error, ddbench, module
@@ -27,15 +27,17 @@ def test_committed_fitted_file_is_fresh_against_its_inputs():
     """Every input file the fit read still has the sha256 the file records (rerun `python -m ddbench.sim.fit`)."""
     assert fitfile.stale(FITTED) == [], "traces/fit/h200/fitted.json is stale: rerun `python -m ddbench.sim.fit`"
     f = load(FITTED)
-    assert set(f.inputs) == {"bundle", "breakdown", "cache_sweeps", "torch_fill_sweeps"}
+    assert set(f.inputs) == {"bundle", "breakdown", "cache_sweeps", "int64_fill_sweeps", "torch_fill_sweeps"}
     assert f.inputs["bundle"]["path"] == "traces/calibration/h200"
     assert {"bundle.json", "engine.csv", "reuse_fetch.csv", "link.csv"} <= set(f.inputs["bundle"]["files"])
     assert f.inputs["breakdown"]["path"] == "traces/engine/h200/breakdown.json"
     assert [x["path"] for x in f.inputs["cache_sweeps"]] == [f"traces/engine/h200-{it}" for it in cachefill.SWEEPS[FUSED]]
+    assert [x["path"] for x in f.inputs["int64_fill_sweeps"]] == ["traces/engine/h200-cache-fill"]
     assert [x["path"] for x in f.inputs["torch_fill_sweeps"]] == ["traces/engine/h200-cache"]
-    for sweep in ("cache_sweeps", "torch_fill_sweeps"):
+    for sweep in ("cache_sweeps", "int64_fill_sweeps", "torch_fill_sweeps"):
         assert all(set(x["files"]) == {"engine.csv", "meta.json"} for x in f.inputs[sweep])
     assert f.cache_fill.contexts == cachefill.DEFAULT_CONTEXTS[FUSED] and f.cache_fill_torch.contexts == (65536,)
+    assert f.cache_fill_int64.contexts == cachefill.DEFAULT_CONTEXTS[FUSED64] and f.cache_fill_int64.residuals_us
     assert f.provenance["command"].startswith("python -m ddbench.sim.fit") and f.provenance["git_sha"]
     assert f.engine is not None and f.engine.residuals and f.engine.floor_residuals
     assert f.reuse[(2048, 32, 2)].rel_residuals and f.cache_fill.residuals_us and f.cache_fill_torch.residuals_us
@@ -60,7 +62,7 @@ def test_check_cli(tmp_path, capsys):
     doc["inputs"]["cache_sweeps"][0]["files"]["meta.json"] = "0" * 64
     (tmp_path / FILE).write_text(json.dumps(doc))
     assert fitfile.main(["--check", "--out", str(tmp_path)]) == 1
-    assert "traces/engine/h200-cache-fill/meta.json" in capsys.readouterr().err
+    assert f"traces/engine/h200-{cachefill.SWEEPS[FUSED][0]}/meta.json" in capsys.readouterr().err
 
 
 def test_refit_is_the_committed_file():
@@ -68,7 +70,8 @@ def test_refit_is_the_committed_file():
     committed = load(FITTED)
     again = fitfile.fit_bundle(load_bundle(str(traces_dir("calibration", "h200"))),
                                fitfile.default_cache_sweeps("h200"), committed.cache_fill.contexts,
-                               torch_dirs=fitfile.default_cache_sweeps("h200", TORCH))
+                               torch_dirs=fitfile.default_cache_sweeps("h200", TORCH),
+                               int64_dirs=fitfile.default_cache_sweeps("h200", FUSED64))
     for c, th in committed.engine.theta.items():
         assert again.engine.theta[c] == pytest.approx(th, rel=1e-9, abs=1e-18), c
     assert set(again.reuse) == set(committed.reuse)
@@ -76,7 +79,7 @@ def test_refit_is_the_committed_file():
         g = again.reuse[k]
         assert (g.fixed_s, g.copy_Bps, g.hit_s, g.miss_s, g.mix_s) == pytest.approx(
             (f.fixed_s, f.copy_Bps, f.hit_s, f.miss_s, f.mix_s), rel=1e-9)
-    for fill in ("cache_fill", "cache_fill_torch"):
+    for fill in ("cache_fill", "cache_fill_int64", "cache_fill_torch"):
         for t, v in getattr(committed, fill).theta.items():
             assert getattr(again, fill).theta[t] == pytest.approx(v, rel=1e-6, abs=1e-12), (fill, t)
 

@@ -68,17 +68,17 @@ def headline(root: Path = ROOT) -> str:
     head = (f"Decode-step engine on one NVIDIA H200 (PCIe 5), {ENGINE_MODEL} at {_k(CTX)} tokens of context, "
             f"from {_prov(CALIBRATION_SWEEP, cal_meta)} and {_prov(VALIDATION_SWEEP, val_meta)}; the batch-1 TPOT"
             " from `traces/engine/h200-rates` (3 builds, 12 % misses); dualdecoder-cache's from"
-            " `traces/engine/h200-cachefill` (3 builds, the fused fill, 4x the budget, the rates it ran at). Compute only: CUDA-graph steps with no host reads; with transfers: misses forced"
+            " `traces/engine/h200-cache-int32` (3 builds, the engine of commit 3aee165 on, 4x the budget, the rates it ran at). Compute only: CUDA-graph steps with no host reads; with transfers: misses forced"
             " at 25 % and fetched over PCIe. ShadowKV's compute-only and transfer columns are the engine before"
             " its in-place step (issue 31); its TPOT and every table below are the in-place one.")
     return "\n\n".join([head, table, validation_line(root)])
 
 
 def _fused_fill_batch1(root: Path) -> pd.DataFrame:
-    """dualdecoder-cache's batch-1 steps with the fused fill and transfers (devtools/devcheck_cachefill.py's
-    rows, traces/engine/h200-cachefill/devcheck-engine.json)."""
+    """dualdecoder-cache's batch-1 steps with transfers on the current engine (devtools/devcheck_cachefill.py's
+    rows, traces/engine/h200-cache-int32/batch1.json)."""
     from ddbench.core.io import read_json_object
-    path = root / "traces" / "engine" / "h200-cachefill" / "devcheck-engine.json"
+    path = root / "traces" / "engine" / "h200-cache-int32" / "batch1.json"
     rows = read_json_object(path, "the fused fill's engine steps").get("rows", [])
     df = pd.DataFrame([r for r in rows if r.get("kind") == "engine" and r.get("fill") == "fused"
                        and r.get("transfers") == 1 and r.get("batch") == 1 and r.get("status") == "ok"])

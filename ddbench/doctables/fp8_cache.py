@@ -1,7 +1,8 @@
 """docs/results.md's fp8 GPU chunk cache block: each design at its largest batch in the two sweeps of
-issue 32 part 4 (traces/engine/h200-cache-fp8: Llama-3-8B 32K-128K; h200-cache-fp8-qwen: Qwen2.5-7B and
-14B at 128K), the cache in bf16, with an fp8 host KV, and with an fp8 host KV and fp8 cache, against our
-ShadowKV with bf16 and with fp8 values in the same run; and fp8's accuracy cost beside it."""
+issue 32 part 4, run again on the engine of commit 3aee165 on (pass 1's 16 splits, the fill's int32 keys;
+traces/engine/h200-compare: Llama-3-8B 32K-128K; h200-compare-qwen: Qwen2.5-7B and 14B at 128K), the cache
+in bf16, with an fp8 host KV, and with an fp8 host KV and fp8 cache, against our ShadowKV with bf16 and with
+fp8 values in the same run; and fp8's accuracy cost beside it."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from pathlib import Path
 
 from ddbench.doctables.common import ROOT, _json, _k, _table
 
-SWEEPS = ("h200-cache-fp8", "h200-cache-fp8-qwen")
+SWEEPS = ("h200-compare", "h200-compare-qwen")
 CACHE = "dualdecoder-cache@8192"
 NAMES = {CACHE: "cache bf16", CACHE + "+fp8": "cache, fp8 host", CACHE + "+fp8cache": "cache, fp8 host + fp8 cache",
          "shadowkv": "ShadowKV bf16", "shadowkv+fp8": "ShadowKV fp8 values"}
 MODELS = ("llama-3-8b", "qwen2.5-7b", "qwen2.5-14b")
 ACCURACY = "traces/accuracy/SmolLM2-135M-Instruct.Q4_1.fp8.summary.json"
 KERNEL = "traces/kernels/h200-attention-fp8/devcheck-attention-fp8.json"
-VALIDATION = "traces/validation/h200-engine-fp8cache-summary.json"
+VALIDATION = "traces/validation/h200-engine-compare-summary.json"
 
 
 def _points(root: Path) -> dict:
@@ -114,12 +115,12 @@ def fp8_cache(root: Path = ROOT) -> str:
             rows.append([model, _k(ctx), name, str(r[0]), f"{r[1]:,.0f} ({r[2]:,.0f}-{r[3]:,.0f})", *over, simulated])
         if CACHE + "+fp8cache" in got and CACHE + "+fp8" in got:
             gains.append(f"{model} {_k(ctx)} {_ratio(got[CACHE + '+fp8cache'], got[CACHE + '+fp8'])}")
-    return ("The fp8 GPU chunk cache on the H200 engine (`traces/engine/h200-cache-fp8`, `h200-cache-fp8-qwen`;"
-            " issue 32): e4m3 slots filled with the fp8 host's bytes and scales, read by the attention directly."
+    return (f"The fp8 GPU chunk cache on the H200 engine (`traces/engine/{SWEEPS[0]}`, `{SWEEPS[1]}`;"
+            " issue 32; engine of commit 3aee165 on): e4m3 slots filled with the fp8 host's bytes and scales, read by the attention directly."
             " Each design at its largest batch, tokens/s median (min-max) over 3 builds, 8,192 cache tokens;"
             " ratios at the medians (min over max - max over min); simulated: the engine's step priced by the cost"
-            f" model every command uses (`{VALIDATION}`; ShadowKV's 1 KiB fp8 value pieces have no measured gather"
-            " rate). The simulator's largest errors, in tokens/s: "
+            f" model every command uses (`{VALIDATION}`; ShadowKV's 1 KiB fp8 value pieces are smaller than any the"
+            " calibration bundle measured). The simulator's largest errors, in tokens/s: "
             + "; ".join(e for _, e in sorted(errs, reverse=True)[:3])
             + ".\n\n"
             + _table(["model", "context", "design", "batch", "tokens/s", "/ ShadowKV bf16", "/ ShadowKV fp8",

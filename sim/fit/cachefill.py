@@ -26,19 +26,22 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
 from ddbench.core.traces import load_engine
 from ddbench.sim.fit.enginefit import nonneg_lstsq
-from ddbench.sim.fit.replay import (COMPLETED, FUSED, MODEL, TORCH, cache_fill_kind, classify, effective_miss, load_meta,
-                            point_step_s, rel, replay_plan, row_cache, row_git_sha, row_model)
+from ddbench.sim.fit.replay import (COMPLETED, FUSED, FUSED64, MODEL, TORCH, cache_fill_kind, classify, effective_miss,
+                            load_meta, point_step_s, rel, replay_plan, row_cache, row_cache_bits, row_git_sha,
+                            row_kv_bits, row_model)
 from ddbench.sim.fitted import CACHE_FILL_DESIGN as DESIGN, CACHE_FILL_TERMS as TERMS, CacheFill, features
 
-DEFAULT_CONTEXTS = {FUSED: (32768, 65536, 131072), TORCH: (65536,)}
-# kind -> the default sweeps, <gpu>-<it>. The fused fill's: cache-fill (commit bc6729d on: the prefetch bytes each row
-# records are its fills' own; cache-fused and cache-fused-ctx, before it, recorded none at batch 16 and 32)
-SWEEPS = {FUSED: ("cache-fill",), TORCH: ("cache",)}
+DEFAULT_CONTEXTS = {FUSED: (32768, 65536, 131072), FUSED64: (32768, 65536, 131072), TORCH: (65536,)}
+# kind -> the default sweeps, <gpu>-<it>. The int32-key fill's: compare (its bf16 labels); the int64 fill's: cache-fill
+# (commit bc6729d on: the prefetch bytes each row records are its fills' own; cache-fused and cache-fused-ctx, before
+# it, recorded none at batch 16 and 32)
+SWEEPS = {FUSED: ("compare",), FUSED64: ("cache-fill",), TORCH: ("cache",)}
 
 
 def points(engine_dir: str, contexts: tuple, kind: str = FUSED):
     """The sweep's dualdecoder-cache rows at `contexts` (tokens) that ran with transfers in the overlap
-    regime; a DDBenchError where one of them ran the other fill (sim/fit/replay.py cache_fill_kind)."""
+    regime (each replayed with its own host KV and cache bits); a DDBenchError where one of them ran another
+    fill (sim/fit/replay.py cache_fill_kind)."""
     df = load_engine(os.path.join(engine_dir, "engine.csv"))
     meta = load_meta(engine_dir)
     thin = float(meta["thin_gather_gbps"])
@@ -60,7 +63,7 @@ def _source(engine_dir: str) -> dict:
 
 
 def fit(engine_dirs, cm, contexts=None, kind: str = FUSED) -> CacheFill:
-    """The `kind` fill (FUSED: the engine's; TORCH: the engine's before FUSED_FILL_SINCE) fitted to the points
+    """The `kind` fill (FUSED: the engine's; FUSED64, TORCH: the engine's earlier ones, replay.py) fitted to the points
     of one sweep or several (`engine_dirs`, a folder or a list) at `contexts` (default DEFAULT_CONTEXTS[kind]),
     priced on the cost model `cm` (MODEL's; its cache_fill is set while fitting and left as it was)."""
     engine_dirs = [engine_dirs] if isinstance(engine_dirs, str) else list(engine_dirs)
@@ -87,7 +90,7 @@ def fit(engine_dirs, cm, contexts=None, kind: str = FUSED) -> CacheFill:
             for r, xi in zip(rows, x):
                 cache, ct = row_cache(r, MODEL)
                 plan = replay_plan(DESIGN, int(r.context), int(r.batch), effective_miss(float(r.miss_rate), w0.budget,
-                                   w0.chunk), True, cm, MODEL, cache, ct)
+                                   w0.chunk), True, cm, MODEL, cache, ct, row_kv_bits(r), row_cache_bits(r))
                 step, _ = point_step_s(plan)
                 y.append((float(r.step_ms) * 1e-3 - step) / (2 * L) + float(xi @ theta))
             y = np.array(y)

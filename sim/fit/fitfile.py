@@ -2,17 +2,18 @@
 write it, and tell whether it is stale.
 
     python -m ddbench.sim.fit [--gpu h200] [--calibration ROOT] [--cache-sweep DIR[,DIR]|none]
-                      [--torch-fill-sweep DIR[,DIR]|none] [--context 32k,64k,128k] [--out FOLDER] [--check]
+                      [--int64-fill-sweep DIR[,DIR]|none] [--torch-fill-sweep DIR[,DIR]|none]
+                      [--context 32k,64k,128k] [--out FOLDER] [--check]
 
 fits, in this order, on the bundle of --gpu (sim/fitted.py says what each term is):
   1. the decode compute reconciled with the engine (sim/fit/enginefit.py), from the bundle's engine
      section and the engine breakdown that belongs to it (ddbench.core.calibration.find_breakdown);
   2. ShadowKV's reuse fetch per gather shape (sim/fit/reusefit.py), from the bundle's reuse_fetch records
      (the copy-then-regather fetch of the engine before 0f05ef2: it prices that engine's rows in the validation);
-  3. dualdecoder-cache's fill (sim/fit/cachefill.py), from the engine's chunk-cache sweeps of the fused fill
-     (default <data root>/engine/<gpu>-cache-fill where it exists) at the
-     contexts of --context, priced with 1 and 2; and the torch fill of the engine before it (<gpu>-cache, at
-     64K), which prices only that engine's rows in the validation;
+  3. dualdecoder-cache's fill (sim/fit/cachefill.py), from the engine's chunk-cache sweeps of its fill
+     (default <data root>/engine/<gpu>-compare where it exists) at the contexts of --context, priced with 1
+     and 2; and the fills of the engine before it, which price only that engine's rows in the validation:
+     the fused fill with int64 keys (<gpu>-cache-fill, same contexts) and the torch fill (<gpu>-cache, 64K);
 and writes FOLDER/fitted.json (default <calibration root>/../fit/<gpu>/: traces/fit/h200/fitted.json)
 through the output guard: the three fits with their residuals, the sha256 of every input file, and the
 command, git sha and date. --check fits nothing: it says whether the file's inputs are still the files
@@ -27,13 +28,15 @@ import sys
 from ddbench.core.flags import OneLineParser
 from ddbench.core.errors import DDBenchError
 from ddbench.sim.fit import cachefill, enginefit, reusefit
-from ddbench.sim.fit.replay import FUSED, LINK, MODEL, TORCH, rel
+from ddbench.sim.fit.replay import FUSED, FUSED64, LINK, MODEL, TORCH, rel
 from ddbench.sim.fitted import (COMMAND, FILE, SCHEMA, Fitted, bundle_files, cache_fill_doc, engine_doc, fitted_path, load,
                         reuse_doc, sha256)
 
 SWEEP_FILES = ("engine.csv", "meta.json")
 TORCH_FILL_ENGINE = ("the torch fill of the engine before commit 27aa89a (the fused fill); prices only that engine's"
                      " rows in the validation")
+INT64_FILL_ENGINE = ("the fused fill with int64 sort keys of the engine from commit 27aa89a to 3aee165 (int32 keys, pass"
+                     " 1's 16 splits); prices only that engine's rows in the validation")
 
 
 def _files(folder: str, names) -> dict:
@@ -44,12 +47,13 @@ def _sweeps(dirs) -> list | None:
     return [{"path": rel(d), "files": _files(d, SWEEP_FILES)} for d in dirs] if dirs else None
 
 
-def inputs_of(bundle, cache_dirs, torch_dirs=None) -> dict:
+def inputs_of(bundle, cache_dirs, torch_dirs=None, int64_dirs=None) -> dict:
     """What a fit of `bundle` reads, each file with its sha256 (paths as outputs name them: traces/...)."""
     bd = bundle.breakdown
     return {"bundle": {"path": rel(bundle.path), "files": bundle_files(bundle.path)},
             "breakdown": {"path": rel(bd["path"]), "sha256": sha256(bd["path"])} if bd else None,
-            "cache_sweeps": _sweeps(cache_dirs), "torch_fill_sweeps": _sweeps(torch_dirs)}
+            "cache_sweeps": _sweeps(cache_dirs), "int64_fill_sweeps": _sweeps(int64_dirs),
+            "torch_fill_sweeps": _sweeps(torch_dirs)}
 
 
 def default_cache_sweeps(gpu: str, kind: str = FUSED) -> list | None:
@@ -59,21 +63,23 @@ def default_cache_sweeps(gpu: str, kind: str = FUSED) -> list | None:
     return [d for d in dirs if os.path.exists(os.path.join(d, "engine.csv"))] or None
 
 
-def fit_bundle(bundle, cache_dirs, contexts=None, torch_dirs=None) -> Fitted:
-    """The fits of a bundle (module doc), in memory: the fused fill to `cache_dirs` at `contexts` (default
-    cachefill.DEFAULT_CONTEXTS), the torch fill to `torch_dirs` at its default context."""
+def fit_bundle(bundle, cache_dirs, contexts=None, torch_dirs=None, int64_dirs=None) -> Fitted:
+    """The fits of a bundle (module doc), in memory: the engine's fill to `cache_dirs` and its int64-key fill to
+    `int64_dirs` at `contexts` (default cachefill.DEFAULT_CONTEXTS), the torch fill to `torch_dirs` at its
+    default context."""
     from ddbench.core.catalog import get_gpu, get_link, get_model
     from ddbench.sim.costmodel import CostModel
     fitted = Fitted(enginefit.fit_bundle(bundle), reusefit.fit_bundle(bundle))
     fills = {}
-    for kind, dirs, ctx in ((FUSED, cache_dirs, contexts), (TORCH, torch_dirs, None)):
+    for kind, dirs, ctx in ((FUSED, cache_dirs, contexts), (FUSED64, int64_dirs, contexts), (TORCH, torch_dirs, None)):
         if dirs:
             cm = CostModel(get_model(MODEL), get_gpu(bundle.gpu), get_link(LINK), bundle, fitted=fitted)
             fills[kind] = cachefill.fit(dirs, cm, ctx, kind)
-    return Fitted(fitted.engine, fitted.reuse, fills.get(FUSED), cache_fill_torch=fills.get(TORCH))
+    return Fitted(fitted.engine, fitted.reuse, fills.get(FUSED), cache_fill_torch=fills.get(TORCH),
+                  cache_fill_int64=fills.get(FUSED64))
 
 
-def document(bundle, fitted: Fitted, cache_dirs, command: str, torch_dirs=None) -> dict:
+def document(bundle, fitted: Fitted, cache_dirs, command: str, torch_dirs=None, int64_dirs=None) -> dict:
     """The fitted-parameters file's content (sim/fitted.py load reads it back)."""
     from ddbench.core.provenance import git_sha, utc_now, version
     return {
@@ -82,10 +88,12 @@ def document(bundle, fitted: Fitted, cache_dirs, command: str, torch_dirs=None) 
                  " files are the inputs' (sha256); docs/simulator.md",
         "provenance": {"command": command, "git_sha": git_sha(), "ddbench_version": version(),
                        "date_utc": utc_now()},
-        "inputs": inputs_of(bundle, cache_dirs, torch_dirs),
+        "inputs": inputs_of(bundle, cache_dirs, torch_dirs, int64_dirs),
         "engine": engine_doc(fitted.engine) if fitted.engine else None,
         "reuse_fetch": [reuse_doc(k, f) for k, f in sorted(fitted.reuse.items())],
         "cache_fill": cache_fill_doc(fitted.cache_fill) if fitted.cache_fill else None,
+        "cache_fill_int64": dict(cache_fill_doc(fitted.cache_fill_int64), engine=INT64_FILL_ENGINE)
+        if fitted.cache_fill_int64 else None,
         "cache_fill_torch": dict(cache_fill_doc(fitted.cache_fill_torch), engine=TORCH_FILL_ENGINE)
         if fitted.cache_fill_torch else None,
     }
@@ -126,14 +134,18 @@ def main(argv=None) -> int:
     ap = OneLineParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", default="h200", help="the calibration bundle's GPU (default h200)")
     ap.add_argument("--calibration", help="the calibration root holding <gpu>/ (default the data root's calibration/)")
-    ap.add_argument("--cache-sweep", help="the chunk-cache engine sweeps the fused fill is fitted to, comma-separated"
-                                          " (default the data root's engine/<gpu>-cache-fill where it exists;"
+    ap.add_argument("--cache-sweep", help="the chunk-cache engine sweeps the engine's fill is fitted to, comma-separated"
+                                          " (default the data root's engine/<gpu>-compare where it exists;"
                                           " 'none': no fill term)")
+    ap.add_argument("--int64-fill-sweep", help="the chunk-cache sweeps of the engine's fused fill with int64 keys"
+                                               " (before 3aee165), which price that engine's rows in the validation"
+                                               " (default the data root's engine/<gpu>-cache-fill where it exists;"
+                                               " 'none': not fitted)")
     ap.add_argument("--torch-fill-sweep", help="the chunk-cache sweep of the engine's torch fill (before the fused one),"
                                                " which prices that engine's rows in the validation (default the"
                                                " data root's engine/<gpu>-cache where it exists; 'none': not fitted)")
     ap.add_argument("--context", default="32k,64k,128k",
-                    help="the contexts of those sweeps whose points the fused fill is fitted to (32k,64k,128k)")
+                    help="the contexts of those sweeps whose points the fused fills are fitted to (32k,64k,128k)")
     ap.add_argument("--out", help=f"the folder of {FILE} (default <calibration root>/../fit/<gpu>/)")
     ap.add_argument("--force", action="store_true", help="write into a folder that holds other files (kept)")
     ap.add_argument("--check", action="store_true", help="fit nothing: exit 1 where the file's inputs changed")
@@ -151,12 +163,13 @@ def main(argv=None) -> int:
             return 1 if bad else 0
         cache_dirs = _dirs(a.cache_sweep, "--cache-sweep", a.gpu, FUSED)
         torch_dirs = _dirs(a.torch_fill_sweep, "--torch-fill-sweep", a.gpu, TORCH)
+        int64_dirs = _dirs(a.int64_fill_sweep, "--int64-fill-sweep", a.gpu, FUSED64)
         contexts = tuple(parse_tokens(c.strip(), "--context") for c in a.context.split(","))
         bundle = load_bundle(path)
         with output_folder(out, command=COMMAND, own_ok=True, force=a.force) as w:
             w.claim([FILE])
-            fitted = fit_bundle(bundle, cache_dirs, contexts, torch_dirs)
-            w.write_json(FILE, document(bundle, fitted, cache_dirs, command_line(COMMAND, argv), torch_dirs))
+            fitted = fit_bundle(bundle, cache_dirs, contexts, torch_dirs, int64_dirs)
+            w.write_json(FILE, document(bundle, fitted, cache_dirs, command_line(COMMAND, argv), torch_dirs, int64_dirs))
     except DDBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -185,6 +198,8 @@ def describe(f: Fitted) -> list[str]:
     lines += [f"ShadowKV's copy-then-regather fetch (the engine before 0f05ef2) at {k[0]} B chunks, {k[1]} programs x {k[2]}: {x.describe()}"
               for k, x in sorted(f.reuse.items())] or ["ShadowKV's fetch: no reuse_fetch records, not fitted"]
     lines.append(f.cache_fill.describe() if f.cache_fill else "cache fill: no chunk-cache sweep, not fitted")
+    if f.cache_fill_int64:
+        lines.append(f"{INT64_FILL_ENGINE}: " + f.cache_fill_int64.describe())
     if f.cache_fill_torch:
         lines.append(f"{TORCH_FILL_ENGINE}: " + f.cache_fill_torch.describe())
     return lines

@@ -18,10 +18,11 @@ prices it: ddbench.sim.steplayers.step_layers on the cost model of sim/factory.p
   CostModel.reuse_fetch_s on the compute stream before it). The rule reads the run's git sha (the row's
   git_sha, else its meta.json provenance; a "+dirty" suffix is dropped) and asks this repository's git
   whether IN_PLACE_SINCE is its ancestor; a sha git does not know is an error, never a guess.
-- Which chunk-cache fill the engine ran (cache_fill_kind), by the same rule: the fused Triton fill since
-  FUSED_FILL_SINCE (commit 27aa89a, issue 32: kernels/cachefill.py), which the user's cost model prices
-  (Fitted.cache_fill); before it, about 30 small torch kernels (Fitted.cache_fill_torch), priced for
-  such rows only (the fits and the validation).
+- Which chunk-cache fill the engine ran (cache_fill_kind), by the same rule: since INT32_KEYS_SINCE (commit
+  3aee165) the fused fill with int32 sort keys, beside pass 1's 16 splits (FUSED: the user's cost model
+  prices it, Fitted.cache_fill); from FUSED_FILL_SINCE (commit 27aa89a, issue 32: kernels/cachefill.py)
+  to it the fused fill with int64 keys (FUSED64, Fitted.cache_fill_int64); before, about 30 small torch
+  kernels (TORCH, Fitted.cache_fill_torch). The older two price such rows only (the fits and the validation).
 
 Regime of a point (classify): compute-only (no transfers); link-bound (engine link bytes per step /
 engine step >= LINK_BOUND x the thin-gather rate measured in the same engine run, meta.json); overlap
@@ -48,7 +49,8 @@ COMPLETED = ("ok", "ok-no-twin")   # measured (ok-no-twin: no compute-only twin 
 IN_PLACE_SINCE = "0f05ef2a41d986c7ce41f965e82ccb7ae3fbec45"   # shadowkv in place (issue 31)
 IN_PLACE, COPY_REGATHER = "in-place", "copy-regather"          # the engine's two ShadowKV steps
 FUSED_FILL_SINCE = "27aa89a75549a624878ed1fb749475d88da66f0d"  # the chunk cache's fill in one Triton launch (issue 32)
-FUSED, TORCH = "fused", "torch"                                # the engine's two chunk-cache fills
+INT32_KEYS_SINCE = "3aee1653b8ccfd2fbf42f367beb5a0d041f19292"  # the fill's int32 keys, pass 1's 16 splits (issue 32)
+FUSED, FUSED64, TORCH = "fused", "fused-int64", "torch"        # the engine's three chunk-cache fills
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -101,9 +103,12 @@ def shadowkv_step(git_sha) -> str:
 
 
 def cache_fill_kind(git_sha) -> str:
-    """Which chunk-cache fill an engine run of this git sha ran: FUSED where FUSED_FILL_SINCE is the sha or
-    one of its ancestors, else TORCH (the module doc)."""
-    return FUSED if descends_from(FUSED_FILL_SINCE, git_sha, "which chunk-cache fill it ran") else TORCH
+    """Which chunk-cache fill an engine run of this git sha ran: FUSED where INT32_KEYS_SINCE is the sha or
+    one of its ancestors, else FUSED64 where FUSED_FILL_SINCE is, else TORCH (the module doc)."""
+    what = "which chunk-cache fill it ran"
+    if descends_from(INT32_KEYS_SINCE, git_sha, what):
+        return FUSED
+    return FUSED64 if descends_from(FUSED_FILL_SINCE, git_sha, what) else TORCH
 
 
 def row_git_sha(r, meta: dict | None = None):

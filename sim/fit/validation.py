@@ -65,7 +65,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.traces import load_engine
 from ddbench.sim.costmodel import ENGINE_REUSE_IN_FLIGHT as REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS as REUSE_PROGRAMS
-from ddbench.sim.fit.replay import (COMPLETED, COPY_REGATHER, FUSED, GPU, IN_PLACE, IN_PLACE_SINCE, LINK,  # noqa: F401
+from ddbench.sim.fit.replay import (COMPLETED, COPY_REGATHER, FUSED, FUSED64, GPU, IN_PLACE, IN_PLACE_SINCE, LINK,  # noqa: F401
                             LINK_BOUND, MIB, MODEL, STEPS, WARMUP, cache_fill_kind, classify, effective_miss,
                             engine_cache_rates,
                             legacy_reuse_fetch, load_meta, point_step_s, rel, replay_plan, row_cache, row_git_sha,
@@ -275,7 +275,7 @@ class _RowReplay:
         self.thin = float(raw_meta["thin_gather_gbps"])
         self.w0 = Workload(context=1)
         self.harness_models = {}
-        self._torch_cms = {}           # id(cost model) -> (it, its copy with the torch fill)
+        self._torch_cms = {}           # (id(cost model), fill kind) -> (it, its copy with that fill)
 
     def __call__(self, r):
         label = f"{r.design} {r.context // 1024}K b{r.batch} miss {r.miss_rate} transfers {r.transfers}"
@@ -309,17 +309,17 @@ class _RowReplay:
         return self._point(r, model, plan, cmm, miss, ct, step, harness), None
 
     def _fill_cm(self, cm, kind: str):
-        """The cost model with the chunk-cache fill the row's engine ran: the user's (FUSED), or the torch fill
-        of the engine before FUSED_FILL_SINCE (Fitted.cache_fill_torch), priced for such rows only."""
+        """The cost model with the chunk-cache fill the row's engine ran: the user's (FUSED), or an earlier
+        engine's (FUSED64: Fitted.cache_fill_int64; TORCH: Fitted.cache_fill_torch), priced for such rows only."""
         if kind == FUSED:
             return cm
-        key = id(cm)
+        key = (id(cm), kind)
         if key not in self._torch_cms:
             c = copy.copy(cm)
-            c.cache_fill = cm.fitted.cache_fill_torch
+            field = "cache_fill_int64" if kind == FUSED64 else "cache_fill_torch"
+            c.cache_fill = getattr(cm.fitted, field)
             if c.cache_fill is None:
-                raise DDBenchError(f"{cm.fitted.shown} has no torch fill (cache_fill_torch) for the engine's rows"
-                                   " before the fused fill")
+                raise DDBenchError(f"{cm.fitted.shown} has no {kind} fill ({field}) for that engine's rows")
             self._torch_cms[key] = (cm, c)
         return self._torch_cms[key][1]
 
@@ -383,6 +383,7 @@ ABLATION_RUNS = (("h200-ablation", None), ("h200-ablation-qwen14b", "!dualdecode
                  ("h200-ablation-dualdecoder", None))
 # issue 32's fp8 GPU chunk cache beside the bf16 one and ShadowKV (bf16 and fp8 values) at the largest batches
 FP8_CACHE_RUNS = (("h200-cache-fp8", None), ("h200-cache-fp8-qwen", None))
+COMPARE_RUNS = (("h200-compare", None), ("h200-compare-qwen", None))   # issue 32's comparison after 3aee165
 FILL_RUNS = (("h200-cache-fill", None),)   # the fused fill's sweep (32K/64K/128K): its fitted points, and the link-bound ones
 META_FALLBACK = "h200-shadowkv-fast/builds/b0"   # h200-rates has no meta.json: the thin-gather rate of this run
 
