@@ -3,10 +3,11 @@
     PYTHONPATH=. python3 -m devtools.devcheck_pass1_waves [--reps 3] [--out FILE.json]
 
 Pass 1 (kernels/select.py's _score_pass1, launched by fastselect._landmark_pass1) runs one program per
-(request, KV head, split). Its default splits aim at 4 x SMs programs, so past B x H = 4 x SMs it runs one
-split: B x H programs, a little over one wave of resident programs at some batches. Here, at each
-model's largest batches (Llama-3-8B, Qwen2.5-7B and 14B heads, two query tokens), pass 1 is timed (CUDA
-graph replays, median of 15, fresh random bf16 inputs) at its default splits and at fixed ones, `--reps`
+(request, KV head, split). Its splits once aimed at 4 x SMs programs ("old"), so past B x H = 4 x SMs it ran
+one split: B x H programs, a little over one wave of resident programs at some batches; the default now
+runs at least fastselect.PASS1_SPLITS. Here, at each model's largest batches (Llama-3-8B, Qwen2.5-7B and
+14B heads, two query tokens), pass 1 is timed (CUDA graph replays, median of 15, fresh random bf16
+inputs) at the old count, the default and fixed counts, `--reps`
 times interleaved; GB/s counts the landmarks read and the scores written, against a device copy timed in
 the same run. The top-k's ids from each split count are compared with the default's (the same set of
 chunks but for fp ties of the row normalisers), and the kernel's registers and shared memory give its

@@ -248,6 +248,21 @@ def test_fp16_scores_are_rounded_fp32(nq):
         assert torch.equal(got, want), method
 
 
+@pytest.mark.parametrize("B,H,N,want", [(1, 1, 64, 1), (2, 2, 2048, 8), (2, 2, 8192, 16), (5, 1, 8192, 16)])
+def test_pass1_default_splits(B, H, N, want):
+    """At least PASS1_SPLITS splits per (request, KV head) where N / PASS1_MIN_SPLIT allows (a wave's tail of
+    programs otherwise, traces/kernels/h200-pass1-waves), more where B x H programs are few (CPU: 4 "SMs"),
+    and the statistics of any split count give the same top-k."""
+    g = torch.Generator().manual_seed(B * N)
+    q, lm = torch.randn(B, 2, 4 * H, 16, generator=g), torch.randn(B, H, N, 16, generator=g)
+    sc, pml, G = fastselect._landmark_pass1(q, lm)
+    assert pml.numel() // (2 * B * H * fastselect._block_m(2, G)) == want
+    if N <= 2048:
+        one = fastselect._landmark_pass1(q, lm, splits=1)
+        assert torch.equal(fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, 8),
+                           fastselect.topk_from_scratch(one[0], one[1], B, H, 2, G, N, 8))
+
+
 def test_stored_scores_dtype_checked():
     q, lm = torch.randn(1, 1, 4, 32), torch.randn(1, 1, 64, 32)
     with pytest.raises(ValueError, match="stored scores"):
