@@ -160,7 +160,7 @@ class LinkCosts:
             base = self.link_rates("gpu", chunk_bytes)
             got = slot_gather_gbps(self.bundle.gpu, chunk_bytes) if self.bundle is not None else None
             if got:
-                rate = got[0] * self.link.achievable_gbps / get_link("pcie5").achievable_gbps
+                rate = self._bench_gbps(got[0])
                 self._note(f"ShadowKV's in-place slot gather at {rate:.1f} GB/s: {got[1]} `bench link` rows at 64"
                            f" programs, {chunk_bytes} B pieces (traces/link/{self.bundle.gpu})")
                 base = replace(base, h2d_gbps=rate)
@@ -169,6 +169,10 @@ class LinkCosts:
                            " (no `bench link` rows at 64 programs)")
             self._cache[key] = base
         return self._cache[key]
+
+    def _bench_gbps(self, gbps: float) -> float:
+        """A `bench link` rate (measured on PCIe 5) on this cost model's link, scaled by its catalog rate."""
+        return gbps * self.link.achievable_gbps / get_link("pcie5").achievable_gbps
 
     def fp8_gather_rates(self, chunk_bytes: int) -> LinkRates | None:
         """The bundle's GPU gather terms with the rate the link bench measured for the engine's fp8 launch
@@ -181,20 +185,20 @@ class LinkCosts:
             if got is None:
                 self._cache[key] = None
             else:
-                rate = got[0] * self.link.achievable_gbps / get_link("pcie5").achievable_gbps
+                rate = self._bench_gbps(got[0])
                 self._note(f"fp8 pieces of {chunk_bytes} B gathered at {rate:.1f} GB/s: {got[1]} `bench link` rows at"
                            f" {ENGINE_FP8_IN_FLIGHT} pieces in flight, the engine's fp8 launch (traces/link/{self.bundle.gpu})")
                 self._cache[key] = replace(self._measured_rates("gpu", chunk_bytes), h2d_gbps=rate)
         return self._cache[key]
 
-    def link_rates(self, gather: str, chunk_bytes: int, measured_only: bool = False, fp8: bool = False) -> LinkRates:
+    def link_rates(self, gather: str, chunk_bytes: int, fp8: bool = False) -> LinkRates:
         """The link's rates for pieces of `chunk_bytes`, interpolated between the bundle's measured piece
-        sizes. measured_only: a DDBenchError for a piece smaller than the smallest measured one (the
-        gather's rate falls with its piece size; below the measurements it is not known). fp8: fp8 pieces,
-        which the engine's GPU gathers launch with more pieces in flight than the bundle's gather: their
-        rate is the link bench's at that launch where it has the piece size (fp8_gather_rates); the bundle's
-        other terms of the piece (its fixed cost, its round trip) are still checked by measured_only."""
-        if measured_only and self.bundle is not None:
+        sizes. fp8: fp8 pieces, with a DDBenchError for a piece smaller than
+        the bundle's smallest measured one (the gather's fixed cost and rate fall with its piece size; below
+        the measurements they are not known); the engine's GPU gathers launch them with more pieces in
+        flight than the bundle's gather, so their rate is the link bench's at that launch where it has the
+        piece size (fp8_gather_rates)."""
+        if fp8 and self.bundle is not None:
             self._check_measured(gather, chunk_bytes)
         if fp8 and gather == "gpu" and self.bundle is not None:
             got = self.fp8_gather_rates(chunk_bytes)

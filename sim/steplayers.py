@@ -246,8 +246,8 @@ def _link_work(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, bat
     piece = kv_piece_bytes(m, w)     # K or V of a chunk-head as it crosses the link (bf16, or fp8 + scale)
     values_only_all = design.fetch == "values"
     chunk_bytes = (1 if values_only_all else 2) * piece
-    rates = cm.link_rates(design.gather, chunk_bytes, measured_only=w.kv_bits != 16, fp8=w.kv_bits != 16)
-    rates_v = cm.link_rates(design.gather, piece, measured_only=w.kv_bits != 16, fp8=w.kv_bits != 16) \
+    rates = cm.link_rates(design.gather, chunk_bytes, fp8=w.kv_bits != 16)
+    rates_v = cm.link_rates(design.gather, piece, fp8=w.kv_bits != 16) \
         if lr and not values_only_all else rates
     if design.reuse and design.prefetch == "none" and design.gather == "gpu" and w.kv_bits == 16:
         rates = rates_v = cm.slot_gather_rates(chunk_bytes)     # the in-place fetch's own launch (module doc)

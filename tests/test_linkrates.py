@@ -30,9 +30,9 @@ def test_the_cost_model_prices_fp8_at_the_engine_launch():
     from ddbench.sim.costmodel import CostModel
     cm = CostModel(get_model("llama-3-8b"), get_gpu("h200"), get_link("pcie5"), load_bundle(find_bundle("h200")))
     bundle_rate = cm.link_rates("gpu", 2056).h2d_gbps
-    fp8 = cm.link_rates("gpu", 2056, measured_only=True, fp8=True)
+    fp8 = cm.link_rates("gpu", 2056, fp8=True)
     assert fp8.h2d_gbps == pytest.approx(fp8_gather_gbps("h200", 2056)[0])
     assert fp8.h2d_gbps > 1.2 * bundle_rate          # the bundle's gather keeps 2 pieces in flight, the engine 8
     assert fp8.h2d_t0_s == cm.link_rates("gpu", 2056).h2d_t0_s
     with pytest.raises(DDBenchError, match="1028 B pieces"):  # below the bundle's pieces: still refused
-        cm.link_rates("gpu", 1028, measured_only=True, fp8=True)
+        cm.link_rates("gpu", 1028, fp8=True)

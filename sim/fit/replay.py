@@ -143,7 +143,7 @@ def legacy_reuse_fetch(plan, cm, miss: float, kv_bits: int = 16):
         return replace(plan, mid=mid)
     piece = kv_piece_bytes(m, w)
     cbs = [(1 if (d.fetch == "values" or i in plan.lowrank) else 2) * piece for i in range(L)]
-    rates = {cb: cm.link_rates(d.gather, cb, measured_only=kv_bits != 16, fp8=kv_bits != 16) for cb in set(cbs)}
+    rates = {cb: cm.link_rates(d.gather, cb, fp8=kv_bits != 16) for cb in set(cbs)}
     ur_w = [rates[cbs[i]].h2d_t0_s + b / (rates[cbs[i]].h2d_gbps * 1e9) if b > 0 else 0.0
             for i, b in enumerate(plan.ur_bytes)]
     slots = plan.batch * m.num_kv_heads * (w.budget // w.chunk)

@@ -275,7 +275,7 @@ class _RowReplay:
         self.thin = float(raw_meta["thin_gather_gbps"])
         self.w0 = Workload(context=1)
         self.harness_models = {}
-        self._torch_cms = {}           # (id(cost model), fill kind) -> (it, its copy with that fill)
+        self._fill_cms = {}           # (id(cost model), fill kind) -> (it, its copy with that fill)
 
     def __call__(self, r):
         label = f"{r.design} {r.context // 1024}K b{r.batch} miss {r.miss_rate} transfers {r.transfers}"
@@ -314,14 +314,14 @@ class _RowReplay:
         if kind == FUSED:
             return cm
         key = (id(cm), kind)
-        if key not in self._torch_cms:
+        if key not in self._fill_cms:
             c = copy.copy(cm)
             field = "cache_fill_int64" if kind == FUSED64 else "cache_fill_torch"
             c.cache_fill = getattr(cm.fitted, field)
             if c.cache_fill is None:
                 raise DDBenchError(f"{cm.fitted.shown} has no {kind} fill ({field}) for that engine's rows")
-            self._torch_cms[key] = (cm, c)
-        return self._torch_cms[key][1]
+            self._fill_cms[key] = (cm, c)
+        return self._fill_cms[key][1]
 
     def _not_replayed(self, r, model: str) -> str | None:
         """Why a row is not replayed ("calibration": the calibration itself, not listed), or None."""
