@@ -72,13 +72,15 @@ def test_refit_is_the_committed_file():
                                fitfile.default_cache_sweeps("h200"), committed.cache_fill.contexts,
                                torch_dirs=fitfile.default_cache_sweeps("h200", TORCH),
                                int64_dirs=fitfile.default_cache_sweeps("h200", FUSED64))
+    # A least-squares refit is reproducible to about 1e-8 across CPUs and BLAS kernels (7.3e-9 seen on
+    # one x86 machine), not to 1e-9; 1e-6 still catches any change of the code or its inputs.
     for c, th in committed.engine.theta.items():
-        assert again.engine.theta[c] == pytest.approx(th, rel=1e-9, abs=1e-18), c
+        assert again.engine.theta[c] == pytest.approx(th, rel=1e-6, abs=1e-18), c
     assert set(again.reuse) == set(committed.reuse)
     for k, f in committed.reuse.items():
         g = again.reuse[k]
         assert (g.fixed_s, g.copy_Bps, g.hit_s, g.miss_s, g.mix_s) == pytest.approx(
-            (f.fixed_s, f.copy_Bps, f.hit_s, f.miss_s, f.mix_s), rel=1e-9)
+            (f.fixed_s, f.copy_Bps, f.hit_s, f.miss_s, f.mix_s), rel=1e-6)
     for fill in ("cache_fill", "cache_fill_int64", "cache_fill_torch"):
         for t, v in getattr(committed, fill).theta.items():
             assert getattr(again, fill).theta[t] == pytest.approx(v, rel=1e-6, abs=1e-12), (fill, t)
