@@ -38,6 +38,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, cache_slot_bytes, kv_piece_bytes, lowrank_layer_count
 from ddbench.core.designs import DesignSpec
 from ddbench.sim.costmodel import E, CostModel, LinkRates
+from ddbench.sim.indexcost import select_index_s
 
 
 @dataclass
@@ -205,7 +206,7 @@ def _compute_terms(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload,
     # implementation measured in whole steps (kernels/engine/engine.py runs Triton kernels for all)
     tri = out["triton"] = design.kernels == "triton"
     if design.landmarks:
-        out["sel"] = cm.select_s(batch, q, ctx_i, w.chunk, triton=tri)
+        out["sel"] = select_index_s(cm, batch, q, ctx_i, w, triton=tri)
     elif design.quant_bits:
         out["sel"] = cm.quant_scan_s(batch, q, ctx_i, design.quant_bits, w.quant_group, w.chunk)
     else:

@@ -21,6 +21,7 @@ PREFILL_CHUNK = 8192       # tokens per chunked-prefill pass
 CACHE_TOKENS = 2 * BUDGET  # dualdecoder-cache: GPU chunk cache per (layer, KV head), tokens (2x the budget)
 KV_BITS = 16               # bits of the KV kept on the host and moved over the link (16: bf16; 8: fp8 e4m3)
 CACHE_BITS = 16            # bits of a chunk-cache design's GPU chunk cache (16: bf16; 8: fp8 e4m3, needs KV_BITS 8)
+INDEX = "flat"             # the landmark designs' selection index (ddbench/core/index.py): flat bf16, fp8, int4, two-level
 CACHE_POLICY = "lru"       # dualdecoder-cache: eviction policy of the GPU chunk cache
 
 # ---------------------------------------------------------------- scenario

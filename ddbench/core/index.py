@@ -160,3 +160,14 @@ def selection_bytes(spec: IndexSpec, n_chunks: int, head_dim: int, budget_chunks
     read once by the top-k. The floor of the selection is this over the HBM bandwidth."""
     scored = candidates(spec, n_chunks, budget_chunks) + super_chunks(spec, n_chunks)
     return read_bytes(spec, n_chunks, head_dim, budget_chunks, tokens) + 2 * score_rows * scored * score_bytes
+
+
+def index_name(text) -> str:
+    """The canonical name of an index (a Workload's `index`); DDBenchError on bad input."""
+    return parse_index(text).name
+
+
+def scored_chunks(spec: IndexSpec, n_chunks: int, budget_chunks: int) -> int:
+    """Scores one query row of a selection holds: every landmark of one level; two levels, the
+    super-chunks and the candidates (for the transient memory of the scores)."""
+    return candidates(spec, n_chunks, budget_chunks) + super_chunks(spec, n_chunks)

@@ -24,6 +24,7 @@ from ddbench.core.catalog.gpus import GPUSpec
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DesignSpec
 from ddbench.core.errors import DDBenchError
+from ddbench.core.index import FLAT, parse_index, resident_bytes as index_resident_bytes, scored_chunks
 from ddbench.core.workload import Workload  # noqa: F401  (the one Workload; re-exported here)
 
 CATEGORIES = ("weights", "resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers",
@@ -88,11 +89,16 @@ def resident_kv_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
 
 def landmark_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """Chunk-mean post-RoPE keys plus their chunk index, every layer and KV head:
-    b * L * H_kv * ceil(S / C) * (d * e + 8)."""
+    b * L * H_kv * ceil(S / C) * (d * e + 8) for the flat index; another index (Workload.index): its
+    levels' bytes with their scales (ddbench.core.index.resident_bytes) in place of d * e per chunk."""
     if not design.landmarks:
         return 0
     chunks = math.ceil(w.context / w.chunk)
-    return w.batch * m.num_layers * m.num_kv_heads * chunks * (m.head_dim * m.dtype_bytes + INDEX_BYTES)
+    spec = parse_index(w.index)
+    if spec == FLAT:
+        return w.batch * m.num_layers * m.num_kv_heads * chunks * (m.head_dim * m.dtype_bytes + INDEX_BYTES)
+    per = index_resident_bytes(spec, chunks, m.head_dim) + chunks * INDEX_BYTES
+    return w.batch * m.num_layers * m.num_kv_heads * per
 
 
 def lowrank_layer_count(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
@@ -230,7 +236,8 @@ def activation_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     logits = m.vocab * (e + FP32)
     decode = t * (_token_live_bytes(m) + logits)
     if design.landmarks:
-        decode += t * m.num_heads * math.ceil(w.context / w.chunk) * 2 * e
+        decode += t * m.num_heads * scored_chunks(parse_index(w.index), math.ceil(w.context / w.chunk),
+                                                  w.budget // w.chunk) * 2 * e
     if design.quant_bits:
         decode += t * m.num_heads * (w.context + w.gen_tokens) * 2 * e
     prefill = min(w.prefill_chunk, w.context) * _token_live_bytes(m) + logits
