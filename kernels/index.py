@@ -131,16 +131,21 @@ def _check_keys(keys, chunk):
         raise DDBenchError(f"keys must be [B, H, T, d] with T a positive multiple of chunk={chunk}, got {tuple(keys.shape)}")
 
 
+def index_from_landmarks(lm32: torch.Tensor, spec, dtype=torch.bfloat16) -> Index:
+    """The index of fp32 chunk landmarks [B, H, N, d]: super-chunk means (two levels), each level quantized."""
+    spec = parse_index(spec)
+    coarse = quantize_landmarks(_super_means(lm32, spec.group), spec.coarse, dtype) if spec.two_level else None
+    return Index(spec, quantize_landmarks(lm32, spec.fmt, dtype), coarse)
+
+
 def build_index(keys: torch.Tensor, spec, chunk: int = 8) -> Index:
     """The index of post-RoPE `keys` [B, H, T, d], once at prefill: chunk means by the Triton landmark
     kernel in fp32, super-chunk means of those, each level quantized to its format."""
-    spec = parse_index(spec)
     _check_keys(keys, chunk)
     B, H, T, d = keys.shape
     lm32 = build_landmarks(keys.contiguous(), chunk, torch.empty(B, H, T // chunk, d, device=keys.device,
                                                                   dtype=torch.float32))
-    coarse = quantize_landmarks(_super_means(lm32, spec.group), spec.coarse, keys.dtype) if spec.two_level else None
-    return Index(spec, quantize_landmarks(lm32, spec.fmt, keys.dtype), coarse)
+    return index_from_landmarks(lm32, spec, keys.dtype)
 
 
 def build_index_ref(keys: torch.Tensor, spec, chunk: int = 8) -> Index:
@@ -334,10 +339,10 @@ def _topk_ref(p, k):
     return p.topk(k, dim=-1).indices.sort(-1).values.to(torch.int32)
 
 
-def index_select_ref(q, ix: Index, k: int, keep=None) -> torch.Tensor:
-    """Torch twin of index_select (fp32 scores, torch.topk)."""
+def index_select_ref(q, ix: Index, k: int, keep=None, out=None) -> torch.Tensor:
+    """Torch twin of index_select (fp32 scores, torch.topk), into `out` as index_select takes it."""
     if ix.coarse is None:
-        return _topk_ref(index_scores_ref(q, ix.fine), k)
+        return fastselect._into(_topk_ref(index_scores_ref(q, ix.fine), k), out)
     sup = _topk_ref(index_scores_ref(q, ix.coarse), _keep(ix, k, keep))
     cand = _candidates(sup, ix.spec.group)
-    return cand.gather(-1, _topk_ref(index_scores_ref(q, ix.fine, cand), k).long())
+    return fastselect._into(cand.gather(-1, _topk_ref(index_scores_ref(q, ix.fine, cand), k).long()), out)

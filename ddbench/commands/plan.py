@@ -25,7 +25,7 @@ import os
 from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
-from ddbench.commands import cache_note, kv_note, table as _table  # noqa: F401 (simulate imports kv_note from here)
+from ddbench.commands import cache_note, index_note, kv_note, table as _table  # noqa: F401 (simulate imports kv_note from here)
 from ddbench.commands.plan_serving import _clean, _serving_mode, plot, render_serving, serving_plan  # noqa: F401
 from ddbench.core import defaults as D
 from ddbench.core import flags
@@ -99,10 +99,11 @@ def register(sub) -> None:
     g.add_argument("--target-rate", type=flags.number(lo=0, lo_open=True, hi=D.MAX_RATE),
                    help="fleet load in requests/s: GPUs (and hosts) needed per design")
     g.add_argument("--search", type=flags.checked(_search),
-                   help="knob search per design: budget,chunk,lowrank-layers,buffers,cache,fp8 (each optionally"
+                   help="knob search per design: budget,chunk,lowrank-layers,buffers,cache,fp8,index (each optionally"
                         " =V1:V2:..., e.g. budget=1k:2k:4k; buffers: the layer-ahead designs' sparse-KV buffer"
                         " layout, pingpong:per-layer; cache: the chunk cache's capacity (dualdecoder-cache,"
-                        " lru-cache), 2x:4x or tokens; fp8: off:on:on+cache, on+cache the chunk cache in fp8 too)")
+                        " lru-cache), 2x:4x or tokens; fp8: off:on:on+cache, on+cache the chunk cache in fp8 too;"
+                        " index: the landmark designs' selection index, flat:fp8:int4:two-level:8,1,int4)")
     g.add_argument("--seeds", type=flags.items(flags.integer(lo=0, hi=2 ** 63 - 1)),
                    help="comma list of seeds; a rate passes only if every seed does"
                         f" (default {','.join(map(str, D.SEEDS))})")
@@ -168,7 +169,7 @@ def render(result: dict) -> str:
                  else f"host memory: {NOT_BOUNDED}")
     head = (f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])}, "
             f"budget {result['workload']['budget']}, chunk {result['workload']['chunk']}"
-            f"{kv_note(result['workload']['kv_bits'])}{cache_note([r['system'] for r in result['systems']], result['workload'])}"
+            f"{kv_note(result['workload']['kv_bits'])}{index_note(result['workload'].get('index'))}{cache_note([r['system'] for r in result['systems']], result['workload'])}"
             f"  [GB = 1e9 bytes]; {host_head}")
     bounded = hm is not None
     cols = ["system", "max batch"] + (["bound by", "by GPU", "by host"] if bounded else []) + ["at batch"] \

@@ -41,7 +41,7 @@ import time
 from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
-from ddbench.commands import cache_note, cost_model_line
+from ddbench.commands import cache_note, cost_model_line, index_note
 from ddbench.commands.plan import _plot_path as plot_path, kv_note
 from ddbench.core import defaults as D
 from ddbench.core import flags
@@ -188,7 +188,7 @@ def run(args) -> int:
     if args.json:
         print(dumps_json(summaries))
     else:
-        for note in (kv_note(r0.workload.kv_bits), cache_note(summaries, r0.workload)):
+        for note in (kv_note(r0.workload.kv_bits), index_note(r0.workload.index), cache_note(summaries, r0.workload)):
             if note:
                 print(note.lstrip(", "))
         for name, s in summaries.items():
@@ -269,7 +269,7 @@ def _sweep(args, resolved, ctx: int) -> int:
             for p in d["points"]]
     head = (f"batch sweep: {r0.model.name} on {r0.gpu.name} ({r0.gpu.hbm_bytes / GB:.1f} GB), {r0.link.name},"
             f" context {fmt_tokens(ctx)}, {args.steps} steps per batch ({min(2, args.steps - 1)} warm-up)"
-            f"{kv_note(r0.workload.kv_bits)}{cache_note([r.design.name for r in resolved], r0.workload)}")
+            f"{kv_note(r0.workload.kv_bits)}{index_note(r0.workload.index)}{cache_note([r.design.name for r in resolved], r0.workload)}")
     with ExitStack() as stack:
         w = stack.enter_context(output_folder(args.out, command="ddbench simulate", force=args.force))
         if args.plot is not None:

@@ -23,6 +23,7 @@
       cache_tokens: [null]        # dualdecoder-cache's GPU cache per layer and KV head; null: the default
       kv_bits: [null]             # 16 (bf16) or 8 (fp8 host KV and link); null: 16
       cache_bits: [null]          # a chunk cache's slots: 16 (bf16) or 8 (fp8, needs kv_bits 8); null: 16
+      index: [null]               # the landmark designs' selection index: flat, fp8, int4, two-level:G[,M[,..]]; null: flat
       hit_rate: [null]            # null: the model's profile, else 0.88
       prefill: [here]             # here | elsewhere
       rate: [0.1, 1, 10]          # Poisson arrivals, requests/s
@@ -50,7 +51,7 @@ from ddbench.core.errors import DDBenchError
 
 GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "host_mem_gb", "system", "context", "output", "budget",
                "chunk", "lowrank_layers", "buffers", "cache_tokens", "kv_bits", "cache_bits", "hit_rate", "prefill",
-               "rate", "seed")
+               "rate", "seed", "index")
 # fields renamed since points.jsonl stores were written: their key hashes them under the old name
 KEY_NAMES = {"buffers": "cache"}
 REQUIRED = ("model", "gpu", "system", "context", "rate")   # grid fields with no default
@@ -91,6 +92,7 @@ def _models():
         prefill: list[Literal["here", "elsewhere"]] = [D.PREFILL]
         rate: list[Rate] = Field(min_length=1)
         seed: list[Annotated[int, Field(ge=0, le=2 ** 63 - 1)]] = [D.SEED]
+        index: list[Optional[Text]] = [None]
 
         @model_validator(mode="before")
         @classmethod
@@ -234,7 +236,7 @@ def points(spec: dict) -> list[dict]:
 
 # fields added after points.jsonl stores were written: left out of the key where they are null, so an
 # older store's points keep their keys
-LATER_FIELDS = ("host_mem_gb", "cache_tokens", "kv_bits", "cache_bits")
+LATER_FIELDS = ("host_mem_gb", "cache_tokens", "kv_bits", "cache_bits", "index")
 
 
 def point_key(p: dict) -> str:
@@ -244,6 +246,7 @@ def point_key(p: dict) -> str:
 
 def scenario_of(p: dict):
     """The scenario of one point (its rate and seed aside)."""
+    from ddbench.core.index import index_name
     from ddbench.core.units import parse_tokens
     from ddbench.planner.scenario import Scenario
     later = {}
@@ -252,6 +255,8 @@ def scenario_of(p: dict):
     for k in ("kv_bits", "cache_bits"):
         if p.get(k) is not None:
             later[k] = int(p[k])
+    if p.get("index") is not None:
+        later["index"] = index_name(p["index"])
     return Scenario.make(**later, model=p["model"], gpu=p["gpu"], design=p["system"], context=p["context"],
                          output=p["output"], link=p["link"], host=p["host"], fetching=p["fetching"],
                          host_mem_gb=p.get("host_mem_gb"),
@@ -267,11 +272,13 @@ def check_points(spec: dict, path: str) -> None:
     from ddbench.core.catalog import get_gpu, get_host, get_link, get_model
     from ddbench.core.designs import get_design
     from ddbench.core.distribution import Distribution
+    from ddbench.core.index import index_name
     from ddbench.core.units import parse_tokens
     g = spec["grid"]
     checks = {"model": get_model, "gpu": get_gpu, "link": get_link, "host": get_host, "system": get_design,
               "output": lambda v: Distribution.parse(v, "output"),
-              "budget": lambda v: parse_tokens(v, "budget"), "cache_tokens": lambda v: parse_tokens(v, "cache_tokens")}
+              "budget": lambda v: parse_tokens(v, "budget"), "cache_tokens": lambda v: parse_tokens(v, "cache_tokens"),
+              "index": index_name}
     bad = []
     for field in (f for f in GRID_FIELDS if f in checks):
         for i, v in enumerate(g[field]):

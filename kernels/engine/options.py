@@ -14,6 +14,7 @@ from ddbench.core import defaults as D
 from ddbench.core.catalog import get_model
 from ddbench.core.designs import DESIGNS as SYSTEMS
 from ddbench.core.errors import DDBenchError
+from ddbench.core.index import index_name
 from ddbench.core.flags import ENGINE_KV_BITS_HELP, OneLineParser
 from ddbench.kernels.engine import paper as paper_phase
 from ddbench.kernels.engine.phases import DEFAULT_MODEL, PAPER, PHASES
@@ -51,6 +52,7 @@ class SweepOptions:
     phases: str = ",".join(PHASES)
     seed: int = 0
     folder: str | None = None
+    index: str = "flat"
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,8 @@ def build_parser(description=None):
                          " these; paper only when named)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the weights, the host KV values and the forced-miss draws (default 0)")
+    ap.add_argument("--index", default="flat", help="--point: the landmark designs' selection index (flat, fp8, int4,"
+                                                    " two-level:G[,M[,COARSE[,FINE]]]; ddbench/core/index.py)")
     ap.add_argument("--folder", help="output folder under --out (default the GPU's name for all phases, else"
                                      " <gpu>-<phases>, e.g. h200-validation)")
     return ap
@@ -149,7 +153,8 @@ def check_point(model, design, ctx, batch, a):
     if label.kv_bits == 8 and not keeps_kv_on_host(design_spec(design)):
         raise DDBenchError(f"--point {design}: fp8 applies to designs that keep their KV on the host")
     cfg = make_config(ctx, batch, a.miss, not a.no_transfers, budget=a.budget, chunk=a.chunk, cache_tokens=ct,
-                      churn_rate=a.churn if chunk_cache else None, kv_bits=label.kv_bits, cache_bits=label.cache_bits)
+                      churn_rate=a.churn if chunk_cache else None, kv_bits=label.kv_bits, cache_bits=label.cache_bits,
+                      index=index_name(a.index))
     cfg.validate(model)
     check_cache_bits(design_spec(design), cfg.workload)
     if ct is not None and ct < cfg.budget:
@@ -267,6 +272,8 @@ def check_args(a: SweepOptions, phases=()) -> Checked:
     points = parse_paper_points(a.paper_points, cap) if a.paper_points else [(model, c, None) for c in contexts]
     if a.repeats < 1:
         raise DDBenchError(f"--repeats must be >= 1, got {a.repeats}")
+    if index_name(a.index) != "flat" and not a.point:
+        raise DDBenchError("--index applies to one --point run only (the sweep's phases run the flat index)")
     designs = _paper_designs(a.designs)
     cache_tokens = _cache_tokens(a.cache_tokens, model, a.budget)
     kv_bits = _kv_bits(a.kv_bits)
