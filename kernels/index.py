@@ -112,13 +112,15 @@ def dequantize_landmarks(L: Landmarks) -> torch.Tensor:
     return (codes.view(*codes.shape[:3], -1, INT4_GROUP) * L.scale[..., None]).reshape(codes.shape)
 
 
-def _super_means(lm32: torch.Tensor, group: int) -> torch.Tensor:
+def _super_means(lm32: torch.Tensor, group: int, kernel: bool = True) -> torch.Tensor:
     """Super-chunk landmarks: the mean of each `group` consecutive chunk landmarks (the last one of
-    what remains), fp32 [B, H, ceil(N / group), d]."""
+    what remains), fp32 [B, H, ceil(N / group), d]; by the landmark kernel, or (kernel False) in torch."""
     B, H, N, d = lm32.shape
     full = N // group * group
     parts = []
-    if full:
+    if full and not kernel:
+        parts.append(lm32[:, :, :full].reshape(B, H, full // group, group, d).mean(3))
+    elif full:
         out = torch.empty(B, H, full // group, d, device=lm32.device, dtype=torch.float32)
         parts.append(build_landmarks(lm32[:, :, :full], group, out))
     if full < N:
@@ -131,10 +133,11 @@ def _check_keys(keys, chunk):
         raise DDBenchError(f"keys must be [B, H, T, d] with T a positive multiple of chunk={chunk}, got {tuple(keys.shape)}")
 
 
-def index_from_landmarks(lm32: torch.Tensor, spec, dtype=torch.bfloat16) -> Index:
-    """The index of fp32 chunk landmarks [B, H, N, d]: super-chunk means (two levels), each level quantized."""
+def index_from_landmarks(lm32: torch.Tensor, spec, dtype=torch.bfloat16, kernel: bool = True) -> Index:
+    """The index of fp32 chunk landmarks [B, H, N, d]: super-chunk means (two levels; `kernel` False: in
+    torch, for the twins off the GPU), each level quantized."""
     spec = parse_index(spec)
-    coarse = quantize_landmarks(_super_means(lm32, spec.group), spec.coarse, dtype) if spec.two_level else None
+    coarse = quantize_landmarks(_super_means(lm32, spec.group, kernel), spec.coarse, dtype) if spec.two_level else None
     return Index(spec, quantize_landmarks(lm32, spec.fmt, dtype), coarse)
 
 

@@ -54,7 +54,7 @@ class Residency:
         if s.landmarks and self.index.name != "flat":    # a smaller index (issue 47): per layer, in its format
             from ddbench.kernels.index import index_from_landmarks
             self.lm = [index_from_landmarks(torch.empty(B, H, self.N, d, device=self.dev).normal_(generator=g0),
-                                            self.index, dt) for _ in range(L)]
+                                            self.index, dt, kernel=not self.ref) for _ in range(L)]
         elif s.landmarks:
             self.lm = torch.empty(L, B, H, self.N, d, device=self.dev, dtype=dt).normal_(generator=g0)
         if s.quant_bits:
