@@ -60,6 +60,7 @@ SCHEMA = 1
 DATA_OUTPUTS = {
     "ddbench calibrate": ("calibration/*",),
     "ddbench profile": ("accuracy",),
+    "python -m ddbench.profile.indexrecall": ("accuracy",),
     "ddbench bench kernels": ("kernels/*",),
     "python -m ddbench.kernels.linkbench": ("link/*",),
     "python -m ddbench.kernels.hostbench": ("host/*",),

@@ -36,6 +36,7 @@ GRID = ("flat", "fp8", "int4", "two-level:4,1", "two-level:8,1", "two-level:8,2"
 FIELDS = ("model", "context", "budget", "index", "layer", "recall", "ci95_low", "ci95_high", "items")
 SCHEMA = 1
 TASK = "multikey"
+COMMAND = "python -m ddbench.profile.indexrecall"
 
 
 def layer_recall(q, lm32, k: int, specs=GRID) -> dict:
@@ -143,14 +144,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ddbench.core.outputs import output_folder
+    from ddbench.core.outputs import DATA_OUTPUTS, check_path, output_folder
     from ddbench.core.paths import traces_dir
     try:
         args = _parser().parse_args(argv)
-        rows, summary = measure(args)
         folder = args.out or str(traces_dir("accuracy"))
+        check_path(folder, data_ok=DATA_OUTPUTS[COMMAND])       # refused before any measuring
+        rows, summary = measure(args)
         stem = summary["model"] + ".index"
-        with output_folder(folder, command="python -m ddbench.profile.indexrecall", shared=True, force=args.force) as w:
+        with output_folder(folder, command=COMMAND, shared=True, force=args.force) as w:
             w.claim([stem + ".csv", stem + ".summary.json"])
             with open(w.stage_path(stem + ".csv"), "w", newline="", encoding="utf-8") as fh:
                 wr = csv.DictWriter(fh, fieldnames=FIELDS)
