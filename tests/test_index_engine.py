@@ -25,8 +25,12 @@ def _engine(name, index):
     return Engine(TINY, DESIGNS[name], cfg, w, "cpu", host_kv=host, ref=True, debug=True), host
 
 
-@pytest.mark.parametrize("name", LANDMARK)
-@pytest.mark.parametrize("index", ["fp8", "two-level:2,1,int4"])
+CASES = [(n, i) for n in LANDMARK for i in ("fp8", "two-level:2,1,int4")]
+FAST = {("shadowkv", "fp8"), ("dualdecoder", "two-level:2,1,int4"), ("dualdecoder-cache", "two-level:2,1,int4"),
+        ("lru-cache", "fp8")}       # every design and both kinds in `make test`; the rest in make test-slow
+
+
+@pytest.mark.parametrize("name, index", [c if c in FAST else pytest.param(*c, marks=pytest.mark.slow) for c in CASES])
 def test_engine_selects_by_its_index(name, index):
     e, host = _engine(name, index)
     assert all(isinstance(ix, Index) and ix.spec.name == index for ix in e.lm)

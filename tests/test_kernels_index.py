@@ -18,6 +18,7 @@ from ddbench.kernels.engine import fastselect
 from ddbench.kernels.select import LOG2E, select_chunks_ref
 
 SPECS = ["flat", "fp8", "int4", "two-level:4", "two-level:4,2,fp8", "two-level:4,1,int4,fp8", "two-level:3,1.5,bf16,int4"]
+FAST = ("fp8", "int4", "two-level:4,1,int4,fp8", "two-level:3,1.5,bf16,int4")     # the rest: make test-slow
 
 
 def _inputs(B, nq, Hq, H, d, T, seed, dtype=torch.float16, dev="cpu"):
@@ -45,7 +46,7 @@ def _check_select(spec, B, nq, Hq, H, d, T, k, seed, dtype=torch.float16, dev="c
     return q, ix, got
 
 
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", [s if s in FAST else pytest.param(s, marks=pytest.mark.slow) for s in SPECS])
 def test_selected_set_equals_twin(spec):
     _check_select(spec, 2, 2, 8, 2, 64, 8 * 90, 12, seed=zlib.crc32(spec.encode()) % 1000)
 
@@ -64,7 +65,8 @@ def test_flat_is_todays_selection():
     assert torch.equal(got, select_chunks_ref(q, ix.fine.data, 10))
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8", "int4"])
+@pytest.mark.parametrize("fmt", [pytest.param("bf16", marks=pytest.mark.slow), "fp8",
+                                 pytest.param("int4", marks=pytest.mark.slow)])
 def test_two_level_keeping_all_is_flat(fmt):
     keys, q = _inputs(1, 2, 8, 2, 32, 8 * 48, seed=21)
     two = X.build_index(keys, f"two-level:4,1,{fmt}")
