@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import io
 import os
 import signal
 import sys
@@ -67,18 +68,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _terminate(signum, frame):
-    """SIGTERM unwinds like Ctrl-C, so run folders and atomic files are cleaned up."""
+    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so run folders and atomic files are
+    cleaned up."""
     raise KeyboardInterrupt
 
 
+def _parse(argv):
+    """The parsed arguments. --help and --version print and exit here: argparse ignores a failed write, so
+    their text is caught and written here, where `--help > /dev/full` fails and is reported."""
+    real, sys.stdout = sys.stdout, io.StringIO()
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            real.write(sys.stdout.getvalue())
+            real.flush()
+        raise
+    finally:
+        sys.stdout = real
+
+
 def main(argv: list[str] | None = None) -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _terminate)
+        except ValueError:  # not the main thread
+            pass
+    if sys.stdout is None or sys.stderr is None:    # started with `>&-` or `2>&-`: nowhere to answer
+        if sys.stderr is not None:
+            print("ddbench: error: stdout is closed: give it a file or a pipe (or > /dev/null)", file=sys.stderr)
+        return 2
+    from ddbench.core.catalog.files import forget
+    forget()                           # a run's own hardware files: names unique within it
     try:
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _terminate)
-    except ValueError:  # not the main thread
-        pass
-    try:
-        args = build_parser().parse_args(argv)
+        args = _parse(argv)
         if args.data is not None:
             os.environ["DDBENCH_DATA"] = args.data
         if os.environ.get("DDBENCH_DATA") is not None and not os.environ["DDBENCH_DATA"].strip():

@@ -193,9 +193,11 @@ def read_manifest(folder: Path) -> dict:
     return files
 
 
-def _owned(folder: Path, manifest: dict, command: str | None = None, scope=None) -> set[str]:
-    """The files in `folder` that ddbench wrote and nobody changed since: with `command`, only those the
-    same command wrote (and with `scope`, only those among its names)."""
+def _owned(folder: Path, manifest: dict, command: str | None = None, scope=None, live: set | None = None) -> set[str]:
+    """The files in `folder` that ddbench wrote and nobody changed since (their SHA-256 matches the entry's):
+    with `command`, only those the same command wrote (and with `scope`, only those among its names). A
+    live entry whose file does not match its checksum (appended since, or no checksum) goes into `live`
+    instead: it may be appended to again, never replaced or pruned."""
     own = set()
     real = os.path.realpath(folder)
     for rel, entry in manifest.items():
@@ -206,8 +208,10 @@ def _owned(folder: Path, manifest: dict, command: str | None = None, scope=None)
         p = folder / rel
         if not p.is_file() or p.is_symlink() or os.path.realpath(p) != os.path.join(real, rel):
             continue                                    # a link on the way: not inside the folder
-        if entry.get("live") or entry.get("sha256") == sha256(str(p)):
+        if entry.get("sha256") == sha256(str(p)):
             own.add(rel)
+        elif entry.get("live") and live is not None:
+            live.add(rel)
     for m in LEGACY_MARKERS:
         if (folder / m).is_file() and not (folder / m).is_symlink():
             own.add(m)
@@ -240,10 +244,11 @@ def _names(items, k: int = 3) -> str:
 class Writer:
     """What a command writes through: staged files, and live files written in place."""
 
-    def __init__(self, folder: Path, stage: Path, command: str, check):
+    def __init__(self, folder: Path, stage: Path, command: str, check, live_ok=frozenset()):
         self.folder, self._stage, self.command = folder, stage, command
         self._live: set[str] = set()
         self._check = check
+        self._live_ok = live_ok          # live files of this command not matching their checksum: appendable
 
     def claim(self, rels) -> None:
         """Refuse now (before the work) the files that could not be written at the end."""
@@ -280,7 +285,8 @@ class Writer:
     def live(self, rel: str) -> str:
         """A file written in place (appended as work finishes), recorded at once as ddbench's."""
         rel = self._rel(rel)
-        self._check(rel)                 # the same rule as a staged file's, checked before it is written
+        if rel not in self._live_ok:
+            self._check(rel)             # the same rule as a staged file's, checked before it is written
         p = self.folder / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         self._live.add(rel)
@@ -294,27 +300,44 @@ class Writer:
 
 def _update_manifest(folder: Path, add: dict, remove) -> None:
     """Add and remove entries in the manifest; one left with none is removed."""
+    tmp = _new_manifest(folder, add, remove)
+    try:
+        _put_manifest(folder, tmp)
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _new_manifest(folder: Path, add: dict, remove) -> str | None:
+    """The manifest with entries added and removed, written to a temporary file beside it (None: no entry
+    is left). Written before anything moves: a full disk fails here, with nothing changed."""
     files = read_manifest(folder)
     for rel in remove:
         files.pop(rel, None)
     files.update(add)
     if not files:
-        try:
-            (folder / MANIFEST).unlink()
-        except FileNotFoundError:
-            pass
-        return
+        return None
     text = json.dumps({"schema": SCHEMA, "written_by": "ddbench", "files": dict(sorted(files.items()))},
                       indent=1, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-manifest-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=STAGE_PREFIX + "manifest-", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, 0o666 & ~_umask())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _put_manifest(folder: Path, tmp: str | None) -> None:
+    if tmp is None:
+        try:
+            (folder / MANIFEST).unlink()
+        except FileNotFoundError:
+            pass
+    else:
         os.replace(tmp, folder / MANIFEST)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _make_dirs(path: Path) -> list[Path]:
@@ -357,7 +380,7 @@ def _locked(folder: Path, flag: str, out):
 
 @contextmanager
 def _signals_held():
-    blocked = {signal.SIGINT, signal.SIGTERM}
+    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     prev = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
     try:
         yield
@@ -382,18 +405,41 @@ def _is_our_stage(d: Path) -> bool:
         return False
 
 
+def _empty_leftover(d: Path) -> bool:
+    """`d` holds nothing of anyone's: an empty staging folder, or one with nothing but an empty marker (a run
+    that hit a full disk making it), or an empty temporary manifest file."""
+    try:
+        if d.is_symlink():
+            return False
+        if d.is_file():
+            return d.name.startswith(STAGE_PREFIX + "manifest-") and d.stat().st_size == 0
+        names = os.listdir(d)
+        return not names or (names == [STAGE_MARK] and (d / STAGE_MARK).is_file()
+                             and not (d / STAGE_MARK).is_symlink() and (d / STAGE_MARK).stat().st_size == 0)
+    except OSError:
+        return False
+
+
 def _clear_stale_stages(path: Path) -> None:
     """Remove the staging folders of runs that were killed (the folder lock is free now): only those that
-    ddbench made (their marker); every other folder, of whatever name, stays."""
+    ddbench made (their marker), and leftovers that hold nothing; every other folder, of whatever name, stays."""
     for d in path.iterdir():
-        if d.name.startswith(STAGE_PREFIX) and _is_our_stage(d):
-            shutil.rmtree(d, ignore_errors=True)
+        if d.name.startswith(STAGE_PREFIX) and (_is_our_stage(d) or _empty_leftover(d)):
+            if d.is_file():
+                d.unlink()
+            else:
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def _new_stage(path: Path) -> Path:
-    """A staging folder in `path`, marked as ddbench's (its marker holds `_stage_token`)."""
+    """A staging folder in `path`, marked as ddbench's (its marker holds `_stage_token`); removed again where
+    the marker cannot be written (a full disk)."""
     stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=path))
-    (stage / STAGE_MARK).write_text(_stage_token(stage) + "\n", encoding="utf-8")
+    try:
+        (stage / STAGE_MARK).write_text(_stage_token(stage) + "\n", encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
     return stage
 
 
@@ -426,10 +472,12 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
         with _locked(path, flag, out):
             manifest = read_manifest(path)
             _clear_stale_stages(path)
-            own = _owned(path, manifest, command, scope)
-            theirs = _owned(path, manifest) - own          # ddbench's, but another command's (or out of scope)
+            live_own, live_any = set(), set()               # live files not matching their checksum
+            own = _owned(path, manifest, command, scope, live_own)
+            # ddbench's, but another command's (or out of scope)
+            theirs = (_owned(path, manifest, live=live_any) | live_any) - own - live_own
             present = _files(path)
-            foreign = [f for f in present if f not in own and f not in theirs]
+            foreign = [f for f in present if f not in own and f not in theirs and f not in live_own]
             if foreign and not (force or shared):
                 raise DDBenchError(f"{flag} {out} holds files ddbench did not write ({_names(foreign)}); choose"
                                    " another folder, or pass --force to write beside them (they are kept)")
@@ -437,7 +485,7 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
                 raise DDBenchError(f"{flag} {out} holds files another ddbench command wrote ({_names(theirs)},"
                                    f" by {_by(manifest, theirs)}); choose another folder, or pass --force to write"
                                    " beside them (they are kept)")
-            if own and not (force or own_ok or shared):
+            if (own or live_own) and not (force or own_ok or shared):
                 raise DDBenchError(f"{flag} {out} holds an earlier ddbench run; pass --force to replace it")
             try:
                 stage = _new_stage(path)
@@ -448,7 +496,7 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
 
                 def check(rel):
                     _check_one(rel, path, own, foreign_set, theirs, manifest, force or own_ok, shared, flag, out)
-                w = Writer(path, stage, command, check)
+                w = Writer(path, stage, command, check, frozenset(live_own))
                 yield w
                 _commit(w, path, own, foreign_set, theirs, manifest, force or own_ok, shared, prune, flag, out)
                 ok = True
@@ -503,21 +551,30 @@ def _commit(w: Writer, path: Path, own: set, foreign: set, theirs: set, manifest
         # leaves the manifest (and so the folder) byte-identical
         same = prev.get("sha256") == digest and owner(prev.get("command")) == w.command and prev.get("written_utc")
         entries[rel] = {"sha256": digest, "command": w.command, "written_utc": prev["written_utc"] if same else now}
-    # only this command's own files (in scope) are pruned; `own` never holds another command's
+    for rel in sorted(w._live):        # a live file is sealed with its checksum: a later run trusts only that
+        if (path / rel).is_file() and not (path / rel).is_symlink():
+            entries[rel] = {"live": True, "command": w.command, "sha256": sha256(str(path / rel))}
+    # only this command's own files (in scope) are pruned; `own` never holds another command's, nor a file
+    # that does not match its checksum
     stale = sorted(own - set(new) - w._live - set(LEGACY_MARKERS)) if prune else []
     legacy = [m for m in LEGACY_MARKERS if m in own]
-    with _signals_held():
-        for rel in new:
-            dest = path / rel
-            _make_dirs(dest.parent)
-            os.replace(w._stage / rel, dest)
-        for rel in stale + legacy:
-            try:
-                (path / rel).unlink()
-            except FileNotFoundError:
-                pass
-            _remove_empty([p for p in reversed((path / rel).parents) if path in p.parents])
-        _update_manifest(path, entries, stale + legacy)
+    tmp = _new_manifest(path, entries, stale + legacy)     # a full disk fails here, before anything moves
+    try:
+        with _signals_held():
+            for rel in new:
+                dest = path / rel
+                _make_dirs(dest.parent)
+                os.replace(w._stage / rel, dest)
+            for rel in stale + legacy:
+                try:
+                    (path / rel).unlink()
+                except FileNotFoundError:
+                    pass
+                _remove_empty([p for p in reversed((path / rel).parents) if path in p.parents])
+            _put_manifest(path, tmp)
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 @contextmanager
