@@ -253,7 +253,8 @@ class Writer:
     def claim(self, rels) -> None:
         """Refuse now (before the work) the files that could not be written at the end."""
         for rel in rels:
-            self._check(self._rel(rel))
+            if self._rel(rel) not in self._live_ok:     # a live file of this command's: appended to, checked then
+                self._check(self._rel(rel))
 
     def _rel(self, rel: str) -> str:
         norm = os.path.normpath(rel)

@@ -416,3 +416,37 @@ def strict_model(cls, rules: dict, cross=(), blank_ok=()) -> type[BaseModel]:
     validators = {"_cross": model_validator(mode="after")(_cross)} if cross else {}
     return create_model(f"Strict{cls.__name__}", __config__=ConfigDict(extra="forbid"), __validators__=validators,
                         **fields)
+
+
+def _bounded_whole(lo: int, hi: int):
+    return Annotated[int, BeforeValidator(strict_whole), Field(ge=lo, le=hi)]
+
+
+class HFConfig(BaseModel):
+    """The fields of a Hugging Face config.json that the catalog reads (ddbench.core.catalog.models); the
+    others are kept unread. Whole numbers are bounded (1e30 layers is refused before any arithmetic), a
+    switch is true or false (`"false"` in quotes is refused), rope_theta is a positive finite number."""
+    model_config = ConfigDict(extra="allow")
+    num_hidden_layers: _bounded_whole(1, 4096)
+    num_attention_heads: _bounded_whole(1, 4096)
+    hidden_size: _bounded_whole(1, 1 << 20)
+    num_key_value_heads: Optional[_bounded_whole(1, 4096)] = None
+    head_dim: Optional[_bounded_whole(1, 1 << 16)] = None
+    intermediate_size: _bounded_whole(1, 1 << 22)
+    vocab_size: _bounded_whole(1, 1 << 24)
+    max_position_embeddings: _bounded_whole(1, 1 << 30) = 131072
+    tie_word_embeddings: Annotated[bool, Field(strict=True)] = False
+    attention_bias: Optional[Annotated[bool, Field(strict=True)]] = None
+    rope_theta: Annotated[float, BeforeValidator(strict_number), Field(gt=0, le=1e15, allow_inf_nan=False)] = 10000.0
+    model_type: Annotated[str, Field(strict=True)] = ""
+
+    @model_validator(mode="after")
+    def _shapes(self):
+        kv = self.num_key_value_heads or self.num_attention_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not divisible by"
+                             f" num_key_value_heads ({kv})")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"head_dim: missing, and hidden_size ({self.hidden_size}) is not divisible by"
+                             f" num_attention_heads ({self.num_attention_heads})")
+        return self

@@ -105,6 +105,9 @@ def resolve_device(device: str) -> str:
 def inspect(path: str) -> tuple[str, str | None, list[str], str, object]:
     """Resolve PATH and read its config without loading weights; refuses unsupported architectures."""
     folder, gguf_file, weights, name = _resolve(path)
+    if gguf_file is None:              # the shape fields, strictly typed and bounded, before transformers reads it
+        from ddbench.core.catalog.models import model_from_hf_config
+        model_from_hf_config(folder)
     require(gguf=gguf_file is not None)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoConfig
