@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import importlib.util
 import io
 import os
 import signal
@@ -67,6 +68,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# a command's optional dependencies, checked before it starts: module -> how to install it
+EXTRAS = {
+    "sweep": {"yaml": "pip install -e '.[plan]'", "pyarrow": "pip install -e '.[plan]'"},
+    "profile": {"torch": "make install (it pins torch and triton)", "triton": "make install (it pins torch and triton)",
+                "transformers": "pip install -e '.[profile]'"},
+}
+
+
+def _missing(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def check_extras(command: str) -> None:
+    """A one-line DDBenchError, before anything runs, naming the modules `command` needs that are not
+    installed and how to install them."""
+    need = {m: how for m, how in EXTRAS.get(command, {}).items() if _missing(m)}
+    if need:
+        how = "; ".join(dict.fromkeys(need.values()))
+        raise DDBenchError(f"{command} needs {', '.join(need)}, not installed here: {how}")
+
+
 def _terminate(signum, frame):
     """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so run folders and atomic files are
     cleaned up."""
@@ -107,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["DDBENCH_DATA"] = args.data
         if os.environ.get("DDBENCH_DATA") is not None and not os.environ["DDBENCH_DATA"].strip():
             raise DDBenchError("the data root (--data or DDBENCH_DATA) is empty: name a folder")
+        check_extras(args.command)
         rc = int(args.func(args) or 0)
         sys.stdout.flush()             # a full stdout fails here, not in the interpreter's last flush
         return rc

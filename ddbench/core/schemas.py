@@ -119,9 +119,10 @@ def read_csv(path: str, model: type[BaseModel], what: str = "", columns: list[st
     except UnicodeDecodeError:
         raise DDBenchError(f"{label}: not UTF-8 text") from None
     try:
-        records = list(csv.reader(line for _, line in lines))
+        # strict: a file cut inside a quoted field (a torn last row) is an error, not a shorter value
+        records = list(csv.reader((line for _, line in lines), strict=True))
     except csv.Error as exc:
-        raise DDBenchError(f"{label}: not a CSV ({exc})") from None
+        raise DDBenchError(f"{label}: not a CSV, or cut short ({exc})") from None
     if not records:
         raise DDBenchError(f"{label}: empty (no header)")
     header, hdr_line = [h.strip() for h in records[0]], lines[0][0]
