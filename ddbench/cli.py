@@ -125,7 +125,22 @@ def main(argv: list[str] | None = None) -> int:
             print("ddbench: error: stdout is closed: give it a file or a pipe (or > /dev/null)", file=sys.stderr)
         return 2
     from ddbench.core.catalog.files import forget
+    from ddbench.core.outputs import start_run
     forget()                           # a run's own hardware files: names unique within it
+    start_run()
+    try:
+        return _answer(argv)
+    except BaseException:              # an unforeseen error: the run's new outputs go with it
+        from ddbench.core.outputs import undo_run
+        undo_run()
+        raise
+
+
+def _answer(argv) -> int:
+    """main's body. An error after the command's outputs moved in (a full stdout, a later output refused,
+    Ctrl-C, SIGTERM, SIGHUP) undoes the files it created (ddbench.core.outputs.undo_run); a reader that went
+    away (`| head`) does not."""
+    from ddbench.core.outputs import undo_run
     try:
         args = _parse(argv)
         if args.data is not None:
@@ -137,21 +152,25 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()             # a full stdout fails here, not in the interpreter's last flush
         return rc
     except DDBenchError as exc:
+        undo_run()
         print(f"ddbench: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        undo_run()
         print("ddbench: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:            # the reader went away (`ddbench plan ... | head`): stop quietly
         _quiet_stdout()
         return 1
     except MemoryError:
+        undo_run()
         print("ddbench: error: out of memory: ask for a smaller run (fewer --requests, a shorter --context, a"
               " smaller grid)", file=sys.stderr)
         return 2
     except OSError as exc:             # stdout on a full disk (/dev/full), or another file the system refuses
         if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS):
             raise
+        undo_run()
         _quiet_stdout()
         where = f" {exc.filename}" if exc.filename else " the output"
         print(f"ddbench: error: cannot write{one_line(where)}: {exc.strerror}", file=sys.stderr)

@@ -499,7 +499,9 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
                     _check_one(rel, path, own, foreign_set, theirs, manifest, force or own_ok, shared, flag, out)
                 w = Writer(path, stage, command, check, frozenset(live_own))
                 yield w
-                _commit(w, path, own, foreign_set, theirs, manifest, force or own_ok, shared, prune, flag, out)
+                created = _commit(w, path, own, foreign_set, theirs, manifest, force or own_ok, shared, prune,
+                                  flag, out)
+                _JOURNAL.append((path, created, made))
                 ok = True
             finally:
                 shutil.rmtree(stage, ignore_errors=True)
@@ -541,6 +543,7 @@ def _commit(w: Writer, path: Path, own: set, foreign: set, theirs: set, manifest
     new = w.staged()
     for rel in new:
         _check_one(rel, path, own, foreign, theirs, manifest, replace_own, shared, flag, out)
+    existed = {rel for rel in new if (path / rel).exists()}
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     entries = {}
     mask = _umask()
@@ -576,6 +579,38 @@ def _commit(w: Writer, path: Path, own: set, foreign: set, theirs: set, manifest
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+    return {rel: entries[rel]["sha256"] for rel in new if rel not in existed}
+
+
+# what this run wrote that no file was before: (folder, {relative path: SHA-256}, folders made), undone by
+# `undo_run` where the run fails afterwards (its answer cannot be written to a full stdout)
+_JOURNAL: list = []
+
+
+def start_run() -> None:
+    """A command starts: nothing of it to undo yet."""
+    _JOURNAL.clear()
+
+
+def undo_run() -> None:
+    """The command failed after its outputs moved in (a full stdout, an error in a later output): remove the
+    files it created where nothing was before (unchanged since: their SHA-256), their manifest entries and
+    the folders it made. A file it replaced (--force) stays replaced. Never raises."""
+    while _JOURNAL:
+        path, created, made = _JOURNAL.pop()
+        try:
+            with _locked(path, "--out", path):
+                gone = []
+                for rel, digest in created.items():
+                    p = path / rel
+                    if p.is_file() and not p.is_symlink() and sha256(str(p)) == digest:
+                        p.unlink()
+                        _remove_empty([q for q in reversed(p.parents) if path in q.parents])
+                        gone.append(rel)
+                _update_manifest(path, {}, gone)
+            _remove_empty(made)
+        except (OSError, DDBenchError):
+            continue
 
 
 @contextmanager
