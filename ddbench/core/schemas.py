@@ -299,11 +299,18 @@ class BundleMeta(BaseModel):
 
 # --------------------------------------------------------------------------- files a user writes
 
+def _unquote(v: str) -> str:
+    try:
+        return " (write it without quotes)" if math.isfinite(float(v)) else ""
+    except ValueError:
+        return ""
+
+
 def _not_text(v, what: str):
     if isinstance(v, bool):
         raise ValueError(f"must be {what}, got {str(v).lower()}")
     if isinstance(v, str):
-        raise ValueError(f"must be {what}, not the text {v[:40]!r} (write it without quotes)")
+        raise ValueError(f"must be {what}, not the text {v[:40]!r}{_unquote(v)}")
     if isinstance(v, (list, dict)):
         raise ValueError(f"must be {what}, got a {'list' if isinstance(v, list) else 'mapping'}")
     if isinstance(v, int) and abs(v) > 10 ** 300:
