@@ -94,7 +94,9 @@ def check_extras(command: str) -> None:
 
 def _terminate(signum, frame):
     """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so run folders and atomic files are
-    cleaned up."""
+    cleaned up. A second one while that cleanup runs is ignored (a third party may send several)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 

@@ -488,11 +488,13 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
                                    " beside them (they are kept)")
             if (own or live_own) and not (force or own_ok or shared):
                 raise DDBenchError(f"{flag} {out} holds an earlier ddbench run; pass --force to replace it")
+            stage = None
             try:
-                stage = _new_stage(path)
-            except OSError as exc:
-                raise DDBenchError(f"cannot write {flag} {out}: {_why(exc)}") from None
-            try:
+                try:
+                    with _signals_held():      # a signal waits until the stage is made and marked
+                        stage = _new_stage(path)
+                except OSError as exc:
+                    raise DDBenchError(f"cannot write {flag} {out}: {_why(exc)}") from None
                 foreign_set = set(foreign)
 
                 def check(rel):
@@ -504,7 +506,8 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
                 _JOURNAL.append((path, created, made))
                 ok = True
             finally:
-                shutil.rmtree(stage, ignore_errors=True)
+                if stage is not None:
+                    shutil.rmtree(stage, ignore_errors=True)
     finally:
         if not ok:
             _forget_missing(path)
@@ -562,13 +565,13 @@ def _commit(w: Writer, path: Path, own: set, foreign: set, theirs: set, manifest
     # that does not match its checksum
     stale = sorted(own - set(new) - w._live - set(LEGACY_MARKERS)) if prune else []
     legacy = [m for m in LEGACY_MARKERS if m in own]
+    for rel in new:
+        _make_dirs((path / rel).parent)
     tmp = _new_manifest(path, entries, stale + legacy)     # a full disk fails here, before anything moves
     try:
         with _signals_held():
             for rel in new:
-                dest = path / rel
-                _make_dirs(dest.parent)
-                os.replace(w._stage / rel, dest)
+                os.replace(w._stage / rel, path / rel)
             for rel in stale + legacy:
                 try:
                     (path / rel).unlink()
