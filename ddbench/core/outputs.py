@@ -10,16 +10,18 @@ What it promises:
   is written beside them (they are kept); a new file that would land on one of them is refused;
 - the manifest's paths are relative, normalised and inside the folder, and each entry is a record;
   anything else makes it corrupt: one line, and nothing is touched;
-- it refuses the current folder (and every folder above it), the home folder, a filesystem root, the
-  data root, every folder above it and every folder under it except the one a command is meant to
-  write there (`DATA_OUTPUTS`: calibrate into calibration/<gpu>/, profile into accuracy/, ...);
+- it refuses the folders of ddbench/core/outpaths.py (`check_path`): the current folder and those above
+  it, home, a filesystem root, the data root but a command's own folders there (`DATA_OUTPUTS`);
 - it takes a lock (`flock` on the folder) against a concurrent writer, which is refused in one line;
 - its writes are atomic: files are built in a staging folder inside the target and renamed into
-  place together when the block ends without an error (signals held off meanwhile); on any error or
-  Ctrl-C, nothing of the run is left. A staging folder is ddbench's only where the marker file
-  inside it holds the digest of the folder's own name and inode that ddbench wrote when it made it:
-  a killed run's is removed by the next run; a user's folder of a like name (or a copy of a staging
-  folder) is the user's;
+  place together when the block ends without an error (SIGINT, SIGTERM and SIGHUP held off meanwhile);
+  on any error, Ctrl-C, SIGTERM, SIGHUP or a full disk, nothing of the run is left (the new manifest is
+  written before anything moves). A staging folder is ddbench's only where the marker file inside it
+  holds the digest of the folder's own name and inode that ddbench wrote when it made it: a killed
+  run's is removed by the next run, as is one that holds nothing (a full disk while making it); a
+  user's folder of a like name (or a copy of a staging folder) is the user's;
+- `undo_run` (called by the CLI when a command fails after its outputs moved in, e.g. its answer cannot
+  be written to a full stdout) removes the files the run created where none was; one it replaced stays;
 - it leaves no parent folders behind: folders it created are removed again if the run fails.
 
 Kinds of output:
@@ -31,7 +33,10 @@ Kinds of output:
   other files are expected there and kept; only a file this run writes is checked.
 
 Live files (`Writer.live`) are written in place, not staged: a sweep's store of finished points,
-appended as points finish so that a rerun resumes. They are ddbench's whatever their content.
+appended as points finish so that a rerun resumes. A run that ends cleanly seals each with its SHA-256;
+a live entry whose file does not match (appended to by a run that was killed, or never sealed) may be
+appended to again by its command, but is never replaced or pruned: a manifest entry alone, without its
+checksum, never lets a command delete a file.
 """
 
 from __future__ import annotations
@@ -49,26 +54,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.outpaths import DATA_OUTPUTS, check_path  # noqa: F401 - the guard's path rule, used here
 
 MANIFEST = ".ddbench-manifest.json"
 STAGE_PREFIX = ".ddbench-stage-"
 STAGE_MARK = ".ddbench-stage-token"      # inside a staging folder: the digest of its name and inode
 LEGACY_MARKERS = (".ddbench-run", ".ddbench-figures")   # earlier versions' markers: ddbench's own
 SCHEMA = 1
-# the folders under the data root that a command is meant to write ("*": one folder of any name);
-# every other folder under the data root is refused as an output
-DATA_OUTPUTS = {
-    "ddbench calibrate": ("calibration/*",),
-    "ddbench profile": ("accuracy",),
-    "ddbench bench kernels": ("kernels/*",),
-    "python -m ddbench.kernels.linkbench": ("link/*",),
-    "python -m ddbench.kernels.hostbench": ("host/*",),
-    "python -m ddbench.kernels.engine.sweep": ("engine/*",),
-    "python -m ddbench.sim.validate": ("validation",),
-    "python -m ddbench.sim.fit": ("fit/*",),
-}
-
-
 # commands renamed since they wrote files (the folders sim/ and kernels/ import as ddbench.sim and
 # ddbench.kernels): what they wrote under the old name stays theirs under the new one
 RENAMED = {f"python -m {old}": f"python -m ddbench.{old}"
@@ -96,62 +88,6 @@ def sha256(path: str) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _matches(rel: Path, patterns) -> bool:
-    """`rel` (a path under the data root) is one of `patterns` ("a/*": any one folder inside a)."""
-    parts = rel.parts
-    for pat in patterns:
-        want = Path(pat).parts
-        if len(want) == len(parts) and all(w == "*" or w == p for w, p in zip(want, parts)):
-            return True
-    return False
-
-
-def check_path(out, flag: str = "--out", allow_cwd: bool = False, data_ok=()) -> Path:
-    """The absolute output folder, or a one-line DDBenchError for one ddbench must not write into.
-    `allow_cwd`: a single file may go into the current folder (nothing else there is touched).
-    `data_ok`: the folders under the data root this output may be (patterns of DATA_OUTPUTS)."""
-    if out is None or not str(out).strip():
-        raise DDBenchError(f"{flag} is empty: name an output folder")
-    try:
-        return _checked_path(out, flag, allow_cwd, data_ok)
-    except OSError as exc:      # a name too long for the file system, a folder that cannot be read, ...
-        raise DDBenchError(f"{flag} {out}: {_why(exc)}") from None
-
-
-def _checked_path(out, flag: str, allow_cwd: bool, data_ok) -> Path:
-    path = Path(os.path.abspath(os.path.expanduser(str(out))))
-    for p in (path, *path.parents):
-        if p.is_symlink() and not p.exists():
-            raise DDBenchError(f"{flag} {out}: {p} is a link to {os.readlink(p)}, which does not exist; name a folder")
-    real = Path(os.path.realpath(path))
-    if real == Path(real.anchor):
-        raise DDBenchError(f"{flag} {out} is a filesystem root; name a folder of its own")
-    cwd = Path(os.path.realpath(os.getcwd()))
-    if (real == cwd and not allow_cwd) or real in cwd.parents:
-        raise DDBenchError(f"{flag} {out} is the current folder or above it; name a folder of its own")
-    home = os.path.expanduser("~")
-    if home and home != "~" and real == Path(os.path.realpath(home)):
-        raise DDBenchError(f"{flag} {out} is the home folder; name a folder of its own")
-    from ddbench.core.paths import data_root
-    try:
-        data = Path(os.path.realpath(data_root()))
-    except DDBenchError:
-        data = None
-    if data is not None and (real == data or real in data.parents):
-        raise DDBenchError(f"{flag} {out} is the data root or above it ({data}); name a folder of its own")
-    if data is not None and data in real.parents and not _matches(real.relative_to(data), data_ok):
-        raise DDBenchError(f"{flag} {out} is inside the data root ({data}), whose folders hold the traces;"
-                           " name a folder of its own")
-    if path.exists() and not path.is_dir():
-        raise DDBenchError(f"{flag} {out} exists and is not a folder")
-    above = path
-    while not above.exists():
-        above = above.parent
-    if not above.is_dir():
-        raise DDBenchError(f"{flag} {out}: {above} is not a folder")
-    return path
 
 
 def _plain(rel) -> bool:
