@@ -204,6 +204,17 @@ def test_a_full_disk_leaves_nothing_and_blocks_no_later_run(tmp_path, limit):
     assert not [f for f in os.listdir(tmp_path / "o") if f.startswith(".ddbench-stage")]
 
 
+def test_a_killed_runs_half_written_manifest_blocks_no_later_run(here, capsys):
+    rc, _, err = _main(SIM + ["--out", "o"], capsys)
+    assert rc == 0, err
+    (here / "o" / ".tmp-manifest-k1").write_bytes(b'{\n "schema": 1,\n "writ')             # before issue 43
+    (here / "o" / ".ddbench-stage-manifest-k2").write_bytes(b'{\n "schema": 1,\n "written_by": "ddbench", "fi')
+    (here / "o" / ".ddbench-stage-k3").mkdir()
+    rc, _, err = _main(SIM + ["--out", "o", "--force"], capsys)
+    assert rc == 0, err
+    assert not [f for f in os.listdir(here / "o") if f.startswith((".tmp", ".ddbench-stage"))]
+
+
 def test_a_manifest_entry_is_honoured_only_with_its_checksum(here, capsys):
     os.makedirs("o")
     (here / "o" / "notes.txt").write_text("mine\n")

@@ -61,6 +61,8 @@ STAGE_PREFIX = ".ddbench-stage-"
 STAGE_MARK = ".ddbench-stage-token"      # inside a staging folder: the digest of its name and inode
 LEGACY_MARKERS = (".ddbench-run", ".ddbench-figures")   # earlier versions' markers: ddbench's own
 SCHEMA = 1
+MANIFEST_TMP = (STAGE_PREFIX + "manifest-", ".tmp-manifest-")   # a new manifest's name before it moves in (now, before)
+MANIFEST_HEAD = b'{\n "schema": 1,\n "written_by": "ddbench"'  # how every manifest ddbench writes starts
 # commands renamed since they wrote files (the folders sim/ and kernels/ import as ddbench.sim and
 # ddbench.kernels): what they wrote under the old name stays theirs under the new one
 RENAMED = {f"python -m {old}": f"python -m ddbench.{old}"
@@ -256,7 +258,7 @@ def _new_manifest(folder: Path, add: dict, remove) -> str | None:
         return None
     text = json.dumps({"schema": SCHEMA, "written_by": "ddbench", "files": dict(sorted(files.items()))},
                       indent=1, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=STAGE_PREFIX + "manifest-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=MANIFEST_TMP[0], dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -348,8 +350,10 @@ def _empty_leftover(d: Path) -> bool:
     try:
         if d.is_symlink():
             return False
-        if d.is_file():
-            return d.name.startswith(STAGE_PREFIX + "manifest-") and d.stat().st_size == 0
+        if d.is_file():        # a new manifest not yet in place (a run killed or out of space writing it)
+            with open(d, "rb") as fh:
+                head = fh.read(len(MANIFEST_HEAD))
+            return d.name.startswith(MANIFEST_TMP) and MANIFEST_HEAD.startswith(head)
         names = os.listdir(d)
         return not names or (names == [STAGE_MARK] and (d / STAGE_MARK).is_file()
                              and not (d / STAGE_MARK).is_symlink() and (d / STAGE_MARK).stat().st_size == 0)
@@ -361,7 +365,8 @@ def _clear_stale_stages(path: Path) -> None:
     """Remove the staging folders of runs that were killed (the folder lock is free now): only those that
     ddbench made (their marker), and leftovers that hold nothing; every other folder, of whatever name, stays."""
     for d in path.iterdir():
-        if d.name.startswith(STAGE_PREFIX) and (_is_our_stage(d) or _empty_leftover(d)):
+        if d.name.startswith(MANIFEST_TMP) and _empty_leftover(d) or \
+                d.name.startswith(STAGE_PREFIX) and (_is_our_stage(d) or _empty_leftover(d)):
             if d.is_file():
                 d.unlink()
             else:
