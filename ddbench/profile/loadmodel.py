@@ -105,9 +105,6 @@ def resolve_device(device: str) -> str:
 def inspect(path: str) -> tuple[str, str | None, list[str], str, object]:
     """Resolve PATH and read its config without loading weights; refuses unsupported architectures."""
     folder, gguf_file, weights, name = _resolve(path)
-    if gguf_file is None:              # the shape fields, strictly typed and bounded, before transformers reads it
-        from ddbench.core.catalog.models import model_from_hf_config
-        model_from_hf_config(folder)
     require(gguf=gguf_file is not None)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoConfig
@@ -120,6 +117,9 @@ def inspect(path: str) -> tuple[str, str | None, list[str], str, object]:
     mt = getattr(cfg, "model_type", "?")
     if mt not in SUPPORTED:
         raise DDBenchError(f"unsupported architecture {mt!r} at {path}: profile supports {', '.join(SUPPORTED)}")
+    if gguf_file is None:              # the shape fields strictly typed and bounded, as the catalog reads them
+        from ddbench.core.catalog.models import model_from_hf_config
+        model_from_hf_config(folder)
     return folder, gguf_file, weights, name, cfg
 
 
