@@ -68,11 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TORCH = "pip install torch==2.13.0 triton==3.9.0 (the Makefile's pins; a CUDA build of your own serves too)"
 # a command's optional dependencies, checked before it starts: module -> how to install it
 EXTRAS = {
     "sweep": {"yaml": "pip install -e '.[plan]'", "pyarrow": "pip install -e '.[plan]'"},
-    "profile": {"torch": "make install (it pins torch and triton)", "triton": "make install (it pins torch and triton)",
-                "transformers": "pip install -e '.[profile]'"},
+    "profile": {"torch": TORCH, "triton": TORCH, "transformers": "pip install -e '.[profile]'"},
 }
 
 
