@@ -302,6 +302,15 @@ def test_a_missing_extra_is_named_at_the_start(tmp_path, argv, missing, says):
     _left(tmp_path, "s.yaml")
 
 
+def test_a_yaml_file_without_pyyaml_names_the_extra(tmp_path):
+    (tmp_path / "g.yaml").write_text(GPU)
+    argv = ["plan", "--model", "llama-3-8b", "--gpu", "g.yaml", "--context", "8k"]
+    code = f"import sys; sys.modules['yaml'] = None\nfrom ddbench.cli import main\nsys.exit(main({argv!r}))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env(), capture_output=True, text=True,
+                       timeout=60)
+    assert_one_line_error(r, contains="GPU file g.yaml: reading YAML needs pyyaml, not installed here")
+
+
 # ---------------------------------------------------------------- smaller ones
 
 def test_an_accuracy_csv_cut_inside_a_quoted_field_is_refused(here, capsys):

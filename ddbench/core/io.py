@@ -141,6 +141,8 @@ def read_mapping(path, name: str, fields: str) -> dict:
         raise DDBenchError(f"{name}: not valid JSON ({exc})") from None
     except RecursionError:
         raise DDBenchError(f"{name}: nested too deeply (at most {MAX_DEPTH} levels)") from None
+    except DDBenchError as exc:
+        raise DDBenchError(f"{name}: {exc}") from None
     except Exception as exc:      # noqa: BLE001 - yaml.YAMLError and its constructor errors
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -155,8 +157,11 @@ def load_yaml(text):
     """yaml.safe_load, but a number in exponent form without a dot (1e9, 5e-3) is a number, as in YAML 1.2
     and JSON (PyYAML's YAML 1.1 reads it as text); a quoted "1e9" stays text."""
     import re
-
-    import yaml
+    try:
+        import yaml
+    except ImportError:
+        raise DDBenchError("reading YAML needs pyyaml, not installed here: pip install -e '.[plan]'"
+                           " (or give the file as JSON)") from None
 
     class Loader(yaml.SafeLoader):
         yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
