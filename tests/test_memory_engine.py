@@ -30,11 +30,12 @@ def _workload(r: dict) -> Workload:
 
 
 def _older(csv_path: Path) -> dict:
-    """The folder's recorded allocation of older engines: {source_hash: {design: {category: bytes/request}}}."""
+    """The folder's recorded allocation of older engines (its meta.json, or provenance.json where the run's
+    meta.json was not kept): {source_hash: {design: {category: bytes/request}}}."""
     for folder in (csv_path.parent, csv_path.parent.parent):
-        meta = folder / "meta.json"
-        if meta.is_file() and folder != ENGINE:
-            return json.loads(meta.read_text()).get("allocation_vs_current_engine", {})
+        for name in ("meta.json", "provenance.json"):
+            if (folder / name).is_file() and folder != ENGINE:
+                return json.loads((folder / name).read_text()).get("allocation_vs_current_engine", {})
     return {}
 
 
