@@ -59,9 +59,9 @@ def test_memory_model_counts_each_format(design):
     w = Workload(context=131072, batch=10)
     flat = landmark_bytes(d, M8, w)
     chunks, per = 16384, 10 * 32 * 8                           # chunks; batch x layers x KV heads
-    assert flat == per * chunks * (256 + 8)
+    assert flat == per * chunks * 256
     for idx, vec in (("fp8", 132), ("int4", 80), ("two-level:8,1,int4", 80 + 80 / 8)):
-        assert landmark_bytes(d, M8, Workload(context=131072, batch=10, index=idx)) == per * chunks * (vec + 8)
+        assert landmark_bytes(d, M8, Workload(context=131072, batch=10, index=idx)) == per * chunks * vec
     assert max_batch(d, M8, H200, Workload(context=131072, index="int4")) > max_batch(d, M8, H200, w)
 
 
