@@ -13,7 +13,7 @@
 A key is a flag without its dashes (`max-runs` or `max_runs`); the flags given on the command line
 override the file's. Every value is checked by the flag's own parser before the command runs; the
 errors name the file and every bad key in one line (exit 2). A relative file name among the values of
-gpu, link and host resolves against the config's folder.
+gpu, link and host resolves against the config's folder; `rates:` only there, never from the current folder.
 """
 
 from __future__ import annotations
@@ -70,10 +70,21 @@ def config_args(sub: argparse.ArgumentParser, path: str) -> list[str]:
             elif v == isinstance(a, argparse._StoreTrueAction):
                 out.append(opt)
             continue
+        if isinstance(a, argparse._AppendAction) and isinstance(v, list):   # --rate: one flag per item
+            for item in v:
+                out += [opt, str(item)]
+            continue
         text = _text(v, k, bad)
         if text is None:
             continue
-        if key in FILE_KEYS and not os.path.isabs(os.path.expanduser(text)) \
+        if key == "rates":        # beside the config, never from the current folder
+            from ddbench.core.ratefile import resolve_path
+            try:
+                text = resolve_path(text, folder, f"config {path}")
+            except DDBenchError as exc:
+                bad[k] = str(exc).split(": ", 1)[-1]
+                continue
+        elif key in FILE_KEYS and not os.path.isabs(os.path.expanduser(text)) \
                 and os.path.exists(os.path.join(folder, text)) and not os.path.exists(text):
             text = os.path.join(folder, text)
         try:
