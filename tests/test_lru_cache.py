@@ -98,7 +98,7 @@ def test_cli_plan_simulate_and_sweep(tmp_path):
     r = ddbench("plan", "--design", "lru-cache", "--model", "llama-3-8b", "--gpu", "h200", "--context", "64k",
                 "--search", "cache=1x:2x", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "lru-cache  cache=2x" in r.stdout and "without prediction" in r.stdout
+    assert "lru-cache  cache=2x" in r.stdout and "  lru-cache: urgent " in r.stdout   # its rates line
     r = ddbench("simulate", "--design", "lru-cache", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k",
                 "--batch", "4", "--steps", "3", "--out", str(tmp_path / "s"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
