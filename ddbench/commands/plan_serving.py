@@ -275,7 +275,7 @@ def serving_plan(args) -> dict:
         def search(desc):
             return lambda tasks, keep: run_tasks(_search_task, [(sc, slos, seeds, tol, max_runs) for sc in tasks],
                                                  keep, workers=args.workers, desc=desc)
-        RL.attach_intervals(out["designs"], RL.interval_searches(best, search("rate searches at the rates' ends")))
+        RL.attach_intervals(out["designs"], best, RL.interval_searches(best, search("rate searches at the rates' ends")))
         RL.ranking(out["designs"], tol)
         out["break_even"] = break_even(best, search("break-even searches"))
     else:

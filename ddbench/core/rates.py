@@ -318,9 +318,10 @@ def pick_trend(model: str, context: int, families, root: str | None = None) -> s
 
 # ---------------------------------------------------------------- a profile run's replay (no trend)
 def replay_rates(path: str, design: str, fam: str, layers: int, context: int, budget: int,
-                 cache_tokens: int) -> DesignRates:
+                 cache_tokens: int) -> DesignRates | None:
     """A profile run's cache replay (one context): per layer, the budget share nearest to this question's,
-    the capacity interpolated between the profiled ones; no interval (one run)."""
+    the capacity interpolated between the profiled ones; no interval (one run). None where the replay has no
+    rows of the design's prediction (a run from before the replay without prediction: ShadowKV, lru-cache)."""
     from ddbench.core.cacherates import _read, map_depth
     df = _read(path)
     share = budget / context
@@ -330,7 +331,7 @@ def replay_rates(path: str, design: str, fam: str, layers: int, context: int, bu
         cap = cache_tokens / budget if cap is None else cap
         d = df[(df.policy == POLICY) & (df.prediction == pred)]
         if not len(d):
-            raise DDBenchError(f"{path}: no {POLICY} replay rows with prediction '{pred}' ({design}'s {metric})")
+            return None
         pairs = d[["budget_tokens", "context_tokens"]].drop_duplicates().values
         pb, pc = min(((int(b), int(c)) for b, c in pairs), key=lambda bc: (abs(math.log(bc[0] / bc[1] / share)),
                                                                             -bc[1]))

@@ -20,14 +20,18 @@ from dataclasses import replace
 from ddbench.core import defaults as D
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.3f}" if x >= 0.0095 or x == 0 else f"{x:.1e}"
+def _fmt(x: float, short: bool = False) -> str:
+    """0.013; inside an interval's brackets .013 (the lines stay within 120 characters); 2.1e-04 below 0.0005."""
+    if x == 0 or x >= 0.0005:
+        t = f"{x:.3f}"
+        return t[1:] if short and t.startswith("0.") else t
+    return f"{x:.1e}"
 
 
 def _rate_text(r) -> str:
     if not r.has_interval:
         return f"{r.metric} {_fmt(r.mean())}"
-    return f"{r.metric} {_fmt(r.mean())} [{_fmt(r.mean('low'))}, {_fmt(r.mean('high'))}]"
+    return f"{r.metric} {_fmt(r.mean())} [{_fmt(r.mean('low'), True)}, {_fmt(r.mean('high'), True)}]"
 
 
 def _where(dr) -> str:
@@ -52,9 +56,13 @@ def rates_doc(resolved) -> dict:
         dr = r.design_rates
         ctx = r.max_context or r.workload.context
         if dr is None or dr.family is None:
-            if dr is None and not r.design.kv_on_gpu and r.rates_at(ctx).of(r.scenario.design).family is not None:
+            full = r.rates_at(ctx).of(r.scenario.design)
+            if dr is None and full is not None and full.family is not None:
                 unmatched.append(r.design.name)
-                out.append({"design": r.design.name, "line": f"{r.design.name}: {r.hit_note}", "source": None})
+                const = r.scenario.hit_rate is None and "constant" in r.hit_note
+                how = (f"constant hit rate {D.HIT_RATE}, not measured" if const else f"hit rate: {r.hit_note}") \
+                    if full.family in ("reuse", "speculative") else "no cache rates (cannot be priced)"
+                out.append({"design": r.design.name, "source": None, "line": f"{r.design.name}: {how}"})
             continue
         line = f"{r.design.name}: {', '.join(_rate_text(x) for x in dr.rates)}; {_where(dr)}"
         srcs.add(dr.source.split(" (")[0])
@@ -68,8 +76,8 @@ def rates_lines(doc: dict) -> list[str]:
     """The first lines of an answer: where its rates come from, then one short line per design."""
     lines = []
     if doc["unmatched"]:
-        lines.append(f"NO PROFILE MATCHES {', '.join(doc['unmatched'])}: their hit rate is the constant"
-                     f" {D.HIT_RATE} (the paper's average, not measured); give --rates FILE")
+        lines.append(f"NO PROFILE MATCHES {', '.join(doc['unmatched'])} (traces/accuracy has no trend pricing"
+                     f" {'them' if len(doc['unmatched']) > 1 else 'it'}); give --rates FILE")
     if not doc["designs"]:
         return lines
     srcs = doc["sources"]
@@ -101,20 +109,28 @@ def interval_searches(best: list, search) -> dict:
     return out
 
 
-def attach_intervals(designs: list[dict], ends: dict) -> None:
-    """Each design's view gets `rate_interval` [worst, best] req/s and `tokens_interval` (tokens/s) at its ends."""
+def _per_gpu(res, rate: float) -> float:
+    """The rate the ranking compares: per decode GPU, or (prefill elsewhere) the fleet's per GPU."""
+    if res.scenario.prefill != "elsewhere" or rate <= 0:
+        return rate
+    from ddbench.planner.fleet import fleet
+    return fleet(res.scenario, rate, None)["fleet_req_per_s_per_gpu"]
+
+
+def attach_intervals(designs: list[dict], best: list, ends: dict) -> None:
+    """Each met design's view gets `rate_interval` [worst, best] of the rate it is ranked by (req/s per decode GPU,
+    or per GPU of the fleet with prefill elsewhere) and `tokens_interval` (tokens/s), over its rates' centre and
+    the two ends of their interval (the searches' own noise aside: the lowest and highest of the three)."""
+    by = {res.scenario.label(): res for res in best}
     for d in designs:
-        e = ends.get(d["system"])
         if d["status"] != "met":
             continue
-        if not e:
-            d["rate_interval"] = [d["max_rate_req_per_s"]] * 2
-            d["tokens_interval"] = [d["tokens_per_s"]] * 2
-            continue
-        rates = [d["max_rate_req_per_s"]] + [r.rate if r.status == "met" else 0.0 for r in (e["high"], e["low"])]
-        toks = [d["tokens_per_s"]] + [(r.row or {}).get("tokens_per_s") or 0.0 if r.status == "met" else 0.0
-                                      for r in (e["high"], e["low"])]
-        d["rate_interval"] = [min(rates), max(rates)]     # the searches' own noise aside: the worst and best
+        res, e = by[d["system"]], ends.get(d["system"]) or {}
+        runs = [res] + [r for r in (e.get("high"), e.get("low")) if r is not None]
+        rates = [_per_gpu(res, r.rate) if r.status == "met" else 0.0 for r in runs]
+        toks = [(r.row or {}).get("tokens_per_s") or 0.0 if r.status == "met" else 0.0 for r in runs]
+        d["rank_rate"] = rates[0]
+        d["rate_interval"] = [min(rates), max(rates)]
         d["tokens_interval"] = [min(toks), max(toks)]
 
 
@@ -136,13 +152,16 @@ def ranking(designs: list[dict], tol: float) -> None:
 def _iv(d: dict) -> str:
     from ddbench.commands.plan_serving import _fmt_rate
     lo, hi = d["rate_interval"]
-    return f"{_fmt_rate(d['max_rate_req_per_s'])} [{_fmt_rate(lo)}, {_fmt_rate(hi)}] req/s"
+    t_lo, t_hi = d["tokens_interval"]
+    per = " per GPU of the fleet" if d.get("fleet") else ""
+    return (f"{_fmt_rate(d['rank_rate'])} [{_fmt_rate(lo)}, {_fmt_rate(hi)}] req/s{per},"
+            f" {d['tokens_per_s']:.0f} [{t_lo:.0f}, {t_hi:.0f}] tokens/s")
 
 
 def ranking_lines(out: dict) -> list[str]:
     """The ranking priced at the rates' centre and the ends of their intervals."""
     met = sorted((d for d in out["designs"] if d["status"] == "met" and "rate_interval" in d),
-                 key=lambda d: (d["rank"], -d["max_rate_req_per_s"]))
+                 key=lambda d: (d["rank"], -d["rank_rate"]))
     if not met:
         return []
     top = [d for d in met if d["rank"] == 1]

@@ -178,10 +178,11 @@ class Resolved:
     def rates_at(self, context: int):
         """The matched rate set (ddbench.core.rates.RateSet) of every design at `context`."""
         from ddbench.core.designs import DESIGNS
+        from ddbench.core.paths import traces_dir
         from ddbench.core.rates import rate_set
         sc, w = self.scenario, self.workload
         return rate_set(self.model.name, self.model.num_layers, int(context), w.budget, w.cache_tokens,
-                        tuple(DESIGNS), sc.rates, tuple(sc.rate_overrides))
+                        tuple(DESIGNS), sc.rates, tuple(sc.rate_overrides), str(traces_dir("accuracy")))
 
     @cached_property
     def design_rates(self):
@@ -221,7 +222,10 @@ class Resolved:
     @property
     def hit_note(self) -> str:
         if self.design.chunk_cache:
-            return self.cache_rates.note
+            try:
+                return self.cache_rates.note
+            except DDBenchError as exc:
+                return f"no cache rates: {exc}"
         return self._hits[2]
 
     def cache_rates_at(self, context: int):
