@@ -175,7 +175,9 @@ def compute() -> FigureResult:
     df = pd.concat([eng, pd.DataFrame(sim_rows)], ignore_index=True)
     df["model"] = df["model"].fillna(MODEL)
     df["gpu"] = df["gpu"].fillna(GPU)
-    note = simulated(CACHE, CONTEXTS[-1], None, 2 * D.BUDGET)["note"]
+    from ddbench.planner.ratelines import caption
+    matched = caption([scene(MODEL, d, gpu=GPU) for d in DESIGNS], tuple(CONTEXTS))
     return FigureResult(df, f"{MODEL} on one H200 over PCIe 5, budget {D.BUDGET}, each design at its largest batch;"
-                            f" engine {traces_dir('engine', RUN).name} (3 builds), simulator at the engine's batches"
-                            f" and over capacities ({note})")
+                            f" engine {traces_dir('engine', RUN).name} (3 builds) at the rates it forced (the caches at"
+                            f" their profile's, ShadowKV and DualDecoder at a forced miss, NOT one matched set);"
+                            f" simulated at the engine's batches and over capacities: {matched}")

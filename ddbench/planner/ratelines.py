@@ -86,6 +86,32 @@ def rates_lines(doc: dict) -> list[str]:
     return lines + [head + ":"] + ["  " + d["line"] for d in doc["designs"]]
 
 
+def caption(resolved, contexts=()) -> str:
+    """One phrase for a figure that compares designs: the matched rate set they are priced at (its source, the
+    contexts measured, how far it reaches at the longest context shown), or that they are not at one."""
+    from ddbench.core.rates import short_model
+    docs, reach = [], 1.0
+    for r in resolved:
+        if r.design.kv_on_gpu:
+            continue
+        for c in (contexts or (r.max_context or r.workload.context,)):
+            dr = r.rates_at(int(c)).of(r.scenario.design)
+            if dr is not None and dr.family is not None:
+                docs.append(dr)
+                reach = max(reach, dr.extrapolation if dr.matched else 1.0)
+    if not docs:
+        return "no design here fetches on a prediction: no rates"
+    if any(not d.matched for d in docs):
+        return f"rates: NO PROFILE MATCHES {', '.join(sorted({d.design for d in docs if not d.matched}))}"
+    srcs = sorted({d.source for d in docs})
+    if len(srcs) > 1:
+        return f"rates from DIFFERENT sources: {', '.join(srcs)}"
+    d = docs[0]
+    meas = f", measured {min(d.measured) / 1024:.0f}K-{max(d.measured) / 1024:.0f}K" if d.measured else ""
+    ext = f", extrapolated up to {reach:.0f}x" if reach > 1 else ""
+    return f"every design at one matched rate set: {short_model(srcs[0])}{meas}{ext} (ddbench.core.rates)"
+
+
 # ---------------------------------------------------------------- the ranking at the interval's ends
 def _has_interval(sc) -> bool:
     from ddbench.planner.scenario import resolve

@@ -207,6 +207,15 @@ class Resolved:
         hit, reuse, note = _hits(self.scenario.hit_rate, self.model.name, self.model.num_layers, self.select)
         return _scaled_hits(hit, self.scenario.rate_scale), _scaled_hits(reuse, self.scenario.rate_scale), note
 
+    def hits_at(self, context: int) -> tuple:
+        """(hit, reuse) per layer at `context` from the matched rate set (the figures price each context at its
+        own rates); the scenario's own where the rate set does not price this design (--hit-rate, no profile)."""
+        if self.design_rates is None or self.design_rates.family not in ("reuse", "speculative"):
+            return self.hit, self.reuse
+        dr = self.rates_at(int(context)).of(self.design_rates.design).scaled(self.scenario.rate_scale)
+        hit = [1.0 - m for m in dr.get("miss").at(self.scenario.rate_end)]
+        return hit, list(hit)
+
     def rates_note(self, dr) -> str:
         end = self.scenario.rate_end
         return dr.line() + ("" if end == "centre" else f"; priced at the interval's {end} end")
