@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ddbench.core.flags import OneLineParser
 from ddbench.doctables import examples
-from ddbench.doctables.ablation import ablation
+from ddbench.doctables.ablation import ablation, ablation_summary
 from ddbench.doctables.fp8_cache import fp8_cache
 from ddbench.doctables.peer import peer_flashinfer
 from ddbench.doctables.common import CALIBRATION_SWEEP, CTX, ROOT, DocTablesError  # noqa: F401
@@ -45,8 +45,11 @@ from ddbench.doctables.trace_tables import (accuracy, calibration, contexts, fig
 START = re.compile(r"<!-- generated: ([a-z0-9-]+) -->")
 END = "<!-- end -->"
 
+from ddbench.doctables.verdict import verdict  # noqa: E402
+
 GENERATORS = {
     "headline": headline,
+    "verdict": verdict,
     "kernels-gather": kernels_gather,
     "kernels-attention": kernels_attention,
     "kernels-peer-flashinfer": peer_flashinfer,
@@ -55,6 +58,7 @@ GENERATORS = {
     "paper-points": paper_points,
     "cache": cache,
     "ablation": ablation,
+    "ablation-summary": ablation_summary,
     "fp8": fp8,
     "fp8-cache": fp8_cache,
     "engine-floor": engine_floor,

@@ -24,7 +24,7 @@ import pandas as pd
 from ddbench.core.errors import DDBenchError
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import FigureResult, register
-from ddbench.experiments.cache_figure import SHADOWKV_RUN, _engine_rows, forced_rates, simulated
+from ddbench.experiments.cache_figure import SHADOWKV_RUN, _engine_rows, forced_miss, forced_rates, simulated
 from ddbench.plotting import SYSTEM_COLORS
 
 DESIGNS = ("dualdecoder-cache", "lru-cache", "dualdecoder", "shadowkv")
@@ -100,7 +100,7 @@ def _draw(res: FigureResult, fig) -> None:
 def compute() -> FigureResult:
     df = engine_points()
     df["sim_tok_s"] = [simulated(r.design, int(r.context), int(r.batch), None if pd.isna(r.cache_tokens) else
-                                 int(r.cache_tokens), model=r.model, forced=forced_rates(r))["tok_s"]
+                                 int(r.cache_tokens), model=r.model, forced=forced_rates(r), miss=forced_miss(r))["tok_s"]
                        for r in df.itertuples()]
     df["sim_over_engine"] = df.sim_tok_s / df.tok_s
     # no engine row is at one matched rate set (ShadowKV and DualDecoder ran at a forced miss): the simulator's

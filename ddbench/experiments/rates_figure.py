@@ -26,9 +26,12 @@ FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 DESIGNS = (CACHE, "shadowkv", "dualdecoder")
 
 
-def _point(design: str, factor: float) -> dict:
+def _point(design: str, factor: float, end: str = "centre") -> dict:
+    """One simulated point: the design's matched rates (at `end` of their 95 % interval) times `factor`."""
     from ddbench.experiments.sim_figures import _maxb, _step_s
     knobs = {"cache_tokens": CAPACITY * D.BUDGET} if design == CACHE else {}
+    if end != "centre":
+        knobs["rate_end"] = end
     r = scene(MODEL, design, gpu=GPU, rate_scale=factor, **knobs)
     b = _maxb(design, MODEL, CTX, gpu=GPU, **knobs)
     tok_s = b / _step_s(design, MODEL, CTX, b, gpu=GPU, rate_scale=factor, **knobs)
@@ -41,7 +44,7 @@ def _point(design: str, factor: float) -> dict:
         rates = r.hits_at(CTX)[0]
         miss = 1 - sum(rates) / len(rates)
         urgent = churn = moved = None
-    return {"source": "simulated", "design": design, "factor": factor, "batch": b, "tok_s": tok_s,
+    return {"source": "simulated", "rate_end": end, "design": design, "factor": factor, "batch": b, "tok_s": tok_s,
             "urgent_per_budget": urgent, "churn_per_budget": churn, "moved_per_budget": moved, "miss_rate": miss}
 
 
@@ -78,7 +81,7 @@ def _draw(res: FigureResult, fig) -> None:
     df = res.data
     fig.set_size_inches(9.0, 3.6)
     axes = fig.subplots(1, 2)
-    s, m = df[df.source == "simulated"], df[df.source == "engine"]
+    s, m = df[(df.source == "simulated") & (df.rate_end == "centre")], df[df.source == "engine"]
     c = s[s.design == CACHE]
     for ax, col, label in ((axes[0], "moved_per_budget", "dualdecoder-cache: chunks moved per step, churn + urgent"
                                                          " (share of the budget)"),
@@ -115,7 +118,8 @@ def _draw(res: FigureResult, fig) -> None:
 @register("rates", "Throughput against the cache's urgent share and churn and the others' miss rates (H200, 128K)",
           draw=_draw)
 def compute() -> FigureResult:
-    rows = [_point(d, f) for d in DESIGNS for f in FACTORS] + _measured()
+    rows = [_point(d, f) for d in DESIGNS for f in FACTORS] + _measured() \
+        + [_point(d, 1.0, end) for d in DESIGNS for end in ("low", "high")]    # the rates' 95 % interval ends
     df = pd.DataFrame(rows)
     from ddbench.planner.ratelines import caption
     knobs = {"cache_tokens": CAPACITY * D.BUDGET}

@@ -2,15 +2,15 @@
 
     rates_doc(resolved) -> dict                 every design's rates (ddbench.core.rates) at the answer's context
     rates_lines(doc) -> [lines]                 where they come from, then one line per design
-    interval_searches(best, search) -> None     each met design's max rate re-searched at both ends of its rates'
-                                                95 % interval (Scenario.rate_end): the fewest misses (low) and the most
+    interval_searches(best, search) -> dict     each met design's max rate re-searched at both ends of its rates'
+                                                95 % interval (Scenario.rate_end): the fewest misses (low), the most
     ranking(designs) -> None                    each design's rank among those it beats at every rate in the intervals
     ranking_lines(out) -> [lines]               the ranking with its intervals; "undecided at these rates" where the
                                                 order flips inside them, with the winner's break-even factor
 
 A design ranks above another only where its max rate at its rates' worse end beats the other's at its better end
-by more than the rate searches' tolerance; otherwise the two are undecided at these rates (both keep the better rank, marked "="). Where no profile
-matches a design's rates, the first line says that its rates are the constant hit rate.
+by more than the rate searches' tolerance; otherwise the two are undecided at these rates (both keep the better
+rank, marked "="). Where no profile matches a design's rates, the first lines say so.
 """
 
 from __future__ import annotations
