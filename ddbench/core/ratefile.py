@@ -96,8 +96,8 @@ def _folder(path: str) -> RateSource:
         load_trend(trends[0])
         return RateSource("trend", trends[0], _model_of(trends[0]))
     if replays:
-        from ddbench.core.cacherates import _read
-        _read(replays[0])
+        from ddbench.core.rates import read_replay
+        read_replay(replays[0])
         return RateSource("replay", replays[0], _model_of(replays[0]))
     raise DDBenchError(f"rates {path}: not a `ddbench profile` output folder (no *.cache-trend.json or"
                        " *.cache.csv; profile with --cache-capacity 0,1,2,4)")

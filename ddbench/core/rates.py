@@ -14,6 +14,10 @@ What a design's rates are (its `family`, read from the registry's switches, neve
   cache-none   lru-cache: `urgent`, the true chunks the cache lacks (nothing is prefetched: churn 0)
 Every metric is a share of the budget's k chunks per step and layer.
 
+The types the simulator and the engine take from it live here too: `CacheRates` (a chunk cache's per-layer
+churn and urgent chunks, `forced` for an engine run's), `map_depth` (a profile's layers onto another model's by
+relative depth), `prediction_of` (which replay prices a chunk-cache design).
+
 One vocabulary: **churn** is the chunks prefetched per step over k (the engine's forced `churn_rate`); the
 chunks moved over the link per step are churn + urgent ("moved", the profiler's `moved_per_budget`).
 
@@ -180,6 +184,71 @@ def short_model(name: str) -> str:
     return base
 
 
+
+# ---------------------------------------------------------------- what the simulator and the engine consume
+PREDICTIONS = ("speculative", "none")      # a cache replay's prediction (ddbench/profile/cache.py)
+
+
+def prediction_of(design) -> str:
+    """The replay's prediction that prices a chunk-cache design: "none" where nothing is prefetched
+    (lru-cache), "speculative" where the speculative token's selection is (dualdecoder-cache)."""
+    return "none" if design.prefetch == "none" else "speculative"
+
+
+@dataclass(frozen=True)
+class CacheRates:
+    prefetched: tuple       # per layer: chunks prefetched per step / k
+    urgent: tuple           # per layer: true chunks in neither the cache nor the prediction / k
+    note: str
+
+
+def forced(prefetched: float, urgent: float, layers: int, note: str) -> CacheRates:
+    for name, v in (("prefetched", prefetched), ("urgent", urgent)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise DDBenchError(f"cache rate {name} must be within 0..1, got {v!r}")
+    return CacheRates((float(prefetched),) * layers, (float(urgent),) * layers, note)
+
+
+def map_depth(values, target_layers: int) -> list[float]:
+    """Per-layer values of an L-layer model onto an L'-layer one: target layer j takes the source layer
+    at the same relative depth, floor((j + 0.5) * L / L')."""
+    L = len(values)
+    return [float(values[min(L - 1, int((j + 0.5) * L / target_layers))]) for j in range(target_layers)]
+
+
+
+def read_replay(path: str):
+    """A profile run's cache replay (traces/accuracy/<model>.cache.csv), every row checked
+    (ddbench.core.schemas.CacheRow): one-line errors name the line and field."""
+    from ddbench.core.traces import cache_profile
+    return cache_profile(path)
+
+
+def _check_trend(path: str) -> dict:
+    import json
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        fits, bands, ref = doc["fits"], int(doc["bands"]), float(doc["ref_context"])
+        for f in fits:
+            for k in ("log_a", "b"):
+                if not math.isfinite(float(f[k])):
+                    raise ValueError(f"{k} is not finite")
+            [[float(v) for v in row] for row in f["cov"]]
+            str(f["share"]), str(f["policy"]), float(f["capacity"]), str(f["band"]), str(f["metric"])
+            if f.get("prediction", "speculative") not in PREDICTIONS:
+                raise ValueError(f"prediction {f['prediction']!r} is not one of {', '.join(PREDICTIONS)}")
+            int(f["dof"]), float(f["t975"]), max(int(c) for c in f["contexts"])
+    except OSError as exc:
+        raise DDBenchError(f"cannot read cache trend {path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise DDBenchError(f"malformed cache trend {path}: {type(exc).__name__}: {exc}") from None
+    if bands < 1 or ref <= 0 or not fits:
+        raise DDBenchError(f"malformed cache trend {path}: no fits, or bands/ref_context not positive")
+    return doc
+
+
+
 # ---------------------------------------------------------------- context trends
 def trend_files(root: str | None = None) -> list[str]:
     return sorted(glob.glob(os.path.join(str(root or traces_dir("accuracy")), "*.cache-trend.json")))
@@ -187,9 +256,8 @@ def trend_files(root: str | None = None) -> list[str]:
 
 @lru_cache(maxsize=32)
 def load_trend(path: str) -> dict:
-    """The trend, checked (ddbench.core.cacherates._load_trend: one-line errors naming the file)."""
-    from ddbench.core.cacherates import _load_trend
-    return _load_trend(path)
+    """The trend, checked (one-line errors naming the file); cached per path."""
+    return _check_trend(path)
 
 
 def _fits(doc: dict, prediction: str, metric: str) -> list:
@@ -291,8 +359,11 @@ def trend_rates(path: str, design: str, fam: str, layers: int, context: int, bud
     meas = measured(doc)
     ext = max(1.0, context / max(meas)) if meas else 1.0
     cap_txt = f", capacity {cache_tokens / budget:g}x" if fam.startswith("cache") else ""
+    used = [f for m in FAMILY_METRICS[fam] for f in _fits(doc, _CELLS[(fam, m)][0], _CELLS[(fam, m)][2])]
     detail = (f"{os.path.basename(path)}: {POLICY} replay on {doc.get('model', '?')}, share {share:.4f}{cap_txt},"
-              f" at {context} tokens, prompts per context {doc.get('prompts_per_context', {})}")
+              f" at {context} tokens, prompts per context {doc.get('prompts_per_context', {})}; the power law passed"
+              f" its checks (no curvature, the longest context held out) in {sum(bool(f.get('supported')) for f in used)}"
+              f" of {len(used)} fits")
     return DesignRates(design, fam, tuple(rates), str(doc.get("model", os.path.basename(path))), meas, ext, True,
                        detail)
 
@@ -322,8 +393,7 @@ def replay_rates(path: str, design: str, fam: str, layers: int, context: int, bu
     """A profile run's cache replay (one context): per layer, the budget share nearest to this question's,
     the capacity interpolated between the profiled ones; no interval (one run). None where the replay has no
     rows of the design's prediction (a run from before the replay without prediction: ShadowKV, lru-cache)."""
-    from ddbench.core.cacherates import _read, map_depth
-    df = _read(path)
+    df = read_replay(path)
     share = budget / context
     out = []
     for metric in FAMILY_METRICS[fam]:

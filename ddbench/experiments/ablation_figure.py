@@ -6,7 +6,7 @@ capacity, nothing predicted: the HiSparse mechanism, every miss urgent before it
 DualDecoder (no cache) and the in-place ShadowKV (issue 31: faster than ShadowKV's own code on the same
 H200). Llama-3-8B at 32K / 64K / 128K and Qwen2.5-14B at 128K; the caches at 4x the budget (8192 tokens per
 layer and KV head), at the profile's rates for that capacity and their own prediction
-(ddbench.core.cacherates: the speculative replay for dualdecoder-cache, the replay without prediction for
+(ddbench.core.rates: the speculative replay for dualdecoder-cache, the replay without prediction for
 lru-cache); DualDecoder and ShadowKV at 12 % forced misses.
 
 Measured (traces/engine): h200-ablation (the two caches at all four points, the batch fixed at the largest

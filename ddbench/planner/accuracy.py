@@ -4,7 +4,7 @@
     assumed_hit_rate(resolved) -> a flag line where the hit rate is the constant of core.defaults.HIT_RATE
 
 A design's rates come from an accuracy profile (the model's traces/accuracy/<model>.csv or --hit-rate CSV)
-and, for a chunk-cache design, from a cache profile (core.cacherates, possibly another model's). The
+and, for a chunk-cache design, from the matched rate set (core.rates, possibly another model's profile). The
 accuracy cost is read from the traces beside that profile, of the model it was measured on:
 - task rates with Wilson 95 % intervals (<model>.tasks.csv, `ddbench profile --tasks`): pooled over the
   tasks and contexts measured, for the method the design stands for (full-kv: dense, exact; shadowkv:
@@ -68,12 +68,6 @@ def profile_sources(r) -> list[str]:
     p = _profile_path(r.scenario, r.model.name)
     if p is not None:
         out.append(p)
-    if r.design.chunk_cache and not r.scenario.forced_cache:
-        from ddbench.core.cacherates import profile_path
-        try:
-            out.append(profile_path(r.model.name))
-        except Exception:   # noqa: BLE001 - the cost model reports a missing cache profile itself
-            pass
     return out
 
 

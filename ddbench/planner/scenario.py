@@ -242,7 +242,7 @@ class Resolved:
         chunks over the budget) from the matched rate set, None for other designs."""
         if not self.design.chunk_cache:
             return None
-        from ddbench.core.cacherates import CacheRates, forced
+        from ddbench.core.rates import CacheRates, forced
         sc = self.scenario
         if sc.forced_cache:
             pre, urg = sc.forced_cache

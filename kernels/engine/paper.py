@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 
 from ddbench.core.errors import DDBenchError
-from ddbench.core.cacherates import prediction_of
+from ddbench.core.rates import prediction_of
 from ddbench.kernels.engine.points import Label, design_labels, design_spec
 
 PAPER = "paper"
@@ -280,7 +280,7 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     designs: the designs searched (default DESIGNS); a chunk-cache design (dualdecoder-cache) is searched
     at each capacity of `cache_tokens` (its label `design@tokens`), with the forced rates
     cache_rates(context, tokens) -> (urgent, churn, note): the true chunks forced to miss the prediction
-    and the prediction's churn (default: the measured profile's, ddbench.core.cacherates). kv_bits (16, 8):
+    and the prediction's churn (default: the matched rate set's, ddbench.core.rates). kv_bits (16, 8):
     each design that keeps its KV on the host is searched once more with an fp8 host KV (label + '+fp8');
     cache_bits (16, 8): with 8, a chunk-cache design with an fp8 host KV once more with an fp8 cache ('+fp8cache').
 
