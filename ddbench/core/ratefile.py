@@ -79,11 +79,8 @@ def load_source(path: str) -> RateSource:
 
 
 def _model_of(path: str) -> str:
-    base = os.path.basename(path)
-    for tail in (".cache-trend.json", ".cache.csv"):
-        if base.endswith(tail):
-            return base[: -len(tail)]
-    return base
+    from ddbench.core.rates import _model_name
+    return _model_name(path)
 
 
 def _folder(path: str) -> RateSource:

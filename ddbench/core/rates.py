@@ -419,8 +419,12 @@ def replay_rates(path: str, design: str, fam: str, layers: int, context: int, bu
 
 
 def _model_name(path: str) -> str:
-    from ddbench.core.ratefile import _model_of
-    return _model_of(path)
+    """The model a profile file is of: <model>.cache-trend.json, <model>.cache.csv."""
+    base = os.path.basename(path)
+    for tail in (".cache-trend.json", ".cache.csv"):
+        if base.endswith(tail):
+            return base[: -len(tail)]
+    return base
 
 
 # ---------------------------------------------------------------- the rate set
