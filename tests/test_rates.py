@@ -127,7 +127,12 @@ def test_bad_rates_file_is_one_line_exit_2(case, tmp_path, capsys):
         rc, out, err = _main(argv + ["--rates", str(f)], capsys)
         lines = [x for x in err.splitlines() if x.strip()]
         assert rc == 2 and out == "" and len(lines) == 1 and contains in lines[0] and str(f) in lines[0], err
-    assert not (tmp_path / "o").exists()
+    spec = tmp_path / "s.yaml"
+    spec.write_text("requests: 5\ngrid:\n  model: llama-3-8b\n  gpu: h200\n  design: shadowkv\n  context: 32k\n"
+                    "  rate: 1\n")
+    rc, out, err = _main(["sweep", str(spec), "--rates", str(f), "--out", str(tmp_path / "sw")], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and contains in err, err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "sw").exists()
 
 
 @pytest.mark.parametrize("text,contains", [("shadowkv.miss=2", "within 0..1"), ("shadowkv.churn=0.1", "not a rate"),
@@ -226,3 +231,23 @@ def test_simulate_prices_its_throughput_at_the_interval_ends(tmp_path, capsys):
 def test_bad_rates_text_raises_ddbencherror(tmp_path):
     with pytest.raises(DDBenchError, match="not a `ddbench profile` output folder"):
         load_source(str(tmp_path))
+
+
+def test_engine_point_runs_at_the_matched_rates_unless_forced():
+    """The engine's --point takes each design's rates from the rate set (not a forced 12 % / 17.4 % miss), and its
+    row records the line of the rates it ran at; --miss still forces one."""
+    from dataclasses import replace as dc_replace
+
+    from ddbench.kernels.engine.options import SweepOptions, check_args, check_point
+    from ddbench.kernels.engine.runner import pt_rates_note
+    a = check_args(SweepOptions(model="llama-3-8b", point="shadowkv:131072:8"))
+    rs = rate_set("llama-3-8b", 32, 131072, 2048, 4096, tuple(DESIGNS))
+    for d in ("shadowkv", "dualdecoder"):
+        cfg = check_point(a.model_spec, d, 131072, 8, a)
+        assert cfg.miss_rate == round(rs.of(d).get("miss").mean(), 4)
+        assert pt_rates_note(a.model_spec, d, 131072, cfg, a) == rs.of(d).line()
+    cfg = check_point(a.model_spec, "dualdecoder-cache", 131072, 8, a)
+    assert (cfg.miss_rate, cfg.churn_rate) == (round(rs.of("dualdecoder-cache").get("urgent").mean(), 4),
+                                               round(rs.of("dualdecoder-cache").get("churn").mean(), 4))
+    forced = check_args(dc_replace(SweepOptions(model="llama-3-8b", point="shadowkv:131072:8"), miss=0.12))
+    assert check_point(forced.model_spec, "shadowkv", 131072, 8, forced).miss_rate == 0.12

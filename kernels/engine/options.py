@@ -139,14 +139,15 @@ def parse_point(text):
     return d, c, b
 
 
-def point_rates(model, design, ctx, cache_tokens, a):
+def point_rates(model, design, ctx, cache_tokens, a, note: bool = False):
     """(miss, churn) of a --point: --miss (and --churn) where given, else the design's matched rates
-    (kernels/engine/paper.matched_rates, ddbench.core.rates)."""
+    (kernels/engine/paper.matched_rates, ddbench.core.rates); with `note`, (miss, churn, the rates' line)."""
     if a.miss is not None:
-        return a.miss, a.churn
-    from ddbench.kernels.engine.paper import matched_rates
-    miss, churn, _ = matched_rates(model, a.budget)(ctx, design, cache_tokens)
-    return miss, churn
+        out = a.miss, a.churn, f"forced by --miss {a.miss:g}" + ("" if a.churn is None else f" --churn {a.churn:g}")
+    else:
+        from ddbench.kernels.engine.paper import matched_rates
+        out = matched_rates(model, a.budget)(ctx, design, cache_tokens)
+    return out if note else out[:2]
 
 
 def check_point(model, design, ctx, batch, a):

@@ -92,6 +92,13 @@ def _need_cuda():
 
 # ------------------------------------------------------------------ one point
 
+def pt_rates_note(model, design, ctx, cfg, a) -> str:
+    """The line of the rates a --point ran at (forced, or the matched rate set's: ddbench.core.rates)."""
+    from ddbench.kernels.engine.options import point_rates
+    from ddbench.kernels.engine.paper import Label
+    return point_rates(model, Label.parse(design).design, ctx, cfg.workload.cache_tokens, a, note=True)[2]
+
+
 def run_one(opts: SweepOptions) -> int:
     a = check_args(opts)
     model = a.model_spec
@@ -107,6 +114,7 @@ def run_one(opts: SweepOptions) -> int:
     row = pt.run_point(model, weights, flat, d, c, b, miss_rate=cfg.miss_rate, transfers=not a.no_transfers,
                        graph=pt.design_spec(d).gather != "cpu", reps=a.replays, hbm=hbm, cfg=cfg, limit=mem["limit"],
                        mem_gpu=mem["mem_gpu"], overhead=mem["overhead"])
+    row["rates_note"] = pt_rates_note(model, d, c, cfg, a)      # the rate set this row ran at
     print(json.dumps(row))
     return 0
 
