@@ -70,9 +70,13 @@ def config_args(sub: argparse.ArgumentParser, path: str) -> list[str]:
             elif v == isinstance(a, argparse._StoreTrueAction):
                 out.append(opt)
             continue
-        if isinstance(a, argparse._AppendAction) and isinstance(v, list):   # --rate: one flag per item
-            for item in v:
-                out += [opt, str(item)]
+        if hasattr(a, "check"):          # --rate: a what-if (a list: one flag per item) or, in simulate, arrivals
+            try:
+                for item in (v if isinstance(v, list) else [v]):
+                    a.check(str(item))
+                    out += [opt, str(item)]
+            except (argparse.ArgumentTypeError, ValueError, DDBenchError) as exc:
+                bad[k] = str(exc)
             continue
         text = _text(v, k, bad)
         if text is None:

@@ -290,13 +290,16 @@ def _sweep(args, resolved, ctx: int) -> int:
     head = (f"batch sweep: {r0.model.name} on {r0.gpu.name} ({r0.gpu.hbm_bytes / GB:.1f} GB), {r0.link.name},"
             f" context {fmt_tokens(ctx)}, {args.steps} steps per batch ({min(2, args.steps - 1)} warm-up)"
             f"{kv_note(r0.workload.kv_bits)}{cache_note([r.design.name for r in resolved], r0.workload)}")
+    from ddbench.planner.ratelines import rates_doc, rates_lines
+    sweep["rates"] = rates_doc(resolved)
+    head = "\n".join([head] + rates_lines(sweep["rates"]))
     with ExitStack() as stack:
         w = stack.enter_context(output_folder(args.out, command="ddbench simulate", force=args.force))
         if args.plot is not None:
             from ddbench.core.outputs import output_file
             staged = stack.enter_context(output_file(args.plot, command="ddbench simulate", flag="--plot",
                                                      force=args.force))
-            B.plot(sweep, staged, head.removeprefix("batch sweep: "),
+            B.plot(sweep, staged, head.splitlines()[0].removeprefix("batch sweep: "),
                    fmt=os.path.splitext(args.plot)[1].lstrip(".").lower())
         w.write_text("sweep.csv", _csv(rows, SWEEP_COLUMNS))
         w.write_json("summary.json", sweep)

@@ -57,6 +57,15 @@ class RateFlag(argparse.Action):
         self.arrivals = arrivals
         super().__init__(*a, **kw)
 
+    def check(self, text: str):
+        """A config file's value, checked as on the command line (argparse.ArgumentTypeError, DDBenchError)."""
+        if "=" in text:
+            from ddbench.core.ratefile import parse_override
+            return parse_override(text)
+        if self.arrivals is None:
+            raise argparse.ArgumentTypeError(f"expected DESIGN.METRIC=VALUE, got {text!r}")
+        return self.arrivals(text)
+
     def __call__(self, parser, ns, values, option_string=None):
         if "=" in values:
             ns.rate_what_if = list(getattr(ns, "rate_what_if", None) or []) + [values]
