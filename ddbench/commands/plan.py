@@ -48,6 +48,8 @@ EXAMPLE = """examples:
       --design shadowkv,dualdecoder
   ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --design dualdecoder \\
       --search budget,chunk,lowrank-layers,buffers --plot pareto.png
+  ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --design all \\
+      --rates my-rates.yaml --rate dualdecoder-cache.churn=0.2      # your own rates, one what-if
 
 exit status: 0 with an answer (a design that does not fit says so in its row's status), 2 for bad
 input (a host memory too small for one request's host KV, too), 3 when no design fits one request
