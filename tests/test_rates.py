@@ -166,8 +166,13 @@ def test_rates_beside_the_spec_or_config_never_from_the_cwd(tmp_path, monkeypatc
     assert rc == 0 and "shadowkv: miss 0.300; what-if" in out, err
     rc, out, err = _main(["sweep", str(spec), "--out", str(tmp_path / "sw"), "--quiet"], capsys)
     assert rc == 0, err
-    row = (tmp_path / "sw" / "results.csv").read_text()
-    assert "shadowkv: miss 0.300; what-if" in row
+    import pandas as pd
+    row = pd.read_csv(tmp_path / "sw" / "results.csv").iloc[0]
+    assert row["rates"] == "shadowkv: miss 0.300; what-if"       # the rates the point ran at, no interval:
+    assert row["tokens_per_s_worst_rates"] == row["tokens_per_s_best_rates"] == row["tokens_per_s"]
+    (there / "r.yaml").write_text((there / "r.yaml").read_text().replace("0.3", "0.4"))
+    rc, out, err = _main(["sweep", str(spec), "--out", str(tmp_path / "sw"), "--quiet"], capsys)
+    assert rc == 0 and "(1 run, 0 reused" in out, out     # an edited rates file is run again, not resumed
 
 
 def test_plan_prints_each_designs_rates_at_one_matched_set(capsys):

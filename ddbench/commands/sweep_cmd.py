@@ -142,8 +142,11 @@ def _rates(spec: dict, args) -> None:
     elif spec.get("rates"):
         spec["rates"] = resolve_path(spec["rates"], os.path.dirname(os.path.abspath(args.spec)),
                                      f"sweep spec {args.spec}")
-    if spec.get("rates"):
-        load_source(spec["rates"])
+    if spec.get("rates"):                # the points' keys hash its content: an edited file is not resumed
+        import hashlib
+        src = load_source(spec["rates"])
+        with open(src.path, "rb") as fh:
+            spec["rates_sha"] = hashlib.sha256(fh.read()).hexdigest()[:16]
     spec["rate"] = list(spec.get("rate") or []) + list(args.rate_what_if or [])
     for x in spec["rate"]:
         parse_override(x)

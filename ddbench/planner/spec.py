@@ -236,6 +236,7 @@ def points(spec: dict) -> list[dict]:
         p["max_batch"] = spec["max_batch"]
         if spec.get("rates"):
             p["rates"] = spec["rates"]
+            p["rates_sha"] = spec.get("rates_sha")
         if spec.get("rate"):
             p["rate_what_if"] = list(spec["rate"])
         out.append(p)
