@@ -267,16 +267,17 @@ def serving_plan(args) -> dict:
     out["assumed"] = sorted({assumed_hit_rate(resolve(res.scenario)) for res in best} - {None})
     from ddbench.planner.ratelines import rates_doc
     out["rates"] = rates_doc([resolve(res.scenario) for res in best])
+    from ddbench.planner import ratelines as RL
+    from ddbench.planner.executors import run_tasks
+
+    def search(desc):
+        return lambda tasks, keep: run_tasks(_search_task, [(sc, slos, seeds, tol, max_runs) for sc in tasks],
+                                             keep, workers=args.workers, desc=desc)
+    # every design's (best setting's) rate at both ends of its rates' interval, and the ranking they leave
+    RL.attach_intervals(out["designs"], best, RL.interval_searches(best, search("rate searches at the rates' ends")))
+    RL.ranking(out["designs"], tol)
     if args.search is None:
         from ddbench.planner.breakeven import break_even
-        from ddbench.planner.executors import run_tasks
-        from ddbench.planner import ratelines as RL
-
-        def search(desc):
-            return lambda tasks, keep: run_tasks(_search_task, [(sc, slos, seeds, tol, max_runs) for sc in tasks],
-                                                 keep, workers=args.workers, desc=desc)
-        RL.attach_intervals(out["designs"], best, RL.interval_searches(best, search("rate searches at the rates' ends")))
-        RL.ranking(out["designs"], tol)
         out["break_even"] = break_even(best, search("break-even searches"))
     else:
         out["search"] = {k: list(v) for k, v in args.search.items()}
