@@ -51,7 +51,7 @@ from ddbench.core.io import dumps_json
 from ddbench.core.outputs import output_folder
 from ddbench.core.memory import CATEGORIES
 from ddbench.core.provenance import provenance
-from ddbench.core.units import GB, fmt_tokens, parse_tokens
+from ddbench.core.units import GB, fmt_tokens
 from ddbench.core.errors import DDBenchError
 from ddbench.planner.batchsweep import parse_batches
 from ddbench.planner.runs import STABLE_SLOPE, backlog_growth, queue_grows, weights_do_not_fit
@@ -163,7 +163,7 @@ def run(args) -> int:
     scenarios = scenarios_from_args(args, D.SIM_REQUESTS, rows=profile_rows(args), host=args.host,
                                     fetching=args.fetching, host_mem_gb=args.host_mem, prefill=prefill)
     resolved = [resolve(sc).check().check_host() for sc in scenarios]
-    ctx = parse_tokens(args.context) if args.batch is not None else None   # the timeline needs one context
+    ctx = args.context.tokens("context") if args.batch is not None else None   # the timeline needs one context
     if sweep:
         return _sweep(args, resolved, ctx)
     r0 = resolved[0]
@@ -380,7 +380,7 @@ def _serving(args, r, w, out) -> dict:
     sc = r.scenario
     reqs = draw_requests(sc.requests, args.rate, sc.context, sc.output, args.seed)
     head = {"mode": "serving", "system": r.design.name, "model": r.model.name, "gpu": r.gpu.name, "link": r.link.name,
-            "rate": args.rate, "seed": args.seed, "context": sc.context, "output": sc.output,
+            "rate": args.rate, "seed": args.seed, "context": str(sc.context), "output": str(sc.output),
             "prefill": "elsewhere" if sc.prefill == "elsewhere" else "this GPU"}
     # the host bound at the longest context drawn (exp:MEAN: the longest request drawn)
     head["host_memory"] = _host_block(r, r.max_context or max(q.context for q in reqs), sc.max_batch)

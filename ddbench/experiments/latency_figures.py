@@ -11,6 +11,7 @@ from functools import lru_cache
 import pandas as pd
 
 from ddbench.core.memory import Workload
+from ddbench.core.distribution import Distribution
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.experiments.scene import scene, workload
@@ -32,7 +33,7 @@ F13_PLACE = {True: "prefill on this GPU", False: "prefill elsewhere"}
 def _serve(system: str, model: str, ctx: int, out: int, rate: float, n: int, prefill_here: bool = True):
     from ddbench.sim.serving import draw_requests, run_serving
     r = scene(model, system)
-    reqs = draw_requests(n, rate, str(ctx), str(out), SEED)
+    reqs = draw_requests(n, rate, Distribution.parse(ctx, "context"), Distribution.parse(out, "output"), SEED)
     res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, ctx), reqs, r.hit, r.reuse,
                       prefill_here=prefill_here)
     return res.summary()
