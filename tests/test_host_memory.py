@@ -274,7 +274,7 @@ def test_sweep_keys_of_points_without_host_memory_are_unchanged():
 
 
 @pytest.mark.parametrize("value, message", [("0", "greater than 0"), ("-1", "greater than 0"),
-                                            (".nan", "finite number"), ("''", "grid.host_mem_gb[0]")])
+                                            (".nan", "must be finite"), ("''", "grid.host_mem_gb[0]")])
 def test_sweep_spec_host_mem_gb_values(value, message, tmp_path):
     (tmp_path / "s.yaml").write_text(SPEC.replace("host_mem_gb: [null, 10, 40]", f"host_mem_gb: {value}"))
     line = assert_one_line_error(ddbench("sweep", "s.yaml", cwd=tmp_path), contains="grid.host_mem_gb[0]")
