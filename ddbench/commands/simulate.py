@@ -414,14 +414,12 @@ def _serving(args, r, w, out) -> dict:
         events = []
         notes = ["pid 2: serving counters"]
         if summary["status"] == "ok":
-            from ddbench.sim.steplayers import step_layers
-            from ddbench.sim.timeline import run_timeline
+            from ddbench.sim.run import Point, run
             from ddbench.sim.perfetto import timeline_events
             b = max(1, round(summary["mean_batch"]))
             ctx = sum(q.context for q in reqs) / len(reqs)
-            tl = run_timeline(step_layers(r.design, r.model, r.cm, r.workload, b, ctx, r.hit, r.reuse, r.lowrank,
-                                          cache=r.cache_rates),
-                              steps=3, warmup=0, record=True)
+            tl = run(Point(r.design, r.model, r.cm, r.workload, b, ctx, r.hit, r.reuse, r.lowrank,
+                           cache=r.cache_rates), "timeline", steps=3, warmup=0, record=True)
             events = timeline_events(tl.events, pid=1)
             notes = [f"pid 1: per-layer timeline of 3 batch steps at the run's mean batch {b}; pid 2: serving counters"]
         events += counter_events(res.segments, "start_s", ["batch"], "batch", pid=2)
@@ -434,9 +432,7 @@ def _timeline(args, r, ctx: int, batch: int, w, out) -> dict:
     """The per-layer timeline of `batch` requests at context `ctx`: its summary; with a writer `w`, its
     steps.csv, layers.csv (and trace.json) into `out` (a batch sweep passes None: the summary only)."""
     from ddbench.core.memory import memory_breakdown
-    from ddbench.sim.aggregate import aggregate_step
-    from ddbench.sim.steplayers import step_layers
-    from ddbench.sim.timeline import run_timeline
+    from ddbench.sim.run import Point, run
     from ddbench.sim.perfetto import timeline_events, trace_json
 
     wl = replace(r.workload, context=ctx)
@@ -454,10 +450,10 @@ def _timeline(args, r, ctx: int, batch: int, w, out) -> dict:
                   f" {host['bytes_per_gpu'] / GB:.1f} GB of host memory for this GPU")
         return {**head, "status": "does-not-fit", "reason": reason, "step_ms": None, "tokens_per_s": None,
                 "reasons": {"step_ms": reason, "tokens_per_s": reason}}
-    layers_ = step_layers(r.design, r.model, r.cm, wl, batch, ctx, r.hit, r.reuse, r.lowrank,
-                          cache=r.cache_rates_at(ctx))
-    tl = run_timeline(layers_, steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace and w is not None)
-    agg = aggregate_step(layers_)
+    layers_ = run(Point(r.design, r.model, r.cm, wl, batch, ctx, r.hit, r.reuse, r.lowrank,
+                        cache=r.cache_rates_at(ctx)), "plan")
+    tl = run(layers_, "timeline", steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace and w is not None)
+    agg = run(layers_, "aggregate")
     steps = [{"step": i, "step_s": s, "stall_s": st} for i, (s, st) in enumerate(zip(tl.step_s, tl.stall_s))]
     layers = [{"layer": i, "pre_s": layers_.pre[i], "rebuild_assemble_s": layers_.mid[i], "attention_s": layers_.att[i],
                "post_s": layers_.post[i], "prefetch_bytes": layers_.pf_bytes[i], "urgent_bytes": layers_.ur_bytes[i],
