@@ -288,9 +288,9 @@ def paper_points(root: Path = ROOT) -> str:
         rows.append([_k(c), dd_t, sk_t, ratio, pt, rt])
     n = max((p.get("builds_tok_s") or {}).get("n", 0) for p in got.values())
     return ("Qwen2.5-32B under an 80 GB cap on the H200 engine (`traces/engine/h200-paper`; ShadowKV as the engine"
-            " runs it now, in place: `traces/engine/h200-shadowkv-fast/paper-80gb` at 64K and 128K,"
+            " runs it in place: `traces/engine/h200-shadowkv-fast/paper-80gb` at 64K and 128K,"
             f" `traces/engine/h200-rates` at 256K): each design at its largest batch, 12 % forced misses; tokens/s"
-            f" median (min-max) over {n} independently built engines; the ratio's range pairs the extremes), the"
+            f" median (min-max) over {n} builds in one process (the same weights; host KV and forced draws reseeded); the ratio's range pairs the extremes), the"
             " simulator at the same points (`ddbench simulate`'s cost model on the H200 at the engine's batch and"
             " miss rate; DualDecoder's from `traces/validation/h200-engine-heldout.csv`), and its replay of Figure 12"
             " (`figures/fig12.csv`: an 80 GB H100, each design's largest batch by the memory model, the profile's"
