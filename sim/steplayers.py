@@ -149,8 +149,9 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
              "selection": (L * passes * c["sel"], batch * context / w.chunk),
              "attention": (L * passes * c["att"], batch),
              "elementwise": (L * (passes * (c["glue"] + c["asm"]) + fill), batch * q)}
+    ar = 2 * cm.allreduce_s(batch * q * m.hidden * E)     # TP: after the output projection and the MLP
     return StepLayers(design, batch, context, q, passes, pre, mid, [passes * c["att"]] * L,
-                      [passes * (c["lin_post"] + c["glue"] / 2)] * L, lm, link["pf_b"], link["ur_b"], link["d2h_b"],
+                      [passes * (c["lin_post"] + c["glue"] / 2 + ar)] * L, lm, link["pf_b"], link["ur_b"], link["d2h_b"],
                       link["pf_w"], link["ur_w"], link["d2h_w"], link["cpu_pf"], link["cpu_ur"],
                       slot_bytes, slots, link["rates"], lr, ur_min, serial, compute_slowdown(link["rates"], kinds))
 
@@ -289,7 +290,7 @@ def prefill_chunk_s(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload
     qd, kvd = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     lin = (cm.linear_s(m.hidden, qd + 2 * kvd, tokens) + cm.linear_s(qd, m.hidden, tokens)
            + cm.linear_s(m.hidden, 2 * m.intermediate, tokens) + cm.linear_s(m.intermediate, m.hidden, tokens))
-    gpu = m.num_layers * (lin + cm.prefill_attention_s(tokens, prefix))
+    gpu = m.num_layers * (lin + cm.prefill_attention_s(tokens, prefix) + 2 * cm.allreduce_s(tokens * m.hidden * E))
     if last:
         gpu += cm.linear_s(m.hidden, m.vocab, 1)
         n_lr = lowrank_layer_count(design, m, w)
