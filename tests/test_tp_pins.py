@@ -49,7 +49,7 @@ def test_memory_answer_unchanged_at_tp1(key, tp, run_cli):
 def test_serving_search_unchanged_at_tp1(tp, run_cli):
     argv = ["plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output", "64",
             "--slo", "p99-tpot=200ms", "--design", "dualdecoder,full-kv,shadowkv", "--requests", "200",
-            "--max-runs", "6", "--json"] + (["--tp", tp] if tp else [])
+            "--max-runs", "6", "--prefill", "here", "--json"] + (["--tp", tp] if tp else [])
     rc, out, err = run_cli(argv)
     assert rc == 0, err
     got = {d["system"]: (d["max_rate_req_per_s"], d["max_batch"]) for d in json.loads(out)["designs"]}
