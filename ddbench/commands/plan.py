@@ -169,7 +169,10 @@ def fleet_notes(resolved, notes: list, hm) -> dict:
     r0 = resolved[0]
     view = tp_view(r0)
     per_replica = None if hm is None else hm.gb_per_gpu * r0.tp
-    return {"notes": notes + context_warning(r0), "tp_lines": [view["note"], view["allreduce"]] if r0.tp > 1 else [],
+    lines = [view["note"], view["allreduce"]] if r0.tp > 1 else []
+    if r0.share is not None:
+        lines.append(f"link per GPU: {r0.share.describe()}")
+    return {"notes": notes + context_warning(r0), "tp_lines": lines,
             "tp_detail": view, "deploy": deploy_for(resolved, per_replica)}
 
 

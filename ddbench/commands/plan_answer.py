@@ -85,7 +85,7 @@ def ranking_lines(out: dict) -> list[str]:
             n = fleet_count(out, d)
             rows.append([f"{d['rank']}. {d['system']}", f"{_rate(per_gpu(d))} req/s/GPU", f"TP {d.get('tp', 1)}",
                          f"batch {d['mean_batch']:.0f}" if d.get("mean_batch") else "-",
-                         f"TPOT {_sec(d.get('tpot_p99_s'))}", f"TTFT {_sec(d.get('ttft_p99_s'))}",
+                         f"TPOT {_sec(d.get('tpot_p99_s'))}", f"TTFT {_sec((d.get('fleet') or {}).get('fleet_ttft_p99_s') or d.get('ttft_p99_s'))}",
                          plural(n["gpus"], "GPU") if n else "", d.get("binding") or "-"])
         else:
             why = "does not fit one request" if d["status"] == "no fit" else (d.get("limited_by") or d["status"])
@@ -155,17 +155,16 @@ def plain(line: str) -> str:
 def memory_text(result: dict, verbose_table: list[str]) -> list[str]:
     """The default text of the memory answer: the answer, one line per design, memory by category per GPU."""
     rows = result["systems"]
-    best = max(rows, key=lambda r: (r["fits"], r["max_batch"]))
+    best = max(rows, key=lambda r: (r["fits"], r["max_batch"], -r["bytes"]["total"]))
     cap = result["capacity_bytes"]
     tp = result.get("tp", 1)
     who = f"per replica of {tp} GPUs" if tp > 1 else "per GPU"
-    lines = [f"{best['system']}, TP {tp}: up to {best['max_batch']} requests {who} at"
-             f" {result['context'] // 1024}K, bound by {best['bound_by']};"
-             f" {best['bytes']['total'] / GB:.1f} of {cap / GB:.1f} GB per GPU at batch {best['breakdown_batch']}"]
+    lines = [f"{best['system']}, TP {tp}: up to {best['max_batch']} requests {who}, bound by {best['bound_by']};"
+             f" {best['bytes']['total'] / GB:.1f} of {cap / GB:.1f} GB per GPU"]
     lines += result.get("notes", [])
-    t = [["", "design", "max batch", "bound by", "GB per GPU", "of GPU", "host GB/request"]]
+    t = [["  design", "max batch", "bound by", "GB per GPU", "of GPU", "host GB/request"]]
     for r in rows:
-        t.append(["", r["system"], str(r["max_batch"]), r["bound_by"], f"{r['bytes']['total'] / GB:.2f}",
+        t.append(["  " + r["system"], str(r["max_batch"]), r["bound_by"], f"{r['bytes']['total'] / GB:.2f}",
                   f"{100 * r['bytes']['total'] / cap:.0f}%" + ("" if r["fits"] else " OOM"),
                   f"{r['host_bytes_per_request'] / GB:.2f}"])
     lines += table(t)
@@ -177,12 +176,11 @@ def memory_text(result: dict, verbose_table: list[str]) -> list[str]:
 
 def category_table(rows: list[dict], tp: int, per_chunk: int = 8) -> list[str]:
     """GB per GPU by category (one rank's share under TP), designs as columns, at each one's shown batch."""
-    out = [f"GPU memory by category, GB per GPU{' (one rank of TP %d)' % tp if tp > 1 else ''}, at batch:"]
+    out = [f"GPU memory by category, GB per GPU{' (one rank of TP %d)' % tp if tp > 1 else ''}:"]
     for i in range(0, len(rows), per_chunk):
         part = rows[i:i + per_chunk]
-        t = [["", "batch"] + [str(r["breakdown_batch"]) for r in part],
-             ["", "category"] + [r["system"] for r in part]]
+        t = [["  category"] + [r["system"] for r in part], ["  at batch"] + [str(r["breakdown_batch"]) for r in part]]
         for c in list(CATEGORIES) + ["total"]:
-            t.append(["", c.replace("_", " ")] + [f"{r['bytes'][c] / GB:.2f}" for r in part])
+            t.append(["  " + c.replace("_", " ")] + [f"{r['bytes'][c] / GB:.2f}" for r in part])
         out += table(t)
     return out
