@@ -38,6 +38,5 @@ def deploy_lines(design, model, tp: int, workload, host_gb_per_replica: float | 
         if getattr(model, "model_type", "") in DSA_MODEL_TYPES:
             return [f"deploy: sglang --tp-size {tp} --disaggregation-mode decode --disable-radix-cache"
                     f" --enable-hisparse --hisparse-config '{cfg}'"]
-        return [f"deploy: SGLang HiSparse (--enable-hisparse) runs only DeepSeek Sparse Attention models;"
-                f" {model.name} is not one: no command"]
+        return [f"deploy: SGLang HiSparse runs only DeepSeek Sparse Attention models, not {model.name}: no command"]
     return [NO_FEATURE]
