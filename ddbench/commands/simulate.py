@@ -42,6 +42,7 @@ from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
 from ddbench.commands import cache_note, cost_model_line
+from ddbench.commands.plan_tp import context_warning
 from ddbench.commands.plan import _plot_path as plot_path, kv_note
 from ddbench.core import defaults as D
 from ddbench.core import flags
@@ -57,7 +58,7 @@ from ddbench.planner.batchsweep import parse_batches
 from ddbench.planner.runs import STABLE_SLOPE, backlog_growth, queue_grows, weights_do_not_fit
 from ddbench.planner.scenario import resolve
 from ddbench.planner.scenario_args import (add_profile_row_args, add_scenario_args, add_workload, profile_rows,
-                                           scenarios_from_args)
+                                           scenarios_from_args, weights_overflow)
 from ddbench.progress import bar as progress_bar
 
 EXAMPLE = """examples:
@@ -160,6 +161,7 @@ def _check_modes(args) -> bool:
 def run(args) -> int:
     prefill = _prefill(args)
     sweep = _check_modes(args)
+    tp_note = weights_overflow(args)
     scenarios = scenarios_from_args(args, D.SIM_REQUESTS, rows=profile_rows(args), host=args.host,
                                     fetching=args.fetching, host_mem_gb=args.host_mem, prefill=prefill)
     resolved = [resolve(sc).check().check_host() for sc in scenarios]
@@ -188,15 +190,17 @@ def run(args) -> int:
     if args.json:
         print(dumps_json(summaries))
     else:
+        from ddbench.commands.plan_answer import plain, wrap
+        lines = [n for n in (tp_note,) if n] + context_warning(r0)
         for note in (kv_note(r0.workload.kv_bits), cache_note(summaries, r0.workload)):
             if note:
-                print(note.lstrip(", "))
-        for name, s in summaries.items():
-            print(_render(name, s))
+                lines.append(note.lstrip(", "))
+        lines += [_render(name, s) for name, s in summaries.items()]
         grows = [(name, s) for name, s in summaries.items() if s.get("queue_grows")]
         if grows:
-            print(_queue_warning(grows, args.rate))
-        _tail(args, r0, summaries, resolved)
+            lines.append(_queue_warning(grows, args.rate))
+        lines += _tail(args, r0, summaries, resolved)
+        print("\n".join(wrap([x if args.verbose else plain(x) for x in "\n".join(lines).splitlines()])))
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
 
 
@@ -207,21 +211,25 @@ def _notes(summary: dict, r, t0: float) -> None:
     if r.lowrank is not None:
         summary["lowrank_layers"] = {"layers": sorted(r.lowrank), "note": r.lowrank_note}
     summary["cost_model"] = list(r.cm.notes)
+    if r.tp > 1:
+        from ddbench.commands.plan_tp import tp_view
+        summary["tp"] = tp_view(r)
     from ddbench.planner.accuracy import accuracy_cost, assumed_hit_rate
     summary["accuracy"] = accuracy_cost(r)
     summary["assumed_hit_rate"] = assumed_hit_rate(r)
     check_finite(summary, f"simulate {r.design.name}")
 
 
-def _tail(args, r0, summaries, resolved) -> None:
+def _tail(args, r0, summaries, resolved) -> list[str]:
+    from ddbench.commands.plan_tp import tp_view
     from ddbench.planner.accuracy import accuracy_lines
-    print(_render_host(summaries, r0))
-    print("\n".join(accuracy_lines(resolved)))
-    print(cost_model_line(r0.cm.notes, args.verbose))
-    print(f"hit rates: {r0.hit_note}")
+    view = tp_view(r0)
+    lines = [view["note"], view["allreduce"]] if r0.tp > 1 else []
+    lines += [_render_host(summaries, r0), "\n".join(accuracy_lines(resolved)), cost_model_line(r0.cm.notes, args.verbose),
+              f"hit rates: {r0.hit_note}"]
     if r0.lowrank_note:
-        print(r0.lowrank_note)
-    print(f"wrote {args.out}" + (f", {args.plot}" if getattr(args, "plot", None) else ""))
+        lines.append(r0.lowrank_note)
+    return lines + [f"wrote {args.out}" + (f", {args.plot}" if getattr(args, "plot", None) else "")]
 
 
 def _queue_warning(grows, rate: float) -> str:
