@@ -165,7 +165,8 @@ def memory_text(result: dict, verbose_table: list[str]) -> list[str]:
     t = [["  design", "max batch", "bound by", "GB per GPU", "of GPU", "host GB/request"]]
     for r in rows:
         t.append(["  " + r["system"], str(r["max_batch"]), r["bound_by"], f"{r['bytes']['total'] / GB:.2f}",
-                  f"{100 * r['bytes']['total'] / cap:.0f}%" + ("" if r["fits"] else " OOM"),
+                  f"{100 * r['bytes']['total'] / cap:.0f}%" + ("" if r["fits"] else " OOM" if not r["fits_gpu"]
+                                                                   else " host OOM"),
                   f"{r['host_bytes_per_request'] / GB:.2f}"])
     lines += table(t)
     lines += category_table(rows, tp)

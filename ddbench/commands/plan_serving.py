@@ -274,13 +274,14 @@ def serving_plan(args) -> dict:
 def _serving_core(args) -> dict:
     from ddbench.commands.plan_tp import context_warning, deploy_for, tp_view
     from ddbench.core.tp import DEFAULT_HOSTS
+    from ddbench.planner.scenario_args import fp8_note
     slos, seeds, tol, max_runs = _serving_args(args)
     scenarios = _scenarios(args)
     sc0, r0 = scenarios[0], resolve(scenarios[0])
     results = _run_searches(args, scenarios, slos, seeds, tol, max_runs)
     out = _head(args, sc0, r0, slos, seeds, tol, max_runs)
     out |= {"tp": tp_view(r0), "host_name": sc0.host or DEFAULT_HOSTS.get(r0.gpu.name),
-            "notes": context_warning(r0),
+            "notes": context_warning(r0) + [n for n in (fp8_note(args),) if n],
             "deploy": deploy_for([resolve(sc) for sc in scenarios],
                                  None if r0.host_mem is None else r0.host_mem.gb_per_gpu * r0.tp)}
     best = _best_per_design(results, sc0.prefill == "elsewhere")

@@ -29,7 +29,8 @@ def tp_view(r) -> dict:
     per = {b: comm.allreduce_s(b * m.hidden * 2, r.tp, r.link.achievable_gbps) for b in SAMPLE_BATCHES}
     step = {b: 2 * m.num_layers * t for b, t in per.items()}
     shown = ", ".join(f"batch {b}: {per[b] * 1e6:.1f} us each, {step[b] * 1e3:.2f} ms per step" for b in per)
-    return {"tp": r.tp, "note": describe(m, r.tp) + "; each fetches its heads' KV over its own link",
+    alone = "" if r.share is not None else " (no host named: the ranks' shared links and host memory not modelled)"
+    return {"tp": r.tp, "note": describe(m, r.tp) + "; each fetches its heads' KV over its own link" + alone,
             "allreduce": f"all-reduce (2 per layer) over {comm.name}: {shown}; {comm.provenance}: {comm.source}"
                          + (f" ({comm.caveat})" if comm.caveat else ""),
             "allreduce_s": {str(b): t for b, t in per.items()}, "interconnect": comm.name,
@@ -94,9 +95,11 @@ def auto_tp_serving(args, run) -> dict:
     if best is None:
         raise DDBenchError(f"--tp auto: no TP up to {tried[-1]['tp']} serves {args.model} on {args.gpu}")
     best["tp_auto"] = tried
+    kept = best["tp"]["tp"]
+    host = args.host or (tp_host(args.gpu, kept) if kept > 1 else None)
     best.setdefault("notes", []).append("--tp auto: " + ", ".join(
-        f"TP {t['tp']} {t['req_per_s_per_gpu']:.3g} req/s/GPU" for t in tried) + f"; TP {best['tp']['tp']} kept"
-        + ("" if args.host else f" (host {tp_host(args.gpu, best['tp']['tp'])})" if best['tp']['tp'] > 1 else ""))
+        f"TP {t['tp']} {t['req_per_s_per_gpu']:.3g} req/s/GPU" for t in tried) + f"; TP {kept} kept"
+        + (f" (host {host})" if host else ""))
     return best
 
 

@@ -59,6 +59,7 @@ from ddbench.planner.runs import STABLE_SLOPE, backlog_growth, queue_grows, weig
 from ddbench.planner.scenario import resolve
 from ddbench.planner.scenario_args import (add_profile_row_args, add_scenario_args, add_workload, profile_rows,
                                            scenarios_from_args, weights_overflow)
+from ddbench.planner.scenario_args import fp8_note
 from ddbench.progress import bar as progress_bar
 
 EXAMPLE = """examples:
@@ -190,8 +191,7 @@ def run(args) -> int:
     if args.json:
         print(dumps_json(summaries))
     else:
-        from ddbench.commands.plan_answer import plain, wrap
-        lines = [n for n in (tp_note,) if n] + context_warning(r0)
+        lines = []
         for note in (kv_note(r0.workload.kv_bits), cache_note(summaries, r0.workload)):
             if note:
                 lines.append(note.lstrip(", "))
@@ -199,8 +199,8 @@ def run(args) -> int:
         grows = [(name, s) for name, s in summaries.items() if s.get("queue_grows")]
         if grows:
             lines.append(_queue_warning(grows, args.rate))
-        lines += _tail(args, r0, summaries, resolved)
-        print("\n".join(wrap([x if args.verbose else plain(x) for x in "\n".join(lines).splitlines()])))
+        lines += [n for n in (tp_note, fp8_note(args)) if n] + context_warning(r0)
+        print("\n".join(lines + _tail(args, r0, summaries, resolved)))
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
 
 
@@ -253,20 +253,23 @@ def _sweep(args, resolved, ctx: int) -> int:
     from ddbench.planner import batchsweep as B
     r0 = resolved[0]
     t0 = time.perf_counter()
-    points, max_batch = {}, {}
-    bar = progress_bar(total=len(resolved) * len(args.batch), desc="batch sweep", unit="point", leave=False,
+    points = {}
+    max_batch = {r.design.name: _host_block(r, ctx, None)["max_batch"] for r in resolved}
+    # every design's own largest batch too, so that none is judged short of its capacity
+    batches = tuple(sorted(set(args.batch) | {b for b in max_batch.values() if b >= 1}))
+    bar = progress_bar(total=len(resolved) * len(batches), desc="batch sweep", unit="point", leave=False,
                        quiet=args.quiet)
     try:
         for r in resolved:
-            max_batch[r.design.name] = _host_block(r, ctx, None)["max_batch"]
             pts = []
-            for b in args.batch:
+            for b in batches:
                 pts.append(_timeline(args, r, ctx, b, None, ""))
                 bar.update()
             points[r.design.name] = pts
     finally:
         bar.close()
-    sweep = B.summarize(points, tuple(args.batch), max_batch)
+    sweep = B.summarize(points, batches, max_batch)
+    sweep["largest_batches_added"] = sorted(set(batches) - set(args.batch))
     sweep |= {"model": r0.model.name, "gpu": r0.gpu.name, "link": r0.link.name, "context": ctx,
               "steps": args.steps, "kv_bits": r0.workload.kv_bits,
               "cache_bits": r0.workload.cache_bits}
@@ -293,10 +296,12 @@ def _sweep(args, resolved, ctx: int) -> int:
     if args.json:
         print(dumps_json(sweep))
     else:
-        print("\n".join(B.render(sweep, head)))
         by_design = {name: {"host_memory": _host_block(r, ctx, None)} for name, r in
                      zip(sweep["designs"], resolved)}
-        _tail(args, r0, by_design, resolved)
+        added = sweep["largest_batches_added"]
+        lines = B.render(sweep, head) + ([f"batches {', '.join(map(str, added))} added: the designs' largest"
+                                          " batches"] if added else []) + _tail(args, r0, by_design, resolved)
+        print("\n".join(lines))
     return 0 if any(p["status"] == "ok" for d in sweep["designs"].values() for p in d["points"]) else NO_FIT
 
 

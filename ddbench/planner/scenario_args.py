@@ -154,16 +154,43 @@ def scenarios_from_args(args, requests: int, **extra) -> list[Scenario]:
                          hit_rate=args.hit_rate, calibration=args.calibration, roofline=args.roofline,
                          max_batch=args.max_batch, requests=requests if args.requests is None else args.requests,
                          lowrank_from_profile=lowrank, knobs=knobs, **extra)
-    return [replace(base, design=d) for d in args.design]
+    scs = [replace(base, design=d) for d in args.design]
+    return [fit_fp8(sc) for sc in scs] if len(scs) > 1 else scs
 
 
-def tp_host(gpu: str, tp: int) -> str:
-    """The host a TP group of `gpu` sits in where --host is not given: the catalog's HGX-like host of that GPU."""
+def fit_fp8(sc: Scenario) -> Scenario:
+    """In a list of designs, fp8 (--kv-bits 8, --cache-bits 8) applies where the design supports it: a design
+    that keeps no KV on the host runs without it, one without a chunk cache without --cache-bits 8."""
+    from ddbench.core.designs import get_design
+    from ddbench.core.memory import keeps_kv_on_host
+    d = get_design(sc.design)
+    if sc.knob("kv_bits") != 16 and not keeps_kv_on_host(d):
+        return sc.with_knobs(kv_bits=16, cache_bits=16)
+    if sc.knob("cache_bits") != 16 and not d.chunk_cache:
+        return sc.with_knobs(cache_bits=16)
+    return sc
+
+
+def fp8_note(args) -> str | None:
+    """One line where fp8 was asked of a list of designs and some do not take it: what each runs."""
+    knobs = {k: getattr(args, f"workload_{k}", None) for k in ("kv_bits", "cache_bits")}
+    if len(args.design) < 2 or all(v in (None, 16) for v in knobs.values()):
+        return None
+    base = Scenario.make(model=args.model, gpu=args.gpu, **{k: v for k, v in knobs.items() if v is not None})
+    got = {d: fit_fp8(replace(base, design=d)) for d in args.design}
+    if all(g == replace(base, design=d) for d, g in got.items()):
+        return None
+    kinds = {"fp8 KV and chunk cache": [d for d, g in got.items() if g.knob("cache_bits") == 8],
+             "fp8 KV": [d for d, g in got.items() if g.knob("kv_bits") == 8 and g.knob("cache_bits") != 8],
+             "bf16 (keeps no KV on the host)": [d for d, g in got.items() if g.knob("kv_bits") == 16]}
+    return "fp8 where it applies: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items() if v)
+
+
+def tp_host(gpu: str, tp: int) -> str | None:
+    """The host a TP group of `gpu` sits in where --host is not given: the catalog's HGX-like host of that GPU
+    (None where the catalog has none: the ranks' shared links and host memory are then not modelled)."""
     from ddbench.core.catalog import get_gpu
-    name = get_gpu(gpu).name
-    if name not in DEFAULT_HOSTS:
-        raise DDBenchError(f"--tp {tp} on {name}: name the host whose GPUs form the group (--host)")
-    return DEFAULT_HOSTS[name]
+    return DEFAULT_HOSTS.get(get_gpu(gpu).name)
 
 
 def tp_candidates(args, host: str | None) -> list[int]:
