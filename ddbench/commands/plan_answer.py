@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 import textwrap
 
-from ddbench.commands import table
+from ddbench.commands import cache_note, kv_note, table
 from ddbench.core.memory import CATEGORIES
-from ddbench.core.units import GB, plural
+from ddbench.core.units import GB, fmt_tokens, plural
 
 WIDTH = 120
 
@@ -80,6 +80,8 @@ def answer_line(out: dict, d: dict) -> str:
 def ranking_lines(out: dict) -> list[str]:
     """One short line per design, in the planner's order."""
     rows = []
+    if not out["designs"]:
+        return []
     for d in out["designs"]:
         if d["status"] == "met":
             n = fleet_count(out, d)
@@ -132,7 +134,7 @@ def serving_text(out: dict) -> list[str]:
         lines += fleet_lines(out, first)
     lines += tp_lines(out) + list(out.get("deploy", []))
     lines.append(f"SLO {', '.join(out['slo']) or 'none'}; context {out['context']}, output {out['output']},"
-                 f" prefill {out['prefill']}; {out['model']} on {out['gpu']}")
+                 f" prefill {out['prefill']}; {out['model']} on {out['gpu']}{kv_note(out.get('kv_bits', 16))}")
     lines.append(plain(cost_model_line(out["cost_model"], False)))
     lines.append("hit rates: " + out["hit_rates"])
     lines.append("more: --verbose (tables by category, probes, break-even), --json")
@@ -161,6 +163,10 @@ def memory_text(result: dict, verbose_table: list[str]) -> list[str]:
     who = f"per replica of {tp} GPUs" if tp > 1 else "per GPU"
     lines = [f"{best['system']}, TP {tp}: up to {best['max_batch']} requests {who}, bound by {best['bound_by']};"
              f" {best['bytes']['total'] / GB:.1f} of {cap / GB:.1f} GB per GPU"]
+    w = result["workload"]
+    lines.append(f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])},"
+                 f" budget {w['budget']}, chunk {w['chunk']}{kv_note(w['kv_bits'])}"
+                 f"{cache_note([r['system'] for r in rows], w)}; GB = 1e9 bytes")
     lines += result.get("notes", [])
     t = [["  design", "max batch", "bound by", "GB per GPU", "of GPU", "host GB/request"]]
     for r in rows:
