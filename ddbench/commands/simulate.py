@@ -256,7 +256,8 @@ def _sweep(args, resolved, ctx: int) -> int:
     points = {}
     max_batch = {r.design.name: _host_block(r, ctx, None)["max_batch"] for r in resolved}
     # every design's own largest batch too, so that none is judged short of its capacity
-    batches = tuple(sorted(set(args.batch) | {b for b in max_batch.values() if b >= 1}))
+    lo, hi = min(args.batch), max(args.batch)
+    batches = tuple(sorted(set(args.batch) | {b for b in max_batch.values() if lo <= b <= hi}))
     bar = progress_bar(total=len(resolved) * len(batches), desc="batch sweep", unit="point", leave=False,
                        quiet=args.quiet)
     try:
