@@ -163,11 +163,11 @@ def memory_text(result: dict, verbose_table: list[str]) -> list[str]:
     who = f"per replica of {tp} GPUs" if tp > 1 else "per GPU"
     lines = [f"{best['system']}, TP {tp}: up to {best['max_batch']} requests {who}, bound by {best['bound_by']};"
              f" {best['bytes']['total'] / GB:.1f} of {cap / GB:.1f} GB per GPU"]
+    lines += result.get("notes", [])
     w = result["workload"]
     lines.append(f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])},"
-                 f" budget {w['budget']}, chunk {w['chunk']}{kv_note(w['kv_bits'])}"
-                 f"{cache_note([r['system'] for r in rows], w)}; GB = 1e9 bytes")
-    lines += result.get("notes", [])
+                 f" budget {w['budget']}, chunk {w['chunk']}; GB = 1e9 bytes")
+    lines += [n.lstrip(", ") for n in (kv_note(w["kv_bits"]), cache_note([r["system"] for r in rows], w)) if n]
     t = [["  design", "max batch", "bound by", "GB per GPU", "of GPU", "host GB/request"]]
     for r in rows:
         t.append(["  " + r["system"], str(r["max_batch"]), r["bound_by"], f"{r['bytes']['total'] / GB:.2f}",

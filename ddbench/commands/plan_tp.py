@@ -44,7 +44,7 @@ def context_warning(r) -> list[str]:
     if ctx <= trained:
         return []
     return [f"warning: context {fmt_tokens(ctx)} is beyond {r.full_model.name}'s trained context"
-            f" {fmt_tokens(trained)} (max_position_embeddings): the answer assumes the model still works there"]
+            f" {fmt_tokens(trained)} (max_position_embeddings)"]
 
 
 def deploy_for(resolved, host_gb_per_replica: float | None) -> list[str]:
