@@ -354,3 +354,18 @@ def test_another_gpus_breakdown_is_not_used(tmp_path):
     doc["provenance"]["gpu"] = "NVIDIA H200"
     (root / "engine" / "h200" / "breakdown.json").write_text(json.dumps(doc))
     assert load_bundle(str(root / "calibration" / "h200")).breakdown is not None
+
+
+def test_user_path_meets_the_targets_over_the_rate_grid():
+    """traces/engine/h200-rate-grid, fitted to nothing: the cache's urgent 0.01-0.2 x churn 0.05-0.5 at its
+    largest batch (32K, 64K, 128K), ShadowKV at 6-45 % misses and DualDecoder at 6-25 % (128K), 3
+    separate-process builds (64K: 2). The median of each point's builds within 10 % (the worst, +9.9 %: 32K
+    batch 95 at urgent 0.01, churn 0.05, where the sim prices the fill above the engine's), every build
+    within 11 %, and the link bytes the engine's to the byte."""
+    t, _, meta, _ = v.validate_runs(v.RATE_GRID_RUNS)
+    err = (t.sim_over_engine - 1).abs()
+    assert len(t) == 153 and err.max() <= 0.11 and err.median() <= 0.03
+    assert set(t.design) == {"dualdecoder-cache", "shadowkv", "dualdecoder"}
+    pts = summarize(t, [], meta)["per_point"]
+    assert len(pts) == 54 and all(abs(x["error_median"]) <= 0.10 for x in pts)
+    assert (t.link_bytes_diff.abs() <= 1).all()      # to the byte (MiB-rounded counters)

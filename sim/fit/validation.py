@@ -384,6 +384,9 @@ ABLATION_RUNS = (("h200-ablation", None), ("h200-ablation-qwen14b", "!dualdecode
 # issue 32's fp8 GPU chunk cache beside the bf16 one and ShadowKV (bf16 and fp8 values) at the largest batches
 FP8_CACHE_RUNS = (("h200-cache-fp8", None), ("h200-cache-fp8-qwen", None))
 COMPARE_RUNS = (("h200-compare", None), ("h200-compare-qwen", None))   # issue 32's comparison after 3aee165
+# the engine over a grid of forced rates (urgent x churn, ShadowKV's and DualDecoder's misses), 3 separate-process
+# builds, fitted to nothing
+RATE_GRID_RUNS = (("h200-rate-grid", None),)
 FILL_RUNS = (("h200-cache-fill", None),)   # the fused fill's sweep (32K/64K/128K): its fitted points, and the link-bound ones
 META_FALLBACK = "h200-shadowkv-fast/builds/b0"   # h200-rates has no meta.json: the thin-gather rate of this run
 
