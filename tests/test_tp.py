@@ -4,6 +4,7 @@ all-reduce's price from the published table, and bad --tp values as one line, ex
 
 import json
 import math
+import re
 
 import pytest
 
@@ -189,3 +190,37 @@ def test_replicas_count_gpus():
     f = fleet(sc, 0.5, 10.0, 0, target_rate=2.0)
     assert f["decode_gpus"] == 4 * math.ceil(2.0 / 0.5)
     assert f["prefill_gpus"] % 4 == 0 and f["fleet_gpus"] == f["decode_gpus"] + f["prefill_gpus"]
+
+
+def test_sweep_grid_takes_tp(tmp_path):
+    """A sweep point at TP 8 is one replica of Llama-3-70B on an HGX H200 (its GPU's usual host); at TP 1 (or no
+    tp:) it is the whole model on one GPU, its key unchanged."""
+    from ddbench.planner.spec import load_spec, point_key, points, scenario_of
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: t\nrequests: 20\ngrid:\n  model: llama-3-70b\n  gpu: h200\n  tp: [null, 8]\n"
+                    "  system: dualdecoder\n  context: 64k\n  output: '64'\n  rate: 0.5\n")
+    pts = points(load_spec(str(spec)))
+    one, eight = (scenario_of(p) for p in pts)
+    assert (one.tp, one.host) == (1, None) and (eight.tp, eight.host) == (8, "hgx-h200")
+    assert point_key(pts[0]) == point_key({k: v for k, v in pts[0].items() if k != "tp"})
+    r = resolve(eight)
+    assert r.model.num_kv_heads == 1 and r.model.weight_bytes == rank_model(get_model("llama-3-70b"), 8).weight_bytes
+
+
+def test_long_context_default_answers_with_prefill_on_separate_gpus(capsys):
+    """The issue's question: Qwen2.5-14B at 128K, p99 TPOT <= 80 ms, TTFT <= 30 s, 10 req/s. The default command
+    searches both placements: the first line is the answer with decode and prefill GPUs and their hosts, the
+    second says prefill on the decode GPU binds, and no line is over 120 characters."""
+    rc, out, err = _run(["plan", "--model", "qwen2.5-14b", "--gpu", "h100-80gb", "--context", "128k", "--output",
+                         "256", "--slo", "p99-tpot=80ms,p99-ttft=30s", "--target-rate", "10", "--design", "shadowkv",
+                         "--requests", "300", "--max-runs", "6"], capsys)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("shadowkv, TP 1, batch ") and " GPUs on " in lines[0] and "p99 TPOT" in lines[0]
+    assert lines[1].startswith("prefill on the decode GPU binds:")
+    fleet = next(x for x in lines if x.startswith("fleet: "))
+    n, dec, pre, hosts = (int(v) for v in re.match(r"fleet: (\d+) GPUs: (\d+) decode \+ (\d+) prefill on (\d+) hosts",
+                                                   fleet).groups())
+    assert n == dec + pre and pre > dec and hosts == math.ceil(dec / 8) + math.ceil(pre / 8)
+    assert f"{n} GPUs on {hosts} hosts" in lines[0]
+    assert max(len(x) for x in lines) <= 120
