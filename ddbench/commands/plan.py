@@ -180,7 +180,10 @@ def render(result: dict, verbose: bool = False) -> str:
     if not verbose:
         from ddbench.commands.plan_answer import memory_text
         return "\n".join(memory_text(result, []) + (["no fit: " + result["verdict"]] if "verdict" in result else []))
-    return _render_wide(result)
+    from ddbench.commands.plan_answer import category_table
+    extra = category_table(result["systems"], result.get("tp", 1)) if result.get("tp", 1) > 1 else []
+    return "\n".join([_render_wide(result)] + extra + list(result.get("notes", [])) + list(result.get("tp_lines", []))
+                     + list(result.get("deploy", [])))
 
 
 def _render_wide(result: dict) -> str:

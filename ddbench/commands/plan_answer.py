@@ -155,7 +155,8 @@ def plain(line: str) -> str:
 
 # ------------------------------------------------------------------ the memory answer (no SLO)
 def memory_text(result: dict, verbose_table: list[str]) -> list[str]:
-    """The default text of the memory answer: the answer, one line per design, memory by category per GPU."""
+    """The default text of the memory answer: the answer, one line per design, TP, the host and the flags (memory
+    by category: --verbose)."""
     rows = result["systems"]
     best = max(rows, key=lambda r: (r["fits"], r["max_batch"], -r["bytes"]["total"]))
     cap = result["capacity_bytes"]
@@ -175,7 +176,6 @@ def memory_text(result: dict, verbose_table: list[str]) -> list[str]:
                                                                    else " host OOM"),
                   f"{r['host_bytes_per_request'] / GB:.2f}"])
     lines += table(t)
-    lines += category_table(rows, tp)
     lines += list(result.get("tp_lines", [])) + list(result.get("deploy", []))
     lines.append(f"host memory: {result['host_memory_note']}")
     return wrap(lines)

@@ -49,6 +49,8 @@ PLAN_ENGINE = ("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "1
 EXAMPLES = {
     "plan-memory": Example(("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k",
                             "--design", "all")),
+    "plan-first": Example(("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k",
+                           "--design", "shadowkv,dualdecoder")),
     "plan-host": Example(("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k",
                           "--design", "all", "--host", "paper-testbed", "--verbose")),
     "plan-unmet": Example(("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output",
