@@ -216,11 +216,11 @@ def test_long_context_default_answers_with_prefill_on_separate_gpus(capsys):
                          "--requests", "300", "--max-runs", "6"], capsys)
     assert rc == 0, err
     lines = out.splitlines()
-    assert lines[0].startswith("shadowkv, TP 1, batch ") and " GPUs on " in lines[0] and "p99 TPOT" in lines[0]
+    assert lines[0].startswith("shadowkv TP1 batch ") and " req/s/GPU; " in lines[0] and "p99 TPOT" in lines[0]
     assert lines[1].startswith("prefill on the decode GPU binds:")
     fleet = next(x for x in lines if x.startswith("fleet: "))
     n, dec, pre, hosts = (int(v) for v in re.match(r"fleet: (\d+) GPUs: (\d+) decode \+ (\d+) prefill on (\d+) hosts",
                                                    fleet).groups())
     assert n == dec + pre and pre > dec and hosts == math.ceil(dec / 8) + math.ceil(pre / 8)
-    assert f"{n} GPUs on {hosts} hosts" in lines[0]
+    assert f"; {n} GPUs, {hosts} hosts; " in lines[0]
     assert max(len(x) for x in lines) <= 120

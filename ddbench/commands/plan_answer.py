@@ -68,13 +68,20 @@ def answer_line(out: dict, d: dict) -> str:
     if d["status"] != "met":
         return f"no design meets the SLO: {out.get('verdict') or d.get('limited_by')}"
     n = fleet_count(out, d)
-    batch = f"batch {d['mean_batch']:.0f}/{d['max_batch']}" if d.get("mean_batch") else f"max batch {d['max_batch']}"
+    batch = f"batch {d['mean_batch']:.0f}" if d.get("mean_batch") else f"max batch {d['max_batch']}"
     fleet = ""
     if n:
-        fleet = f"; {plural(n['gpus'], 'GPU')}" + (f" on {plural(n['hosts'], 'host')}" if n["hosts"] else "")
+        fleet = f"; {plural(n['gpus'], 'GPU')}" + (f", {plural(n['hosts'], 'host')}" if n["hosts"] else "")
     ttft = (d.get("fleet") or {}).get("fleet_ttft_p99_s") or d.get("ttft_p99_s")
-    return (f"{d['system']}, TP {d.get('tp', 1)}, {batch}: {_rate(per_gpu(d))} req/s/GPU{fleet};"
-            f" p99 TPOT {_sec(d.get('tpot_p99_s'))}, TTFT {_sec(ttft)}; binds {d.get('binding') or '-'}")
+    return (f"{d['system']} TP{d.get('tp', 1)} {batch}: {_rate(per_gpu(d))} req/s/GPU{fleet};"
+            f" p99 TPOT {_short(d.get('tpot_p99_s'))} TTFT {_short(ttft)}; binds {d.get('binding') or '-'}")
+
+
+def _short(v) -> str:
+    """Seconds in the fewest characters: 39.9ms, 25.9s."""
+    if v is None:
+        return "-"
+    return f"{v * 1e3:.3g}ms" if v < 1 else f"{v:.3g}s" if v < 1000 else f"{v:.0f}s"
 
 
 def ranking_lines(out: dict) -> list[str]:
