@@ -112,8 +112,8 @@ def prefill_default(args, run) -> dict:
     keep, other = (away, here) if a > h else (here, away)
     if a > h * BINDS_FACTOR:
         ratio = a / h if h > 0 else math.inf
-        line = (f"prefill on the decode GPU binds: {h:.3g} req/s per GPU there, {a:.3g} with prefill on separate"
-                f" GPUs ({'over 1000' if ratio > 1000 else f'{ratio:.0f}'}x): answered for --prefill elsewhere")
+        line = (f"prefill on the decode GPU binds: {h:.3g} req/s/GPU there, {a:.3g} on separate GPUs"
+                f" ({'over 1000' if ratio > 1000 else f'{ratio:.0f}'}x): using --prefill elsewhere")
     elif a > h:
         line = f"prefill on separate GPUs: {a:.3g} req/s per GPU, against {h:.3g} on the decode GPU (--prefill here)"
     else:
