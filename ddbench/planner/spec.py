@@ -219,14 +219,14 @@ def load_spec(path: str) -> dict:
 def count_points(spec: dict) -> int:
     n = 1
     for k in GRID_FIELDS:
-        n *= len(spec["grid"][k])
+        n *= len(spec["grid"].get(k, [None]))
     return n
 
 
 def points(spec: dict) -> list[dict]:
     g = spec["grid"]
     out = []
-    for combo in itertools.product(*(g[k] for k in GRID_FIELDS)):
+    for combo in itertools.product(*(g.get(k, [None]) if k in LATER_FIELDS else g[k] for k in GRID_FIELDS)):
         p = dict(zip(GRID_FIELDS, combo))
         p["requests"] = spec["requests"]
         p["max_batch"] = spec["max_batch"]
@@ -299,5 +299,5 @@ def check_points(spec: dict, path: str) -> None:
             seen.add(sc)
             resolve(sc).check()
         except DDBenchError as exc:
-            what = ", ".join(f"{k}={p[k]}" for k in GRID_FIELDS if len(g[k]) > 1 and k not in ("rate", "seed"))
+            what = ", ".join(f"{k}={p[k]}" for k in GRID_FIELDS if len(g.get(k, [None])) > 1 and k not in ("rate", "seed"))
             raise DDBenchError(f"sweep spec {path}: point {what or 'of the grid'}: {exc}") from None
