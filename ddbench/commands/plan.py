@@ -153,6 +153,8 @@ def plan(args) -> dict:
                                                    "note": hm.note},
            "host_memory_note": NOT_BOUNDED if hm is None else hm.note, "systems": rows}
     out |= fleet_notes(resolved, notes, hm)
+    from ddbench.commands.plan_answer import memory_text
+    out["answer"] = memory_text(out, [])[0]
     if not any(r["fits"] for r in rows):
         what = f"batch {args.batch}" if args.batch is not None else "one request"
         host = "" if hm is None else f" and the {hm.gb_per_gpu:.1f} GB of host memory for this GPU"

@@ -268,6 +268,9 @@ def serving_plan(args) -> dict:
     out = auto_tp_serving(args, one) if tp_is_auto(args) else one(args)
     if note:
         out.setdefault("notes", []).insert(0, note)
+    from ddbench.commands.plan_answer import answer_line
+    first = next((d for d in out["designs"] if d["rank"] == 1), out["designs"][0] if out["designs"] else None)
+    out["answer"] = answer_line(out, first) if first else None
     return out
 
 
