@@ -25,7 +25,7 @@ Per layer i of a step, for a batch of b requests:
 
 Every command (simulate in both modes, plan, sweep, the figures) and sim/validate.py price a step
 here, on one cost model (sim/factory.py); sim/validate.py adds only the engine's own terms: the harness's
-forced-miss draw, and for rows of the engine before the in-place ShadowKV (commit 0f05ef2) that
+forced-miss draw, and for rows of the engine before the in-place ShadowKV that
 engine's copy-then-regather fetch (sim/fit/replay.py shadowkv_step, legacy_reuse_fetch).
 """
 

@@ -21,13 +21,14 @@ def _w(kv=8, cache=8, **kw):
 
 def test_chunk_cache_bytes_by_hand():
     # Llama-3-8B, 128K, an 8K cache of chunk 8, batch 1: 1024 slots per layer and KV head, each K and V of
-    # 8 x 128 fp8 bytes and two fp32 scales; the int16 map of 16384 chunks; an int32 id and stamp per slot
+    # 8 x 128 fp8 bytes and two fp32 scales; the int16 map of 16384 chunks; an int32 id and stamp per slot;
+    # the map and the slots each with a sink entry (the engine's layout)
     slots, chunks = 8192 // 8, 131072 // 8
-    per_head = slots * (2 * 8 * 128 * 1 + 2 * 4) + chunks * 2 + slots * (4 + 4)
-    assert per_head == 2_105_344 + 32_768 + 8_192 == 2_146_304
-    assert chunk_cache_bytes(DC, M, _w(batch=1)) == 32 * 8 * per_head == 549_453_824
+    per_head = slots * (2 * 8 * 128 * 1 + 2 * 4) + (chunks + 1) * 2 + (slots + 1) * (4 + 4)
+    assert per_head == 2_105_344 + 32_770 + 8_200 == 2_146_314
+    assert chunk_cache_bytes(DC, M, _w(batch=1)) == 32 * 8 * per_head == 549_456_384
     bf16 = chunk_cache_bytes(DC, M, _w(cache=16, batch=1))
-    assert bf16 == 32 * 8 * (slots * 2 * 8 * 128 * 2 + chunks * 2 + slots * 8)
+    assert bf16 == 32 * 8 * (slots * 2 * 8 * 128 * 2 + (chunks + 1) * 2 + (slots + 1) * 8)
     assert chunk_cache_bytes(LRU, M, _w(batch=1)) == chunk_cache_bytes(DC, M, _w(batch=1))
     assert chunk_cache_bytes(DD, M, _w(kv=8, cache=16, batch=1)) == 0
 

@@ -103,7 +103,7 @@ def register(sub) -> None:
                         " =V1:V2:..., e.g. budget=1k:2k:4k; buffers: the layer-ahead designs' sparse-KV buffer"
                         " layout, pingpong:per-layer; cache: the chunk cache's capacity (dualdecoder-cache,"
                         " lru-cache), 2x:4x or tokens; fp8: off:on:on+cache, on+cache the chunk cache in fp8 too)")
-    g.add_argument("--seeds", type=flags.items(flags.integer(lo=0, hi=2 ** 63 - 1)),
+    g.add_argument("--seeds", type=flags.items(flags.integer(lo=0, hi=2 ** 63 - 1), unique=True),
                    help="comma list of seeds; a rate passes only if every seed does"
                         f" (default {','.join(map(str, D.SEEDS))})")
     g.add_argument("--tol", type=flags.number(lo=0, hi=1, lo_open=True, hi_open=True),

@@ -66,7 +66,7 @@ def fleet_count(out: dict, d: dict) -> dict | None:
 def answer_line(out: dict, d: dict) -> str:
     """The first line: the answer."""
     if d["status"] != "met":
-        return f"no design meets the SLO: {out.get('verdict') or d.get('limited_by')}"
+        return out.get("verdict") or f"no design meets the SLO: {d.get('limited_by')}"
     n = fleet_count(out, d)
     batch = f"batch {d['mean_batch']:.0f}" if d.get("mean_batch") else f"max batch {d['max_batch']}"
     fleet = ""

@@ -114,6 +114,8 @@ def prefill_default(args, run) -> dict:
         ratio = a / h if h > 0 else math.inf
         line = (f"prefill on the decode GPU binds: {h:.3g} req/s/GPU there, {a:.3g} on separate GPUs"
                 f" ({'over 1000' if ratio > 1000 else f'{ratio:.0f}'}x): using --prefill elsewhere")
+    elif a == h == 0:
+        line = "neither placement of prefill (on the decode GPU, on separate GPUs) meets the SLO"
     elif a > h:
         line = f"prefill on separate GPUs: {a:.3g} req/s per GPU, against {h:.3g} on the decode GPU (--prefill here)"
     else:

@@ -96,7 +96,7 @@ def run(args) -> int:
         w.write_json("spec.json", spec)
         w.write_json("provenance.json", provenance("sweep", args))
         store_path = w.live("points.jsonl")
-        done = read_store(store_path)
+        done = read_store(store_path, dict(zip(keys, pts)))
         todo = [i for i, k in enumerate(keys) if k not in done]
         reused = n - len(todo)
         store = Store(store_path)
@@ -130,14 +130,14 @@ def run(args) -> int:
     return 0
 
 
-HARDWARE = ("gpu", "link", "host")
+FILES = ("model", "gpu", "link", "host", "hit_rate")
 
 
 def beside_spec(spec: dict, path: str) -> dict:
-    """The grid's gpu, link and host files of your own (relative YAML/JSON names) as paths beside the spec."""
-    from ddbench.core.catalog.files import is_file_name
+    """The grid's files of your own named by relative paths (a model's config.json, gpu, link and host files,
+    accuracy CSVs) as paths beside the spec, never in the current folder."""
+    from ddbench.commands.config import names_a_file
     folder = os.path.dirname(os.path.abspath(path))
-    for k in HARDWARE:
-        spec["grid"][k] = [os.path.join(folder, x) if isinstance(x, str) and is_file_name(x)
-                           and not os.path.isabs(os.path.expanduser(x)) else x for x in spec["grid"][k]]
+    for k in FILES:
+        spec["grid"][k] = [os.path.join(folder, x) if names_a_file(k, x) else x for x in spec["grid"][k]]
     return spec

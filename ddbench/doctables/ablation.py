@@ -39,7 +39,7 @@ def ablation(root: Path = ROOT) -> str:
     return ("Each design at its largest batch on one H200, 3 independently built engines (tokens/s median (min-max,"
             " builds)); the caches at 8192 tokens per layer and KV head (4x the budget) at the profile's rates for"
             " that capacity and their own prediction, DualDecoder and ShadowKV (in place) at 12 % forced misses"
-            " (`traces/engine/h200-ablation/README.md` and `h200-cachefill/README.md` list the runs; host KV"
+            " (`traces/engine/h200-ablation/README.md` and `h200-cache-fill-checks/README.md` list the runs; host KV"
             " aliased in 8 GiB of pinned memory,"
             " every chunk still crosses the link); simulated: `ddbench simulate`'s cost model at the engine's batch"
             " and rates. What the prediction adds beside the cache (dualdecoder-cache / lru-cache): "

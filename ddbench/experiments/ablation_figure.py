@@ -11,8 +11,8 @@ lru-cache); DualDecoder and ShadowKV at 12 % forced misses.
 
 Measured (traces/engine): h200-ablation (the two caches at all four points, the batch fixed at the largest
 that dualdecoder-cache's search found, which the memory model gives lru-cache too: h200-cache-fill's at 32K,
-94, and h200-ablation-qwen14b's for Qwen2.5-14B; engine code adecbf8, whose rows record the prefetch bytes
-they moved), h200-ablation-qwen14b (DualDecoder and ShadowKV searched), h200-ablation-dualdecoder
+94, and h200-ablation-qwen14b's for Qwen2.5-14B; an engine whose rows record the prefetch bytes they
+moved), h200-ablation-qwen14b (DualDecoder and ShadowKV searched), h200-ablation-dualdecoder
 (DualDecoder on Llama-3-8B at its largest batches of h200-cache) and h200-shadowkv-fast/builds (ShadowKV). Simulated: `ddbench simulate`'s cost model at each engine point's
 batch and forced rates (cache_figure.simulated). Not a paper figure: no paper number.
 """

@@ -469,7 +469,7 @@ def fig15() -> FigureResult:
     cmp = [
         Comparison("fig15.dualdecoder.64k_to_512k.growth_gb", round(grow("dualdecoder"), 2),
                    f"{fmt_tokens(hi - lo)} more tokens of landmarks at "
-                   f"{_bytes_per_token('dualdecoder', '8B', 'landmarks'):,.0f} B/token (chunk-mean keys + int64 index)"),
+                   f"{_bytes_per_token('dualdecoder', '8B', 'landmarks'):,.0f} B/token (chunk-mean keys)"),
         Comparison("fig15.shadowkv.64k_to_512k.growth_gb", round(grow("shadowkv"), 2),
                    f"U + landmarks grow {_bytes_per_token('shadowkv', '8B', 'landmarks', 'aux_residency'):,.0f} "
                    f"B/token, plus the prefill SVD workspace; at {fmt_tokens(hi)} ShadowKV holds "

@@ -65,10 +65,15 @@ def _models():
 
     Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
     Tokens = Union[Annotated[int, Field(ge=1, le=D.MAX_TOKENS)], Text]
-    Count = Annotated[int, Field(ge=1, le=D.MAX_COUNT)]
-    Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-    Rate = Annotated[float, Field(ge=D.MIN_RATE, le=D.MAX_RATE, allow_inf_nan=False)]
-    HostGB = Annotated[float, Field(gt=0, le=D.MAX_HOST_MEM_GB, allow_inf_nan=False)]
+    from pydantic import BeforeValidator
+
+    from ddbench.core.schemas import strict_number, strict_whole
+    # numbers as numbers: a quoted "1" is refused, not converted (a token count may be text: 32k)
+    Whole, Num = BeforeValidator(strict_whole), BeforeValidator(strict_number)
+    Count = Annotated[int, Whole, Field(ge=1, le=D.MAX_COUNT)]
+    Fraction = Annotated[float, Num, Field(ge=0, le=1, allow_inf_nan=False)]
+    Rate = Annotated[float, Num, Field(ge=D.MIN_RATE, le=D.MAX_RATE, allow_inf_nan=False)]
+    HostGB = Annotated[float, Num, Field(gt=0, le=D.MAX_HOST_MEM_GB, allow_inf_nan=False)]
 
     class Grid(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -84,7 +89,7 @@ def _models():
         output: list[Tokens] = [D.OUTPUT]
         budget: list[Tokens] = [D.BUDGET]
         chunk: list[Count] = [D.CHUNK]
-        lowrank_layers: list[Annotated[int, Field(ge=0, le=D.MAX_COUNT)]] = [D.LOWRANK_LAYERS]
+        lowrank_layers: list[Annotated[int, Whole, Field(ge=0, le=D.MAX_COUNT)]] = [D.LOWRANK_LAYERS]
         buffers: list[Literal["design", "pingpong", "per-layer"]] = [D.BUFFERS]
         cache_tokens: list[Optional[Tokens]] = [None]
         kv_bits: list[Optional[Literal[8, 16]]] = [None]
@@ -92,7 +97,7 @@ def _models():
         hit_rate: list[Optional[Union[Fraction, Text]]] = [None]
         prefill: list[Literal["here", "elsewhere"]] = [D.PREFILL]
         rate: list[Rate] = Field(min_length=1)
-        seed: list[Annotated[int, Field(ge=0, le=2 ** 63 - 1)]] = [D.SEED]
+        seed: list[Annotated[int, Whole, Field(ge=0, le=2 ** 63 - 1)]] = [D.SEED]
 
         @model_validator(mode="before")
         @classmethod
@@ -113,7 +118,7 @@ def _models():
     class Spec(BaseModel):
         model_config = ConfigDict(extra="forbid")
         name: Optional[str] = None
-        requests: int = Field(D.SWEEP_REQUESTS, ge=1, le=D.MAX_REQUESTS)
+        requests: Annotated[int, Whole] = Field(D.SWEEP_REQUESTS, ge=1, le=D.MAX_REQUESTS)
         max_batch: Optional[Count] = None
         grid: Grid
 
@@ -186,13 +191,17 @@ def load_spec(path: str) -> dict:
     """Read and validate a spec -> a plain dict (grid values as lists); DDBenchError naming the field."""
     import yaml
     from pydantic import ValidationError
+
+    from ddbench.core.io import MAX_DEPTH, check_depth, load_yaml
     try:
         with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh)
+            raw = load_yaml(fh.read())
     except OSError as exc:
         raise DDBenchError(f"cannot read sweep spec {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise DDBenchError(f"sweep spec {path}: not a text file (UTF-8 YAML)") from None
+    except RecursionError:
+        raise DDBenchError(f"sweep spec {path}: nested too deeply (at most {MAX_DEPTH} levels)") from None
     except ValueError as exc:   # a YAML value its constructor refuses (e.g. a date 2020-13-45)
         raise DDBenchError(f"sweep spec {path}: not valid YAML ({exc})") from None
     except yaml.YAMLError as exc:
@@ -201,6 +210,7 @@ def load_spec(path: str) -> dict:
         raise DDBenchError(f"sweep spec {path}: not valid YAML{where}") from None
     if not isinstance(raw, dict):
         raise DDBenchError(f"sweep spec {path}: expected a mapping with 'grid', got {type(raw).__name__}")
+    check_depth(raw, f"sweep spec {path}")
     if isinstance(raw.get("grid"), dict) and "cache" in raw["grid"]:
         raise DDBenchError(f"sweep spec {path}: grid.cache: the sparse-KV buffer layout (design | pingpong |"
                            " per-layer) is now the field buffers; the chunk cache's capacity is cache_tokens")

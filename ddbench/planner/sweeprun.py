@@ -13,6 +13,7 @@ import json
 import math
 import os
 
+from ddbench.core.errors import DDBenchError
 from ddbench.planner.spec import GRID_FIELDS, point_key, scenario_of
 
 RENAME = {"budget": "budget_tokens", "chunk": "chunk_tokens"}
@@ -44,20 +45,56 @@ def sweep_point(p: dict) -> dict:
     return row
 
 
-def read_store(path: str) -> dict:
-    """key -> row of every complete line of a points.jsonl (a torn last line is ignored)."""
+def read_store(path: str, expect: dict | None = None) -> dict:
+    """key -> row of every complete line of a points.jsonl (a torn line is ignored: an interrupted write).
+    With `expect` (key -> point), each row kept for a point is checked as a fresh one would be (`check_row`);
+    a file that is not one ddbench wrote (not ASCII JSON lines) or a row that fails is a one-line
+    DDBenchError naming the line and the field."""
     done = {}
     if not os.path.exists(path):
         return done
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, start=1):
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
+                row = json.loads(raw.decode("ascii"))
+            except UnicodeDecodeError:
+                raise DDBenchError(f"{path} line {n}: not a store of sweep points (not ASCII JSON lines); move it"
+                                   " away to run its points again") from None
+            except (json.JSONDecodeError, RecursionError):
                 continue
-            if isinstance(row, dict) and "key" in row:
-                done[row["key"]] = _renamed(row)
+            if isinstance(row, dict) and isinstance(row.get("key"), str):
+                row = _renamed(row)
+                if expect is not None and row["key"] in expect:
+                    check_row(row, expect[row["key"]], f"{path} line {n}")
+                done[row["key"]] = row
     return done
+
+
+SIGNED = ("backlog_growth",)          # result columns that may be negative (a slope)
+STATUSES = ("ok", "does-not-fit")
+
+
+def check_row(row: dict, p: dict, where: str) -> None:
+    """A stored row is the point's (its parameters are the point's) and its results are what a run gives:
+    numbers finite and not negative (but a slope), a status of a run; else a one-line DDBenchError."""
+    want = {RENAME.get(k, k): p[k] for k in GRID_FIELDS if k not in ("rate", "seed")}
+    want.update(requests_per_run=p["requests"], max_batch_cap=p["max_batch"], seed=p["seed"])
+    bad = [f"{k} is {row.get(k)!r}, the point's is {v!r}" for k, v in want.items() if row.get(k) != v]
+    if not isinstance(row.get("rate_req_per_s"), (int, float)) or row["rate_req_per_s"] != float(p["rate"]):
+        bad.append(f"rate_req_per_s is {row.get('rate_req_per_s')!r}, the point's is {float(p['rate'])!r}")
+    if row.get("status") not in STATUSES:
+        bad.append(f"status is {row.get('status')!r}, not one of {', '.join(STATUSES)}")
+    for k, v in row.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if not math.isfinite(v):
+            bad.append(f"{k} is {v}, not a finite number")
+        elif v < 0 and k not in SIGNED:
+            bad.append(f"{k} is {v:g}; a run never gives a negative value")
+    if bad:
+        raise DDBenchError(f"{where}: not a row this sweep wrote ({'; '.join(bad[:4])}"
+                           f"{f' and {len(bad) - 4} more' if len(bad) > 4 else ''}); move the file away to run"
+                           " its points again")
 
 
 def _renamed(row: dict) -> dict:

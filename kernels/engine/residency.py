@@ -11,8 +11,8 @@ import math
 import torch
 
 from ddbench.core.errors import DDBenchError
-from ddbench.core.memory import check_cache_bits
-from ddbench.kernels.engine.engineconfig import buffer_rows, holds_selection
+from ddbench.core.memory import check_cache_bits, holds_selection
+from ddbench.kernels.engine.engineconfig import buffer_rows
 from ddbench.kernels.fp8 import E4M3, check_host_scales
 
 

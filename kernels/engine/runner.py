@@ -179,6 +179,11 @@ def _start_up(a, prov, model, mem):
     return flat, rates
 
 
+# What this engine runs, recorded with every run (meta.json's engine) so that its rows are replayed with this
+# engine's terms whatever changes later (sim/fit/replay.py engine_version; older runs: traces/fit/engine-versions.json)
+ENGINE_VERSION = {"shadowkv_step": "in-place", "cache_fill": "fused"}
+
+
 def _meta(a, phases, prov, model, out, mem, rates):
     """meta.json's content: the run's identity (a resumed run keeps its run_id), rates and memory."""
     prev = {}
@@ -186,7 +191,7 @@ def _meta(a, phases, prov, model, out, mem, rates):
         with open(os.path.join(out, "meta.json"), encoding="utf-8") as fh:
             prev = json.load(fh)
     import uuid
-    return dict(provenance=prov, source_hash=prov.get("source_hash") or source_hash(),
+    return dict(provenance=prov, source_hash=prov.get("source_hash") or source_hash(), engine=ENGINE_VERSION,
                 run_id=prev.get("run_id") or uuid.uuid4().hex, phases=list(phases), seed=a.seed,
                 copy_h2d_gbps=rates["copy_h2d_gbps"], hbm_copy_gbps=rates["hbm_copy_gbps"],
                 thin_gather_gbps=rates["thin_gather_gbps"], host_gib=a.host_gib,
