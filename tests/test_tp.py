@@ -51,9 +51,9 @@ def test_fewer_kv_heads_than_tp_replicates_them(few_kv):
     per_layer = 4096 * (4 * 128 + 2 * 128) + 4 * 128 * 4096 + 3 * 4096 * 1024 + 2 * 4096
     assert r.weight_bytes == 2 * (2 * 4000 * 4096 + 4 * per_layer + 4096)
     w = Workload(context=65536, batch=3, rank=128)    # one rank factorises one KV head: rank <= d
-    # full-kv keeps the whole context of its one (replicated) KV head: b * (S + gen) * L * 2 * 1 * d * 2
+    # full-kv keeps the whole context of its one (replicated) KV head: b * (S + gen + 2) * L * 2 * 1 * d * 2
     bd = memory_breakdown(get_design("full-kv"), r, get_gpu("h200"), w)
-    assert bd.resident_kv == 3 * (65536 + w.gen_tokens) * 4 * 2 * 1 * 128 * 2
+    assert bd.resident_kv == 3 * (65536 + w.gen_tokens + 2) * 4 * 2 * 1 * 128 * 2
     # dualdecoder pins its head's K and V on the host: S * L * 2 * 1 * d * 2 per request, per rank
     assert host_kv_bytes(get_design("dualdecoder"), r, w) == 65536 * 4 * 2 * 128 * 2
 
