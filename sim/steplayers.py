@@ -12,7 +12,9 @@ Per layer i of a step, for a batch of b requests:
            where layer i keeps low-rank keys, and assembling the attended buffer from the resident
            window (overlaps the urgent fetch, unless plan.ur_serial: then it follows it)
   att[i]   attention over the sparse working set (or the whole context where KV stays on the GPU)
-  post[i]  output projection and gated MLP + the other half of the glue (norm, SwiGLU)
+  post[i]  output projection and gated MLP + the other half of the glue (norm, SwiGLU); under tensor
+           parallelism (CostModel.set_tensor_parallel) the two all-reduces of the hidden state, after the
+           output projection and after the MLP (0 at TP 1)
   link     prefetch bytes (the predicted selection, budget B per request) and urgent bytes
            (misses = (1 - hit rate) * B, or with reuse and no prefetch (1 - reuse rate) * B) of
            K+V, or of V alone where keys are rebuilt from the low-rank copy; D2H of the new

@@ -37,9 +37,8 @@ _HOPPER_4RANK = (
     (8589934592, 35168.9),
 )
 MEASURED_RANKS = 4
-HOPPER_SOURCE = ("nccl-tests all_reduce_perf on 4x H100 SXM, NVLink 4 (NCCL 2.29.2; CUDA graphs to 16 MB):"
-                 " github.com/waynehacking8/nccl-collectives-bench results/symmetric/all_reduce_reg0_graph1.txt"
-                 " and results/all_reduce.txt")
+HOPPER_SOURCE = ("nccl-tests all_reduce_perf, 4x H100 SXM over NVLink 4, NCCL 2.29.2,"
+                 " github.com/waynehacking8/nccl-collectives-bench")
 NVLINK_GPUS = {"h100-80gb": "", "h200": "",
                "a100-40gb": "Hopper's table, not measured on A100's NVLink 3",
                "a100-80gb": "Hopper's table, not measured on A100's NVLink 3",
