@@ -224,3 +224,16 @@ def test_long_context_default_answers_with_prefill_on_separate_gpus(capsys):
     assert n == dec + pre and pre > dec and hosts == math.ceil(dec / 8) + math.ceil(pre / 8)
     assert f"; {n} GPUs, {hosts} hosts; " in lines[0]
     assert max(len(x) for x in lines) <= 120
+
+
+def test_tp_auto_with_an_slo_keeps_the_tp_with_most_requests_per_gpu(capsys):
+    """--tp auto with an SLO searches every TP that shards the model on its host and keeps the best per GPU."""
+    rc, out, err = _run(["plan", "--model", "llama-3-70b", "--gpu", "h200", "--context", "32k", "--output", "64",
+                         "--slo", "p99-tpot=200ms", "--design", "dualdecoder", "--prefill", "elsewhere", "--tp", "auto",
+                         "--requests", "60", "--max-runs", "4", "--json"], capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    tried = {t["tp"]: t["req_per_s_per_gpu"] for t in d["tp_auto"]}
+    assert sorted(tried) == [1, 2, 4, 8]
+    assert d["tp"]["tp"] == max(tried, key=tried.get)
+    assert d["answer"].startswith(f"dualdecoder TP{d['tp']['tp']} ")
