@@ -40,6 +40,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, cache_slot_bytes, kv_piece_bytes, lowrank_layer_count
 from ddbench.core.designs import DesignSpec
 from ddbench.sim.costmodel import E, CostModel, LinkRates
+from ddbench.sim.indexcost import select_index_s
 
 
 @dataclass
@@ -125,7 +126,7 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     (e.g. the set an accuracy profile's summary picked, ddbench.sim.hitrates.lowrank_from_summary) instead of
     the w.lowrank_layers worst-predicted layers; it must hold w.lowrank_layers layers of the model, so
     that the memory model (which counts them) and the plan agree. Ignored by other designs.
-    `cache` (ddbench.core.cacherates.CacheRates): a chunk-cache design's per-layer prefetched and urgent chunks
+    `cache` (ddbench.core.rates.CacheRates): a chunk-cache design's per-layer prefetched and urgent chunks
     over the budget (required for one; `hit` and `reuse` are not used for its link bytes; a design that
     prefetches nothing, lru-cache, must have none prefetched)."""
     L = m.num_layers
@@ -181,7 +182,7 @@ def _check_cache(design: DesignSpec, cache, layers: int) -> None:
     if not design.chunk_cache:
         return
     if cache is None or len(cache.prefetched) != layers:
-        raise DDBenchError(f"{design.name} needs its cache rates for {layers} layers (ddbench.core.cacherates)")
+        raise DDBenchError(f"{design.name} needs its cache rates for {layers} layers (ddbench.core.rates)")
     if design.prefetch == "none" and any(x > 0 for x in cache.prefetched):
         raise DDBenchError(f"{design.name} prefetches nothing, but its cache rates prefetch"
                            f" {max(cache.prefetched):g} of the budget per step: give it the replay's rates"
@@ -208,7 +209,7 @@ def _compute_terms(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload,
     # implementation measured in whole steps (kernels/engine/engine.py runs Triton kernels for all)
     tri = out["triton"] = design.kernels == "triton"
     if design.landmarks:
-        out["sel"] = cm.select_s(batch, q, ctx_i, w.chunk, triton=tri)
+        out["sel"] = select_index_s(cm, batch, q, ctx_i, w, triton=tri)
     elif design.quant_bits:
         out["sel"] = cm.quant_scan_s(batch, q, ctx_i, design.quant_bits, w.quant_group, w.chunk)
     else:

@@ -25,7 +25,7 @@ import os
 from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
-from ddbench.commands import cache_note, kv_note, table as _table  # noqa: F401 (simulate imports kv_note from here)
+from ddbench.commands import cache_note, index_note, kv_note, table as _table  # noqa: F401 (simulate imports kv_note from here)
 from ddbench.commands.plan_serving import _clean, _serving_mode, plot, render_serving, serving_plan  # noqa: F401
 from ddbench.core import defaults as D
 from ddbench.core import flags
@@ -34,7 +34,8 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import BOUND_BOTH, BOUND_GPU, CATEGORIES, memory_breakdown
 from ddbench.core.units import GB, fmt_tokens, parse_tokens
 from ddbench.planner.scenario import resolve
-from ddbench.planner.scenario_args import add_scenario_args, add_workload, fp8_note, given, scenarios_from_args, weights_overflow
+from ddbench.planner.scenario_args import (add_rate_args, add_scenario_args, add_workload, fp8_note, given,
+                                           scenarios_from_args, weights_overflow)
 
 EXAMPLE = """examples:
   ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --design all
@@ -48,6 +49,8 @@ EXAMPLE = """examples:
       --design shadowkv,dualdecoder
   ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --design dualdecoder \\
       --search budget,chunk,lowrank-layers,buffers --plot pareto.png
+  ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --design all \\
+      --rates my-rates.yaml --rate dualdecoder-cache.churn=0.2      # your own rates, one what-if
 
 exit status: 0 with an answer (a design that does not fit says so in its row's status), 2 for bad
 input (a host memory too small for one request's host KV, too), 3 when no design fits one request
@@ -81,6 +84,7 @@ def register(sub) -> None:
     g = p.add_argument_group("serving what-if (any of --slo, --target-rate, --search; the flags of this group"
                              " need one of them)")
     add_scenario_args(p, design=D.DESIGNS, context_required=True, requests=D.PLAN_REQUESTS, serving=g)
+    add_rate_args(p)
     p.add_argument("--batch", type=flags.integer(lo=1, hi=D.MAX_COUNT),
                    help="show the breakdown at this batch instead of the maximum")
     g.add_argument("--slo", type=flags.checked(_slo),
@@ -99,10 +103,11 @@ def register(sub) -> None:
     g.add_argument("--target-rate", type=flags.number(lo=0, lo_open=True, hi=D.MAX_RATE),
                    help="fleet load in requests/s: GPUs (and hosts) needed per design")
     g.add_argument("--search", type=flags.checked(_search),
-                   help="knob search per design: budget,chunk,lowrank-layers,buffers,cache,fp8 (each optionally"
+                   help="knob search per design: budget,chunk,lowrank-layers,buffers,cache,fp8,index (each optionally"
                         " =V1:V2:..., e.g. budget=1k:2k:4k; buffers: the layer-ahead designs' sparse-KV buffer"
                         " layout, pingpong:per-layer; cache: the chunk cache's capacity (dualdecoder-cache,"
-                        " lru-cache), 2x:4x or tokens; fp8: off:on:on+cache, on+cache the chunk cache in fp8 too)")
+                        " lru-cache), 2x:4x or tokens; fp8: off:on:on+cache, on+cache the chunk cache in fp8 too;"
+                        " index: the landmark designs' selection index, flat:fp8:int4:two-level:8,1,int4)")
     g.add_argument("--seeds", type=flags.items(flags.integer(lo=0, hi=2 ** 63 - 1), unique=True),
                    help="comma list of seeds; a rate passes only if every seed does"
                         f" (default {','.join(map(str, D.SEEDS))})")
@@ -152,6 +157,8 @@ def plan(args) -> dict:
            "host_memory": None if hm is None else {"bytes_per_gpu": hm.bytes_per_gpu, "host": hm.host,
                                                    "note": hm.note},
            "host_memory_note": NOT_BOUNDED if hm is None else hm.note, "systems": rows}
+    from ddbench.planner.ratelines import rates_doc
+    out["rates"] = rates_doc(resolved)
     out |= fleet_notes(resolved, notes, hm)
     from ddbench.commands.plan_answer import memory_text
     out["answer"] = memory_text(out, [])[0]
@@ -195,8 +202,10 @@ def _render_wide(result: dict) -> str:
                  else f"host memory: {NOT_BOUNDED}")
     head = (f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])}, "
             f"budget {result['workload']['budget']}, chunk {result['workload']['chunk']}"
-            f"{kv_note(result['workload']['kv_bits'])}{cache_note([r['system'] for r in result['systems']], result['workload'])}"
+            f"{kv_note(result['workload']['kv_bits'])}{index_note(result['workload'].get('index'))}{cache_note([r['system'] for r in result['systems']], result['workload'])}"
             f"  [GB = 1e9 bytes]; {host_head}")
+    from ddbench.planner.ratelines import rates_lines
+    head = "\n".join([head] + rates_lines(result["rates"]))
     bounded = hm is not None
     cols = ["system", "max batch"] + (["bound by", "by GPU", "by host"] if bounded else []) + ["at batch"] \
         + [c.replace("_", " ") for c in CATEGORIES] + ["total", "of GPU", "host GB/req"]

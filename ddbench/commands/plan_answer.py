@@ -102,6 +102,14 @@ def ranking_lines(out: dict) -> list[str]:
     return ["  " + r for r in table(rows)]
 
 
+def rates_summary(out: dict) -> list[str]:
+    """The planner's verdict on the ranking at the rates' intervals (winner, undecided, break-even) and where the
+    rates come from (ddbench.planner.ratelines: its content, laid out here), without its per-design repeats."""
+    from ddbench.planner.ratelines import ranking_lines as verdict, rates_lines
+    head = [x for x in verdict(out) if not x.lstrip(" =").split(" ", 1)[0].isdigit()]
+    return head + (rates_lines(out["rates"]) if out.get("rates") else [])
+
+
 def fleet_lines(out: dict, d: dict) -> list[str]:
     n = fleet_count(out, d)
     if not n:
@@ -135,7 +143,7 @@ def serving_text(out: dict) -> list[str]:
     first = next((d for d in designs if d["rank"] == 1), designs[0] if designs else None)
     lines = [answer_line(out, first)] if first else ["no design ran"]
     lines += prefill_line(out) + [x for x in out.get("notes", [])]
-    lines += ["ranking (requests/s per GPU of the whole fleet):"] + ranking_lines(out)
+    lines += ["ranking (requests/s per GPU of the whole fleet):"] + ranking_lines(out) + rates_summary(out)
     lines += out.get("warnings", [])
     if first is not None:
         lines += fleet_lines(out, first)

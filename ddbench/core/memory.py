@@ -26,6 +26,7 @@ from ddbench.core.catalog.gpus import GPUSpec
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DesignSpec
 from ddbench.core.errors import DDBenchError
+from ddbench.core.index import FLAT, parse_index, resident_bytes as index_resident_bytes, scored_chunks
 from ddbench.core.workload import Workload  # noqa: F401  (the one Workload; re-exported here)
 
 CATEGORIES = ("weights", "resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers",
@@ -103,11 +104,16 @@ def resident_kv_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
 
 
 def landmark_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
-    """Chunk-mean post-RoPE keys, every layer and KV head: b * L * H_kv * ceil(S / C) * d * e."""
+    """Chunk-mean post-RoPE keys, every layer and KV head: b * L * H_kv * ceil(S / C) * d * e for the flat
+    index; another index (Workload.index): its levels' bytes with their scales (ddbench.core.index.resident_bytes)
+    in place of d * e per chunk."""
     if not design.landmarks:
         return 0
     chunks = math.ceil(w.context / w.chunk)
-    return w.batch * m.num_layers * m.num_kv_heads * chunks * m.head_dim * m.dtype_bytes
+    spec = parse_index(w.index)
+    if spec == FLAT:
+        return w.batch * m.num_layers * m.num_kv_heads * chunks * m.head_dim * m.dtype_bytes
+    return w.batch * m.num_layers * m.num_kv_heads * index_resident_bytes(spec, chunks, m.head_dim)
 
 
 def lowrank_layer_count(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
@@ -273,7 +279,8 @@ def decode_activation_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> in
     t = w.batch * (1 if design.two_pass else design.tokens_per_step)
     decode = t * (_token_live_bytes(m) + m.vocab * (e + FP32))
     if design.landmarks:
-        decode += t * m.num_heads * math.ceil(w.context / w.chunk) * 2 * e
+        decode += t * m.num_heads * scored_chunks(parse_index(w.index), math.ceil(w.context / w.chunk),
+                                                  w.budget // w.chunk) * 2 * e
     if design.quant_bits:
         decode += t * m.num_heads * (w.context + w.gen_tokens) * 2 * e
     return decode

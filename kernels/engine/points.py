@@ -91,8 +91,8 @@ def design_labels(designs, cache_tokens, kv_bits=(16,), cache_bits=(16,)) -> lis
 
 
 def make_config(ctx, batch, miss_rate=FORCED_MISS, transfers=True, urgent_programs=64, budget=None, chunk=None,
-                seed=0, quant_values=False, cache_tokens=None, churn_rate=None, kv_bits=16, cache_bits=16):
-    wl = {"kv_bits": kv_bits, "cache_bits": cache_bits}
+                seed=0, quant_values=False, cache_tokens=None, churn_rate=None, kv_bits=16, cache_bits=16, index="flat"):
+    wl = {"kv_bits": kv_bits, "cache_bits": cache_bits, "index": index}
     if cache_tokens is not None:
         wl["cache_tokens"] = cache_tokens
     if budget is not None:
