@@ -489,7 +489,8 @@ def render_serving(out: dict, verbose: bool = False) -> str:
         from ddbench.commands.plan_answer import serving_text
         return "\n".join(serving_text(out))
     from ddbench.planner.ratelines import ranking_lines, rates_lines
-    lines = _render_head(out) + rates_lines(out["rates"]) + _render_table(out) + ranking_lines(out) \
+    no_rates = {"unmatched": [], "designs": [], "sources": []}
+    lines = _render_head(out) + rates_lines(out.get("rates") or no_rates) + _render_table(out) + ranking_lines(out) \
         + out.get("warnings", []) + _render_outcomes(out)
     if out.get("break_even"):
         from ddbench.planner.breakeven import render
