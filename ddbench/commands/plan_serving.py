@@ -508,7 +508,7 @@ def render_serving(out: dict, verbose: bool = False) -> str:
         lines += _render_settings(out)
     lines += [d["accuracy"]["line"] for d in out["designs"] if "accuracy" in d] + out.get("assumed", [])
     lines.append(cost_model_line(out["cost_model"], verbose))
-    if out["rates"]["unmatched"]:
+    if (out.get("rates") or {}).get("unmatched", True):
         lines.append("hit rates: " + out["hit_rates"])
     return "\n".join(lines)
 
