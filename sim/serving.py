@@ -210,7 +210,7 @@ def run_serving(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w
     (TTFT is then the wait for memory alone); memory is accounted as before.
     progress: called with 1 whenever a request completes or is rejected (a progress bar).
     lowrank: an adaptive design's low-rank key layers (ddbench.sim.steplayers.step_layers), else its worst-predicted.
-    cache: a chunk-cache design's rates (ddbench.core.cacherates.CacheRates)."""
+    cache: a chunk-cache design's rates (ddbench.core.rates.CacheRates)."""
     _check_inputs(design, w, requests, max_batch)
     mdl = _Model(design, m, gpu, cm, w, hit, reuse, lowrank, cache)
     ledger = MemoryLedger(gpu.hbm_bytes, {"weights": m.weight_bytes, "runtime_overhead": gpu.runtime_overhead_bytes})

@@ -124,7 +124,7 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     (e.g. the set an accuracy profile's summary picked, ddbench.sim.hitrates.lowrank_from_summary) instead of
     the w.lowrank_layers worst-predicted layers; it must hold w.lowrank_layers layers of the model, so
     that the memory model (which counts them) and the plan agree. Ignored by other designs.
-    `cache` (ddbench.core.cacherates.CacheRates): a chunk-cache design's per-layer prefetched and urgent chunks
+    `cache` (ddbench.core.rates.CacheRates): a chunk-cache design's per-layer prefetched and urgent chunks
     over the budget (required for one; `hit` and `reuse` are not used for its link bytes; a design that
     prefetches nothing, lru-cache, must have none prefetched)."""
     L = m.num_layers
@@ -179,7 +179,7 @@ def _check_cache(design: DesignSpec, cache, layers: int) -> None:
     if not design.chunk_cache:
         return
     if cache is None or len(cache.prefetched) != layers:
-        raise DDBenchError(f"{design.name} needs its cache rates for {layers} layers (ddbench.core.cacherates)")
+        raise DDBenchError(f"{design.name} needs its cache rates for {layers} layers (ddbench.core.rates)")
     if design.prefetch == "none" and any(x > 0 for x in cache.prefetched):
         raise DDBenchError(f"{design.name} prefetches nothing, but its cache rates prefetch"
                            f" {max(cache.prefetched):g} of the budget per step: give it the replay's rates"

@@ -89,7 +89,7 @@ def test_sweep_axis():
 
 
 def test_simulator_prices_fp8_cache_attention_as_bf16():
-    from ddbench.core.cacherates import forced
+    from ddbench.core.rates import forced
     from ddbench.sim.factory import cost_model
     from ddbench.sim.steplayers import step_layers
     cm = cost_model("llama-3-8b", "h200")

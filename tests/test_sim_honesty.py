@@ -22,7 +22,7 @@ HIT = [0.88] * M8.num_layers
 
 
 def _plan(system, batch, cm=None, hit=HIT, ctx=131072):
-    from ddbench.core.cacherates import forced
+    from ddbench.core.rates import forced
     cm = cm or cost_model("llama-3-8b", "h200")
     spec = DESIGNS[system]
     pre = 0.2 if spec.prefetch != "none" else 0.0            # lru-cache prefetches nothing

@@ -34,7 +34,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import BOUND_BOTH, BOUND_GPU, CATEGORIES, memory_breakdown
 from ddbench.core.units import GB, fmt_tokens, parse_tokens
 from ddbench.planner.scenario import resolve
-from ddbench.planner.scenario_args import add_scenario_args, add_workload, given, scenarios_from_args
+from ddbench.planner.scenario_args import add_rate_args, add_scenario_args, add_workload, given, scenarios_from_args
 
 EXAMPLE = """examples:
   ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --design all
@@ -48,6 +48,8 @@ EXAMPLE = """examples:
       --design shadowkv,dualdecoder
   ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --design dualdecoder \\
       --search budget,chunk,lowrank-layers,buffers --plot pareto.png
+  ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --design all \\
+      --rates my-rates.yaml --rate dualdecoder-cache.churn=0.2      # your own rates, one what-if
 
 exit status: 0 with an answer (a design that does not fit says so in its row's status), 2 for bad
 input (a host memory too small for one request's host KV, too), 3 when no design fits one request
@@ -81,6 +83,7 @@ def register(sub) -> None:
     g = p.add_argument_group("serving what-if (any of --slo, --target-rate, --search; the flags of this group"
                              " need one of them)")
     add_scenario_args(p, design=D.DESIGNS, context_required=True, requests=D.PLAN_REQUESTS, serving=g)
+    add_rate_args(p)
     p.add_argument("--batch", type=flags.integer(lo=1, hi=D.MAX_COUNT),
                    help="show the breakdown at this batch instead of the maximum")
     g.add_argument("--slo", type=flags.checked(_slo),
@@ -152,6 +155,8 @@ def plan(args) -> dict:
            "host_memory": None if hm is None else {"bytes_per_gpu": hm.bytes_per_gpu, "host": hm.host,
                                                    "note": hm.note},
            "host_memory_note": NOT_BOUNDED if hm is None else hm.note, "systems": rows}
+    from ddbench.planner.ratelines import rates_doc
+    out["rates"] = rates_doc(resolved)
     if not any(r["fits"] for r in rows):
         what = f"batch {args.batch}" if args.batch is not None else "one request"
         host = "" if hm is None else f" and the {hm.gb_per_gpu:.1f} GB of host memory for this GPU"
@@ -171,6 +176,8 @@ def render(result: dict) -> str:
             f"budget {result['workload']['budget']}, chunk {result['workload']['chunk']}"
             f"{kv_note(result['workload']['kv_bits'])}{index_note(result['workload'].get('index'))}{cache_note([r['system'] for r in result['systems']], result['workload'])}"
             f"  [GB = 1e9 bytes]; {host_head}")
+    from ddbench.planner.ratelines import rates_lines
+    head = "\n".join([head] + rates_lines(result["rates"]))
     bounded = hm is not None
     cols = ["system", "max batch"] + (["bound by", "by GPU", "by host"] if bounded else []) + ["at batch"] \
         + [c.replace("_", " ") for c in CATEGORIES] + ["total", "of GPU", "host GB/req"]

@@ -265,12 +265,20 @@ def serving_plan(args) -> dict:
     out["warnings"] = _warnings(out)
     from ddbench.planner.accuracy import assumed_hit_rate
     out["assumed"] = sorted({assumed_hit_rate(resolve(res.scenario)) for res in best} - {None})
+    from ddbench.planner.ratelines import rates_doc
+    out["rates"] = rates_doc([resolve(res.scenario) for res in best])
+    from ddbench.planner import ratelines as RL
+    from ddbench.planner.executors import run_tasks
+
+    def search(desc):
+        return lambda tasks, keep: run_tasks(_search_task, [(sc, slos, seeds, tol, max_runs) for sc in tasks],
+                                             keep, workers=args.workers, desc=desc)
+    # every design's (best setting's) rate at both ends of its rates' interval, and the ranking they leave
+    RL.attach_intervals(out["designs"], best, RL.interval_searches(best, search("rate searches at the rates' ends")))
+    RL.ranking(out["designs"], tol)
     if args.search is None:
         from ddbench.planner.breakeven import break_even
-        from ddbench.planner.executors import run_tasks
-        out["break_even"] = break_even(best, lambda tasks, keep: run_tasks(
-            _search_task, [(sc, slos, seeds, tol, max_runs) for sc in tasks], keep, workers=args.workers,
-            desc="break-even searches"))
+        out["break_even"] = break_even(best, search("break-even searches"))
     else:
         out["search"] = {k: list(v) for k, v in args.search.items()}
         out["settings"] = _pareto_rows(results, slos, args.search)
@@ -352,7 +360,7 @@ def _render_table(out: dict) -> list[str]:
     rows = [head]
     for d in out["designs"]:
         met = d["status"] == "met"
-        r = [str(d["rank"] or "-"), d["system"], _fmt_rate(d["max_rate_req_per_s"]) if met else "none",
+        r = [("=" if d.get("undecided_with") else "") + str(d["rank"] or "-"), d["system"], _fmt_rate(d["max_rate_req_per_s"]) if met else "none",
              f"{d['tokens_per_s']:.1f}" if met else "-", d["binding"] or "-", str(d["max_batch"]),
              f"{d['mean_batch']:.1f}" if met and d["mean_batch"] else "-"]
         r += [fmt_seconds(d[c]) if met and d.get(c) is not None else "-" for c in cols]
@@ -449,7 +457,9 @@ def _render_settings(out: dict) -> list[str]:
 
 
 def render_serving(out: dict, verbose: bool = False) -> str:
-    lines = _render_head(out) + _render_table(out) + out.get("warnings", []) + _render_outcomes(out)
+    from ddbench.planner.ratelines import ranking_lines, rates_lines
+    lines = _render_head(out) + rates_lines(out["rates"]) + _render_table(out) + ranking_lines(out) \
+        + out.get("warnings", []) + _render_outcomes(out)
     if out.get("break_even"):
         from ddbench.planner.breakeven import render
         lines += render(out["break_even"], out["tolerance"])
@@ -466,7 +476,8 @@ def render_serving(out: dict, verbose: bool = False) -> str:
         lines += _render_settings(out)
     lines += [d["accuracy"]["line"] for d in out["designs"] if "accuracy" in d] + out.get("assumed", [])
     lines.append(cost_model_line(out["cost_model"], verbose))
-    lines.append("hit rates: " + out["hit_rates"])
+    if out["rates"]["unmatched"]:
+        lines.append("hit rates: " + out["hit_rates"])
     return "\n".join(lines)
 
 

@@ -56,8 +56,8 @@ from ddbench.core.errors import DDBenchError
 from ddbench.planner.batchsweep import parse_batches
 from ddbench.planner.runs import STABLE_SLOPE, backlog_growth, queue_grows, weights_do_not_fit
 from ddbench.planner.scenario import resolve
-from ddbench.planner.scenario_args import (add_profile_row_args, add_scenario_args, add_workload, profile_rows,
-                                           scenarios_from_args)
+from ddbench.planner.scenario_args import (add_profile_row_args, add_rate_args, add_scenario_args, add_workload,
+                                           profile_rows, scenarios_from_args)
 from ddbench.progress import bar as progress_bar
 
 EXAMPLE = """examples:
@@ -80,8 +80,7 @@ def register(sub) -> None:
     p = sub.add_parser("simulate", help="serving or per-layer timeline simulation of a design",
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scenario_args(p, design=D.DESIGN, context_required=False, requests=D.SIM_REQUESTS)
-    p.add_argument("--rate", type=flags.number(lo=D.MIN_RATE, hi=D.MAX_RATE), default=D.RATE,
-                   help=f"Poisson arrival rate, requests/s (default {D.RATE})")
+    add_rate_args(p, arrivals=flags.number(lo=D.MIN_RATE, hi=D.MAX_RATE), default=D.RATE)
     p.add_argument("--seed", type=flags.integer(lo=0, hi=2 ** 63 - 1), default=D.SEED,
                    help=f"random seed for arrivals and drawn lengths (default {D.SEED})")
     p.add_argument("--batch", type=parse_batches, metavar="N|LIST",
@@ -188,6 +187,8 @@ def run(args) -> int:
     if args.json:
         print(dumps_json(summaries))
     else:
+        from ddbench.planner.ratelines import rates_doc, rates_lines
+        print("\n".join(rates_lines(rates_doc(resolved))))
         for note in (kv_note(r0.workload.kv_bits), index_note(r0.workload.index), cache_note(summaries, r0.workload)):
             if note:
                 print(note.lstrip(", "))
@@ -198,6 +199,24 @@ def run(args) -> int:
             print(_queue_warning(grows, args.rate))
         _tail(args, r0, summaries, resolved)
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
+
+
+def _at_ends(args, r, centre: float) -> list[float] | None:
+    """[worst, best] tokens/s of the same serving run priced at both ends of the design's rates' 95 % interval
+    (ddbench.core.rates); None where its rates have no interval."""
+    from ddbench.sim.serving import draw_requests, run_serving
+    dr = r.design_rates
+    if dr is None or not any(x.has_interval for x in dr.rates):
+        return None
+    sc = r.scenario
+    out = [centre]
+    for end in ("low", "high"):
+        e = resolve(replace(sc, rate_end=end))
+        reqs = draw_requests(sc.requests, args.rate, sc.context, sc.output, args.seed)
+        res = run_serving(e.design, e.model, e.gpu, e.cm, e.workload, reqs, e.hit, e.reuse, e.batch_cap,
+                          prefill_here=sc.prefill == "here", lowrank=e.lowrank, cache=e.cache_rates)
+        out.append(res.summary().get("tokens_per_s") or 0.0)
+    return [min(out), max(out)]
 
 
 def _notes(summary: dict, r, t0: float) -> None:
@@ -218,7 +237,8 @@ def _tail(args, r0, summaries, resolved) -> None:
     print(_render_host(summaries, r0))
     print("\n".join(accuracy_lines(resolved)))
     print(cost_model_line(r0.cm.notes, args.verbose))
-    print(f"hit rates: {r0.hit_note}")
+    if r0.design_rates is None and not r0.design.kv_on_gpu:
+        print(f"hit rates: {r0.hit_note}")
     if r0.lowrank_note:
         print(r0.lowrank_note)
     print(f"wrote {args.out}" + (f", {args.plot}" if getattr(args, "plot", None) else ""))
@@ -270,13 +290,16 @@ def _sweep(args, resolved, ctx: int) -> int:
     head = (f"batch sweep: {r0.model.name} on {r0.gpu.name} ({r0.gpu.hbm_bytes / GB:.1f} GB), {r0.link.name},"
             f" context {fmt_tokens(ctx)}, {args.steps} steps per batch ({min(2, args.steps - 1)} warm-up)"
             f"{kv_note(r0.workload.kv_bits)}{index_note(r0.workload.index)}{cache_note([r.design.name for r in resolved], r0.workload)}")
+    from ddbench.planner.ratelines import rates_doc, rates_lines
+    sweep["rates"] = rates_doc(resolved)
+    head = "\n".join([head] + rates_lines(sweep["rates"]))
     with ExitStack() as stack:
         w = stack.enter_context(output_folder(args.out, command="ddbench simulate", force=args.force))
         if args.plot is not None:
             from ddbench.core.outputs import output_file
             staged = stack.enter_context(output_file(args.plot, command="ddbench simulate", flag="--plot",
                                                      force=args.force))
-            B.plot(sweep, staged, head.removeprefix("batch sweep: "),
+            B.plot(sweep, staged, head.splitlines()[0].removeprefix("batch sweep: "),
                    fmt=os.path.splitext(args.plot)[1].lstrip(".").lower())
         w.write_text("sweep.csv", _csv(rows, SWEEP_COLUMNS))
         w.write_json("summary.json", sweep)
@@ -296,6 +319,10 @@ def _num(x, fmt: str) -> str:
     return "n/a" if x is None else format(x, fmt)
 
 
+def _interval(iv) -> str:
+    return "" if not iv else f" [{iv[0]:.2f}, {iv[1]:.2f} at the rates' interval ends]"
+
+
 def _render(name: str, s: dict) -> str:
     if s["mode"] == "timeline":
         if s["status"] != "ok":
@@ -308,7 +335,7 @@ def _render(name: str, s: dict) -> str:
                                   " memory")
         return f"{name}: NOTHING FITS: {s['rejected']}/{s['requests']} requests rejected ({why}); no throughput reported"
     return (f"{name}: {s['completed']}/{s['requests']} done ({s['rejected']} rejected),"
-            f" {_num(s['tokens_per_s'], '.2f')} tokens/s,"
+            f" {_num(s['tokens_per_s'], '.2f')}{_interval(s.get('tokens_per_s_interval'))} tokens/s,"
             f" completion P50 {_num(s['completion_p50_s'], '.1f')} s P99 {_num(s['completion_p99_s'], '.1f')} s,"
             f" TTFT P50 {_num(s['ttft_p50_s'], '.2f')} s,"
             f" TPOT P50 {_num(None if s['tpot_p50_s'] is None else 1e3 * s['tpot_p50_s'], '.1f')} ms,"
@@ -402,6 +429,8 @@ def _serving(args, r, w, out) -> dict:
     finally:
         bar.close()
     summary = {**head, **res.summary(), "peak_memory_by_category": res.peak_by_category}
+    if summary["status"] == "ok":
+        summary["tokens_per_s_interval"] = _at_ends(args, r, summary["tokens_per_s"])
     off = _prefill_elsewhere(sc, summary, res.requests) if sc.prefill == "elsewhere" and summary["status"] == "ok" \
         else None
     w.write_text(os.path.join(out, "requests.csv"), _csv(_request_rows(res.requests, off)))

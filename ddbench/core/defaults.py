@@ -31,8 +31,10 @@ DESIGN = "dualdecoder"     # simulate's design
 DESIGNS = "all"            # plan's designs: the paper's four
 BUFFERS = "design"         # sparse-KV buffer layout: the design's own (or pingpong, per-layer)
 PREFILL = "here"           # prefill beside decode on this GPU
-HIT_RATE = 0.88            # where no accuracy profile exists: the paper's average KV prediction accuracy (§4.1)
-FORCED_MISS = 0.174        # the engine's forced miss rate where none is given (EngineConfig, --point, the floor twins)
+HIT_RATE = 0.88            # where no profile prices a design (ddbench.core.rates; said first in every answer):
+                           # the paper's average KV prediction accuracy (§4.1)
+FORCED_MISS = 0.174        # the engine's forced miss of its calibration phases (EngineConfig, floor, mechanism);
+                           # --point and the paper phase take each design's matched rates (ddbench.core.rates)
 PROFILE_INIT = "t2"        # accuracy profile rows: the first speculative token is the pre-decoded T2 (§4.1)
 PROFILE_TEMPERATURE = 0.6  # ... and the output token sampled at 0.6 (ShadowKV's benchmark setting)
 

@@ -349,7 +349,7 @@ def _margin(root: Path) -> str:
     if not path.exists():
         return ""
     d = _csv(path)
-    s = d[d["source"] == "simulated"]
+    s = d[(d["source"] == "simulated") & (d["rate_end"] == "centre" if "rate_end" in d else True)]
     c = s[s["design"] == "dualdecoder-cache"].sort_values("factor")
     one = c[c["factor"] == 1.0].iloc[0]
     sk = float(s[(s["design"] == "shadowkv") & (s["factor"] == 1.0)]["tok_s"].iloc[0])

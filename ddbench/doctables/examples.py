@@ -171,7 +171,7 @@ def _rank_rows(text: str) -> dict[str, list[str]]:
     rows = {}
     for ln in lines[head + 1:]:
         cells = re.split(r"\s{2,}", ln.strip())
-        if len(cells) < 4 or not (cells[0].isdigit() or cells[0] == "-"):
+        if len(cells) < 4 or not (cells[0].lstrip("=").isdigit() or cells[0] == "-"):   # =1: undecided
             break
         rows[cells[1]] = cells
     return rows

@@ -19,7 +19,7 @@ from ddbench.core.memory import Workload, max_batch
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.experiments.scene import GPU, LINK, scene, workload
-from ddbench.experiments.sim_figures import F12_MODEL, _hit, _paper, _scaled_note
+from ddbench.experiments.sim_figures import F12_MODEL, _paper, _scaled_note, rates_caption
 from ddbench.plotting import SYSTEM_COLORS, integer_axis, style_handle
 
 BUDGETS = (512, 1024, 2048, 4096)
@@ -42,7 +42,7 @@ def point(system: str, ctx: int, budget: int) -> dict:
     mb = max_batch(r.design, r.model, r.gpu, w)
     if not mb:
         return {"max_batch": 0, "step_ms": math.nan, "tokens_per_s": math.nan}
-    plan = step_layers(r.design, r.model, r.cm, w, mb, ctx, r.hit, r.reuse)
+    plan = step_layers(r.design, r.model, r.cm, w, mb, ctx, *r.hits_at(ctx))
     step = run_timeline(plan, steps=6, warmup=2).steady_step_s
     return {"max_batch": mb, "step_ms": step * 1e3, "tokens_per_s": mb / step}
 
@@ -111,6 +111,6 @@ def budget() -> FigureResult:
                       f" 1024)")]
     setup = (f"{F12_MODEL} on {GPU} + {LINK} ({_scaled_note(F12_MODEL)}), contexts "
              f"{'/'.join(fmt_tokens(c) for c in CONTEXTS)}, budgets {', '.join(map(str, BUDGETS))}, chunk "
-             f"{Workload(context=c64).chunk}; {_hit(F12_MODEL)[2]}; each design at its largest batch at that budget "
+             f"{Workload(context=c64).chunk}; {rates_caption(F12_MODEL, ('shadowkv', 'dualdecoder'), tuple(CONTEXTS))}; each design at its largest batch at that budget "
              "(memory model), decode-only steady state from the per-layer timeline")
     return FigureResult(df, setup, cmp)

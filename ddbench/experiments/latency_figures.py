@@ -33,7 +33,8 @@ def _serve(system: str, model: str, ctx: int, out: int, rate: float, n: int, pre
     from ddbench.sim.serving import draw_requests, run_serving
     r = scene(model, system)
     reqs = draw_requests(n, rate, str(ctx), str(out), SEED)
-    res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, ctx), reqs, r.hit, r.reuse,
+    hit, reuse = r.hits_at(ctx)
+    res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, ctx), reqs, hit, reuse,
                       prefill_here=prefill_here)
     return res.summary()
 
@@ -130,7 +131,7 @@ def fig13() -> FigureResult:
                    f"Poisson arrivals (seed {SEED}), {F13_N} requests per point (kept small for `make figures`),"
                    f" output {F13_OUT} tokens, FIFO admission while memory allows; (a) prefill on other GPUs"
                    f" (disaggregated), (b) chunked prefill of {Workload(context=K).prefill_chunk} tokens on this GPU"
-                   " beside decode")
+                   " beside decode", contexts=(F13_CTX,))
     return FigureResult(df, setup, cmp)
 
 
@@ -309,5 +310,5 @@ def fig20() -> FigureResult:
     ]
     setup = _setup(F20_MODEL, fmt_tokens(F20_CTX),
                    f"Poisson arrivals at {rate:.3f} req/s ({F20_LOAD:.0%} of one GPU's prefill capacity; the paper"
-                   f" states no rate), {F20_N} requests, output {F20_OUT} tokens, seed {SEED}")
+                   f" states no rate), {F20_N} requests, output {F20_OUT} tokens, seed {SEED}", contexts=(F20_CTX,))
     return FigureResult(df, setup, cmp)

@@ -38,6 +38,13 @@ def _setup(extra: str = "") -> str:
             + (f", {extra}" if extra else ""))
 
 
+def _caption(designs) -> str:
+    """The matched rate set the serving runs price the designs at (ddbench.planner.ratelines.caption)."""
+    from ddbench.experiments.scene import scene
+    from ddbench.planner.ratelines import caption
+    return caption([scene(F4_MODEL, d, gpu=GPU) for d in designs], (CONTEXT,))
+
+
 def _bd(system: str, size: str, batch: int, context: int = CONTEXT):
     return memory_breakdown(get_design(system), get_model(MODELS[size]), get_gpu(GPU),
                             Workload(context=context, batch=batch))
@@ -263,7 +270,8 @@ def _timeline(system: str):
     from ddbench.sim.serving import draw_requests, run_serving
     r = scene(F4_MODEL, system, gpu=GPU)
     reqs = draw_requests(F4_N, F4_RATE, str(CONTEXT), str(F4_OUT), 0)
-    res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, CONTEXT), reqs, r.hit, r.reuse, prefill_here=False)
+    res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, CONTEXT), reqs, *r.hits_at(CONTEXT),
+                      prefill_here=False)
     per = memory_breakdown(r.design, r.model, r.gpu, workload(r, CONTEXT))
     per_req = sum(getattr(per, c) for c in ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers"))
     rows = []
@@ -307,7 +315,7 @@ def fig04() -> FigureResult:
     setup = (f"{F4_MODEL} on {GPU} + pcie5, serving simulator (sim/serving.py): {F4_N} requests of "
              f"{fmt_tokens(CONTEXT)} tokens, Poisson at {F4_RATE} req/s (seed 0), output {F4_OUT} tokens, prefill on "
              f"other GPUs, FIFO admission while memory allows; memory by category each time it changes; "
-             + _setup().split(", ", 2)[2])
+             + _setup().split(", ", 2)[2] + "; " + _caption(SPARSE))
     return FigureResult(df, setup, cmp)
 
 

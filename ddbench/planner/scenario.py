@@ -65,6 +65,9 @@ class Scenario:
                                       # engine run forced them (replaying that run), instead of the profile's
     rate_scale: float = 1.0           # the break-even's what-if: the design's misses (1 - hit, 1 - reuse) or, for a
                                       # chunk cache, its prefetched and urgent chunks, times this (capped at 1)
+    rates: object = None              # --rates: a ddbench.core.ratefile.RateSource, or None: the matched profile
+    rate_overrides: tuple = ()        # --rate: ((design, metric, value), ...)
+    rate_end: str = "centre"          # price at the rates' centre or an end of their 95 % interval (low, high)
 
     @classmethod
     def make(cls, **kw) -> "Scenario":
@@ -172,36 +175,87 @@ class Resolved:
         return _cost_model(self.model.name if os.sep not in sc.model else sc.model, self.gpu.name, self.link,
                            sc.calibration, sc.roofline)
 
+    def rates_at(self, context: int):
+        """The matched rate set (ddbench.core.rates.RateSet) of every design at `context`."""
+        from ddbench.core.designs import DESIGNS
+        from ddbench.core.paths import traces_dir
+        from ddbench.core.rates import rate_set
+        sc, w = self.scenario, self.workload
+        return rate_set(self.model.name, self.model.num_layers, int(context), w.budget, w.cache_tokens,
+                        tuple(DESIGNS), sc.rates, tuple(sc.rate_overrides), str(traces_dir("accuracy")))
+
+    @cached_property
+    def design_rates(self):
+        """This design's rates (ddbench.core.rates.DesignRates) at the longest context drawn, scaled by
+        rate_scale; None where they do not price it (--hit-rate, or no profile: the fallback)."""
+        sc = self.scenario
+        dr = self.rates_at(self.max_context or self.workload.context).of(get_design(sc.design).name)
+        if dr is None or dr.family is None or not dr.matched:
+            return None
+        mine = sc.rates is not None and (sc.rates.kind != "values" or dr.source.startswith(sc.rates.name))
+        if (sc.hit_rate is not None or sc.rows) and dr.family in ("reuse", "speculative") and not mine \
+                and not any(o[0] == dr.design for o in sc.rate_overrides):
+            return None
+        return dr.scaled(sc.rate_scale)
+
     @cached_property
     def _hits(self) -> tuple:
-        return _hits(self.scenario.hit_rate, self.model.name, self.model.num_layers, self.select)
+        dr = self.design_rates
+        if dr is not None and dr.family in ("reuse", "speculative"):
+            hit = tuple(1.0 - m for m in dr.get("miss").at(self.scenario.rate_end))
+            return hit, hit, self.rates_note(dr)
+        hit, reuse, note = _hits(self.scenario.hit_rate, self.model.name, self.model.num_layers, self.select)
+        return _scaled_hits(hit, self.scenario.rate_scale), _scaled_hits(reuse, self.scenario.rate_scale), note
+
+    def hits_at(self, context: int) -> tuple:
+        """(hit, reuse) per layer at `context` from the matched rate set (the figures price each context at its
+        own rates); the scenario's own where the rate set does not price this design (--hit-rate, no profile)."""
+        if self.design_rates is None or self.design_rates.family not in ("reuse", "speculative"):
+            return self.hit, self.reuse
+        dr = self.rates_at(int(context)).of(self.design_rates.design).scaled(self.scenario.rate_scale)
+        hit = [1.0 - m for m in dr.get("miss").at(self.scenario.rate_end)]
+        return hit, list(hit)
+
+    def rates_note(self, dr) -> str:
+        end = self.scenario.rate_end
+        return dr.line() + ("" if end == "centre" else f"; priced at the interval's {end} end")
 
     @property
     def hit(self) -> list:
-        return _scaled_hits(self._hits[0], self.scenario.rate_scale)
+        return list(self._hits[0])
 
     @property
     def reuse(self) -> list:
-        return _scaled_hits(self._hits[1], self.scenario.rate_scale)
+        return list(self._hits[1])
 
     @property
     def hit_note(self) -> str:
-        return self._hits[2] + ("" if self.cache_rates is None else "; " + self.cache_rates.note)
+        if self.design.chunk_cache:
+            try:
+                return self.cache_rates.note
+            except DDBenchError as exc:
+                return f"no cache rates: {exc}"
+        return self._hits[2]
 
     def cache_rates_at(self, context: int):
-        """A chunk-cache design's link rates at `context` (ddbench.core.cacherates: the measured replay whose budget
-        share is nearest), None for other designs."""
+        """A chunk-cache design's link rates at `context` (ddbench.sim's CacheRates: per layer, churn and urgent
+        chunks over the budget) from the matched rate set, None for other designs."""
         if not self.design.chunk_cache:
             return None
-        from ddbench.core.cacherates import forced, from_profile, prediction_of, scaled
-        w = self.workload
-        if self.scenario.forced_cache:
-            pre, urg = self.scenario.forced_cache
-            return forced(pre, urg, self.model.num_layers, f"cache rates forced as the engine ran them: prefetched"
+        from ddbench.core.rates import CacheRates, forced
+        sc = self.scenario
+        if sc.forced_cache:
+            pre, urg = sc.forced_cache
+            return forced(pre, urg, self.model.num_layers, f"cache rates forced as the engine ran them: churn"
                                                            f" {pre:g}, urgent {urg:g} of the budget per step")
-        rates = from_profile(self.model.name, self.model.num_layers, w.budget, int(context), w.cache_tokens,
-                             D.CACHE_POLICY, prediction=prediction_of(self.design))
-        return rates if self.scenario.rate_scale == 1.0 else scaled(rates, self.scenario.rate_scale)
+        dr = self.rates_at(int(context)).of(get_design(sc.design).name)
+        if dr is None or not dr.matched:
+            raise DDBenchError(f"{sc.design} needs measured cache rates: {dr.detail if dr else 'none'} (profile"
+                               " with `ddbench profile --layer-accuracy --cache-capacity ...`, or give --rates)")
+        dr = dr.scaled(sc.rate_scale)
+        urgent = dr.get("urgent").at(sc.rate_end)
+        churn = dr.get("churn").at(sc.rate_end) if dr.get("churn") else (0.0,) * len(urgent)
+        return CacheRates(tuple(churn), tuple(urgent), self.rates_note(dr))
 
     @cached_property
     def cache_rates(self):
@@ -276,6 +330,8 @@ def _link(sc: Scenario, gpu):
 
 
 def _check(sc: Scenario) -> None:
+    if sc.rate_end not in ("low", "centre", "high"):
+        raise DDBenchError(f"rate end must be low, centre or high, got {sc.rate_end!r}")
     if sc.prefill not in PREFILLS:
         raise DDBenchError(f"prefill must be 'here' or 'elsewhere', got '{sc.prefill}'")
     if not 1 <= sc.requests <= D.MAX_REQUESTS:

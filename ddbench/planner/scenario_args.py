@@ -25,6 +25,7 @@ from ddbench.planner.scenario import KNOBS, Scenario
 
 # flags this module registers with a None default (so a command can tell whether they were given)
 OPTIONAL = ("output", "link", "hit_rate", "calibration", "max_batch", "requests")
+RATE_FLAGS = ("rates", "rate")   # read by the memory answer too (its rate lines), unlike OPTIONAL
 
 
 def _type_error(fn):
@@ -46,6 +47,47 @@ def dist(what: str):
 
 
 designs = _type_error(design_names)   # 'all', 'every' or a comma list -> a tuple of names
+
+
+class RateFlag(argparse.Action):
+    """--rate DESIGN.METRIC=VALUE: a what-if rate (repeatable, into `rate_what_if`); where the command also takes
+    an arrival rate (simulate), --rate REQ/S (no '=') is that, as before."""
+
+    def __init__(self, *a, arrivals=None, **kw):
+        self.arrivals = arrivals
+        super().__init__(*a, **kw)
+
+    def check(self, text: str):
+        """A config file's value, checked as on the command line (argparse.ArgumentTypeError, DDBenchError)."""
+        if "=" in text:
+            from ddbench.core.ratefile import parse_override
+            return parse_override(text)
+        if self.arrivals is None:
+            raise argparse.ArgumentTypeError(f"expected DESIGN.METRIC=VALUE, got {text!r}")
+        return self.arrivals(text)
+
+    def __call__(self, parser, ns, values, option_string=None):
+        if "=" in values:
+            ns.rate_what_if = list(getattr(ns, "rate_what_if", None) or []) + [values]
+        elif self.arrivals is not None:
+            try:
+                setattr(ns, self.dest, self.arrivals(values))
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"argument --rate: {exc}")
+        else:
+            parser.error(f"argument --rate: expected DESIGN.METRIC=VALUE (e.g. shadowkv.miss=0.3), got {values!r}")
+
+
+def add_rate_args(p, arrivals=None, default=None) -> None:
+    """--rates FILE and --rate DESIGN.METRIC=VALUE (with `arrivals`, --rate REQ/S too, default `default`)."""
+    p.add_argument("--rates", type=flags.text(), metavar="FILE",
+                   help="every design's rates from a `ddbench profile` output folder or a YAML/JSON of per-design"
+                        " rates (ddbench/core/ratefile.py; default: the matched profile in traces/accuracy/)")
+    what = "what-if: one rate, e.g. dualdecoder-cache.churn=0.2 or shadowkv.miss=0.3 (repeatable)"
+    p.add_argument("--rate", action=RateFlag, arrivals=arrivals, default=default, dest="rate",
+                   metavar="REQ/S|DESIGN.METRIC=VALUE" if arrivals else "DESIGN.METRIC=VALUE",
+                   help=(f"Poisson arrival rate, requests/s (default {default}); or a " if arrivals else "") + what)
+    p.set_defaults(rate_what_if=None)
 
 
 def add_scenario_args(p, *, design: str, context_required: bool, requests: int, serving=None) -> None:
@@ -144,8 +186,19 @@ def scenarios_from_args(args, requests: int, **extra) -> list[Scenario]:
                          output=D.OUTPUT if args.output is None else args.output, link=args.link,
                          hit_rate=args.hit_rate, calibration=args.calibration, roofline=args.roofline,
                          max_batch=args.max_batch, requests=requests if args.requests is None else args.requests,
-                         lowrank_from_profile=lowrank, knobs=knobs, **extra)
+                         lowrank_from_profile=lowrank, knobs=knobs, **rate_fields(args), **extra)
     return [replace(base, design=d) for d in args.design]
+
+
+def rate_fields(args, base: str | None = None) -> dict:
+    """The scenario's rates and rate_overrides from --rates and --rate (each checked: one-line errors)."""
+    from ddbench.core.ratefile import load_source, parse_override, resolve_path
+    out = {}
+    if getattr(args, "rates", None):
+        out["rates"] = load_source(resolve_path(args.rates, base, "--rates"))
+    if getattr(args, "rate_what_if", None):
+        out["rate_overrides"] = tuple(parse_override(x) for x in args.rate_what_if)
+    return out
 
 
 def given(args) -> list[str]:

@@ -4,6 +4,10 @@
                                   # folder is sweep-out/<name>
     requests: 2000                # requests per serving run
     max_batch: null               # optional cap on concurrent requests
+    rates: my-rates.yaml          # optional: every design's rates from this file or `ddbench profile` folder,
+                                  # resolved beside the spec (ddbench/core/ratefile.py); default: the matched
+                                  # profile of traces/accuracy (ddbench/core/rates.py)
+    rate: [shadowkv.miss=0.3]     # optional what-ifs, design.metric=VALUE
     grid:                         # every field a value or a list; the sweep is their product
       model: [qwen2.5-32b]
       gpu: [h100-80gb]
@@ -120,6 +124,8 @@ def _models():
         name: Optional[str] = None
         requests: Annotated[int, Whole] = Field(D.SWEEP_REQUESTS, ge=1, le=D.MAX_REQUESTS)
         max_batch: Optional[Count] = None
+        rates: Optional[Text] = None      # a rates file or `ddbench profile` folder, beside the spec
+        rate: list[Text] = []             # what-ifs: design.metric=VALUE
         grid: Grid
 
         @field_validator("requests", "max_batch", mode="before")
@@ -240,6 +246,11 @@ def points(spec: dict) -> list[dict]:
         p = dict(zip(GRID_FIELDS, combo))
         p["requests"] = spec["requests"]
         p["max_batch"] = spec["max_batch"]
+        if spec.get("rates"):
+            p["rates"] = spec["rates"]
+            p["rates_sha"] = spec.get("rates_sha")
+        if spec.get("rate"):
+            p["rate_what_if"] = list(spec["rate"])
         out.append(p)
     return out
 
@@ -267,6 +278,11 @@ def scenario_of(p: dict):
             later[k] = int(p[k])
     if p.get("index") is not None:
         later["index"] = index_name(p["index"])
+    from ddbench.core.ratefile import load_source, parse_override
+    if p.get("rates"):
+        later["rates"] = load_source(p["rates"])
+    if p.get("rate_what_if"):
+        later["rate_overrides"] = tuple(parse_override(x) for x in p["rate_what_if"])
     return Scenario.make(**later, model=p["model"], gpu=p["gpu"], design=p["system"], context=p["context"],
                          output=p["output"], link=p["link"], host=p["host"], fetching=p["fetching"],
                          host_mem_gb=p.get("host_mem_gb"),

@@ -20,7 +20,6 @@ import time
 import torch
 
 from ddbench.core.catalog.gpus import catalog_gpu_name
-from ddbench.core.defaults import FORCED_MISS
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.kernels.engine import paper as paper_phase
@@ -93,9 +92,14 @@ def _need_cuda():
 
 # ------------------------------------------------------------------ one point
 
+def pt_rates_note(model, design, ctx, cfg, a) -> str:
+    """The line of the rates a --point ran at (forced, or the matched rate set's: ddbench.core.rates)."""
+    from ddbench.kernels.engine.options import point_rates
+    from ddbench.kernels.engine.paper import Label
+    return point_rates(model, Label.parse(design).design, ctx, cfg.workload.cache_tokens, a, note=True)[2]
+
+
 def run_one(opts: SweepOptions) -> int:
-    if opts.miss is None:
-        opts = dataclasses.replace(opts, miss=FORCED_MISS)
     a = check_args(opts)
     model = a.model_spec
     d, c, b = parse_point(a.point)
@@ -107,9 +111,10 @@ def run_one(opts: SweepOptions) -> int:
     hbm = pt.hbm_gbps()
     apply_cap(mem)
     weights = Weights.random(model, "cuda", seed=0)
-    row = pt.run_point(model, weights, flat, d, c, b, miss_rate=a.miss, transfers=not a.no_transfers,
+    row = pt.run_point(model, weights, flat, d, c, b, miss_rate=cfg.miss_rate, transfers=not a.no_transfers,
                        graph=pt.design_spec(d).gather != "cpu", reps=a.replays, hbm=hbm, cfg=cfg, limit=mem["limit"],
                        mem_gpu=mem["mem_gpu"], overhead=mem["overhead"])
+    row["rates_note"] = pt_rates_note(model, d, c, cfg, a)      # the rate set this row ran at
     print(json.dumps(row))
     return 0
 

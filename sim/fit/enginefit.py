@@ -57,7 +57,7 @@ def step_compute(cm: CostModel, design, context: int, batch: int, step: str = IN
     one = [1.0] * cm.model.num_layers
     cache = None
     if design.chunk_cache:       # compute only: the rates move bytes, not compute
-        from ddbench.core.cacherates import forced
+        from ddbench.core.rates import forced
         cache = forced(0.0, 0.0, cm.model.num_layers, "compute only")
     plan = step_layers(design, cm.model, cm, w, batch, context, one, one, cache=cache)
     if step == COPY_REGATHER:

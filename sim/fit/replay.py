@@ -162,7 +162,7 @@ def engine_cache_rates(r, model: str):
     """A chunk-cache design's rates at an engine point: the chunks its cache really moved per step (the
     row's prefetch and urgent bytes, its forced churn and misses through its own LRU cache) over the
     budget's; the replay takes the workload's rates from the engine as it takes the forced miss rate."""
-    from ddbench.core.cacherates import forced
+    from ddbench.core.rates import forced
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload, kv_piece_bytes
     m, w = get_model(model), Workload(context=int(r.context), kv_bits=row_kv_bits(r))
