@@ -141,6 +141,28 @@ def index_from_landmarks(lm32: torch.Tensor, spec, dtype=torch.bfloat16, kernel:
     return Index(spec, quantize_landmarks(lm32, spec.fmt, dtype), coarse)
 
 
+def random_index(B: int, H: int, N: int, d: int, spec, dtype, generator, device, kernel: bool = True) -> Index:
+    """An index of random fp32 landmarks [B, H, N, d] (the engine's stand-in for a prefill), built one request at
+    a time into tensors allocated once: the transient fp32 landmarks and the quantisation's temporaries are
+    one request's, never the batch's (a batch-sized fp32 tensor per layer ran a large batch out of memory)."""
+    out = None
+    for b in range(B):
+        one = index_from_landmarks(torch.empty(1, H, N, d, device=device).normal_(generator=generator), spec, dtype,
+                                   kernel)
+        levels = [one.fine] + ([one.coarse] if one.coarse is not None else [])
+        if out is None:
+            def grow(L):
+                return Landmarks(L.fmt, L.data.new_empty((B,) + tuple(L.data.shape[1:])),
+                                 None if L.scale is None else L.scale.new_empty((B,) + tuple(L.scale.shape[1:])),
+                                 L.head_dim)
+            out = Index(one.spec, grow(one.fine), grow(one.coarse) if one.coarse is not None else None)
+        for have, L in zip([out.fine] + ([out.coarse] if out.coarse is not None else []), levels):
+            have.data[b:b + 1].copy_(L.data)
+            if L.scale is not None:
+                have.scale[b:b + 1].copy_(L.scale)
+    return out
+
+
 def build_index(keys: torch.Tensor, spec, chunk: int = 8) -> Index:
     """The index of post-RoPE `keys` [B, H, T, d], once at prefill: chunk means by the Triton landmark
     kernel in fp32, super-chunk means of those, each level quantized to its format."""

@@ -147,3 +147,16 @@ def test_two_level_keeping_all_is_flat_gpu():
         flat = X.build_index(keys, "flat" if fmt == "bf16" else fmt)
         got = X.index_select(q, two, 256, keep=two.coarse.n, scores=torch.float32)
         assert torch.equal(got, X.index_select(q, flat, 256, scores=torch.float32)), fmt
+
+
+def test_random_index_builds_one_request_at_a_time():
+    g = torch.Generator().manual_seed(61)
+    ix = X.random_index(3, 2, 40, 32, "two-level:4,1,int4,fp8", torch.float16, g, "cpu", kernel=False)
+    g = torch.Generator().manual_seed(61)
+    want = [X.index_from_landmarks(torch.empty(1, 2, 40, 32).normal_(generator=g), "two-level:4,1,int4,fp8",
+                                   torch.float16, kernel=False) for _ in range(3)]
+    for lvl in ("fine", "coarse"):
+        got = getattr(ix, lvl)
+        assert torch.equal(_raw(got), torch.cat([_raw(getattr(w, lvl)) for w in want]))
+        assert torch.equal(got.scale, torch.cat([getattr(w, lvl).scale for w in want]))
+    assert ix.nbytes == sum(w.nbytes for w in want)
