@@ -79,13 +79,14 @@ def test_two_level_keeping_all_is_flat(fmt):
 
 def _stated_error(fmt, q, lm32, L):
     """|q . (lm - lm_hat)| bound per (b, t, hq, n): fp8 2^-4 |x| + 2^-10 s per element (normal / subnormal
-    rounding), int4 s_g / 2 per element."""
+    rounding), int4 s_g / 2 per element plus the rounding of code x scale to q's dtype (half an ulp)."""
     G = q.shape[2] // lm32.shape[1]
     aq = q.float().abs()
     if fmt == "fp8":
         per = FP8_REL_ERROR * lm32.abs() + 2.0 ** -10 * L.scale[..., None]
     else:
-        per = (L.scale / 2).repeat_interleave(INT4_GROUP, -1)
+        half_ulp = torch.finfo(q.dtype).eps / 2
+        per = (L.scale / 2).repeat_interleave(INT4_GROUP, -1) + half_ulp * X.dequantize_landmarks(L).abs()
     return torch.einsum("bthd,bhnd->bthn", aq, per.repeat_interleave(G, 1))
 
 
