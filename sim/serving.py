@@ -71,12 +71,13 @@ class Request:
         return self.completion - self.arrival
 
 
-def draw_requests(n: int, rate: float, context: str, output: str, seed: int) -> list[Request]:
+def draw_requests(n: int, rate: float, context: Distribution, output: Distribution, seed: int) -> list[Request]:
+    """`n` Poisson arrivals at `rate` per second (seeded), their lengths drawn from the two distributions."""
     if n < 1:
         raise DDBenchError(f"--requests must be at least 1, got {n}")
     if not (rate > 0 and math.isfinite(rate)):
         raise DDBenchError(f"--rate must be positive and finite (requests/s), got {rate}")
-    ctx, out = Distribution.parse(context, "context").sample, Distribution.parse(output, "output").sample
+    ctx, out = context.sample, output.sample
     rng = random.Random(seed)
     t, reqs = 0.0, []
     for i in range(n):

@@ -81,7 +81,7 @@ def test_sweep_axis():
     g = dict(model=["llama-3-8b"], gpu=["h200"], link=[None], host=[None], fetching=[None], host_mem_gb=[None],
              system=["dualdecoder-cache"], context=["128k"], output=["64"], budget=[2048], chunk=[8],
              lowrank_layers=[0], buffers=["design"], cache_tokens=[None], kv_bits=[8], cache_bits=[None, 8],
-             hit_rate=[None], prefill=["here"], rate=[1.0], seed=[0])
+             hit_rate=[None], prefill=["here"], rate=[1.0], seed=[0], index=[None])
     ps = points(dict(requests=10, max_batch=None, grid=g))
     assert [scenario_of(p).knob("cache_bits") for p in ps] == [16, 8]
     plain = ps[0]

@@ -32,7 +32,7 @@ from ddbench.core import flags
 from ddbench.core.catalog import NOT_BOUNDED
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import BOUND_BOTH, BOUND_GPU, CATEGORIES, memory_breakdown
-from ddbench.core.units import GB, fmt_tokens, parse_tokens
+from ddbench.core.units import GB, fmt_tokens
 from ddbench.planner.scenario import resolve
 from ddbench.planner.scenario_args import add_rate_args, add_scenario_args, add_workload, given, scenarios_from_args
 
@@ -130,7 +130,7 @@ def register(sub) -> None:
 
 # ------------------------------------------------------------------ memory answer (no SLO)
 def plan(args) -> dict:
-    parse_tokens(args.context)   # the memory answer is at one context
+    args.context.tokens("context")   # the memory answer is at one context
     resolved = [resolve(sc).check_host()
                 for sc in scenarios_from_args(args, D.PLAN_REQUESTS, host=args.host, host_mem_gb=args.host_mem)]
     r0 = resolved[0]

@@ -153,7 +153,7 @@ def _head(args, sc0, r0, slos, seeds, tol, max_runs) -> dict:
     from ddbench.planner.runs import SUSTAINABLE_RULE
     out = {"model": r0.model.name, "gpu": r0.gpu.name, "capacity_gb": r0.gpu.hbm_bytes / GB,
            "link": r0.link.name, "link_gbps_per_gpu": r0.link.achievable_gbps,
-           "context": sc0.context, "output": sc0.output, "prefill": sc0.prefill,
+           "context": str(sc0.context), "output": str(sc0.output), "prefill": sc0.prefill,
            "slo": [s.text for s in slos], "slo_columns": [s.column for s in slos], "seeds": list(seeds),
            "requests_per_run": sc0.requests, "tolerance": tol, "max_runs": max_runs,
            "sustainable_rule": SUSTAINABLE_RULE,

@@ -51,7 +51,7 @@ from ddbench.core.io import dumps_json
 from ddbench.core.outputs import output_folder
 from ddbench.core.memory import CATEGORIES
 from ddbench.core.provenance import provenance
-from ddbench.core.units import GB, fmt_tokens, parse_tokens
+from ddbench.core.units import GB, fmt_tokens
 from ddbench.core.errors import DDBenchError
 from ddbench.planner.batchsweep import parse_batches
 from ddbench.planner.runs import STABLE_SLOPE, backlog_growth, queue_grows, weights_do_not_fit
@@ -162,7 +162,7 @@ def run(args) -> int:
     scenarios = scenarios_from_args(args, D.SIM_REQUESTS, rows=profile_rows(args), host=args.host,
                                     fetching=args.fetching, host_mem_gb=args.host_mem, prefill=prefill)
     resolved = [resolve(sc).check().check_host() for sc in scenarios]
-    ctx = parse_tokens(args.context) if args.batch is not None else None   # the timeline needs one context
+    ctx = args.context.tokens("context") if args.batch is not None else None   # the timeline needs one context
     if sweep:
         return _sweep(args, resolved, ctx)
     r0 = resolved[0]
@@ -407,7 +407,7 @@ def _serving(args, r, w, out) -> dict:
     sc = r.scenario
     reqs = draw_requests(sc.requests, args.rate, sc.context, sc.output, args.seed)
     head = {"mode": "serving", "system": r.design.name, "model": r.model.name, "gpu": r.gpu.name, "link": r.link.name,
-            "rate": args.rate, "seed": args.seed, "context": sc.context, "output": sc.output,
+            "rate": args.rate, "seed": args.seed, "context": str(sc.context), "output": str(sc.output),
             "prefill": "elsewhere" if sc.prefill == "elsewhere" else "this GPU"}
     # the host bound at the longest context drawn (exp:MEAN: the longest request drawn)
     head["host_memory"] = _host_block(r, r.max_context or max(q.context for q in reqs), sc.max_batch)
@@ -443,14 +443,12 @@ def _serving(args, r, w, out) -> dict:
         events = []
         notes = ["pid 2: serving counters"]
         if summary["status"] == "ok":
-            from ddbench.sim.steplayers import step_layers
-            from ddbench.sim.timeline import run_timeline
+            from ddbench.sim.run import Point, run
             from ddbench.sim.perfetto import timeline_events
             b = max(1, round(summary["mean_batch"]))
             ctx = sum(q.context for q in reqs) / len(reqs)
-            tl = run_timeline(step_layers(r.design, r.model, r.cm, r.workload, b, ctx, r.hit, r.reuse, r.lowrank,
-                                          cache=r.cache_rates),
-                              steps=3, warmup=0, record=True)
+            tl = run(Point(r.design, r.model, r.cm, r.workload, b, ctx, r.hit, r.reuse, r.lowrank,
+                           cache=r.cache_rates), "timeline", steps=3, warmup=0, record=True)
             events = timeline_events(tl.events, pid=1)
             notes = [f"pid 1: per-layer timeline of 3 batch steps at the run's mean batch {b}; pid 2: serving counters"]
         events += counter_events(res.segments, "start_s", ["batch"], "batch", pid=2)
@@ -463,9 +461,7 @@ def _timeline(args, r, ctx: int, batch: int, w, out) -> dict:
     """The per-layer timeline of `batch` requests at context `ctx`: its summary; with a writer `w`, its
     steps.csv, layers.csv (and trace.json) into `out` (a batch sweep passes None: the summary only)."""
     from ddbench.core.memory import memory_breakdown
-    from ddbench.sim.aggregate import aggregate_step
-    from ddbench.sim.steplayers import step_layers
-    from ddbench.sim.timeline import run_timeline
+    from ddbench.sim.run import Point, run
     from ddbench.sim.perfetto import timeline_events, trace_json
 
     wl = replace(r.workload, context=ctx)
@@ -483,10 +479,10 @@ def _timeline(args, r, ctx: int, batch: int, w, out) -> dict:
                   f" {host['bytes_per_gpu'] / GB:.1f} GB of host memory for this GPU")
         return {**head, "status": "does-not-fit", "reason": reason, "step_ms": None, "tokens_per_s": None,
                 "reasons": {"step_ms": reason, "tokens_per_s": reason}}
-    layers_ = step_layers(r.design, r.model, r.cm, wl, batch, ctx, r.hit, r.reuse, r.lowrank,
-                          cache=r.cache_rates_at(ctx))
-    tl = run_timeline(layers_, steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace and w is not None)
-    agg = aggregate_step(layers_)
+    layers_ = run(Point(r.design, r.model, r.cm, wl, batch, ctx, r.hit, r.reuse, r.lowrank,
+                        cache=r.cache_rates_at(ctx)), "plan")
+    tl = run(layers_, "timeline", steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace and w is not None)
+    agg = run(layers_, "aggregate")
     steps = [{"step": i, "step_s": s, "stall_s": st} for i, (s, st) in enumerate(zip(tl.step_s, tl.stall_s))]
     layers = [{"layer": i, "pre_s": layers_.pre[i], "rebuild_assemble_s": layers_.mid[i], "attention_s": layers_.att[i],
                "post_s": layers_.post[i], "prefetch_bytes": layers_.pf_bytes[i], "urgent_bytes": layers_.ur_bytes[i],

@@ -236,10 +236,10 @@ def engine_mechanism(root: Path = ROOT) -> str:
 def _sim_tok_s(design: str, model: str, context: int, batch: int, **knobs) -> float:
     """`ddbench simulate`'s cost model on the H200 at one point (the engine's batch, 12 % misses)."""
     from ddbench.experiments.sim_figures import _plan
-    from ddbench.sim.timeline import run_timeline
+    from ddbench.sim.run import run
     hit = None if design == "full-kv" else 0.88
-    return batch / run_timeline(_plan(design, model, context, batch, hit=hit, gpu="h200", **knobs), steps=6,
-                                warmup=2).steady_step_s
+    return batch / run(_plan(design, model, context, batch, hit=hit, gpu="h200", **knobs), "timeline", steps=6,
+                       warmup=2).steady_step_s
 
 
 def paper_points(root: Path = ROOT) -> str:

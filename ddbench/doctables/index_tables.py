@@ -34,14 +34,13 @@ def _point(index: str, gpu: str = "h200", design: str = "dualdecoder-cache"):
 
 def _step(r, batch: int):
     """(selection s, compute-only s, whole step s with the link) of one decode step."""
-    from ddbench.sim.aggregate import aggregate_step
-    from ddbench.sim.steplayers import step_layers
-    pl = step_layers(r.design, r.model, r.cm, r.workload, batch, float(CONTEXT), r.hit, r.reuse, r.lowrank,
-                     cache=r.cache_rates)
+    from ddbench.sim.run import Point, run
+    pl = run(Point(r.design, r.model, r.cm, r.workload, batch, float(CONTEXT), r.hit, r.reuse, r.lowrank,
+                   cache=r.cache_rates), "plan")
     from ddbench.sim.indexcost import select_index_s
     sel = r.model.num_layers * select_index_s(r.cm, batch, pl.q_tokens, CONTEXT, r.workload, triton=True)
     compute = sum(pl.pre) + sum(pl.mid) + sum(pl.att) + sum(pl.post) + pl.lm_s
-    return sel, compute, aggregate_step(pl).step_s
+    return sel, compute, run(pl, "aggregate").step_s
 
 
 def _bytes(index: str) -> str:

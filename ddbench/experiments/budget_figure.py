@@ -35,15 +35,14 @@ PAPER_RATIOS = {64 * 1024: "fig12.64k.over_shadowkv", 128 * 1024: "fig12.128k.ov
 @lru_cache(maxsize=None)
 def point(system: str, ctx: int, budget: int) -> dict:
     """Largest batch that fits and its steady decode step (per-layer timeline) at one budget."""
-    from ddbench.sim.steplayers import step_layers
-    from ddbench.sim.timeline import run_timeline
+    from ddbench.sim.run import Point, run
     r = scene(F12_MODEL, system, budget=budget)
     w = workload(r, ctx)
     mb = max_batch(r.design, r.model, r.gpu, w)
     if not mb:
         return {"max_batch": 0, "step_ms": math.nan, "tokens_per_s": math.nan}
-    plan = step_layers(r.design, r.model, r.cm, w, mb, ctx, *r.hits_at(ctx))
-    step = run_timeline(plan, steps=6, warmup=2).steady_step_s
+    step = run(Point(r.design, r.model, r.cm, w, mb, ctx, *r.hits_at(ctx)), "timeline", steps=6,
+               warmup=2).steady_step_s
     return {"max_batch": mb, "step_ms": step * 1e3, "tokens_per_s": mb / step}
 
 

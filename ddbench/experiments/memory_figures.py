@@ -23,6 +23,7 @@ from ddbench.experiments import engine_points as E
 from ddbench.plotting import (CATEGORY_COLORS, SYSTEM_COLORS, engine_handle, engine_mark, integer_axis, paper_handle,
                               paper_mark, style_handle)
 from ddbench.core.designs import get_design
+from ddbench.core.distribution import Distribution
 from ddbench.core.units import GB, fmt_tokens
 
 GPU = "h100-80gb"
@@ -269,7 +270,8 @@ def _timeline(system: str):
     from ddbench.experiments.scene import scene, workload
     from ddbench.sim.serving import draw_requests, run_serving
     r = scene(F4_MODEL, system, gpu=GPU)
-    reqs = draw_requests(F4_N, F4_RATE, str(CONTEXT), str(F4_OUT), 0)
+    reqs = draw_requests(F4_N, F4_RATE, Distribution.parse(CONTEXT, "context"), Distribution.parse(F4_OUT, "output"),
+                         0)
     res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, CONTEXT), reqs, *r.hits_at(CONTEXT),
                       prefill_here=False)
     per = memory_breakdown(r.design, r.model, r.gpu, workload(r, CONTEXT))

@@ -53,18 +53,18 @@ def _scaled_note(model: str) -> str:
 
 def _plan(design: str, model: str, ctx: int, batch: int, hit=None, gpu: str = GPU, **knobs):
     """The step plan of `batch` requests (`knobs`: Workload fields, e.g. cache_tokens; `gpu`: a catalog GPU)."""
-    from ddbench.sim.steplayers import step_layers
+    from ddbench.sim.run import Point, run
     r = scene(model, design, gpu=gpu, **knobs)
     h, reuse = r.hits_at(ctx) if hit is None else ([hit] * r.model.num_layers,) * 2
-    return step_layers(r.design, r.model, r.cm, workload(r, ctx), batch, ctx, list(h), list(reuse),
-                       cache=r.cache_rates_at(ctx))
+    return run(Point(r.design, r.model, r.cm, workload(r, ctx), batch, ctx, list(h), list(reuse),
+                     cache=r.cache_rates_at(ctx)), "plan")
 
 
 @lru_cache(maxsize=None)
 def _step_s(system: str, model: str, ctx: int, batch: int, gpu: str = GPU, **knobs) -> float:
     """Steady-state decode step time from the per-layer timeline."""
-    from ddbench.sim.timeline import run_timeline
-    return run_timeline(_plan(system, model, ctx, batch, gpu=gpu, **knobs), steps=6, warmup=2).steady_step_s
+    from ddbench.sim.run import run
+    return run(_plan(system, model, ctx, batch, gpu=gpu, **knobs), "timeline", steps=6, warmup=2).steady_step_s
 
 
 def _maxb(design: str, model: str, ctx: int, gpu: str = GPU, **knobs) -> int:

@@ -45,8 +45,8 @@ class Scenario:
     model: str
     gpu: str
     design: str = D.DESIGN
-    context: str = D.CONTEXT          # 128k, uniform:LO:HI or exp:MEAN
-    output: str = D.OUTPUT
+    context: Distribution = D.CONTEXT  # 128k, uniform:LO:HI or exp:MEAN: a Distribution (text is parsed once,
+    output: Distribution = D.OUTPUT    # on construction; the CLI hands the Distribution it parsed)
     link: str | None = None           # None: the GPU's usual link (or the host's)
     host: str | None = None           # multi-GPU host sharing switches and DRAM; None: the GPU alone
     fetching: int | None = None       # GPUs of the host fetching at once (None: all of them)
@@ -87,10 +87,14 @@ class Scenario:
         """The design's name, with [buffers] where the buffer layout is not the design's own."""
         return design_of(self.design, self.buffers).name
 
+    def __post_init__(self):
+        object.__setattr__(self, "context", Distribution.of(self.context, "context"))
+        object.__setattr__(self, "output", Distribution.of(self.output, "output"))
+
     @property
     def contexts(self) -> Distribution:
         """The contexts it draws (.low, .high: the shortest and longest; None for exp:MEAN)."""
-        return Distribution.parse(self.context, "context")
+        return self.context
 
 
 def _knobs(values: dict) -> tuple:
@@ -340,8 +344,6 @@ def _check(sc: Scenario) -> None:
         raise DDBenchError(f"max batch must be at least 1, got {sc.max_batch}")
     if sc.calibration is not None and not str(sc.calibration).strip():
         raise DDBenchError("the calibration root is empty: name a folder, or leave it out for the data root's")
-    Distribution.parse(sc.context, "context")
-    Distribution.parse(sc.output, "output")
 
 
 def _workload(sc: Scenario, design, model, lowrank) -> Workload:

@@ -39,11 +39,8 @@ def _type_error(fn):
 
 
 def dist(what: str):
-    """128k, uniform:LO:HI or exp:MEAN (checked by ddbench.core.distribution) -> the text."""
-    def parse(text: str) -> str:
-        Distribution.parse(text, what)
-        return text
-    return flags.checked(parse)
+    """128k, uniform:LO:HI or exp:MEAN -> a ddbench.core.distribution.Distribution: parsed here, once."""
+    return flags.checked(lambda text: Distribution.parse(text, what))
 
 
 designs = _type_error(design_names)   # 'all', 'every' or a comma list -> a tuple of names
