@@ -15,8 +15,9 @@ The flat bf16 index is today's path, unchanged: kernels/engine/fastselect.select
 Scoring (`_index_pass1`, one program per (request, KV head[, query token], split), as select.py's pass 1):
   bf16  q . lm with tl.dot;
   fp8   the e4m3 bytes bitcast and widened to q's dtype (exact), q . code with tl.dot, times the scale;
-  int4  per group of INT4_GROUP dims: low and high nibbles (even and odd dims) widened to q's dtype
-        (exact), two tl.dot against q's even and odd dims, times the group's scale, summed.
+  int4  the packed bytes of a block once: low and high nibbles (even and odd dims) times their group's scale,
+        rounded to q's dtype (as the twin does), two tl.dot of D/2 against q's even and odd dims. (The first
+        version, two K=16 dots per group of 32 dims, ran at 14 % of its floor on the H200: traces/kernels/h200-index.)
 Raw log2-domain scores go to the scratch and each split's row (max, sum of exp) to pml, the layout that
 fastselect.topk_from_scratch's normalise + group max + top-k reads. With `cand` [B, nq, H, NC] (chunk ids,
 ascending; ids >= N are padding, scored -inf) each query token's program gathers its own candidates: pass
@@ -141,6 +142,28 @@ def index_from_landmarks(lm32: torch.Tensor, spec, dtype=torch.bfloat16, kernel:
     return Index(spec, quantize_landmarks(lm32, spec.fmt, dtype), coarse)
 
 
+def random_index(B: int, H: int, N: int, d: int, spec, dtype, generator, device, kernel: bool = True) -> Index:
+    """An index of random fp32 landmarks [B, H, N, d] (the engine's stand-in for a prefill), built one request at
+    a time into tensors allocated once: the transient fp32 landmarks and the quantisation's temporaries are
+    one request's, never the batch's (a batch-sized fp32 tensor per layer ran a large batch out of memory)."""
+    out = None
+    for b in range(B):
+        one = index_from_landmarks(torch.empty(1, H, N, d, device=device).normal_(generator=generator), spec, dtype,
+                                   kernel)
+        levels = [one.fine] + ([one.coarse] if one.coarse is not None else [])
+        if out is None:
+            def grow(L):
+                return Landmarks(L.fmt, L.data.new_empty((B,) + tuple(L.data.shape[1:])),
+                                 None if L.scale is None else L.scale.new_empty((B,) + tuple(L.scale.shape[1:])),
+                                 L.head_dim)
+            out = Index(one.spec, grow(one.fine), grow(one.coarse) if one.coarse is not None else None)
+        for have, L in zip([out.fine] + ([out.coarse] if out.coarse is not None else []), levels):
+            have.data[b:b + 1].copy_(L.data)
+            if L.scale is not None:
+                have.scale[b:b + 1].copy_(L.scale)
+    return out
+
+
 def build_index(keys: torch.Tensor, spec, chunk: int = 8) -> Index:
     """The index of post-RoPE `keys` [B, H, T, d], once at prefill: chunk means by the Triton landmark
     kernel in fp32, super-chunk means of those, each level quantized to its format."""
@@ -171,17 +194,15 @@ def _level_scores(q, qrow, rv, data, scale, ids, nv, s_dn, s_sn, scale_log2,
     load 0) against the landmarks `ids` of one (request, KV head) in format FMT (0 bf16, 1 fp8, 2 int4)."""
     col = ids.to(tl.int64)
     if FMT == 2:
-        HG: tl.constexpr = GS // 2
-        jj = tl.arange(0, HG)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for gi in tl.static_range(D // GS):
-            byte = tl.load(data + col[None, :] * s_dn + gi * HG + jj[:, None], mask=nv[None, :], other=136)
-            lo = ((byte & 15).to(tl.int32) - 8).to(q.dtype.element_ty)
-            hi = ((byte >> 4).to(tl.int32) - 8).to(q.dtype.element_ty)
-            qe = tl.load(qrow[:, None] + gi * GS + 2 * jj[None, :], mask=rv[:, None], other=0.0)
-            qo = tl.load(qrow[:, None] + gi * GS + 2 * jj[None, :] + 1, mask=rv[:, None], other=0.0)
-            sg = tl.load(scale + col * s_sn + gi, mask=nv, other=0.0)
-            acc += (tl.dot(qe, lo) + tl.dot(qo, hi)) * sg[None, :]
+        HD: tl.constexpr = D // 2
+        jj = tl.arange(0, HD)
+        byte = tl.load(data + col[None, :] * s_dn + jj[:, None], mask=nv[None, :], other=136)       # [D/2, BLOCK_N]
+        sc = tl.load(scale + col[None, :] * s_sn + (2 * jj[:, None]) // GS, mask=nv[None, :], other=0.0)
+        lo = (((byte & 15).to(tl.int32) - 8).to(tl.float32) * sc).to(q.dtype.element_ty)          # even dims
+        hi = (((byte >> 4).to(tl.int32) - 8).to(tl.float32) * sc).to(q.dtype.element_ty)          # odd dims
+        qe = tl.load(qrow[:, None] + 2 * jj[None, :], mask=rv[:, None], other=0.0)
+        qo = tl.load(qrow[:, None] + 2 * jj[None, :] + 1, mask=rv[:, None], other=0.0)
+        acc = tl.dot(qe, lo) + tl.dot(qo, hi)
     else:
         dd = tl.arange(0, D)
         qt = tl.load(qrow[:, None] + dd[None, :], mask=rv[:, None], other=0.0)
@@ -329,7 +350,10 @@ def index_scores_ref(q, L: Landmarks, cand=None) -> torch.Tensor:
     """Torch twin of a level's scoring: max over the GQA group of the softmax (over the landmarks, or
     over each row's candidates `cand`; ids >= N score -inf) of q . dequantized landmark / sqrt(d)."""
     B, nq, Hq, d, H = _check_q(q, L)
-    lm = dequantize_landmarks(L).repeat_interleave(Hq // H, 1)                  # [B, Hq, N, d]
+    lm = dequantize_landmarks(L)
+    if L.fmt == "int4":                  # the kernel scores code x scale rounded to q's dtype
+        lm = lm.to(q.dtype).float()
+    lm = lm.repeat_interleave(Hq // H, 1)                                       # [B, Hq, N, d]
     s = torch.einsum("bthd,bhnd->bthn", q.float(), lm) / math.sqrt(d)           # [B, nq, Hq, N]
     if cand is not None:
         c = cand.long().repeat_interleave(Hq // H, 2)                           # [B, nq, Hq, NC]

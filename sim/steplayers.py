@@ -12,7 +12,9 @@ Per layer i of a step, for a batch of b requests:
            where layer i keeps low-rank keys, and assembling the attended buffer from the resident
            window (overlaps the urgent fetch, unless plan.ur_serial: then it follows it)
   att[i]   attention over the sparse working set (or the whole context where KV stays on the GPU)
-  post[i]  output projection and gated MLP + the other half of the glue (norm, SwiGLU)
+  post[i]  output projection and gated MLP + the other half of the glue (norm, SwiGLU); under tensor
+           parallelism (CostModel.set_tensor_parallel) the two all-reduces of the hidden state, after the
+           output projection and after the MLP (0 at TP 1)
   link     prefetch bytes (the predicted selection, budget B per request) and urgent bytes
            (misses = (1 - hit rate) * B, or with reuse and no prefetch (1 - reuse rate) * B) of
            K+V, or of V alone where keys are rebuilt from the low-rank copy; D2H of the new
@@ -150,8 +152,9 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
              "selection": (L * passes * c["sel"], batch * context / w.chunk),
              "attention": (L * passes * c["att"], batch),
              "elementwise": (L * (passes * (c["glue"] + c["asm"]) + fill), batch * q)}
+    ar = 2 * cm.allreduce_s(batch * q * m.hidden * E)     # TP: after the output projection and the MLP
     return StepLayers(design, batch, context, q, passes, pre, mid, [passes * c["att"]] * L,
-                      [passes * (c["lin_post"] + c["glue"] / 2)] * L, lm, link["pf_b"], link["ur_b"], link["d2h_b"],
+                      [passes * (c["lin_post"] + c["glue"] / 2 + ar)] * L, lm, link["pf_b"], link["ur_b"], link["d2h_b"],
                       link["pf_w"], link["ur_w"], link["d2h_w"], link["cpu_pf"], link["cpu_ur"],
                       slot_bytes, slots, link["rates"], lr, ur_min, serial, compute_slowdown(link["rates"], kinds))
 
@@ -290,7 +293,7 @@ def prefill_chunk_s(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload
     qd, kvd = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     lin = (cm.linear_s(m.hidden, qd + 2 * kvd, tokens) + cm.linear_s(qd, m.hidden, tokens)
            + cm.linear_s(m.hidden, 2 * m.intermediate, tokens) + cm.linear_s(m.intermediate, m.hidden, tokens))
-    gpu = m.num_layers * (lin + cm.prefill_attention_s(tokens, prefix))
+    gpu = m.num_layers * (lin + cm.prefill_attention_s(tokens, prefix) + 2 * cm.allreduce_s(tokens * m.hidden * E))
     if last:
         gpu += cm.linear_s(m.hidden, m.vocab, 1)
         n_lr = lowrank_layer_count(design, m, w)

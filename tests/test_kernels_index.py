@@ -79,13 +79,14 @@ def test_two_level_keeping_all_is_flat(fmt):
 
 def _stated_error(fmt, q, lm32, L):
     """|q . (lm - lm_hat)| bound per (b, t, hq, n): fp8 2^-4 |x| + 2^-10 s per element (normal / subnormal
-    rounding), int4 s_g / 2 per element."""
+    rounding), int4 s_g / 2 per element plus the rounding of code x scale to q's dtype (half an ulp)."""
     G = q.shape[2] // lm32.shape[1]
     aq = q.float().abs()
     if fmt == "fp8":
         per = FP8_REL_ERROR * lm32.abs() + 2.0 ** -10 * L.scale[..., None]
     else:
-        per = (L.scale / 2).repeat_interleave(INT4_GROUP, -1)
+        half_ulp = torch.finfo(q.dtype).eps / 2
+        per = (L.scale / 2).repeat_interleave(INT4_GROUP, -1) + half_ulp * X.dequantize_landmarks(L).abs()
     return torch.einsum("bthd,bhnd->bthn", aq, per.repeat_interleave(G, 1))
 
 
@@ -147,3 +148,16 @@ def test_two_level_keeping_all_is_flat_gpu():
         flat = X.build_index(keys, "flat" if fmt == "bf16" else fmt)
         got = X.index_select(q, two, 256, keep=two.coarse.n, scores=torch.float32)
         assert torch.equal(got, X.index_select(q, flat, 256, scores=torch.float32)), fmt
+
+
+def test_random_index_builds_one_request_at_a_time():
+    g = torch.Generator().manual_seed(61)
+    ix = X.random_index(3, 2, 40, 32, "two-level:4,1,int4,fp8", torch.float16, g, "cpu", kernel=False)
+    g = torch.Generator().manual_seed(61)
+    want = [X.index_from_landmarks(torch.empty(1, 2, 40, 32).normal_(generator=g), "two-level:4,1,int4,fp8",
+                                   torch.float16, kernel=False) for _ in range(3)]
+    for lvl in ("fine", "coarse"):
+        got = getattr(ix, lvl)
+        assert torch.equal(_raw(got), torch.cat([_raw(getattr(w, lvl)) for w in want]))
+        assert torch.equal(got.scale, torch.cat([getattr(w, lvl).scale for w in want]))
+    assert ix.nbytes == sum(w.nbytes for w in want)

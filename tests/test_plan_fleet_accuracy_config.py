@@ -39,7 +39,7 @@ def _in_tmp(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- question 1: the fleet
 def test_q1_prefill_fleet_ttft_and_accuracy(capsys):
-    rc, out, _ = _main(Q1, capsys)
+    rc, out, _ = _main(Q1 + ["--verbose"], capsys)
     assert rc == 0
     assert "prefill GPUs/decode GPU" in out and "fleet req/s per GPU" in out and "fleet ttft p99" in out
     assert "ttft p99" in out and "completion p99" in out and "tpot p99" in out
@@ -69,7 +69,7 @@ def test_target_rate_counts_decode_and_prefill_gpus(capsys):
 
 
 def test_prefill_here_warns_where_the_first_ranked_design_queues_long(capsys):
-    argv = [a for a in Q1 if a not in ("--prefill", "elsewhere")]
+    argv = [a for a in Q1 if a not in ("--prefill", "elsewhere")] + ["--prefill", "here", "--verbose"]
     argv[argv.index("--design") + 1] = "full-kv,shadowkv"
     rc, out, _ = _main(argv, capsys)
     assert rc == 0 and "ttft p99" in out

@@ -222,9 +222,10 @@ def test_plan_csv_memory_answer_matches_json():
 
 
 def test_plan_slo_where_no_design_fits_is_exit_3():
-    """Weights larger than the GPU: every row's status is "no fit", the verdict says so, exit 3."""
+    """Weights larger than the GPU at --tp 1 (without --tp it would shard them, --tp auto): every row's status is
+    "no fit", the verdict says so, exit 3."""
     r = ddbench("plan", "--model", "llama-3-70b", "--gpu", "l40s", "--context", "32k", "--slo", "p99-tpot=1s",
-                "--requests", "20", "--workers", "1", "--json")
+                "--requests", "20", "--workers", "1", "--json", "--tp", "1", "--prefill", "here")
     assert r.returncode == 3, r.stderr
     out = json.loads(r.stdout)
     assert {d["status"] for d in out["designs"]} == {"no fit"} and "none fits one request" in out["verdict"]

@@ -34,7 +34,8 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import BOUND_BOTH, BOUND_GPU, CATEGORIES, memory_breakdown
 from ddbench.core.units import GB, fmt_tokens
 from ddbench.planner.scenario import resolve
-from ddbench.planner.scenario_args import add_rate_args, add_scenario_args, add_workload, given, scenarios_from_args
+from ddbench.planner.scenario_args import (add_rate_args, add_scenario_args, add_workload, fp8_note, given,
+                                           scenarios_from_args, weights_overflow)
 
 EXAMPLE = """examples:
   ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --design all
@@ -131,6 +132,7 @@ def register(sub) -> None:
 # ------------------------------------------------------------------ memory answer (no SLO)
 def plan(args) -> dict:
     args.context.tokens("context")   # the memory answer is at one context
+    notes = [n for n in (weights_overflow(args), fp8_note(args)) if n]
     resolved = [resolve(sc).check_host()
                 for sc in scenarios_from_args(args, D.PLAN_REQUESTS, host=args.host, host_mem_gb=args.host_mem)]
     r0 = resolved[0]
@@ -150,13 +152,16 @@ def plan(args) -> dict:
                      "bytes": {c: getattr(bd, c) for c in CATEGORIES} | {"total": bd.total},
                      "host_bytes": shown * bounds.host_bytes_per_request})
     hm = r0.host_mem
-    out = {"model": model.name, "gpu": gpu.name, "capacity_bytes": gpu.hbm_bytes,
+    out = {"model": model.name, "gpu": gpu.name, "capacity_bytes": gpu.hbm_bytes, "tp": r0.tp,
            "context": workload.context, "workload": dict(vars(workload)),
            "host_memory": None if hm is None else {"bytes_per_gpu": hm.bytes_per_gpu, "host": hm.host,
                                                    "note": hm.note},
            "host_memory_note": NOT_BOUNDED if hm is None else hm.note, "systems": rows}
     from ddbench.planner.ratelines import rates_doc
     out["rates"] = rates_doc(resolved)
+    out |= fleet_notes(resolved, notes, hm)
+    from ddbench.commands.plan_answer import memory_text
+    out["answer"] = memory_text(out, [])[0]
     if not any(r["fits"] for r in rows):
         what = f"batch {args.batch}" if args.batch is not None else "one request"
         host = "" if hm is None else f" and the {hm.gb_per_gpu:.1f} GB of host memory for this GPU"
@@ -167,7 +172,30 @@ def plan(args) -> dict:
 BOUND_SHORT = {BOUND_GPU: "GPU", "host memory": "host", BOUND_BOTH: "both"}
 
 
-def render(result: dict) -> str:
+def fleet_notes(resolved, notes: list, hm) -> dict:
+    """The memory answer's notes: TP's sharding and all-reduce, the host's sharing, the deployable flags."""
+    from ddbench.commands.plan_tp import context_warning, deploy_for, tp_view
+    r0 = resolved[0]
+    view = tp_view(r0)
+    per_replica = None if hm is None else hm.gb_per_gpu * r0.tp
+    lines = [view["note"], view["allreduce"]] if r0.tp > 1 else []
+    if r0.share is not None:
+        lines.append(f"link per GPU: {r0.share.describe()}")
+    return {"notes": notes + context_warning(r0), "tp_lines": lines,
+            "tp_detail": view, "deploy": deploy_for(resolved, per_replica)}
+
+
+def render(result: dict, verbose: bool = False) -> str:
+    if not verbose:
+        from ddbench.commands.plan_answer import memory_text
+        return "\n".join(memory_text(result, []) + (["no fit: " + result["verdict"]] if "verdict" in result else []))
+    from ddbench.commands.plan_answer import category_table
+    extra = category_table(result["systems"], result.get("tp", 1)) if result.get("tp", 1) > 1 else []
+    return "\n".join([_render_wide(result)] + extra + list(result.get("notes", [])) + list(result.get("tp_lines", []))
+                     + list(result.get("deploy", [])))
+
+
+def _render_wide(result: dict) -> str:
     cap = result["capacity_bytes"]
     hm = result["host_memory"]
     host_head = (f"host memory: {hm['bytes_per_gpu'] / GB:.1f} GB per GPU" if hm is not None
@@ -227,7 +255,7 @@ def run(args) -> int:
                                               "status")}}
                         for r in result["systems"]]), end="")
         else:
-            print(json.dumps(result, indent=1) if args.json else render(result))
+            print(json.dumps(result, indent=1) if args.json else render(result, args.verbose))
         return NO_FIT if "verdict" in result else 0
     if args.plot:
         from ddbench.core.outputs import output_file

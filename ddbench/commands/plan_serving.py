@@ -197,17 +197,20 @@ def _design_view(args, res, rank, slos, r0, seeds) -> dict:
     if args.search is not None:
         from ddbench.planner.knobs import knob_label
         d["setting"] = knob_label(res.scenario, args.search)
+    tp = res.scenario.tp
+    d["tp"] = tp
+    d["rate_per_gpu"] = d["max_rate_req_per_s"] / tp      # the rate is one replica's (tp GPUs)
     if args.target_rate is not None:
-        # at least one GPU: a load far below one GPU's rate still needs that GPU
-        d["gpus"] = max(1, math.ceil(args.target_rate / res.rate - 1e-9)) if res.status == "met" else None
+        # at least one replica: a load far below one replica's rate still needs it
+        d["gpus"] = max(1, math.ceil(args.target_rate / res.rate - 1e-9)) * tp if res.status == "met" else None
         if r0.share is not None and d["gpus"] is not None:
             from ddbench.core.catalog import get_host
-            d["hosts"] = math.ceil(d["gpus"] / get_host(args.host).gpus)
+            d["hosts"] = math.ceil(d["gpus"] / get_host(res.scenario.host).gpus)
     if r0.share is not None:
         # the GPU alone on its link, with the same host memory for its requests
         alone = capacity(replace(res.scenario, host=None, fetching=None,
                                  host_mem_gb=None if r0.host_mem is None else r0.host_mem.gb_per_gpu,
-                                 link=get_host_link(args.host) if res.scenario.link is None
+                                 link=get_host_link(res.scenario.host) if res.scenario.link is None
                                  else res.scenario.link), seeds[0])
         d["peak_tokens_per_s_alone"] = alone.get("tokens_per_s")
         d["peak_tokens_per_s_shared"] = res.capacity.get("tokens_per_s")
@@ -254,11 +257,36 @@ def _warnings(out: dict) -> list[str]:
 
 
 def serving_plan(args) -> dict:
+    """The serving answer: at the TP asked (--tp auto: each that fits, the best kept; a model whose weights exceed
+    one GPU: auto), with prefill where asked (not asked: both placements, the one needing fewer GPUs kept)."""
+    from ddbench.commands.plan_tp import auto_tp_serving, prefill_default, tp_is_auto
+    from ddbench.planner.scenario_args import weights_overflow
+    note = weights_overflow(args)
+
+    def one(a):
+        return _serving_core(a) if a.prefill is not None else prefill_default(a, _serving_core)
+    out = auto_tp_serving(args, one) if tp_is_auto(args) else one(args)
+    if note:
+        out.setdefault("notes", []).insert(0, note)
+    from ddbench.commands.plan_answer import answer_line
+    first = next((d for d in out["designs"] if d["rank"] == 1), out["designs"][0] if out["designs"] else None)
+    out["answer"] = answer_line(out, first) if first else None
+    return out
+
+
+def _serving_core(args) -> dict:
+    from ddbench.commands.plan_tp import context_warning, deploy_for, tp_view
+    from ddbench.core.tp import DEFAULT_HOSTS
+    from ddbench.planner.scenario_args import fp8_note
     slos, seeds, tol, max_runs = _serving_args(args)
     scenarios = _scenarios(args)
     sc0, r0 = scenarios[0], resolve(scenarios[0])
     results = _run_searches(args, scenarios, slos, seeds, tol, max_runs)
     out = _head(args, sc0, r0, slos, seeds, tol, max_runs)
+    out |= {"tp": tp_view(r0), "host_name": sc0.host or DEFAULT_HOSTS.get(r0.gpu.name),
+            "notes": context_warning(r0) + [n for n in (fp8_note(args),) if n],
+            "deploy": deploy_for([resolve(sc) for sc in scenarios],
+                                 None if r0.host_mem is None else r0.host_mem.gb_per_gpu * r0.tp)}
     best = _best_per_design(results, sc0.prefill == "elsewhere")
     out["designs"] = [_design_view(args, res, rank, slos, r0, seeds) for rank, res in enumerate(best, start=1)]
     out["verdict"] = _verdict(best, slos)
@@ -457,8 +485,12 @@ def _render_settings(out: dict) -> list[str]:
 
 
 def render_serving(out: dict, verbose: bool = False) -> str:
+    if not verbose and "settings" not in out:
+        from ddbench.commands.plan_answer import serving_text
+        return "\n".join(serving_text(out))
     from ddbench.planner.ratelines import ranking_lines, rates_lines
-    lines = _render_head(out) + rates_lines(out["rates"]) + _render_table(out) + ranking_lines(out) \
+    no_rates = {"unmatched": [], "designs": [], "sources": []}
+    lines = _render_head(out) + rates_lines(out.get("rates") or no_rates) + _render_table(out) + ranking_lines(out) \
         + out.get("warnings", []) + _render_outcomes(out)
     if out.get("break_even"):
         from ddbench.planner.breakeven import render
@@ -476,7 +508,7 @@ def render_serving(out: dict, verbose: bool = False) -> str:
         lines += _render_settings(out)
     lines += [d["accuracy"]["line"] for d in out["designs"] if "accuracy" in d] + out.get("assumed", [])
     lines.append(cost_model_line(out["cost_model"], verbose))
-    if out["rates"]["unmatched"]:
+    if (out.get("rates") or {}).get("unmatched", True):
         lines.append("hit rates: " + out["hit_rates"])
     return "\n".join(lines)
 

@@ -42,6 +42,7 @@ from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
 from ddbench.commands import cache_note, cost_model_line, index_note
+from ddbench.commands.plan_tp import context_warning
 from ddbench.commands.plan import _plot_path as plot_path, kv_note
 from ddbench.core import defaults as D
 from ddbench.core import flags
@@ -57,7 +58,8 @@ from ddbench.planner.batchsweep import parse_batches
 from ddbench.planner.runs import STABLE_SLOPE, backlog_growth, queue_grows, weights_do_not_fit
 from ddbench.planner.scenario import resolve
 from ddbench.planner.scenario_args import (add_profile_row_args, add_rate_args, add_scenario_args, add_workload,
-                                           profile_rows, scenarios_from_args)
+                                           profile_rows, scenarios_from_args, weights_overflow)
+from ddbench.planner.scenario_args import fp8_note
 from ddbench.progress import bar as progress_bar
 
 EXAMPLE = """examples:
@@ -159,6 +161,7 @@ def _check_modes(args) -> bool:
 def run(args) -> int:
     prefill = _prefill(args)
     sweep = _check_modes(args)
+    tp_note = weights_overflow(args)
     scenarios = scenarios_from_args(args, D.SIM_REQUESTS, rows=profile_rows(args), host=args.host,
                                     fetching=args.fetching, host_mem_gb=args.host_mem, prefill=prefill)
     resolved = [resolve(sc).check().check_host() for sc in scenarios]
@@ -188,16 +191,16 @@ def run(args) -> int:
         print(dumps_json(summaries))
     else:
         from ddbench.planner.ratelines import rates_doc, rates_lines
-        print("\n".join(rates_lines(rates_doc(resolved))))
+        lines = list(rates_lines(rates_doc(resolved)))
         for note in (kv_note(r0.workload.kv_bits), index_note(r0.workload.index), cache_note(summaries, r0.workload)):
             if note:
-                print(note.lstrip(", "))
-        for name, s in summaries.items():
-            print(_render(name, s))
+                lines.append(note.lstrip(", "))
+        lines += [_render(name, s) for name, s in summaries.items()]
         grows = [(name, s) for name, s in summaries.items() if s.get("queue_grows")]
         if grows:
-            print(_queue_warning(grows, args.rate))
-        _tail(args, r0, summaries, resolved)
+            lines.append(_queue_warning(grows, args.rate))
+        lines += [n for n in (tp_note, fp8_note(args)) if n] + context_warning(r0)
+        print("\n".join(lines + _tail(args, r0, summaries, resolved)))
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
 
 
@@ -226,22 +229,26 @@ def _notes(summary: dict, r, t0: float) -> None:
     if r.lowrank is not None:
         summary["lowrank_layers"] = {"layers": sorted(r.lowrank), "note": r.lowrank_note}
     summary["cost_model"] = list(r.cm.notes)
+    if r.tp > 1:
+        from ddbench.commands.plan_tp import tp_view
+        summary["tp"] = tp_view(r)
     from ddbench.planner.accuracy import accuracy_cost, assumed_hit_rate
     summary["accuracy"] = accuracy_cost(r)
     summary["assumed_hit_rate"] = assumed_hit_rate(r)
     check_finite(summary, f"simulate {r.design.name}")
 
 
-def _tail(args, r0, summaries, resolved) -> None:
+def _tail(args, r0, summaries, resolved) -> list[str]:
+    from ddbench.commands.plan_tp import tp_view
     from ddbench.planner.accuracy import accuracy_lines
-    print(_render_host(summaries, r0))
-    print("\n".join(accuracy_lines(resolved)))
-    print(cost_model_line(r0.cm.notes, args.verbose))
+    view = tp_view(r0)
+    lines = [view["note"], view["allreduce"]] if r0.tp > 1 else []
+    lines += [_render_host(summaries, r0), "\n".join(accuracy_lines(resolved)), cost_model_line(r0.cm.notes, args.verbose)]
     if r0.design_rates is None and not r0.design.kv_on_gpu:
-        print(f"hit rates: {r0.hit_note}")
+        lines.append(f"hit rates: {r0.hit_note}")
     if r0.lowrank_note:
-        print(r0.lowrank_note)
-    print(f"wrote {args.out}" + (f", {args.plot}" if getattr(args, "plot", None) else ""))
+        lines.append(r0.lowrank_note)
+    return lines + [f"wrote {args.out}" + (f", {args.plot}" if getattr(args, "plot", None) else "")]
 
 
 def _queue_warning(grows, rate: float) -> str:
@@ -265,20 +272,24 @@ def _sweep(args, resolved, ctx: int) -> int:
     from ddbench.planner import batchsweep as B
     r0 = resolved[0]
     t0 = time.perf_counter()
-    points, max_batch = {}, {}
-    bar = progress_bar(total=len(resolved) * len(args.batch), desc="batch sweep", unit="point", leave=False,
+    points = {}
+    max_batch = {r.design.name: _host_block(r, ctx, None)["max_batch"] for r in resolved}
+    # every design's own largest batch too, so that none is judged short of its capacity
+    lo, hi = min(args.batch), max(args.batch)
+    batches = tuple(sorted(set(args.batch) | {b for b in max_batch.values() if lo <= b <= hi}))
+    bar = progress_bar(total=len(resolved) * len(batches), desc="batch sweep", unit="point", leave=False,
                        quiet=args.quiet)
     try:
         for r in resolved:
-            max_batch[r.design.name] = _host_block(r, ctx, None)["max_batch"]
             pts = []
-            for b in args.batch:
+            for b in batches:
                 pts.append(_timeline(args, r, ctx, b, None, ""))
                 bar.update()
             points[r.design.name] = pts
     finally:
         bar.close()
-    sweep = B.summarize(points, tuple(args.batch), max_batch)
+    sweep = B.summarize(points, batches, max_batch)
+    sweep["largest_batches_added"] = sorted(set(batches) - set(args.batch))
     sweep |= {"model": r0.model.name, "gpu": r0.gpu.name, "link": r0.link.name, "context": ctx,
               "steps": args.steps, "kv_bits": r0.workload.kv_bits,
               "cache_bits": r0.workload.cache_bits}
@@ -308,10 +319,12 @@ def _sweep(args, resolved, ctx: int) -> int:
     if args.json:
         print(dumps_json(sweep))
     else:
-        print("\n".join(B.render(sweep, head)))
         by_design = {name: {"host_memory": _host_block(r, ctx, None)} for name, r in
                      zip(sweep["designs"], resolved)}
-        _tail(args, r0, by_design, resolved)
+        added = sweep["largest_batches_added"]
+        lines = B.render(sweep, head) + ([f"batches {', '.join(map(str, added))} added: the designs' largest"
+                                          " batches"] if added else []) + _tail(args, r0, by_design, resolved)
+        print("\n".join(lines))
     return 0 if any(p["status"] == "ok" for d in sweep["designs"].values() for p in d["points"]) else NO_FIT
 
 

@@ -12,7 +12,7 @@ from ddbench.core.paths import traces_dir
 KERNEL_COLUMNS = ("schema", "kernel", "variant", "batch", "bytes", "latency_ms", "gpu", "git_sha", "date_utc")
 ENGINE_PROVENANCE = ("gpu", "git_sha", "date_utc")
 # a profile's side files beside its per-layer <model>.csv in traces/accuracy (ddbench/profile/trace.py)
-PROFILE_SIDE_CSVS = (".steps.csv", ".cache.csv", ".fp8.csv", ".tasks.csv", ".runs.csv", ".contexts.csv")
+PROFILE_SIDE_CSVS = (".steps.csv", ".cache.csv", ".fp8.csv", ".tasks.csv", ".runs.csv", ".contexts.csv", ".index.csv")
 
 
 def is_profile_layer_csv(name: str) -> bool:

@@ -36,7 +36,7 @@ from ddbench.core.flags import OneLineParser
 from ddbench.doctables import examples
 from ddbench.doctables.ablation import ablation
 from ddbench.doctables.fp8_cache import fp8_cache
-from ddbench.doctables.index_tables import index_predictions, notes_index_plan
+from ddbench.doctables.index_tables import index_predictions, index_recall, notes_index_plan
 from ddbench.doctables.peer import peer_flashinfer
 from ddbench.doctables.common import CALIBRATION_SWEEP, CTX, ROOT, DocTablesError  # noqa: F401
 from ddbench.doctables.engine_tables import (cache, engine_floor, engine_mechanism, engine_transfers, fp8, headline,  # noqa: F401
@@ -65,6 +65,7 @@ GENERATORS = {
     "fp8": fp8,
     "fp8-cache": fp8_cache,
     "index-predictions": index_predictions,
+    "index-recall": index_recall,
     "notes-index-plan": notes_index_plan,
     "engine-floor": engine_floor,
     "engine-transfers": engine_transfers,

@@ -29,6 +29,7 @@ from ddbench.core import defaults as D
 from ddbench.core.catalog import fetch_share, get_gpu, get_host, get_link, get_model, host_memory, shared_link
 from ddbench.core.designs import get_design
 from ddbench.core.errors import DDBenchError
+from ddbench.core.tp import check_tp, rank_model
 from ddbench.core.distribution import Distribution
 from ddbench.core.units import GB, fmt_tokens
 from ddbench.core.workload import Workload
@@ -63,6 +64,8 @@ class Scenario:
     roofline: bool = False
     forced_cache: tuple = ()          # (prefetched, urgent) per budget on every layer: a chunk cache's rates as an
                                       # engine run forced them (replaying that run), instead of the profile's
+    tp: int = 1                       # tensor parallelism: GPUs per replica (ddbench.core.tp); every per-GPU
+                                      # number is one rank's
     rate_scale: float = 1.0           # the break-even's what-if: the design's misses (1 - hit, 1 - reuse) or, for a
                                       # chunk cache, its prefetched and urgent chunks, times this (capped at 1)
     rates: object = None              # --rates: a ddbench.core.ratefile.RateSource, or None: the matched profile
@@ -120,6 +123,11 @@ class Resolved:
     lowrank: frozenset | None = None  # low-rank key layers from the profile, or None: the design's rule
     lowrank_note: str | None = None
     host_mem: object = None           # core.catalog.HostMemory for this GPU's requests, or None: not a bound
+    full_model: object = None         # the whole model (`model` is one TP rank's shard of it; the same at TP 1)
+
+    @property
+    def tp(self) -> int:
+        return self.scenario.tp
 
     @property
     def max_context(self) -> int | None:
@@ -177,7 +185,7 @@ class Resolved:
     def cm(self):
         sc = self.scenario
         return _cost_model(self.model.name if os.sep not in sc.model else sc.model, self.gpu.name, self.link,
-                           sc.calibration, sc.roofline)
+                           sc.calibration, sc.roofline, sc.tp)
 
     def rates_at(self, context: int):
         """The matched rate set (ddbench.core.rates.RateSet) of every design at `context`."""
@@ -295,9 +303,9 @@ def design_of(name: str, buffers: str = D.BUFFERS):
 
 
 @lru_cache(maxsize=64)
-def _cost_model(model: str, gpu: str, link, calibration, roofline):
+def _cost_model(model: str, gpu: str, link, calibration, roofline, tp: int = 1):
     from ddbench.sim.factory import cost_model
-    return cost_model(model, gpu, link, calibration, roofline)
+    return cost_model(model, gpu, link, calibration, roofline, tp)
 
 
 @lru_cache(maxsize=64)
@@ -334,6 +342,8 @@ def _link(sc: Scenario, gpu):
 
 
 def _check(sc: Scenario) -> None:
+    if isinstance(sc.tp, bool) or not isinstance(sc.tp, int) or sc.tp < 1:
+        raise DDBenchError(f"tp must be a positive integer, got {sc.tp!r}")
     if sc.rate_end not in ("low", "centre", "high"):
         raise DDBenchError(f"rate end must be low, centre or high, got {sc.rate_end!r}")
     if sc.prefill not in PREFILLS:
@@ -359,6 +369,9 @@ def _workload(sc: Scenario, design, model, lowrank) -> Workload:
                                " use a fixed context or uniform:LO:HI")
         lo = budget
     w = Workload(context=lo, **knobs)
+    if sc.tp > 1 and w.rank > model.num_kv_heads * model.head_dim:
+        # one rank factorises its own heads' keys [S, H_kv/tp * d]: their rank is at most that width
+        w = replace(w, rank=model.num_kv_heads * model.head_dim)
     # a design that keeps all KV on the GPU fetches no budget: only the other designs need it within the context
     (replace(w, context=max(lo, w.budget)) if design.kv_on_gpu else w).validate(model)
     return w
@@ -368,10 +381,12 @@ def _workload(sc: Scenario, design, model, lowrank) -> Workload:
 def resolve(sc: Scenario) -> Resolved:
     """Check `sc` and build everything a run of it needs (DDBenchError, one line, on bad input)."""
     from ddbench.sim import hitrates
-    m, g = get_model(sc.model), get_gpu(sc.gpu)
+    full, g = get_model(sc.model), get_gpu(sc.gpu)
     link, share = _link(sc, g)
     design = design_of(sc.design, sc.buffers)
     _check(sc)
+    check_tp(full, sc.tp, *((get_host(sc.host).gpus, get_host(sc.host).name) if sc.host is not None else ()))
+    m = rank_model(full, sc.tp)
     path = _profile_path(sc, m.name)
     no_profile = (f"the hit rate here is a constant (no traces/accuracy/{m.name}.csv, or a number given);"
                   " name a profile with --hit-rate PATH")
@@ -391,4 +406,4 @@ def resolve(sc: Scenario) -> Resolved:
         raise DDBenchError(f"host memory must be a positive number of GB, at most {D.MAX_HOST_MEM_GB:g},"
                            f" got {sc.host_mem_gb!r}")
     host_mem = host_memory(sc.host, sc.host_mem_gb)
-    return Resolved(sc, m, g, link, share, design, w, select, lowrank, lowrank_note, host_mem)
+    return Resolved(sc, m, g, link, share, design, w, select, lowrank, lowrank_note, host_mem, full)

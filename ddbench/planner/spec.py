@@ -17,6 +17,7 @@
       host_mem_gb: [null]         # host memory for one GPU's requests, GB; null: the host's / its GPUs,
                                   # or (no host) not a bound; a point where one request's host KV does not
                                   # fit is a row with status does-not-fit
+      tp: [null]                  # tensor parallelism, GPUs per replica (null: 1); rates are per replica
       system: [shadowkv, dualdecoder]   # or design: (the same list; not both)
       context: [128k]             # or uniform:64k:128k
       output: ["256"]             # or exp:256, uniform:LO:HI
@@ -53,7 +54,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from ddbench.core.errors import DDBenchError
 
-GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "host_mem_gb", "system", "context", "output", "budget",
+GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "host_mem_gb", "tp", "system", "context", "output", "budget",
                "chunk", "lowrank_layers", "buffers", "cache_tokens", "kv_bits", "cache_bits", "hit_rate", "prefill",
                "rate", "seed", "index")
 # fields renamed since points.jsonl stores were written: their key hashes them under the old name
@@ -87,6 +88,7 @@ def _models():
         host: list[Optional[Text]] = [None]
         fetching: list[Optional[Count]] = [None]
         host_mem_gb: list[Optional[HostGB]] = [None]
+        tp: list[Optional[Annotated[int, Field(ge=1, le=64)]]] = [None]
         system: list[Text] = Field(min_length=1, validation_alias=AliasChoices("system", "design"))
         context: list[Tokens] = Field(min_length=1)
         output: list[Tokens] = [D.OUTPUT]
@@ -235,14 +237,14 @@ def load_spec(path: str) -> dict:
 def count_points(spec: dict) -> int:
     n = 1
     for k in GRID_FIELDS:
-        n *= len(spec["grid"][k])
+        n *= len(spec["grid"].get(k, [None]))
     return n
 
 
 def points(spec: dict) -> list[dict]:
     g = spec["grid"]
     out = []
-    for combo in itertools.product(*(g[k] for k in GRID_FIELDS)):
+    for combo in itertools.product(*(g.get(k, [None]) if k in LATER_FIELDS else g[k] for k in GRID_FIELDS)):
         p = dict(zip(GRID_FIELDS, combo))
         p["requests"] = spec["requests"]
         p["max_batch"] = spec["max_batch"]
@@ -257,7 +259,7 @@ def points(spec: dict) -> list[dict]:
 
 # fields added after points.jsonl stores were written: left out of the key where they are null, so an
 # older store's points keep their keys
-LATER_FIELDS = ("host_mem_gb", "cache_tokens", "kv_bits", "cache_bits", "index")
+LATER_FIELDS = ("host_mem_gb", "cache_tokens", "kv_bits", "cache_bits", "index", "tp")
 
 
 def point_key(p: dict) -> str:
@@ -283,8 +285,13 @@ def scenario_of(p: dict):
         later["rates"] = load_source(p["rates"])
     if p.get("rate_what_if"):
         later["rate_overrides"] = tuple(parse_override(x) for x in p["rate_what_if"])
+    tp = int(p.get("tp") or 1)         # GPUs per replica; its TP group sits in the GPU's usual host unless named
+    if tp > 1:
+        from ddbench.planner.scenario_args import tp_host
+        later["tp"] = tp
+    host = p["host"] if p["host"] is not None or tp == 1 else tp_host(p["gpu"], tp)
     return Scenario.make(**later, model=p["model"], gpu=p["gpu"], design=p["system"], context=p["context"],
-                         output=p["output"], link=p["link"], host=p["host"], fetching=p["fetching"],
+                         output=p["output"], link=p["link"], host=host, fetching=p["fetching"],
                          host_mem_gb=p.get("host_mem_gb"),
                          budget=parse_tokens(p["budget"], "budget"), chunk=p["chunk"],
                          lowrank_layers=p["lowrank_layers"], buffers=p["buffers"], hit_rate=p["hit_rate"],
@@ -325,5 +332,5 @@ def check_points(spec: dict, path: str) -> None:
             seen.add(sc)
             resolve(sc).check()
         except DDBenchError as exc:
-            what = ", ".join(f"{k}={p[k]}" for k in GRID_FIELDS if len(g[k]) > 1 and k not in ("rate", "seed"))
+            what = ", ".join(f"{k}={p[k]}" for k in GRID_FIELDS if len(g.get(k, [None])) > 1 and k not in ("rate", "seed"))
             raise DDBenchError(f"sweep spec {path}: point {what or 'of the grid'}: {exc}") from None

@@ -163,7 +163,7 @@ def summary_plot(rows: list[dict], spec: dict, path: str) -> None:
     staged file of the output guard."""
     from ddbench.plotting import new_figure, plt
     g = spec["grid"]
-    vary = [k for k in GRID_FIELDS if len(g[k]) > 1 and k not in ("rate", "seed")]
+    vary = [k for k in GRID_FIELDS if len(g.get(k, [None])) > 1 and k not in ("rate", "seed")]
     seed0 = g["seed"][0]
     lines: dict = {}
     for r in rows:
