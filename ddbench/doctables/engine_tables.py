@@ -1,4 +1,4 @@
-"""The engine's and the simulator's tables: the README's headline, the validation, the engine's
+"""The engine's and the simulator's tables: the first engine's headline (docs/results.md), the validation, the engine's
 floor, transfers and mechanism ratios, the paper points, the chunk cache and fp8."""
 
 from __future__ import annotations

@@ -138,7 +138,8 @@ def results(root: Path = ROOT) -> str:
         rows.append([f"{design}, batch {batch}", interval, _point(eng, rep, design, best, short),
                      _point(eng, rep, design, worst), s, _batch1(root, design)])
     prov = meta.get("provenance", {})
-    return (f"The engine on one {prov.get('gpu')} (PCIe 5), Llama-3-8B at 128K, each design at its largest batch"
+    return (f"The engine (`traces/{GRID}`) on one {prov.get('gpu')} (PCIe 5), Llama-3-8B at 128K, each design at"
+            f" its largest batch"
             f" (the cache at 8192 tokens per layer and KV head, 4x the budget); tokens/s as median (min-max) over"
             f" {builds} builds in **separate processes** (own weights, host KV and draws), {str(prov.get('date_utc'))[:10]},"
             f" at the grid points around the matched rates' 95 % interval ({source_line()}); \"sim\" is the simulator's replay of that engine row, NOT fitted to these rows."
