@@ -17,7 +17,7 @@ paper-80gb and fp8, and h200-rates' ShadowKV rows), `<stem>-rates.csv` (h200-rat
 the other designs at batch 1), `<stem>-ablation.csv` (issue 31's ablation, the fused fill) and `<stem>-fill.csv`
 (the fused fill's sweep at 32K / 64K / 128K, traces/engine/h200-cache-fill, whose overlap points it is fitted to)
 `<stem>-fp8cache.csv` (issue 32's fp8 GPU chunk cache, h200-cache-fp8 and h200-cache-fp8-qwen) and `<stem>-compare.csv`
-(the same comparison after commit 3aee165: h200-compare and h200-compare-qwen, whose bf16 cache rows the fill is
+(the same comparison on the current engine: h200-compare and h200-compare-qwen, whose bf16 cache rows the fill is
 fitted to) and `<stem>-rategrid.csv` (traces/engine/h200-rate-grid: the engine over a grid of forced rates, fitted to
 nothing), each with
 its points' min / median / max over their builds in the summary (`per_point`). Default folder: the data root's

@@ -225,7 +225,7 @@ def test_sweep_grid_kv_bits_and_cache_tokens():
     g = dict(model=["llama-3-8b"], gpu=["h200"], link=[None], host=[None], fetching=[None], host_mem_gb=[None],
              system=["dualdecoder-cache"], context=["128k"], output=["64"], budget=[2048], chunk=[8],
              lowrank_layers=[0], buffers=["design"], cache_tokens=[None, "8k"], kv_bits=[None, 8], cache_bits=[None],
-             hit_rate=[None], prefill=["here"], rate=[1.0], seed=[0])
+             hit_rate=[None], prefill=["here"], rate=[1.0], seed=[0], index=[None])
     ps = points(dict(requests=10, max_batch=None, grid=g))
     assert len(ps) == 4
     sc = {(p["cache_tokens"], p["kv_bits"]): scenario_of(p) for p in ps}

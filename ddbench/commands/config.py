@@ -14,7 +14,8 @@ A key is a flag without its dashes (`max-runs` or `max_runs`); the flags given o
 override the file's. Every value is checked by the flag's own parser before the command runs; the
 errors name the file and every bad key in one line (exit 2). A relative file name among the values of
 model, gpu, link, host, hit_rate and calibration resolves against the config's folder, never the current
-folder (`names_a_file`).
+folder (`names_a_file`); so does `rates:` (ddbench.core.ratefile: one found only from the current folder is an
+error).
 """
 
 from __future__ import annotations
@@ -93,10 +94,25 @@ def config_args(sub: argparse.ArgumentParser, path: str) -> list[str]:
             elif v == isinstance(a, argparse._StoreTrueAction):
                 out.append(opt)
             continue
+        if hasattr(a, "check"):          # --rate: a what-if (a list: one flag per item) or, in simulate, arrivals
+            try:
+                for item in (v if isinstance(v, list) else [v]):
+                    a.check(str(item))
+                    out += [opt, str(item)]
+            except (argparse.ArgumentTypeError, ValueError, DDBenchError) as exc:
+                bad[k] = str(exc)
+            continue
         text = _text(v, k, bad)
         if text is None:
             continue
-        if key in FILE_KEYS and names_a_file(key, text):
+        if key == "rates":        # beside the config, never from the current folder
+            from ddbench.core.ratefile import resolve_path
+            try:
+                text = resolve_path(text, folder, f"config {path}")
+            except DDBenchError as exc:
+                bad[k] = str(exc).split(": ", 1)[-1]
+                continue
+        elif key in FILE_KEYS and names_a_file(key, text):
             text = os.path.join(folder, text)
         try:
             value = a.type(text) if a.type is not None else text

@@ -56,6 +56,8 @@ def register(sub) -> None:
     p.add_argument("--host-mem", metavar="GB", type=flags.number(lo=0, lo_open=True, hi=D.MAX_HOST_MEM_GB),
                    help="host memory for one GPU's requests, GB (1e9 bytes), at every point: replaces the spec's"
                         " grid.host_mem_gb")
+    from ddbench.planner.scenario_args import add_rate_args
+    add_rate_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--force", action="store_true",
                    help="write into an --out that holds files ddbench did not write (they are kept)")
@@ -69,6 +71,7 @@ def run(args) -> int:
 
     # everything a user can get wrong is checked before anything is written
     spec = beside_spec(load_spec(args.spec), args.spec)
+    _rates(spec, args)
     if args.host_mem is not None:
         spec["grid"]["host_mem_gb"] = [args.host_mem]
     n = count_points(spec)
@@ -128,6 +131,25 @@ def run(args) -> int:
         print(f"sweep {name}: not one point fits in GPU memory (every row's status is does-not-fit)")
         return NO_FIT
     return 0
+
+
+def _rates(spec: dict, args) -> None:
+    """The spec's `rates:` resolved beside it (never from the current folder), or --rates (which wins, from the
+    current folder, as a command-line path); --rate appended to the spec's `rate:`; each checked now."""
+    from ddbench.core.ratefile import load_source, parse_override, resolve_path
+    if args.rates:
+        spec["rates"] = resolve_path(args.rates, None, "--rates")
+    elif spec.get("rates"):
+        spec["rates"] = resolve_path(spec["rates"], os.path.dirname(os.path.abspath(args.spec)),
+                                     f"sweep spec {args.spec}")
+    if spec.get("rates"):                # the points' keys hash its content: an edited file is not resumed
+        import hashlib
+        src = load_source(spec["rates"])
+        with open(src.path, "rb") as fh:
+            spec["rates_sha"] = hashlib.sha256(fh.read()).hexdigest()[:16]
+    spec["rate"] = list(spec.get("rate") or []) + list(args.rate_what_if or [])
+    for x in spec["rate"]:
+        parse_override(x)
 
 
 FILES = ("model", "gpu", "link", "host", "hit_rate")

@@ -17,6 +17,7 @@ from ddbench.core.errors import DDBenchError
 DATA_OUTPUTS = {
     "ddbench calibrate": ("calibration/*",),
     "ddbench profile": ("accuracy",),
+    "python -m ddbench.profile.indexrecall": ("accuracy",),
     "ddbench bench kernels": ("kernels/*",),
     "python -m ddbench.kernels.linkbench": ("link/*",),
     "python -m ddbench.kernels.hostbench": ("host/*",),

@@ -41,8 +41,29 @@ def sweep_point(p: dict) -> dict:
     row["binding"] = binding(sc, res, int(p["seed"])) if res["completed"] else \
         ("host memory" if cap["bound_by"] == "host memory" else "memory")
     row["status"] = "ok" if res["completed"] else "does-not-fit"
+    row.update(_rates_columns(sc, float(p["rate"]), int(p["seed"]), res))
     row["worker_pid"] = os.getpid()
     return row
+
+
+def _rates_columns(sc, rate: float, seed: int, res: dict) -> dict:
+    """The rates the point ran at (one line: values, source, extrapolation), and its tokens/s at the worst and best
+    end of their 95 % interval (the same run re-priced; equal to tokens_per_s where they have no interval)."""
+    from dataclasses import replace
+
+    from ddbench.planner.ratelines import rates_doc
+    from ddbench.planner.runs import run_point
+    from ddbench.planner.scenario import resolve
+    r = resolve(sc)
+    doc = rates_doc([r])
+    out = {"rates": doc["designs"][0]["line"] if doc["designs"] else "none (no fetch on a prediction)",
+           "tokens_per_s_worst_rates": res.get("tokens_per_s"), "tokens_per_s_best_rates": res.get("tokens_per_s")}
+    dr = r.design_rates
+    if res.get("completed") and dr is not None and any(x.has_interval for x in dr.rates):
+        toks = [res.get("tokens_per_s") or 0.0] + [run_point(replace(sc, rate_end=e), rate, seed)["tokens_per_s"]
+                                                  or 0.0 for e in ("low", "high")]
+        out["tokens_per_s_worst_rates"], out["tokens_per_s_best_rates"] = min(toks), max(toks)
+    return out
 
 
 def read_store(path: str, expect: dict | None = None) -> dict:
@@ -142,7 +163,7 @@ def summary_plot(rows: list[dict], spec: dict, path: str) -> None:
     staged file of the output guard."""
     from ddbench.plotting import new_figure, plt
     g = spec["grid"]
-    vary = [k for k in GRID_FIELDS if len(g[k]) > 1 and k not in ("rate", "seed")]
+    vary = [k for k in GRID_FIELDS if len(g.get(k, [None])) > 1 and k not in ("rate", "seed")]
     seed0 = g["seed"][0]
     lines: dict = {}
     for r in rows:
