@@ -1,9 +1,9 @@
 """The text the RULER-style tasks read: shipped with the package, so that no data set is downloaded.
 
-TEXT: original plain prose written for ddbench (public domain, CC0 1.0), about 1,100 words of everyday
+TEXT: original plain prose written for ddbench (public domain, CC0 1.0), about 800 words of everyday
 description with no numbers in it, so that a number in a prompt is a needle or a fact the task placed.
 RULER's NIAH-2/3 hide their needles in Paul Graham's essays; `essay` tasks hide them in this text, cycled
-to the context length (one cycle is about 1,300 tokens, so a 32K prompt repeats it about 25 times).
+to the context length (one cycle is about 1,000 tokens, so a 32K prompt repeats it about 32 times).
 
 FACTS: the templates of the `qa` task's document: statements about the harbours of named towns, each with a
 year; one of them answers the question, the others are distractors of the same form.
