@@ -123,3 +123,30 @@ def test_a_question_after_its_shared_haystack_equals_its_whole_prompt(llama):
         decode.truncate(cache, P)
         whole = decode.prefill(m, p.ids, KVCache(), chunk=128)
         torch.testing.assert_close(shared, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_questions_share_a_prefill_and_a_haystack_is_the_unit_of_the_intervals(tmp_path):
+    """--questions 2 on a tiny model: each question's runs are measured (its own sample index in the step rows),
+    the task accuracy counts both, and the context aggregation counts one prompt of two questions."""
+    import pandas as pd
+
+    from ddbench.profile import contexts
+    from ddbench.profile.run import ProfileConfig, run
+    model = tiny_model(tmp_path / "tiny-llama", "llama")
+    root = tmp_path / "root"
+    for seed in (0, 1):
+        cfg = ProfileConfig(model=model, contexts=(512,), tasks=("single",), steps=2, budgets=(64,), device="cpu",
+                            inits=("t2",), temperatures=(0.6,), seed=seed, questions=2, prompts=1,
+                            cache_capacities=(0, 2), cache_policies=("lru",), out=str(root / "512" / f"single-s{seed}"),
+                            progress=False)
+        res = run(cfg)
+        assert [(t["total"]) for t in res["summary"]["task_accuracy"] if t["method"] == "dense"] == [2]
+    steps = pd.read_csv(root / "512" / "single-s0" / "tiny-llama.steps.csv", comment="#")
+    assert sorted(steps["sample"].unique()) == [0, 1]
+    out = tmp_path / "out"
+    assert contexts.main([str(root), "--out", str(out)]) == 0
+    rows = pd.read_csv(out / "tiny-llama.contexts.csv")
+    assert set(rows["prompts"]) == {2} and set(rows["questions"]) == {4}
+    import json
+    doc = json.loads((out / "tiny-llama.cache-trend.json").read_text())
+    assert doc["prompts_per_context"] == {"512": 2} and doc["questions_per_context"] == {"512": 4}

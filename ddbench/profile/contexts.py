@@ -215,6 +215,8 @@ def trends(cache) -> list[dict]:
     cache["share"] = [share_of(b, c) for b, c in zip(cache.budget_tokens, cache.context_tokens)]
     for (share, how, policy, cap, band), g in cache.groupby(["share", "prediction", "policy", "capacity", "band"],
                                                             sort=True):
+        if g["context_tokens"].nunique() < 2:       # no law from one context
+            continue
         for m in TREND_METRICS:
             fit = fit_trend(g.rename(columns={m: "value"})[["context_tokens", "value"]])
             out.append({"share": share, "prediction": how, "policy": policy, "capacity": float(cap), "band": band,
