@@ -41,7 +41,7 @@ def _map_checkout() -> None:
     if not all(os.path.isfile(os.path.join(root, s, "__init__.py")) for s in _SUBPACKAGES):
         return
     if not any(isinstance(f, _CheckoutFinder) for f in sys.meta_path):
-        sys.meta_path.append(_CheckoutFinder(root))
+        sys.meta_path.insert(0, _CheckoutFinder(root))   # before an editable install of another checkout
 
 
 _map_checkout()

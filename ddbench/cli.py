@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import importlib.util
+import io
 import os
 import signal
 import sys
@@ -66,42 +68,111 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TORCH = "pip install torch==2.13.0 triton==3.9.0 (the Makefile's pins; a CUDA build of your own serves too)"
+# a command's optional dependencies, checked before it starts: module -> how to install it
+EXTRAS = {
+    "sweep": {"yaml": "pip install -e '.[plan]'", "pyarrow": "pip install -e '.[plan]'"},
+    "profile": {"torch": TORCH, "triton": TORCH, "transformers": "pip install -e '.[profile]'"},
+}
+
+
+def _missing(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def check_extras(command: str) -> None:
+    """A one-line DDBenchError, before anything runs, naming the modules `command` needs that are not
+    installed and how to install them."""
+    need = {m: how for m, how in EXTRAS.get(command, {}).items() if _missing(m)}
+    if need:
+        how = "; ".join(dict.fromkeys(need.values()))
+        raise DDBenchError(f"{command} needs {', '.join(need)}, not installed here: {how}")
+
+
 def _terminate(signum, frame):
-    """SIGTERM unwinds like Ctrl-C, so run folders and atomic files are cleaned up."""
+    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so run folders and atomic files are
+    cleaned up. A second one while that cleanup runs is ignored (a third party may send several)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
+def _parse(argv):
+    """The parsed arguments. --help and --version print and exit here: argparse ignores a failed write, so
+    their text is caught and written here, where `--help > /dev/full` fails and is reported."""
+    real, sys.stdout = sys.stdout, io.StringIO()
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            real.write(sys.stdout.getvalue())
+            real.flush()
+        raise
+    finally:
+        sys.stdout = real
+
+
 def main(argv: list[str] | None = None) -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _terminate)
+        except ValueError:  # not the main thread
+            pass
+    if sys.stdout is None or sys.stderr is None:    # started with `>&-` or `2>&-`: nowhere to answer
+        if sys.stderr is not None:
+            print("ddbench: error: stdout is closed: give it a file or a pipe (or > /dev/null)", file=sys.stderr)
+        return 2
+    from ddbench.core.catalog.files import forget
+    from ddbench.core.outputs import start_run
+    forget()                           # a run's own hardware files: names unique within it
+    start_run()
     try:
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _terminate)
-    except ValueError:  # not the main thread
-        pass
+        return _answer(argv)
+    except BaseException:              # an unforeseen error: the run's new outputs go with it
+        from ddbench.core.outputs import undo_run
+        undo_run()
+        raise
+
+
+def _answer(argv) -> int:
+    """main's body. An error after the command's outputs moved in (a full stdout, a later output refused,
+    Ctrl-C, SIGTERM, SIGHUP) undoes the files it created (ddbench.core.outputs.undo_run); a reader that went
+    away (`| head`) does not."""
+    from ddbench.core.outputs import undo_run
     try:
-        args = build_parser().parse_args(argv)
+        args = _parse(argv)
         if args.data is not None:
             os.environ["DDBENCH_DATA"] = args.data
         if os.environ.get("DDBENCH_DATA") is not None and not os.environ["DDBENCH_DATA"].strip():
             raise DDBenchError("the data root (--data or DDBENCH_DATA) is empty: name a folder")
+        check_extras(args.command)
         rc = int(args.func(args) or 0)
         sys.stdout.flush()             # a full stdout fails here, not in the interpreter's last flush
         return rc
     except DDBenchError as exc:
+        undo_run()
         print(f"ddbench: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        undo_run()
         print("ddbench: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:            # the reader went away (`ddbench plan ... | head`): stop quietly
         _quiet_stdout()
         return 1
     except MemoryError:
+        undo_run()
         print("ddbench: error: out of memory: ask for a smaller run (fewer --requests, a shorter --context, a"
               " smaller grid)", file=sys.stderr)
         return 2
     except OSError as exc:             # stdout on a full disk (/dev/full), or another file the system refuses
         if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS):
             raise
+        undo_run()
         _quiet_stdout()
         where = f" {exc.filename}" if exc.filename else " the output"
         print(f"ddbench: error: cannot write{one_line(where)}: {exc.strerror}", file=sys.stderr)

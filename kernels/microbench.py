@@ -15,6 +15,7 @@ import math
 import torch
 
 from ddbench.kernels.attention import dual_sparse_attention
+from ddbench.kernels.indexbench import bench_index
 from ddbench.kernels.gather import gather_cpu_staging, gather_per_chunk, gather_ref, gather_uva
 from ddbench.kernels.landmarks import build_landmarks
 from ddbench.kernels.layout import alloc_host_kv
@@ -270,6 +271,7 @@ def run_all(quick: bool = False):
     stages = [("gather", lambda: bench_gather(rows, dev, quick)),
               ("attention", lambda: bench_attention(rows, dev, hbm, quick)),
               ("selection", lambda: bench_select(rows, dev, hbm, quick)),
+              ("selection index", lambda: bench_index(rows, dev, hbm, quick)),
               ("key rebuild", lambda: bench_rebuild(rows, dev, hbm, quick)),
               ("specache scoring", lambda: bench_specache(rows, dev, hbm, quick))]
     bar = _progress(len(stages))

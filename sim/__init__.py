@@ -1,5 +1,6 @@
 """The ddbench discrete-event simulator (SimPy). It imports no torch and nothing from kernels/.
 
+  ddbench.sim.run         run(Point, mode): the one way in from outside sim/ (plan, aggregate, timeline)
   ddbench.sim.costmodel   CostModel: op times from a calibration bundle (or scaled, or roofline)
   ddbench.sim.steplayers  step_layers(): one decode step of a design, layer by layer (StepLayers)
   ddbench.sim.timeline    run_timeline(): per-layer timeline of batch steps (overlap, stalls, buffers)

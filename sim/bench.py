@@ -15,6 +15,7 @@ from ddbench.core.memory import Workload
 from ddbench.core.designs import DESIGNS
 from ddbench.sim.aggregate import aggregate_step
 from ddbench.sim.steplayers import step_layers
+from ddbench.core.distribution import Distribution
 from ddbench.sim.serving import draw_requests, run_serving
 from ddbench.sim.factory import cost_model
 
@@ -22,7 +23,7 @@ from ddbench.sim.factory import cost_model
 def serving(model, context, output, rate, n, system="dualdecoder", seed=0):
     m, g = get_model(model), get_gpu("h200")
     cm = cost_model(model, "h200")
-    reqs = draw_requests(n, rate, context, output, seed)
+    reqs = draw_requests(n, rate, Distribution.parse(context, "context"), Distribution.parse(output, "output"), seed)
     t0 = time.perf_counter()
     res = run_serving(DESIGNS[system], m, g, cm, Workload(context=131072), reqs, [0.88] * m.num_layers,
                       [0.88] * m.num_layers)

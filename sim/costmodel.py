@@ -57,6 +57,7 @@ class CostModel(LinkCosts):
         self._raw = False                        # price the engine terms unscaled (the fit's features)
         self.cache_fill: CacheFill | None = None     # dualdecoder-cache's fill, or None
         self.reuse_fits: dict = {}                   # (chunk_bytes, programs, in_flight) -> ReuseFetchFit
+        self.tp, self.comm = 1, None                 # tensor parallelism: ranks and their interconnect
         if fitted is None:
             fitted = for_bundle(bundle) if bundle is not None else Fitted(why="no calibration bundle")
         self.fitted = fitted
@@ -102,6 +103,19 @@ class CostModel(LinkCosts):
         with unit terms to read each term's feature off a step)."""
         self._theta = None if theta is None else {k: np.array(v, dtype=float) for k, v in theta.items()}
         self._raw = raw
+
+    def set_tensor_parallel(self, tp: int, comm) -> None:
+        """Price one rank of a TP group of `tp`: `self.model` is its shard (ddbench.core.tp.rank_model) and
+        `comm` (ddbench.core.catalog.interconnect.Interconnect) prices its all-reduces."""
+        self.tp, self.comm = tp, comm
+        if tp > 1:
+            self.notes.append(f"TP {tp}: two all-reduces of the hidden state per layer, {comm.describe()}")
+
+    def allreduce_s(self, nbytes: float) -> float:
+        """One all-reduce of `nbytes` over the TP group; 0 without tensor parallelism."""
+        if self.tp <= 1:
+            return 0.0
+        return self.comm.allreduce_s(nbytes, self.tp, self.link.achievable_gbps)
 
     # ------------------------------------------------------------------ the engine fit
     def _eng(self, category: str, x, flops: float, nbytes: float) -> float:

@@ -117,7 +117,7 @@ class EngineFit:
 
 @dataclass(frozen=True)
 class ReuseFetchFit:
-    """The engine's ShadowKV fetch of one layer as it ran before commit 0f05ef2 (the copy-then-regather
+    """The engine's ShadowKV fetch of one layer as it ran before its in-place ShadowKV step (the copy-then-regather
     step, kernels/engine/engine.py reuse_fetch of that code; the in-place step replaced it: these
     parameters describe the old engine and price only its rows in the validation), fitted to the
     bundle's `reuse_fetch` records of one gather shape (chunk size, programs, chunks in flight):
@@ -207,8 +207,8 @@ class Fitted:
     inputs: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
     why: str = ""                 # why nothing (or no engine terms) came from a file
-    # the torch fill of the engine before the fused one (sim/fit/replay.py FUSED_FILL_SINCE), and the fused fill
-    # with int64 keys before INT32_KEYS_SINCE: each prices only that engine's chunk-cache rows in the validation
+    # older engines' fills (traces/fit/engine-versions.json: cache_fill torch, before the fused one, and fused-int64,
+    # before the int32 keys): each prices only that engine's chunk-cache rows in the validation
     cache_fill_torch: CacheFill | None = None
     cache_fill_int64: CacheFill | None = None
 
@@ -436,7 +436,7 @@ def reuse_doc(key: tuple, f: ReuseFetchFit) -> dict:
             "copy_Bps": f.copy_Bps, "hit_s": f.hit_s, "miss_s": f.miss_s, "mix_s": f.mix_s, "records": f.records,
             "max_abs_rel_residual": f.max_rel_residual, "rel_residuals": [list(r) for r in f.rel_residuals],
             "source": f.source,
-            "engine_step": "copy-then-regather: the engine before commit 0f05ef2 (issue 31); prices only that"
+            "engine_step": "copy-then-regather: the engine before its in-place ShadowKV step; prices only that"
                            " engine's ShadowKV rows in the validation (sim/fit/replay.py legacy_reuse_fetch)"}
 
 

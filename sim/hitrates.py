@@ -211,7 +211,7 @@ def read_hitrates(path: str, sel: Select = Select()) -> HitRates:
 
 
 # ---------------------------------------------------------------- applying to a simulated model
-from ddbench.core.cacherates import map_depth  # noqa: E402,F401  (one definition; re-exported here)
+from ddbench.core.rates import map_depth  # noqa: E402,F401  (one definition; re-exported here)
 
 
 def apply(prof: HitRates, target: str, target_layers: int, explicit: bool) -> tuple[list[float], list[float], str]:

@@ -1,7 +1,7 @@
 """The link half of the cost model (sim/costmodel.py's CostModel inherits it): the rates of the link for
 the sparse KV's pieces, from the calibration bundle's link and interference tables (or the catalog
 without a bundle), the gather's per-chunk round trip, ShadowKV's fetch as the engine ran it before
-commit 0f05ef2, and the in-place slot gather. Time is in seconds. No torch here.
+the in-place step, and the in-place slot gather. Time is in seconds. No torch here.
 
 The mixin reads what CostModel sets: bundle, link, hbm, fitted, reuse_fits, _cache and _note.
 """
@@ -118,7 +118,7 @@ class LinkCosts:
 
     def reuse_fetch_s(self, slots: int, chunk_bytes: int, programs: int = 32, in_flight: int = 2,
                       miss_share: float | None = None) -> float:
-        """The decode-step engine's ShadowKV fetch of one layer as the engine ran it before commit 0f05ef2
+        """The decode-step engine's ShadowKV fetch of one layer as the engine ran it before its in-place ShadowKV step
         (issue 31; the copy-then-regather step, not the user's plan: sim/fit/replay.py legacy_reuse_fetch
         adds it to that engine's rows in the validation), all of it in the compute stream's order: a device copy of the previous selection's rows (`slots` x
         `chunk_bytes`) into a spare buffer, the reuse plan, and one persistent gather over every slot (hits
@@ -133,7 +133,7 @@ class LinkCosts:
         if fit is not None:
             if miss_share is None:
                 raise ValueError("the fitted reuse fetch needs the layer's miss share")
-            self._note(f"ShadowKV's copy-then-regather fetch of the engine before 0f05ef2 (on the compute stream, the key rebuild after it; priced only in the validation of that engine's rows)"
+            self._note(f"ShadowKV's copy-then-regather fetch of the engine before its in-place ShadowKV step (on the compute stream, the key rebuild after it; priced only in the validation of that engine's rows)"
                        f" FITTED to the bundle's reuse_fetch records at {chunk_bytes} B chunks, {programs} programs"
                        f" x {in_flight}: {fit.describe()}")
             return fit.fetch_s(slots, chunk_bytes, math.ceil(slots / (programs * in_flight)), miss_share)
@@ -141,7 +141,7 @@ class LinkCosts:
         recs = len(self.bundle.rows.get("reuse_fetch", [])) if self.bundle is not None else 0
         why = ("records at " + str(have) if have else f"the bundle's {recs} records are not fitted: {self.fitted.why}"
                if recs else "no such section: an older bundle")
-        self._note(f"ShadowKV's copy-then-regather fetch of the engine before 0f05ef2 (on the compute stream, the key rebuild after it; priced only in the validation of that engine's rows)"
+        self._note(f"ShadowKV's copy-then-regather fetch of the engine before its in-place ShadowKV step (on the compute stream, the key rebuild after it; priced only in the validation of that engine's rows)"
                    f" BUNDLE-DERIVED, not measured: no fitted reuse_fetch records at {chunk_bytes} B chunks,"
                    f" {programs} programs x {in_flight} ({why}); copy at the HBM"
                    " copy rate + the gather's fixed cost + ceil(slots / (programs x in flight)) rounds of the 32-block"

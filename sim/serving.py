@@ -71,12 +71,13 @@ class Request:
         return self.completion - self.arrival
 
 
-def draw_requests(n: int, rate: float, context: str, output: str, seed: int) -> list[Request]:
+def draw_requests(n: int, rate: float, context: Distribution, output: Distribution, seed: int) -> list[Request]:
+    """`n` Poisson arrivals at `rate` per second (seeded), their lengths drawn from the two distributions."""
     if n < 1:
         raise DDBenchError(f"--requests must be at least 1, got {n}")
     if not (rate > 0 and math.isfinite(rate)):
         raise DDBenchError(f"--rate must be positive and finite (requests/s), got {rate}")
-    ctx, out = Distribution.parse(context, "context").sample, Distribution.parse(output, "output").sample
+    ctx, out = context.sample, output.sample
     rng = random.Random(seed)
     t, reqs = 0.0, []
     for i in range(n):
@@ -210,7 +211,7 @@ def run_serving(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w
     (TTFT is then the wait for memory alone); memory is accounted as before.
     progress: called with 1 whenever a request completes or is rejected (a progress bar).
     lowrank: an adaptive design's low-rank key layers (ddbench.sim.steplayers.step_layers), else its worst-predicted.
-    cache: a chunk-cache design's rates (ddbench.core.cacherates.CacheRates)."""
+    cache: a chunk-cache design's rates (ddbench.core.rates.CacheRates)."""
     _check_inputs(design, w, requests, max_batch)
     mdl = _Model(design, m, gpu, cm, w, hit, reuse, lowrank, cache)
     ledger = MemoryLedger(gpu.hbm_bytes, {"weights": m.weight_bytes, "runtime_overhead": gpu.runtime_overhead_bytes})

@@ -12,7 +12,9 @@ Per layer i of a step, for a batch of b requests:
            where layer i keeps low-rank keys, and assembling the attended buffer from the resident
            window (overlaps the urgent fetch, unless plan.ur_serial: then it follows it)
   att[i]   attention over the sparse working set (or the whole context where KV stays on the GPU)
-  post[i]  output projection and gated MLP + the other half of the glue (norm, SwiGLU)
+  post[i]  output projection and gated MLP + the other half of the glue (norm, SwiGLU); under tensor
+           parallelism (CostModel.set_tensor_parallel) the two all-reduces of the hidden state, after the
+           output projection and after the MLP (0 at TP 1)
   link     prefetch bytes (the predicted selection, budget B per request) and urgent bytes
            (misses = (1 - hit rate) * B, or with reuse and no prefetch (1 - reuse rate) * B) of
            K+V, or of V alone where keys are rebuilt from the low-rank copy; D2H of the new
@@ -25,7 +27,7 @@ Per layer i of a step, for a batch of b requests:
 
 Every command (simulate in both modes, plan, sweep, the figures) and sim/validate.py price a step
 here, on one cost model (sim/factory.py); sim/validate.py adds only the engine's own terms: the harness's
-forced-miss draw, and for rows of the engine before the in-place ShadowKV (commit 0f05ef2) that
+forced-miss draw, and for rows of the engine before the in-place ShadowKV that
 engine's copy-then-regather fetch (sim/fit/replay.py shadowkv_step, legacy_reuse_fetch).
 """
 
@@ -38,6 +40,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, cache_slot_bytes, kv_piece_bytes, lowrank_layer_count
 from ddbench.core.designs import DesignSpec
 from ddbench.sim.costmodel import E, CostModel, LinkRates
+from ddbench.sim.indexcost import select_index_s
 
 
 @dataclass
@@ -123,7 +126,7 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
     (e.g. the set an accuracy profile's summary picked, ddbench.sim.hitrates.lowrank_from_summary) instead of
     the w.lowrank_layers worst-predicted layers; it must hold w.lowrank_layers layers of the model, so
     that the memory model (which counts them) and the plan agree. Ignored by other designs.
-    `cache` (ddbench.core.cacherates.CacheRates): a chunk-cache design's per-layer prefetched and urgent chunks
+    `cache` (ddbench.core.rates.CacheRates): a chunk-cache design's per-layer prefetched and urgent chunks
     over the budget (required for one; `hit` and `reuse` are not used for its link bytes; a design that
     prefetches nothing, lru-cache, must have none prefetched)."""
     L = m.num_layers
@@ -149,8 +152,9 @@ def step_layers(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload, ba
              "selection": (L * passes * c["sel"], batch * context / w.chunk),
              "attention": (L * passes * c["att"], batch),
              "elementwise": (L * (passes * (c["glue"] + c["asm"]) + fill), batch * q)}
+    ar = 2 * cm.allreduce_s(batch * q * m.hidden * E)     # TP: after the output projection and the MLP
     return StepLayers(design, batch, context, q, passes, pre, mid, [passes * c["att"]] * L,
-                      [passes * (c["lin_post"] + c["glue"] / 2)] * L, lm, link["pf_b"], link["ur_b"], link["d2h_b"],
+                      [passes * (c["lin_post"] + c["glue"] / 2 + ar)] * L, lm, link["pf_b"], link["ur_b"], link["d2h_b"],
                       link["pf_w"], link["ur_w"], link["d2h_w"], link["cpu_pf"], link["cpu_ur"],
                       slot_bytes, slots, link["rates"], lr, ur_min, serial, compute_slowdown(link["rates"], kinds))
 
@@ -178,7 +182,7 @@ def _check_cache(design: DesignSpec, cache, layers: int) -> None:
     if not design.chunk_cache:
         return
     if cache is None or len(cache.prefetched) != layers:
-        raise DDBenchError(f"{design.name} needs its cache rates for {layers} layers (ddbench.core.cacherates)")
+        raise DDBenchError(f"{design.name} needs its cache rates for {layers} layers (ddbench.core.rates)")
     if design.prefetch == "none" and any(x > 0 for x in cache.prefetched):
         raise DDBenchError(f"{design.name} prefetches nothing, but its cache rates prefetch"
                            f" {max(cache.prefetched):g} of the budget per step: give it the replay's rates"
@@ -205,7 +209,7 @@ def _compute_terms(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload,
     # implementation measured in whole steps (kernels/engine/engine.py runs Triton kernels for all)
     tri = out["triton"] = design.kernels == "triton"
     if design.landmarks:
-        out["sel"] = cm.select_s(batch, q, ctx_i, w.chunk, triton=tri)
+        out["sel"] = select_index_s(cm, batch, q, ctx_i, w, triton=tri)
     elif design.quant_bits:
         out["sel"] = cm.quant_scan_s(batch, q, ctx_i, design.quant_bits, w.quant_group, w.chunk)
     else:
@@ -289,7 +293,7 @@ def prefill_chunk_s(design: DesignSpec, m: ModelSpec, cm: CostModel, w: Workload
     qd, kvd = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     lin = (cm.linear_s(m.hidden, qd + 2 * kvd, tokens) + cm.linear_s(qd, m.hidden, tokens)
            + cm.linear_s(m.hidden, 2 * m.intermediate, tokens) + cm.linear_s(m.intermediate, m.hidden, tokens))
-    gpu = m.num_layers * (lin + cm.prefill_attention_s(tokens, prefix))
+    gpu = m.num_layers * (lin + cm.prefill_attention_s(tokens, prefix) + 2 * cm.allreduce_s(tokens * m.hidden * E))
     if last:
         gpu += cm.linear_s(m.hidden, m.vocab, 1)
         n_lr = lowrank_layer_count(design, m, w)

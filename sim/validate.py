@@ -17,8 +17,9 @@ paper-80gb and fp8, and h200-rates' ShadowKV rows), `<stem>-rates.csv` (h200-rat
 the other designs at batch 1), `<stem>-ablation.csv` (issue 31's ablation, the fused fill) and `<stem>-fill.csv`
 (the fused fill's sweep at 32K / 64K / 128K, traces/engine/h200-cache-fill, whose overlap points it is fitted to)
 `<stem>-fp8cache.csv` (issue 32's fp8 GPU chunk cache, h200-cache-fp8 and h200-cache-fp8-qwen) and `<stem>-compare.csv`
-(the same comparison after commit 3aee165: h200-compare and h200-compare-qwen, whose bf16 cache rows the fill is
-fitted to), each with
+(the same comparison on the current engine: h200-compare and h200-compare-qwen, whose bf16 cache rows the fill is
+fitted to) and `<stem>-rategrid.csv` (traces/engine/h200-rate-grid: the engine over a grid of forced rates, fitted to
+nothing), each with
 its points' min / median / max over their builds in the summary (`per_point`). Default folder: the data root's
 validation/ (traces/validation/). Imports no torch.
 """
@@ -32,7 +33,7 @@ from ddbench.core.flags import OneLineParser
 from ddbench.core.errors import DDBenchError
 from ddbench.core.outputs import output_folder
 from ddbench.core.paths import traces_dir
-from ddbench.sim.fit.validation import (ABLATION_RUNS, CACHE_SWEEP, COMPARE_RUNS, FILL_RUNS, FP8_CACHE_RUNS, CALIBRATION_FLOOR_SWEEP, CALIBRATION_SWEEP, FP8_SWEEP, GPU,
+from ddbench.sim.fit.validation import (ABLATION_RUNS, CACHE_SWEEP, COMPARE_RUNS, FILL_RUNS, FP8_CACHE_RUNS, RATE_GRID_RUNS, CALIBRATION_FLOOR_SWEEP, CALIBRATION_SWEEP, FP8_SWEEP, GPU,
                                 HELD_OUT_SWEEP, INPLACE_RUNS, LINK, MODEL, RATES_RUNS, STEPS, VALIDATION_SWEEP, WARMUP,
                                 user_path_errors, validate, validate_runs)
 from ddbench.sim.fit.summary import summarize
@@ -40,7 +41,7 @@ from ddbench.sim.fit.summary import summarize
 COMMAND = "python -m ddbench.sim.validate"
 # the validations of the in-place engine, each written as <out stem>-<tag>.csv
 RUN_SETS = (("inplace", INPLACE_RUNS), ("rates", RATES_RUNS), ("ablation", ABLATION_RUNS), ("fill", FILL_RUNS),
-            ("fp8cache", FP8_CACHE_RUNS), ("compare", COMPARE_RUNS))
+            ("fp8cache", FP8_CACHE_RUNS), ("compare", COMPARE_RUNS), ("rategrid", RATE_GRID_RUNS))
 README = "README.md"
 
 

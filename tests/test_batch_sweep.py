@@ -116,7 +116,11 @@ def test_sweep_table_json_csv_and_exit_status(tmp_path, capsys):
     rc, out, err = _main(argv + ["--json"], capsys)
     assert rc == 0, err
     sweep = json.loads(out)
-    assert sweep["mode"] == "batch-sweep" and sweep["batches"] == [1, 2, 4, 8, 16, 32, 64, 128]
+    asked = {1, 2, 4, 8, 16, 32, 64, 128}
+    largest = {d["max_batch"] for d in sweep["designs"].values() if 1 <= d["max_batch"] <= 128}
+    assert largest - asked            # some design's largest batch is not a power of two: it is run too
+    assert sweep["mode"] == "batch-sweep" and sweep["batches"] == sorted(asked | largest)
+    assert sweep["largest_batches_added"] == sorted(largest - asked)
     assert sweep == json.load(open(tmp_path / "o" / "summary.json")) | {"wall_s": sweep["wall_s"]}
     assert {(c["previous_batch"], c["batch"], c["design"], c["overtakes"]) for c in sweep["crossovers"]} == \
         _crossovers_of(sweep)
@@ -131,7 +135,7 @@ def test_sweep_table_json_csv_and_exit_status(tmp_path, capsys):
     for e in sweep["ranking"]:
         assert best[e["batch"]] == (e["designs"][0] if e["designs"] else None)
     csv = pd.read_csv(tmp_path / "o" / "sweep.csv")       # plain: one header line
-    assert len(csv) == 5 * 8 and set(csv.design) == set(sweep["designs"])
+    assert len(csv) == 5 * len(asked | largest) and set(csv.design) == set(sweep["designs"])
     assert (csv.status == "does-not-fit").sum() == sum(p["status"] != "ok" for d in sweep["designs"].values()
                                                        for p in d["points"])
     # the text: the table, "does not fit", the best by batch and every crossover

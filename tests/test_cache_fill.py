@@ -53,8 +53,8 @@ def test_too_few_points_is_an_error():
 
 
 def test_a_sweep_of_the_other_fill_is_refused():
-    """The torch fill's sweep (engine code before 27aa89a) cannot be fitted as the fused fill, nor back; nor the
-    int64-key fill's (27aa89a to 3aee165) as the engine's fill."""
+    """The torch fill's sweep (an older engine: traces/fit/engine-versions.json) cannot be fitted as the fused
+    fill, nor back; nor the int64-key fill's as the engine's fill."""
     with pytest.raises(DDBenchError, match="ran the other fill"):
         cachefill.fit(SWEEPS[TORCH], _fitting_cm(), 65536, FUSED)
     with pytest.raises(DDBenchError, match="ran the other fill"):

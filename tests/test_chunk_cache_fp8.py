@@ -129,7 +129,7 @@ def test_engine_plan_is_the_memory_model_in_fp8():
     from ddbench.kernels.engine.engine import plan_bytes
     m, dc = get_model("llama-3-8b"), DESIGNS["dualdecoder-cache"]
     per = chunk_cache_bytes(dc, m, Workload(context=131072, batch=4, cache_tokens=4096, kv_bits=8, cache_bits=8))
-    assert per == 4 * 32 * 8 * (512 * (2 * 8 * 128 + 8) + 16384 * 2 + 512 * 8)
+    assert per == 4 * 32 * 8 * (512 * (2 * 8 * 128 + 8) + 16385 * 2 + 513 * 8)
     eng = plan_bytes(m, dc, EngineConfig.of(context=131072, batch=4, cache_tokens=4096, kv_bits=8,
                                             cache_bits=8))["sparse_kv_buffers"]
     tail = 2 * 32 * 4 * 8 * (168 * 128 * 2)

@@ -12,10 +12,14 @@ def test_plan_table():
     r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k", "--system", "all")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("llama-3-8b on h100-80gb") and "context 128K" in lines[0]
-    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert lines[0].startswith("dualdecoder, TP 1: up to 60 requests per GPU")        # the answer first
+    assert lines[1] == "warning: context 128K is beyond llama-3-8b's trained context 8K (max_position_embeddings)"
+    assert lines[2].startswith("llama-3-8b on h100-80gb") and "context 128K" in lines[2]
+    head = next(i for i, x in enumerate(lines) if x.startswith("  design"))
+    rows = {line.split()[0]: line.split() for line in lines[head + 1:head + 6]}
     assert set(rows) == {"full-kv", "shadowkv", "specache", "dualdecoder", "dualdecoder-cache"}   # all: ours too
-    assert rows["full-kv"][1] == "3" and rows["dualdecoder"][1] == "59"
+    assert rows["full-kv"][1] == "3" and rows["dualdecoder"][1] == "60"
+    assert max(len(x) for x in lines) <= 120
 
 
 @pytest.mark.parametrize("context", ["131072", "128k", "128K"])
@@ -103,13 +107,14 @@ def test_design_is_the_flag_and_system_its_alias():
 
 
 def test_plan_memory_answer_where_nothing_fits_is_exit_3():
-    """Weights larger than the GPU: each row says so, a status line names it, exit 3."""
-    r = ddbench("plan", "--model", "llama-3-70b", "--gpu", "l40s", "--context", "128k", "--json")
+    """Weights larger than the GPU at --tp 1 (without --tp they are sharded: --tp auto): each row says so, a status
+    line names it, exit 3."""
+    r = ddbench("plan", "--model", "llama-3-70b", "--gpu", "l40s", "--context", "128k", "--json", "--tp", "1")
     assert r.returncode == 3, r.stderr
     out = json.loads(r.stdout)
     assert {s["status"] for s in out["systems"]} == {"does-not-fit"} and "no design fits" in out["verdict"]
-    t = ddbench("plan", "--model", "llama-3-70b", "--gpu", "l40s", "--context", "128k")
-    assert t.returncode == 3 and t.stdout.strip().splitlines()[-1].startswith("no design fits one request")
+    t = ddbench("plan", "--model", "llama-3-70b", "--gpu", "l40s", "--context", "128k", "--tp", "1")
+    assert t.returncode == 3 and t.stdout.strip().splitlines()[-1].startswith("no fit: no design fits one request")
 
 
 @pytest.mark.parametrize("only, message", [("", "names no figure"), (",,", "names no figure"),

@@ -105,9 +105,9 @@ def test_prefill_help_and_errors(capsys):
 # ---------------------------------------------------------------- fp8: the header, and a true --help
 def test_plan_header_names_fp8(capsys):
     rc, out, _ = _main(PLAN + ["--design", "dualdecoder", "--kv-bits", "8"], capsys)
-    assert rc == 0 and "KV fp8 (e4m3) on the host and the link" in out.splitlines()[0]
+    assert rc == 0 and "KV fp8 (e4m3) on the host and the link" in out.splitlines()[1:5]    # under the answer
     rc, out, _ = _main(PLAN + ["--design", "dualdecoder"], capsys)
-    assert rc == 0 and "fp8" not in out.splitlines()[0]
+    assert rc == 0 and not any("fp8" in x for x in out.splitlines()[:5])
 
 
 def test_plan_serving_header_names_fp8():
@@ -116,8 +116,10 @@ def test_plan_serving_header_names_fp8():
            "context": "128k", "output": "256", "prefill": "here", "kv_bits": 8, "slo": [], "slo_columns": [],
            "tolerance": 0.05, "seeds": [0], "requests_per_run": 10, "max_runs": 4, "host_memory": "x",
            "designs": [], "cost_model": ["c"], "hit_rates": "h"}
-    assert "KV fp8 (e4m3)" in render_serving(out).splitlines()[0]
-    assert "fp8" not in render_serving(dict(out, kv_bits=16)).splitlines()[0]
+    assert "KV fp8 (e4m3)" in render_serving(out, verbose=True).splitlines()[0]
+    assert "fp8" not in render_serving(dict(out, kv_bits=16), verbose=True).splitlines()[0]
+    assert "KV fp8 (e4m3)" in render_serving(out)        # the default text names it on its line of inputs
+    assert "fp8" not in render_serving(dict(out, kv_bits=16))
 
 
 def test_kv_bits_help_is_true_about_shadowkv(tmp_path, capsys):

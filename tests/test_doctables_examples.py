@@ -57,8 +57,8 @@ def test_an_edited_example_output_is_stale():
     block = f"<!-- generated: example-plan-memory -->{body}<!-- end -->\n"
     same, changed = doctables.render(block, ROOT_P)
     assert changed == [] and same == block
-    row = next(ln for ln in body.splitlines() if ln.startswith("dualdecoder "))
-    edited = block.replace(row, row.replace("59", "58", 1))
+    row = next(ln for ln in body.splitlines() if ln.startswith("  dualdecoder "))
+    edited = block.replace(row, row.replace("60", "58", 1))
     assert edited != block
     fixed, changed = doctables.render(edited, ROOT_P)
     assert changed == ["example-plan-memory"] and fixed == block

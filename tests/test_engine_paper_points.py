@@ -15,7 +15,7 @@ from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DESIGNS
 from ddbench.core.errors import DDBenchError
 from ddbench.kernels.engine import paper
-from ddbench.kernels.engine.engine import Engine, EngineConfig, plan_bytes
+from ddbench.kernels.engine.engine import PLAN_CATEGORIES, Engine, EngineConfig, plan_bytes
 from ddbench.kernels.engine.model import Weights, weight_bytes
 from tests.cli import assert_one_line_error, module
 
@@ -221,24 +221,16 @@ def _check_plan(m, spec, w, skip, cfg, dname):
     assert (plan["sparse_kv_buffers"] > 0) == (not spec.kv_on_gpu)
 
 
-def test_plan_grows_with_batch_and_matches_the_memory_model_where_they_agree():
-    from ddbench.core.memory import landmark_bytes, resident_kv_bytes
+def test_plan_grows_with_batch_and_is_the_memory_model():
+    from ddbench.core.catalog import get_gpu
+    from ddbench.core.memory import memory_breakdown
     m = get_model("qwen2.5-32b")
-    cfg1, cfg4 = sweep.make_config(131072, 1), sweep.make_config(131072, 4)
+    cfg1, cfg4 = sweep.make_config(131072, 1), sweep.make_config(131072, 4, quant_values=True)
     for d in ("full-kv", "dualdecoder", "shadowkv", "specache"):
-        p1, p4 = plan_bytes(m, DESIGNS[d], cfg1), plan_bytes(m, DESIGNS[d], cfg4)
+        p1, p4 = plan_bytes(m, DESIGNS[d], cfg1), plan_bytes(m, DESIGNS[d], sweep.make_config(131072, 4))
         assert sum(p4.values()) == 4 * sum(p1.values())          # every planned tensor is per request
-    s = DESIGNS["dualdecoder"]
-    p = plan_bytes(m, s, cfg4)
-    # landmarks: the model adds an int64 chunk index per landmark that the engine does not keep
-    assert p["landmarks"] == landmark_bytes(s, m, cfg4.workload) - 4 * 64 * 8 * 16384 * 8
-    sc = DESIGNS["specache"]                                     # keys and values in 2 bits, as the model has them
-    from ddbench.core.memory import aux_residency_bytes
-    q = plan_bytes(m, sc, sweep.make_config(131072, 4, quant_values=True))["aux_residency"]
-    gap = aux_residency_bytes(sc, m, cfg4.workload) - q           # the model quantizes the generated tokens too
-    assert 0 <= gap <= cfg4.workload.gen_tokens * 4 * m.num_layers * 8 * 96
-    full = plan_bytes(m, DESIGNS["full-kv"], cfg1)["resident_kv"]
-    assert abs(full - resident_kv_bytes(DESIGNS["full-kv"], m, cfg1.workload)) <= 2 * m.kv_bytes_per_token
+        b = memory_breakdown(DESIGNS[d], m, get_gpu("h200"), cfg4.workload)
+        assert plan_bytes(m, DESIGNS[d], cfg4) == {c: getattr(b, c) for c in PLAN_CATEGORIES}, d
 
 
 @pytest.mark.parametrize("name", PAPER_MODELS)

@@ -21,13 +21,14 @@ def _w(kv=8, cache=8, **kw):
 
 def test_chunk_cache_bytes_by_hand():
     # Llama-3-8B, 128K, an 8K cache of chunk 8, batch 1: 1024 slots per layer and KV head, each K and V of
-    # 8 x 128 fp8 bytes and two fp32 scales; the int16 map of 16384 chunks; an int32 id and stamp per slot
+    # 8 x 128 fp8 bytes and two fp32 scales; the int16 map of 16384 chunks; an int32 id and stamp per slot;
+    # the map and the slots each with a sink entry (the engine's layout)
     slots, chunks = 8192 // 8, 131072 // 8
-    per_head = slots * (2 * 8 * 128 * 1 + 2 * 4) + chunks * 2 + slots * (4 + 4)
-    assert per_head == 2_105_344 + 32_768 + 8_192 == 2_146_304
-    assert chunk_cache_bytes(DC, M, _w(batch=1)) == 32 * 8 * per_head == 549_453_824
+    per_head = slots * (2 * 8 * 128 * 1 + 2 * 4) + (chunks + 1) * 2 + (slots + 1) * (4 + 4)
+    assert per_head == 2_105_344 + 32_770 + 8_200 == 2_146_314
+    assert chunk_cache_bytes(DC, M, _w(batch=1)) == 32 * 8 * per_head == 549_456_384
     bf16 = chunk_cache_bytes(DC, M, _w(cache=16, batch=1))
-    assert bf16 == 32 * 8 * (slots * 2 * 8 * 128 * 2 + chunks * 2 + slots * 8)
+    assert bf16 == 32 * 8 * (slots * 2 * 8 * 128 * 2 + (chunks + 1) * 2 + (slots + 1) * 8)
     assert chunk_cache_bytes(LRU, M, _w(batch=1)) == chunk_cache_bytes(DC, M, _w(batch=1))
     assert chunk_cache_bytes(DD, M, _w(kv=8, cache=16, batch=1)) == 0
 
@@ -80,7 +81,7 @@ def test_sweep_axis():
     g = dict(model=["llama-3-8b"], gpu=["h200"], link=[None], host=[None], fetching=[None], host_mem_gb=[None],
              system=["dualdecoder-cache"], context=["128k"], output=["64"], budget=[2048], chunk=[8],
              lowrank_layers=[0], buffers=["design"], cache_tokens=[None], kv_bits=[8], cache_bits=[None, 8],
-             hit_rate=[None], prefill=["here"], rate=[1.0], seed=[0])
+             hit_rate=[None], prefill=["here"], rate=[1.0], seed=[0], index=[None])
     ps = points(dict(requests=10, max_batch=None, grid=g))
     assert [scenario_of(p).knob("cache_bits") for p in ps] == [16, 8]
     plain = ps[0]
@@ -88,7 +89,7 @@ def test_sweep_axis():
 
 
 def test_simulator_prices_fp8_cache_attention_as_bf16():
-    from ddbench.core.cacherates import forced
+    from ddbench.core.rates import forced
     from ddbench.sim.factory import cost_model
     from ddbench.sim.steplayers import step_layers
     cm = cost_model("llama-3-8b", "h200")

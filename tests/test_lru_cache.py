@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ddbench.core.cacherates import forced, from_profile, from_trend, prediction_of, trend_path
+from ddbench.core.rates import forced, load_trend, prediction_of, prices, rate_set, replay_rates
 from ddbench.core.catalog import get_gpu, get_model
 from ddbench.core.designs import DESIGNS, design_names
 from ddbench.core.errors import DDBenchError
@@ -27,35 +27,32 @@ def test_the_design_is_the_cache_without_prediction():
 
 @pytest.mark.parametrize("context", [4096, 131072])
 def test_committed_trend_prices_lru_cache_with_nothing_prefetched(context):
-    none = from_profile("llama-3-8b", 32, 2048, context, 8192, prediction="none")
-    spec = from_profile("llama-3-8b", 32, 2048, context, 8192, prediction="speculative")
-    assert set(none.prefetched) == {0.0} and "without prediction" in none.note
-    # without the prefetch, the true chunks the cache lacks are all urgent: more than with it, about its churn
-    assert sum(none.urgent) > sum(spec.urgent) > 0
-    assert sum(none.urgent) == pytest.approx(sum(spec.urgent) + sum(spec.prefetched), rel=0.35)
+    rs = rate_set("llama-3-8b", 32, context, 2048, 8192, tuple(DESIGNS))
+    none, spec = rs.of("lru-cache"), rs.of("dualdecoder-cache")
+    assert none.get("churn") is None and none.source == spec.source == SMOL     # one matched set
+    u_none, u_spec, churn = (none.get("urgent").mean(), spec.get("urgent").mean(), spec.get("churn").mean())
+    # without the prefetch, the true chunks the cache lacks are all urgent: more than with it, about its moved
+    assert u_none > u_spec > 0
+    assert u_none == pytest.approx(u_spec + churn, rel=0.35)
 
 
-def test_bad_prediction_and_a_profile_without_it(tmp_path):
-    with pytest.raises(DDBenchError, match="unknown cache prediction"):
-        from_profile("llama-3-8b", 32, 2048, 4096, 8192, prediction="oracle")
+def test_a_profile_without_the_replay_without_prediction(tmp_path):
     old = tmp_path / "m.cache.csv"          # a profile from before the column: all speculative
     old.write_text("layer,context_tokens,task,budget_tokens,chunk_tokens,policy,capacity,coverage,"
                    "prefetched_per_budget,urgent_per_budget,moved_per_budget,urgent_share,n,model\n"
                    + "".join(f"{l},4096,single,64,8,lru,{c},0.9,0.2,0.1,0.3,0.333,10,m\n" for l in range(2)
                              for c in (1, 2)))
-    assert from_profile("m", 2, 64, 4096, 128, path=str(old)).prefetched == (0.2, 0.2)
-    with pytest.raises(DDBenchError, match="no cache replay without prediction"):
-        from_profile("m", 2, 64, 4096, 128, path=str(old), prediction="none")
-    doc = json.loads(open(trend_path(str(__import__("ddbench.core.cacherates", fromlist=["x"]).profile_path(SMOL)))).read())
+    assert replay_rates(str(old), "dualdecoder-cache", "cache", 2, 4096, 64, 128).get("churn").centre == (0.2, 0.2)
+    assert replay_rates(str(old), "lru-cache", "cache-none", 2, 4096, 64, 128) is None   # not priced by it
+    import os
+    doc = json.loads(open(os.path.join("traces", "accuracy", f"{SMOL}.cache-trend.json")).read())
     for f in doc["fits"]:
         f.pop("prediction", None)
-    (tmp_path / "t.json").write_text(json.dumps(doc))
-    with pytest.raises(DDBenchError, match="without prediction"):
-        from_trend(str(tmp_path / "t.json"), "m", 4, 64, 4096, 128, prediction="none")
+    assert prices(doc, "cache") and not prices(doc, "cache-none") and not prices(doc, "reuse")
     doc["fits"][0]["prediction"] = "sometimes"
     (tmp_path / "t.json").write_text(json.dumps(doc))
     with pytest.raises(DDBenchError, match="malformed cache trend"):
-        from_trend(str(tmp_path / "t.json"), "m", 4, 64, 4096, 128)
+        load_trend(str(tmp_path / "t.json"))
 
 
 def test_step_is_single_token_one_fill_and_urgent_only():
@@ -81,7 +78,10 @@ def test_memory_is_the_cache_of_dualdecoder_cache():
     g = get_gpu("h200")
     assert chunk_cache_bytes(LRU, M8, w) == chunk_cache_bytes(DC, M8, w) > 0
     a, b = memory_breakdown(LRU, M8, g, w), memory_breakdown(DC, M8, g, w)
-    assert a.sparse_kv_buffers == b.sparse_kv_buffers and a.landmarks == b.landmarks
+    assert a.landmarks == b.landmarks
+    # the same buffers but one fill plan fewer (no prefetch: (3 * (b H_kv k + 1) + 1) * 4 + b H_kv k * 4 bytes),
+    # its held selection standing for dualdecoder-cache's prediction
+    assert b.sparse_kv_buffers - a.sparse_kv_buffers == (3 * (4 * 8 * 256 + 1) + 1) * 4 + 4 * 8 * 256 * 4
     assert a.activations < b.activations             # one token per step, not two
     with pytest.raises(DDBenchError, match="at least the budget"):
         memory_breakdown(LRU, M8, g, Workload(context=65536, cache_tokens=1024))
@@ -98,7 +98,7 @@ def test_cli_plan_simulate_and_sweep(tmp_path):
     r = ddbench("plan", "--design", "lru-cache", "--model", "llama-3-8b", "--gpu", "h200", "--context", "64k",
                 "--search", "cache=1x:2x", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "lru-cache  cache=2x" in r.stdout and "without prediction" in r.stdout
+    assert "lru-cache  cache=2x" in r.stdout and "  lru-cache: urgent " in r.stdout   # its rates line
     r = ddbench("simulate", "--design", "lru-cache", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k",
                 "--batch", "4", "--steps", "3", "--out", str(tmp_path / "s"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr

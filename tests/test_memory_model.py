@@ -22,14 +22,14 @@ def per_token(system, model, category):
 
 @pytest.mark.parametrize("model, layers", [("llama-3-8b", 32), ("qwen2.5-14b", 48)])
 def test_shadowkv_per_token_state(model, layers):
-    # U: L * rank * 2 B; landmarks: L * H_kv * (d * 2 B + 8 B index) / chunk 8; both models have H_kv=8, d=128
+    # U: L * rank * 2 B; landmarks: L * H_kv * d * 2 B / chunk 8; both models have H_kv=8, d=128
     u = layers * 160 * 2
-    landmarks = layers * 8 * (128 * 2 + 8) / 8
+    landmarks = layers * 8 * 128 * 2 / 8
     assert per_token("shadowkv", model, "aux_residency") == pytest.approx(u)
     assert per_token("shadowkv", model, "landmarks") == pytest.approx(landmarks)
-    if model == "llama-3-8b":   # ANCHORS.md: U 10,240 B + landmarks 8,192 B + indices = about 18.7 KB
-        assert u == 10240 and landmarks == 8192 + 256
-        assert u + landmarks == pytest.approx(18.7e3, rel=0.01)
+    if model == "llama-3-8b":   # ANCHORS.md: U 10,240 B + landmarks 8,192 B + indices = about 18.7 KB; the
+        assert u == 10240 and landmarks == 8192       # engine keeps no int64 index (ShadowKV's 256 B a token)
+        assert u + landmarks + 256 == pytest.approx(18.7e3, rel=0.01)
 
 
 def test_specache_two_bit_copy_per_token():
@@ -41,16 +41,22 @@ def test_specache_two_bit_copy_per_token():
 def test_dualdecoder_keeps_only_landmarks():
     assert per_token("dualdecoder", "llama-3-8b", "aux_residency") == 0
     assert per_token("dualdecoder", "llama-3-8b", "sparse_kv_buffers") == 0
-    assert per_token("dualdecoder", "llama-3-8b", "landmarks") == pytest.approx(8448)
+    assert per_token("dualdecoder", "llama-3-8b", "landmarks") == pytest.approx(8192)
 
 
 def test_sparse_buffers_by_hand():
+    """A buffer holds the 2048 selected tokens plus the resident rows (outliers 384 for ShadowKV, window 32,
+    generated 128, new 2) rounded up to chunks of 8: 2216 tokens (2600 for ShadowKV); beside it two int32
+    selections [L, b, H_kv, 256] (this step's and the prediction, or ShadowKV's held one)."""
     m, g = get_model("llama-3-8b"), get_gpu("h100-80gb")
     w = Workload(context=K128, batch=3)
-    layer_kv = 2048 * 2 * 8 * 128 * 2          # 8 MiB: one layer's 2048 tokens of K and V
-    assert memory_breakdown(get_design("dualdecoder"), m, g, w).sparse_kv_buffers == 3 * 2 * layer_kv
-    assert memory_breakdown(get_design("dualdecoder-per-layer"), m, g, w).sparse_kv_buffers == 3 * 32 * layer_kv
-    assert memory_breakdown(get_design("shadowkv"), m, g, w).sparse_kv_buffers == 3 * 32 * layer_kv
+    layer_kv = lambda S: S * 2 * 8 * 128 * 2     # noqa: E731  one layer's S tokens of K and V
+    ids = 2 * 32 * 3 * 8 * 256 * 4
+    assert memory_breakdown(get_design("dualdecoder"), m, g, w).sparse_kv_buffers == 3 * 2 * layer_kv(2216) + ids
+    assert memory_breakdown(get_design("dualdecoder-per-layer"), m, g, w).sparse_kv_buffers == \
+        3 * 32 * layer_kv(2216) + ids
+    assert memory_breakdown(get_design("shadowkv"), m, g, w).sparse_kv_buffers == 3 * 32 * layer_kv(2600) + ids
+    assert memory_breakdown(get_design("ideal"), m, g, w).sparse_kv_buffers == 3 * 32 * layer_kv(2048)
     # ShadowKV's outliers: 48 chunks of 8 tokens, exact, all layers
     sk = memory_breakdown(get_design("shadowkv"), m, g, w)
     u_sv = 3 * 32 * (K128 * 160 + 8 * 128 * 160) * 2
@@ -65,7 +71,7 @@ def test_full_kv_8b_128k_on_80gb():
     design = get_design("full-kv")
     assert max_batch(design, m, g, Workload(context=K128)) == 3
     four = memory_breakdown(design, m, g, Workload(context=K128, batch=4))
-    assert four.resident_kv == 4 * (K128 + 128) * 131072       # 16 GiB per request + 128 new tokens
+    assert four.resident_kv == 4 * (K128 + 128 + 2) * 131072   # 16 GiB per request + 128 generated + 2 new
     assert four.weights == 8_030_261_248 * 2
     slack = four.capacity - four.weights - four.resident_kv
     assert 0 < slack < four.runtime_overhead + four.activations
@@ -125,9 +131,9 @@ def test_bad_workloads(kw, message):
 def test_specache_holds_two_budget_sets_per_layer():
     """SpeCache keeps the current and the speculative top-k at once: two budget-sized sets per layer."""
     m, g = get_model("llama-3-8b"), get_gpu("h200")
-    layer_kv = 2048 * 2 * 8 * 128 * 2
+    layer_kv = 2216 * 2 * 8 * 128 * 2            # 2048 selected + 168 resident rows (test_sparse_buffers_by_hand)
     sc = memory_breakdown(get_design("specache"), m, g, Workload(context=K128, batch=3))
-    assert sc.sparse_kv_buffers == 3 * 32 * 2 * layer_kv
+    assert sc.sparse_kv_buffers == 3 * 32 * 2 * layer_kv + 2 * 32 * 3 * 8 * 256 * 4
     assert get_design("specache").buffer_sets == 2
 
 

@@ -298,6 +298,7 @@ def test_dl5_each_command_writes_only_its_own_folder_under_the_data_root(tmp_pat
     from ddbench.core.outputs import DATA_OUTPUTS, check_path
     monkeypatch.setenv("DDBENCH_DATA", str(tmp_path))
     allowed = {("ddbench calibrate", "calibration/h200"), ("ddbench profile", "accuracy"),
+               ("python -m ddbench.profile.indexrecall", "accuracy"),
                ("ddbench bench kernels", "kernels/h200"), ("python -m ddbench.kernels.linkbench", "link/h200"),
                ("python -m ddbench.kernels.hostbench", "host/h200-x1"), ("python -m ddbench.kernels.engine.sweep", "engine/h200-x")}
     folders = {f for _, f in allowed} | {"calibration", "engine", "accuracy/x", "calibration/h200/x", "paper", "new"}

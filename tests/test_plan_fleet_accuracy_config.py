@@ -39,13 +39,13 @@ def _in_tmp(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- question 1: the fleet
 def test_q1_prefill_fleet_ttft_and_accuracy(capsys):
-    rc, out, _ = _main(Q1, capsys)
+    rc, out, _ = _main(Q1 + ["--verbose"], capsys)
     assert rc == 0
     assert "prefill GPUs/decode GPU" in out and "fleet req/s per GPU" in out and "fleet ttft p99" in out
     assert "ttft p99" in out and "completion p99" in out and "tpot p99" in out
     assert "prefill fleet (" in out and "GPUs per req/s of the whole fleet" in out and "KV transfer" in out
     assert "accuracy of dualdecoder-cache (measured on SmolLM2" in out
-    assert "ASSUMED: hit rate 0.88 for llama-3.1-8b" in out
+    assert "rates (95 % interval), one matched set: SmolLM2" in out and "ASSUMED" not in out   # issue 44
     rc, out, _ = _main(Q1 + ["--json"], capsys)
     d = json.loads(out)
     for row in d["designs"]:
@@ -69,7 +69,7 @@ def test_target_rate_counts_decode_and_prefill_gpus(capsys):
 
 
 def test_prefill_here_warns_where_the_first_ranked_design_queues_long(capsys):
-    argv = [a for a in Q1 if a not in ("--prefill", "elsewhere")]
+    argv = [a for a in Q1 if a not in ("--prefill", "elsewhere")] + ["--prefill", "here", "--verbose"]
     argv[argv.index("--design") + 1] = "full-kv,shadowkv"
     rc, out, _ = _main(argv, capsys)
     assert rc == 0 and "ttft p99" in out
@@ -90,7 +90,8 @@ def test_q2_batch_sweep_names_the_best_by_batch(tmp_path, capsys):
                         "shadowkv,dualdecoder", "--context", "64k", "--batch", "1:16", "--steps", "4",
                         "--out", tmp_path / "o", "--quiet"], capsys)
     assert rc == 0 and "best by batch:" in out and "crossovers:" in out
-    assert "accuracy of shadowkv" in out and "ASSUMED: hit rate 0.88" in out
+    assert "accuracy of shadowkv" in out and "ASSUMED" not in out                # the matched rates (issue 44)
+    assert "  shadowkv: miss " in out and "SmolLM2-135M, measured 1K-8K" in out
 
 
 # ---------------------------------------------------------------- question 3: fp8 and its accuracy cost
@@ -109,7 +110,10 @@ def test_accuracy_lines_say_none_measured_or_exact():
     from ddbench.planner.scenario import Scenario, resolve
     assert "exact attention" in accuracy_cost(resolve(Scenario.make(model="llama-3-8b", gpu="h200",
                                                                     design="full-kv", context="32k")))["line"]
-    assert "none measured" in accuracy_cost(resolve(Scenario.make(model="llama-3-8b", gpu="h200",
+    line = accuracy_cost(resolve(Scenario.make(model="llama-3-8b", gpu="h200", design="dualdecoder",
+                                               context="32k")))["line"]
+    assert "measured on SmolLM2-135M-Instruct.Q4_1, not on llama-3-8b" in line     # the profile its rates come from
+    assert "none measured" in accuracy_cost(resolve(Scenario.make(model="llama-3-8b", gpu="h200", hit_rate=0.9,
                                                                   design="dualdecoder", context="32k")))["line"]
     lo, hi = wilson(12, 20)
     assert lo == pytest.approx(0.3866, abs=1e-3) and hi == pytest.approx(0.7812, abs=1e-3)   # as the tasks.csv

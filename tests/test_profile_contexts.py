@@ -1,5 +1,5 @@
 """The context trend of the cache rates (ddbench/profile/contexts.py) and its use by the planner's and
-simulator's rates (ddbench.core.cacherates.from_trend): synthetic one-prompt runs with a known law."""
+simulator's rates (ddbench.core.rates.trend_rates): synthetic one-prompt runs with a known law."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddbench.core.cacherates import from_trend
+from ddbench.core.rates import load_trend, trend_rates
 from ddbench.core.errors import DDBenchError
 from ddbench.profile import contexts
 
@@ -108,16 +108,17 @@ def test_command_writes_both_files_and_the_rates_follow_the_trend(tmp_path):
     assert doc["prompts_per_context"] == {str(c): 6 for c in CONTEXTS}
     import pandas as pd
     assert len(pd.read_csv(out / f"{MODEL}.contexts.csv"))
-    inside = from_trend(str(trend), "llama-3-8b", 32, 64, 4096, 128)          # share 1/64, 2x, measured context
-    far = from_trend(str(trend), "llama-3-8b", 32, 2048, 131072, 4096)        # 128K: extrapolated 16x
-    assert "inside the measured contexts" in inside.note
-    assert "extrapolated 16.0x beyond the longest measured context (8192)" in far.note
-    assert "passed its checks (no curvature, the longest context held out) in" in far.note and "clamped" not in far.note
-    assert "applied to llama-3-8b by relative depth" in far.note
-    mean = sum(inside.urgent) / 32
+    inside = trend_rates(str(trend), "dualdecoder-cache", "cache", 32, 4096, 64, 128)   # share 1/64, 2x, measured
+    far = trend_rates(str(trend), "dualdecoder-cache", "cache", 32, 131072, 2048, 4096)  # 128K: extrapolated 16x
+    assert inside.extrapolation == 1.0 and "inside" in inside.line()
+    assert far.extrapolation == 16.0 and max(far.measured) == 8192 and "extrapolated 16x" in far.line()
+    assert "passed its checks (no curvature, the longest context held out) in" in far.detail
+    urgent_in, urgent_far = inside.get("urgent"), far.get("urgent")
+    mean = urgent_in.mean()
     assert mean == pytest.approx(sum(_law(4096, l, 2) for l in range(LAYERS)) / LAYERS, abs=0.02)
-    assert sum(far.urgent) / 32 < mean                                        # the law falls with context
-    deep, shallow = far.urgent[-1], far.urgent[0]
+    assert urgent_in.mean("low") <= mean <= urgent_in.mean("high")
+    assert urgent_far.mean() < mean                                           # the law falls with context
+    deep, shallow = urgent_far.centre[-1], urgent_far.centre[0]
     assert deep >= shallow                                                    # per depth band, by relative depth
 
 
@@ -125,16 +126,16 @@ def test_trend_refuses_a_malformed_file_and_a_capacity_outside(tmp_path):
     bad = tmp_path / "x.cache-trend.json"
     bad.write_text('{"fits": [{"a": 1}], "bands": 6, "ref_context": 1024}')
     with pytest.raises(DDBenchError, match="malformed cache trend"):
-        from_trend(str(bad), "m", 4, 64, 4096, 128)
+        load_trend(str(bad))
     bad.write_bytes(b"\x00\xff")
     with pytest.raises(DDBenchError, match="cache trend"):
-        from_trend(str(bad), "m", 4, 64, 4096, 128)
+        load_trend(str(bad))
     root = _root(tmp_path, prompts=3)
     out = tmp_path / "o"
     subprocess.run([sys.executable, "-m", "ddbench.profile.contexts", str(root), "--out", str(out)], check=True,
                    capture_output=True, cwd=tmp_path)
     with pytest.raises(DDBenchError, match="outside the profiled"):
-        from_trend(str(out / f"{MODEL}.cache-trend.json"), "m", 4, 64, 4096, 64 * 16)
+        trend_rates(str(out / f"{MODEL}.cache-trend.json"), "dualdecoder-cache", "cache", 4, 4096, 64, 64 * 16)
 
 
 def test_an_empty_root_is_one_line_exit_2(tmp_path):

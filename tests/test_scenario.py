@@ -56,10 +56,11 @@ def test_defaults_live_in_one_place():
         if f.name != "context":
             assert getattr(w, f.name) == getattr(D, f.name.upper()), f.name
     sc = Scenario("m", "g")
-    assert (sc.design, sc.context, sc.output, sc.buffers, sc.prefill, sc.requests) == \
+    assert (sc.design, str(sc.context), str(sc.output), sc.buffers, sc.prefill, sc.requests) == \
         (D.DESIGN, D.CONTEXT, D.OUTPUT, D.BUFFERS, D.PREFILL, D.PLAN_REQUESTS)
     sim = _args("simulate", "--model", "m", "--gpu", "g")
-    assert (sim.design, sim.context, sim.rate, sim.seed, sim.steps) == ((D.DESIGN,), D.CONTEXT, D.RATE, D.SEED, D.STEPS)
+    assert (sim.design, str(sim.context), sim.rate, sim.seed, sim.steps) == \
+        ((D.DESIGN,), D.CONTEXT, D.RATE, D.SEED, D.STEPS)
     assert _args("plan", "--model", "m", "--gpu", "g", "--context", "1k").design == ("full-kv", "shadowkv",
                                                                                        "specache", "dualdecoder",
                                                                                        "dualdecoder-cache")

@@ -5,6 +5,7 @@ import pytest
 from ddbench.core.catalog import get_model
 from ddbench.core.memory import Workload
 from ddbench.core.designs import DESIGNS
+from ddbench.core.distribution import Distribution
 from ddbench.sim.aggregate import aggregate_step
 from ddbench.sim.steplayers import step_layers
 from ddbench.sim.factory import cost_model
@@ -36,7 +37,7 @@ def test_serving_step_times_come_from_the_aggregate():
     cm = cost_model("llama-3-8b", "h200")
     w = Workload(context=131072)
     hit = [0.88] * m.num_layers
-    reqs = draw_requests(40, 1000.0, "32k", "64", 5)  # all arrive at once: a steady decode batch
+    reqs = draw_requests(40, 1000.0, Distribution.parse("32k"), Distribution.parse("64", "output"), 5)  # all arrive at once: a steady decode batch
     res = run_serving(DESIGNS["dualdecoder"], m, get_gpu("h200"), cm, w, reqs, hit, hit)
     seg = max((s for s in res.segments if s["prefill_tokens"] == 0), key=lambda s: s["steps"])
     plan = step_layers(DESIGNS["dualdecoder"], m, cm, w, seg["batch"], 32768 + 32, hit, hit)

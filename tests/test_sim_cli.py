@@ -161,7 +161,7 @@ def test_serving_where_nothing_fits_says_so(tmp_path):
 def test_weights_that_do_not_fit_are_a_status_not_bad_input(tmp_path):
     """Llama-3-70B's weights alone exceed an L40S: exit 3, summary.json's status says it, the CSVs read."""
     out = tmp_path / "o"
-    p = _run("simulate", "--model", "llama-3-70b", "--gpu", "l40s", "--requests", "5", "--out", str(out))
+    p = _run("simulate", "--model", "llama-3-70b", "--gpu", "l40s", "--requests", "5", "--out", str(out), "--tp", "1")
     assert p.returncode == 3, p.stderr
     line = p.stdout.splitlines()[0]
     assert line.startswith("dualdecoder: NOTHING FITS: 5/5 requests rejected (the weights and runtime overhead")

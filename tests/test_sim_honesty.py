@@ -8,6 +8,7 @@ import pytest
 from ddbench.core.catalog import get_gpu, get_link, get_model
 from ddbench.core.memory import Workload
 from ddbench.core.designs import DESIGNS
+from ddbench.core.distribution import Distribution
 from ddbench.core.errors import DDBenchError
 from ddbench.sim.aggregate import aggregate_step
 from ddbench.sim.costmodel import CostModel
@@ -22,7 +23,7 @@ HIT = [0.88] * M8.num_layers
 
 
 def _plan(system, batch, cm=None, hit=HIT, ctx=131072):
-    from ddbench.core.cacherates import forced
+    from ddbench.core.rates import forced
     cm = cm or cost_model("llama-3-8b", "h200")
     spec = DESIGNS[system]
     pre = 0.2 if spec.prefetch != "none" else 0.0            # lru-cache prefetches nothing
@@ -79,7 +80,7 @@ def _serve(system="dualdecoder", n=150, rate=2.0, seed=3, link=None, model="llam
            out="exp:128"):
     m = get_model(model)
     cm = cost_model(model, "h200", link)
-    reqs = draw_requests(n, rate, ctx, out, seed)
+    reqs = draw_requests(n, rate, Distribution.parse(ctx), Distribution.parse(out, "output"), seed)
     return run_serving(DESIGNS[system], m, get_gpu("h200"), cm, Workload(context=131072), reqs,
                        [0.88] * m.num_layers, [0.88] * m.num_layers)
 
@@ -219,7 +220,7 @@ def test_prefill_elsewhere_joins_decode_at_once():
     """Disaggregated prefill: a request that finds memory free has its first token at arrival
     (TTFT 0), one that waits has TTFT = its wait for memory; Little's law and capacity still hold."""
     m = get_model("qwen2.5-32b")
-    reqs = draw_requests(80, 0.6, "128k", "64", 4)
+    reqs = draw_requests(80, 0.6, Distribution.parse("128k"), Distribution.parse("64", "output"), 4)
     res = run_serving(DESIGNS["shadowkv"], m, get_gpu("h100-80gb"), cost_model("qwen2.5-32b", "h100-80gb"),
                       Workload(context=131072), reqs, [0.88] * m.num_layers, [0.88] * m.num_layers,
                       prefill_here=False)

@@ -40,3 +40,9 @@ def cache_note(designs, w) -> str:
 def kv_note(kv_bits: int) -> str:
     """A header's word for the host KV's precision: ', KV fp8 (e4m3) on the host and the link' for 8 bits."""
     return ", KV fp8 (e4m3) on the host and the link" if kv_bits == 8 else ""
+
+
+def index_note(index) -> str:
+    """A header's word for the landmark designs' selection index: '' for the flat one, else
+    ', selection index fp8 (landmark designs)'."""
+    return "" if index in (None, "flat") else f", selection index {index} (landmark designs)"

@@ -10,7 +10,7 @@ Targets:
   link      the gather against the pinned big copy at 8-256 MiB per call, bf16 and fp8 pieces, its
             interference with compute and the urgent fetch's latency with a prefetch in flight (gated
             and not); writes traces/link/<gpu>/ (python -m ddbench.kernels.linkbench --help)
-  kernels   the Triton kernels (gather, dual-token attention, selection, key rebuild, SpeCache
+  kernels   the Triton kernels (gather, dual-token attention, selection and its smaller indexes, key rebuild, SpeCache
             scoring) against their floors measured in the same run; writes
             traces/kernels/<gpu>/kernels.csv with provenance columns. --peer flashinfer: our sparse
             attention and top-k against flashinfer's (the optional extra ddbench[flashinfer]), each

@@ -13,7 +13,9 @@
 A key is a flag without its dashes (`max-runs` or `max_runs`); the flags given on the command line
 override the file's. Every value is checked by the flag's own parser before the command runs; the
 errors name the file and every bad key in one line (exit 2). A relative file name among the values of
-gpu, link and host resolves against the config's folder.
+model, gpu, link, host, hit_rate and calibration resolves against the config's folder, never the current
+folder (`names_a_file`); so does `rates:` (ddbench.core.ratefile: one found only from the current folder is an
+error).
 """
 
 from __future__ import annotations
@@ -24,7 +26,29 @@ import os
 from ddbench.core.errors import DDBenchError
 from ddbench.core.io import read_mapping
 
-FILE_KEYS = ("gpu", "link", "host", "hit_rate", "calibration")   # values that may name a file beside the config
+FILE_KEYS = ("model", "gpu", "link", "host", "hit_rate", "calibration")   # values that may name a file beside it
+
+
+def names_a_file(key: str, value) -> bool:
+    """`value` of the field `key` names a file or folder by a relative path (resolved against the folder of
+    the file that names it, never the current folder): a hardware file (.yaml, .yml, .json), a model's
+    config.json (a path: it has a '/' or ends in .json), an accuracy CSV (a hit rate that is not a number),
+    a calibration folder."""
+    from ddbench.core.catalog.files import is_file_name
+    if not isinstance(value, str) or not value.strip() or os.path.isabs(os.path.expanduser(value)) \
+            or value.startswith("~"):
+        return False
+    if key in ("gpu", "link", "host"):
+        return is_file_name(value)
+    if key == "model":
+        return "/" in value or value.lower().endswith(".json")
+    if key == "hit_rate":
+        try:
+            float(value)
+            return False
+        except ValueError:
+            return True
+    return key == "calibration"
 
 
 def _read(path: str) -> dict:
@@ -70,11 +94,25 @@ def config_args(sub: argparse.ArgumentParser, path: str) -> list[str]:
             elif v == isinstance(a, argparse._StoreTrueAction):
                 out.append(opt)
             continue
+        if hasattr(a, "check"):          # --rate: a what-if (a list: one flag per item) or, in simulate, arrivals
+            try:
+                for item in (v if isinstance(v, list) else [v]):
+                    a.check(str(item))
+                    out += [opt, str(item)]
+            except (argparse.ArgumentTypeError, ValueError, DDBenchError) as exc:
+                bad[k] = str(exc)
+            continue
         text = _text(v, k, bad)
         if text is None:
             continue
-        if key in FILE_KEYS and not os.path.isabs(os.path.expanduser(text)) \
-                and os.path.exists(os.path.join(folder, text)) and not os.path.exists(text):
+        if key == "rates":        # beside the config, never from the current folder
+            from ddbench.core.ratefile import resolve_path
+            try:
+                text = resolve_path(text, folder, f"config {path}")
+            except DDBenchError as exc:
+                bad[k] = str(exc).split(": ", 1)[-1]
+                continue
+        elif key in FILE_KEYS and names_a_file(key, text):
             text = os.path.join(folder, text)
         try:
             value = a.type(text) if a.type is not None else text

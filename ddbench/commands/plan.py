@@ -25,16 +25,17 @@ import os
 from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
-from ddbench.commands import cache_note, kv_note, table as _table  # noqa: F401 (simulate imports kv_note from here)
+from ddbench.commands import cache_note, index_note, kv_note, table as _table  # noqa: F401 (simulate imports kv_note from here)
 from ddbench.commands.plan_serving import _clean, _serving_mode, plot, render_serving, serving_plan  # noqa: F401
 from ddbench.core import defaults as D
 from ddbench.core import flags
 from ddbench.core.catalog import NOT_BOUNDED
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import BOUND_BOTH, BOUND_GPU, CATEGORIES, memory_breakdown
-from ddbench.core.units import GB, fmt_tokens, parse_tokens
+from ddbench.core.units import GB, fmt_tokens
 from ddbench.planner.scenario import resolve
-from ddbench.planner.scenario_args import add_scenario_args, add_workload, given, scenarios_from_args
+from ddbench.planner.scenario_args import (add_rate_args, add_scenario_args, add_workload, fp8_note, given,
+                                           scenarios_from_args, weights_overflow)
 
 EXAMPLE = """examples:
   ddbench plan --model llama-3-8b --gpu h100-80gb --context 128k --design all
@@ -48,6 +49,8 @@ EXAMPLE = """examples:
       --design shadowkv,dualdecoder
   ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --design dualdecoder \\
       --search budget,chunk,lowrank-layers,buffers --plot pareto.png
+  ddbench plan --model llama-3-8b --gpu h200 --context 128k --slo p99-tpot=200ms --design all \\
+      --rates my-rates.yaml --rate dualdecoder-cache.churn=0.2      # your own rates, one what-if
 
 exit status: 0 with an answer (a design that does not fit says so in its row's status), 2 for bad
 input (a host memory too small for one request's host KV, too), 3 when no design fits one request
@@ -81,6 +84,7 @@ def register(sub) -> None:
     g = p.add_argument_group("serving what-if (any of --slo, --target-rate, --search; the flags of this group"
                              " need one of them)")
     add_scenario_args(p, design=D.DESIGNS, context_required=True, requests=D.PLAN_REQUESTS, serving=g)
+    add_rate_args(p)
     p.add_argument("--batch", type=flags.integer(lo=1, hi=D.MAX_COUNT),
                    help="show the breakdown at this batch instead of the maximum")
     g.add_argument("--slo", type=flags.checked(_slo),
@@ -99,11 +103,12 @@ def register(sub) -> None:
     g.add_argument("--target-rate", type=flags.number(lo=0, lo_open=True, hi=D.MAX_RATE),
                    help="fleet load in requests/s: GPUs (and hosts) needed per design")
     g.add_argument("--search", type=flags.checked(_search),
-                   help="knob search per design: budget,chunk,lowrank-layers,buffers,cache,fp8 (each optionally"
+                   help="knob search per design: budget,chunk,lowrank-layers,buffers,cache,fp8,index (each optionally"
                         " =V1:V2:..., e.g. budget=1k:2k:4k; buffers: the layer-ahead designs' sparse-KV buffer"
                         " layout, pingpong:per-layer; cache: the chunk cache's capacity (dualdecoder-cache,"
-                        " lru-cache), 2x:4x or tokens; fp8: off:on:on+cache, on+cache the chunk cache in fp8 too)")
-    g.add_argument("--seeds", type=flags.items(flags.integer(lo=0, hi=2 ** 63 - 1)),
+                        " lru-cache), 2x:4x or tokens; fp8: off:on:on+cache, on+cache the chunk cache in fp8 too;"
+                        " index: the landmark designs' selection index, flat:fp8:int4:two-level:8,1,int4)")
+    g.add_argument("--seeds", type=flags.items(flags.integer(lo=0, hi=2 ** 63 - 1), unique=True),
                    help="comma list of seeds; a rate passes only if every seed does"
                         f" (default {','.join(map(str, D.SEEDS))})")
     g.add_argument("--tol", type=flags.number(lo=0, hi=1, lo_open=True, hi_open=True),
@@ -126,7 +131,8 @@ def register(sub) -> None:
 
 # ------------------------------------------------------------------ memory answer (no SLO)
 def plan(args) -> dict:
-    parse_tokens(args.context)   # the memory answer is at one context
+    args.context.tokens("context")   # the memory answer is at one context
+    notes = [n for n in (weights_overflow(args), fp8_note(args)) if n]
     resolved = [resolve(sc).check_host()
                 for sc in scenarios_from_args(args, D.PLAN_REQUESTS, host=args.host, host_mem_gb=args.host_mem)]
     r0 = resolved[0]
@@ -146,11 +152,16 @@ def plan(args) -> dict:
                      "bytes": {c: getattr(bd, c) for c in CATEGORIES} | {"total": bd.total},
                      "host_bytes": shown * bounds.host_bytes_per_request})
     hm = r0.host_mem
-    out = {"model": model.name, "gpu": gpu.name, "capacity_bytes": gpu.hbm_bytes,
+    out = {"model": model.name, "gpu": gpu.name, "capacity_bytes": gpu.hbm_bytes, "tp": r0.tp,
            "context": workload.context, "workload": dict(vars(workload)),
            "host_memory": None if hm is None else {"bytes_per_gpu": hm.bytes_per_gpu, "host": hm.host,
                                                    "note": hm.note},
            "host_memory_note": NOT_BOUNDED if hm is None else hm.note, "systems": rows}
+    from ddbench.planner.ratelines import rates_doc
+    out["rates"] = rates_doc(resolved)
+    out |= fleet_notes(resolved, notes, hm)
+    from ddbench.commands.plan_answer import memory_text
+    out["answer"] = memory_text(out, [])[0]
     if not any(r["fits"] for r in rows):
         what = f"batch {args.batch}" if args.batch is not None else "one request"
         host = "" if hm is None else f" and the {hm.gb_per_gpu:.1f} GB of host memory for this GPU"
@@ -161,15 +172,40 @@ def plan(args) -> dict:
 BOUND_SHORT = {BOUND_GPU: "GPU", "host memory": "host", BOUND_BOTH: "both"}
 
 
-def render(result: dict) -> str:
+def fleet_notes(resolved, notes: list, hm) -> dict:
+    """The memory answer's notes: TP's sharding and all-reduce, the host's sharing, the deployable flags."""
+    from ddbench.commands.plan_tp import context_warning, deploy_for, tp_view
+    r0 = resolved[0]
+    view = tp_view(r0)
+    per_replica = None if hm is None else hm.gb_per_gpu * r0.tp
+    lines = [view["note"], view["allreduce"]] if r0.tp > 1 else []
+    if r0.share is not None:
+        lines.append(f"link per GPU: {r0.share.describe()}")
+    return {"notes": notes + context_warning(r0), "tp_lines": lines,
+            "tp_detail": view, "deploy": deploy_for(resolved, per_replica)}
+
+
+def render(result: dict, verbose: bool = False) -> str:
+    if not verbose:
+        from ddbench.commands.plan_answer import memory_text
+        return "\n".join(memory_text(result, []) + (["no fit: " + result["verdict"]] if "verdict" in result else []))
+    from ddbench.commands.plan_answer import category_table
+    extra = category_table(result["systems"], result.get("tp", 1)) if result.get("tp", 1) > 1 else []
+    return "\n".join([_render_wide(result)] + extra + list(result.get("notes", [])) + list(result.get("tp_lines", []))
+                     + list(result.get("deploy", [])))
+
+
+def _render_wide(result: dict) -> str:
     cap = result["capacity_bytes"]
     hm = result["host_memory"]
     host_head = (f"host memory: {hm['bytes_per_gpu'] / GB:.1f} GB per GPU" if hm is not None
                  else f"host memory: {NOT_BOUNDED}")
     head = (f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])}, "
             f"budget {result['workload']['budget']}, chunk {result['workload']['chunk']}"
-            f"{kv_note(result['workload']['kv_bits'])}{cache_note([r['system'] for r in result['systems']], result['workload'])}"
+            f"{kv_note(result['workload']['kv_bits'])}{index_note(result['workload'].get('index'))}{cache_note([r['system'] for r in result['systems']], result['workload'])}"
             f"  [GB = 1e9 bytes]; {host_head}")
+    from ddbench.planner.ratelines import rates_lines
+    head = "\n".join([head] + rates_lines(result["rates"]))
     bounded = hm is not None
     cols = ["system", "max batch"] + (["bound by", "by GPU", "by host"] if bounded else []) + ["at batch"] \
         + [c.replace("_", " ") for c in CATEGORIES] + ["total", "of GPU", "host GB/req"]
@@ -219,7 +255,7 @@ def run(args) -> int:
                                               "status")}}
                         for r in result["systems"]]), end="")
         else:
-            print(json.dumps(result, indent=1) if args.json else render(result))
+            print(json.dumps(result, indent=1) if args.json else render(result, args.verbose))
         return NO_FIT if "verdict" in result else 0
     if args.plot:
         from ddbench.core.outputs import output_file

@@ -153,7 +153,7 @@ def _head(args, sc0, r0, slos, seeds, tol, max_runs) -> dict:
     from ddbench.planner.runs import SUSTAINABLE_RULE
     out = {"model": r0.model.name, "gpu": r0.gpu.name, "capacity_gb": r0.gpu.hbm_bytes / GB,
            "link": r0.link.name, "link_gbps_per_gpu": r0.link.achievable_gbps,
-           "context": sc0.context, "output": sc0.output, "prefill": sc0.prefill,
+           "context": str(sc0.context), "output": str(sc0.output), "prefill": sc0.prefill,
            "slo": [s.text for s in slos], "slo_columns": [s.column for s in slos], "seeds": list(seeds),
            "requests_per_run": sc0.requests, "tolerance": tol, "max_runs": max_runs,
            "sustainable_rule": SUSTAINABLE_RULE,
@@ -197,17 +197,20 @@ def _design_view(args, res, rank, slos, r0, seeds) -> dict:
     if args.search is not None:
         from ddbench.planner.knobs import knob_label
         d["setting"] = knob_label(res.scenario, args.search)
+    tp = res.scenario.tp
+    d["tp"] = tp
+    d["rate_per_gpu"] = d["max_rate_req_per_s"] / tp      # the rate is one replica's (tp GPUs)
     if args.target_rate is not None:
-        # at least one GPU: a load far below one GPU's rate still needs that GPU
-        d["gpus"] = max(1, math.ceil(args.target_rate / res.rate - 1e-9)) if res.status == "met" else None
+        # at least one replica: a load far below one replica's rate still needs it
+        d["gpus"] = max(1, math.ceil(args.target_rate / res.rate - 1e-9)) * tp if res.status == "met" else None
         if r0.share is not None and d["gpus"] is not None:
             from ddbench.core.catalog import get_host
-            d["hosts"] = math.ceil(d["gpus"] / get_host(args.host).gpus)
+            d["hosts"] = math.ceil(d["gpus"] / get_host(res.scenario.host).gpus)
     if r0.share is not None:
         # the GPU alone on its link, with the same host memory for its requests
         alone = capacity(replace(res.scenario, host=None, fetching=None,
                                  host_mem_gb=None if r0.host_mem is None else r0.host_mem.gb_per_gpu,
-                                 link=get_host_link(args.host) if res.scenario.link is None
+                                 link=get_host_link(res.scenario.host) if res.scenario.link is None
                                  else res.scenario.link), seeds[0])
         d["peak_tokens_per_s_alone"] = alone.get("tokens_per_s")
         d["peak_tokens_per_s_shared"] = res.capacity.get("tokens_per_s")
@@ -254,23 +257,56 @@ def _warnings(out: dict) -> list[str]:
 
 
 def serving_plan(args) -> dict:
+    """The serving answer: at the TP asked (--tp auto: each that fits, the best kept; a model whose weights exceed
+    one GPU: auto), with prefill where asked (not asked: both placements, the one needing fewer GPUs kept)."""
+    from ddbench.commands.plan_tp import auto_tp_serving, prefill_default, tp_is_auto
+    from ddbench.planner.scenario_args import weights_overflow
+    note = weights_overflow(args)
+
+    def one(a):
+        return _serving_core(a) if a.prefill is not None else prefill_default(a, _serving_core)
+    out = auto_tp_serving(args, one) if tp_is_auto(args) else one(args)
+    if note:
+        out.setdefault("notes", []).insert(0, note)
+    from ddbench.commands.plan_answer import answer_line
+    first = next((d for d in out["designs"] if d["rank"] == 1), out["designs"][0] if out["designs"] else None)
+    out["answer"] = answer_line(out, first) if first else None
+    return out
+
+
+def _serving_core(args) -> dict:
+    from ddbench.commands.plan_tp import context_warning, deploy_for, tp_view
+    from ddbench.core.tp import DEFAULT_HOSTS
+    from ddbench.planner.scenario_args import fp8_note
     slos, seeds, tol, max_runs = _serving_args(args)
     scenarios = _scenarios(args)
     sc0, r0 = scenarios[0], resolve(scenarios[0])
     results = _run_searches(args, scenarios, slos, seeds, tol, max_runs)
     out = _head(args, sc0, r0, slos, seeds, tol, max_runs)
+    out |= {"tp": tp_view(r0), "host_name": sc0.host or DEFAULT_HOSTS.get(r0.gpu.name),
+            "notes": context_warning(r0) + [n for n in (fp8_note(args),) if n],
+            "deploy": deploy_for([resolve(sc) for sc in scenarios],
+                                 None if r0.host_mem is None else r0.host_mem.gb_per_gpu * r0.tp)}
     best = _best_per_design(results, sc0.prefill == "elsewhere")
     out["designs"] = [_design_view(args, res, rank, slos, r0, seeds) for rank, res in enumerate(best, start=1)]
     out["verdict"] = _verdict(best, slos)
     out["warnings"] = _warnings(out)
     from ddbench.planner.accuracy import assumed_hit_rate
     out["assumed"] = sorted({assumed_hit_rate(resolve(res.scenario)) for res in best} - {None})
+    from ddbench.planner.ratelines import rates_doc
+    out["rates"] = rates_doc([resolve(res.scenario) for res in best])
+    from ddbench.planner import ratelines as RL
+    from ddbench.planner.executors import run_tasks
+
+    def search(desc):
+        return lambda tasks, keep: run_tasks(_search_task, [(sc, slos, seeds, tol, max_runs) for sc in tasks],
+                                             keep, workers=args.workers, desc=desc)
+    # every design's (best setting's) rate at both ends of its rates' interval, and the ranking they leave
+    RL.attach_intervals(out["designs"], best, RL.interval_searches(best, search("rate searches at the rates' ends")))
+    RL.ranking(out["designs"], tol)
     if args.search is None:
         from ddbench.planner.breakeven import break_even
-        from ddbench.planner.executors import run_tasks
-        out["break_even"] = break_even(best, lambda tasks, keep: run_tasks(
-            _search_task, [(sc, slos, seeds, tol, max_runs) for sc in tasks], keep, workers=args.workers,
-            desc="break-even searches"))
+        out["break_even"] = break_even(best, search("break-even searches"))
     else:
         out["search"] = {k: list(v) for k, v in args.search.items()}
         out["settings"] = _pareto_rows(results, slos, args.search)
@@ -352,7 +388,7 @@ def _render_table(out: dict) -> list[str]:
     rows = [head]
     for d in out["designs"]:
         met = d["status"] == "met"
-        r = [str(d["rank"] or "-"), d["system"], _fmt_rate(d["max_rate_req_per_s"]) if met else "none",
+        r = [("=" if d.get("undecided_with") else "") + str(d["rank"] or "-"), d["system"], _fmt_rate(d["max_rate_req_per_s"]) if met else "none",
              f"{d['tokens_per_s']:.1f}" if met else "-", d["binding"] or "-", str(d["max_batch"]),
              f"{d['mean_batch']:.1f}" if met and d["mean_batch"] else "-"]
         r += [fmt_seconds(d[c]) if met and d.get(c) is not None else "-" for c in cols]
@@ -449,7 +485,13 @@ def _render_settings(out: dict) -> list[str]:
 
 
 def render_serving(out: dict, verbose: bool = False) -> str:
-    lines = _render_head(out) + _render_table(out) + out.get("warnings", []) + _render_outcomes(out)
+    if not verbose and "settings" not in out:
+        from ddbench.commands.plan_answer import serving_text
+        return "\n".join(serving_text(out))
+    from ddbench.planner.ratelines import ranking_lines, rates_lines
+    no_rates = {"unmatched": [], "designs": [], "sources": []}
+    lines = _render_head(out) + rates_lines(out.get("rates") or no_rates) + _render_table(out) + ranking_lines(out) \
+        + out.get("warnings", []) + _render_outcomes(out)
     if out.get("break_even"):
         from ddbench.planner.breakeven import render
         lines += render(out["break_even"], out["tolerance"])
@@ -466,7 +508,8 @@ def render_serving(out: dict, verbose: bool = False) -> str:
         lines += _render_settings(out)
     lines += [d["accuracy"]["line"] for d in out["designs"] if "accuracy" in d] + out.get("assumed", [])
     lines.append(cost_model_line(out["cost_model"], verbose))
-    lines.append("hit rates: " + out["hit_rates"])
+    if (out.get("rates") or {}).get("unmatched", True):
+        lines.append("hit rates: " + out["hit_rates"])
     return "\n".join(lines)
 
 

@@ -41,7 +41,8 @@ import time
 from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
-from ddbench.commands import cache_note, cost_model_line
+from ddbench.commands import cache_note, cost_model_line, index_note
+from ddbench.commands.plan_tp import context_warning
 from ddbench.commands.plan import _plot_path as plot_path, kv_note
 from ddbench.core import defaults as D
 from ddbench.core import flags
@@ -51,13 +52,14 @@ from ddbench.core.io import dumps_json
 from ddbench.core.outputs import output_folder
 from ddbench.core.memory import CATEGORIES
 from ddbench.core.provenance import provenance
-from ddbench.core.units import GB, fmt_tokens, parse_tokens
+from ddbench.core.units import GB, fmt_tokens
 from ddbench.core.errors import DDBenchError
 from ddbench.planner.batchsweep import parse_batches
 from ddbench.planner.runs import STABLE_SLOPE, backlog_growth, queue_grows, weights_do_not_fit
 from ddbench.planner.scenario import resolve
-from ddbench.planner.scenario_args import (add_profile_row_args, add_scenario_args, add_workload, profile_rows,
-                                           scenarios_from_args)
+from ddbench.planner.scenario_args import (add_profile_row_args, add_rate_args, add_scenario_args, add_workload,
+                                           profile_rows, scenarios_from_args, weights_overflow)
+from ddbench.planner.scenario_args import fp8_note
 from ddbench.progress import bar as progress_bar
 
 EXAMPLE = """examples:
@@ -80,8 +82,7 @@ def register(sub) -> None:
     p = sub.add_parser("simulate", help="serving or per-layer timeline simulation of a design",
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scenario_args(p, design=D.DESIGN, context_required=False, requests=D.SIM_REQUESTS)
-    p.add_argument("--rate", type=flags.number(lo=D.MIN_RATE, hi=D.MAX_RATE), default=D.RATE,
-                   help=f"Poisson arrival rate, requests/s (default {D.RATE})")
+    add_rate_args(p, arrivals=flags.number(lo=D.MIN_RATE, hi=D.MAX_RATE), default=D.RATE)
     p.add_argument("--seed", type=flags.integer(lo=0, hi=2 ** 63 - 1), default=D.SEED,
                    help=f"random seed for arrivals and drawn lengths (default {D.SEED})")
     p.add_argument("--batch", type=parse_batches, metavar="N|LIST",
@@ -160,10 +161,11 @@ def _check_modes(args) -> bool:
 def run(args) -> int:
     prefill = _prefill(args)
     sweep = _check_modes(args)
+    tp_note = weights_overflow(args)
     scenarios = scenarios_from_args(args, D.SIM_REQUESTS, rows=profile_rows(args), host=args.host,
                                     fetching=args.fetching, host_mem_gb=args.host_mem, prefill=prefill)
     resolved = [resolve(sc).check().check_host() for sc in scenarios]
-    ctx = parse_tokens(args.context) if args.batch is not None else None   # the timeline needs one context
+    ctx = args.context.tokens("context") if args.batch is not None else None   # the timeline needs one context
     if sweep:
         return _sweep(args, resolved, ctx)
     r0 = resolved[0]
@@ -188,16 +190,36 @@ def run(args) -> int:
     if args.json:
         print(dumps_json(summaries))
     else:
-        for note in (kv_note(r0.workload.kv_bits), cache_note(summaries, r0.workload)):
+        from ddbench.planner.ratelines import rates_doc, rates_lines
+        lines = list(rates_lines(rates_doc(resolved)))
+        for note in (kv_note(r0.workload.kv_bits), index_note(r0.workload.index), cache_note(summaries, r0.workload)):
             if note:
-                print(note.lstrip(", "))
-        for name, s in summaries.items():
-            print(_render(name, s))
+                lines.append(note.lstrip(", "))
+        lines += [_render(name, s) for name, s in summaries.items()]
         grows = [(name, s) for name, s in summaries.items() if s.get("queue_grows")]
         if grows:
-            print(_queue_warning(grows, args.rate))
-        _tail(args, r0, summaries, resolved)
+            lines.append(_queue_warning(grows, args.rate))
+        lines += [n for n in (tp_note, fp8_note(args)) if n] + context_warning(r0)
+        print("\n".join(lines + _tail(args, r0, summaries, resolved)))
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
+
+
+def _at_ends(args, r, centre: float) -> list[float] | None:
+    """[worst, best] tokens/s of the same serving run priced at both ends of the design's rates' 95 % interval
+    (ddbench.core.rates); None where its rates have no interval."""
+    from ddbench.sim.serving import draw_requests, run_serving
+    dr = r.design_rates
+    if dr is None or not any(x.has_interval for x in dr.rates):
+        return None
+    sc = r.scenario
+    out = [centre]
+    for end in ("low", "high"):
+        e = resolve(replace(sc, rate_end=end))
+        reqs = draw_requests(sc.requests, args.rate, sc.context, sc.output, args.seed)
+        res = run_serving(e.design, e.model, e.gpu, e.cm, e.workload, reqs, e.hit, e.reuse, e.batch_cap,
+                          prefill_here=sc.prefill == "here", lowrank=e.lowrank, cache=e.cache_rates)
+        out.append(res.summary().get("tokens_per_s") or 0.0)
+    return [min(out), max(out)]
 
 
 def _notes(summary: dict, r, t0: float) -> None:
@@ -207,21 +229,26 @@ def _notes(summary: dict, r, t0: float) -> None:
     if r.lowrank is not None:
         summary["lowrank_layers"] = {"layers": sorted(r.lowrank), "note": r.lowrank_note}
     summary["cost_model"] = list(r.cm.notes)
+    if r.tp > 1:
+        from ddbench.commands.plan_tp import tp_view
+        summary["tp"] = tp_view(r)
     from ddbench.planner.accuracy import accuracy_cost, assumed_hit_rate
     summary["accuracy"] = accuracy_cost(r)
     summary["assumed_hit_rate"] = assumed_hit_rate(r)
     check_finite(summary, f"simulate {r.design.name}")
 
 
-def _tail(args, r0, summaries, resolved) -> None:
+def _tail(args, r0, summaries, resolved) -> list[str]:
+    from ddbench.commands.plan_tp import tp_view
     from ddbench.planner.accuracy import accuracy_lines
-    print(_render_host(summaries, r0))
-    print("\n".join(accuracy_lines(resolved)))
-    print(cost_model_line(r0.cm.notes, args.verbose))
-    print(f"hit rates: {r0.hit_note}")
+    view = tp_view(r0)
+    lines = [view["note"], view["allreduce"]] if r0.tp > 1 else []
+    lines += [_render_host(summaries, r0), "\n".join(accuracy_lines(resolved)), cost_model_line(r0.cm.notes, args.verbose)]
+    if r0.design_rates is None and not r0.design.kv_on_gpu:
+        lines.append(f"hit rates: {r0.hit_note}")
     if r0.lowrank_note:
-        print(r0.lowrank_note)
-    print(f"wrote {args.out}" + (f", {args.plot}" if getattr(args, "plot", None) else ""))
+        lines.append(r0.lowrank_note)
+    return lines + [f"wrote {args.out}" + (f", {args.plot}" if getattr(args, "plot", None) else "")]
 
 
 def _queue_warning(grows, rate: float) -> str:
@@ -245,20 +272,24 @@ def _sweep(args, resolved, ctx: int) -> int:
     from ddbench.planner import batchsweep as B
     r0 = resolved[0]
     t0 = time.perf_counter()
-    points, max_batch = {}, {}
-    bar = progress_bar(total=len(resolved) * len(args.batch), desc="batch sweep", unit="point", leave=False,
+    points = {}
+    max_batch = {r.design.name: _host_block(r, ctx, None)["max_batch"] for r in resolved}
+    # every design's own largest batch too, so that none is judged short of its capacity
+    lo, hi = min(args.batch), max(args.batch)
+    batches = tuple(sorted(set(args.batch) | {b for b in max_batch.values() if lo <= b <= hi}))
+    bar = progress_bar(total=len(resolved) * len(batches), desc="batch sweep", unit="point", leave=False,
                        quiet=args.quiet)
     try:
         for r in resolved:
-            max_batch[r.design.name] = _host_block(r, ctx, None)["max_batch"]
             pts = []
-            for b in args.batch:
+            for b in batches:
                 pts.append(_timeline(args, r, ctx, b, None, ""))
                 bar.update()
             points[r.design.name] = pts
     finally:
         bar.close()
-    sweep = B.summarize(points, tuple(args.batch), max_batch)
+    sweep = B.summarize(points, batches, max_batch)
+    sweep["largest_batches_added"] = sorted(set(batches) - set(args.batch))
     sweep |= {"model": r0.model.name, "gpu": r0.gpu.name, "link": r0.link.name, "context": ctx,
               "steps": args.steps, "kv_bits": r0.workload.kv_bits,
               "cache_bits": r0.workload.cache_bits}
@@ -269,14 +300,17 @@ def _sweep(args, resolved, ctx: int) -> int:
             for p in d["points"]]
     head = (f"batch sweep: {r0.model.name} on {r0.gpu.name} ({r0.gpu.hbm_bytes / GB:.1f} GB), {r0.link.name},"
             f" context {fmt_tokens(ctx)}, {args.steps} steps per batch ({min(2, args.steps - 1)} warm-up)"
-            f"{kv_note(r0.workload.kv_bits)}{cache_note([r.design.name for r in resolved], r0.workload)}")
+            f"{kv_note(r0.workload.kv_bits)}{index_note(r0.workload.index)}{cache_note([r.design.name for r in resolved], r0.workload)}")
+    from ddbench.planner.ratelines import rates_doc, rates_lines
+    sweep["rates"] = rates_doc(resolved)
+    head = "\n".join([head] + rates_lines(sweep["rates"]))
     with ExitStack() as stack:
         w = stack.enter_context(output_folder(args.out, command="ddbench simulate", force=args.force))
         if args.plot is not None:
             from ddbench.core.outputs import output_file
             staged = stack.enter_context(output_file(args.plot, command="ddbench simulate", flag="--plot",
                                                      force=args.force))
-            B.plot(sweep, staged, head.removeprefix("batch sweep: "),
+            B.plot(sweep, staged, head.splitlines()[0].removeprefix("batch sweep: "),
                    fmt=os.path.splitext(args.plot)[1].lstrip(".").lower())
         w.write_text("sweep.csv", _csv(rows, SWEEP_COLUMNS))
         w.write_json("summary.json", sweep)
@@ -285,15 +319,21 @@ def _sweep(args, resolved, ctx: int) -> int:
     if args.json:
         print(dumps_json(sweep))
     else:
-        print("\n".join(B.render(sweep, head)))
         by_design = {name: {"host_memory": _host_block(r, ctx, None)} for name, r in
                      zip(sweep["designs"], resolved)}
-        _tail(args, r0, by_design, resolved)
+        added = sweep["largest_batches_added"]
+        lines = B.render(sweep, head) + ([f"batches {', '.join(map(str, added))} added: the designs' largest"
+                                          " batches"] if added else []) + _tail(args, r0, by_design, resolved)
+        print("\n".join(lines))
     return 0 if any(p["status"] == "ok" for d in sweep["designs"].values() for p in d["points"]) else NO_FIT
 
 
 def _num(x, fmt: str) -> str:
     return "n/a" if x is None else format(x, fmt)
+
+
+def _interval(iv) -> str:
+    return "" if not iv else f" [{iv[0]:.2f}, {iv[1]:.2f} at the rates' interval ends]"
 
 
 def _render(name: str, s: dict) -> str:
@@ -308,7 +348,7 @@ def _render(name: str, s: dict) -> str:
                                   " memory")
         return f"{name}: NOTHING FITS: {s['rejected']}/{s['requests']} requests rejected ({why}); no throughput reported"
     return (f"{name}: {s['completed']}/{s['requests']} done ({s['rejected']} rejected),"
-            f" {_num(s['tokens_per_s'], '.2f')} tokens/s,"
+            f" {_num(s['tokens_per_s'], '.2f')}{_interval(s.get('tokens_per_s_interval'))} tokens/s,"
             f" completion P50 {_num(s['completion_p50_s'], '.1f')} s P99 {_num(s['completion_p99_s'], '.1f')} s,"
             f" TTFT P50 {_num(s['ttft_p50_s'], '.2f')} s,"
             f" TPOT P50 {_num(None if s['tpot_p50_s'] is None else 1e3 * s['tpot_p50_s'], '.1f')} ms,"
@@ -380,7 +420,7 @@ def _serving(args, r, w, out) -> dict:
     sc = r.scenario
     reqs = draw_requests(sc.requests, args.rate, sc.context, sc.output, args.seed)
     head = {"mode": "serving", "system": r.design.name, "model": r.model.name, "gpu": r.gpu.name, "link": r.link.name,
-            "rate": args.rate, "seed": args.seed, "context": sc.context, "output": sc.output,
+            "rate": args.rate, "seed": args.seed, "context": str(sc.context), "output": str(sc.output),
             "prefill": "elsewhere" if sc.prefill == "elsewhere" else "this GPU"}
     # the host bound at the longest context drawn (exp:MEAN: the longest request drawn)
     head["host_memory"] = _host_block(r, r.max_context or max(q.context for q in reqs), sc.max_batch)
@@ -402,6 +442,8 @@ def _serving(args, r, w, out) -> dict:
     finally:
         bar.close()
     summary = {**head, **res.summary(), "peak_memory_by_category": res.peak_by_category}
+    if summary["status"] == "ok":
+        summary["tokens_per_s_interval"] = _at_ends(args, r, summary["tokens_per_s"])
     off = _prefill_elsewhere(sc, summary, res.requests) if sc.prefill == "elsewhere" and summary["status"] == "ok" \
         else None
     w.write_text(os.path.join(out, "requests.csv"), _csv(_request_rows(res.requests, off)))
@@ -414,14 +456,12 @@ def _serving(args, r, w, out) -> dict:
         events = []
         notes = ["pid 2: serving counters"]
         if summary["status"] == "ok":
-            from ddbench.sim.steplayers import step_layers
-            from ddbench.sim.timeline import run_timeline
+            from ddbench.sim.run import Point, run
             from ddbench.sim.perfetto import timeline_events
             b = max(1, round(summary["mean_batch"]))
             ctx = sum(q.context for q in reqs) / len(reqs)
-            tl = run_timeline(step_layers(r.design, r.model, r.cm, r.workload, b, ctx, r.hit, r.reuse, r.lowrank,
-                                          cache=r.cache_rates),
-                              steps=3, warmup=0, record=True)
+            tl = run(Point(r.design, r.model, r.cm, r.workload, b, ctx, r.hit, r.reuse, r.lowrank,
+                           cache=r.cache_rates), "timeline", steps=3, warmup=0, record=True)
             events = timeline_events(tl.events, pid=1)
             notes = [f"pid 1: per-layer timeline of 3 batch steps at the run's mean batch {b}; pid 2: serving counters"]
         events += counter_events(res.segments, "start_s", ["batch"], "batch", pid=2)
@@ -434,9 +474,7 @@ def _timeline(args, r, ctx: int, batch: int, w, out) -> dict:
     """The per-layer timeline of `batch` requests at context `ctx`: its summary; with a writer `w`, its
     steps.csv, layers.csv (and trace.json) into `out` (a batch sweep passes None: the summary only)."""
     from ddbench.core.memory import memory_breakdown
-    from ddbench.sim.aggregate import aggregate_step
-    from ddbench.sim.steplayers import step_layers
-    from ddbench.sim.timeline import run_timeline
+    from ddbench.sim.run import Point, run
     from ddbench.sim.perfetto import timeline_events, trace_json
 
     wl = replace(r.workload, context=ctx)
@@ -454,10 +492,10 @@ def _timeline(args, r, ctx: int, batch: int, w, out) -> dict:
                   f" {host['bytes_per_gpu'] / GB:.1f} GB of host memory for this GPU")
         return {**head, "status": "does-not-fit", "reason": reason, "step_ms": None, "tokens_per_s": None,
                 "reasons": {"step_ms": reason, "tokens_per_s": reason}}
-    layers_ = step_layers(r.design, r.model, r.cm, wl, batch, ctx, r.hit, r.reuse, r.lowrank,
-                          cache=r.cache_rates_at(ctx))
-    tl = run_timeline(layers_, steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace and w is not None)
-    agg = aggregate_step(layers_)
+    layers_ = run(Point(r.design, r.model, r.cm, wl, batch, ctx, r.hit, r.reuse, r.lowrank,
+                        cache=r.cache_rates_at(ctx)), "plan")
+    tl = run(layers_, "timeline", steps=args.steps, warmup=min(2, args.steps - 1), record=args.trace and w is not None)
+    agg = run(layers_, "aggregate")
     steps = [{"step": i, "step_s": s, "stall_s": st} for i, (s, st) in enumerate(zip(tl.step_s, tl.stall_s))]
     layers = [{"layer": i, "pre_s": layers_.pre[i], "rebuild_assemble_s": layers_.mid[i], "attention_s": layers_.att[i],
                "post_s": layers_.post[i], "prefetch_bytes": layers_.pf_bytes[i], "urgent_bytes": layers_.ur_bytes[i],

@@ -56,6 +56,8 @@ def register(sub) -> None:
     p.add_argument("--host-mem", metavar="GB", type=flags.number(lo=0, lo_open=True, hi=D.MAX_HOST_MEM_GB),
                    help="host memory for one GPU's requests, GB (1e9 bytes), at every point: replaces the spec's"
                         " grid.host_mem_gb")
+    from ddbench.planner.scenario_args import add_rate_args
+    add_rate_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--force", action="store_true",
                    help="write into an --out that holds files ddbench did not write (they are kept)")
@@ -69,6 +71,7 @@ def run(args) -> int:
 
     # everything a user can get wrong is checked before anything is written
     spec = beside_spec(load_spec(args.spec), args.spec)
+    _rates(spec, args)
     if args.host_mem is not None:
         spec["grid"]["host_mem_gb"] = [args.host_mem]
     n = count_points(spec)
@@ -96,7 +99,7 @@ def run(args) -> int:
         w.write_json("spec.json", spec)
         w.write_json("provenance.json", provenance("sweep", args))
         store_path = w.live("points.jsonl")
-        done = read_store(store_path)
+        done = read_store(store_path, dict(zip(keys, pts)))
         todo = [i for i, k in enumerate(keys) if k not in done]
         reused = n - len(todo)
         store = Store(store_path)
@@ -130,14 +133,33 @@ def run(args) -> int:
     return 0
 
 
-HARDWARE = ("gpu", "link", "host")
+def _rates(spec: dict, args) -> None:
+    """The spec's `rates:` resolved beside it (never from the current folder), or --rates (which wins, from the
+    current folder, as a command-line path); --rate appended to the spec's `rate:`; each checked now."""
+    from ddbench.core.ratefile import load_source, parse_override, resolve_path
+    if args.rates:
+        spec["rates"] = resolve_path(args.rates, None, "--rates")
+    elif spec.get("rates"):
+        spec["rates"] = resolve_path(spec["rates"], os.path.dirname(os.path.abspath(args.spec)),
+                                     f"sweep spec {args.spec}")
+    if spec.get("rates"):                # the points' keys hash its content: an edited file is not resumed
+        import hashlib
+        src = load_source(spec["rates"])
+        with open(src.path, "rb") as fh:
+            spec["rates_sha"] = hashlib.sha256(fh.read()).hexdigest()[:16]
+    spec["rate"] = list(spec.get("rate") or []) + list(args.rate_what_if or [])
+    for x in spec["rate"]:
+        parse_override(x)
+
+
+FILES = ("model", "gpu", "link", "host", "hit_rate")
 
 
 def beside_spec(spec: dict, path: str) -> dict:
-    """The grid's gpu, link and host files of your own (relative YAML/JSON names) as paths beside the spec."""
-    from ddbench.core.catalog.files import is_file_name
+    """The grid's files of your own named by relative paths (a model's config.json, gpu, link and host files,
+    accuracy CSVs) as paths beside the spec, never in the current folder."""
+    from ddbench.commands.config import names_a_file
     folder = os.path.dirname(os.path.abspath(path))
-    for k in HARDWARE:
-        spec["grid"][k] = [os.path.join(folder, x) if isinstance(x, str) and is_file_name(x)
-                           and not os.path.isabs(os.path.expanduser(x)) else x for x in spec["grid"][k]]
+    for k in FILES:
+        spec["grid"][k] = [os.path.join(folder, x) if names_a_file(k, x) else x for x in spec["grid"][k]]
     return spec

@@ -41,6 +41,7 @@ import json
 import math
 import os
 
+from ddbench.core.enginepoint import EnginePoint
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.io import rows_csv, write_json, write_text
@@ -334,7 +335,7 @@ def engine_section_rows(engine_csv: str) -> list[dict]:
             batch, context = int(r["batch"]), int(r["context"])
         except (KeyError, ValueError):
             raise DDBenchError(f"{engine_csv}, line {i}: step_ms, batch or context is not a number") from None
-        name = r["design"] + ("-single" if r["design"] == "dualdecoder" and r.get("tokens") == "1" else "")
+        name = EnginePoint.named(r["design"], single=r["design"] == "dualdecoder" and r.get("tokens") == "1").design
         layer = "step" if r.get("miss_rate", "none") in ("none", "") else "step-forced-miss"
         out.append({"system": name, "model": ENGINE_MODEL, "batch": batch, "context": context, "layer": layer,
                     "compute_ms": ms, "exposed_transfer_ms": 0.0, "urgent_bytes": 0, "prefetch_bytes": 0})

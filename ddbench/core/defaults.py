@@ -21,6 +21,7 @@ PREFILL_CHUNK = 8192       # tokens per chunked-prefill pass
 CACHE_TOKENS = 2 * BUDGET  # dualdecoder-cache: GPU chunk cache per (layer, KV head), tokens (2x the budget)
 KV_BITS = 16               # bits of the KV kept on the host and moved over the link (16: bf16; 8: fp8 e4m3)
 CACHE_BITS = 16            # bits of a chunk-cache design's GPU chunk cache (16: bf16; 8: fp8 e4m3, needs KV_BITS 8)
+INDEX = "flat"             # the landmark designs' selection index (ddbench/core/index.py): flat bf16, fp8, int4, two-level
 CACHE_POLICY = "lru"       # dualdecoder-cache: eviction policy of the GPU chunk cache
 
 # ---------------------------------------------------------------- scenario
@@ -30,8 +31,10 @@ DESIGN = "dualdecoder"     # simulate's design
 DESIGNS = "all"            # plan's designs: the paper's four
 BUFFERS = "design"         # sparse-KV buffer layout: the design's own (or pingpong, per-layer)
 PREFILL = "here"           # prefill beside decode on this GPU
-HIT_RATE = 0.88            # where no accuracy profile exists: the paper's average KV prediction accuracy (§4.1)
-FORCED_MISS = 0.174        # the engine's forced miss rate where none is given (EngineConfig, --point, the floor twins)
+HIT_RATE = 0.88            # where no profile prices a design (ddbench.core.rates; said first in every answer):
+                           # the paper's average KV prediction accuracy (§4.1)
+FORCED_MISS = 0.174        # the engine's forced miss of its calibration phases (EngineConfig, floor, mechanism);
+                           # --point and the paper phase take each design's matched rates (ddbench.core.rates)
 PROFILE_INIT = "t2"        # accuracy profile rows: the first speculative token is the pre-decoded T2 (§4.1)
 PROFILE_TEMPERATURE = 0.6  # ... and the output token sampled at 0.6 (ShadowKV's benchmark setting)
 

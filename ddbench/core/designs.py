@@ -19,7 +19,7 @@ class DesignSpec:
     name: str
     description: str
     kv_on_gpu: bool = False          # full-kv: the whole context's KV stays in HBM
-    landmarks: bool = False          # chunk-mean keys (+ chunk index) resident for selection
+    landmarks: bool = False          # chunk-mean keys resident for selection
     lowrank_keys: str = "none"       # "none" | "all" | "adaptive" (some layers; see Workload.lowrank_layers)
     outliers: bool = False           # ShadowKV's exact outlier chunks resident in HBM
     quant_bits: int = 0              # SpeCache: resident 1/2-bit KV copy used for scoring

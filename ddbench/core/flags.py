@@ -132,8 +132,9 @@ def plain_name():
     return conv
 
 
-def items(conv=None):
-    """A non-empty comma list, each item converted by `conv` (a type function or a DDBenchError raiser)."""
+def items(conv=None, unique: bool = False):
+    """A non-empty comma list, each item converted by `conv` (a type function or a DDBenchError raiser);
+    `unique`: an item given twice is an error (e.g. a seed: the same run twice)."""
     conv = conv or text()
 
     def parse(t: str) -> tuple:
@@ -146,5 +147,8 @@ def items(conv=None):
                 out.append(conv(p))
             except DDBenchError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
+        if unique and len(set(out)) < len(out):
+            twice = next(x for i, x in enumerate(out) if x in out[:i])
+            raise _bad(t, f"gives {twice} twice (each item once)")
         return tuple(out)
     return parse

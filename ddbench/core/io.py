@@ -116,6 +116,7 @@ def read_json_object(path, what: str, missing: str = "") -> dict:
         raise DDBenchError(f"malformed {what} {path}: nested too deeply") from None
     if not isinstance(doc, dict):
         raise DDBenchError(f"malformed {what} {path}: the top level is not a JSON object")
+    check_depth(doc, f"malformed {what} {path}")
     return doc
 
 
@@ -135,17 +136,53 @@ def read_mapping(path, name: str, fields: str) -> dict:
         if path.lower().endswith(".json"):
             raw = json.loads(text)
         else:
-            import yaml
-            raw = yaml.safe_load(text)
+            raw = load_yaml(text)
     except ValueError as exc:     # json.JSONDecodeError is a ValueError
         raise DDBenchError(f"{name}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise DDBenchError(f"{name}: nested too deeply (at most {MAX_DEPTH} levels)") from None
+    except DDBenchError as exc:
+        raise DDBenchError(f"{name}: {exc}") from None
     except Exception as exc:      # noqa: BLE001 - yaml.YAMLError and its constructor errors
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise DDBenchError(f"{name}: not valid YAML{where}") from None
     if not isinstance(raw, dict):
         raise DDBenchError(f"{name}: expected a mapping of {fields}, got {type(raw).__name__}")
+    check_depth(raw, name)
     return raw
+
+
+def load_yaml(text):
+    """yaml.safe_load, but a number in exponent form without a dot (1e9, 5e-3) is a number, as in YAML 1.2
+    and JSON (PyYAML's YAML 1.1 reads it as text); a quoted "1e9" stays text."""
+    import re
+    try:
+        import yaml
+    except ImportError:
+        raise DDBenchError("reading YAML needs pyyaml, not installed here: pip install -e '.[plan]'"
+                           " (or give the file as JSON)") from None
+
+    class Loader(yaml.SafeLoader):
+        yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))
+    return yaml.load(text, Loader=Loader)      # noqa: S506 - a SafeLoader
+
+
+MAX_DEPTH = 32      # levels of nesting a file a user writes may have (none of ddbench's needs more than 4)
+
+
+def check_depth(obj, name: str, limit: int = MAX_DEPTH) -> None:
+    """A one-line DDBenchError where `obj` (parsed JSON or YAML) nests lists and mappings deeper than `limit`;
+    walked without recursion, so no depth makes it fail otherwise."""
+    todo = [(obj, 1)]
+    while todo:
+        x, d = todo.pop()
+        if isinstance(x, (dict, list)):
+            if d > limit:
+                raise DDBenchError(f"{name}: nested too deeply (at most {limit} levels)")
+            todo.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
 
 
 def records(doc: dict, key: str, fields, path, what: str) -> list:

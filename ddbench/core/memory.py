@@ -8,11 +8,13 @@ the mechanism; its formula is in the docstring of the function that computes it.
 heads, d head dim, h hidden, I intermediate, V vocab, e = 2 bytes (bf16),
 S context tokens, b batch, B sparse budget in tokens, C chunk size, r rank.
 
-Where ShadowKV fixes a shape, we follow its public implementation
-(ShadowKVCache_CPU): per-layer K and V buffers of B + 128 + (outlier + local)
-chunks x C tokens, U [L, b, S, r], SV [L, b, H_kv, d, r], landmarks
-[L, b, H_kv, S/C, d] bf16 with an int64 chunk index, and scoring buffers
-[b, H_kv, G, S/C] bf16.
+The four kept categories (resident KV, landmarks, auxiliary residency, sparse KV buffers) are what
+the engine allocates, tensor for tensor (kernels/engine: its allocation plan, plan_bytes, is these
+functions; tests/test_memory_engine.py checks them against every committed engine row's recorded
+memory). Weights, activations and the runtime's own memory are the model's. The shapes follow
+ShadowKV's public implementation where it fixes them: per-layer K and V buffers of the selected chunks
+plus the (outlier + local + generated) rows, U [L, b, S, r], SV [L, b, H_kv, d, r], landmarks
+[L, b, H_kv, S/C, d] bf16 (our selection keeps no int64 chunk index beside them).
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from ddbench.core.catalog.gpus import GPUSpec
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DesignSpec
 from ddbench.core.errors import DDBenchError
+from ddbench.core.index import FLAT, parse_index, resident_bytes as index_resident_bytes, scored_chunks
 from ddbench.core.workload import Workload  # noqa: F401  (the one Workload; re-exported here)
 
 CATEGORIES = ("weights", "resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers",
               "activations", "runtime_overhead")
-INDEX_BYTES = 8      # int64 chunk index kept beside each landmark (ShadowKV's k_landmark_idx)
 FP32 = 4
+INT32 = 4            # selection ids, cache slots' chunk ids and stamps, row and plan entries
 MAX_BATCH_SEARCH = 1 << 20
 
 
@@ -68,18 +71,32 @@ def weights_bytes(model: ModelSpec) -> int:
     return model.weight_bytes
 
 
+def buffer_rows(design: DesignSpec, w: Workload) -> tuple[int, int, int, int]:
+    """(outlier rows, resident rows R0, resident capacity Rcap, buffer tokens S) of a sparse design's KV
+    buffers: S = the k selected chunks, then Rcap + 2 rows (outliers, the local window, the
+    generated-token slots and the two new tokens of a step) rounded up to whole chunks."""
+    C = w.chunk
+    out_rows = w.outlier_chunks * C if design.outliers else 0
+    R0 = out_rows + w.local_chunks * C
+    Rcap = R0 + w.gen_tokens
+    return out_rows, R0, Rcap, (w.budget // C) * C + -(-(Rcap + 2) // C) * C
+
+
+def selects(design: DesignSpec) -> bool:
+    """A sparse design with a selection of its own (landmarks or a quantized copy) and the buffers that
+    serve it; a design with neither (ideal: Figure 2's bound) keeps only a budget-sized working set."""
+    return not design.kv_on_gpu and bool(design.landmarks or design.quant_bits)
+
+
 def resident_kv_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     """Exact 16-bit KV kept in HBM for all layers.
 
-    full-kv:          b * (S + gen) * L * 2 * H_kv * d * e
-    landmark designs: b * (local_chunks * C + gen) * L * 2 * H_kv * d * e  (recent window + new tokens)
-    quantized copy:   b * residual * L * 2 * H_kv * d * e                   (KIVI's 16-bit residual)
+    full-kv:          b * (S + gen + 2) * L * 2 * H_kv * d * e   (the context, generated slots, a step's new tokens)
+    sparse designs:   b * (local_chunks * C + gen) * L * 2 * H_kv * d * e  (recent window + generated tokens)
     """
     if design.kv_on_gpu:
-        tokens = w.context + w.gen_tokens
-    elif design.quant_bits:
-        tokens = w.quant_residual
-    elif design.landmarks:
+        tokens = w.context + w.gen_tokens + 2
+    elif selects(design):
         tokens = w.local_chunks * w.chunk + w.gen_tokens
     else:
         tokens = 0
@@ -87,27 +104,32 @@ def resident_kv_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
 
 
 def landmark_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
-    """Chunk-mean post-RoPE keys plus their chunk index, every layer and KV head:
-    b * L * H_kv * ceil(S / C) * (d * e + 8)."""
+    """Chunk-mean post-RoPE keys, every layer and KV head: b * L * H_kv * ceil(S / C) * d * e for the flat
+    index; another index (Workload.index): its levels' bytes with their scales (ddbench.core.index.resident_bytes)
+    in place of d * e per chunk."""
     if not design.landmarks:
         return 0
     chunks = math.ceil(w.context / w.chunk)
-    return w.batch * m.num_layers * m.num_kv_heads * chunks * (m.head_dim * m.dtype_bytes + INDEX_BYTES)
+    spec = parse_index(w.index)
+    if spec == FLAT:
+        return w.batch * m.num_layers * m.num_kv_heads * chunks * m.head_dim * m.dtype_bytes
+    return w.batch * m.num_layers * m.num_kv_heads * index_resident_bytes(spec, chunks, m.head_dim)
 
 
 def lowrank_layer_count(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     return {"none": 0, "all": m.num_layers, "adaptive": w.lowrank_layers}[design.lowrank_keys]
 
 
-def aux_residency_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
+def aux_residency_bytes(design: DesignSpec, m: ModelSpec, w: Workload, quant_values: bool = True) -> int:
     """KV-cache-auxiliary residency: state kept only to make sparse retrieval fast.
 
     low-rank K (per low-rank layer): U = b * S * r * e  plus  SV = b * H_kv * d * r * e
     outliers:  b * L * (outliers_per_1k * B / 1024) * C * 2 * H_kv * d * e
-    quantized KV copy (q bits, group g, per layer and KV head, KIVI layout):
-        packed K and V:  2 * S * d * q / 8
-        K scale+zero per channel per g tokens:  ceil(S / g) * d * 2 * e
-        V scale+zero per token per g channels:  S * ceil(d / g) * 2 * e
+    quantized copy of the prompt (q bits, group g, per layer and KV head, KIVI layout; generated tokens
+    stay 16-bit in resident_kv_bytes):
+        K: S * d * q / 8 packed, a scale and zero per channel per g tokens: 2 * floor(S / g) * d * e
+        V (quant_values; the engine's step reads only the keys, so it may leave them out):
+           S * d * q / 8 packed, a scale and zero per token per g channels: 2 * S * ceil(d / g) * e
     """
     total = 0
     n_lr = lowrank_layer_count(design, m, w)
@@ -115,14 +137,16 @@ def aux_residency_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
     if design.outliers:
         total += w.batch * w.outlier_chunks * w.chunk * m.kv_bytes_per_token
     if design.quant_bits:
-        s, d, g, e = w.context + w.gen_tokens, m.head_dim, w.quant_group, m.dtype_bytes
-        per_head = (2 * s * d * design.quant_bits) // 8 + math.ceil(s / g) * d * 2 * e + s * math.ceil(d / g) * 2 * e
+        S, d, g, e, q = w.context, m.head_dim, w.quant_group, m.dtype_bytes, design.quant_bits
+        per_head = d * (S * q // 8 + 2 * (S // g) * e)
+        if quant_values:
+            per_head += S * (d * q // 8 + 2 * math.ceil(d / g) * e)
         total += w.batch * m.num_layers * m.num_kv_heads * per_head
     return total
 
 
-CACHE_MAP_BYTES = 2     # int16 slot of every chunk (-1: not cached)
-CACHE_SLOT_BYTES = 8    # int32 chunk id and int32 last-use stamp of every slot
+CACHE_MAP_BYTES = 2     # int16 slot of every chunk (-1: not cached), and of a sink
+CACHE_SLOT_BYTES = 8    # int32 chunk id and int32 last-use stamp of every slot, and of a sink
 
 
 def kv_piece_bytes(m: ModelSpec, w: Workload) -> int:
@@ -148,10 +172,12 @@ def check_kv_bits(design: DesignSpec, gpu: GPUSpec, w: Workload) -> None:
 
 
 def cache_slot_bytes(m: ModelSpec, w: Workload) -> int:
-    """K and V of one chunk-cache slot (one chunk, layer and KV head): 2 * C * d * cache_bits / 8, plus their
-    two fp32 scales (one for K, one for V) where cache_bits is 8 (fp8 e4m3 slots, copied from the fp8 host KV
-    as they are)."""
-    return 2 * w.chunk * m.head_dim * w.cache_bits // 8 + (2 * FP32 if w.cache_bits == 8 else 0)
+    """K and V of one chunk-cache slot (one chunk, layer and KV head): 2 * C * d * e where cache_bits is 16
+    (the model's dtype), or 2 * C * d plus their two fp32 scales (one for K, one for V) where cache_bits is 8
+    (fp8 e4m3 slots, copied from the fp8 host KV as they are)."""
+    if w.cache_bits == 8:
+        return 2 * w.chunk * m.head_dim + 2 * FP32
+    return 2 * w.chunk * m.head_dim * m.dtype_bytes
 
 
 def check_cache_bits(design: DesignSpec, w: Workload) -> None:
@@ -162,19 +188,18 @@ def check_cache_bits(design: DesignSpec, w: Workload) -> None:
 
 
 def chunk_cache_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
-    """A chunk-cache design's GPU chunk cache (dualdecoder-cache, lru-cache: the same bytes; neither has
-    ping-pong prefetch buffers beside it), every layer and KV head: its K and V slots and its map,
-    b * L * H_kv * (cache_tokens / C * slot + ceil(S / C) * 2 + cache_tokens / C * 8), where a slot
-    (cache_slot_bytes) is 2 * C * d * e in bf16 (cache_bits 16, whatever kv_bits: the gathers dequantise
-    fp8 into it) or 2 * C * d + 2 * 4 in fp8 with its K and V scales (cache_bits 8); the map (int16 per
-    chunk) and the chunk id and stamp (int32 each per slot) whatever cache_bits. The engine's tail rows
-    (window, generated and new tokens) stay bf16, in resident_kv_bytes. kernels/engine/chunkcache.py
-    allocates exactly this, in either. 0 for other designs."""
+    """A chunk-cache design's GPU chunk cache proper (dualdecoder-cache, lru-cache: the same bytes), every
+    layer and KV head: its K and V slots, its map and its slots' chunk ids and stamps, each with a sink entry,
+    b * L * H_kv * (cache_tokens / C * slot + (ceil(S / C) + 1) * 2 + (cache_tokens / C + 1) * 8), where a
+    slot (cache_slot_bytes) is 2 * C * d * e in bf16 (cache_bits 16, whatever kv_bits: the gathers
+    dequantise fp8 into it) or 2 * C * d + 2 * 4 in fp8 with its K and V scales (cache_bits 8).
+    kernels/engine/chunkcache.py allocates exactly this; its tail rows, row map and fill plans are in
+    sparse_buffer_bytes. 0 for other designs."""
     if not design.chunk_cache:
         return 0
     slots = w.cache_tokens // w.chunk
-    per_head = slots * cache_slot_bytes(m, w) + math.ceil(w.context / w.chunk) * CACHE_MAP_BYTES \
-        + slots * CACHE_SLOT_BYTES
+    per_head = slots * cache_slot_bytes(m, w) + (math.ceil(w.context / w.chunk) + 1) * CACHE_MAP_BYTES \
+        + (slots + 1) * CACHE_SLOT_BYTES
     return w.batch * m.num_layers * m.num_kv_heads * per_head
 
 
@@ -192,17 +217,46 @@ def check_chunk_cache(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workloa
                            f" {m.name}'s weights on {gpu.name} ({(gpu.hbm_bytes - m.weight_bytes) / 1e9:.1f} GB free)")
 
 
-def sparse_buffer_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
+def holds_selection(design: DesignSpec) -> bool:
+    """Whether each layer's last selection is kept: ShadowKV's reuse (its buffer's chunks), and a chunk
+    cache without prefetch (the base of the engine's forced misses: each step's selection is the last one's
+    with the miss rate of it new)."""
+    return bool(design.reuse or (design.chunk_cache and design.prefetch == "none"))
+
+
+def selection_id_sets(design: DesignSpec, transfers: bool = True) -> int:
+    """int32 selections [L, b, H_kv, k] kept across steps: this step's, the prediction's (a prefetching
+    design; without transfers only a dual-token step still predicts) and the last one held."""
+    predicts = design.prefetch != "none" and (transfers or design.tokens_per_step == 2)
+    return 1 + predicts + holds_selection(design)
+
+
+def sparse_buffer_bytes(design: DesignSpec, m: ModelSpec, w: Workload, transfers: bool = True) -> int:
     """GPU buffers that receive the selected KV, 16-bit whatever kv_bits (the gathers dequantise fp8 pieces
-    into them, kernels/gather.py): b * layers * sets * B * 2 * H_kv * d * e, where layers = L, or 2 for the
-    ping-pong buffer, and sets = 2 where the current and the speculative selection are held at once. A
-    chunk-cache design's buffers are its cache (chunk_cache_bytes)."""
+    into them, kernels/gather.py), and the selections kept across steps. With S buffer tokens (buffer_rows)
+    and k = B / C selected chunks, n = 2 buffers (ping-pong) or L * sets:
+        n * 2 * b * H_kv * S * d * e  +  ids * L * b * H_kv * k * 4   (selection_id_sets)
+      + CPU-gather staging 2 * b * H_kv * k * 2 * C * d * e
+    A chunk-cache design instead: its cache (chunk_cache_bytes), the tail rows 2 * L * b * H_kv * (S - k C) * d * e,
+    the row map b * H_kv * S * 4, and per fill kind (the urgent one, and the prefetch's) a plan
+    (3 * (b H_kv k + 1) + 1) * 4 and its chunks b * H_kv * k * 4. A design without a selection of its own
+    (ideal) keeps a working set of the budget: b * L * sets * B * 2 * H_kv * d * e."""
     if design.kv_on_gpu:
         return 0
+    L, b, H, d, e = m.num_layers, w.batch, m.num_kv_heads, m.head_dim, m.dtype_bytes
+    if not selects(design):
+        return b * L * design.buffer_sets * w.budget * m.kv_bytes_per_token_layer
+    C, kc, S = w.chunk, w.budget // w.chunk, buffer_rows(design, w)[3]
+    ids = selection_id_sets(design, transfers) * L * b * H * kc * INT32
     if design.chunk_cache:
-        return chunk_cache_bytes(design, m, w)
-    layers = 2 if design.buffer_layers == "pingpong" else m.num_layers
-    return w.batch * layers * design.buffer_sets * w.budget * m.kv_bytes_per_token_layer
+        plans = 1 + (design.prefetch != "none")
+        return (chunk_cache_bytes(design, m, w) + 2 * L * b * H * (S - kc * C) * d * e + b * H * S * INT32
+                + plans * ((3 * (b * H * kc + 1) + 1) * INT32 + b * H * kc * INT32) + ids)
+    nbuf = 2 if design.buffer_layers == "pingpong" else L * design.buffer_sets
+    total = nbuf * 2 * b * H * S * d * e + ids
+    if design.gather == "cpu":
+        total += 2 * b * H * kc * 2 * C * d * e
+    return total
 
 
 def _token_live_bytes(m: ModelSpec) -> int:
@@ -214,29 +268,38 @@ def _token_live_bytes(m: ModelSpec) -> int:
     return e * (m.hidden + max(attn, mlp))
 
 
-def activation_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
-    """Transient memory of one decode step plus one chunked prefill beside it.
-
-    decode, T = b * tokens_per_step (b for a two-pass design, which runs one token at a time):
+def decode_activation_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
+    """Transient memory of one decode step, T = b * tokens_per_step (b for a two-pass design, which runs one
+    token at a time):
         T * (token live set + V * (e + 4))       [bf16 and fp32 logits]
       + T * H * ceil(S / C) * 2 * e              [landmark scores + softmax, bf16]
       + T * H * (S + gen) * 2 * e                [token-level scores against a quantized copy]
-    prefill, P = min(prefill_chunk, S) tokens of one request:
-        P * token live set + V * (e + 4)
-      + S * H_kv * d * 4 * 2 where keys are factorised (fp32 key matrix and U of the SVD)
     """
     e = m.dtype_bytes
     t = w.batch * (1 if design.two_pass else design.tokens_per_step)
-    logits = m.vocab * (e + FP32)
-    decode = t * (_token_live_bytes(m) + logits)
+    decode = t * (_token_live_bytes(m) + m.vocab * (e + FP32))
     if design.landmarks:
-        decode += t * m.num_heads * math.ceil(w.context / w.chunk) * 2 * e
+        decode += t * m.num_heads * scored_chunks(parse_index(w.index), math.ceil(w.context / w.chunk),
+                                                  w.budget // w.chunk) * 2 * e
     if design.quant_bits:
         decode += t * m.num_heads * (w.context + w.gen_tokens) * 2 * e
-    prefill = min(w.prefill_chunk, w.context) * _token_live_bytes(m) + logits
+    return decode
+
+
+def prefill_activation_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
+    """Transient memory of one chunked prefill beside the decode step, P = min(prefill_chunk, S) tokens of one
+    request: P * token live set + V * (e + 4), plus S * H_kv * d * 4 * 2 where keys are factorised (fp32 key
+    matrix and U of the SVD). A decode-only engine run holds none of it."""
+    prefill = min(w.prefill_chunk, w.context) * _token_live_bytes(m) + m.vocab * (m.dtype_bytes + FP32)
     if lowrank_layer_count(design, m, w):
         prefill += w.context * m.num_kv_heads * m.head_dim * FP32 * 2
-    return decode + prefill
+    return prefill
+
+
+def activation_bytes(design: DesignSpec, m: ModelSpec, w: Workload) -> int:
+    """Transient memory of one decode step plus one chunked prefill beside it (serving admits while a
+    prefill runs): decode_activation_bytes + prefill_activation_bytes."""
+    return decode_activation_bytes(design, m, w) + prefill_activation_bytes(design, m, w)
 
 
 def memory_breakdown(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, w: Workload) -> MemoryBreakdown:

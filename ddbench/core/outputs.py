@@ -10,16 +10,18 @@ What it promises:
   is written beside them (they are kept); a new file that would land on one of them is refused;
 - the manifest's paths are relative, normalised and inside the folder, and each entry is a record;
   anything else makes it corrupt: one line, and nothing is touched;
-- it refuses the current folder (and every folder above it), the home folder, a filesystem root, the
-  data root, every folder above it and every folder under it except the one a command is meant to
-  write there (`DATA_OUTPUTS`: calibrate into calibration/<gpu>/, profile into accuracy/, ...);
+- it refuses the folders of ddbench/core/outpaths.py (`check_path`): the current folder and those above
+  it, home, a filesystem root, the data root but a command's own folders there (`DATA_OUTPUTS`);
 - it takes a lock (`flock` on the folder) against a concurrent writer, which is refused in one line;
 - its writes are atomic: files are built in a staging folder inside the target and renamed into
-  place together when the block ends without an error (signals held off meanwhile); on any error or
-  Ctrl-C, nothing of the run is left. A staging folder is ddbench's only where the marker file
-  inside it holds the digest of the folder's own name and inode that ddbench wrote when it made it:
-  a killed run's is removed by the next run; a user's folder of a like name (or a copy of a staging
-  folder) is the user's;
+  place together when the block ends without an error (SIGINT, SIGTERM and SIGHUP held off meanwhile);
+  on any error, Ctrl-C, SIGTERM, SIGHUP or a full disk, nothing of the run is left (the new manifest is
+  written before anything moves). A staging folder is ddbench's only where the marker file inside it
+  holds the digest of the folder's own name and inode that ddbench wrote when it made it: a killed
+  run's is removed by the next run, as is one that holds nothing (a full disk while making it); a
+  user's folder of a like name (or a copy of a staging folder) is the user's;
+- `undo_run` (called by the CLI when a command fails after its outputs moved in, e.g. its answer cannot
+  be written to a full stdout) removes the files the run created where none was; one it replaced stays;
 - it leaves no parent folders behind: folders it created are removed again if the run fails.
 
 Kinds of output:
@@ -31,7 +33,10 @@ Kinds of output:
   other files are expected there and kept; only a file this run writes is checked.
 
 Live files (`Writer.live`) are written in place, not staged: a sweep's store of finished points,
-appended as points finish so that a rerun resumes. They are ddbench's whatever their content.
+appended as points finish so that a rerun resumes. A run that ends cleanly seals each with its SHA-256;
+a live entry whose file does not match (appended to by a run that was killed, or never sealed) may be
+appended to again by its command, but is never replaced or pruned: a manifest entry alone, without its
+checksum, never lets a command delete a file.
 """
 
 from __future__ import annotations
@@ -49,26 +54,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ddbench.core.errors import DDBenchError
+from ddbench.core.outpaths import DATA_OUTPUTS, check_path  # noqa: F401 - the guard's path rule, used here
 
 MANIFEST = ".ddbench-manifest.json"
 STAGE_PREFIX = ".ddbench-stage-"
 STAGE_MARK = ".ddbench-stage-token"      # inside a staging folder: the digest of its name and inode
 LEGACY_MARKERS = (".ddbench-run", ".ddbench-figures")   # earlier versions' markers: ddbench's own
 SCHEMA = 1
-# the folders under the data root that a command is meant to write ("*": one folder of any name);
-# every other folder under the data root is refused as an output
-DATA_OUTPUTS = {
-    "ddbench calibrate": ("calibration/*",),
-    "ddbench profile": ("accuracy",),
-    "ddbench bench kernels": ("kernels/*",),
-    "python -m ddbench.kernels.linkbench": ("link/*",),
-    "python -m ddbench.kernels.hostbench": ("host/*",),
-    "python -m ddbench.kernels.engine.sweep": ("engine/*",),
-    "python -m ddbench.sim.validate": ("validation",),
-    "python -m ddbench.sim.fit": ("fit/*",),
-}
-
-
+MANIFEST_TMP = (STAGE_PREFIX + "manifest-", ".tmp-manifest-")   # a new manifest's name before it moves in (now, before)
+MANIFEST_HEAD = b'{\n "schema": 1,\n "written_by": "ddbench"'  # how every manifest ddbench writes starts
 # commands renamed since they wrote files (the folders sim/ and kernels/ import as ddbench.sim and
 # ddbench.kernels): what they wrote under the old name stays theirs under the new one
 RENAMED = {f"python -m {old}": f"python -m ddbench.{old}"
@@ -96,62 +90,6 @@ def sha256(path: str) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _matches(rel: Path, patterns) -> bool:
-    """`rel` (a path under the data root) is one of `patterns` ("a/*": any one folder inside a)."""
-    parts = rel.parts
-    for pat in patterns:
-        want = Path(pat).parts
-        if len(want) == len(parts) and all(w == "*" or w == p for w, p in zip(want, parts)):
-            return True
-    return False
-
-
-def check_path(out, flag: str = "--out", allow_cwd: bool = False, data_ok=()) -> Path:
-    """The absolute output folder, or a one-line DDBenchError for one ddbench must not write into.
-    `allow_cwd`: a single file may go into the current folder (nothing else there is touched).
-    `data_ok`: the folders under the data root this output may be (patterns of DATA_OUTPUTS)."""
-    if out is None or not str(out).strip():
-        raise DDBenchError(f"{flag} is empty: name an output folder")
-    try:
-        return _checked_path(out, flag, allow_cwd, data_ok)
-    except OSError as exc:      # a name too long for the file system, a folder that cannot be read, ...
-        raise DDBenchError(f"{flag} {out}: {_why(exc)}") from None
-
-
-def _checked_path(out, flag: str, allow_cwd: bool, data_ok) -> Path:
-    path = Path(os.path.abspath(os.path.expanduser(str(out))))
-    for p in (path, *path.parents):
-        if p.is_symlink() and not p.exists():
-            raise DDBenchError(f"{flag} {out}: {p} is a link to {os.readlink(p)}, which does not exist; name a folder")
-    real = Path(os.path.realpath(path))
-    if real == Path(real.anchor):
-        raise DDBenchError(f"{flag} {out} is a filesystem root; name a folder of its own")
-    cwd = Path(os.path.realpath(os.getcwd()))
-    if (real == cwd and not allow_cwd) or real in cwd.parents:
-        raise DDBenchError(f"{flag} {out} is the current folder or above it; name a folder of its own")
-    home = os.path.expanduser("~")
-    if home and home != "~" and real == Path(os.path.realpath(home)):
-        raise DDBenchError(f"{flag} {out} is the home folder; name a folder of its own")
-    from ddbench.core.paths import data_root
-    try:
-        data = Path(os.path.realpath(data_root()))
-    except DDBenchError:
-        data = None
-    if data is not None and (real == data or real in data.parents):
-        raise DDBenchError(f"{flag} {out} is the data root or above it ({data}); name a folder of its own")
-    if data is not None and data in real.parents and not _matches(real.relative_to(data), data_ok):
-        raise DDBenchError(f"{flag} {out} is inside the data root ({data}), whose folders hold the traces;"
-                           " name a folder of its own")
-    if path.exists() and not path.is_dir():
-        raise DDBenchError(f"{flag} {out} exists and is not a folder")
-    above = path
-    while not above.exists():
-        above = above.parent
-    if not above.is_dir():
-        raise DDBenchError(f"{flag} {out}: {above} is not a folder")
-    return path
 
 
 def _plain(rel) -> bool:
@@ -193,9 +131,11 @@ def read_manifest(folder: Path) -> dict:
     return files
 
 
-def _owned(folder: Path, manifest: dict, command: str | None = None, scope=None) -> set[str]:
-    """The files in `folder` that ddbench wrote and nobody changed since: with `command`, only those the
-    same command wrote (and with `scope`, only those among its names)."""
+def _owned(folder: Path, manifest: dict, command: str | None = None, scope=None, live: set | None = None) -> set[str]:
+    """The files in `folder` that ddbench wrote and nobody changed since (their SHA-256 matches the entry's):
+    with `command`, only those the same command wrote (and with `scope`, only those among its names). A
+    live entry whose file does not match its checksum (appended since, or no checksum) goes into `live`
+    instead: it may be appended to again, never replaced or pruned."""
     own = set()
     real = os.path.realpath(folder)
     for rel, entry in manifest.items():
@@ -206,8 +146,10 @@ def _owned(folder: Path, manifest: dict, command: str | None = None, scope=None)
         p = folder / rel
         if not p.is_file() or p.is_symlink() or os.path.realpath(p) != os.path.join(real, rel):
             continue                                    # a link on the way: not inside the folder
-        if entry.get("live") or entry.get("sha256") == sha256(str(p)):
+        if entry.get("sha256") == sha256(str(p)):
             own.add(rel)
+        elif entry.get("live") and live is not None:
+            live.add(rel)
     for m in LEGACY_MARKERS:
         if (folder / m).is_file() and not (folder / m).is_symlink():
             own.add(m)
@@ -240,15 +182,17 @@ def _names(items, k: int = 3) -> str:
 class Writer:
     """What a command writes through: staged files, and live files written in place."""
 
-    def __init__(self, folder: Path, stage: Path, command: str, check):
+    def __init__(self, folder: Path, stage: Path, command: str, check, live_ok=frozenset()):
         self.folder, self._stage, self.command = folder, stage, command
         self._live: set[str] = set()
         self._check = check
+        self._live_ok = live_ok          # live files of this command not matching their checksum: appendable
 
     def claim(self, rels) -> None:
         """Refuse now (before the work) the files that could not be written at the end."""
         for rel in rels:
-            self._check(self._rel(rel))
+            if self._rel(rel) not in self._live_ok:     # a live file of this command's: appended to, checked then
+                self._check(self._rel(rel))
 
     def _rel(self, rel: str) -> str:
         norm = os.path.normpath(rel)
@@ -280,7 +224,8 @@ class Writer:
     def live(self, rel: str) -> str:
         """A file written in place (appended as work finishes), recorded at once as ddbench's."""
         rel = self._rel(rel)
-        self._check(rel)                 # the same rule as a staged file's, checked before it is written
+        if rel not in self._live_ok:
+            self._check(rel)             # the same rule as a staged file's, checked before it is written
         p = self.folder / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         self._live.add(rel)
@@ -294,27 +239,44 @@ class Writer:
 
 def _update_manifest(folder: Path, add: dict, remove) -> None:
     """Add and remove entries in the manifest; one left with none is removed."""
+    tmp = _new_manifest(folder, add, remove)
+    try:
+        _put_manifest(folder, tmp)
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _new_manifest(folder: Path, add: dict, remove) -> str | None:
+    """The manifest with entries added and removed, written to a temporary file beside it (None: no entry
+    is left). Written before anything moves: a full disk fails here, with nothing changed."""
     files = read_manifest(folder)
     for rel in remove:
         files.pop(rel, None)
     files.update(add)
     if not files:
-        try:
-            (folder / MANIFEST).unlink()
-        except FileNotFoundError:
-            pass
-        return
+        return None
     text = json.dumps({"schema": SCHEMA, "written_by": "ddbench", "files": dict(sorted(files.items()))},
                       indent=1, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-manifest-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=MANIFEST_TMP[0], dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, 0o666 & ~_umask())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _put_manifest(folder: Path, tmp: str | None) -> None:
+    if tmp is None:
+        try:
+            (folder / MANIFEST).unlink()
+        except FileNotFoundError:
+            pass
+    else:
         os.replace(tmp, folder / MANIFEST)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _make_dirs(path: Path) -> list[Path]:
@@ -357,7 +319,7 @@ def _locked(folder: Path, flag: str, out):
 
 @contextmanager
 def _signals_held():
-    blocked = {signal.SIGINT, signal.SIGTERM}
+    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     prev = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
     try:
         yield
@@ -382,18 +344,44 @@ def _is_our_stage(d: Path) -> bool:
         return False
 
 
+def _empty_leftover(d: Path) -> bool:
+    """`d` holds nothing of anyone's: an empty staging folder, or one with nothing but an empty marker (a run
+    that hit a full disk making it), or an empty temporary manifest file."""
+    try:
+        if d.is_symlink():
+            return False
+        if d.is_file():        # a new manifest not yet in place (a run killed or out of space writing it)
+            with open(d, "rb") as fh:
+                head = fh.read(len(MANIFEST_HEAD))
+            return d.name.startswith(MANIFEST_TMP) and MANIFEST_HEAD.startswith(head)
+        names = os.listdir(d)
+        return not names or (names == [STAGE_MARK] and (d / STAGE_MARK).is_file()
+                             and not (d / STAGE_MARK).is_symlink() and (d / STAGE_MARK).stat().st_size == 0)
+    except OSError:
+        return False
+
+
 def _clear_stale_stages(path: Path) -> None:
     """Remove the staging folders of runs that were killed (the folder lock is free now): only those that
-    ddbench made (their marker); every other folder, of whatever name, stays."""
+    ddbench made (their marker), and leftovers that hold nothing; every other folder, of whatever name, stays."""
     for d in path.iterdir():
-        if d.name.startswith(STAGE_PREFIX) and _is_our_stage(d):
-            shutil.rmtree(d, ignore_errors=True)
+        if d.name.startswith(MANIFEST_TMP) and _empty_leftover(d) or \
+                d.name.startswith(STAGE_PREFIX) and (_is_our_stage(d) or _empty_leftover(d)):
+            if d.is_file():
+                d.unlink()
+            else:
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def _new_stage(path: Path) -> Path:
-    """A staging folder in `path`, marked as ddbench's (its marker holds `_stage_token`)."""
+    """A staging folder in `path`, marked as ddbench's (its marker holds `_stage_token`); removed again where
+    the marker cannot be written (a full disk)."""
     stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=path))
-    (stage / STAGE_MARK).write_text(_stage_token(stage) + "\n", encoding="utf-8")
+    try:
+        (stage / STAGE_MARK).write_text(_stage_token(stage) + "\n", encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
     return stage
 
 
@@ -426,10 +414,12 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
         with _locked(path, flag, out):
             manifest = read_manifest(path)
             _clear_stale_stages(path)
-            own = _owned(path, manifest, command, scope)
-            theirs = _owned(path, manifest) - own          # ddbench's, but another command's (or out of scope)
+            live_own, live_any = set(), set()               # live files not matching their checksum
+            own = _owned(path, manifest, command, scope, live_own)
+            # ddbench's, but another command's (or out of scope)
+            theirs = (_owned(path, manifest, live=live_any) | live_any) - own - live_own
             present = _files(path)
-            foreign = [f for f in present if f not in own and f not in theirs]
+            foreign = [f for f in present if f not in own and f not in theirs and f not in live_own]
             if foreign and not (force or shared):
                 raise DDBenchError(f"{flag} {out} holds files ddbench did not write ({_names(foreign)}); choose"
                                    " another folder, or pass --force to write beside them (they are kept)")
@@ -437,23 +427,28 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
                 raise DDBenchError(f"{flag} {out} holds files another ddbench command wrote ({_names(theirs)},"
                                    f" by {_by(manifest, theirs)}); choose another folder, or pass --force to write"
                                    " beside them (they are kept)")
-            if own and not (force or own_ok or shared):
+            if (own or live_own) and not (force or own_ok or shared):
                 raise DDBenchError(f"{flag} {out} holds an earlier ddbench run; pass --force to replace it")
+            stage = None
             try:
-                stage = _new_stage(path)
-            except OSError as exc:
-                raise DDBenchError(f"cannot write {flag} {out}: {_why(exc)}") from None
-            try:
+                try:
+                    with _signals_held():      # a signal waits until the stage is made and marked
+                        stage = _new_stage(path)
+                except OSError as exc:
+                    raise DDBenchError(f"cannot write {flag} {out}: {_why(exc)}") from None
                 foreign_set = set(foreign)
 
                 def check(rel):
                     _check_one(rel, path, own, foreign_set, theirs, manifest, force or own_ok, shared, flag, out)
-                w = Writer(path, stage, command, check)
+                w = Writer(path, stage, command, check, frozenset(live_own))
                 yield w
-                _commit(w, path, own, foreign_set, theirs, manifest, force or own_ok, shared, prune, flag, out)
+                created = _commit(w, path, own, foreign_set, theirs, manifest, force or own_ok, shared, prune,
+                                  flag, out)
+                _JOURNAL.append((path, created, made))
                 ok = True
             finally:
-                shutil.rmtree(stage, ignore_errors=True)
+                if stage is not None:
+                    shutil.rmtree(stage, ignore_errors=True)
     finally:
         if not ok:
             _forget_missing(path)
@@ -492,6 +487,7 @@ def _commit(w: Writer, path: Path, own: set, foreign: set, theirs: set, manifest
     new = w.staged()
     for rel in new:
         _check_one(rel, path, own, foreign, theirs, manifest, replace_own, shared, flag, out)
+    existed = {rel for rel in new if (path / rel).exists()}
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     entries = {}
     mask = _umask()
@@ -503,21 +499,62 @@ def _commit(w: Writer, path: Path, own: set, foreign: set, theirs: set, manifest
         # leaves the manifest (and so the folder) byte-identical
         same = prev.get("sha256") == digest and owner(prev.get("command")) == w.command and prev.get("written_utc")
         entries[rel] = {"sha256": digest, "command": w.command, "written_utc": prev["written_utc"] if same else now}
-    # only this command's own files (in scope) are pruned; `own` never holds another command's
+    for rel in sorted(w._live):        # a live file is sealed with its checksum: a later run trusts only that
+        if (path / rel).is_file() and not (path / rel).is_symlink():
+            entries[rel] = {"live": True, "command": w.command, "sha256": sha256(str(path / rel))}
+    # only this command's own files (in scope) are pruned; `own` never holds another command's, nor a file
+    # that does not match its checksum
     stale = sorted(own - set(new) - w._live - set(LEGACY_MARKERS)) if prune else []
     legacy = [m for m in LEGACY_MARKERS if m in own]
-    with _signals_held():
-        for rel in new:
-            dest = path / rel
-            _make_dirs(dest.parent)
-            os.replace(w._stage / rel, dest)
-        for rel in stale + legacy:
-            try:
-                (path / rel).unlink()
-            except FileNotFoundError:
-                pass
-            _remove_empty([p for p in reversed((path / rel).parents) if path in p.parents])
-        _update_manifest(path, entries, stale + legacy)
+    for rel in new:
+        _make_dirs((path / rel).parent)
+    tmp = _new_manifest(path, entries, stale + legacy)     # a full disk fails here, before anything moves
+    try:
+        with _signals_held():
+            for rel in new:
+                os.replace(w._stage / rel, path / rel)
+            for rel in stale + legacy:
+                try:
+                    (path / rel).unlink()
+                except FileNotFoundError:
+                    pass
+                _remove_empty([p for p in reversed((path / rel).parents) if path in p.parents])
+            _put_manifest(path, tmp)
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+    return {rel: entries[rel]["sha256"] for rel in new if rel not in existed}
+
+
+# what this run wrote that no file was before: (folder, {relative path: SHA-256}, folders made), undone by
+# `undo_run` where the run fails afterwards (its answer cannot be written to a full stdout)
+_JOURNAL: list = []
+
+
+def start_run() -> None:
+    """A command starts: nothing of it to undo yet."""
+    _JOURNAL.clear()
+
+
+def undo_run() -> None:
+    """The command failed after its outputs moved in (a full stdout, an error in a later output): remove the
+    files it created where nothing was before (unchanged since: their SHA-256), their manifest entries and
+    the folders it made. A file it replaced (--force) stays replaced. Never raises."""
+    while _JOURNAL:
+        path, created, made = _JOURNAL.pop()
+        try:
+            with _locked(path, "--out", path):
+                gone = []
+                for rel, digest in created.items():
+                    p = path / rel
+                    if p.is_file() and not p.is_symlink() and sha256(str(p)) == digest:
+                        p.unlink()
+                        _remove_empty([q for q in reversed(p.parents) if path in q.parents])
+                        gone.append(rel)
+                _update_manifest(path, {}, gone)
+            _remove_empty(made)
+        except (OSError, DDBenchError):
+            continue
 
 
 @contextmanager

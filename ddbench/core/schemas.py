@@ -119,9 +119,10 @@ def read_csv(path: str, model: type[BaseModel], what: str = "", columns: list[st
     except UnicodeDecodeError:
         raise DDBenchError(f"{label}: not UTF-8 text") from None
     try:
-        records = list(csv.reader(line for _, line in lines))
+        # strict: a file cut inside a quoted field (a torn last row) is an error, not a shorter value
+        records = list(csv.reader((line for _, line in lines), strict=True))
     except csv.Error as exc:
-        raise DDBenchError(f"{label}: not a CSV ({exc})") from None
+        raise DDBenchError(f"{label}: not a CSV, or cut short ({exc})") from None
     if not records:
         raise DDBenchError(f"{label}: empty (no header)")
     header, hdr_line = [h.strip() for h in records[0]], lines[0][0]
@@ -294,3 +295,166 @@ class BundleMeta(BaseModel):
         if bad:
             raise ValueError(f"unknown section '{bad[0]}'")
         return v
+
+
+# --------------------------------------------------------------------------- files a user writes
+
+def _unquote(v: str) -> str:
+    try:
+        return " (write it without quotes)" if math.isfinite(float(v)) else ""
+    except ValueError:
+        return ""
+
+
+def _not_text(v, what: str):
+    if isinstance(v, bool):
+        raise ValueError(f"must be {what}, got {str(v).lower()}")
+    if isinstance(v, str):
+        raise ValueError(f"must be {what}, not the text {v[:40]!r}{_unquote(v)}")
+    if isinstance(v, (list, dict)):
+        raise ValueError(f"must be {what}, got a {'list' if isinstance(v, list) else 'mapping'}")
+    if isinstance(v, int) and abs(v) > 10 ** 300:
+        raise ValueError(f"must be {what} of at most 300 digits, got one of {len(str(abs(v)))}")
+    return v
+
+
+def strict_number(v):
+    """A number as it was written (an int or a float), never a quoted one, a switch or a list."""
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"must be finite, got {v}")
+    return None if v is None else _not_text(v, "a number")
+
+
+def strict_whole(v):
+    """A whole number: an int, or a float that is whole (85.0e+9); never text, a switch or a fraction."""
+    if v is None:
+        return None
+    v = _not_text(v, "a whole number")
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"must be finite, got {v}")
+        if not v.is_integer():
+            raise ValueError(f"must be a whole number, got {v}")
+        return int(v)
+    return v
+
+
+def _num(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _got(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:24] + f"...({len(s)} characters)"
+
+
+def say(err: dict, fields=()) -> str:
+    """One pydantic error of a user's file as 'what is wrong, got X' (without the field's name)."""
+    t, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
+    msg = {"missing": "missing", "string_too_short": "is empty",
+           "extra_forbidden": f"unknown field (the fields: {', '.join(fields)})" if fields else "unknown field",
+           "greater_than": "must be above {gt}", "greater_than_equal": "must be at least {ge}",
+           "less_than": "must be below {lt}", "less_than_equal": "must be at most {le}",
+           "finite_number": "must be finite", "bool_type": "must be true or false", "string_type": "must be text",
+           "int_type": "must be a whole number", "float_type": "must be a number", "dict_type": "must be a mapping",
+           "list_type": "must be a list", "literal_error": "must be one of {expected}"}.get(t)
+    if msg is None:
+        return err["msg"].removeprefix("Value error, ")
+    msg = msg.format(**{k: _num(v) for k, v in ctx.items()})
+    return msg if t in ("missing", "string_too_short", "extra_forbidden") else f"{msg}, got {_got(got)}"
+
+
+def validate_all(model: type[BaseModel], raw: dict, where: str) -> dict:
+    """model(raw) as a dict, or one DDBenchError '<where>: <field>: <why>; <field>: <why>' naming every bad
+    field once (in the schema's order)."""
+    try:
+        return model.model_validate(raw).model_dump()
+    except ValidationError as exc:
+        fields = list(model.model_fields)
+        bad: dict[str, str] = {}
+        for e in exc.errors():
+            loc = ".".join(str(x) for x in e["loc"])
+            bad.setdefault(loc, say(e, fields))
+        order = fields + list(raw)
+        keys = sorted(bad, key=lambda k: order.index(k.split(".")[0]) if k.split(".")[0] in order else len(order))
+        raise DDBenchError(f"{where}: " + "; ".join(f"{k}: {bad[k]}" if k else bad[k] for k in keys)) from None
+
+
+def _strict_type(tp, lo_hi_open, blank_ok: bool):
+    """The strict pydantic type of one dataclass field's type: numbers (bounded), switches, text."""
+    import typing
+    optional = typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)) \
+        and type(None) in typing.get_args(tp)
+    base = next((a for a in typing.get_args(tp) if a is not type(None)), tp) if optional else tp
+    if base is bool:
+        t = Annotated[bool, Field(strict=True)]
+    elif base is str:
+        t = Annotated[str, Field(strict=True, min_length=0 if blank_ok else 1)]
+    elif base in (int, float):
+        bounds = {}
+        if lo_hi_open is not None:
+            lo, hi, open_lo = lo_hi_open
+            bounds = {"gt" if open_lo else "ge": lo, "le": hi}
+        check = strict_whole if base is int else strict_number
+        t = Annotated[base, BeforeValidator(check), Field(allow_inf_nan=False, **bounds)] if base is float \
+            else Annotated[base, BeforeValidator(check), Field(**bounds)]
+    else:
+        t = base
+    return Optional[t] if optional else t
+
+
+def strict_model(cls, rules: dict, cross=(), blank_ok=()) -> type[BaseModel]:
+    """A strict pydantic model of the frozen dataclass `cls` (its fields, types and defaults): rules maps a
+    numeric field to (lowest, highest, lowest excluded); cross holds (field, field it must not exceed);
+    fields whose name ends in one of blank_ok may be empty text. Unknown fields are refused."""
+    import dataclasses
+    import typing
+    hints = typing.get_type_hints(cls)
+    fields = {}
+    for f in dataclasses.fields(cls):
+        t = _strict_type(hints[f.name], rules.get(f.name), f.name.endswith(tuple(blank_ok)))
+        default = ... if f.default is dataclasses.MISSING else f.default
+        fields[f.name] = (t, default)
+
+    def _cross(self):
+        for a, b in cross:
+            if getattr(self, a) > getattr(self, b):
+                raise ValueError(f"{a}: must be at most {b} ({_num(getattr(self, b))}), got {_num(getattr(self, a))}")
+        return self
+    validators = {"_cross": model_validator(mode="after")(_cross)} if cross else {}
+    return create_model(f"Strict{cls.__name__}", __config__=ConfigDict(extra="forbid"), __validators__=validators,
+                        **fields)
+
+
+def _bounded_whole(lo: int, hi: int):
+    return Annotated[int, BeforeValidator(strict_whole), Field(ge=lo, le=hi)]
+
+
+class HFConfig(BaseModel):
+    """The fields of a Hugging Face config.json that the catalog reads (ddbench.core.catalog.models); the
+    others are kept unread. Whole numbers are bounded (1e30 layers is refused before any arithmetic), a
+    switch is true or false (`"false"` in quotes is refused), rope_theta is a positive finite number."""
+    model_config = ConfigDict(extra="allow")
+    num_hidden_layers: _bounded_whole(1, 4096)
+    num_attention_heads: _bounded_whole(1, 4096)
+    hidden_size: _bounded_whole(1, 1 << 20)
+    num_key_value_heads: Optional[_bounded_whole(1, 4096)] = None
+    head_dim: Optional[_bounded_whole(1, 1 << 16)] = None
+    intermediate_size: _bounded_whole(1, 1 << 22)
+    vocab_size: _bounded_whole(1, 1 << 24)
+    max_position_embeddings: _bounded_whole(1, 1 << 30) = 131072
+    tie_word_embeddings: Annotated[bool, Field(strict=True)] = False
+    attention_bias: Optional[Annotated[bool, Field(strict=True)]] = None
+    rope_theta: Annotated[float, BeforeValidator(strict_number), Field(gt=0, le=1e15, allow_inf_nan=False)] = 10000.0
+    model_type: Annotated[str, Field(strict=True)] = ""
+
+    @model_validator(mode="after")
+    def _shapes(self):
+        kv = self.num_key_value_heads or self.num_attention_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not divisible by"
+                             f" num_key_value_heads ({kv})")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"head_dim: missing, and hidden_size ({self.hidden_size}) is not divisible by"
+                             f" num_attention_heads ({self.num_attention_heads})")
+        return self

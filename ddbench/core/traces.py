@@ -12,7 +12,7 @@ from ddbench.core.paths import traces_dir
 KERNEL_COLUMNS = ("schema", "kernel", "variant", "batch", "bytes", "latency_ms", "gpu", "git_sha", "date_utc")
 ENGINE_PROVENANCE = ("gpu", "git_sha", "date_utc")
 # a profile's side files beside its per-layer <model>.csv in traces/accuracy (ddbench/profile/trace.py)
-PROFILE_SIDE_CSVS = (".steps.csv", ".cache.csv", ".fp8.csv", ".tasks.csv", ".runs.csv", ".contexts.csv")
+PROFILE_SIDE_CSVS = (".steps.csv", ".cache.csv", ".fp8.csv", ".tasks.csv", ".runs.csv", ".contexts.csv", ".index.csv")
 
 
 def is_profile_layer_csv(name: str) -> bool:
@@ -62,7 +62,7 @@ def load_engine(path: str):
     import math
 
     from ddbench.core.schemas import EngineRow
-    # provenance as text: a sha of digits and one 'e' (0996e93) would otherwise read as a float
+    # provenance as text: a sha of digits and one 'e' would otherwise read as a float
     df = _frame(path, EngineRow, "engine sweep", dtype={"miss_rate": str, "git_sha": str})
     for col in ("step_ms", "prefetch_mib", "urgent_mib", "link_mib", "link_gbps", "exposed_ms"):
         df[col] = [math.nan if v is None else v for v in df[col]]
@@ -70,7 +70,7 @@ def load_engine(path: str):
 
 
 def provenance(df) -> str:
-    """'NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, git dff4507, 2026-11-29' from a trace's columns."""
+    """'NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, git <sha>, 2026-11-29' from a trace's columns."""
     r = df.iloc[0]
     parts = [str(r.gpu)]
     for col, label in (("torch", "torch "), ("triton", "triton ")):

@@ -23,12 +23,14 @@ from dataclasses import MISSING, dataclass, field, fields
 
 from ddbench.core import defaults as D
 from ddbench.core.errors import DDBenchError
+from ddbench.core.index import CHOICES as INDEX_CHOICES, check_index, index_name, parse_index
 from ddbench.core.units import parse_tokens
 
 
-def _f(default, help: str, tokens: bool = False, minimum: int = 1, cli: bool = True):
-    """A Workload field with its CLI help, whether it parses 128k forms, and its smallest legal value."""
-    meta = {"help": help, "tokens": tokens, "minimum": minimum, "cli": cli}
+def _f(default, help: str, tokens: bool = False, minimum: int = 1, cli: bool = True, text=None):
+    """A Workload field with its CLI help, whether it parses 128k forms, and its smallest legal value;
+    `text`: a text field instead, with this parser (text -> canonical text, DDBenchError on bad input)."""
+    meta = {"help": help, "tokens": tokens, "minimum": minimum, "cli": cli, "text": text}
     if default is MISSING:
         return field(metadata=meta)
     return field(default=default, metadata=meta)
@@ -63,10 +65,17 @@ class Workload:
                                        " lru-cache): 16 (bf16) or 8 (fp8 e4m3 slots, one fp32 scale per chunk and"
                                        " KV head, copied from an fp8 host KV as they are and read by the attention"
                                        " directly; needs kv_bits 8)", minimum=8)
+    index: str = _f(D.INDEX, f"the landmark designs' selection index, {INDEX_CHOICES}: flat (bf16 chunk landmarks),"
+                             " fp8 (e4m3, one fp32 scale per landmark), int4 (one fp32 scale per 32 dims), or a"
+                             " two-level index of super-chunks over G chunks keeping M x the budget of them in pass 1"
+                             " (M >= 1, default 1), its levels in COARSE / FINE (ddbench/core/index.py)",
+                    text=index_name)
 
     def validate(self, model) -> None:
         """DDBenchError (one line) for a value no design can serve on `model`."""
         for f in fields(self):
+            if f.metadata["text"]:
+                continue
             value, minimum = getattr(self, f.name), f.metadata["minimum"]
             if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= D.MAX_COUNT:
                 raise DDBenchError(f"{f.name} must be an integer >= {minimum}, got {value!r}")
@@ -85,6 +94,7 @@ class Workload:
                                " pieces as they are")
         if self.cache_tokens % self.chunk:
             raise DDBenchError(f"cache_tokens {self.cache_tokens} is not a multiple of the chunk size {self.chunk}")
+        check_index(parse_index(self.index), model.head_dim)
         if self.rank > model.num_kv_heads * model.head_dim:
             raise DDBenchError(f"rank {self.rank} exceeds H_kv*d = {model.num_kv_heads * model.head_dim}")
 
@@ -120,6 +130,17 @@ def _int_arg(name: str, tokens: bool, minimum: int, words: tuple = ()):
     return parse
 
 
+def _text_arg(name: str, parse):
+    """The flag's parser of a text field: its canonical text, or the one-line error."""
+    def checked(text: str) -> str:
+        try:
+            return parse(text)
+        except DDBenchError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    checked.__name__ = name
+    return checked
+
+
 def add_workload_args(parser: argparse.ArgumentParser, exclude=(), required=("context",),
                       group_title: str | None = "workload", words: dict | None = None) -> None:
     """Add one flag per Workload field (except `exclude`) to `parser`, help and default from the field.
@@ -137,10 +158,11 @@ def add_workload_args(parser: argparse.ArgumentParser, exclude=(), required=("co
         has_default = f.default is not MISSING
         extra = tuple((words or {}).get(f.name, ()))
         help_ = f.metadata["help"] + (f" (default {f.default})" if has_default else "")
-        target.add_argument(flag(f.name), dest=f"workload_{f.name}",
-                            type=_int_arg(f.name, f.metadata["tokens"], f.metadata["minimum"], extra),
+        kind = _text_arg(f.name, f.metadata["text"]) if f.metadata["text"] else \
+            _int_arg(f.name, f.metadata["tokens"], f.metadata["minimum"], extra)
+        target.add_argument(flag(f.name), dest=f"workload_{f.name}", type=kind,
                             default=argparse.SUPPRESS, required=not has_default and f.name in required,
-                            metavar="|".join(("N",) + extra), help=help_)
+                            metavar="SPEC" if f.metadata["text"] else "|".join(("N",) + extra), help=help_)
 
 
 def workload_from_args(args: argparse.Namespace, model=None, **override) -> Workload:
@@ -151,7 +173,7 @@ def workload_from_args(args: argparse.Namespace, model=None, **override) -> Work
         key = f"workload_{f.name}"
         if hasattr(args, key):
             values[f.name] = getattr(args, key)
-            if isinstance(values[f.name], str):
+            if isinstance(values[f.name], str) and not f.metadata["text"]:
                 raise DDBenchError(f"{flag(f.name)} {values[f.name]}: this command needs an integer here")
         elif f.name in override:
             values[f.name] = override[f.name]

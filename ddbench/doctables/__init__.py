@@ -33,8 +33,9 @@ from pathlib import Path
 
 from ddbench.core.flags import OneLineParser
 from ddbench.doctables import examples
-from ddbench.doctables.ablation import ablation
+from ddbench.doctables.ablation import ablation, ablation_summary
 from ddbench.doctables.fp8_cache import fp8_cache
+from ddbench.doctables.index_tables import index_predictions, index_recall, notes_index_plan
 from ddbench.doctables.peer import peer_flashinfer
 from ddbench.doctables.common import CALIBRATION_SWEEP, CTX, ROOT, DocTablesError  # noqa: F401
 from ddbench.doctables.engine_tables import (cache, engine_floor, engine_mechanism, engine_transfers, fp8, headline,  # noqa: F401
@@ -45,8 +46,11 @@ from ddbench.doctables.trace_tables import (accuracy, calibration, contexts, fig
 START = re.compile(r"<!-- generated: ([a-z0-9-]+) -->")
 END = "<!-- end -->"
 
+from ddbench.doctables.verdict import verdict  # noqa: E402
+
 GENERATORS = {
     "headline": headline,
+    "verdict": verdict,
     "kernels-gather": kernels_gather,
     "kernels-attention": kernels_attention,
     "kernels-peer-flashinfer": peer_flashinfer,
@@ -55,8 +59,12 @@ GENERATORS = {
     "paper-points": paper_points,
     "cache": cache,
     "ablation": ablation,
+    "ablation-summary": ablation_summary,
     "fp8": fp8,
     "fp8-cache": fp8_cache,
+    "index-predictions": index_predictions,
+    "index-recall": index_recall,
+    "notes-index-plan": notes_index_plan,
     "engine-floor": engine_floor,
     "engine-transfers": engine_transfers,
     "engine-mechanism": engine_mechanism,

@@ -34,16 +34,32 @@ def ablation(root: Path = ROOT) -> str:
                          f"{r['step_over_hbm_floor']:.2f}", f"{r['step_over_link_floor']:.2f}",
                          f"{r['urgent_mib_per_token']:.1f}",
                          "-" if name == "shadowkv" else _ratio(r, at["shadowkv"]),
-                         f"{r['sim_tok_s']:,.0f} ({r['sim_over_engine'] - 1:+.0%})"])
+                         f"{r['sim_tok_s']:,.0f} ({r['sim_over_engine'] - 1:+.0%})",
+                         f"{r['sim_tok_s_matched']:,.0f}" if "sim_tok_s_matched" in r else "-"])
+    return summary(d, gains) + "\n\n" + _table(
+        ["point", "design", "batch", "tokens/s", "step / HBM floor", "step / link floor", "urgent MiB / token",
+         "over ShadowKV", "simulated tokens/s", "simulated, one matched rate set"], rows)
+
+
+def ablation_summary(root: Path = ROOT) -> str:
+    """The ablation in prose (the README's; docs/results.md has the table)."""
+    d = _csv(root / "figures" / "ablation.csv")
+    gains = []
+    for m, c in dict.fromkeys(zip(d["model"], d["context"])):
+        at = {r["design"]: r for _, r in d[(d["model"] == m) & (d["context"] == c)].iterrows()}
+        gains.append(f"{NAMES.get(m, m)} {_k(int(c))} {_ratio(at['dualdecoder-cache'], at['lru-cache'])}")
+    return summary(d, gains) + " The table, with the simulator at one matched rate set: docs/results.md."
+
+
+def summary(d, gains) -> str:
     worst = d.loc[(d["sim_over_engine"] - 1).abs().idxmax()]
     return ("Each design at its largest batch on one H200, 3 independently built engines (tokens/s median (min-max,"
             " builds)); the caches at 8192 tokens per layer and KV head (4x the budget) at the profile's rates for"
             " that capacity and their own prediction, DualDecoder and ShadowKV (in place) at 12 % forced misses"
-            " (`traces/engine/h200-ablation/README.md` and `h200-cachefill/README.md` list the runs; host KV"
+            " (NOT one matched rate set; `traces/engine/h200-ablation/README.md` and"
+            " `h200-cache-fill-checks/README.md` list the runs; host KV"
             " aliased in 8 GiB of pinned memory,"
             " every chunk still crosses the link); simulated: `ddbench simulate`'s cost model at the engine's batch"
             " and rates. What the prediction adds beside the cache (dualdecoder-cache / lru-cache): "
             + "; ".join(gains) + f". Simulator's largest error: {worst['design']} {NAMES.get(worst['model'], worst['model'])}"
-            f" {_k(int(worst['context']))}, {worst['sim_over_engine'] - 1:+.0%}.\n\n"
-            + _table(["point", "design", "batch", "tokens/s", "step / HBM floor", "step / link floor",
-                      "urgent MiB / token", "over ShadowKV", "simulated tokens/s"], rows))
+            f" {_k(int(worst['context']))}, {worst['sim_over_engine'] - 1:+.0%}.")

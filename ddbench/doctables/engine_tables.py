@@ -68,9 +68,9 @@ def headline(root: Path = ROOT) -> str:
     head = (f"Decode-step engine on one NVIDIA H200 (PCIe 5), {ENGINE_MODEL} at {_k(CTX)} tokens of context, "
             f"from {_prov(CALIBRATION_SWEEP, cal_meta)} and {_prov(VALIDATION_SWEEP, val_meta)}; the batch-1 TPOT"
             " from `traces/engine/h200-rates` (3 builds, 12 % misses); dualdecoder-cache's from"
-            " `traces/engine/h200-cache-int32` (3 builds, the engine of commit 3aee165 on, 4x the budget, the rates it ran at). Compute only: CUDA-graph steps with no host reads; with transfers: misses forced"
+            " `traces/engine/h200-cache-int32` (3 builds, the current engine: the fill's int32 keys, pass 1's 16 splits; 4x the budget, the rates it ran at). Compute only: CUDA-graph steps with no host reads; with transfers: misses forced"
             " at 25 % and fetched over PCIe. ShadowKV's compute-only and transfer columns are the engine before"
-            " its in-place step (issue 31); its TPOT and every table below are the in-place one.")
+            " its in-place step; its TPOT and every table below are the in-place one.")
     return "\n\n".join([head, table, validation_line(root)])
 
 
@@ -236,10 +236,10 @@ def engine_mechanism(root: Path = ROOT) -> str:
 def _sim_tok_s(design: str, model: str, context: int, batch: int, **knobs) -> float:
     """`ddbench simulate`'s cost model on the H200 at one point (the engine's batch, 12 % misses)."""
     from ddbench.experiments.sim_figures import _plan
-    from ddbench.sim.timeline import run_timeline
+    from ddbench.sim.run import run
     hit = None if design == "full-kv" else 0.88
-    return batch / run_timeline(_plan(design, model, context, batch, hit=hit, gpu="h200", **knobs), steps=6,
-                                warmup=2).steady_step_s
+    return batch / run(_plan(design, model, context, batch, hit=hit, gpu="h200", **knobs), "timeline", steps=6,
+                       warmup=2).steady_step_s
 
 
 def paper_points(root: Path = ROOT) -> str:
@@ -288,7 +288,7 @@ def paper_points(root: Path = ROOT) -> str:
         rows.append([_k(c), dd_t, sk_t, ratio, pt, rt])
     n = max((p.get("builds_tok_s") or {}).get("n", 0) for p in got.values())
     return ("Qwen2.5-32B under an 80 GB cap on the H200 engine (`traces/engine/h200-paper`; ShadowKV as the engine"
-            " runs it since issue 31, in place: `traces/engine/h200-shadowkv-fast/paper-80gb` at 64K and 128K,"
+            " runs it now, in place: `traces/engine/h200-shadowkv-fast/paper-80gb` at 64K and 128K,"
             f" `traces/engine/h200-rates` at 256K): each design at its largest batch, 12 % forced misses; tokens/s"
             f" median (min-max) over {n} independently built engines; the ratio's range pairs the extremes), the"
             " simulator at the same points (`ddbench simulate`'s cost model on the H200 at the engine's batch and"
@@ -334,7 +334,7 @@ def cache(root: Path = ROOT) -> str:
     tight_line = ("\n\nMemory-tight, simulated (Qwen2.5-32B on an 80 GB H100, each at the memory model's largest"
                   " batch), tokens/s: " + "; ".join(tight) + "." if tight else "")
     return ("Llama-3-8B on the H200 engine (`traces/engine/h200-cache`; ShadowKV in place, as the engine runs it"
-            " since issue 31: `traces/engine/h200-shadowkv-fast`, batch 126 at 32K): each design at its largest batch, tokens/s"
+            " now: `traces/engine/h200-shadowkv-fast`, batch 126 at 32K): each design at its largest batch, tokens/s"
             " median (min-max, builds); 12 % forced misses, the cache at the profile's rates for its capacity (x the"
             " budget; the best of 2x/4x/8x, all in `figures/cache.csv`); link-bound where the step is under 1.3x"
             f" its link floor; simulated by `ddbench simulate` at the same batch. Cache / ShadowKV: {g}.\n\n"
@@ -349,7 +349,7 @@ def _margin(root: Path) -> str:
     if not path.exists():
         return ""
     d = _csv(path)
-    s = d[d["source"] == "simulated"]
+    s = d[(d["source"] == "simulated") & (d["rate_end"] == "centre" if "rate_end" in d else True)]
     c = s[s["design"] == "dualdecoder-cache"].sort_values("factor")
     one = c[c["factor"] == 1.0].iloc[0]
     sk = float(s[(s["design"] == "shadowkv") & (s["factor"] == 1.0)]["tok_s"].iloc[0])
@@ -394,7 +394,7 @@ def fp8(root: Path = ROOT) -> str:
     return ("fp8 (e4m3) host KV on the H200 engine (`traces/engine/h200-fp8`, Llama-3-8B): the host and the link in"
             " fp8 with one scale per chunk and KV head, dequantised by the gathers into the bf16 buffers; each design"
             " at its largest batch, tokens/s median (min-max, builds). ShadowKV here is the engine's step before its"
-            " in-place rewrite (issue 31); the in-place one runs 1,606 / 1,815 tokens/s (bf16 / fp8) at 64K, batch 80,"
+            " in-place rewrite; the in-place one runs 1,606 / 1,815 tokens/s (bf16 / fp8) at 64K, batch 80,"
             " and 1,881 / 2,172 at 32K, batch 126 (`traces/engine/h200-shadowkv-fast`). dualdecoder-cache fp8 / that"
             f" earlier ShadowKV in bf16: {'; '.join(gains)}.\n\n"
             + _table(["context", "design", "batch", "tokens/s", "link MiB / token", "simulated tokens/s"], rows))

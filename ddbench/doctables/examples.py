@@ -44,16 +44,22 @@ PLAN_SEARCH = ("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "1
 ENGINE_HIT = "0.82422"             # the engine's forced miss rate, 45 of 256 chunks (17.6 %)
 PLAN_ENGINE = ("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--output", "256",
                "--prefill", "elsewhere", "--hit-rate", ENGINE_HIT, "--slo", "p99-tpot=1s",
-               "--design", "shadowkv,dualdecoder")
+               "--design", "shadowkv,dualdecoder", "--verbose")
 
 EXAMPLES = {
     "plan-memory": Example(("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k",
                             "--design", "all")),
+    "plan-first": Example(("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k",
+                           "--design", "shadowkv,dualdecoder")),
     "plan-host": Example(("plan", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--context", "128k",
-                          "--design", "all", "--host", "paper-testbed")),
+                          "--design", "all", "--host", "paper-testbed", "--verbose")),
     "plan-unmet": Example(("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output",
                            "64", "--slo", "p99-tpot=5ms", "--design", "shadowkv,dualdecoder")),
-    "plan-fleet": Example(PLAN_FLEET + ("--host", "paper-testbed")),
+    "plan-fleet": Example(PLAN_FLEET + ("--host", "paper-testbed", "--verbose")),
+    "plan-tp": Example(("plan", "--model", "llama-3-70b", "--gpu", "h200", "--context", "64k", "--tp", "8",
+                        "--design", "all")),
+    "plan-longctx": Example(("plan", "--model", "qwen2.5-14b", "--gpu", "h100-80gb", "--context", "128k", "--output",
+                             "256", "--slo", "p99-tpot=80ms,p99-ttft=30s", "--target-rate", "10", "--design", "all")),
     "plan-search": Example(PLAN_SEARCH),
     "plan-engine": Example(PLAN_ENGINE),
     "simulate-batch-sweep": Example(("simulate", "--model", "qwen2.5-32b", "--gpu", "a100-80gb", "--design",
@@ -171,7 +177,7 @@ def _rank_rows(text: str) -> dict[str, list[str]]:
     rows = {}
     for ln in lines[head + 1:]:
         cells = re.split(r"\s{2,}", ln.strip())
-        if len(cells) < 4 or not (cells[0].isdigit() or cells[0] == "-"):
+        if len(cells) < 4 or not (cells[0].lstrip("=").isdigit() or cells[0] == "-"):   # =1: undecided
             break
         rows[cells[1]] = cells
     return rows

@@ -1,5 +1,5 @@
 """docs/results.md's fp8 GPU chunk cache block: each design at its largest batch in the two sweeps of
-issue 32 part 4, run again on the engine of commit 3aee165 on (pass 1's 16 splits, the fill's int32 keys;
+the fp8 work, run again on the current engine (pass 1's 16 splits, the fill's int32 keys;
 traces/engine/h200-compare: Llama-3-8B 32K-128K; h200-compare-qwen: Qwen2.5-7B and 14B at 128K), the cache
 in bf16, with an fp8 host KV, and with an fp8 host KV and fp8 cache, against our ShadowKV with bf16 and with
 fp8 values in the same run; and fp8's accuracy cost beside it."""
@@ -116,7 +116,7 @@ def fp8_cache(root: Path = ROOT) -> str:
         if CACHE + "+fp8cache" in got and CACHE + "+fp8" in got:
             gains.append(f"{model} {_k(ctx)} {_ratio(got[CACHE + '+fp8cache'], got[CACHE + '+fp8'])}")
     return (f"The fp8 GPU chunk cache on the H200 engine (`traces/engine/{SWEEPS[0]}`, `{SWEEPS[1]}`;"
-            " issue 32; engine of commit 3aee165 on): e4m3 slots filled with the fp8 host's bytes and scales, read by the attention directly."
+            " the current engine: the fill's int32 keys, pass 1's 16 splits): e4m3 slots filled with the fp8 host's bytes and scales, read by the attention directly."
             " Each design at its largest batch, tokens/s median (min-max) over 3 builds, 8,192 cache tokens;"
             " ratios at the medians (min over max - max over min); simulated: the engine's step priced by the cost"
             f" model every command uses (`{VALIDATION}`; ShadowKV's 1 KiB fp8 value pieces are smaller than any the"

@@ -184,7 +184,7 @@ def contexts(root: Path = ROOT) -> str:
         rows = []
         for share in sorted({f[0] for f in fits}, key=lambda x: -int(x.split("/")[1])):
             for cap in (0.0, 2.0, 4.0):
-                for metric, label in (("urgent_per_budget", "urgent"), ("moved_per_budget", "churn (moved)")):
+                for metric, label in (("urgent_per_budget", "urgent"), ("moved_per_budget", "moved (churn + urgent)")):
                     cells = []
                     for c in ctxs:
                         x = a[(a["policy"] == "lru") & (a["capacity"].astype(float) == cap) & (a["metric"] == metric)

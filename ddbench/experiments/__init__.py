@@ -59,7 +59,7 @@ def load_all() -> dict[str, Experiment]:
 
 # the experiment modules, in the order their figures are listed
 MODULES = ("accuracy_figures", "sensitivity_figure", "sim_figures", "latency_figures", "budget_figure",
-           "cache_figure", "ablation_figure", "fp8_figure", "measured_figures", "memory_figures", "rates_figure", "validation_figure")
+           "cache_figure", "ablation_figure", "fp8_figure", "index_figure", "measured_figures", "memory_figures", "rates_figure", "validation_figure")
 
 
 def select(ids: str | None) -> list[Experiment]:

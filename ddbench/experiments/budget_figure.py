@@ -19,7 +19,7 @@ from ddbench.core.memory import Workload, max_batch
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.experiments.scene import GPU, LINK, scene, workload
-from ddbench.experiments.sim_figures import F12_MODEL, _hit, _paper, _scaled_note
+from ddbench.experiments.sim_figures import F12_MODEL, _paper, _scaled_note, rates_caption
 from ddbench.plotting import SYSTEM_COLORS, integer_axis, style_handle
 
 BUDGETS = (512, 1024, 2048, 4096)
@@ -35,15 +35,14 @@ PAPER_RATIOS = {64 * 1024: "fig12.64k.over_shadowkv", 128 * 1024: "fig12.128k.ov
 @lru_cache(maxsize=None)
 def point(system: str, ctx: int, budget: int) -> dict:
     """Largest batch that fits and its steady decode step (per-layer timeline) at one budget."""
-    from ddbench.sim.steplayers import step_layers
-    from ddbench.sim.timeline import run_timeline
+    from ddbench.sim.run import Point, run
     r = scene(F12_MODEL, system, budget=budget)
     w = workload(r, ctx)
     mb = max_batch(r.design, r.model, r.gpu, w)
     if not mb:
         return {"max_batch": 0, "step_ms": math.nan, "tokens_per_s": math.nan}
-    plan = step_layers(r.design, r.model, r.cm, w, mb, ctx, r.hit, r.reuse)
-    step = run_timeline(plan, steps=6, warmup=2).steady_step_s
+    step = run(Point(r.design, r.model, r.cm, w, mb, ctx, *r.hits_at(ctx)), "timeline", steps=6,
+               warmup=2).steady_step_s
     return {"max_batch": mb, "step_ms": step * 1e3, "tokens_per_s": mb / step}
 
 
@@ -111,6 +110,6 @@ def budget() -> FigureResult:
                       f" 1024)")]
     setup = (f"{F12_MODEL} on {GPU} + {LINK} ({_scaled_note(F12_MODEL)}), contexts "
              f"{'/'.join(fmt_tokens(c) for c in CONTEXTS)}, budgets {', '.join(map(str, BUDGETS))}, chunk "
-             f"{Workload(context=c64).chunk}; {_hit(F12_MODEL)[2]}; each design at its largest batch at that budget "
+             f"{Workload(context=c64).chunk}; {rates_caption(F12_MODEL, ('shadowkv', 'dualdecoder'), tuple(CONTEXTS))}; each design at its largest batch at that budget "
              "(memory model), decode-only steady state from the per-layer timeline")
     return FigureResult(df, setup, cmp)

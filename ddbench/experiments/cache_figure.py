@@ -72,6 +72,7 @@ def engine_largest(run: str = RUN, shadowkv_run: str | None = SHADOWKV_RUN) -> p
         rows.append(dict(
             source="engine", context=int(ctx), design=r0.design, label=label, cache_tokens=ct, kv_bits=int(r0.kv_bits),
             forced_prefetched=rates[0] if rates else None, forced_urgent=rates[1] if rates else None,
+            forced_miss=_miss(g) if not ct else None,
             capacity=ct / D.BUDGET if ct else None, batch=int(r0.batch), builds=len(g),
             tok_s=g.tok_s.median(), tok_s_min=g.tok_s.min(), tok_s_max=g.tok_s.max(),
             link_mib_per_token=(g.link_mib / g.batch).median(), urgent_mib_per_token=(g.urgent_mib / g.batch).median(),
@@ -82,13 +83,22 @@ def engine_largest(run: str = RUN, shadowkv_run: str | None = SHADOWKV_RUN) -> p
     return pd.DataFrame(rows)
 
 
+def _miss(g) -> float | None:
+    """The engine rows' forced miss (median), None where they ran at the model's own prediction."""
+    v = pd.to_numeric(g.miss_rate, errors="coerce").dropna()
+    return float(v.median()) if len(v) else None
+
+
 @lru_cache(maxsize=None)
 def simulated(design: str, ctx: int, batch: int | None, cache_tokens: int | None, model: str = MODEL,
-              gpu: str = GPU, kv_bits: int = 16, forced: tuple = ()) -> dict:
+              gpu: str = GPU, kv_bits: int = 16, forced: tuple = (), miss: float | None = None) -> dict:
     """The user's simulator at one point (batch None: the memory model's largest); `forced`: a chunk cache's
-    (prefetched, urgent) as an engine run forced them, so that its point is replayed at its own rates."""
+    (prefetched, urgent) as an engine run forced them, `miss`: another design's forced miss, so that an engine
+    point is replayed at its own rates (else: the matched rate set's)."""
     from ddbench.experiments.sim_figures import _maxb, _plan, _step_s
     knobs = {"cache_tokens": cache_tokens} if cache_tokens else {}
+    if miss is not None and not forced:
+        knobs["hit_rate"] = round(1.0 - miss, 6)
     if kv_bits != 16:
         knobs["kv_bits"] = kv_bits
     if forced:
@@ -100,6 +110,13 @@ def simulated(design: str, ctx: int, batch: int | None, cache_tokens: int | None
     step = _step_s(design, model, ctx, b, gpu=gpu, **knobs)
     plan = _plan(design, model, ctx, b, gpu=gpu, **knobs)
     return {"batch": b, "tok_s": b / step, "link_mib_per_token": plan.h2d_bytes / b / MIB, "note": note}
+
+
+def forced_miss(r) -> float | None:
+    """An engine row's forced miss for a design without a chunk cache, else None."""
+    v = getattr(r, "forced_miss", getattr(r, "miss_rate", None))
+    return None if v is None or pd.isna(v) or getattr(r, "forced_urgent", None) is not None and \
+        not pd.isna(r.forced_urgent) else float(v)
 
 
 def forced_rates(r) -> tuple:
@@ -155,7 +172,8 @@ def _draw(res: FigureResult, fig) -> None:
 def compute() -> FigureResult:
     eng = engine_largest()
     eng["sim_tok_s"] = [simulated(r.design, int(r.context), int(r.batch),
-                                  None if pd.isna(r.cache_tokens) else int(r.cache_tokens), forced=forced_rates(r))["tok_s"]
+                                  None if pd.isna(r.cache_tokens) else int(r.cache_tokens), forced=forced_rates(r),
+                                  miss=forced_miss(r))["tok_s"]
                         for r in eng.itertuples()]
     eng["sim_over_engine"] = eng.sim_tok_s / eng.tok_s
     sim_rows = []
@@ -175,7 +193,9 @@ def compute() -> FigureResult:
     df = pd.concat([eng, pd.DataFrame(sim_rows)], ignore_index=True)
     df["model"] = df["model"].fillna(MODEL)
     df["gpu"] = df["gpu"].fillna(GPU)
-    note = simulated(CACHE, CONTEXTS[-1], None, 2 * D.BUDGET)["note"]
+    from ddbench.planner.ratelines import caption
+    matched = caption([scene(MODEL, d, gpu=GPU) for d in DESIGNS], tuple(CONTEXTS))
     return FigureResult(df, f"{MODEL} on one H200 over PCIe 5, budget {D.BUDGET}, each design at its largest batch;"
-                            f" engine {traces_dir('engine', RUN).name} (3 builds), simulator at the engine's batches"
-                            f" and over capacities ({note})")
+                            f" engine {traces_dir('engine', RUN).name} (3 builds) at the rates it forced (the caches at"
+                            f" their profile's, ShadowKV and DualDecoder at a forced miss, NOT one matched set);"
+                            f" simulated at the engine's batches and over capacities: {matched}")

@@ -15,8 +15,8 @@ import pandas as pd
 from ddbench.core.errors import DDBenchError
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import FigureResult, register
-from ddbench.experiments.cache_figure import (CACHE, CACHE_COLOR, CONTEXTS, GPU, MODEL, engine_largest, forced_rates,
-                                              simulated)
+from ddbench.experiments.cache_figure import (CACHE, CACHE_COLOR, CONTEXTS, GPU, MODEL, engine_largest, forced_miss,
+                                              forced_rates, simulated)
 from ddbench.plotting import SYSTEM_COLORS
 
 RUN = "h200-fp8"
@@ -27,7 +27,7 @@ BARS = ((CACHE, 8, "dualdecoder-cache fp8"), (CACHE, 16, "dualdecoder-cache bf16
 def _sim(r) -> float:
     try:
         return simulated(r.design, int(r.context), int(r.batch), None if pd.isna(r.cache_tokens) else int(r.cache_tokens),
-                         kv_bits=int(r.kv_bits), forced=forced_rates(r))["tok_s"]
+                         kv_bits=int(r.kv_bits), forced=forced_rates(r), miss=forced_miss(r))["tok_s"]
     except DDBenchError:        # a piece size the bundle never measured: not priced
         return float("nan")
 

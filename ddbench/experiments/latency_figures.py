@@ -11,6 +11,7 @@ from functools import lru_cache
 import pandas as pd
 
 from ddbench.core.memory import Workload
+from ddbench.core.distribution import Distribution
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.experiments.scene import scene, workload
@@ -32,8 +33,9 @@ F13_PLACE = {True: "prefill on this GPU", False: "prefill elsewhere"}
 def _serve(system: str, model: str, ctx: int, out: int, rate: float, n: int, prefill_here: bool = True):
     from ddbench.sim.serving import draw_requests, run_serving
     r = scene(model, system)
-    reqs = draw_requests(n, rate, str(ctx), str(out), SEED)
-    res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, ctx), reqs, r.hit, r.reuse,
+    reqs = draw_requests(n, rate, Distribution.parse(ctx, "context"), Distribution.parse(out, "output"), SEED)
+    hit, reuse = r.hits_at(ctx)
+    res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, ctx), reqs, hit, reuse,
                       prefill_here=prefill_here)
     return res.summary()
 
@@ -130,7 +132,7 @@ def fig13() -> FigureResult:
                    f"Poisson arrivals (seed {SEED}), {F13_N} requests per point (kept small for `make figures`),"
                    f" output {F13_OUT} tokens, FIFO admission while memory allows; (a) prefill on other GPUs"
                    f" (disaggregated), (b) chunked prefill of {Workload(context=K).prefill_chunk} tokens on this GPU"
-                   " beside decode")
+                   " beside decode", contexts=(F13_CTX,))
     return FigureResult(df, setup, cmp)
 
 
@@ -207,17 +209,17 @@ def _engine_fifo_note() -> str:
 
 @register("fig18", "Per-step latency at a 33% miss rate, priority against FIFO (paper Figure 18)", _draw_fig18)
 def fig18() -> FigureResult:
-    from ddbench.sim.timeline import run_timeline
+    from ddbench.sim.run import run
     rows, res = [], {}
     for size, (model, b) in F18_MODELS.items():
         for design in ("dualdecoder", "dualdecoder-fifo"):
-            tl = run_timeline(_plan(design, model, F18_CTX, b, hit=F18_HIT), steps=F18_STEPS, warmup=2)
+            tl = run(_plan(design, model, F18_CTX, b, hit=F18_HIT), "timeline", steps=F18_STEPS, warmup=2)
             res[(size, design)] = tl
             for i, (st, sl) in enumerate(zip(tl.step_s, tl.stall_s)):
                 rows.append({"kind": "trace", "model_size": size, "model": model, "batch": b, "system": design,
                              "step": i, "step_ms": st * 1e3, "stall_ms": sl * 1e3})
             for bb in F18_SWEEP:
-                t = run_timeline(_plan(design, model, F18_CTX, bb, hit=F18_HIT), steps=6, warmup=2)
+                t = run(_plan(design, model, F18_CTX, bb, hit=F18_HIT), "timeline", steps=6, warmup=2)
                 rows.append({"kind": "sweep", "model_size": size, "model": model, "batch": bb, "system": design,
                              "step": -1, "step_ms": t.steady_step_s * 1e3,
                              "stall_ms": sum(t.stall_s[t.warmup:]) / len(t.stall_s[t.warmup:]) * 1e3})
@@ -309,5 +311,5 @@ def fig20() -> FigureResult:
     ]
     setup = _setup(F20_MODEL, fmt_tokens(F20_CTX),
                    f"Poisson arrivals at {rate:.3f} req/s ({F20_LOAD:.0%} of one GPU's prefill capacity; the paper"
-                   f" states no rate), {F20_N} requests, output {F20_OUT} tokens, seed {SEED}")
+                   f" states no rate), {F20_N} requests, output {F20_OUT} tokens, seed {SEED}", contexts=(F20_CTX,))
     return FigureResult(df, setup, cmp)

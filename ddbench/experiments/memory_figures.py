@@ -23,6 +23,7 @@ from ddbench.experiments import engine_points as E
 from ddbench.plotting import (CATEGORY_COLORS, SYSTEM_COLORS, engine_handle, engine_mark, integer_axis, paper_handle,
                               paper_mark, style_handle)
 from ddbench.core.designs import get_design
+from ddbench.core.distribution import Distribution
 from ddbench.core.units import GB, fmt_tokens
 
 GPU = "h100-80gb"
@@ -36,6 +37,13 @@ def _setup(extra: str = "") -> str:
     w = Workload(context=CONTEXT)
     return (f"{GPU}, context {fmt_tokens(CONTEXT)}, budget {w.budget}, chunk {w.chunk}, rank {w.rank}"
             + (f", {extra}" if extra else ""))
+
+
+def _caption(designs) -> str:
+    """The matched rate set the serving runs price the designs at (ddbench.planner.ratelines.caption)."""
+    from ddbench.experiments.scene import scene
+    from ddbench.planner.ratelines import caption
+    return caption([scene(F4_MODEL, d, gpu=GPU) for d in designs], (CONTEXT,))
 
 
 def _bd(system: str, size: str, batch: int, context: int = CONTEXT):
@@ -262,8 +270,10 @@ def _timeline(system: str):
     from ddbench.experiments.scene import scene, workload
     from ddbench.sim.serving import draw_requests, run_serving
     r = scene(F4_MODEL, system, gpu=GPU)
-    reqs = draw_requests(F4_N, F4_RATE, str(CONTEXT), str(F4_OUT), 0)
-    res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, CONTEXT), reqs, r.hit, r.reuse, prefill_here=False)
+    reqs = draw_requests(F4_N, F4_RATE, Distribution.parse(CONTEXT, "context"), Distribution.parse(F4_OUT, "output"),
+                         0)
+    res = run_serving(r.design, r.model, r.gpu, r.cm, workload(r, CONTEXT), reqs, *r.hits_at(CONTEXT),
+                      prefill_here=False)
     per = memory_breakdown(r.design, r.model, r.gpu, workload(r, CONTEXT))
     per_req = sum(getattr(per, c) for c in ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers"))
     rows = []
@@ -307,7 +317,7 @@ def fig04() -> FigureResult:
     setup = (f"{F4_MODEL} on {GPU} + pcie5, serving simulator (sim/serving.py): {F4_N} requests of "
              f"{fmt_tokens(CONTEXT)} tokens, Poisson at {F4_RATE} req/s (seed 0), output {F4_OUT} tokens, prefill on "
              f"other GPUs, FIFO admission while memory allows; memory by category each time it changes; "
-             + _setup().split(", ", 2)[2])
+             + _setup().split(", ", 2)[2] + "; " + _caption(SPARSE))
     return FigureResult(df, setup, cmp)
 
 
@@ -469,7 +479,7 @@ def fig15() -> FigureResult:
     cmp = [
         Comparison("fig15.dualdecoder.64k_to_512k.growth_gb", round(grow("dualdecoder"), 2),
                    f"{fmt_tokens(hi - lo)} more tokens of landmarks at "
-                   f"{_bytes_per_token('dualdecoder', '8B', 'landmarks'):,.0f} B/token (chunk-mean keys + int64 index)"),
+                   f"{_bytes_per_token('dualdecoder', '8B', 'landmarks'):,.0f} B/token (chunk-mean keys)"),
         Comparison("fig15.shadowkv.64k_to_512k.growth_gb", round(grow("shadowkv"), 2),
                    f"U + landmarks grow {_bytes_per_token('shadowkv', '8B', 'landmarks', 'aux_residency'):,.0f} "
                    f"B/token, plus the prefill SVD workspace; at {fmt_tokens(hi)} ShadowKV holds "

@@ -1,6 +1,7 @@
 """Beyond the paper: how much the verdict rides on the rates. Throughput of dualdecoder-cache, ShadowKV
 and DualDecoder at 128K on the H200 (Llama-3-8B, each at its largest batch) as their fetch rates grow:
-the cache's prefetched and urgent chunks per step (its churn and urgent share), ShadowKV's miss rate
+the cache's prefetched and urgent chunks per step (its churn and urgent share; drawn against the chunks moved,
+churn + urgent), ShadowKV's miss rate
 (1 - reuse) and DualDecoder's (1 - hit), each scaled by the same factors (Scenario.rate_scale, the
 what-if of `plan`'s break-even). Simulated by the cost model every command uses; the engine's measured
 points (traces/engine/h200-cache, median and min-max of 3 builds) are marked at their own rates. No
@@ -25,23 +26,26 @@ FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 DESIGNS = (CACHE, "shadowkv", "dualdecoder")
 
 
-def _point(design: str, factor: float) -> dict:
+def _point(design: str, factor: float, end: str = "centre") -> dict:
+    """One simulated point: the design's matched rates (at `end` of their 95 % interval) times `factor`."""
     from ddbench.experiments.sim_figures import _maxb, _step_s
     knobs = {"cache_tokens": CAPACITY * D.BUDGET} if design == CACHE else {}
+    if end != "centre":
+        knobs["rate_end"] = end
     r = scene(MODEL, design, gpu=GPU, rate_scale=factor, **knobs)
     b = _maxb(design, MODEL, CTX, gpu=GPU, **knobs)
     tok_s = b / _step_s(design, MODEL, CTX, b, gpu=GPU, rate_scale=factor, **knobs)
     if design == CACHE:
         c = r.cache_rates_at(CTX)
         urgent = sum(c.urgent) / len(c.urgent)
-        churn = urgent + sum(c.prefetched) / len(c.prefetched)
-        miss = None
+        churn = sum(c.prefetched) / len(c.prefetched)
+        moved, miss = urgent + churn, None
     else:
-        rates = r.reuse if design == "shadowkv" else r.hit
+        rates = r.hits_at(CTX)[0]
         miss = 1 - sum(rates) / len(rates)
-        urgent = churn = None
-    return {"source": "simulated", "design": design, "factor": factor, "batch": b, "tok_s": tok_s,
-            "urgent_per_budget": urgent, "churn_per_budget": churn, "miss_rate": miss, "note": r.hit_note}
+        urgent = churn = moved = None
+    return {"source": "simulated", "rate_end": end, "design": design, "factor": factor, "batch": b, "tok_s": tok_s,
+            "urgent_per_budget": urgent, "churn_per_budget": churn, "moved_per_budget": moved, "miss_rate": miss}
 
 
 def _measured() -> list[dict]:
@@ -66,7 +70,7 @@ def _measured() -> list[dict]:
         r = {"source": "engine", "design": d, "run": run, "factor": None, "batch": int(batch),
              "tok_s": g.tok_s.median(), "tok_s_min": g.tok_s.min(), "tok_s_max": g.tok_s.max(), "builds": len(g)}
         if d == CACHE:
-            r.update(urgent_per_budget=miss, churn_per_budget=miss + churn)
+            r.update(urgent_per_budget=miss, churn_per_budget=churn, moved_per_budget=miss + churn)
         else:
             r["miss_rate"] = miss
         rows.append(r)
@@ -77,15 +81,16 @@ def _draw(res: FigureResult, fig) -> None:
     df = res.data
     fig.set_size_inches(9.0, 3.6)
     axes = fig.subplots(1, 2)
-    s, m = df[df.source == "simulated"], df[df.source == "engine"]
+    s, m = df[(df.source == "simulated") & (df.rate_end == "centre")], df[df.source == "engine"]
     c = s[s.design == CACHE]
-    for ax, col, label in ((axes[0], "churn_per_budget", "dualdecoder-cache: churn, chunks moved per step (share of the budget)"),
+    for ax, col, label in ((axes[0], "moved_per_budget", "dualdecoder-cache: chunks moved per step, churn + urgent"
+                                                         " (share of the budget)"),
                            (axes[1], "miss_rate", "miss rate: ShadowKV 1 - reuse, DualDecoder 1 - hit (share of the budget)")):
         ax.set_xlabel(label, fontsize=7)
         ax.set_ylabel("decode throughput (tokens/s)")
-    axes[0].plot(c.churn_per_budget, c.tok_s, color=CACHE_COLOR, lw=1.2, marker=".")
+    axes[0].plot(c.moved_per_budget, c.tok_s, color=CACHE_COLOR, lw=1.2, marker=".")
     for r in c.itertuples():
-        axes[0].annotate(f"{r.factor:g}x", (r.churn_per_budget, r.tok_s), fontsize=6, xytext=(2, 2),
+        axes[0].annotate(f"{r.factor:g}x", (r.moved_per_budget, r.tok_s), fontsize=6, xytext=(2, 2),
                          textcoords="offset points")
     for d in DESIGNS[1:]:
         x = s[s.design == d]
@@ -94,7 +99,7 @@ def _draw(res: FigureResult, fig) -> None:
         if len(at1):
             axes[0].axhline(float(at1.iloc[0]), color=SYSTEM_COLORS[d], lw=0.8, ls="--")
     for r in m.itertuples():
-        ax, x = (axes[0], r.churn_per_budget) if r.design == CACHE else (axes[1], r.miss_rate)
+        ax, x = (axes[0], r.moved_per_budget) if r.design == CACHE else (axes[1], r.miss_rate)
         color = CACHE_COLOR if r.design == CACHE else SYSTEM_COLORS[r.design]
         ax.errorbar([x], [r.tok_s], yerr=[[r.tok_s - r.tok_s_min], [r.tok_s_max - r.tok_s]], fmt="D", ms=4,
                     color=color, ecolor="black", lw=0.7)
@@ -113,10 +118,15 @@ def _draw(res: FigureResult, fig) -> None:
 @register("rates", "Throughput against the cache's urgent share and churn and the others' miss rates (H200, 128K)",
           draw=_draw)
 def compute() -> FigureResult:
-    rows = [_point(d, f) for d in DESIGNS for f in FACTORS] + _measured()
+    rows = [_point(d, f) for d in DESIGNS for f in FACTORS] + _measured() \
+        + [_point(d, 1.0, end) for d in DESIGNS for end in ("low", "high")]    # the rates' 95 % interval ends
     df = pd.DataFrame(rows)
-    note = df[(df.design == CACHE) & (df.factor == 1.0)].note.iloc[0]
-    df = df.drop(columns=["note"])
+    from ddbench.planner.ratelines import caption
+    knobs = {"cache_tokens": CAPACITY * D.BUDGET}
+    lines = "; ".join(scene(MODEL, d, gpu=GPU, **knobs).rates_note(scene(MODEL, d, gpu=GPU, **knobs).design_rates)
+                      for d in DESIGNS)
     return FigureResult(df, f"{MODEL} on one H200 over PCIe 5, context {fmt_tokens(CTX)}, budget {D.BUDGET}, each design"
                             f" at its largest batch; {CACHE} at {CAPACITY}x the budget; factors"
-                            f" {', '.join(f'{f:g}' for f in FACTORS)} on each design's own rates ({note})")
+                            f" {', '.join(f'{f:g}' for f in FACTORS)} on each design's own rates; "
+                            f"{caption([scene(MODEL, d, gpu=GPU, **knobs) for d in DESIGNS], (CTX,))}: {lines};"
+                            " the engine's diamonds at their own forced rates")

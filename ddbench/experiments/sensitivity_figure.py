@@ -40,18 +40,16 @@ def sens_tokens_per_s(design: str, hit, reuse, mode: str = "aggregate") -> float
     """Decode tokens/s of `design` at Figure 12's 128K setting and its largest batch, with per-layer (or
     constant) hit and reuse rates; `mode`: the closed-form aggregate step, or the per-layer timeline."""
     from ddbench.experiments.scene import workload
-    from ddbench.sim.steplayers import step_layers
+    from ddbench.sim.run import Point, run
     r = _sens_scene(design)
     L = r.model.num_layers
     h = [float(hit)] * L if isinstance(hit, (int, float)) else list(hit)
     reu = [float(reuse)] * L if isinstance(reuse, (int, float)) else list(reuse)
     b = _sens_batch(design)
-    plan = step_layers(r.design, r.model, r.cm, workload(r, SENS_CTX), b, SENS_CTX, h, reu)
+    plan = run(Point(r.design, r.model, r.cm, workload(r, SENS_CTX), b, SENS_CTX, h, reu), "plan")
     if mode == "timeline":
-        from ddbench.sim.timeline import run_timeline
-        return b / run_timeline(plan, steps=6, warmup=2).steady_step_s
-    from ddbench.sim.aggregate import aggregate_step
-    return b / aggregate_step(plan).step_s
+        return b / run(plan, "timeline", steps=6, warmup=2).steady_step_s
+    return b / run(plan, "aggregate").step_s
 
 
 def _draw_sens(res: FigureResult, fig) -> None:

@@ -4,8 +4,8 @@ Qwen2.5-32B by context); the latency figures (13, 18, 20) are latency_figures.py
 
 The paper's testbed is one 80 GB Hopper GPU per instance on PCIe 5. We replay on the catalog's
 h100-80gb with its PCIe 5 link through the shared scenario (scene.py); no bundle was measured on an
-H100, so the cost model scales the H200 bundle op by op (every setup line says so). Hit rates: the
-model's accuracy profile in traces/accuracy/ where one exists, else the paper's average of 0.88 (§4.1). Nothing here is
+H100, so the cost model scales the H200 bundle op by op (every setup line says so). Rates: every design's from
+the one matched rate set (ddbench.core.rates) at each context, and each setup line says which. Nothing here is
 tuned to the paper's numbers: the settings the paper does not state are fixed below, once.
 """
 
@@ -53,18 +53,18 @@ def _scaled_note(model: str) -> str:
 
 def _plan(design: str, model: str, ctx: int, batch: int, hit=None, gpu: str = GPU, **knobs):
     """The step plan of `batch` requests (`knobs`: Workload fields, e.g. cache_tokens; `gpu`: a catalog GPU)."""
-    from ddbench.sim.steplayers import step_layers
+    from ddbench.sim.run import Point, run
     r = scene(model, design, gpu=gpu, **knobs)
-    h, reuse = (r.hit, r.reuse) if hit is None else ([hit] * r.model.num_layers,) * 2
-    return step_layers(r.design, r.model, r.cm, workload(r, ctx), batch, ctx, list(h), list(reuse),
-                       cache=r.cache_rates_at(ctx))
+    h, reuse = r.hits_at(ctx) if hit is None else ([hit] * r.model.num_layers,) * 2
+    return run(Point(r.design, r.model, r.cm, workload(r, ctx), batch, ctx, list(h), list(reuse),
+                     cache=r.cache_rates_at(ctx)), "plan")
 
 
 @lru_cache(maxsize=None)
 def _step_s(system: str, model: str, ctx: int, batch: int, gpu: str = GPU, **knobs) -> float:
     """Steady-state decode step time from the per-layer timeline."""
-    from ddbench.sim.timeline import run_timeline
-    return run_timeline(_plan(system, model, ctx, batch, gpu=gpu, **knobs), steps=6, warmup=2).steady_step_s
+    from ddbench.sim.run import run
+    return run(_plan(system, model, ctx, batch, gpu=gpu, **knobs), "timeline", steps=6, warmup=2).steady_step_s
 
 
 def _maxb(design: str, model: str, ctx: int, gpu: str = GPU, **knobs) -> int:
@@ -80,10 +80,17 @@ def _link_ceiling(system: str, model: str, ctx: int, batch: int) -> float:
     return plan.rates.h2d_gbps * 1e9 / (plan.h2d_bytes / batch)
 
 
-def _setup(model: str, ctx: str, extra: str, label: str | None = None) -> str:
+def rates_caption(model: str, designs, contexts, **knobs) -> str:
+    """Which matched rate set prices the designs compared (ddbench.planner.ratelines.caption)."""
+    from ddbench.planner.ratelines import caption
+    return caption([scene(model, d, **knobs) for d in designs], contexts)
+
+
+def _setup(model: str, ctx: str, extra: str, label: str | None = None, designs=("shadowkv", "dualdecoder"),
+           contexts=()) -> str:
     w = Workload(context=K)
     return (f"{label or model} on {GPU} + {LINK} ({_scaled_note(model)}), context {ctx}, budget {w.budget}, "
-            f"chunk {w.chunk}; {_hit(model)[2]}; {extra}")
+            f"chunk {w.chunk}; {rates_caption(model, designs, contexts)}; {extra}")
 
 
 # ---------------------------------------------------------------- Figure 3
@@ -188,7 +195,7 @@ def fig03() -> FigureResult:
     setup = _setup(F3_MODEL, fmt_tokens(F3_CTX),
                    f"decode-only steady state from the per-layer timeline; ideal batch {ideal_b} from the memory"
                    " model (weights, activations and a sparse buffer only); diamonds: the engine on an H200 capped at"
-                   f" 80 GB (traces/engine/{E.CAPPED}), each batch its search measured")
+                   f" 80 GB (traces/engine/{E.CAPPED}), each batch its search measured", contexts=(F3_CTX,))
     return FigureResult(df, setup, cmp)
 
 
@@ -236,7 +243,8 @@ def fig12() -> FigureResult:
     setup = _setup(F12_MODEL, "/".join(fmt_tokens(c) for c in F12_CTX),
                    "each design at its largest batch that fits (memory model), decode-only steady state from the"
                    " per-layer timeline (prefill not counted); diamonds: the engine on an H200 capped at 80 GB at its"
-                   f" largest batch, median and range over 3 independently built engines (traces/engine/{E.CAPPED})")
+                   f" largest batch, median and range over 3 independently built engines (traces/engine/{E.CAPPED})",
+                   designs=("shadowkv", "specache", "dualdecoder"), contexts=tuple(F12_CTX))
     return FigureResult(df, setup, _fig12_comparisons(t))
 
 

@@ -99,7 +99,7 @@ def timeline() -> FigureResult:
     from ddbench.core.paths import traces_dir
     from ddbench.experiments.scene import scene
     from ddbench.sim.fit import validation as v
-    from ddbench.sim.timeline import run_timeline
+    from ddbench.sim.run import run
     path = str(traces_dir("engine", v.GPU, "timeline.json"))
     with open(path, encoding="utf-8") as fh:
         tl = json.load(fh)
@@ -109,7 +109,7 @@ def timeline() -> FigureResult:
     cm = scene(v.MODEL, gpu=v.GPU, link=v.LINK, hit_rate=D.HIT_RATE).cm   # the point's miss rate is its own
     miss = v.effective_miss(float(p["miss_rate"]), 2048, 8)
     plan = v.replay_plan(p["design"], p["context"], p["batch"], miss, True, cm)
-    res = run_timeline(plan, steps=4, warmup=2, record=True)
+    res = run(plan, "timeline", steps=4, warmup=2, record=True)
     t0 = sum(res.step_s[:res.warmup])
     t1 = t0 + res.step_s[res.warmup]
     for track, name, a, b in res.events:

@@ -4,7 +4,7 @@
     assumed_hit_rate(resolved) -> a flag line where the hit rate is the constant of core.defaults.HIT_RATE
 
 A design's rates come from an accuracy profile (the model's traces/accuracy/<model>.csv or --hit-rate CSV)
-and, for a chunk-cache design, from a cache profile (core.cacherates, possibly another model's). The
+and, for a chunk-cache design, from the matched rate set (core.rates, possibly another model's profile). The
 accuracy cost is read from the traces beside that profile, of the model it was measured on:
 - task rates with Wilson 95 % intervals (<model>.tasks.csv, `ddbench profile --tasks`): pooled over the
   tasks and contexts measured, for the method the design stands for (full-kv: dense, exact; shadowkv:
@@ -49,7 +49,7 @@ def method_of(design) -> str:
 
 def _stem(path: str) -> str:
     base = os.path.basename(path)
-    for tail in (".cache.csv", ".csv"):
+    for tail in (".cache-trend.json", ".cache.csv", ".csv"):
         if base.endswith(tail):
             return base[: -len(tail)]
     return base
@@ -59,21 +59,23 @@ def profile_sources(r) -> list[str]:
     """The profiles (paths) a resolved scenario's rates come from: its hit-rate profile, its cache profile."""
     from ddbench.planner.scenario import _profile_path
     out = []
+    dr = r.design_rates if not r.design.kv_on_gpu else None
+    if dr is not None and r.scenario.rates is not None and r.scenario.rates.kind != "values":
+        out.append(r.scenario.rates.path)
+    elif dr is not None and dr.measured:
+        from ddbench.core.paths import traces_dir
+        out.append(str(traces_dir("accuracy", f"{dr.source}.cache-trend.json")))
     p = _profile_path(r.scenario, r.model.name)
     if p is not None:
         out.append(p)
-    if r.design.chunk_cache and not r.scenario.forced_cache:
-        from ddbench.core.cacherates import profile_path
-        try:
-            out.append(profile_path(r.model.name))
-        except Exception:   # noqa: BLE001 - the cost model reports a missing cache profile itself
-            pass
     return out
 
 
 def constant_hit(r) -> bool:
     """Whether the hit rate is core.defaults.HIT_RATE because no profile exists (the paper's assumption)."""
     from ddbench.planner.scenario import _profile_path
+    if r.design.kv_on_gpu or r.design_rates is not None:
+        return False
     return r.scenario.hit_rate is None and _profile_path(r.scenario, r.model.name) is None
 
 

@@ -18,7 +18,8 @@ the GPUs that prefill them, and the TTFT of the whole path.
 
 A serving run with prefill elsewhere (ddbench.planner.runs.run_point) adds prefill_s + transfer_s to each
 request's TTFT and completion, so the SLO terms see them; the fleet's P99 TTFT adds the prefill queue's
-P99 wait to that (the sum of two P99s: an upper bound).
+P99 wait to that (the sum of two P99s: an upper bound). Under tensor parallelism a replica, decode or prefill,
+is sc.tp GPUs: the rates and prefill times are per replica, the GPU counts and rates per GPU are in GPUs.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def fleet(sc: Scenario, rate: float, ttft_p99_s: float | None, seed: int = 0,
     pre = [prefill_s(sc, q.context, hi) for q in reqs]
     xfer = [transfer_s(sc, q.context) for q in reqs]
     mean_pre = sum(pre) / len(pre)
+    tp = sc.tp     # a replica (decode or prefill) is tp GPUs: `rate` and the prefill times are per replica
     per_decode = rate * mean_pre / PREFILL_UTILISATION
     pool = max(1, math.ceil(load * mean_pre / PREFILL_UTILISATION - 1e-9))
     waits = pool_waits([q.arrival for q in reqs], pre, pool)
@@ -133,14 +135,14 @@ def fleet(sc: Scenario, rate: float, ttft_p99_s: float | None, seed: int = 0,
                                                                             for q in reqs) / len(reqs) / 1e9,
            "transfer_link": transfer_link(sc).name, "transfer_gbps": transfer_link(sc).achievable_gbps,
            "prefill_utilisation": PREFILL_UTILISATION, "prefill_gpus_per_decode_gpu": per_decode,
-           "gpus_per_req_per_s": (1.0 + per_decode) / rate,
-           "fleet_req_per_s_per_gpu": rate / (1.0 + per_decode),
-           "prefill_pool_gpus": pool, "prefill_pool_load_req_per_s": load,
+           "gpus_per_req_per_s": tp * (1.0 + per_decode) / rate,
+           "fleet_req_per_s_per_gpu": rate / (1.0 + per_decode) / tp,
+           "prefill_pool_gpus": pool * tp, "prefill_pool_load_req_per_s": load,
            "prefill_wait_p99_s": percentile(waits, 99),
            "fleet_ttft_p99_s": None if ttft_p99_s is None else ttft_p99_s + percentile(waits, 99)}
     if target_rate is not None:
-        decode = max(1, math.ceil(target_rate / rate - 1e-9))
-        out |= {"decode_gpus": decode, "prefill_gpus": pool, "fleet_gpus": decode + pool}
+        decode = max(1, math.ceil(target_rate / rate - 1e-9)) * tp
+        out |= {"decode_gpus": decode, "prefill_gpus": pool * tp, "fleet_gpus": decode + pool * tp}
     return out
 
 

@@ -1,6 +1,6 @@
 """Knob search: a grid of a design's mechanism knobs, and Pareto fronts over the results.
 
-`--search budget,chunk,lowrank-layers,buffers,cache,fp8` (any of them, each optionally `=V1:V2:...`) expands, per
+`--search budget,chunk,lowrank-layers,buffers,cache,fp8,index` (any of them, each optionally `=V1:V2:...`) expands, per
 design, into the settings that apply to it:
 - budget (sparse tokens fetched per request and layer) and chunk (tokens per chunk): every
   design that keeps KV in host memory; only budgets within the smallest context and divisible
@@ -12,6 +12,8 @@ design, into the settings that apply to it:
 - cache (the GPU chunk cache, and nothing else): a chunk-cache design's (dualdecoder-cache, lru-cache) capacity
   per (layer, KV head), as a multiple of the budget (`2x`) or in tokens (`8k`); `cache=2x:4x:8x` by
   default;
+- index (the selection index, Workload.index: flat, fp8, int4, two-level:G[,M[,COARSE[,FINE]]]): every design
+  that selects by landmarks; `index=flat:fp8:int4:two-level:8,1,int4` by default;
 - fp8 (off; on: the KV on the host and the link in fp8 e4m3, Workload.kv_bits 8; on+cache: that and a
   chunk-cache design's GPU chunk cache in fp8 too, cache_bits 8, tried for those designs only): designs that
   fetch K and V (ShadowKV's 1 KiB fp8 value pieces have no measured gather rate); `fp8=off:on:on+cache`
@@ -32,17 +34,18 @@ from ddbench.core.units import parse_tokens
 
 LAYOUTS = ("pingpong", "per-layer")
 DEFAULTS = {"budget": (1024, 2048, 4096), "chunk": (8, 16), "lowrank-layers": (0, 4, 8), "buffers": LAYOUTS,
-            "cache": ("2x", "4x", "8x"), "fp8": ("off", "on", "on+cache")}
+            "cache": ("2x", "4x", "8x"), "fp8": ("off", "on", "on+cache"),
+            "index": ("flat", "fp8", "int4", "two-level:8,1,int4")}
 # the Workload knob each searched knob sets (buffers is Scenario.buffers; cache sets cache_tokens from the budget;
 # fp8 sets kv_bits and cache_bits, FP8_BITS)
-FIELD = {"budget": "budget", "chunk": "chunk", "lowrank-layers": "lowrank_layers"}
+FIELD = {"budget": "budget", "chunk": "chunk", "lowrank-layers": "lowrank_layers", "index": "index"}
 FP8_BITS = {"off": (16, 16), "on": (8, 16), "on+cache": (8, 8)}     # fp8 value -> (kv_bits, cache_bits)
 
 
 def parse_search(text: str) -> dict:
     """'budget,chunk=8:16,cache' -> {knob: values}; an empty term or value is an error."""
     out = {}
-    terms = [t.strip().lower() for t in str(text).split(",")]
+    terms = _index_terms([t.strip().lower() for t in str(text).split(",")])
     if not any(terms):
         raise DDBenchError("--search names no knob; use e.g. --search budget,chunk,lowrank-layers,buffers,cache")
     for term in terms:
@@ -76,6 +79,8 @@ def parse_search(text: str) -> dict:
             if bad:
                 raise DDBenchError(f"--search: fp8 takes off, on and on+cache, got '{bad[0]}'")
             out[name] = tuple(items)
+        elif name == "index":
+            out[name] = tuple(_index_values(items, term))
         elif name == "lowrank-layers":
             try:
                 out[name] = tuple(int(v) for v in items)
@@ -86,6 +91,31 @@ def parse_search(text: str) -> dict:
         else:
             out[name] = tuple(parse_tokens(v, name) for v in items)
     return out
+
+
+def _index_terms(terms: list) -> list:
+    """The comma-split terms with a two-level index's own commas put back ('index=two-level:8', '2' ->
+    'index=two-level:8,2'): a piece that names no knob, after an index term, belongs to it."""
+    out = []
+    for t in terms:
+        if out and out[-1].startswith("index=") and t and "=" not in t and t.replace("_", "-") not in DEFAULTS:
+            out[-1] += "," + t
+        else:
+            out.append(t)
+    return out
+
+
+def _index_values(items: list, term: str) -> list:
+    """The indexes of 'index=flat:fp8:two-level:8,2' (a two-level value's own ':' put back), canonical."""
+    from ddbench.core.index import index_name
+    vals, i = [], 0
+    while i < len(items):
+        v = items[i]
+        if v == "two-level" and i + 1 < len(items):
+            v, i = f"{v}:{items[i + 1]}", i + 1
+        vals.append(index_name(v))
+        i += 1
+    return vals
 
 
 def _capacity(v: str) -> str:
@@ -158,6 +188,8 @@ def applies(knob: str, name: str) -> bool:
         return not design.kv_on_gpu and not design.quant_bits and design.fetch == "kv"
     if knob == "cache":    # a chunk-cache design's capacity (dualdecoder-cache, lru-cache)
         return bool(design.chunk_cache)
+    if knob == "index":    # the selection index of every design that selects by landmarks
+        return bool(design.landmarks)
     return design.prefetch == "layer-ahead" and not design.chunk_cache     # buffers: the others
 
 

@@ -42,11 +42,10 @@ def workload_means(context: str, output: str, requests: int, seed: int) -> tuple
 
 
 def _step(sc: Scenario, batch: int, ctx: float):
-    from ddbench.sim.aggregate import aggregate_step
-    from ddbench.sim.steplayers import step_layers
+    from ddbench.sim.run import Point, run
     r = resolve(sc)
-    return aggregate_step(step_layers(r.design, r.model, r.cm, r.workload, batch, ctx, r.hit, r.reuse, r.lowrank,
-                                      cache=r.cache_rates))
+    return run(Point(r.design, r.model, r.cm, r.workload, batch, ctx, r.hit, r.reuse, r.lowrank,
+                     cache=r.cache_rates), "aggregate")
 
 
 @lru_cache(maxsize=256)

@@ -29,6 +29,7 @@ from ddbench.core import defaults as D
 from ddbench.core.catalog import fetch_share, get_gpu, get_host, get_link, get_model, host_memory, shared_link
 from ddbench.core.designs import get_design
 from ddbench.core.errors import DDBenchError
+from ddbench.core.tp import check_tp, rank_model
 from ddbench.core.distribution import Distribution
 from ddbench.core.units import GB, fmt_tokens
 from ddbench.core.workload import Workload
@@ -45,8 +46,8 @@ class Scenario:
     model: str
     gpu: str
     design: str = D.DESIGN
-    context: str = D.CONTEXT          # 128k, uniform:LO:HI or exp:MEAN
-    output: str = D.OUTPUT
+    context: Distribution = D.CONTEXT  # 128k, uniform:LO:HI or exp:MEAN: a Distribution (text is parsed once,
+    output: Distribution = D.OUTPUT    # on construction; the CLI hands the Distribution it parsed)
     link: str | None = None           # None: the GPU's usual link (or the host's)
     host: str | None = None           # multi-GPU host sharing switches and DRAM; None: the GPU alone
     fetching: int | None = None       # GPUs of the host fetching at once (None: all of them)
@@ -63,8 +64,13 @@ class Scenario:
     roofline: bool = False
     forced_cache: tuple = ()          # (prefetched, urgent) per budget on every layer: a chunk cache's rates as an
                                       # engine run forced them (replaying that run), instead of the profile's
+    tp: int = 1                       # tensor parallelism: GPUs per replica (ddbench.core.tp); every per-GPU
+                                      # number is one rank's
     rate_scale: float = 1.0           # the break-even's what-if: the design's misses (1 - hit, 1 - reuse) or, for a
                                       # chunk cache, its prefetched and urgent chunks, times this (capped at 1)
+    rates: object = None              # --rates: a ddbench.core.ratefile.RateSource, or None: the matched profile
+    rate_overrides: tuple = ()        # --rate: ((design, metric, value), ...)
+    rate_end: str = "centre"          # price at the rates' centre or an end of their 95 % interval (low, high)
 
     @classmethod
     def make(cls, **kw) -> "Scenario":
@@ -84,10 +90,14 @@ class Scenario:
         """The design's name, with [buffers] where the buffer layout is not the design's own."""
         return design_of(self.design, self.buffers).name
 
+    def __post_init__(self):
+        object.__setattr__(self, "context", Distribution.of(self.context, "context"))
+        object.__setattr__(self, "output", Distribution.of(self.output, "output"))
+
     @property
     def contexts(self) -> Distribution:
         """The contexts it draws (.low, .high: the shortest and longest; None for exp:MEAN)."""
-        return Distribution.parse(self.context, "context")
+        return self.context
 
 
 def _knobs(values: dict) -> tuple:
@@ -113,6 +123,11 @@ class Resolved:
     lowrank: frozenset | None = None  # low-rank key layers from the profile, or None: the design's rule
     lowrank_note: str | None = None
     host_mem: object = None           # core.catalog.HostMemory for this GPU's requests, or None: not a bound
+    full_model: object = None         # the whole model (`model` is one TP rank's shard of it; the same at TP 1)
+
+    @property
+    def tp(self) -> int:
+        return self.scenario.tp
 
     @property
     def max_context(self) -> int | None:
@@ -170,38 +185,89 @@ class Resolved:
     def cm(self):
         sc = self.scenario
         return _cost_model(self.model.name if os.sep not in sc.model else sc.model, self.gpu.name, self.link,
-                           sc.calibration, sc.roofline)
+                           sc.calibration, sc.roofline, sc.tp)
+
+    def rates_at(self, context: int):
+        """The matched rate set (ddbench.core.rates.RateSet) of every design at `context`."""
+        from ddbench.core.designs import DESIGNS
+        from ddbench.core.paths import traces_dir
+        from ddbench.core.rates import rate_set
+        sc, w = self.scenario, self.workload
+        return rate_set(self.model.name, self.model.num_layers, int(context), w.budget, w.cache_tokens,
+                        tuple(DESIGNS), sc.rates, tuple(sc.rate_overrides), str(traces_dir("accuracy")))
+
+    @cached_property
+    def design_rates(self):
+        """This design's rates (ddbench.core.rates.DesignRates) at the longest context drawn, scaled by
+        rate_scale; None where they do not price it (--hit-rate, or no profile: the fallback)."""
+        sc = self.scenario
+        dr = self.rates_at(self.max_context or self.workload.context).of(get_design(sc.design).name)
+        if dr is None or dr.family is None or not dr.matched:
+            return None
+        mine = sc.rates is not None and (sc.rates.kind != "values" or dr.source.startswith(sc.rates.name))
+        if (sc.hit_rate is not None or sc.rows) and dr.family in ("reuse", "speculative") and not mine \
+                and not any(o[0] == dr.design for o in sc.rate_overrides):
+            return None
+        return dr.scaled(sc.rate_scale)
 
     @cached_property
     def _hits(self) -> tuple:
-        return _hits(self.scenario.hit_rate, self.model.name, self.model.num_layers, self.select)
+        dr = self.design_rates
+        if dr is not None and dr.family in ("reuse", "speculative"):
+            hit = tuple(1.0 - m for m in dr.get("miss").at(self.scenario.rate_end))
+            return hit, hit, self.rates_note(dr)
+        hit, reuse, note = _hits(self.scenario.hit_rate, self.model.name, self.model.num_layers, self.select)
+        return _scaled_hits(hit, self.scenario.rate_scale), _scaled_hits(reuse, self.scenario.rate_scale), note
+
+    def hits_at(self, context: int) -> tuple:
+        """(hit, reuse) per layer at `context` from the matched rate set (the figures price each context at its
+        own rates); the scenario's own where the rate set does not price this design (--hit-rate, no profile)."""
+        if self.design_rates is None or self.design_rates.family not in ("reuse", "speculative"):
+            return self.hit, self.reuse
+        dr = self.rates_at(int(context)).of(self.design_rates.design).scaled(self.scenario.rate_scale)
+        hit = [1.0 - m for m in dr.get("miss").at(self.scenario.rate_end)]
+        return hit, list(hit)
+
+    def rates_note(self, dr) -> str:
+        end = self.scenario.rate_end
+        return dr.line() + ("" if end == "centre" else f"; priced at the interval's {end} end")
 
     @property
     def hit(self) -> list:
-        return _scaled_hits(self._hits[0], self.scenario.rate_scale)
+        return list(self._hits[0])
 
     @property
     def reuse(self) -> list:
-        return _scaled_hits(self._hits[1], self.scenario.rate_scale)
+        return list(self._hits[1])
 
     @property
     def hit_note(self) -> str:
-        return self._hits[2] + ("" if self.cache_rates is None else "; " + self.cache_rates.note)
+        if self.design.chunk_cache:
+            try:
+                return self.cache_rates.note
+            except DDBenchError as exc:
+                return f"no cache rates: {exc}"
+        return self._hits[2]
 
     def cache_rates_at(self, context: int):
-        """A chunk-cache design's link rates at `context` (ddbench.core.cacherates: the measured replay whose budget
-        share is nearest), None for other designs."""
+        """A chunk-cache design's link rates at `context` (ddbench.sim's CacheRates: per layer, churn and urgent
+        chunks over the budget) from the matched rate set, None for other designs."""
         if not self.design.chunk_cache:
             return None
-        from ddbench.core.cacherates import forced, from_profile, prediction_of, scaled
-        w = self.workload
-        if self.scenario.forced_cache:
-            pre, urg = self.scenario.forced_cache
-            return forced(pre, urg, self.model.num_layers, f"cache rates forced as the engine ran them: prefetched"
+        from ddbench.core.rates import CacheRates, forced
+        sc = self.scenario
+        if sc.forced_cache:
+            pre, urg = sc.forced_cache
+            return forced(pre, urg, self.model.num_layers, f"cache rates forced as the engine ran them: churn"
                                                            f" {pre:g}, urgent {urg:g} of the budget per step")
-        rates = from_profile(self.model.name, self.model.num_layers, w.budget, int(context), w.cache_tokens,
-                             D.CACHE_POLICY, prediction=prediction_of(self.design))
-        return rates if self.scenario.rate_scale == 1.0 else scaled(rates, self.scenario.rate_scale)
+        dr = self.rates_at(int(context)).of(get_design(sc.design).name)
+        if dr is None or not dr.matched:
+            raise DDBenchError(f"{sc.design} needs measured cache rates: {dr.detail if dr else 'none'} (profile"
+                               " with `ddbench profile --layer-accuracy --cache-capacity ...`, or give --rates)")
+        dr = dr.scaled(sc.rate_scale)
+        urgent = dr.get("urgent").at(sc.rate_end)
+        churn = dr.get("churn").at(sc.rate_end) if dr.get("churn") else (0.0,) * len(urgent)
+        return CacheRates(tuple(churn), tuple(urgent), self.rates_note(dr))
 
     @cached_property
     def cache_rates(self):
@@ -237,9 +303,9 @@ def design_of(name: str, buffers: str = D.BUFFERS):
 
 
 @lru_cache(maxsize=64)
-def _cost_model(model: str, gpu: str, link, calibration, roofline):
+def _cost_model(model: str, gpu: str, link, calibration, roofline, tp: int = 1):
     from ddbench.sim.factory import cost_model
-    return cost_model(model, gpu, link, calibration, roofline)
+    return cost_model(model, gpu, link, calibration, roofline, tp)
 
 
 @lru_cache(maxsize=64)
@@ -276,6 +342,10 @@ def _link(sc: Scenario, gpu):
 
 
 def _check(sc: Scenario) -> None:
+    if isinstance(sc.tp, bool) or not isinstance(sc.tp, int) or sc.tp < 1:
+        raise DDBenchError(f"tp must be a positive integer, got {sc.tp!r}")
+    if sc.rate_end not in ("low", "centre", "high"):
+        raise DDBenchError(f"rate end must be low, centre or high, got {sc.rate_end!r}")
     if sc.prefill not in PREFILLS:
         raise DDBenchError(f"prefill must be 'here' or 'elsewhere', got '{sc.prefill}'")
     if not 1 <= sc.requests <= D.MAX_REQUESTS:
@@ -284,8 +354,6 @@ def _check(sc: Scenario) -> None:
         raise DDBenchError(f"max batch must be at least 1, got {sc.max_batch}")
     if sc.calibration is not None and not str(sc.calibration).strip():
         raise DDBenchError("the calibration root is empty: name a folder, or leave it out for the data root's")
-    Distribution.parse(sc.context, "context")
-    Distribution.parse(sc.output, "output")
 
 
 def _workload(sc: Scenario, design, model, lowrank) -> Workload:
@@ -301,6 +369,9 @@ def _workload(sc: Scenario, design, model, lowrank) -> Workload:
                                " use a fixed context or uniform:LO:HI")
         lo = budget
     w = Workload(context=lo, **knobs)
+    if sc.tp > 1 and w.rank > model.num_kv_heads * model.head_dim:
+        # one rank factorises its own heads' keys [S, H_kv/tp * d]: their rank is at most that width
+        w = replace(w, rank=model.num_kv_heads * model.head_dim)
     # a design that keeps all KV on the GPU fetches no budget: only the other designs need it within the context
     (replace(w, context=max(lo, w.budget)) if design.kv_on_gpu else w).validate(model)
     return w
@@ -310,10 +381,12 @@ def _workload(sc: Scenario, design, model, lowrank) -> Workload:
 def resolve(sc: Scenario) -> Resolved:
     """Check `sc` and build everything a run of it needs (DDBenchError, one line, on bad input)."""
     from ddbench.sim import hitrates
-    m, g = get_model(sc.model), get_gpu(sc.gpu)
+    full, g = get_model(sc.model), get_gpu(sc.gpu)
     link, share = _link(sc, g)
     design = design_of(sc.design, sc.buffers)
     _check(sc)
+    check_tp(full, sc.tp, *((get_host(sc.host).gpus, get_host(sc.host).name) if sc.host is not None else ()))
+    m = rank_model(full, sc.tp)
     path = _profile_path(sc, m.name)
     no_profile = (f"the hit rate here is a constant (no traces/accuracy/{m.name}.csv, or a number given);"
                   " name a profile with --hit-rate PATH")
@@ -333,4 +406,4 @@ def resolve(sc: Scenario) -> Resolved:
         raise DDBenchError(f"host memory must be a positive number of GB, at most {D.MAX_HOST_MEM_GB:g},"
                            f" got {sc.host_mem_gb!r}")
     host_mem = host_memory(sc.host, sc.host_mem_gb)
-    return Resolved(sc, m, g, link, share, design, w, select, lowrank, lowrank_note, host_mem)
+    return Resolved(sc, m, g, link, share, design, w, select, lowrank, lowrank_note, host_mem, full)

@@ -4,6 +4,10 @@
                                   # folder is sweep-out/<name>
     requests: 2000                # requests per serving run
     max_batch: null               # optional cap on concurrent requests
+    rates: my-rates.yaml          # optional: every design's rates from this file or `ddbench profile` folder,
+                                  # resolved beside the spec (ddbench/core/ratefile.py); default: the matched
+                                  # profile of traces/accuracy (ddbench/core/rates.py)
+    rate: [shadowkv.miss=0.3]     # optional what-ifs, design.metric=VALUE
     grid:                         # every field a value or a list; the sweep is their product
       model: [qwen2.5-32b]
       gpu: [h100-80gb]
@@ -13,6 +17,7 @@
       host_mem_gb: [null]         # host memory for one GPU's requests, GB; null: the host's / its GPUs,
                                   # or (no host) not a bound; a point where one request's host KV does not
                                   # fit is a row with status does-not-fit
+      tp: [null]                  # tensor parallelism, GPUs per replica (null: 1); rates are per replica
       system: [shadowkv, dualdecoder]   # or design: (the same list; not both)
       context: [128k]             # or uniform:64k:128k
       output: ["256"]             # or exp:256, uniform:LO:HI
@@ -23,6 +28,7 @@
       cache_tokens: [null]        # dualdecoder-cache's GPU cache per layer and KV head; null: the default
       kv_bits: [null]             # 16 (bf16) or 8 (fp8 host KV and link); null: 16
       cache_bits: [null]          # a chunk cache's slots: 16 (bf16) or 8 (fp8, needs kv_bits 8); null: 16
+      index: [null]               # the landmark designs' selection index: flat, fp8, int4, two-level:G[,M[,..]]; null: flat
       hit_rate: [null]            # null: the model's profile, else 0.88
       prefill: [here]             # here | elsewhere
       rate: [0.1, 1, 10]          # Poisson arrivals, requests/s
@@ -48,9 +54,9 @@ from typing import Annotated, Literal, Optional, Union
 
 from ddbench.core.errors import DDBenchError
 
-GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "host_mem_gb", "system", "context", "output", "budget",
+GRID_FIELDS = ("model", "gpu", "link", "host", "fetching", "host_mem_gb", "tp", "system", "context", "output", "budget",
                "chunk", "lowrank_layers", "buffers", "cache_tokens", "kv_bits", "cache_bits", "hit_rate", "prefill",
-               "rate", "seed")
+               "rate", "seed", "index")
 # fields renamed since points.jsonl stores were written: their key hashes them under the old name
 KEY_NAMES = {"buffers": "cache"}
 REQUIRED = ("model", "gpu", "system", "context", "rate")   # grid fields with no default
@@ -64,10 +70,15 @@ def _models():
 
     Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
     Tokens = Union[Annotated[int, Field(ge=1, le=D.MAX_TOKENS)], Text]
-    Count = Annotated[int, Field(ge=1, le=D.MAX_COUNT)]
-    Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-    Rate = Annotated[float, Field(ge=D.MIN_RATE, le=D.MAX_RATE, allow_inf_nan=False)]
-    HostGB = Annotated[float, Field(gt=0, le=D.MAX_HOST_MEM_GB, allow_inf_nan=False)]
+    from pydantic import BeforeValidator
+
+    from ddbench.core.schemas import strict_number, strict_whole
+    # numbers as numbers: a quoted "1" is refused, not converted (a token count may be text: 32k)
+    Whole, Num = BeforeValidator(strict_whole), BeforeValidator(strict_number)
+    Count = Annotated[int, Whole, Field(ge=1, le=D.MAX_COUNT)]
+    Fraction = Annotated[float, Num, Field(ge=0, le=1, allow_inf_nan=False)]
+    Rate = Annotated[float, Num, Field(ge=D.MIN_RATE, le=D.MAX_RATE, allow_inf_nan=False)]
+    HostGB = Annotated[float, Num, Field(gt=0, le=D.MAX_HOST_MEM_GB, allow_inf_nan=False)]
 
     class Grid(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -77,12 +88,13 @@ def _models():
         host: list[Optional[Text]] = [None]
         fetching: list[Optional[Count]] = [None]
         host_mem_gb: list[Optional[HostGB]] = [None]
+        tp: list[Optional[Annotated[int, Field(ge=1, le=64)]]] = [None]
         system: list[Text] = Field(min_length=1, validation_alias=AliasChoices("system", "design"))
         context: list[Tokens] = Field(min_length=1)
         output: list[Tokens] = [D.OUTPUT]
         budget: list[Tokens] = [D.BUDGET]
         chunk: list[Count] = [D.CHUNK]
-        lowrank_layers: list[Annotated[int, Field(ge=0, le=D.MAX_COUNT)]] = [D.LOWRANK_LAYERS]
+        lowrank_layers: list[Annotated[int, Whole, Field(ge=0, le=D.MAX_COUNT)]] = [D.LOWRANK_LAYERS]
         buffers: list[Literal["design", "pingpong", "per-layer"]] = [D.BUFFERS]
         cache_tokens: list[Optional[Tokens]] = [None]
         kv_bits: list[Optional[Literal[8, 16]]] = [None]
@@ -90,7 +102,8 @@ def _models():
         hit_rate: list[Optional[Union[Fraction, Text]]] = [None]
         prefill: list[Literal["here", "elsewhere"]] = [D.PREFILL]
         rate: list[Rate] = Field(min_length=1)
-        seed: list[Annotated[int, Field(ge=0, le=2 ** 63 - 1)]] = [D.SEED]
+        seed: list[Annotated[int, Whole, Field(ge=0, le=2 ** 63 - 1)]] = [D.SEED]
+        index: list[Optional[Text]] = [None]
 
         @model_validator(mode="before")
         @classmethod
@@ -111,8 +124,10 @@ def _models():
     class Spec(BaseModel):
         model_config = ConfigDict(extra="forbid")
         name: Optional[str] = None
-        requests: int = Field(D.SWEEP_REQUESTS, ge=1, le=D.MAX_REQUESTS)
+        requests: Annotated[int, Whole] = Field(D.SWEEP_REQUESTS, ge=1, le=D.MAX_REQUESTS)
         max_batch: Optional[Count] = None
+        rates: Optional[Text] = None      # a rates file or `ddbench profile` folder, beside the spec
+        rate: list[Text] = []             # what-ifs: design.metric=VALUE
         grid: Grid
 
         @field_validator("requests", "max_batch", mode="before")
@@ -184,13 +199,17 @@ def load_spec(path: str) -> dict:
     """Read and validate a spec -> a plain dict (grid values as lists); DDBenchError naming the field."""
     import yaml
     from pydantic import ValidationError
+
+    from ddbench.core.io import MAX_DEPTH, check_depth, load_yaml
     try:
         with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh)
+            raw = load_yaml(fh.read())
     except OSError as exc:
         raise DDBenchError(f"cannot read sweep spec {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise DDBenchError(f"sweep spec {path}: not a text file (UTF-8 YAML)") from None
+    except RecursionError:
+        raise DDBenchError(f"sweep spec {path}: nested too deeply (at most {MAX_DEPTH} levels)") from None
     except ValueError as exc:   # a YAML value its constructor refuses (e.g. a date 2020-13-45)
         raise DDBenchError(f"sweep spec {path}: not valid YAML ({exc})") from None
     except yaml.YAMLError as exc:
@@ -199,6 +218,7 @@ def load_spec(path: str) -> dict:
         raise DDBenchError(f"sweep spec {path}: not valid YAML{where}") from None
     if not isinstance(raw, dict):
         raise DDBenchError(f"sweep spec {path}: expected a mapping with 'grid', got {type(raw).__name__}")
+    check_depth(raw, f"sweep spec {path}")
     if isinstance(raw.get("grid"), dict) and "cache" in raw["grid"]:
         raise DDBenchError(f"sweep spec {path}: grid.cache: the sparse-KV buffer layout (design | pingpong |"
                            " per-layer) is now the field buffers; the chunk cache's capacity is cache_tokens")
@@ -217,24 +237,29 @@ def load_spec(path: str) -> dict:
 def count_points(spec: dict) -> int:
     n = 1
     for k in GRID_FIELDS:
-        n *= len(spec["grid"][k])
+        n *= len(spec["grid"].get(k, [None]))
     return n
 
 
 def points(spec: dict) -> list[dict]:
     g = spec["grid"]
     out = []
-    for combo in itertools.product(*(g[k] for k in GRID_FIELDS)):
+    for combo in itertools.product(*(g.get(k, [None]) if k in LATER_FIELDS else g[k] for k in GRID_FIELDS)):
         p = dict(zip(GRID_FIELDS, combo))
         p["requests"] = spec["requests"]
         p["max_batch"] = spec["max_batch"]
+        if spec.get("rates"):
+            p["rates"] = spec["rates"]
+            p["rates_sha"] = spec.get("rates_sha")
+        if spec.get("rate"):
+            p["rate_what_if"] = list(spec["rate"])
         out.append(p)
     return out
 
 
 # fields added after points.jsonl stores were written: left out of the key where they are null, so an
 # older store's points keep their keys
-LATER_FIELDS = ("host_mem_gb", "cache_tokens", "kv_bits", "cache_bits")
+LATER_FIELDS = ("host_mem_gb", "cache_tokens", "kv_bits", "cache_bits", "index", "tp")
 
 
 def point_key(p: dict) -> str:
@@ -244,6 +269,7 @@ def point_key(p: dict) -> str:
 
 def scenario_of(p: dict):
     """The scenario of one point (its rate and seed aside)."""
+    from ddbench.core.index import index_name
     from ddbench.core.units import parse_tokens
     from ddbench.planner.scenario import Scenario
     later = {}
@@ -252,8 +278,20 @@ def scenario_of(p: dict):
     for k in ("kv_bits", "cache_bits"):
         if p.get(k) is not None:
             later[k] = int(p[k])
+    if p.get("index") is not None:
+        later["index"] = index_name(p["index"])
+    from ddbench.core.ratefile import load_source, parse_override
+    if p.get("rates"):
+        later["rates"] = load_source(p["rates"])
+    if p.get("rate_what_if"):
+        later["rate_overrides"] = tuple(parse_override(x) for x in p["rate_what_if"])
+    tp = int(p.get("tp") or 1)         # GPUs per replica; its TP group sits in the GPU's usual host unless named
+    if tp > 1:
+        from ddbench.planner.scenario_args import tp_host
+        later["tp"] = tp
+    host = p["host"] if p["host"] is not None or tp == 1 else tp_host(p["gpu"], tp)
     return Scenario.make(**later, model=p["model"], gpu=p["gpu"], design=p["system"], context=p["context"],
-                         output=p["output"], link=p["link"], host=p["host"], fetching=p["fetching"],
+                         output=p["output"], link=p["link"], host=host, fetching=p["fetching"],
                          host_mem_gb=p.get("host_mem_gb"),
                          budget=parse_tokens(p["budget"], "budget"), chunk=p["chunk"],
                          lowrank_layers=p["lowrank_layers"], buffers=p["buffers"], hit_rate=p["hit_rate"],
@@ -267,11 +305,13 @@ def check_points(spec: dict, path: str) -> None:
     from ddbench.core.catalog import get_gpu, get_host, get_link, get_model
     from ddbench.core.designs import get_design
     from ddbench.core.distribution import Distribution
+    from ddbench.core.index import index_name
     from ddbench.core.units import parse_tokens
     g = spec["grid"]
     checks = {"model": get_model, "gpu": get_gpu, "link": get_link, "host": get_host, "system": get_design,
               "output": lambda v: Distribution.parse(v, "output"),
-              "budget": lambda v: parse_tokens(v, "budget"), "cache_tokens": lambda v: parse_tokens(v, "cache_tokens")}
+              "budget": lambda v: parse_tokens(v, "budget"), "cache_tokens": lambda v: parse_tokens(v, "cache_tokens"),
+              "index": index_name}
     bad = []
     for field in (f for f in GRID_FIELDS if f in checks):
         for i, v in enumerate(g[field]):
@@ -292,5 +332,5 @@ def check_points(spec: dict, path: str) -> None:
             seen.add(sc)
             resolve(sc).check()
         except DDBenchError as exc:
-            what = ", ".join(f"{k}={p[k]}" for k in GRID_FIELDS if len(g[k]) > 1 and k not in ("rate", "seed"))
+            what = ", ".join(f"{k}={p[k]}" for k in GRID_FIELDS if len(g.get(k, [None])) > 1 and k not in ("rate", "seed"))
             raise DDBenchError(f"sweep spec {path}: point {what or 'of the grid'}: {exc}") from None

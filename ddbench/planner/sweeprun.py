@@ -13,6 +13,7 @@ import json
 import math
 import os
 
+from ddbench.core.errors import DDBenchError
 from ddbench.planner.spec import GRID_FIELDS, point_key, scenario_of
 
 RENAME = {"budget": "budget_tokens", "chunk": "chunk_tokens"}
@@ -40,24 +41,81 @@ def sweep_point(p: dict) -> dict:
     row["binding"] = binding(sc, res, int(p["seed"])) if res["completed"] else \
         ("host memory" if cap["bound_by"] == "host memory" else "memory")
     row["status"] = "ok" if res["completed"] else "does-not-fit"
+    row.update(_rates_columns(sc, float(p["rate"]), int(p["seed"]), res))
     row["worker_pid"] = os.getpid()
     return row
 
 
-def read_store(path: str) -> dict:
-    """key -> row of every complete line of a points.jsonl (a torn last line is ignored)."""
+def _rates_columns(sc, rate: float, seed: int, res: dict) -> dict:
+    """The rates the point ran at (one line: values, source, extrapolation), and its tokens/s at the worst and best
+    end of their 95 % interval (the same run re-priced; equal to tokens_per_s where they have no interval)."""
+    from dataclasses import replace
+
+    from ddbench.planner.ratelines import rates_doc
+    from ddbench.planner.runs import run_point
+    from ddbench.planner.scenario import resolve
+    r = resolve(sc)
+    doc = rates_doc([r])
+    out = {"rates": doc["designs"][0]["line"] if doc["designs"] else "none (no fetch on a prediction)",
+           "tokens_per_s_worst_rates": res.get("tokens_per_s"), "tokens_per_s_best_rates": res.get("tokens_per_s")}
+    dr = r.design_rates
+    if res.get("completed") and dr is not None and any(x.has_interval for x in dr.rates):
+        toks = [res.get("tokens_per_s") or 0.0] + [run_point(replace(sc, rate_end=e), rate, seed)["tokens_per_s"]
+                                                  or 0.0 for e in ("low", "high")]
+        out["tokens_per_s_worst_rates"], out["tokens_per_s_best_rates"] = min(toks), max(toks)
+    return out
+
+
+def read_store(path: str, expect: dict | None = None) -> dict:
+    """key -> row of every complete line of a points.jsonl (a torn line is ignored: an interrupted write).
+    With `expect` (key -> point), each row kept for a point is checked as a fresh one would be (`check_row`);
+    a file that is not one ddbench wrote (not ASCII JSON lines) or a row that fails is a one-line
+    DDBenchError naming the line and the field."""
     done = {}
     if not os.path.exists(path):
         return done
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, start=1):
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
+                row = json.loads(raw.decode("ascii"))
+            except UnicodeDecodeError:
+                raise DDBenchError(f"{path} line {n}: not a store of sweep points (not ASCII JSON lines); move it"
+                                   " away to run its points again") from None
+            except (json.JSONDecodeError, RecursionError):
                 continue
-            if isinstance(row, dict) and "key" in row:
-                done[row["key"]] = _renamed(row)
+            if isinstance(row, dict) and isinstance(row.get("key"), str):
+                row = _renamed(row)
+                if expect is not None and row["key"] in expect:
+                    check_row(row, expect[row["key"]], f"{path} line {n}")
+                done[row["key"]] = row
     return done
+
+
+SIGNED = ("backlog_growth",)          # result columns that may be negative (a slope)
+STATUSES = ("ok", "does-not-fit")
+
+
+def check_row(row: dict, p: dict, where: str) -> None:
+    """A stored row is the point's (its parameters are the point's) and its results are what a run gives:
+    numbers finite and not negative (but a slope), a status of a run; else a one-line DDBenchError."""
+    want = {RENAME.get(k, k): p[k] for k in GRID_FIELDS if k not in ("rate", "seed")}
+    want.update(requests_per_run=p["requests"], max_batch_cap=p["max_batch"], seed=p["seed"])
+    bad = [f"{k} is {row.get(k)!r}, the point's is {v!r}" for k, v in want.items() if row.get(k) != v]
+    if not isinstance(row.get("rate_req_per_s"), (int, float)) or row["rate_req_per_s"] != float(p["rate"]):
+        bad.append(f"rate_req_per_s is {row.get('rate_req_per_s')!r}, the point's is {float(p['rate'])!r}")
+    if row.get("status") not in STATUSES:
+        bad.append(f"status is {row.get('status')!r}, not one of {', '.join(STATUSES)}")
+    for k, v in row.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if not math.isfinite(v):
+            bad.append(f"{k} is {v}, not a finite number")
+        elif v < 0 and k not in SIGNED:
+            bad.append(f"{k} is {v:g}; a run never gives a negative value")
+    if bad:
+        raise DDBenchError(f"{where}: not a row this sweep wrote ({'; '.join(bad[:4])}"
+                           f"{f' and {len(bad) - 4} more' if len(bad) > 4 else ''}); move the file away to run"
+                           " its points again")
 
 
 def _renamed(row: dict) -> dict:
@@ -105,7 +163,7 @@ def summary_plot(rows: list[dict], spec: dict, path: str) -> None:
     staged file of the output guard."""
     from ddbench.plotting import new_figure, plt
     g = spec["grid"]
-    vary = [k for k in GRID_FIELDS if len(g[k]) > 1 and k not in ("rate", "seed")]
+    vary = [k for k in GRID_FIELDS if len(g.get(k, [None])) > 1 and k not in ("rate", "seed")]
     seed0 = g["seed"][0]
     lines: dict = {}
     for r in rows:

@@ -19,7 +19,8 @@ metric): mean over prompts, low/high (Student t 95 % interval of the mean over p
              metrics (runs written before the column: speculative); empty for the prediction's rates
     policy   lru | score for the cache replay's metrics; "prediction" for hit_rate, reuse_hit_rate,
              union_hit_rate (capacity empty)
-    metric   coverage, urgent_per_budget, moved_per_budget (the churn: chunks moved per step / k),
+    metric   coverage, urgent_per_budget, prefetched_per_budget (the churn: predicted chunks the cache lacks,
+             prefetched per step / k), moved_per_budget (churn + urgent: chunks moved per step / k),
              urgent_share; or the prediction's three rates
 
 `<model>.cache-trend.json`, schema 1: per (share, prediction, policy, capacity, band, metric) in the trend
@@ -30,8 +31,8 @@ and two checks of whether it may be extrapolated: `curvature_p` (the p-value of 
 log2(context) ** 2 in the exponent) and `holdout` (the law fitted without the longest context, against
 that context's mean and its interval). `supported` is true where the extra term is not significant
 (p >= 0.05) AND the held-out context's mean lies inside the held-out law's 95 % interval for a mean
-of that many prompts. ddbench.core.cacherates
-reads this file to take a design's rates for the context at hand.
+of that many prompts. ddbench.core.rates reads this file to take every design's rates for the context at
+hand (one matched rate set: ShadowKV's miss at capacity 1x without prediction, DualDecoder's at capacity 0).
 """
 
 from __future__ import annotations

@@ -149,6 +149,9 @@ def inspect(path: str) -> tuple[str, str | None, list[str], str, object]:
     mt = getattr(cfg, "model_type", "?")
     if mt not in SUPPORTED:
         raise DDBenchError(f"unsupported architecture {mt!r} at {path}: profile supports {', '.join(SUPPORTED)}")
+    if gguf_file is None:              # the shape fields strictly typed and bounded, as the catalog reads them
+        from ddbench.core.catalog.models import model_from_hf_config
+        model_from_hf_config(folder)
     return folder, gguf_file, weights, name, cfg
 
 

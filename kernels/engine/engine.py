@@ -38,6 +38,7 @@ from ddbench.kernels.engine.cachepath import CachePath
 from ddbench.kernels.engine.engineconfig import PLAN_CATEGORIES, EngineConfig, buffer_rows, plan_bytes  # noqa: F401
 from ddbench.kernels.engine.cpugather import CpuGather
 from ddbench.kernels.engine.model import Weights, nvtx_range, rope_tables
+from ddbench.core.index import parse_index
 from ddbench.kernels.engine.fastselect import fused_plan_fits
 from ddbench.kernels.engine.ops import _ops
 from ddbench.kernels.engine.residency import Residency
@@ -80,7 +81,9 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
         self.split = s.two_pass
         self.prefetch = s.prefetch if (cfg.transfers and not s.kv_on_gpu) else "none"
         # the dual-token top-k plans the misses in its own merge kernel where its "seg" method runs
-        self.fuse_plan = not ref and not s.kv_on_gpu and fused_plan_fits(self.B, self.H, self.N, self.kc)
+        self.index = parse_index(cfg.workload.index)    # the landmark designs' selection index (flat: today's)
+        self.fuse_plan = not ref and not s.kv_on_gpu and fused_plan_fits(self.B, self.H, self.N, self.kc) \
+            and not self.index.two_level      # two levels: the last top-k ranks candidates, not chunk ids
         self.sched = Sched(self.dev, urgent_priority=s.urgent_priority, log=log)
         self.gen = torch.Generator(device=self.dev).manual_seed(cfg.seed + 1)
         self.g = 0                       # generated tokens persisted so far (host mirror, eager only)
@@ -322,6 +325,10 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
         """ids [B, nq, H, k], ascending (or into kw["out"]); pass 1 stores its scores in fastselect.SCORES."""
         s = self.sys
         with nvtx_range("select"):
+            if s.landmarks and self.index.name != "flat":
+                from ddbench.kernels.index import index_select, index_select_ref
+                pick = index_select_ref if self.ref else index_select
+                return self._map(lambda t: pick(t.contiguous(), self.lm[i], self.kc, **kw), q)
             if s.landmarks:
                 return self._map(lambda t: self.ops.select(t.contiguous(), self.lm[i], self.kc, **kw), q)
             return self._map(lambda t: self.ops.spec_select(t.contiguous(), self.qk[i], self.C, self.kc, **kw), q)

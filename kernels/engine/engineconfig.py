@@ -1,13 +1,14 @@
 """An engine point before anything is allocated: EngineConfig (the core Workload and the engine's own
 switches), the rows of a sparse design's KV buffers (buffer_rows) and the GPU bytes an Engine will keep,
-by the memory model's categories (plan_bytes), so that a point can be refused first."""
+by the memory model (plan_bytes: ddbench.core.memory), so that a point can be refused first."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from ddbench.core.defaults import FORCED_MISS
 from ddbench.core.errors import DDBenchError
+from ddbench.core import memory
 from ddbench.core.memory import Workload
 
 _WORKLOAD_FIELDS = {f.name for f in fields(Workload)}
@@ -81,13 +82,8 @@ class EngineConfig:
 
 def buffer_rows(cfg: EngineConfig, system) -> tuple[int, int, int, int]:
     """(outlier rows, resident rows R0, resident capacity Rcap, buffer tokens S) of a sparse design's
-    KV buffers: S = the k selected chunks, then Rcap + 2 rows (outliers, the local window, the
-    generated-token slots and the new tokens) rounded up to whole chunks."""
-    C = cfg.chunk
-    out_rows = cfg.outlier_chunks * C if system.outliers else 0
-    R0 = out_rows + cfg.local
-    Rcap = R0 + cfg.gen_slots
-    return out_rows, R0, Rcap, (cfg.budget // C) * C + -(-(Rcap + 2) // C) * C
+    KV buffers at this point: ddbench.core.memory.buffer_rows."""
+    return memory.buffer_rows(system, cfg.workload)
 
 
 PLAN_CATEGORIES = ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffers")
@@ -95,55 +91,17 @@ PLAN_CATEGORIES = ("resident_kv", "landmarks", "aux_residency", "sparse_kv_buffe
 
 def plan_bytes(model, system, cfg: EngineConfig, dtype_bytes: int = 2) -> dict:
     """GPU bytes an Engine keeps once built and stepped (its own tensors; the shared weights apart:
-    ddbench.kernels.engine.model.weight_bytes), by ddbench/core/memory.py's categories, computed from the shapes Engine.__init__
-    and step() allocate, so that a point can be refused before anything is allocated:
-      resident_kv        full-kv: K and V of every token; sparse: the local window and generated-token slots
-      landmarks          chunk-mean keys [L, B, H, N, d]
-      aux_residency      ShadowKV's outlier rows, the low-rank key factors (U, SV), SpeCache's 2-bit keys
-                         (and with cfg.quant_values its 2-bit values) with their scales and zeros
-      sparse_kv_buffers  the selected-KV buffers (ping-pong, or per layer), the selection ids kept across
-                         steps (prediction, the chunks each reuse buffer holds), CPU-gather staging
-    Transient work (scores, plans, logits, the CUDA graph's pool) is not here: it is measured."""
-    s, E = system, dtype_bytes
-    L, B, H, d = model.num_layers, cfg.batch, model.num_kv_heads, model.head_dim
-    out = dict.fromkeys(PLAN_CATEGORIES, 0)
-    if s.kv_on_gpu:
-        out["resident_kv"] = 2 * L * B * H * (cfg.context + cfg.gen_slots + 2) * d * E
-        return out
-    C, N, kc = cfg.chunk, cfg.context // cfg.chunk, cfg.budget // cfg.chunk
-    out_rows, R0, Rcap, S = buffer_rows(cfg, s)
-    row = 2 * L * B * H * d * E                   # one row of the recent K and V, every layer
-    out["resident_kv"] = row * (Rcap - out_rows)
-    out["aux_residency"] = row * out_rows
-    if s.landmarks:
-        out["landmarks"] = L * B * H * N * d * E
-    if s.quant_bits:                              # 2-bit keys: 4 tokens a byte, scale and zero per 64 tokens;
-        T = cfg.context                           # 2-bit values: 4 channels a byte, scale and zero per 64 channels
-        out["aux_residency"] += L * B * H * d * (T // 4 + 2 * (T // 64) * E)
-        if cfg.quant_values:
-            out["aux_residency"] += L * B * H * T * (d // 4 + 2 * -(-d // 64) * E)
-    n_lr = {"all": L, "adaptive": len(set(cfg.lowrank_layers)), "none": 0}[s.lowrank_keys]
-    out["aux_residency"] += n_lr * B * (cfg.context * cfg.rank + H * cfg.rank * d) * E
-    nbuf = 2 if s.buffer_layers == "pingpong" else L * s.buffer_sets
-    ids = 1 + (s.prefetch != "none" and (cfg.transfers or s.tokens_per_step == 2)) + holds_selection(s)
-    out["sparse_kv_buffers"] = nbuf * 2 * B * H * S * d * E + ids * L * B * H * kc * 4
-    if s.chunk_cache:     # kernels/engine/chunkcache.py: slots (+ scales) and tail rows, the map and its sinks, rows,
-        # a plan per fill kind
-        slots = cfg.workload.cache_tokens // C
-        plans = 1 + (s.prefetch != "none")
-        slot_bytes = 2 * L * B * H * slots * (C * d + 4) if cfg.workload.cache_bits == 8 else \
-            2 * L * B * H * slots * C * d * E     # fp8: e4m3 slots and an fp32 scale each for K and V
-        out["sparse_kv_buffers"] = (slot_bytes + 2 * L * B * H * (S - kc * C) * d * E + L * B * H * (N + 1) * 2
-                                    + 2 * L * B * H * (slots + 1) * 4 + B * H * S * 4
-                                    + plans * (3 * (B * H * kc + 1) + 1) * 4
-                                    + plans * B * H * kc * 4 + ids * L * B * H * kc * 4)
-    if s.gather == "cpu":
-        out["sparse_kv_buffers"] += 2 * B * H * kc * 2 * C * d * E
-    return out
+    ddbench.kernels.engine.model.weight_bytes), by category: the memory model's (ddbench/core/memory.py,
+    whose formulas are the shapes Engine.__init__ and step() allocate), at this point's workload with
+    its low-rank layers, its transfers switch (selection ids kept) and its quant_values switch (SpeCache's
+    2-bit values), in `dtype_bytes` (4: the CPU tests' float32), so that a point can be refused before
+    anything is allocated. Transient work (scores, plans, logits, the CUDA graph's pool) is not here: it
+    is measured."""
+    w = replace(cfg.workload, lowrank_layers=len(set(cfg.lowrank_layers)))
+    m = replace(model, dtype_bytes=dtype_bytes)
+    return {"resident_kv": memory.resident_kv_bytes(system, m, w),
+            "landmarks": memory.landmark_bytes(system, m, w),
+            "aux_residency": memory.aux_residency_bytes(system, m, w, quant_values=cfg.quant_values),
+            "sparse_kv_buffers": memory.sparse_buffer_bytes(system, m, w, transfers=cfg.transfers)}
 
 
-def holds_selection(s) -> bool:
-    """Whether the engine keeps each layer's last selection: ShadowKV's reuse (its buffer's chunks), and a
-    chunk cache without prefetch (the base of its forced misses: each step's selection is the last one's
-    with the miss rate of it new)."""
-    return bool(s.reuse or (s.chunk_cache and s.prefetch == "none"))

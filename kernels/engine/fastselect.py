@@ -41,8 +41,8 @@ only) and sets T to the k-th largest. Exact: top-k(A u B) = top-k(top-k(A) u B) 
 and a later chunk equal to T ranks below every kept one (larger id), so only chunks strictly above T
 are appended. The final top-k of the buffer is the answer. Extra memory: 2 x CAP int32 per program.
 The cut's K-th largest is a 31-step binary search (default) or, with search="5ary", a 5-ary search
-with packed counts (14 reductions; not timed on the GPU yet). Measured on the H200 (the issue-9
-check, tree 0149cb3): 1.40x faster than the bit search at 128K, batch 64 (3.67x its byte floor), about
+with packed counts (14 reductions; not timed on the GPU yet). Measured on the H200 (the
+selection's device check): 1.40x faster than the bit search at 128K, batch 64 (3.67x its byte floor), about
 equal at batch 4, slower at N = 4096 (hence STREAM_MIN_N).
 "bits" (`_bits_topk_kernel`, the first kernel; the default only where "seg"'s merge would exceed
 MAX_MERGE candidates, i.e. k close to N at large N): the whole row in registers, a 31-step binary

@@ -14,6 +14,7 @@ from ddbench.core import defaults as D
 from ddbench.core.catalog import get_model
 from ddbench.core.designs import DESIGNS as SYSTEMS
 from ddbench.core.errors import DDBenchError
+from ddbench.core.index import index_name
 from ddbench.core.flags import ENGINE_KV_BITS_HELP, OneLineParser
 from ddbench.kernels.engine import paper as paper_phase
 from ddbench.kernels.engine.phases import DEFAULT_MODEL, PAPER, PHASES
@@ -51,6 +52,7 @@ class SweepOptions:
     phases: str = ",".join(PHASES)
     seed: int = 0
     folder: str | None = None
+    index: str = "flat"
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class Checked(SweepOptions):
     paper_cache_bits: tuple = ()
     paper_cache_rates: object = None      # (context, tokens, prediction) -> (urgent, churn, note), or None
     paper_max_batch: int = 0
-    paper_miss: float = 0.0
+    paper_miss: float | None = None       # --miss forced on every design; None: each design's matched rates
 
 
 def build_parser(description=None):
@@ -86,8 +88,8 @@ def build_parser(description=None):
                                                          " only)")
     ap.add_argument("--profile", action="store_true", help="also write a one-step kernel timeline (torch.profiler)")
     ap.add_argument("--point", help="one point only: DESIGN:CONTEXT:BATCH (checked, then run and printed)")
-    ap.add_argument("--miss", type=float, help=f"forced miss rate (default {D.FORCED_MISS} for --point; the paper"
-                                               " phase: 1 - the core's default hit rate)")
+    ap.add_argument("--miss", type=float, help="forced miss rate (default: the design's matched, measured rates,"
+                                               " ddbench.core.rates: --point and the paper phase)")
     ap.add_argument("--model", default=DEFAULT_MODEL,
                     help="a catalog model (llama-3-8b, qwen2.5-14b, qwen2.5-32b, ...) or a path to a config.json")
     ap.add_argument("--gpu-mem-cap", help="emulate a GPU of this many GB (1e9 bytes) or a catalog GPU's memory"
@@ -119,6 +121,8 @@ def build_parser(description=None):
                          " these; paper only when named)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the weights, the host KV values and the forced-miss draws (default 0)")
+    ap.add_argument("--index", default="flat", help="--point: the landmark designs' selection index (flat, fp8, int4,"
+                                                    " two-level:G[,M[,COARSE[,FINE]]]; ddbench/core/index.py)")
     ap.add_argument("--folder", help="output folder under --out (default the GPU's name for all phases, else"
                                      " <gpu>-<phases>, e.g. h200-validation)")
     return ap
@@ -139,6 +143,17 @@ def parse_point(text):
     return d, c, b
 
 
+def point_rates(model, design, ctx, cache_tokens, a, note: bool = False):
+    """(miss, churn) of a --point: --miss (and --churn) where given, else the design's matched rates
+    (kernels/engine/paper.matched_rates, ddbench.core.rates); with `note`, (miss, churn, the rates' line)."""
+    if a.miss is not None:
+        out = a.miss, a.churn, f"forced by --miss {a.miss:g}" + ("" if a.churn is None else f" --churn {a.churn:g}")
+    else:
+        from ddbench.kernels.engine.paper import matched_rates
+        out = matched_rates(model, a.budget)(ctx, design, cache_tokens)
+    return out if note else out[:2]
+
+
 def check_point(model, design, ctx, batch, a):
     """The --point's config; a label design[@tokens][+fp8|+fp8cache] sets the cache capacity, the fp8 host KV
     and the fp8 GPU chunk cache."""
@@ -148,8 +163,10 @@ def check_point(model, design, ctx, batch, a):
     from ddbench.core.memory import check_cache_bits, keeps_kv_on_host
     if label.kv_bits == 8 and not keeps_kv_on_host(design_spec(design)):
         raise DDBenchError(f"--point {design}: fp8 applies to designs that keep their KV on the host")
-    cfg = make_config(ctx, batch, a.miss, not a.no_transfers, budget=a.budget, chunk=a.chunk, cache_tokens=ct,
-                      churn_rate=a.churn if chunk_cache else None, kv_bits=label.kv_bits, cache_bits=label.cache_bits)
+    miss, churn = point_rates(model, label.design, ctx, ct, a)
+    cfg = make_config(ctx, batch, miss, not a.no_transfers, budget=a.budget, chunk=a.chunk, cache_tokens=ct,
+                      churn_rate=churn if chunk_cache else None, kv_bits=label.kv_bits, cache_bits=label.cache_bits,
+                      index=index_name(a.index))
     cfg.validate(model)
     check_cache_bits(design_spec(design), cfg.workload)
     if ct is not None and ct < cfg.budget:
@@ -267,6 +284,8 @@ def check_args(a: SweepOptions, phases=()) -> Checked:
     points = parse_paper_points(a.paper_points, cap) if a.paper_points else [(model, c, None) for c in contexts]
     if a.repeats < 1:
         raise DDBenchError(f"--repeats must be >= 1, got {a.repeats}")
+    if index_name(a.index) != "flat" and not a.point:
+        raise DDBenchError("--index applies to one --point run only (the sweep's phases run the flat index)")
     designs = _paper_designs(a.designs)
     cache_tokens = _cache_tokens(a.cache_tokens, model, a.budget)
     kv_bits = _kv_bits(a.kv_bits)
@@ -281,8 +300,8 @@ def check_args(a: SweepOptions, phases=()) -> Checked:
     max_batch = a.max_batch if a.max_batch is not None else q.get("max_batch", paper_phase.MAX_BATCH)
     if max_batch < 1:
         raise DDBenchError(f"--max-batch must be >= 1, got {a.max_batch}")
-    miss = a.miss if a.miss is not None else round(1.0 - D.HIT_RATE, 6)
-    if not 0.0 <= miss <= 1.0:
+    miss = a.miss      # None: every design at its matched, measured rates (ddbench.core.rates)
+    if miss is not None and not 0.0 <= miss <= 1.0:
         raise DDBenchError(f"--miss must be within 0..1, got {a.miss}")
     given = {f.name: getattr(a, f.name) for f in dataclasses.fields(SweepOptions)}
     given.pop("paper_points")

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 
 from ddbench.core.errors import DDBenchError
-from ddbench.core.cacherates import prediction_of
+from ddbench.core.rates import prediction_of
 from ddbench.kernels.engine.points import Label, design_labels, design_spec
 
 PAPER = "paper"
@@ -110,22 +110,37 @@ def cap_gpu(cap: int | None, label: str, device_gpu: str):
     return g if cap is None else replace(g, name=f"{g.name}-cap-{label}", hbm_bytes=cap)
 
 
-def profile_cache_rates(model, budget=None):
-    """(context, cache_tokens, prediction) -> (urgent, churn, note): a chunk-cache design's forced rates, the
-    means over layers of the measured replay (ddbench.core.cacherates.from_profile) with that design's
-    prediction (cacherates.prediction_of): the true chunks in neither the cache nor the prediction, and the
-    predicted chunks the cache misses (churn; None for lru-cache, which predicts nothing), each over the
-    budget."""
+def matched_rates(model, budget=None):
+    """(context, design, cache_tokens) -> (miss, churn, note): a design's forced rates, the means over layers of
+    the matched rate set (ddbench.core.rates: every design from one profile at this context, budget share and
+    capacity): ShadowKV's and DualDecoder's misses (1 - reuse, 1 - hit), a chunk cache's urgent share (as its
+    miss) and churn (None for lru-cache, which prefetches nothing); the note is the rate set's line, which every
+    row of the design records (`rates_note`)."""
     from ddbench.core import defaults as D
-    from ddbench.core.cacherates import from_profile
+    from ddbench.core.designs import DESIGNS
+    from ddbench.core.rates import rate_set
     b = budget or D.BUDGET
 
-    def rates(ctx, ct, prediction="speculative"):
-        r = from_profile(model.name, model.num_layers, b, ctx, ct, D.CACHE_POLICY, prediction=prediction)
-        L = len(r.urgent)
-        churn = None if prediction == "none" else round(sum(r.prefetched) / L, 4)
-        return round(sum(r.urgent) / L, 4), churn, r.note
+    def rates(ctx, design, ct=None):
+        rs = rate_set(model.name, model.num_layers, int(ctx), b, int(ct or D.CACHE_TOKENS), tuple(DESIGNS))
+        dr = rs.of(design)
+        if dr is None or dr.family is None:
+            return None, None, ""
+        if not dr.matched:
+            raise DDBenchError(f"{design} at {ctx} tokens: no measured rates match ({dr.detail}); give --miss")
+        first = dr.get("miss") or dr.get("urgent")
+        churn = dr.get("churn")
+        return round(first.mean(), 4), None if churn is None else round(churn.mean(), 4), dr.line()
     return rates
+
+
+def profile_cache_rates(model, budget=None):
+    """(context, cache_tokens, prediction) -> (urgent, churn, note) of a chunk-cache design (matched_rates)."""
+    rates = matched_rates(model, budget)
+
+    def cache(ctx, ct, prediction="speculative"):
+        return rates(ctx, "lru-cache" if prediction == "none" else "dualdecoder-cache", ct)
+    return cache
 
 
 # ------------------------------------------------------------------ the search
@@ -265,7 +280,7 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     designs: the designs searched (default DESIGNS); a chunk-cache design (dualdecoder-cache) is searched
     at each capacity of `cache_tokens` (its label `design@tokens`), with the forced rates
     cache_rates(context, tokens) -> (urgent, churn, note): the true chunks forced to miss the prediction
-    and the prediction's churn (default: the measured profile's, ddbench.core.cacherates). kv_bits (16, 8):
+    and the prediction's churn (default: the matched rate set's, ddbench.core.rates). kv_bits (16, 8):
     each design that keeps its KV on the host is searched once more with an fp8 host KV (label + '+fp8');
     cache_bits (16, 8): with 8, a chunk-cache design with an fp8 host KV once more with an fp8 cache ('+fp8cache').
 
@@ -318,7 +333,7 @@ class _PaperRun:
     overhead: int
     reps: int
     max_batch: int
-    miss_rate: float
+    miss_rate: float | None       # --miss: forced on every design; None: each its matched rates (matched_rates)
     hbm: float
     deadline: float
     append: object
@@ -393,6 +408,9 @@ class _PaperRun:
         if spec.chunk_cache:
             miss, churn, note = self.cache_rates(ctx, lb.cache_tokens, prediction_of(spec))
             extra.update(cache_tokens=lb.cache_tokens, churn_rate=churn, rates_note=note)
+        elif miss is None and not spec.kv_on_gpu:       # the matched rate set's, not a forced constant
+            miss, _, note = matched_rates(self.model)(ctx, lb.design)
+            extra.update(rates_note=note)
         return _Design(ctx, label, lb.design, lb.cache_tokens, lb.kv_bits, lb.cache_bits, spec, miss, churn, extra,
                        base, mine=mine)
 

@@ -19,58 +19,25 @@ import dataclasses
 import gc
 import statistics
 import time
-from typing import NamedTuple
 
 import torch
 
 from ddbench.core.catalog.gpus import get_gpu
 from ddbench.core.defaults import FORCED_MISS
 from ddbench.core.designs import DESIGNS as SYSTEMS
+from ddbench.core.enginepoint import FP8, FP8_CACHE, EnginePoint as Label  # noqa: F401
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import max_batch
 
 GIB = 1 << 30
-FP8 = "+fp8"
-FP8_CACHE = "+fp8cache"
 
 
 # ------------------------------------------------------------------ the point's design
 
-class Label(NamedTuple):
-    """A design as the paper phase and --point name it, `design[@tokens][+fp8|+fp8cache]`: a chunk-cache
-    design's capacity in tokens per (layer, KV head), the bits of the KV on the host (8: fp8 e4m3) and of
-    its GPU chunk cache (+fp8cache: both 8). The one place the label is written (str) and read (parse)."""
-    design: str
-    cache_tokens: int | None = None
-    kv_bits: int = 16
-    cache_bits: int = 16
-
-    def __str__(self) -> str:
-        return (f"{self.design}@{self.cache_tokens}" if self.cache_tokens else self.design) + \
-            (FP8_CACHE if self.cache_bits == 8 else FP8 if self.kv_bits == 8 else "")
-
-    @classmethod
-    def parse(cls, text: str) -> "Label":
-        for suffix, bits in ((FP8_CACHE, (8, 8)), (FP8, (8, 16)), ("", (16, 16))):
-            if text.endswith(suffix):
-                base = text[:len(text) - len(suffix)]
-                break
-        d, at, t = base.partition("@")
-        try:
-            return cls(d, int(t) if t else None, *bits)
-        except ValueError:
-            raise DDBenchError(f"design label {text!r}: the cache capacity after '@' must be a whole number"
-                               " of tokens") from None
-
-
 def design_spec(name):
-    """The registry design of a name or label; '<design>-single': its switches with one query token per step."""
-    name = Label.parse(name).design
-    if name.endswith("-single"):
-        return dataclasses.replace(SYSTEMS[name[:-7]], name=name, tokens_per_step=1)
-    if name not in SYSTEMS:
-        raise DDBenchError(f"unknown design {name!r}; known: {', '.join(SYSTEMS)} (or <design>-single)")
-    return SYSTEMS[name]
+    """The registry design of a name or label; '<design>-single': its switches with one query token per step
+    (ddbench.core.enginepoint)."""
+    return Label(Label.parse(name).design).spec()
 
 
 def design_labels(designs, cache_tokens, kv_bits=(16,), cache_bits=(16,)) -> list[str]:
@@ -91,8 +58,8 @@ def design_labels(designs, cache_tokens, kv_bits=(16,), cache_bits=(16,)) -> lis
 
 
 def make_config(ctx, batch, miss_rate=FORCED_MISS, transfers=True, urgent_programs=64, budget=None, chunk=None,
-                seed=0, quant_values=False, cache_tokens=None, churn_rate=None, kv_bits=16, cache_bits=16):
-    wl = {"kv_bits": kv_bits, "cache_bits": cache_bits}
+                seed=0, quant_values=False, cache_tokens=None, churn_rate=None, kv_bits=16, cache_bits=16, index="flat"):
+    wl = {"kv_bits": kv_bits, "cache_bits": cache_bits, "index": index}
     if cache_tokens is not None:
         wl["cache_tokens"] = cache_tokens
     if budget is not None:
@@ -287,7 +254,7 @@ def _point_row(model, design, ctx, batch, cfg, miss_rate, transfers, graph, urge
     """The point's identity and the memory model's largest batch and bytes for its workload."""
     from ddbench.core.memory import memory_breakdown
     spec = design_spec(design)
-    base = SYSTEMS[design[:-7]] if design.endswith("-single") else spec
+    base = design_spec(Label.parse(design).base)       # the registry design (its own tokens per step)
     row = dict(model=model.name, design=design, context=ctx, batch=batch,
                miss_rate="none" if miss_rate is None else miss_rate, transfers=int(transfers), graph=int(graph),
                urgent_programs=urgent_programs, host_layers=0, host_alias="", status="ok",

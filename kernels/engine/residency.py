@@ -11,8 +11,8 @@ import math
 import torch
 
 from ddbench.core.errors import DDBenchError
-from ddbench.core.memory import check_cache_bits
-from ddbench.kernels.engine.engineconfig import buffer_rows, holds_selection
+from ddbench.core.memory import check_cache_bits, holds_selection
+from ddbench.kernels.engine.engineconfig import buffer_rows
 from ddbench.kernels.fp8 import E4M3, check_host_scales
 
 
@@ -51,7 +51,10 @@ class Residency:
         self.out_rows, self.R0, self.Rcap, self.S = buffer_rows(cfg, s)
         self.recent_k = torch.empty(L, B, H, self.Rcap, d, device=self.dev, dtype=dt).normal_(generator=g0)
         self.recent_v = torch.empty(L, B, H, self.Rcap, d, device=self.dev, dtype=dt).normal_(generator=g0)
-        if s.landmarks:
+        if s.landmarks and self.index.name != "flat":    # a smaller index (issue 47): per layer, in its format
+            from ddbench.kernels.index import random_index     # one request's transients at a time
+            self.lm = [random_index(B, H, self.N, d, self.index, dt, g0, self.dev, kernel=not self.ref) for _ in range(L)]
+        elif s.landmarks:
             self.lm = torch.empty(L, B, H, self.N, d, device=self.dev, dtype=dt).normal_(generator=g0)
         if s.quant_bits:
             from ddbench.kernels.specache import QuantKeys

@@ -11,6 +11,7 @@ import os
 import statistics
 
 from ddbench.core.designs import DESIGNS as SYSTEMS
+from ddbench.core.enginepoint import EnginePoint
 from ddbench.kernels.engine import paper as paper_phase
 from ddbench.kernels.engine.phases import K32, K128, MECH_POINTS, PAPER, REUSE
 
@@ -33,9 +34,9 @@ REUSE_COLUMNS = ["phase", "model", "rep", "design", "context", "batch", "miss_ra
 
 def _csv_row(r):
     """engine.csv names registry designs only: '<design>-single' is written as <design> with tokens=1."""
-    d = r.get("design", "")
-    single = d.endswith("-single")
-    return dict(r, design=d[:-7] if single else d, tokens=1 if single or d == "full-kv" else
+    p = EnginePoint(r.get("design", ""))
+    d = p.base
+    return dict(r, design=d, tokens=1 if p.single or d == "full-kv" else
                 (SYSTEMS[d].tokens_per_step if d in SYSTEMS else ""))
 
 

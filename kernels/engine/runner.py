@@ -20,7 +20,6 @@ import time
 import torch
 
 from ddbench.core.catalog.gpus import catalog_gpu_name
-from ddbench.core.defaults import FORCED_MISS
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.kernels.engine import paper as paper_phase
@@ -93,9 +92,14 @@ def _need_cuda():
 
 # ------------------------------------------------------------------ one point
 
+def pt_rates_note(model, design, ctx, cfg, a) -> str:
+    """The line of the rates a --point ran at (forced, or the matched rate set's: ddbench.core.rates)."""
+    from ddbench.kernels.engine.options import point_rates
+    from ddbench.kernels.engine.paper import Label
+    return point_rates(model, Label.parse(design).design, ctx, cfg.workload.cache_tokens, a, note=True)[2]
+
+
 def run_one(opts: SweepOptions) -> int:
-    if opts.miss is None:
-        opts = dataclasses.replace(opts, miss=FORCED_MISS)
     a = check_args(opts)
     model = a.model_spec
     d, c, b = parse_point(a.point)
@@ -107,9 +111,10 @@ def run_one(opts: SweepOptions) -> int:
     hbm = pt.hbm_gbps()
     apply_cap(mem)
     weights = Weights.random(model, "cuda", seed=0)
-    row = pt.run_point(model, weights, flat, d, c, b, miss_rate=a.miss, transfers=not a.no_transfers,
+    row = pt.run_point(model, weights, flat, d, c, b, miss_rate=cfg.miss_rate, transfers=not a.no_transfers,
                        graph=pt.design_spec(d).gather != "cpu", reps=a.replays, hbm=hbm, cfg=cfg, limit=mem["limit"],
                        mem_gpu=mem["mem_gpu"], overhead=mem["overhead"])
+    row["rates_note"] = pt_rates_note(model, d, c, cfg, a)      # the rate set this row ran at
     print(json.dumps(row))
     return 0
 
@@ -179,6 +184,11 @@ def _start_up(a, prov, model, mem):
     return flat, rates
 
 
+# What this engine runs, recorded with every run (meta.json's engine) so that its rows are replayed with this
+# engine's terms whatever changes later (sim/fit/replay.py engine_version; older runs: traces/fit/engine-versions.json)
+ENGINE_VERSION = {"shadowkv_step": "in-place", "cache_fill": "fused"}
+
+
 def _meta(a, phases, prov, model, out, mem, rates):
     """meta.json's content: the run's identity (a resumed run keeps its run_id), rates and memory."""
     prev = {}
@@ -186,7 +196,7 @@ def _meta(a, phases, prov, model, out, mem, rates):
         with open(os.path.join(out, "meta.json"), encoding="utf-8") as fh:
             prev = json.load(fh)
     import uuid
-    return dict(provenance=prov, source_hash=prov.get("source_hash") or source_hash(),
+    return dict(provenance=prov, source_hash=prov.get("source_hash") or source_hash(), engine=ENGINE_VERSION,
                 run_id=prev.get("run_id") or uuid.uuid4().hex, phases=list(phases), seed=a.seed,
                 copy_h2d_gbps=rates["copy_h2d_gbps"], hbm_copy_gbps=rates["hbm_copy_gbps"],
                 thin_gather_gbps=rates["thin_gather_gbps"], host_gib=a.host_gib,

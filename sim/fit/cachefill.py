@@ -1,5 +1,5 @@
 """dualdecoder-cache's fill (sim/fitted.py CacheFill): the GPU chunk cache's lookup, LRU eviction and miss
-plan (kernels/cachefill.py: one Triton launch; before commit 27aa89a, ChunkCache.fill's twin of about 30
+plan (kernels/cachefill.py: one Triton launch; before the fused fill, ChunkCache.fill's twin of about 30
 small torch kernels), twice per layer and step (the prefetch fill and the urgent fill). The one cost of the design that the
 op-level terms of sim/costmodel.py do not price; the cost model adds it per layer (CostModel.cache_fill_s).
 
@@ -33,8 +33,8 @@ from ddbench.sim.fitted import CACHE_FILL_DESIGN as DESIGN, CACHE_FILL_TERMS as 
 
 DEFAULT_CONTEXTS = {FUSED: (32768, 65536, 131072), FUSED64: (32768, 65536, 131072), TORCH: (65536,)}
 # kind -> the default sweeps, <gpu>-<it>. The int32-key fill's: compare (its bf16 labels); the int64 fill's: cache-fill
-# (commit bc6729d on: the prefetch bytes each row records are its fills' own; cache-fused and cache-fused-ctx, before
-# it, recorded none at batch 16 and 32)
+# (its rows record the prefetch bytes of their own fills; cache-fused and cache-fused-ctx, from an engine that did
+# not yet, recorded none at batch 16 and 32)
 SWEEPS = {FUSED: ("compare",), FUSED64: ("cache-fill",), TORCH: ("cache",)}
 
 
@@ -48,7 +48,7 @@ def points(engine_dir: str, contexts: tuple, kind: str = FUSED):
     rows = [r for r in df.itertuples() if r.design == DESIGN and r.status in COMPLETED and int(r.context) in contexts
             and int(r.transfers) and int(getattr(r, "graph", 1))
             and classify(1, r.link_gbps, thin) == "overlap" and row_model(r) == MODEL]
-    other = sorted({str(row_git_sha(r, meta))[:10] for r in rows if cache_fill_kind(row_git_sha(r, meta)) != kind})
+    other = sorted({str(row_git_sha(r, meta))[:10] for r in rows if cache_fill_kind(row_git_sha(r, meta), meta) != kind})
     if other:
         raise DDBenchError(f"{engine_dir}: points of engine code {', '.join(other)} ran the other fill than the"
                            f" {kind} one being fitted")

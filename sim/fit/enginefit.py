@@ -7,7 +7,6 @@ loads it. Imports no torch.
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import numpy as np
 
@@ -15,7 +14,7 @@ from ddbench.core.calibration import ENGINE_MODEL, shown_path
 from ddbench.core.catalog.gpus import get_gpu
 from ddbench.core.catalog.links import get_link
 from ddbench.core.catalog.models import get_model
-from ddbench.core.designs import get_design
+from ddbench.core.enginepoint import EnginePoint
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
 from ddbench.sim.costmodel import CostModel
@@ -41,12 +40,10 @@ def nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def design_of(name: str):
     """The registry's design of an engine point by name ('dualdecoder-single': DualDecoder with one query
     token), None for a design this registry does not know."""
-    single = name.endswith("-single")
     try:
-        d = get_design(name[:-len("-single")] if single else name)
-    except Exception:
+        return EnginePoint(name).spec()
+    except DDBenchError:
         return None
-    return replace(d, name=name, tokens_per_step=1) if single else d
 
 
 def step_compute(cm: CostModel, design, context: int, batch: int, step: str = IN_PLACE) -> float:
@@ -57,7 +54,7 @@ def step_compute(cm: CostModel, design, context: int, batch: int, step: str = IN
     one = [1.0] * cm.model.num_layers
     cache = None
     if design.chunk_cache:       # compute only: the rates move bytes, not compute
-        from ddbench.core.cacherates import forced
+        from ddbench.core.rates import forced
         cache = forced(0.0, 0.0, cm.model.num_layers, "compute only")
     plan = step_layers(design, cm.model, cm, w, batch, context, one, one, cache=cache)
     if step == COPY_REGATHER:

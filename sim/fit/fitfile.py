@@ -9,7 +9,7 @@ fits, in this order, on the bundle of --gpu (sim/fitted.py says what each term i
   1. the decode compute reconciled with the engine (sim/fit/enginefit.py), from the bundle's engine
      section and the engine breakdown that belongs to it (ddbench.core.calibration.find_breakdown);
   2. ShadowKV's reuse fetch per gather shape (sim/fit/reusefit.py), from the bundle's reuse_fetch records
-     (the copy-then-regather fetch of the engine before 0f05ef2: it prices that engine's rows in the validation);
+     (the copy-then-regather fetch of the engine before its in-place ShadowKV step: it prices that engine's rows in the validation);
   3. dualdecoder-cache's fill (sim/fit/cachefill.py), from the engine's chunk-cache sweeps of its fill
      (default <data root>/engine/<gpu>-compare where it exists) at the contexts of --context, priced with 1
      and 2; and the fills of the engine before it, which price only that engine's rows in the validation:
@@ -33,10 +33,11 @@ from ddbench.sim.fitted import (COMMAND, FILE, SCHEMA, Fitted, bundle_files, cac
                         reuse_doc, sha256)
 
 SWEEP_FILES = ("engine.csv", "meta.json")
-TORCH_FILL_ENGINE = ("the torch fill of the engine before commit 27aa89a (the fused fill); prices only that engine's"
-                     " rows in the validation")
-INT64_FILL_ENGINE = ("the fused fill with int64 sort keys of the engine from commit 27aa89a to 3aee165 (int32 keys, pass"
-                     " 1's 16 splits); prices only that engine's rows in the validation")
+TORCH_FILL_ENGINE = ("the torch fill of an older engine (cache_fill torch in traces/fit/engine-versions.json), before"
+                     " the fused fill; prices only that engine's rows in the validation")
+INT64_FILL_ENGINE = ("the fused fill with int64 sort keys of an older engine (cache_fill fused-int64 in"
+                     " traces/fit/engine-versions.json), before the int32 keys and pass 1's 16 splits; prices only"
+                     " that engine's rows in the validation")
 
 
 def _files(folder: str, names) -> dict:
@@ -138,7 +139,7 @@ def main(argv=None) -> int:
                                           " (default the data root's engine/<gpu>-compare where it exists;"
                                           " 'none': no fill term)")
     ap.add_argument("--int64-fill-sweep", help="the chunk-cache sweeps of the engine's fused fill with int64 keys"
-                                               " (before 3aee165), which price that engine's rows in the validation"
+                                               " (an older engine), which price that engine's rows in the validation"
                                                " (default the data root's engine/<gpu>-cache-fill where it exists;"
                                                " 'none': not fitted)")
     ap.add_argument("--torch-fill-sweep", help="the chunk-cache sweep of the engine's torch fill (before the fused one),"
@@ -195,7 +196,7 @@ def _dirs(text: str | None, flag: str, gpu: str, kind: str) -> list | None:
 
 def describe(f: Fitted) -> list[str]:
     lines = [f.engine.describe() if f.engine else "decode compute: no engine breakdown for this bundle, not fitted"]
-    lines += [f"ShadowKV's copy-then-regather fetch (the engine before 0f05ef2) at {k[0]} B chunks, {k[1]} programs x {k[2]}: {x.describe()}"
+    lines += [f"ShadowKV's copy-then-regather fetch (the engine before its in-place ShadowKV step) at {k[0]} B chunks, {k[1]} programs x {k[2]}: {x.describe()}"
               for k, x in sorted(f.reuse.items())] or ["ShadowKV's fetch: no reuse_fetch records, not fitted"]
     lines.append(f.cache_fill.describe() if f.cache_fill else "cache fill: no chunk-cache sweep, not fitted")
     if f.cache_fill_int64:

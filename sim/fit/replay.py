@@ -9,20 +9,19 @@ prices it: ddbench.sim.steplayers.step_layers on the cost model of sim/factory.p
 - `transfers = 0` rows (compute only, no host reads) are replayed with the plan's link work removed
   (and ShadowKV's fetch with it: the engine skips it).
 - A chunk-cache design's rates are the chunks its cache really moved at the point (engine_cache_rates).
-- Which ShadowKV step the engine ran (shadowkv_step): the in-place step since commit 0f05ef2 (issue 31,
-  IN_PLACE_SINCE: each layer's buffer kept in place, only the misses' values fetched by the 64-program
-  urgent slot gather, only their keys rebuilt), which the user's plan prices (sim/steplayers.py); an
-  engine run whose git sha does not descend from that commit ran the copy-then-regather step, which
-  the user's plan no longer prices: the fits and the validation add it to such rows only, as a term of
-  that engine of their own (legacy_reuse_fetch: the key rebuild of every selected slot, and the fetch
-  CostModel.reuse_fetch_s on the compute stream before it). The rule reads the run's git sha (the row's
-  git_sha, else its meta.json provenance; a "+dirty" suffix is dropped) and asks this repository's git
-  whether IN_PLACE_SINCE is its ancestor; a sha git does not know is an error, never a guess.
-- Which chunk-cache fill the engine ran (cache_fill_kind), by the same rule: since INT32_KEYS_SINCE (commit
-  3aee165) the fused fill with int32 sort keys, beside pass 1's 16 splits (FUSED: the user's cost model
-  prices it, Fitted.cache_fill); from FUSED_FILL_SINCE (commit 27aa89a, issue 32: kernels/cachefill.py)
-  to it the fused fill with int64 keys (FUSED64, Fitted.cache_fill_int64); before, about 30 small torch
-  kernels (TORCH, Fitted.cache_fill_torch). The older two price such rows only (the fits and the validation).
+- Which ShadowKV step the engine ran (shadowkv_step): the in-place step (each layer's buffer kept in place,
+  only the misses' values fetched by the 64-program urgent slot gather, only their keys rebuilt), which the
+  user's plan prices (sim/steplayers.py); or, in an older engine, the copy-then-regather step, which the
+  user's plan no longer prices: the fits and the validation add it to such rows only, as a term of that
+  engine of their own (legacy_reuse_fetch: the key rebuild of every selected slot, and the fetch
+  CostModel.reuse_fetch_s on the compute stream before it).
+- Which chunk-cache fill the engine ran (cache_fill_kind): the fused fill with int32 sort keys beside pass
+  1's 16 splits (FUSED: the user's cost model prices it, Fitted.cache_fill); or an older engine's, the fused
+  fill with int64 keys (FUSED64, Fitted.cache_fill_int64) or about 30 small torch kernels (TORCH,
+  Fitted.cache_fill_torch), each fitted to that engine's rows and pricing such rows only.
+- Both are data recorded with the runs (engine_version): the run's meta.json field `engine`, else
+  traces/fit/engine-versions.json by the run's git sha (the row's git_sha, else its meta.json provenance;
+  a "+dirty" suffix dropped). A run in neither is an error, never a guess.
 
 Regime of a point (classify): compute-only (no transfers); link-bound (engine link bytes per step /
 engine step >= LINK_BOUND x the thin-gather rate measured in the same engine run, meta.json); overlap
@@ -33,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from dataclasses import replace
 from functools import lru_cache
 
@@ -46,12 +44,9 @@ LINK_BOUND = 0.75      # share of the measured gather rate the engine's link mus
 STEPS, WARMUP = D.STEPS, min(2, D.STEPS - 1)   # the timeline as `ddbench simulate --batch N` runs it
 MIB = 2 ** 20
 COMPLETED = ("ok", "ok-no-twin")   # measured (ok-no-twin: no compute-only twin to split off the exposure)
-IN_PLACE_SINCE = "0f05ef2a41d986c7ce41f965e82ccb7ae3fbec45"   # shadowkv in place (issue 31)
 IN_PLACE, COPY_REGATHER = "in-place", "copy-regather"          # the engine's two ShadowKV steps
-FUSED_FILL_SINCE = "27aa89a75549a624878ed1fb749475d88da66f0d"  # the chunk cache's fill in one Triton launch (issue 32)
-INT32_KEYS_SINCE = "3aee1653b8ccfd2fbf42f367beb5a0d041f19292"  # the fill's int32 keys, pass 1's 16 splits (issue 32)
 FUSED, FUSED64, TORCH = "fused", "fused-int64", "torch"        # the engine's three chunk-cache fills
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VERSIONS = ("fit", "engine-versions.json")                      # under the data root: the runs' steps and fills
 
 
 def load_meta(engine_dir: str) -> dict:
@@ -79,36 +74,41 @@ def load_meta(engine_dir: str) -> dict:
 
 
 @lru_cache(maxsize=None)
-def descends_from(since: str, git_sha, what: str) -> bool:
-    """Whether engine code `git_sha` has commit `since` (it or an ancestor): this repository's git asks. A
-    DDBenchError where the sha is missing or git cannot tell (`what` names the question)."""
+def _versions() -> dict:
+    path = traces_dir(*VERSIONS)
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DDBenchError(f"{path}: cannot read the engine runs' versions ({e})") from None
+    return runs
+
+
+def engine_version(git_sha, meta: dict | None = None) -> dict:
+    """Which ShadowKV step and chunk-cache fill an engine run ran ({"shadowkv_step", "cache_fill"}): its
+    meta.json's `engine` field, else traces/fit/engine-versions.json by its git sha (the module doc). A
+    DDBenchError where the sha is missing or recorded nowhere."""
+    own = (meta or {}).get("engine")
+    if isinstance(own, dict) and {"shadowkv_step", "cache_fill"} <= set(own):
+        return own
     sha = str(git_sha or "").strip().split("+")[0]
     if not sha or sha == "nan":
-        raise DDBenchError(f"the engine run has no git sha: cannot tell {what}")
-    try:
-        rc = subprocess.run(["git", "-C", REPO, "merge-base", "--is-ancestor", since, sha],
-                            capture_output=True, timeout=30).returncode
-    except (OSError, subprocess.SubprocessError) as e:
-        raise DDBenchError(f"git cannot tell {what} for engine code {sha} ({e})") from None
-    if rc not in (0, 1):
-        raise DDBenchError(f"git does not know the engine run's commit {sha}: cannot tell {what}")
-    return rc == 0
+        raise DDBenchError("the engine run has no git sha and its meta.json no engine field: cannot tell which"
+                           " ShadowKV step and chunk-cache fill it ran")
+    for key, v in _versions().items():
+        if len(sha) >= 7 and sha.startswith(key):
+            return v
+    raise DDBenchError(f"engine run of commit {sha[:10]}: not in {'/'.join(VERSIONS)} and its meta.json has no"
+                       " engine field: cannot tell which ShadowKV step and chunk-cache fill it ran")
 
 
-def shadowkv_step(git_sha) -> str:
-    """Which ShadowKV step an engine run of this git sha ran: IN_PLACE where IN_PLACE_SINCE is the sha or
-    one of its ancestors, else COPY_REGATHER (the module doc). A DDBenchError where the sha is missing or
-    this repository's git cannot tell."""
-    return IN_PLACE if descends_from(IN_PLACE_SINCE, git_sha, "which ShadowKV step it ran") else COPY_REGATHER
+def shadowkv_step(git_sha, meta: dict | None = None) -> str:
+    """Which ShadowKV step an engine run ran: IN_PLACE or COPY_REGATHER (engine_version)."""
+    return engine_version(git_sha, meta)["shadowkv_step"]
 
 
-def cache_fill_kind(git_sha) -> str:
-    """Which chunk-cache fill an engine run of this git sha ran: FUSED where INT32_KEYS_SINCE is the sha or
-    one of its ancestors, else FUSED64 where FUSED_FILL_SINCE is, else TORCH (the module doc)."""
-    what = "which chunk-cache fill it ran"
-    if descends_from(INT32_KEYS_SINCE, git_sha, what):
-        return FUSED
-    return FUSED64 if descends_from(FUSED_FILL_SINCE, git_sha, what) else TORCH
+def cache_fill_kind(git_sha, meta: dict | None = None) -> str:
+    """Which chunk-cache fill an engine run ran: FUSED, FUSED64 or TORCH (engine_version)."""
+    return engine_version(git_sha, meta)["cache_fill"]
 
 
 def row_git_sha(r, meta: dict | None = None):
@@ -120,7 +120,7 @@ def row_git_sha(r, meta: dict | None = None):
 
 
 def legacy_reuse_fetch(plan, cm, miss: float, kv_bits: int = 16):
-    """The plan of a ShadowKV step as the engine ran it before IN_PLACE_SINCE (copy-then-regather; the
+    """The plan of a ShadowKV step as an older engine ran it (COPY_REGATHER, copy-then-regather; the
     module doc), from the user's plan of it (`plan`: step_layers at reuse rate 1 - `miss` on every layer,
     as replay_plan builds it): the key rebuild of every selected slot of every low-rank layer (the
     in-place plan rebuilds the misses' only), and where the plan moves bytes, per layer on the compute
@@ -162,7 +162,7 @@ def engine_cache_rates(r, model: str):
     """A chunk-cache design's rates at an engine point: the chunks its cache really moved per step (the
     row's prefetch and urgent bytes, its forced churn and misses through its own LRU cache) over the
     budget's; the replay takes the workload's rates from the engine as it takes the forced miss rate."""
-    from ddbench.core.cacherates import forced
+    from ddbench.core.rates import forced
     from ddbench.core.catalog import get_model
     from ddbench.core.memory import Workload, kv_piece_bytes
     m, w = get_model(model), Workload(context=int(r.context), kv_bits=row_kv_bits(r))

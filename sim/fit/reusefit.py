@@ -1,4 +1,4 @@
-"""ShadowKV's fetch as the engine ran it before commit 0f05ef2 (the copy-then-regather step; sim/fitted.py
+"""ShadowKV's fetch as the engine ran it before its in-place ShadowKV step (the copy-then-regather step; sim/fitted.py
 ReuseFetchFit: it prices that engine's rows in the validation only), fitted per gather shape to the
 bundle's `reuse_fetch` records (kernels/engine/sweep.py, its `reuse-fetch` phase: the engine's fetch of
 one layer alone). Run by `python -m ddbench.sim.fit`; the cost model only loads the result."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from ddbench.sim.fit.replay import COPY_REGATHER, IN_PLACE, IN_PLACE_SINCE, LINK_BOUND, MODEL
+from ddbench.sim.fit.replay import COPY_REGATHER, IN_PLACE, LINK_BOUND, MODEL
 
 
 POINT_KEY = ["model", "design", "context", "batch", "miss_rate", "churn_rate", "kv_bits", "cache_bits", "gpu_mem_cap",
@@ -121,8 +121,8 @@ def summarize(t, skipped, meta) -> dict:
                                                  f"the validated points come from a separate run ({val.get('folder')})")
                        + ".",
         "harness": "the engine's own terms, not a design cost, added here only: the forced-miss draw, " + harness
-                   + "; ShadowKV rows of the engine before " + IN_PLACE_SINCE[:7] + " (column shadowkv_step "
-                   + COPY_REGATHER + ", the run's git sha: sim/fit/replay.py shadowkv_step) with that engine's"
+                   + "; ShadowKV rows of the engine before its in-place step (column shadowkv_step "
+                   + COPY_REGATHER + ", the run's engine version: sim/fit/replay.py engine_version) with that engine's"
                    " copy-then-regather fetch (on the compute stream, copy of the previous selection into a spare,"
                    " reuse plan, one gather over every slot; the key rebuild of every selected slot after it;"
                    " reuse_fetch_ms) " + reuse + "; ShadowKV rows of the in-place engine (" + IN_PLACE + ") by the"

@@ -37,15 +37,15 @@ stated per point:
   in the batch, the nearest measured batch outside them) is added to every forced-miss point's
   compute, spread over the layers.
 - ShadowKV's step is the one its engine run ran (column `shadowkv_step`; the rule: sim/fit/replay.py
-  shadowkv_step, the run's git sha against IN_PLACE_SINCE, commit 0f05ef2). The in-place step (runs
-  from 0f05ef2 on) is the user's plan unchanged (sim/steplayers.py). The copy-then-regather step
+  shadowkv_step, the run's engine version recorded with it: traces/fit/engine-versions.json). The in-place
+  step is the user's plan unchanged (sim/steplayers.py). The copy-then-regather step
   (every committed run before it: h200, h200-validation, h200-paper, h200-cache, h200-fp8) is an
   engine term here only (legacy_reuse_fetch): the fetch (`reuse_fetch_ms`, column `reuse_fetch_model`)
   on the compute stream, serial with the key rebuild of every selected slot, FITTED to the bundle's
   `reuse_fetch` records (they measure that old fetch) where it has them, else BUNDLE-DERIVED (older
   bundles), and the summary and notes say which.
 validate_runs: several folders as one validation (INPLACE_RUNS: the in-place ShadowKV points of
-h200-shadowkv-fast and h200-rates; RATES_RUNS: h200-rates' other designs; ABLATION_RUNS: issue 31's
+h200-shadowkv-fast and h200-rates; RATES_RUNS: h200-rates' other designs; ABLATION_RUNS: the
 ablation), per point min / median / max
 over its builds (per_point).
 `compute_scale` is 1 at every point (the compute is the cost model's, unscaled; the column stays for
@@ -65,7 +65,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.traces import load_engine
 from ddbench.sim.costmodel import ENGINE_REUSE_IN_FLIGHT as REUSE_IN_FLIGHT, ENGINE_REUSE_PROGRAMS as REUSE_PROGRAMS
-from ddbench.sim.fit.replay import (COMPLETED, COPY_REGATHER, FUSED, FUSED64, GPU, IN_PLACE, IN_PLACE_SINCE, LINK,  # noqa: F401
+from ddbench.sim.fit.replay import (COMPLETED, COPY_REGATHER, FUSED, FUSED64, GPU, IN_PLACE, LINK,  # noqa: F401
                             LINK_BOUND, MIB, MODEL, STEPS, WARMUP, cache_fill_kind, classify, effective_miss,
                             engine_cache_rates,
                             legacy_reuse_fetch, load_meta, point_step_s, rel, replay_plan, row_cache, row_git_sha,
@@ -187,7 +187,7 @@ def validate(engine_dir: str | None = None, calibration_dir: str | None = None, 
 
     A ShadowKV row is replayed with the step its engine run ran (sim/fit/replay.py shadowkv_step, column
     shadowkv_step): the in-place step by the user's plan unchanged; the copy-then-regather step (runs
-    before IN_PLACE_SINCE) with legacy_reuse_fetch added, an engine term (reuse_fetch_ms)."""
+    of an older engine) with legacy_reuse_fetch added, an engine term (reuse_fetch_ms)."""
     import pandas as pd
     d_cal, d_val = default_dirs()
     engine_dir = engine_dir or d_val
@@ -286,7 +286,7 @@ class _RowReplay:
         cmm = self.cms(model)
         if get_design(r.design).chunk_cache:
             try:
-                cmm = self._fill_cm(cmm, cache_fill_kind(row_git_sha(r, self.raw_meta)))
+                cmm = self._fill_cm(cmm, cache_fill_kind(row_git_sha(r, self.raw_meta), self.raw_meta))
             except DDBenchError as exc:
                 return None, (label, f"not priced: {exc}")
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), self.w0.budget, self.w0.chunk)
@@ -299,7 +299,7 @@ class _RowReplay:
         step = ""
         if plan.design.reuse:
             try:
-                step = shadowkv_step(row_git_sha(r, self.raw_meta))
+                step = shadowkv_step(row_git_sha(r, self.raw_meta), self.raw_meta)
             except DDBenchError as exc:
                 return None, (label, f"not priced: {exc}")
             if step == COPY_REGATHER:     # the engine's old step: its fetch and full rebuild, an engine term
@@ -375,15 +375,18 @@ INPLACE_RUNS = (("h200-shadowkv-fast/builds/b0", None), ("h200-shadowkv-fast/bui
                 ("h200-shadowkv-fast/builds/b2", None), ("h200-shadowkv-fast/paper-80gb", None),
                 ("h200-shadowkv-fast/fp8", None), ("h200-rates", "shadowkv"))
 RATES_RUNS = (("h200-rates", "!shadowkv"),)      # its chunk-cache grid and the other designs at batch 1
-# issue 31's ablation (ddbench/experiments/ablation_figure.py): the two caches (fused fill) at their largest
+# the ablation (ddbench/experiments/ablation_figure.py): the two caches (fused fill) at their largest
 # batches, Qwen2.5-14B's searches, and DualDecoder at its largest batches
-# h200-ablation: the two caches at all four points (commit adecbf8, the prefetch bytes each row moved);
-# h200-ablation-qwen14b's dualdecoder-cache rows recorded too few of them (before bc6729d), its others stand
+# h200-ablation: the two caches at all four points (the prefetch bytes each row moved recorded);
+# h200-ablation-qwen14b's dualdecoder-cache rows recorded too few of them (an earlier engine), its others stand
 ABLATION_RUNS = (("h200-ablation", None), ("h200-ablation-qwen14b", "!dualdecoder-cache"),
                  ("h200-ablation-dualdecoder", None))
-# issue 32's fp8 GPU chunk cache beside the bf16 one and ShadowKV (bf16 and fp8 values) at the largest batches
+# the fp8 GPU chunk cache beside the bf16 one and ShadowKV (bf16 and fp8 values) at the largest batches
 FP8_CACHE_RUNS = (("h200-cache-fp8", None), ("h200-cache-fp8-qwen", None))
-COMPARE_RUNS = (("h200-compare", None), ("h200-compare-qwen", None))   # issue 32's comparison after 3aee165
+COMPARE_RUNS = (("h200-compare", None), ("h200-compare-qwen", None))   # the comparison on the current engine
+# the engine over a grid of forced rates (urgent x churn, ShadowKV's and DualDecoder's misses), 3 separate-process
+# builds, fitted to nothing
+RATE_GRID_RUNS = (("h200-rate-grid", None),)
 FILL_RUNS = (("h200-cache-fill", None),)   # the fused fill's sweep (32K/64K/128K): its fitted points, and the link-bound ones
 META_FALLBACK = "h200-shadowkv-fast/builds/b0"   # h200-rates has no meta.json: the thin-gather rate of this run
 
@@ -466,7 +469,7 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
             continue
         if r.miss_rate == "none" and r.design != "full-kv":
             continue
-        if get_design(r.design).reuse and shadowkv_step(row_git_sha(r, meta)) != IN_PLACE:
+        if get_design(r.design).reuse and shadowkv_step(row_git_sha(r, meta), meta) != IN_PLACE:
             left_out += 1
             continue
         model = row_model(r)
@@ -488,7 +491,7 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
                          user_over_engine=step * 1e3 / float(r.step_ms), harness_ms=h * 1e3))
     t = pd.DataFrame(rows)
     summary = {"left_out": {"points": left_out, "why": "ShadowKV rows of the copy-then-regather engine (before"
-                            f" {IN_PLACE_SINCE[:7]}): not the user's plan"}} if left_out else {}
+                            " its in-place step): not the user's plan"}} if left_out else {}
     if len(t):
         err = (t.user_over_engine - 1).abs()
         summary["all"] = {"points": int(len(t)), "median_abs_error": float(err.median()),

@@ -1,4 +1,4 @@
-"""Your own GPU, link or host from a YAML or JSON file, checked by the schema of the catalog's entries.
+"""Your own GPU, link or host from a YAML or JSON file, checked by one strict schema.
 
     --gpu my-gpu.yaml          name: my-gpu            # the catalog fields of GPUSpec (gpus.py)
                                hbm_bytes: 85899345920
@@ -10,43 +10,59 @@
     --host my-host.yaml        the fields of HostSpec (hosts.py); gpu and link: catalog names or files
 
 A value that names a file (it ends in .yaml, .yml or .json) is read here; anything else is a catalog name.
-The schema is the catalog's own dataclass (every field, its type, the defaults of the optional ones),
-validated by pydantic, plus the ranges in RULES; every catalog entry passes the same check (a test holds
-it). Errors name the file and every bad field in one line. A file's `name` must not be a catalog name; a
-loaded file is remembered by its name for the rest of the process, so the cost model, which looks a GPU
-up by name, finds it. Relative paths inside a host file resolve against that file's folder.
+The schema is the catalog's own dataclass (every field, its type, the defaults of the optional ones) made
+strict and validated by pydantic (ddbench.core.schemas.strict_model): a number is a number (a quoted
+"-50" or "inf" is refused, not converted), a switch is true or false, every number lies in the range of
+RULES (integers bounded before any arithmetic), and the cross-field rules hold (achievable_gbps <=
+nominal_gbps, gpus_per_switch <= gpus). Every catalog entry passes the same check (a test holds it).
+Errors name the file and every bad field in one line.
+
+Names are unique: a file's `name` must not be a catalog name, and two files of one kind with one name
+and different contents in one run are an error (`forget()` starts a run). A loaded file is remembered by
+its name for the rest of the run, so the cost model, which looks a GPU up by name, finds it. Relative
+paths inside a file (a host's gpu and link, a GPU's default_link) resolve against that file's folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.io import read_mapping
 
 SUFFIXES = (".yaml", ".yml", ".json")
-# field -> (lowest, highest, lowest excluded): numbers checked beyond their type
-POSITIVE = (0.0, math.inf, True)
+BYTES = 1 << 50          # 1 PiB: above any GPU's memory, far below where arithmetic on it overflows
+GBPS = 1e6               # GB/s or TFLOP/s: far above any device
+# field -> (lowest, highest, lowest excluded): every number's range
 RULES = {
-    "GPU": {"hbm_bytes": POSITIVE, "hbm_gbps": POSITIVE, "bf16_tflops": POSITIVE,
-            "runtime_overhead_bytes": (0.0, math.inf, False), "measured_hbm_gbps": POSITIVE},
-    "link": {"nominal_gbps": POSITIVE, "achievable_gbps": POSITIVE, "bidir_total_gbps": POSITIVE},
-    "host": {"gpus": (1, 4096, False), "gpus_per_switch": (1, 4096, False), "host_mem_gbps": POSITIVE,
-             "sockets": (1, 64, False), "host_mem_gb": (0.0, math.inf, False)},
+    "GPU": {"hbm_bytes": (0, BYTES, True), "hbm_gbps": (0.0, GBPS, True), "bf16_tflops": (0.0, GBPS, True),
+            "runtime_overhead_bytes": (0, BYTES, False), "measured_hbm_gbps": (0.0, GBPS, True)},
+    "link": {"nominal_gbps": (0.0, GBPS, True), "achievable_gbps": (0.0, GBPS, True),
+             "bidir_total_gbps": (0.0, GBPS, True)},
+    "host": {"gpus": (1, 4096, False), "gpus_per_switch": (1, 4096, False), "host_mem_gbps": (0.0, GBPS, True),
+             "sockets": (1, 64, False), "host_mem_gb": (0.0, 1e9, False)},
 }
+# (field, field it must not exceed)
+CROSS = {"link": (("achievable_gbps", "nominal_gbps"),), "host": (("gpus_per_switch", "gpus"),)}
 _BY_PATH: dict = {}    # (kind, absolute path, mtime) -> spec
-_BY_NAME: dict = {}    # (kind, name) -> spec
+_BY_NAME: dict = {}    # (kind, name) -> (spec, path)
 
 
 def is_file_name(name: str) -> bool:
     return str(name).lower().endswith(SUFFIXES)
 
 
+def forget() -> None:
+    """Start a run: the files loaded so far (and their names) are forgotten."""
+    _BY_PATH.clear()
+    _BY_NAME.clear()
+
+
 def loaded(kind: str, name: str):
-    """A spec loaded from a file earlier in this process, by its name; else None."""
-    return _BY_NAME.get((kind, str(name).lower()))
+    """A spec loaded from a file earlier in this run, by its name; else None."""
+    got = _BY_NAME.get((kind, str(name).lower()))
+    return None if got is None else got[0]
 
 
 def _read(kind: str, full: str, path: str) -> dict:
@@ -55,42 +71,10 @@ def _read(kind: str, full: str, path: str) -> dict:
 
 def check(kind: str, cls, raw: dict, where: str):
     """`raw` (a mapping) as a `cls` (the catalog's dataclass), every bad field named in one DDBenchError."""
-    from pydantic import TypeAdapter, ValidationError
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    bad = {}
-    for k in raw:
-        if k not in fields:
-            bad[k] = f"unknown field (the {kind} fields: {', '.join(fields)})"
-    known = {k: v for k, v in raw.items() if k in fields}
-    spec = None
-    try:
-        spec = TypeAdapter(cls).validate_python(known)
-    except ValidationError as exc:
-        for e in exc.errors():
-            loc = ".".join(map(str, e["loc"])) or kind
-            bad.setdefault(loc, "missing" if e["type"] == "missing" else e["msg"])
-    for k, v in known.items():
-        if k in bad:
-            continue
-        if isinstance(v, str) and not v.strip() and not k.endswith("source"):
-            bad[k] = "empty"
-        elif isinstance(v, bool) and k in RULES.get(kind, {}):
-            bad[k] = f"must be a number, got {v}"
-        elif isinstance(v, float) and not math.isfinite(v):
-            bad[k] = f"must be finite, got {v}"
-        elif k in RULES.get(kind, {}) and isinstance(v, (int, float)):
-            lo, hi, open_lo = RULES[kind][k]
-            if v < lo or (open_lo and v == lo) or v > hi:
-                bad[k] = (f"must be {'above' if open_lo else 'at least'} {lo:g}"
-                          + (f" and at most {hi:g}" if math.isfinite(hi) else "") + f", got {v}")
-    order = list(fields) + list(raw)
-    bad = [f"{k}: {bad[k]}" for k in sorted(bad, key=lambda k: order.index(k) if k in order else len(order))]
-    if bad:
-        raise DDBenchError(f"{where}: " + "; ".join(dict.fromkeys(bad)))
-    if kind == "link" and spec.achievable_gbps > spec.nominal_gbps:
-        raise DDBenchError(f"{where}: achievable_gbps: must be at most nominal_gbps ({spec.nominal_gbps:g}),"
-                           f" got {spec.achievable_gbps:g}")
-    return spec
+    from ddbench.core.schemas import strict_model, validate_all
+    model = strict_model(cls, RULES.get(kind, {}), CROSS.get(kind, ()), blank_ok=("source",))
+    values = validate_all(model, raw, where)
+    return cls(**values)
 
 
 def refs_error(kind: str, path: str, exc: DDBenchError) -> DDBenchError:
@@ -113,8 +97,13 @@ def load(kind: str, path: str, cls, table: dict, aliases: dict):
     name = spec.name.lower()
     if name in table or name in aliases:
         raise DDBenchError(f"{kind} file {path}: name '{spec.name}' is a catalog {kind}'s; give yours another name")
+    seen = _BY_NAME.get((kind, name))
+    if seen is not None and seen[0] != spec:
+        diff = [f.name for f in dataclasses.fields(cls) if getattr(seen[0], f.name) != getattr(spec, f.name)]
+        raise DDBenchError(f"{kind} file {path}: name '{spec.name}' is also the name of {kind} file {seen[1]}, whose"
+                           f" {', '.join(diff)} differ; give each {kind} its own name")
     _BY_PATH[key] = spec
-    _BY_NAME[(kind, name)] = spec
+    _BY_NAME[(kind, name)] = (spec, path)
     return spec
 
 

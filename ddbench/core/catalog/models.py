@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import dataclass
 
@@ -95,46 +93,25 @@ _ALIASES = {"llama3-8b": "llama-3-8b", "llama-3.1-8b-instruct": "llama-3.1-8b",
             "qwen2.5-32b-instruct": "qwen2.5-32b", "llama-3-70b-instruct": "llama-3-70b"}
 
 
-def _int_field(cfg: dict, key: str, path: str, default=None) -> int:
-    value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise DDBenchError(f"malformed config.json {path}: '{key}' must be a positive integer, got {value!r}")
-    return value
-
-
 def model_from_hf_config(path: str) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config.json (a file, or a folder holding one)."""
+    """Build a ModelSpec from a Hugging Face config.json (a file, or a folder holding one), checked by
+    ddbench.core.schemas.HFConfig: every bad field named in one line."""
+    from ddbench.core.io import read_json_object
+    from ddbench.core.schemas import HFConfig, validate_all
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    try:
-        with open(file, encoding="utf-8") as fh:
-            cfg = json.load(fh)
-    except OSError as exc:
-        raise DDBenchError(f"cannot read config.json {file}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DDBenchError(f"malformed config.json {file}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise DDBenchError(f"malformed config.json {file}: top level is not an object")
-    layers = _int_field(cfg, "num_hidden_layers", file)
-    heads = _int_field(cfg, "num_attention_heads", file)
-    hidden = _int_field(cfg, "hidden_size", file)
-    kv_heads = _int_field(cfg, "num_key_value_heads", file, heads)
-    head_dim = _int_field(cfg, "head_dim", file, hidden // heads if hidden % heads == 0 else None)
-    if heads % kv_heads:
-        raise DDBenchError(f"malformed config.json {file}: {heads} heads not divisible by {kv_heads} kv heads")
-    model_type = str(cfg.get("model_type", ""))
-    theta = cfg.get("rope_theta", 10000.0)
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
-        raise DDBenchError(f"malformed config.json {file}: 'rope_theta' must be a positive finite number, got {theta!r}")
+    if not os.path.isfile(file):
+        raise DDBenchError(f"cannot read config.json {file}: no such file")
+    cfg = validate_all(HFConfig, read_json_object(file, "config.json"), f"malformed config.json {file}")
+    heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
+    bias = cfg["attention_bias"]
     name = os.path.basename(os.path.dirname(os.path.abspath(file))) or "custom"
     return ModelSpec(
-        name=name, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        hidden=hidden, intermediate=_int_field(cfg, "intermediate_size", file),
-        vocab=_int_field(cfg, "vocab_size", file),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=bool(cfg.get("attention_bias", model_type.startswith("qwen2"))),
-        rope_theta=float(theta),
-        max_position=_int_field(cfg, "max_position_embeddings", file, 131072),
-        source=file,
+        name=name, num_layers=cfg["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=cfg["num_key_value_heads"] or heads, head_dim=cfg["head_dim"] or hidden // heads,
+        hidden=hidden, intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
+        tie_embeddings=cfg["tie_word_embeddings"],
+        qkv_bias=cfg["model_type"].startswith("qwen2") if bias is None else bias,
+        rope_theta=float(cfg["rope_theta"]), max_position=cfg["max_position_embeddings"], source=file,
     )
 
 
