@@ -207,7 +207,7 @@ def test_ranking_inside_the_interval_is_undecided_never_a_winner(tmp_path):
     out = r.stdout
     assert "undecided at these rates: dualdecoder-cache, shadowkv" in out and "winner at these rates" not in out
     assert "break-even: dualdecoder-cache's rates scaled" in out
-    (iv,) = [x for x in out.splitlines() if x.startswith("  =1 dualdecoder-cache: ")]
+    (iv,) = [x for x in out.splitlines() if x.startswith("  =1. dualdecoder-cache ")]   # the ranking's own row
     lo, hi = iv.split("[")[1].split("]")[0].split(", ")
     assert float(lo) < float(hi)
 

@@ -85,14 +85,18 @@ def _short(v) -> str:
 
 
 def ranking_lines(out: dict) -> list[str]:
-    """One short line per design, in the planner's order."""
+    """One short line per design, in the planner's order: "=" where its rank is undecided against another's at
+    these rates, and the interval of its rate over its rates' 95 % interval."""
     rows = []
     if not out["designs"]:
         return []
     for d in out["designs"]:
         if d["status"] == "met":
             n = fleet_count(out, d)
-            rows.append([f"{d['rank']}. {d['system']}", f"{_rate(per_gpu(d))} req/s/GPU", f"TP {d.get('tp', 1)}",
+            iv = d.get("rate_interval")
+            rate = _rate(per_gpu(d)) + (f" [{_rate(iv[0])}, {_rate(iv[1])}]" if iv and iv[0] < iv[1] else "")
+            rows.append([f"{'=' if d.get('undecided_with') else ''}{d['rank']}. {d['system']}", f"{rate} req/s/GPU",
+                         f"TP {d.get('tp', 1)}",
                          f"batch {d['mean_batch']:.0f}" if d.get("mean_batch") else "-",
                          f"TPOT {_sec(d.get('tpot_p99_s'))}", f"TTFT {_sec((d.get('fleet') or {}).get('fleet_ttft_p99_s') or d.get('ttft_p99_s'))}",
                          plural(n["gpus"], "GPU") if n else "", d.get("binding") or "-"])
@@ -179,6 +183,8 @@ def memory_text(result: dict, verbose_table: list[str]) -> list[str]:
     who = f"per replica of {tp} GPUs" if tp > 1 else "per GPU"
     lines = [f"{best['system']}, TP {tp}: up to {best['max_batch']} requests {who}, bound by {best['bound_by']};"
              f" {best['bytes']['total'] / GB:.1f} of {cap / GB:.1f} GB per GPU"]
+    from ddbench.planner.ratelines import rates_lines
+    lines += rates_lines(result["rates"]) if result.get("rates") else []
     lines += result.get("notes", [])
     w = result["workload"]
     lines.append(f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])},"
