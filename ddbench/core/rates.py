@@ -31,6 +31,8 @@ Where they come from, in this order, each design on its own:
      cells are the same replay at the same budget share: ShadowKV's miss is the replay's cache-less urgent
      share at capacity 1x without prediction (the previous step's selection, exactly 1 - reuse), DualDecoder's
      at capacity 0 with the speculative prediction (exactly 1 - hit), the cache's at cache_tokens / budget;
+     where no trend prices a design's family: a profile run's replay (`<model>.cache.csv`, the model's own, else
+     the first committed one), one run at one context, so no interval;
   4. none: the design's rates are unknown here (`DesignRates.matched` False); the scenario then falls back to
      the accuracy CSV or the constant hit rate and says so in the answer's first lines.
 Intervals are the trend fit's 95 % interval of the mean at this context, per depth band, carried to the
@@ -388,6 +390,15 @@ def pick_trend(model: str, context: int, families, root: str | None = None) -> s
 
 
 # ---------------------------------------------------------------- a profile run's replay (no trend)
+def pick_replay(model: str, root: str | None = None) -> str | None:
+    """Where no trend prices a design: the model's own replay (<model>.cache.csv), else the first committed one
+    (another model's, mapped by relative depth); None where there is none."""
+    folder = str(root or traces_dir("accuracy"))
+    own = os.path.join(folder, f"{model}.cache.csv")
+    found = [own] if os.path.exists(own) else sorted(glob.glob(os.path.join(folder, "*.cache.csv")))
+    return found[0] if found else None
+
+
 def replay_rates(path: str, design: str, fam: str, layers: int, context: int, budget: int,
                  cache_tokens: int) -> DesignRates | None:
     """A profile run's cache replay (one context): per layer, the budget share nearest to this question's,
@@ -478,8 +489,12 @@ def rate_set(model: str, layers: int, context: int, budget: int, cache_tokens: i
             dr = replay_rates(source.path, d, fam, layers, context, budget, cache_tokens)
         if dr is None and trend is not None and prices(load_trend(trend), fam):
             dr = trend_rates(trend, d, fam, layers, context, budget, cache_tokens)
+        replay = pick_replay(model, root) if dr is None and source is None else None
+        if replay is not None:
+            dr = replay_rates(replay, d, fam, layers, context, budget, cache_tokens)
         if dr is None:
-            why = "no profile in traces/accuracy prices it" if trend is None else \
+            why = "no profile in traces/accuracy prices it" if trend is None and replay is None else \
+                f"{os.path.basename(replay)} has no rows of its prediction" if trend is None else \
                 f"{os.path.basename(trend)} has no {'/'.join(FAMILY_METRICS[fam])} cells for it"
             dr = DesignRates(d, fam, (), "", (), 1.0, False, why)
         ov = [o for o in overrides if o[0] == d]
