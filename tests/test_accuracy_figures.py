@@ -27,9 +27,10 @@ ACC = {("single", "dense", None): 4, ("multikey", "dense", None): 3, ("vt", "den
 
 
 def make_root(root, with_profile=True):
-    """A data root: the committed paper numbers and calibration, plus a synthetic accuracy profile."""
+    """A data root: the committed traces the cost model reads, plus a synthetic accuracy profile."""
     os.makedirs(root / "accuracy")
-    for sub in ("paper", "calibration"):
+    # the cost model reads the bundle, its engine fit (fit/ and the engine runs it names) and the link bench rows
+    for sub in ("paper", "calibration", "link", "fit", "engine"):
         os.symlink(SOURCE_TRACES / sub, root / sub)
     if not with_profile:
         return root
