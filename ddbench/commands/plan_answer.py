@@ -95,7 +95,7 @@ def ranking_lines(out: dict) -> list[str]:
             n = fleet_count(out, d)
             iv = d.get("rate_interval")
             rate = _rate(per_gpu(d)) + (f" [{_rate(iv[0])}, {_rate(iv[1])}]" if iv and iv[0] < iv[1] else "")
-            rows.append([f"{'=' if d.get('undecided_with') else ''}{d['rank']}. {d['system']}", f"{rate} req/s/GPU",
+            rows.append([f"{'=' if d.get('undecided_with') else ''}{d['rank']}. {d['system']}", rate,
                          f"TP {d.get('tp', 1)}",
                          f"batch {d['mean_batch']:.0f}" if d.get("mean_batch") else "-",
                          f"TPOT {_sec(d.get('tpot_p99_s'))}", f"TTFT {_sec((d.get('fleet') or {}).get('fleet_ttft_p99_s') or d.get('ttft_p99_s'))}",
@@ -147,7 +147,8 @@ def serving_text(out: dict) -> list[str]:
     first = next((d for d in designs if d["rank"] == 1), designs[0] if designs else None)
     lines = [answer_line(out, first)] if first else ["no design ran"]
     lines += prefill_line(out) + [x for x in out.get("notes", [])]
-    lines += ["ranking (requests/s per GPU of the whole fleet):"] + ranking_lines(out) + rates_summary(out)
+    lines += ["ranking (requests/s per GPU of the whole fleet [at the ends of the rates' 95 % intervals]):"]
+    lines += ranking_lines(out) + rates_summary(out)
     lines += out.get("warnings", [])
     if first is not None:
         lines += fleet_lines(out, first)
