@@ -34,7 +34,7 @@ EXAMPLE = """examples:
   ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --steps 64 --into-traces
   ddbench profile --layer-accuracy --model ~/models/Meta-Llama-3-8B-Instruct --context 32k,64k \\
       --tasks single,multikey,multivalue,vt --budget 1024,2048 --temperature 0,0.6,1.0 --device cuda
-  ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --budget 64,128,256 \
+  ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --budget 64,128,256 \\
       --init t2 --temperature 0.6 --no-quality --cache-policies lru,score --cache-capacity 0,1,1.5,2,4,8"""
 
 CACHE_CAPACITIES = "0,1,1.5,2,4,8"

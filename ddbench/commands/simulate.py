@@ -41,7 +41,7 @@ import time
 from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
-from ddbench.commands import cache_note, cost_model_line, index_note
+from ddbench.commands import cache_note, cost_model_line, index_note, wrap
 from ddbench.commands.plan_tp import context_warning
 from ddbench.commands.plan import _plot_path as plot_path, kv_note
 from ddbench.core import defaults as D
@@ -200,7 +200,7 @@ def run(args) -> int:
         if grows:
             lines.append(_queue_warning(grows, args.rate))
         lines += [n for n in (tp_note, fp8_note(args)) if n] + context_warning(r0)
-        print("\n".join(lines + _tail(args, r0, summaries, resolved)))
+        print("\n".join(wrap(lines + _tail(args, r0, summaries, resolved))))
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
 
 
@@ -324,7 +324,7 @@ def _sweep(args, resolved, ctx: int) -> int:
         added = sweep["largest_batches_added"]
         lines = B.render(sweep, head) + ([f"batches {', '.join(map(str, added))} added: the designs' largest"
                                           " batches"] if added else []) + _tail(args, r0, by_design, resolved)
-        print("\n".join(lines))
+        print("\n".join(wrap(lines)))
     return 0 if any(p["status"] == "ok" for d in sweep["designs"].values() for p in d["points"]) else NO_FIT
 
 
@@ -347,13 +347,14 @@ def _render(name: str, s: dict) -> str:
         why = s.get("reason") or (f"a single request needs more than the {s['capacity_bytes'] / GB:.1f} GB of GPU"
                                   " memory")
         return f"{name}: NOTHING FITS: {s['rejected']}/{s['requests']} requests rejected ({why}); no throughput reported"
+    # two lines, each within WIDTH: the throughput and what it used, then the latencies
     return (f"{name}: {s['completed']}/{s['requests']} done ({s['rejected']} rejected),"
             f" {_num(s['tokens_per_s'], '.2f')}{_interval(s.get('tokens_per_s_interval'))} tokens/s,"
-            f" completion P50 {_num(s['completion_p50_s'], '.1f')} s P99 {_num(s['completion_p99_s'], '.1f')} s,"
-            f" TTFT P50 {_num(s['ttft_p50_s'], '.2f')} s,"
-            f" TPOT P50 {_num(None if s['tpot_p50_s'] is None else 1e3 * s['tpot_p50_s'], '.1f')} ms,"
             f" mean batch {s['mean_batch']:.1f}, link {100 * s['link_utilisation']:.0f}%,"
-            f" peak memory {s['peak_memory_bytes'] / GB:.1f} of {s['capacity_bytes'] / GB:.1f} GB")
+            f" peak memory {s['peak_memory_bytes'] / GB:.1f} of {s['capacity_bytes'] / GB:.1f} GB\n"
+            f"    completion P50 {_num(s['completion_p50_s'], '.1f')} s P99 {_num(s['completion_p99_s'], '.1f')} s,"
+            f" TTFT P50 {_num(s['ttft_p50_s'], '.2f')} s,"
+            f" TPOT P50 {_num(None if s['tpot_p50_s'] is None else 1e3 * s['tpot_p50_s'], '.1f')} ms")
 
 
 def _render_host(summaries: dict, r0) -> str:
