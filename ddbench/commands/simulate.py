@@ -112,7 +112,8 @@ def register(sub) -> None:
                         " files ddbench did not write (kept)")
     p.add_argument("--trace", action="store_true", help="also write a Chrome/Perfetto trace.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--verbose", action="store_true", help="print the cost model's notes whole (else one line)")
+    p.add_argument("--verbose", action="store_true", help="print the cost model's notes whole, lines unwrapped"
+                                                         " (else a summary, wrapped at 120 characters)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_config_arg(p)
     add_profile_row_args(p)
@@ -200,7 +201,7 @@ def run(args) -> int:
         if grows:
             lines.append(_queue_warning(grows, args.rate))
         lines += [n for n in (tp_note, fp8_note(args)) if n] + context_warning(r0)
-        print("\n".join(wrap(lines + _tail(args, r0, summaries, resolved))))
+        print("\n".join(_shown(args, lines + _tail(args, r0, summaries, resolved))))
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
 
 
@@ -249,6 +250,11 @@ def _tail(args, r0, summaries, resolved) -> list[str]:
     if r0.lowrank_note:
         lines.append(r0.lowrank_note)
     return lines + [f"wrote {args.out}" + (f", {args.plot}" if getattr(args, "plot", None) else "")]
+
+
+def _shown(args, lines: list[str]) -> list[str]:
+    """The default text wrapped at 120 characters (every word kept); --verbose as it is, each note whole."""
+    return list(lines) if args.verbose else wrap(lines)
 
 
 def _queue_warning(grows, rate: float) -> str:
@@ -324,7 +330,7 @@ def _sweep(args, resolved, ctx: int) -> int:
         added = sweep["largest_batches_added"]
         lines = B.render(sweep, head) + ([f"batches {', '.join(map(str, added))} added: the designs' largest"
                                           " batches"] if added else []) + _tail(args, r0, by_design, resolved)
-        print("\n".join(wrap(lines)))
+        print("\n".join(_shown(args, lines)))
     return 0 if any(p["status"] == "ok" for d in sweep["designs"].values() for p in d["points"]) else NO_FIT
 
 
