@@ -176,3 +176,40 @@ def test_plot_goes_through_the_output_guard(tmp_path, capsys):
     rc, out, err = _main(argv[:-1] + [foreign, "--out", tmp_path / "o3", "--force"], capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1
     assert foreign.read_text() == "a user's file" and not (tmp_path / "o3").exists()
+
+
+# ---------------------------------------------------------------- the plot
+def _fake(tput: dict[str, list[float]], batches=(1, 2, 4, 8)) -> dict:
+    pts = {n: [{"batch": b, "status": "ok", "tokens_per_s": t, "step_ms": 1000.0 * b / t,
+                "memory_bytes": {"total": 1e9}} for b, t in zip(batches, ts)] for n, ts in tput.items()}
+    return summarize(pts, batches, {n: 64 for n in tput})
+
+
+def test_only_the_crossover_that_changes_the_best_design_is_marked():
+    # a leads, b overtakes c at 2 -> 4 (a stays best), then c overtakes a at 4 -> 8 (the best changes)
+    s = _fake({"a": [10, 10, 10, 10], "b": [5, 8, 9, 8.5], "c": [6, 7, 8, 12]})
+    from ddbench.planner.batchsweep import winner_changes
+    assert len(s["crossovers"]) > len(winner_changes(s)) == 1
+    (w,) = winner_changes(s)
+    assert (w["previous_batch"], w["batch"], w["design"], w["overtakes"]) == (4, 8, "c", "a")
+
+
+def test_plot_keeps_the_title_and_every_line_visible():
+    import matplotlib
+    matplotlib.use("Agg")
+    from ddbench.planner.batchsweep import draw
+    s = _fake({"a": [10, 10, 10, 10], "b": [10, 10, 10, 10], "c": [6, 7, 8, 12]})   # a and b on top of each other
+    title = "llama-3-8b on h200 (150.1 GB), pcie5, context 128K, 4 steps per batch (2 warm-up); " * 3
+    fig = draw(s, title)
+    fig.canvas.draw()
+    box = fig.bbox
+    t = fig._suptitle.get_window_extent()
+    assert box.x0 <= t.x0 and t.x1 <= box.x1 and t.y1 <= box.y1, (t, box)
+    lines = [ln for ln in fig.axes[0].get_lines() if ln.get_label() in ("a", "b", "c")]
+    assert len({(ln.get_linestyle(), ln.get_marker()) for ln in lines}) == 3
+    a, b = (next(ln for ln in lines if ln.get_label() == x) for x in "ab")
+    assert a.get_markersize() > b.get_markersize() and a.get_zorder() < b.get_zorder()   # b drawn inside a
+    circles = [c for c in fig.axes[0].collections]
+    assert len(circles) == 1 and len(circles[0].get_offsets()) == 1
+    import matplotlib.pyplot as plt
+    plt.close(fig)

@@ -317,14 +317,36 @@ def _locked(folder: Path, flag: str, out):
         os.close(fd)
 
 
+HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextmanager
 def _signals_held():
-    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    prev = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    """SIGINT, SIGTERM and SIGHUP wait until the block ends, then act as they would have. Held by Python-level
+    handlers, not by the thread's signal mask: a process-directed signal goes to any thread that does not
+    block it (numpy's BLAS threads), and Python would run the handler in the block all the same."""
+    got, prev = [], {}
+
+    def note(signum, frame):
+        got.append(signum)
+    try:
+        for sig in HELD:
+            prev[sig] = signal.signal(sig, note)
+    except ValueError:                 # not the main thread: no handler of Python's runs here anyway
+        for sig, h in prev.items():
+            signal.signal(sig, h)
+        prev = {}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, prev)
+        for sig, h in prev.items():
+            signal.signal(sig, h)
+        if got:
+            h = prev[got[0]]
+            if callable(h):
+                h(got[0], None)        # Ctrl-C's default_int_handler, the CLI's SIGTERM/SIGHUP: KeyboardInterrupt
+            elif h == signal.SIG_DFL:
+                os.kill(os.getpid(), got[0])
 
 
 def _stage_token(d: Path) -> str:

@@ -20,7 +20,8 @@ text depends on the data alone. Where a trace holds several repetitions of a poi
 Example outputs of commands (`example-NAME`) and the prose that quotes their numbers (`notes-NAME`)
 are generated the same way: the command is run (ddbench/doctables/examples.py) and its output kept.
 
-The package: `common` (formatting, readers), `engine_tables` (the engine's and the simulator's tables),
+The package: `common` (formatting, readers), `results_table` (the README's one results table), `verdict` (its
+break-even), `engine_tables` (the engine's and the simulator's tables, earlier engines included),
 `trace_tables` (calibration, kernels, accuracy, figures), `examples` (commands and their outputs).
 """
 
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from ddbench.core.flags import OneLineParser
 from ddbench.doctables import examples
-from ddbench.doctables.ablation import ablation, ablation_summary
+from ddbench.doctables.ablation import ablation
 from ddbench.doctables.fp8_cache import fp8_cache
 from ddbench.doctables.index_tables import index_predictions, index_recall, notes_index_plan
 from ddbench.doctables.peer import peer_flashinfer
@@ -47,8 +48,10 @@ START = re.compile(r"<!-- generated: ([a-z0-9-]+) -->")
 END = "<!-- end -->"
 
 from ddbench.doctables.verdict import verdict  # noqa: E402
+from ddbench.doctables.results_table import results  # noqa: E402
 
 GENERATORS = {
+    "results": results,
     "headline": headline,
     "verdict": verdict,
     "kernels-gather": kernels_gather,
@@ -59,7 +62,6 @@ GENERATORS = {
     "paper-points": paper_points,
     "cache": cache,
     "ablation": ablation,
-    "ablation-summary": ablation_summary,
     "fp8": fp8,
     "fp8-cache": fp8_cache,
     "index-predictions": index_predictions,

@@ -41,20 +41,10 @@ def ablation(root: Path = ROOT) -> str:
          "over ShadowKV", "simulated tokens/s", "simulated, one matched rate set"], rows)
 
 
-def ablation_summary(root: Path = ROOT) -> str:
-    """The ablation in prose (the README's; docs/results.md has the table)."""
-    d = _csv(root / "figures" / "ablation.csv")
-    gains = []
-    for m, c in dict.fromkeys(zip(d["model"], d["context"])):
-        at = {r["design"]: r for _, r in d[(d["model"] == m) & (d["context"] == c)].iterrows()}
-        gains.append(f"{NAMES.get(m, m)} {_k(int(c))} {_ratio(at['dualdecoder-cache'], at['lru-cache'])}")
-    return summary(d, gains) + " The table, with the simulator at one matched rate set: docs/results.md."
-
-
 def summary(d, gains) -> str:
     worst = d.loc[(d["sim_over_engine"] - 1).abs().idxmax()]
-    return ("Each design at its largest batch on one H200, 3 independently built engines (tokens/s median (min-max,"
-            " builds)); the caches at 8192 tokens per layer and KV head (4x the budget) at the profile's rates for"
+    return ("Each design at its largest batch on one H200, 3 builds in one process (the same weights; host KV and forced draws"
+            " reseeded; tokens/s median (min-max, builds)); the caches at 8192 tokens per layer and KV head (4x the budget) at the profile's rates for"
             " that capacity and their own prediction, DualDecoder and ShadowKV (in place) at 12 % forced misses"
             " (NOT one matched rate set; `traces/engine/h200-ablation/README.md` and"
             " `h200-cache-fill-checks/README.md` list the runs; host KV"

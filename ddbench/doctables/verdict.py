@@ -1,5 +1,5 @@
-"""The README's verdict at 128K: the designs at one matched rate set, with the rates' source, their interval,
-and the cache's break-even (from figures/rates.csv, which `ddbench figures` simulates from the traces).
+"""The README's verdict at 128K: the cache over ShadowKV at one matched rate set (the rates' source and interval;
+the tokens/s themselves are in the results block, ddbench/doctables/results_table.py), and the cache's break-even (from figures/rates.csv, which `ddbench figures` simulates from the traces).
 
     verdict(root) -> markdown      the block `<!-- generated: verdict -->`
 """
@@ -40,13 +40,12 @@ def verdict(root: Path = ROOT) -> str:
     from ddbench.experiments.rates_figure import CAPACITY, CTX, MODEL
     from ddbench.experiments.scene import scene
     from ddbench.core import defaults as D
-    from ddbench.planner.ratelines import caption, rates_doc
+    from ddbench.planner.ratelines import caption
     d = _csv(root / "figures" / "rates.csv")
     s = d[d["source"] == "simulated"]
     tok = {x: {e: _at(s, x, e) for e in ("centre", "high", "low")} for x in (CACHE, "shadowkv", "dualdecoder")}
     knobs = {"cache_tokens": CAPACITY * D.BUDGET}
     rs = [scene(MODEL, x, gpu="h200", **knobs) for x in (CACHE, "shadowkv", "dualdecoder")]
-    lines = {x["design"]: x["line"] for x in rates_doc(rs)["designs"]}
     c = s[(s["design"] == CACHE) & (s["rate_end"] == "centre")]
     be = _break_even(c, tok["shadowkv"]["centre"])
     r = rs[0].design_rates
@@ -56,11 +55,10 @@ def verdict(root: Path = ROOT) -> str:
     lead = CACHE if ratio[1] >= 1 else "shadowkv"
     say = (f"**{lead} leads at every rate in the intervals**" if decided else
            "**undecided at these rates**: the order flips inside the rates' 95 % intervals")
-    t = {x: f"{v['centre']:,.0f} [{v['high']:,.0f}, {v['low']:,.0f}]" for x, v in tok.items()}
-    return (f"Simulated (no engine row is at one matched rate set): one H200, {MODEL} at {CTX // 1024}K, each"
-            f" design at its largest batch, the cache at {CAPACITY}x the budget; {caption(rs, (CTX,))}:\n\n"
-            + "\n".join(f"- {t[x]} tokens/s, `{lines[x]}`" for x in (CACHE, "shadowkv"))
-            + f"\n\n{CACHE} over ShadowKV: {ratio[1]:.2f}x [{ratio[0]:.2f}, {ratio[2]:.2f}] (the cache at its rates'"
-            f" worst end against ShadowKV at its best, and the reverse); {say}. Break-even: the lead is gone at"
+    if not caption(rs, (CTX,)).startswith("every design at one matched rate set"):
+        raise DocTablesError(f"the verdict's designs are not at one matched rate set: {caption(rs, (CTX,))}")
+    return (f"{CACHE} over ShadowKV, simulated at the same matched rates: {ratio[1]:.2f}x"
+            f" [{ratio[0]:.2f}, {ratio[2]:.2f}] (the cache at its rates' worst end against ShadowKV at its best, and"
+            f" the reverse); {say}. Break-even: the lead is gone at"
             f" {'more than 4' if be is None else f'{be:.1f}'}x both of the cache's rates (ShadowKV's kept); their"
             f" interval's upper end is {upper} (figures/rates.png; `plan --slo` prints both for any question).")

@@ -112,7 +112,10 @@ def compute() -> FigureResult:
     matched = caption([scene(m, d, gpu="h200", cache_tokens=CACHE_TOKENS) for m in sorted({m for m, _ in POINTS})
                        for d in DESIGNS], tuple(sorted({c for _, c in POINTS})))
     return FigureResult(df, "one H200 over PCIe 5, budget 2048, each design at its largest batch, the caches at 8192"
-                            " tokens per layer and KV head; engine (3 builds each) at the rates it forced: the caches at"
+                            " tokens per layer and KV head; engine (3 builds each, in one process) from runs of"
+                            " 2026-12-02 to 2026-12-03 (the caches: h200-ablation; ShadowKV in place: h200-shadowkv-fast;"
+                            " DualDecoder: h200-ablation-dualdecoder, -qwen14b), NOT one engine version (the engine of"
+                            " the README's results is later); at the rates it forced: the caches at"
                             " the SmolLM2 profile's, ShadowKV and DualDecoder at a forced 12 % miss (NOT one matched"
                             f" set); dashes: simulated at those rates; sim_tok_s_matched (CSV): simulated at {matched}")
 

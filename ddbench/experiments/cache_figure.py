@@ -196,6 +196,8 @@ def compute() -> FigureResult:
     from ddbench.planner.ratelines import caption
     matched = caption([scene(MODEL, d, gpu=GPU) for d in DESIGNS], tuple(CONTEXTS))
     return FigureResult(df, f"{MODEL} on one H200 over PCIe 5, budget {D.BUDGET}, each design at its largest batch;"
-                            f" engine {traces_dir('engine', RUN).name} (3 builds) at the rates it forced (the caches at"
+                            f" engine {traces_dir('engine', RUN).name} (2026-12-01, the fill as the torch twin; 3 builds in"
+                            f" one process), ShadowKV from {SHADOWKV_RUN} (2026-12-02, in place): NOT one engine"
+                            " version: the earlier ShadowKV ran 2.4-3.2x slower; at the rates it forced (the caches at"
                             f" their profile's, ShadowKV and DualDecoder at a forced miss, NOT one matched set);"
                             f" simulated at the engine's batches and over capacities: {matched}")

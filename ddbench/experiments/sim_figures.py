@@ -243,7 +243,8 @@ def fig12() -> FigureResult:
     setup = _setup(F12_MODEL, "/".join(fmt_tokens(c) for c in F12_CTX),
                    "each design at its largest batch that fits (memory model), decode-only steady state from the"
                    " per-layer timeline (prefill not counted); diamonds: the engine on an H200 capped at 80 GB at its"
-                   f" largest batch, median and range over 3 independently built engines (traces/engine/{E.CAPPED})",
+                   f" largest batch, median and range over 3 builds in one process (traces/engine/{E.CAPPED}, 2026-12-01;"
+                   f" ShadowKV in place from {E.INPLACE}, 2026-12-02, and h200-rates at 256K: NOT one engine version)",
                    designs=("shadowkv", "specache", "dualdecoder"), contexts=tuple(F12_CTX))
     return FigureResult(df, setup, _fig12_comparisons(t))
 

@@ -157,26 +157,42 @@ def render(sweep: dict, head: str) -> list[str]:
     return lines
 
 
-def plot(sweep: dict, path: str, title: str, fmt: str = "png") -> None:
-    """Tokens/s and step time against batch, one line per design (its batches that fit), the crossovers
-    circled, each design's max batch a dotted line; into `path` as `fmt`."""
+def winner_changes(sweep: dict) -> list[dict]:
+    """The crossovers that change the best design: the new best overtakes the previous best."""
+    best = {e["batch"]: e["design"] for e in sweep["best"]}
+    return [c for c in sweep["crossovers"]
+            if best.get(c["batch"]) == c["design"] and best.get(c["previous_batch"]) == c["overtakes"]]
+
+
+# one (line style, marker) per design, so that lines on top of each other stay visible
+STYLES = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 2)), "P"))
+
+
+def draw(sweep: dict, title: str):
+    """Tokens/s and step time against batch, one line per design (its batches that fit, each its own style),
+    the crossovers that change the best design circled, each design's max batch a dotted line."""
+    import textwrap
     from ddbench.plotting import SYSTEM_COLORS, new_figure
-    fig = new_figure(8.0, 3.4)
+    fig = new_figure(8.0, 3.8)
     ax_t, ax_s = fig.subplots(1, 2)
     batches = sweep["batches"]
     spare = [c for c in ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#d62728")
              if c not in SYSTEM_COLORS.values()]
-    for name, d in sweep["designs"].items():
+    n = len(sweep["designs"])
+    for i, (name, d) in enumerate(sweep["designs"].items()):
         pts = [p for p in d["points"] if p["status"] == "ok"]
         c = SYSTEM_COLORS.get(name) or (spare.pop(0) if spare else None)
+        ls, mk = STYLES[i % len(STYLES)]
         for ax, key in ((ax_t, "tokens_per_s"), (ax_s, "step_ms")):
-            line, = ax.plot([p["batch"] for p in pts], [p[key] for p in pts], color=c, lw=0.9, marker="o", ms=3,
-                            label=name)
+            # earlier designs drawn wider, with larger hollow markers, under the later ones
+            line, = ax.plot([p["batch"] for p in pts], [p[key] for p in pts], color=c, ls=ls, marker=mk,
+                            lw=0.9 + 0.9 * (n - 1 - i) / max(n - 1, 1), ms=3 + 2.5 * (n - 1 - i) / max(n - 1, 1),
+                            mfc="none", zorder=2 + i, label=name)
             if batches[0] <= d["max_batch"] < batches[-1]:
                 ax.axvline(d["max_batch"], color=line.get_color(), lw=0.6, ls=":")
-    for cr in sweep["crossovers"]:
-        ax_t.scatter([cr["batch"]], [cr["tokens_per_s"][cr["design"]]], s=60, facecolors="none",
-                     edgecolors="black", lw=0.8, zorder=5)
+    for cr in winner_changes(sweep):
+        ax_t.scatter([cr["batch"]], [cr["tokens_per_s"][cr["design"]]], s=90, facecolors="none",
+                     edgecolors="black", lw=0.9, zorder=10)
     for ax, label in ((ax_t, "tokens/s"), (ax_s, "step time (ms)")):
         if batches[-1] >= 8 * batches[0]:
             ax.set_xscale("log", base=2)
@@ -186,8 +202,14 @@ def plot(sweep: dict, path: str, title: str, fmt: str = "png") -> None:
         ax.set_xlabel("batch (concurrent requests)")
         ax.set_ylabel(label)
     ax_t.legend(fontsize=7)
-    fig.suptitle(title + "\ncircles: crossovers; dotted: a design's max batch; a design's line ends where it no longer"
-                 " fits", fontsize=8)
+    fig.suptitle(textwrap.fill(title, 110) + "\ncircle: where the best design changes; dotted: a design's max"
+                 " batch; a design's line ends where it no longer fits", fontsize=8)
+    return fig
+
+
+def plot(sweep: dict, path: str, title: str, fmt: str = "png") -> None:
+    """draw(), into `path` as `fmt`."""
+    fig = draw(sweep, title)
     fig.savefig(path, format=fmt)
     import matplotlib.pyplot as plt
     plt.close(fig)
