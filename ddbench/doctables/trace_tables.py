@@ -215,8 +215,9 @@ def contexts(root: Path = ROOT) -> str:
                     cells.append(f"{x['mean'].iloc[0]:.3f} [{x['low'].iloc[0]:.3f}, {x['high'].iloc[0]:.3f}]"
                                  if len(x) else "-")
                 pred.append([share, metric.replace("_rate", "").replace("_hit", "")] + cells)
-        prompts = ", ".join(f"{lab.get(int(c), c)}: {n}" for c, n in sorted(doc["prompts_per_context"].items(),
-                                                                     key=lambda kv: int(kv[0])))
+        qs = doc.get("questions_per_context", {})
+        prompts = ", ".join(f"{lab.get(int(c), c)}: {n}" + (f" ({qs[c]} questions)" if qs.get(c, n) != n else "")
+                            for c, n in sorted(doc["prompts_per_context"].items(), key=lambda kv: int(kv[0])))
         out.append(f"`{rel}` ({model}, {doc['layers']} layers; prompts per context {prompts}; git"
                    f" {d['git_sha'].iloc[0]}): LRU replay, all layers, per step over the budget's k chunks,"
                    " mean [95 % interval over prompts]; the power law fitted over the prompts, its factor per"

@@ -9,7 +9,11 @@ A prompt is the unit of the intervals (its steps and KV heads are not independen
 (default the data root's accuracy/):
 
 `<model>.contexts.csv`, schema 1: one row per (context_tokens, budget_tokens, band, policy, capacity,
-metric): mean over prompts, low/high (Student t 95 % interval of the mean over prompts), prompts.
+metric): mean over prompts, low/high (Student t 95 % interval of the mean over prompts), prompts, questions.
+    prompts  run folders, the unit of every interval and fit: with `--questions Q` a run is one haystack
+             (one prefill) with Q questions, which share every token before them and are not independent, so
+             the haystack, not the question, is the unit
+    questions  the questions those prompts measured (prompts x Q); the rates are their mean per prompt
     band     depth band of the layers, 0..BANDS-1 (layer l of L is in band floor(l * BANDS / L)), or "all"
     prediction  speculative (dualdecoder-cache's prefetch) | none (lru-cache) for the cache replay's
              metrics (runs written before the column: speculative); empty for the prediction's rates
@@ -44,7 +48,7 @@ TREND_METRICS = ("urgent_per_budget", "moved_per_budget", "prefetched_per_budget
 CACHE_METRICS = ("coverage", "prefetched_per_budget", "urgent_per_budget", "moved_per_budget", "urgent_share")
 PRED_METRICS = ("hit_rate", "reuse_hit_rate", "union_hit_rate")
 COLUMNS = ["context_tokens", "budget_tokens", "share", "band", "prediction", "policy", "capacity", "metric", "mean",
-           "low", "high", "prompts"]
+           "low", "high", "prompts", "questions"]
 CACHE_KEYS = ["prediction", "policy", "capacity"]     # a cache row's cell (prediction: speculative | none)
 REF_CONTEXT = 1024          # the fit's x = log2(context / REF_CONTEXT)
 ALPHA = 0.05
@@ -88,18 +92,30 @@ def load_prompts(root: str):
         if model not in (None, stem):
             raise DDBenchError(f"{folder}: profile of {stem}, but earlier runs in {root} are of {model}")
         model, layers = stem, int(p["layers"].iloc[0])
+        nq = _questions(os.path.join(folder, f"{stem}.summary.json"))
         for df, sink, cols, keys in ((c, cache, list(CACHE_METRICS), CACHE_KEYS),
                                      (p, pred, list(PRED_METRICS), [])):
             df = df.copy()
             df["band"] = [_band(x, layers) for x in df["layer"]]
             df["prompt"] = prompt
-            base = ["prompt", "context_tokens", "budget_tokens"] + keys
+            df["questions"] = nq
+            base = ["prompt", "questions", "context_tokens", "budget_tokens"] + keys
             by_band = _weighted(df, base + ["band"], cols)
             every = _weighted(df, base, cols)
             every["band"] = "all"
             by_band["band"] = by_band["band"].astype(str)
             sink.append(pd.concat([by_band, every], ignore_index=True))
     return pd.concat(cache, ignore_index=True), pd.concat(pred, ignore_index=True), model, layers
+
+
+def _questions(summary_path: str) -> int:
+    """The questions one run measured: --samples prompts x --questions per prompt (1 before shared prefixes)."""
+    import json
+    try:
+        cfg = json.loads(open(summary_path).read())["config"]
+    except (OSError, ValueError, KeyError):
+        return 1
+    return int(cfg.get("samples", 1)) * int(cfg.get("questions", 1))
 
 
 def t_interval(values) -> tuple[float, float, float]:
@@ -126,7 +142,7 @@ def cells(cache, pred) -> list[dict]:
                              "prediction": key[3] if keys else "", "policy": key[4] if keys else "prediction",
                              "capacity": key[5] if keys else "",
                              "metric": m, "mean": round(mean, 6), "low": round(lo, 6), "high": round(hi, 6),
-                             "prompts": len(g)})
+                             "prompts": len(g), "questions": int(g["questions"].sum())})
     return rows
 
 
@@ -200,6 +216,8 @@ def trends(cache) -> list[dict]:
     cache["share"] = [share_of(b, c) for b, c in zip(cache.budget_tokens, cache.context_tokens)]
     for (share, how, policy, cap, band), g in cache.groupby(["share", "prediction", "policy", "capacity", "band"],
                                                             sort=True):
+        if g["context_tokens"].nunique() < 2:       # no law from one context
+            continue
         for m in TREND_METRICS:
             fit = fit_trend(g.rename(columns={m: "value"})[["context_tokens", "value"]])
             out.append({"share": share, "prediction": how, "policy": policy, "capacity": float(cap), "band": band,
@@ -247,6 +265,8 @@ def _run(a) -> int:
            "provenance": prov, "prompts_per_context": {str(c): int(n) for c, n in
                                                       pred[pred.band == "all"].groupby("context_tokens")["prompt"]
                                                       .nunique().items()},
+           "questions_per_context": {str(c): int(g.drop_duplicates("prompt")["questions"].sum()) for c, g in
+                                     pred[pred.band == "all"].groupby("context_tokens")},
            "fits": fits}
     with output_folder(out, command="ddbench profile", shared=True, force=a.force,
                        scope=(f"{model}.contexts.csv", f"{model}.cache-trend.json")) as w:   # this model's only

@@ -1,7 +1,8 @@
 """Prefill once, then the dual-token decode loop (paper §4.1, §5.2) with exact attention.
 
-    prefill(model, ids, cache, chunk=1024, bar=None) -> logits of the last prompt token
-        in pieces of `chunk` tokens over one DynamicCache (exact causal attention; bounds memory).
+    prefill(model, ids, cache, chunk=1024, bar=None, start=0) -> logits of the last prompt token
+        in pieces of `chunk` tokens over one cache (exact causal attention; bounds memory); `start`: the
+        tokens already in the cache (a question's suffix after its shared prefix).
     sample(logits, temperature, top_p, gen) -> token id   (temperature 0: argmax)
     dual_run(model, probe, cache, prompt_len, first_logits, *, steps, init, temperature, top_p,
              seed, vocab, bar=None) -> DualRun
@@ -41,14 +42,15 @@ class DualRun:
     token_acc: list        # token_acc[t] = (s_t == x_{t+1}), t = 0 .. steps - 1
 
 
-def prefill(model, ids, cache, chunk: int = 1024, bar=None):
+def prefill(model, ids, cache, chunk: int = 1024, bar=None, start: int = 0):
+    """`ids` at positions start.. over the cache (which holds `start` tokens): the last token's logits."""
     import torch
     t = torch.as_tensor(ids, dtype=torch.long, device=model.device).view(1, -1)
     logits = None
     with torch.inference_mode():
         for a in range(0, t.shape[1], chunk):
             piece = t[:, a:a + chunk]
-            pos = torch.arange(a, a + piece.shape[1], device=t.device).view(1, -1)
+            pos = torch.arange(start + a, start + a + piece.shape[1], device=t.device).view(1, -1)
             logits = model(input_ids=piece, past_key_values=cache, position_ids=pos, use_cache=True,
                            logits_to_keep=1).logits[0, -1].float()
             if bar is not None:

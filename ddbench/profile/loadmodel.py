@@ -14,6 +14,7 @@ local layers keep a fixed window that no sparse-KV design needs to fetch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -102,6 +103,36 @@ def resolve_device(device: str) -> str:
     return device
 
 
+_READERS: dict = {}
+
+
+class _OneReader:
+    """While active, `gguf.GGUFReader(path)` returns one reader per file (its size and mtime): transformers
+    opens a GGUF 4-5 times to load one model (config, tokenizer, weights), and parsing Gemma 3's 262K-token
+    vocabulary took about 20 s each time (2 of a 3-minute 8K profile went on loading)."""
+
+    def __enter__(self):
+        import gguf
+        self._module, self._orig = gguf, gguf.GGUFReader
+        orig = self._orig
+
+        def reader(path, *args, **kw):
+            if args or kw:
+                return orig(path, *args, **kw)
+            st = os.stat(path)
+            key = (os.path.abspath(str(path)), st.st_size, st.st_mtime_ns)
+            if key not in _READERS:
+                _READERS.clear()                  # one model at a time
+                _READERS[key] = orig(path)
+            return _READERS[key]
+        gguf.GGUFReader = reader
+        return self
+
+    def __exit__(self, *exc):
+        self._module.GGUFReader = self._orig
+        return False
+
+
 def inspect(path: str) -> tuple[str, str | None, list[str], str, object]:
     """Resolve PATH and read its config without loading weights; refuses unsupported architectures."""
     folder, gguf_file, weights, name = _resolve(path)
@@ -109,7 +140,8 @@ def inspect(path: str) -> tuple[str, str | None, list[str], str, object]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoConfig
     try:
-        cfg = AutoConfig.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
+        with (_OneReader() if gguf_file else contextlib.nullcontext()):
+            cfg = AutoConfig.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
     except DDBenchError:
         raise
     except Exception as exc:  # noqa: BLE001 - any loader failure is the user's file
@@ -131,9 +163,11 @@ def load(path: str, device: str = "auto") -> Loaded:
     dev = resolve_device(device)
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     try:
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True,
-                                                     dtype=dtype)
+        with (_OneReader() if gguf_file else contextlib.nullcontext()):
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True,
+                                                         dtype=dtype)
+        _READERS.clear()
     except torch.cuda.OutOfMemoryError:
         raise DDBenchError(f"out of GPU memory loading {path}: the weights do not fit on this GPU") from None
     except Exception as exc:  # noqa: BLE001

@@ -63,6 +63,7 @@ class ProfileConfig:
     run_lengths: bool = False   # the true selections' run lengths (ddbench/profile/runlengths.py)
     prompts: int | None = None     # prompts per (context, task) for task accuracy (None: --samples); with it,
                                    # <model>.tasks.csv (rates with Wilson 95 % intervals)
+    questions: int = 1        # questions per prompt sharing its haystack: one prefill serves them all
     command: str = ""
 
 
@@ -71,6 +72,8 @@ def validate(cfg: ProfileConfig, max_positions: int, sliding_window: int | None 
         raise DDBenchError(f"--steps must be at least 1, got {cfg.steps}")
     if cfg.samples < 1:
         raise DDBenchError(f"--samples must be at least 1, got {cfg.samples}")
+    if cfg.questions < 1:
+        raise DDBenchError(f"--questions must be at least 1, got {cfg.questions}")
     if cfg.prompts is not None and cfg.prompts < 1:
         raise DDBenchError(f"--prompts must be at least 1, got {cfg.prompts}")
     if not cfg.tasks or any(t not in TASKS for t in cfg.tasks):
@@ -241,15 +244,15 @@ class _Sweep:
         self.ctx_time[c] = round(time.perf_counter() - t_ctx, 1)
 
     def _prompt(self, c: int, task: str, s: int, budgets, geo) -> None:
-        """One prompt: its prefill, its measured runs (the first --samples prompts) and its task accuracy;
-        running out of memory is one line naming the largest context that fits."""
-        from transformers import DynamicCache
-
-        from ddbench.profile.tasks import make_prompt
-        prompt = make_prompt(self.tok, task, c, self.cfg.seed + s)
-        cache = DynamicCache()      # full layers everywhere: a sliding-window layer cannot crop
+        """One prompt (with --questions, one shared haystack and its questions): its prefill, its measured runs
+        (the first --samples prompts) and its task accuracy; running out of memory is one line naming the
+        largest context that fits."""
+        from ddbench.profile.kvcache import KVCache
+        from ddbench.profile.tasks import make_prompts
+        prompts = make_prompts(self.tok, task, c, self.cfg.seed + s, self.cfg.questions)
+        cache = KVCache()      # full layers everywhere (a sliding-window layer cannot crop); keys written once
         try:
-            self._passes(c, task, s, prompt, cache, budgets, geo)
+            self._passes(c, task, s, prompts, cache, budgets, geo)
         except DDBenchError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -263,23 +266,31 @@ class _Sweep:
                                f"out of memory at context {c} on {dev}; not even 256 tokens fit") from None
         del cache
 
-    def _passes(self, c: int, task: str, s: int, prompt, cache, budgets, geo) -> None:
+    def _passes(self, c: int, task: str, s: int, prompts, cache, budgets, geo) -> None:
+        """The shared prefix prefilled once; then per question its own suffix, runs and task accuracy, the cache
+        cut back to the prefix after each (one question: the whole prompt prefilled at once, as before)."""
         from ddbench.profile import decode, selection
         from ddbench.progress import bar as progress_bar
-        cfg = self.cfg
+        cfg, Q = self.cfg, len(prompts)
         measure = s < cfg.samples       # hit rates (and fp8 error) on the first --samples prompts
-        with progress_bar(total=c, desc=f"prefill {task} {c}", unit="tok", quiet=self.quiet) as bar:
-            first = self.prefill_fn(self.model, prompt.ids, cache, bar=bar)
-        lm = selection.landmarks(cache, geo)
-        total = len(self.runs) * (cfg.steps + 1) if measure else 0
-        with progress_bar(total=total, desc=f"steps {task} {c}", quiet=self.quiet) as bar:
-            for init, temp in (self.runs if measure else ()):
-                seed = cfg.seed * 1_000_003 + s * 1009 + int(round(temp * 1000))
-                r = decode.dual_run(self.model, self.probe, cache, c, first, steps=cfg.steps, init=init,
-                                    temperature=temp, top_p=cfg.top_p, seed=seed, vocab=self.vocab, bar=bar)
-                self._score_run(r, lm, cache, c, task, s, init, temp, budgets, geo)
-        if cfg.quality and s < self.n_prompts:
-            self._task_accuracy(cache, prompt, first, lm, c, task, budgets, geo.selectable)
+        P = prompts[0].prefix if Q > 1 else c
+        with progress_bar(total=P, desc=f"prefill {task} {c}", unit="tok", quiet=self.quiet) as bar:
+            first = self.prefill_fn(self.model, prompts[0].ids[:P], cache, bar=bar)
+        for j, prompt in enumerate(prompts):
+            q = s * Q + j                    # the question's index: its sampling seed and its step rows' sample
+            if Q > 1:
+                first = decode.prefill(self.model, prompt.ids[P:], cache, start=P)
+            lm = selection.landmarks(cache, geo)
+            total = len(self.runs) * (cfg.steps + 1) if measure else 0
+            with progress_bar(total=total, desc=f"steps {task} {c} q{j}", quiet=self.quiet) as bar:
+                for init, temp in (self.runs if measure else ()):
+                    seed = cfg.seed * 1_000_003 + q * 1009 + int(round(temp * 1000))
+                    r = decode.dual_run(self.model, self.probe, cache, c, first, steps=cfg.steps, init=init,
+                                        temperature=temp, top_p=cfg.top_p, seed=seed, vocab=self.vocab, bar=bar)
+                    self._score_run(r, lm, cache, c, task, q, init, temp, budgets, geo)
+            if cfg.quality and s < self.n_prompts:
+                self._task_accuracy(cache, prompt, first, lm, c, task, budgets, geo.selectable)
+            decode.truncate(cache, P)
 
     def _score_run(self, r, lm, cache, c, task, s, init, temp, budgets, geo) -> None:
         """One dual-token run scored at every budget: the overlaps per layer and per step, the chunk-cache
