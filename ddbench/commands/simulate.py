@@ -191,11 +191,12 @@ def run(args) -> int:
         print(dumps_json(summaries))
     else:
         from ddbench.planner.ratelines import rates_doc, rates_lines
-        lines = list(rates_lines(rates_doc(resolved)))
+        lines = []
         for note in (kv_note(r0.workload.kv_bits), index_note(r0.workload.index), cache_note(summaries, r0.workload)):
             if note:
                 lines.append(note.lstrip(", "))
         lines += [_render(name, s) for name, s in summaries.items()]
+        lines += rates_lines(rates_doc(resolved))        # the rates each answer above ran at, and their source
         grows = [(name, s) for name, s in summaries.items() if s.get("queue_grows")]
         if grows:
             lines.append(_queue_warning(grows, args.rate))
