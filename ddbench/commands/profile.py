@@ -129,8 +129,8 @@ def run(args) -> int:
     from ddbench.profile.loadmodel import require
     require()
     from ddbench.core.provenance import command_line
-    from ddbench.profile.run import ProfileConfig
-    from ddbench.profile.run import run as run_profile
+    from ddbench.profile.layersweep import ProfileConfig
+    from ddbench.profile.layersweep import run as run_profile
     cfg = ProfileConfig(
         model=model, contexts=tuple(args.context), tasks=tuple(args.tasks), steps=args.steps,
         budgets=tuple(args.budget), chunk=args.chunk,
@@ -150,7 +150,7 @@ def run(args) -> int:
 
 def output_of(args) -> str | None:
     """The folder to write: --out, else ./ddbench-profile; None with --into-traces (the data root's
-    accuracy/, ddbench.profile.run's default)."""
+    accuracy/, ddbench.profile.layersweep's default)."""
     if args.into_traces:
         if args.out is not None:
             raise DDBenchError("--into-traces writes into the data root's accuracy/; give it or --out, not both")
