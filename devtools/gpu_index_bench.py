@@ -1,4 +1,4 @@
-"""Each selection index's whole selection (kernels/index.py: pass 1, and pass 2 for two levels, with the
+"""Each selection index's whole selection (kernels/indexkernels.py: pass 1, and pass 2 for two levels, with the
 engine's top-k) against its HBM floor, at Llama-3-8B's shapes, over contexts and batches.
 
     PYTHONPATH=. python3 -m devtools.gpu_index_bench [--out FILE.csv] [--points 131072:1,131072:16,...]
@@ -37,7 +37,7 @@ def main(argv=None):
         return 2
     import torch
     from ddbench.core.index import parse_index, selection_bytes
-    from ddbench.kernels.index import build_index, index_select
+    from ddbench.kernels.indexkernels import build_index, index_select
     from ddbench.kernels.microbench import Rows, ceilings
     from ddbench.kernels.timing import provenance, time_cuda
     Hq, H, d, k, nq = 32, 8, 128, 256, 2          # Llama-3-8B, the 2048-token budget in chunks of 8, dual token

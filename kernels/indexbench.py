@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ddbench.core.index import parse_index, selection_bytes
-from ddbench.kernels.index import build_index, index_select
+from ddbench.kernels.indexkernels import build_index, index_select
 from ddbench.kernels.timing import time_cuda
 
 SPECS = ("flat", "fp8", "int4", "two-level:8", "two-level:8,1,fp8", "two-level:8,1,int4", "two-level:8,2,int4",

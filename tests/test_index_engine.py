@@ -8,7 +8,7 @@ import torch
 from ddbench.core.designs import DESIGNS
 from ddbench.kernels.engine.engine import Engine, EngineConfig
 from ddbench.kernels.engine.model import Weights
-from ddbench.kernels.index import Index, index_select_ref
+from ddbench.kernels.indexkernels import Index, index_select_ref
 from ddbench.kernels.layout import alloc_host_kv
 from tests.test_engine_pipeline import TINY, reference_output
 

@@ -1,4 +1,4 @@
-"""The smaller selection indexes (kernels/index.py, issue 47) against their torch twins, on fresh random
+"""The smaller selection indexes (kernels/indexkernels.py, issue 47) against their torch twins, on fresh random
 keys and queries: the index built at prefill equals the twin's bit for bit; the selected chunk set equals
 the twin's exactly (poisoned outputs and scratch); the flat bf16 index is today's selection unchanged;
 two levels that keep every super-chunk select what one level selects; fp8 and int4 scores stay within
@@ -13,7 +13,7 @@ import torch
 
 from ddbench.core.errors import DDBenchError
 from ddbench.core.index import FP8_REL_ERROR, INT4_GROUP
-from ddbench.kernels import index as X
+from ddbench.kernels import indexkernels as X
 from ddbench.kernels.engine import fastselect
 from ddbench.kernels.select import LOG2E, select_chunks_ref
 

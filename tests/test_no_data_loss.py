@@ -98,7 +98,7 @@ FAKE_PROFILE = textwrap.dedent("""
     import sys
     from types import SimpleNamespace
     from ddbench.core.errors import DDBenchError
-    from ddbench.profile import run as R, trace
+    from ddbench.profile import layersweep as R, trace
 
     def fake_inspect(path):                             # the model is not read, nor run: only the writing
         cfg = SimpleNamespace(max_position_embeddings=8192, num_hidden_layers=30, use_sliding_window=False)
@@ -126,7 +126,7 @@ def _fake_profile(tmp_path, data, *flags):
 
 
 def test_dl1_profile_keeps_other_models_files(tmp_path, data):
-    """`ddbench profile`'s writing (ddbench.profile.run.run) with the model's sweep faked."""
+    """`ddbench profile`'s writing (ddbench.profile.layersweep.run) with the model's sweep faked."""
     acc = data / "accuracy"
     before = snapshot(acc, manifest=False)
     smol = entries(acc)

@@ -34,7 +34,7 @@ def test_no_model_at_path(tmp_path):
 def _in_process(out, **kw):
     """run() with a small config: the checks the CLI runs, without a process each (the subprocess tests
     here show the one-line exit 2 they turn into)."""
-    from ddbench.profile.run import ProfileConfig, run
+    from ddbench.profile.layersweep import ProfileConfig, run
     run(ProfileConfig(**(dict(tasks=("single",), steps=2, device="cpu", out=str(out), progress=False) | kw)))
 
 
@@ -78,7 +78,7 @@ def test_missing_optional_packages(tiny, tmp_path):
 
 def test_out_of_memory_names_largest_context_that_fits(tiny, tmp_path):
     from ddbench.profile import decode
-    from ddbench.profile.run import ProfileConfig, run
+    from ddbench.profile.layersweep import ProfileConfig, run
 
     def prefill_limited(model, ids, cache, chunk=1024, bar=None):
         if len(ids) > 700:

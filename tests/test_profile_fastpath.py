@@ -131,7 +131,7 @@ def test_questions_share_a_prefill_and_a_haystack_is_the_unit_of_the_intervals(t
     import pandas as pd
 
     from ddbench.profile import contexts
-    from ddbench.profile.run import ProfileConfig, run
+    from ddbench.profile.layersweep import ProfileConfig, run
     model = tiny_model(tmp_path / "tiny-llama", "llama")
     root = tmp_path / "root"
     for seed in (0, 1):

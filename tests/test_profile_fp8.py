@@ -170,7 +170,7 @@ def test_wilson_against_scipy_where_installed():
 
 
 def test_fp8_task_kv_is_the_dequantised_region():
-    from ddbench.profile.run import _fp8_kv
+    from ddbench.profile.layersweep import _fp8_kv
 
     class Layer:
         def __init__(self, seed):
@@ -205,6 +205,6 @@ def test_flags_bad_input(tmp_path, args):
 
 def test_validate_refuses_no_prompts():
     from ddbench.core.errors import DDBenchError
-    from ddbench.profile.run import ProfileConfig, validate
+    from ddbench.profile.layersweep import ProfileConfig, validate
     with pytest.raises(DDBenchError, match="--prompts must be at least 1"):
         validate(ProfileConfig(model="x", contexts=(512,), budgets=(64,), prompts=0), 2048)

@@ -163,7 +163,7 @@ def test_weights_that_do_not_fit_are_a_status_not_bad_input(tmp_path):
     out = tmp_path / "o"
     p = _run("simulate", "--model", "llama-3-70b", "--gpu", "l40s", "--requests", "5", "--out", str(out), "--tp", "1")
     assert p.returncode == 3, p.stderr
-    line = p.stdout.splitlines()[0]
+    line = next(x for x in p.stdout.splitlines() if x.startswith("dualdecoder:"))      # after the rates lines
     assert line.startswith("dualdecoder: NOTHING FITS: 5/5 requests rejected (the weights and runtime overhead")
     s = _strict_json((out / "summary.json").read_text())
     assert s["status"] == "nothing-fits" and s["completed"] == 0 and "do not fit" in s["reason"]
@@ -177,7 +177,7 @@ def test_timeline_batch_that_does_not_fit_reports_no_throughput(tmp_path):
     p = _run("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--batch", "4096",
              "--out", str(tmp_path / "o"))
     assert p.returncode == 3
-    first = p.stdout.splitlines()[0]
+    first = next(x for x in p.stdout.splitlines() if x.startswith("dualdecoder:"))     # after the rates lines
     assert "does not fit" in first and "tokens/s" not in first and "buffers" not in first
     s = _strict_json((tmp_path / "o" / "summary.json").read_text())
     assert s["status"] == "does-not-fit" and not s["fits"] and s["tokens_per_s"] is None

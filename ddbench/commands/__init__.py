@@ -3,6 +3,23 @@
 from __future__ import annotations
 
 import re
+import textwrap
+
+WIDTH = 120     # no line of a command's default text is wider (issue 46; tests/test_line_widths.py)
+
+
+def wrap(lines) -> list[str]:
+    """Every line at most WIDTH characters: longer ones wrapped between words (every word kept), their
+    continuations indented four spaces past the line's own indent. Lines holding a line break are split first."""
+    out = []
+    for line in (x for block in lines for x in str(block).split("\n")):
+        if len(line) <= WIDTH:
+            out.append(line)
+            continue
+        lead = len(line) - len(line.lstrip())
+        out += textwrap.wrap(line, WIDTH, subsequent_indent=" " * (lead + 4),
+                             break_on_hyphens=False, break_long_words=True)
+    return out
 
 
 def cost_model_line(notes, verbose: bool = False) -> str:

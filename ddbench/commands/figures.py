@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 
+from ddbench.commands import wrap
 from ddbench.core.errors import DDBenchError
 from ddbench.core.outputs import output_folder
 
@@ -130,8 +131,9 @@ def run(args) -> int:
                 text += "\n## Figures that failed in this run\n\n" + "".join(
                     f"- `{fid}`: {_one_line(msg)}\n" for fid, msg in failed)
             w.write_text("README.md", text)
-    print(f"wrote {len(results)} figure(s) into {args.out}"
-          + (f"; {len(failed)} failed: {', '.join(f for f, _ in failed)}" if failed else ""), file=sys.stderr)
+    print("\n".join(wrap([f"wrote {len(results)} figure(s) into {args.out}"
+                          + (f"; {len(failed)} failed: {', '.join(f for f, _ in failed)}" if failed else "")])),
+          file=sys.stderr)
     if line:
-        print(line)
+        print("\n".join(wrap([line])))
     return 2 if failed else 0

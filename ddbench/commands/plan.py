@@ -204,8 +204,6 @@ def _render_wide(result: dict) -> str:
             f"budget {result['workload']['budget']}, chunk {result['workload']['chunk']}"
             f"{kv_note(result['workload']['kv_bits'])}{index_note(result['workload'].get('index'))}{cache_note([r['system'] for r in result['systems']], result['workload'])}"
             f"  [GB = 1e9 bytes]; {host_head}")
-    from ddbench.planner.ratelines import rates_lines
-    head = "\n".join([head] + rates_lines(result["rates"]))
     bounded = hm is not None
     cols = ["system", "max batch"] + (["bound by", "by GPU", "by host"] if bounded else []) + ["at batch"] \
         + [c.replace("_", " ") for c in CATEGORIES] + ["total", "of GPU", "host GB/req"]
@@ -222,7 +220,9 @@ def _render_wide(result: dict) -> str:
                         f"{r['host_bytes_per_request'] / GB:.2f}"])
     tail = [f"host memory: {hm['note']}; bound by: the smaller of the GPU's and host memory's batch"
             " (by host '-': the design keeps no KV on the host)"] if bounded else []
-    return "\n".join([head] + _table(table) + tail + ([result["verdict"]] if "verdict" in result else []))
+    from ddbench.planner.ratelines import rates_lines
+    return "\n".join([head] + _table(table) + tail + rates_lines(result["rates"])
+                     + ([result["verdict"]] if "verdict" in result else []))
 
 
 def _csv(rows: list[dict]) -> str:

@@ -11,27 +11,10 @@ only lays it out. Every term is explained in docs/planning.md.
 from __future__ import annotations
 
 import math
-import textwrap
 
-from ddbench.commands import cache_note, kv_note, table
+from ddbench.commands import cache_note, kv_note, table, wrap
 from ddbench.core.memory import CATEGORIES
 from ddbench.core.units import GB, fmt_tokens, plural
-
-WIDTH = 120
-
-
-def wrap(lines: list[str]) -> list[str]:
-    """Every line at most WIDTH characters: longer ones wrapped, continuations indented."""
-    out = []
-    for line in lines:
-        if len(line) <= WIDTH:
-            out.append(line)
-            continue
-        lead = len(line) - len(line.lstrip())
-        out += textwrap.wrap(line, WIDTH, subsequent_indent=" " * (lead + 4), break_on_hyphens=False,
-                             break_long_words=True)
-    return out
-
 
 def _rate(r: float) -> str:
     return "0" if r <= 0 else (f"{r:.3g}" if r >= 0.01 else f"{r:.2e}")

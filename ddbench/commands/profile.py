@@ -34,7 +34,7 @@ EXAMPLE = """examples:
   ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --steps 64 --into-traces
   ddbench profile --layer-accuracy --model ~/models/Meta-Llama-3-8B-Instruct --context 32k,64k \\
       --tasks single,multikey,multivalue,vt --budget 1024,2048 --temperature 0,0.6,1.0 --device cuda
-  ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --budget 64,128,256 \
+  ddbench profile --layer-accuracy --model ./SmolLM2-135M-Instruct.Q4_1.gguf --context 4k --budget 64,128,256 \\
       --init t2 --temperature 0.6 --no-quality --cache-policies lru,score --cache-capacity 0,1,1.5,2,4,8"""
 
 CACHE_CAPACITIES = "0,1,1.5,2,4,8"
@@ -129,8 +129,8 @@ def run(args) -> int:
     from ddbench.profile.loadmodel import require
     require()
     from ddbench.core.provenance import command_line
-    from ddbench.profile.run import ProfileConfig
-    from ddbench.profile.run import run as run_profile
+    from ddbench.profile.layersweep import ProfileConfig
+    from ddbench.profile.layersweep import run as run_profile
     cfg = ProfileConfig(
         model=model, contexts=tuple(args.context), tasks=tuple(args.tasks), steps=args.steps,
         budgets=tuple(args.budget), chunk=args.chunk,
@@ -150,7 +150,7 @@ def run(args) -> int:
 
 def output_of(args) -> str | None:
     """The folder to write: --out, else ./ddbench-profile; None with --into-traces (the data root's
-    accuracy/, ddbench.profile.run's default)."""
+    accuracy/, ddbench.profile.layersweep's default)."""
     if args.into_traces:
         if args.out is not None:
             raise DDBenchError("--into-traces writes into the data root's accuracy/; give it or --out, not both")

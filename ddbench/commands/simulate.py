@@ -41,7 +41,7 @@ import time
 from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
-from ddbench.commands import cache_note, cost_model_line, index_note
+from ddbench.commands import cache_note, cost_model_line, index_note, wrap
 from ddbench.commands.plan_tp import context_warning
 from ddbench.commands.plan import _plot_path as plot_path, kv_note
 from ddbench.core import defaults as D
@@ -112,7 +112,8 @@ def register(sub) -> None:
                         " files ddbench did not write (kept)")
     p.add_argument("--trace", action="store_true", help="also write a Chrome/Perfetto trace.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--verbose", action="store_true", help="print the cost model's notes whole (else one line)")
+    p.add_argument("--verbose", action="store_true", help="print the cost model's notes whole, lines unwrapped"
+                                                         " (else a summary, wrapped at 120 characters)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_config_arg(p)
     add_profile_row_args(p)
@@ -191,16 +192,17 @@ def run(args) -> int:
         print(dumps_json(summaries))
     else:
         from ddbench.planner.ratelines import rates_doc, rates_lines
-        lines = list(rates_lines(rates_doc(resolved)))
+        lines = []
         for note in (kv_note(r0.workload.kv_bits), index_note(r0.workload.index), cache_note(summaries, r0.workload)):
             if note:
                 lines.append(note.lstrip(", "))
         lines += [_render(name, s) for name, s in summaries.items()]
+        lines += rates_lines(rates_doc(resolved))        # the rates each answer above ran at, and their source
         grows = [(name, s) for name, s in summaries.items() if s.get("queue_grows")]
         if grows:
             lines.append(_queue_warning(grows, args.rate))
         lines += [n for n in (tp_note, fp8_note(args)) if n] + context_warning(r0)
-        print("\n".join(lines + _tail(args, r0, summaries, resolved)))
+        print("\n".join(_shown(args, lines + _tail(args, r0, summaries, resolved))))
     return 0 if any(s["status"] == "ok" for s in summaries.values()) else NO_FIT
 
 
@@ -249,6 +251,11 @@ def _tail(args, r0, summaries, resolved) -> list[str]:
     if r0.lowrank_note:
         lines.append(r0.lowrank_note)
     return lines + [f"wrote {args.out}" + (f", {args.plot}" if getattr(args, "plot", None) else "")]
+
+
+def _shown(args, lines: list[str]) -> list[str]:
+    """The default text wrapped at 120 characters (every word kept); --verbose as it is, each note whole."""
+    return list(lines) if args.verbose else wrap(lines)
 
 
 def _queue_warning(grows, rate: float) -> str:
@@ -324,7 +331,7 @@ def _sweep(args, resolved, ctx: int) -> int:
         added = sweep["largest_batches_added"]
         lines = B.render(sweep, head) + ([f"batches {', '.join(map(str, added))} added: the designs' largest"
                                           " batches"] if added else []) + _tail(args, r0, by_design, resolved)
-        print("\n".join(lines))
+        print("\n".join(_shown(args, lines)))
     return 0 if any(p["status"] == "ok" for d in sweep["designs"].values() for p in d["points"]) else NO_FIT
 
 
@@ -347,13 +354,14 @@ def _render(name: str, s: dict) -> str:
         why = s.get("reason") or (f"a single request needs more than the {s['capacity_bytes'] / GB:.1f} GB of GPU"
                                   " memory")
         return f"{name}: NOTHING FITS: {s['rejected']}/{s['requests']} requests rejected ({why}); no throughput reported"
+    # two lines, each within WIDTH: the throughput and what it used, then the latencies
     return (f"{name}: {s['completed']}/{s['requests']} done ({s['rejected']} rejected),"
             f" {_num(s['tokens_per_s'], '.2f')}{_interval(s.get('tokens_per_s_interval'))} tokens/s,"
-            f" completion P50 {_num(s['completion_p50_s'], '.1f')} s P99 {_num(s['completion_p99_s'], '.1f')} s,"
-            f" TTFT P50 {_num(s['ttft_p50_s'], '.2f')} s,"
-            f" TPOT P50 {_num(None if s['tpot_p50_s'] is None else 1e3 * s['tpot_p50_s'], '.1f')} ms,"
             f" mean batch {s['mean_batch']:.1f}, link {100 * s['link_utilisation']:.0f}%,"
-            f" peak memory {s['peak_memory_bytes'] / GB:.1f} of {s['capacity_bytes'] / GB:.1f} GB")
+            f" peak memory {s['peak_memory_bytes'] / GB:.1f} of {s['capacity_bytes'] / GB:.1f} GB\n"
+            f"    completion P50 {_num(s['completion_p50_s'], '.1f')} s P99 {_num(s['completion_p99_s'], '.1f')} s,"
+            f" TTFT P50 {_num(s['ttft_p50_s'], '.2f')} s,"
+            f" TPOT P50 {_num(None if s['tpot_p50_s'] is None else 1e3 * s['tpot_p50_s'], '.1f')} ms")
 
 
 def _render_host(summaries: dict, r0) -> str:

@@ -22,6 +22,7 @@ import argparse
 import os
 import time
 
+from ddbench.commands import wrap
 from ddbench.core import defaults as D
 from ddbench.core import flags
 from ddbench.core.errors import DDBenchError
@@ -123,10 +124,11 @@ def run(args) -> int:
     ran = len(todo)
     cpu = sum(rows[keys[i]].get("sim_cpu_s") or 0.0 for i in todo)
     speed = f", {ran / wall:.1f} points/s, {cpu:.0f} CPU-s in the simulator" if ran and wall > 0 else ""
-    print(f"sweep {name}: {n} points ({ran} run, {reused} reused from {store_path}) in {wall:.1f} s{speed}"
-          f" on {args.executor} ({len(workers_seen - {None})} worker processes"
-          + (f"; Ray startup {info['startup_s']:.1f} s not counted)" if info["startup_s"] else ")"))
-    print(f"wrote {os.path.join(out, 'results.parquet')}, results.csv, summary.png")
+    print("\n".join(wrap([
+        f"sweep {name}: {n} points ({ran} run, {reused} reused from {store_path}) in {wall:.1f} s{speed}"
+        f" on {args.executor} ({len(workers_seen - {None})} worker processes"
+        + (f"; Ray startup {info['startup_s']:.1f} s not counted)" if info["startup_s"] else ")"),
+        f"wrote {os.path.join(out, 'results.parquet')}, results.csv, summary.png"])))
     if not any(r.get("completed") for r in ordered):
         print(f"sweep {name}: not one point fits in GPU memory (every row's status is does-not-fit)")
         return NO_FIT

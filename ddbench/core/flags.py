@@ -17,12 +17,29 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import shutil
 
 from ddbench.core.errors import DDBenchError
 
 
+HELP_WIDTH = 120     # no help line wider than this, however wide the terminal (issue 46)
+
+
+def _capped(formatter_class):
+    """`formatter_class` wrapping at the terminal's width, but never past HELP_WIDTH characters."""
+    class Capped(formatter_class):
+        def __init__(self, prog, *args, width=None, **kwargs):
+            width = min(width or shutil.get_terminal_size().columns - 2, HELP_WIDTH - 2)
+            super().__init__(prog, *args, width=width, **kwargs)
+    return Capped
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line and exits 2 (the CLI and every `python -m` tool)."""
+    """argparse that reports a usage error in one line and exits 2 (the CLI and every `python -m` tool); its
+    help wraps at most HELP_WIDTH characters wide."""
+
+    def __init__(self, *args, formatter_class=argparse.HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=_capped(formatter_class), **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.exit(2, f"{self.prog}: error: {one_line(message)}\n")

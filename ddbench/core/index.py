@@ -1,5 +1,5 @@
 """The selection index of the landmark designs (issue 47): its format, its bytes, and the bytes one
-selection reads. Torch-free; the kernels are in kernels/index.py.
+selection reads. Torch-free; the kernels are in kernels/indexkernels.py.
 
     spec = parse_index("two-level:8,1,fp8")   # IndexSpec; DDBenchError (one line) on bad input
     spec.name                                 # "two-level:8,1,fp8" (canonical)

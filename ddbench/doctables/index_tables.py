@@ -160,7 +160,7 @@ def index_recall(root: Path = ROOT) -> str:
             f" {s['prompts']} prompts per context, {s['steps']} greedy decode steps each, every layer's real"
             f" post-RoPE queries against the prompt's landmarks (chunk {s['chunk']}, the last 32 tokens resident);"
             f" the reference is the flat bf16 index's top-k, each index selects with its torch twin"
-            f" (kernels/index.py) over the same queries. Budget = context / {' and / '.join(map(str, s['shares']))};"
+            f" (kernels/indexkernels.py) over the same queries. Budget = context / {' and / '.join(map(str, s['shares']))};"
             f" cells: mean recall over layers (its worst layer), each layer's recall the mean over prompts x steps"
             f" x KV heads ({s['runtime_s']:.0f} s on one CPU thread). k is small at these contexts (the budget's"
             f" share of 128K gives 16 chunks at 8K), so one chunk moves a head's recall by 1/k; `=`: the two-level"

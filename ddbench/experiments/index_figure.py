@@ -34,17 +34,16 @@ def point(design: str, index: str) -> dict:
     from ddbench.core.index import parse_index, resident_bytes
     from ddbench.core.memory import max_batch
     from ddbench.planner.scenario import Scenario, resolve
-    from ddbench.sim.aggregate import aggregate_step
-    from ddbench.sim.steplayers import step_layers
+    from ddbench.sim.run import Point, run
     r = resolve(Scenario.make(model=MODEL, gpu=GPU, design=design, context="128k", index=index))
     b = max_batch(r.design, r.model, r.gpu, r.workload)
-    pl = step_layers(r.design, r.model, r.cm, r.workload, b, float(CONTEXT), r.hit, r.reuse, r.lowrank,
-                     cache=r.cache_rates)
+    pl = run(Point(r.design, r.model, r.cm, r.workload, b, float(CONTEXT), r.hit, r.reuse, r.lowrank,
+                   cache=r.cache_rates), "plan")
     compute = sum(pl.pre) + sum(pl.mid) + sum(pl.att) + sum(pl.post) + pl.lm_s
     n = CONTEXT // r.workload.chunk
     return {"design": design, "index": index, "bytes_per_chunk_head": resident_bytes(parse_index(index), n,
                                                                                       r.model.head_dim) / n,
-            "max_batch": b, "tok_s_compute_only": b / compute, "tok_s": b / aggregate_step(pl).step_s}
+            "max_batch": b, "tok_s_compute_only": b / compute, "tok_s": b / run(pl, "aggregate").step_s}
 
 
 def recall_rows() -> list:

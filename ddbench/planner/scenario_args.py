@@ -159,9 +159,9 @@ def _row_arg(key: str):
 
 
 def add_profile_row_args(p) -> None:
-    g = p.add_argument_group("accuracy profile rows (only with a profile; default: T2 start, temperature"
-                             f" {D.PROFILE_TEMPERATURE}, the smallest budget measured, every context and task"
-                             " averaged)")
+    g = p.add_argument_group("accuracy profile rows", f"only with a profile; default: T2 start, temperature"
+                             f" {D.PROFILE_TEMPERATURE},\nthe smallest budget measured, every context and task"
+                             " averaged")
     helps = {"init": ("INIT", "first speculative token: t2, random, or all"),
              "temperature": ("T", "output sampling temperature, or all"),
              "budget": ("N", "budget_tokens: smallest, all, or tokens (1024, 2k)"),

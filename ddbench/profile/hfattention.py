@@ -12,7 +12,7 @@ and switches the model to it. The function reads one `Probe` object, attached as
   window and generated tokens, everything at or after `plan.resident_from`). For ShadowKV's
   low-rank keys, `plan.keys[layer]` replaces the keys of the selectable region ([B, H, S, d],
   post-RoPE, rebuilt from the rank-r SVD of the pre-RoPE keys); for fp8 K/V, `plan.keys` and
-  `plan.values` are the region's keys and values through e4m3 (ddbench/profile/run.py `_fp8_kv`);
+  `plan.values` are the region's keys and values through e4m3 (ddbench/profile/layersweep.py `_fp8_kv`);
   selection always uses the exact landmarks (ShadowKV builds them from the exact post-RoPE keys at
   prefill; dualdecoder-cache on the GPU at prefill).
 

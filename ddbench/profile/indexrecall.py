@@ -9,7 +9,7 @@ selectable region (ddbench/profile/selection.py's Geometry: the last 32 tokens r
 fp32 chunk landmarks (chunk 8). The model then decodes `steps` tokens greedily, and every layer's post-RoPE
 query of each step is captured (ddbench/profile/hfattention.py's probe; attention itself stays exact and
 dense, so the trajectory is the model's own). For each (step, layer), the reference is the flat bf16 index's
-top-k (ddbench.kernels.index.index_select_ref: today's landmarks in bf16, the rule of kernels/select.py),
+top-k (ddbench.kernels.indexkernels.index_select_ref: today's landmarks in bf16, the rule of kernels/select.py),
 k = context / share / chunk chunks for each share (64: the 2,048-token budget's share of 128K, so a two-level
 index keeps the same fraction of the context as it would at 128K, but k is small at these contexts: 16 chunks
 at 8K; 16: k four times larger, a two-level index keeping a larger fraction); each index of the grid selects with its
@@ -42,7 +42,7 @@ COMMAND = "python -m ddbench.profile.indexrecall"
 def layer_recall(q, lm32, k: int, specs=GRID) -> dict:
     """{index: recall per KV head item [nq * H]} of one layer: q [1, nq, Hq, d], lm32 [1, H, N, d] fp32."""
     import torch
-    from ddbench.kernels.index import index_from_landmarks, index_select_ref
+    from ddbench.kernels.indexkernels import index_from_landmarks, index_select_ref
     ref = index_select_ref(q, index_from_landmarks(lm32, "flat", torch.bfloat16, kernel=False), k)   # [1, nq, H, k]
     out = {}
     for spec in specs:
@@ -112,7 +112,7 @@ def measure(args) -> tuple[list, dict]:
                          ci95_low=round(lo, 4), ci95_high=round(hi, 4), items=n))
     summary = {"schema": SCHEMA, "model": loaded.name, "sha256": loaded.sha256, "task": TASK, "steps": args.steps,
                "prompts": args.prompts, "shares": list(args.shares), "head_dim": loaded.head_dim, "chunk": 8,
-               "runtime_s": round(time.time() - t0, 1), "reference": "flat bf16 index (kernels/index.py twin)",
+               "runtime_s": round(time.time() - t0, 1), "reference": "flat bf16 index (kernels/indexkernels.py twin)",
                "per_context": {}}      # "context/budget" -> index -> recall
     for c, b in sorted({(r["context"], r["budget"]) for r in rows}):
         per = {}

@@ -326,7 +326,7 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
         s = self.sys
         with nvtx_range("select"):
             if s.landmarks and self.index.name != "flat":
-                from ddbench.kernels.index import index_select, index_select_ref
+                from ddbench.kernels.indexkernels import index_select, index_select_ref
                 pick = index_select_ref if self.ref else index_select
                 return self._map(lambda t: pick(t.contiguous(), self.lm[i], self.kc, **kw), q)
             if s.landmarks:

@@ -52,7 +52,7 @@ class Residency:
         self.recent_k = torch.empty(L, B, H, self.Rcap, d, device=self.dev, dtype=dt).normal_(generator=g0)
         self.recent_v = torch.empty(L, B, H, self.Rcap, d, device=self.dev, dtype=dt).normal_(generator=g0)
         if s.landmarks and self.index.name != "flat":    # a smaller index (issue 47): per layer, in its format
-            from ddbench.kernels.index import random_index     # one request's transients at a time
+            from ddbench.kernels.indexkernels import random_index     # one request's transients at a time
             self.lm = [random_index(B, H, self.N, d, self.index, dt, g0, self.dev, kernel=not self.ref) for _ in range(L)]
         elif s.landmarks:
             self.lm = torch.empty(L, B, H, self.N, d, device=self.dev, dtype=dt).normal_(generator=g0)
