@@ -179,8 +179,8 @@ def test_plan_prints_each_designs_rates_at_one_matched_set(capsys):
     rc, out, err = _main(["plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--design", "all"],
                          capsys)
     assert rc == 0, err
-    lines = out.splitlines()
-    assert lines[1] == f"rates (95 % interval), one matched set: {SMOL}:"
+    lines = out.splitlines()          # the answer, its warning, the inputs line, then the rates
+    assert lines[3] == f"rates (95 % interval), one matched set: {SMOL}:", out
     for d in ("shadowkv", "specache", "dualdecoder", "dualdecoder-cache"):
         (ln,) = [x for x in lines if x.startswith(f"  {d}: ")]
         assert ln.endswith("SmolLM2-135M, measured 1K-8K, extrapolated 16x") and "[" in ln and len(ln) <= 120
@@ -217,7 +217,7 @@ def test_no_profile_is_said_in_the_first_lines(tmp_path):
     r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--design", "all",
                 cwd=tmp_path, env={"DDBENCH_DATA": str(tmp_path)})
     assert r.returncode == 0, r.stderr
-    first = r.stdout.splitlines()[1]
+    first = r.stdout.splitlines()[3]    # after the answer, its warning and the inputs line
     assert first.startswith("NO PROFILE MATCHES shadowkv, specache, dualdecoder, dualdecoder-cache")
     assert "  shadowkv: constant hit rate 0.88, not measured" in r.stdout
 

@@ -167,12 +167,12 @@ def memory_text(result: dict, verbose_table: list[str]) -> list[str]:
     who = f"per replica of {tp} GPUs" if tp > 1 else "per GPU"
     lines = [f"{best['system']}, TP {tp}: up to {best['max_batch']} requests {who}, bound by {best['bound_by']};"
              f" {best['bytes']['total'] / GB:.1f} of {cap / GB:.1f} GB per GPU"]
-    from ddbench.planner.ratelines import rates_lines
-    lines += rates_lines(result["rates"]) if result.get("rates") else []
     lines += result.get("notes", [])
     w = result["workload"]
     lines.append(f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])},"
                  f" budget {w['budget']}, chunk {w['chunk']}; GB = 1e9 bytes")
+    from ddbench.planner.ratelines import rates_lines          # the rates, right under the inputs
+    lines += rates_lines(result["rates"]) if result.get("rates") else []
     lines += [n.lstrip(", ") for n in (kv_note(w["kv_bits"]), cache_note([r["system"] for r in rows], w)) if n]
     t = [["  design", "max batch", "bound by", "GB per GPU", "of GPU", "host GB/request"]]
     for r in rows:
