@@ -175,12 +175,21 @@ def test_rates_beside_the_spec_or_config_never_from_the_cwd(tmp_path, monkeypatc
     assert rc == 0 and "(1 run, 0 reused" in out, out     # an edited rates file is run again, not resumed
 
 
+def _after_inputs(lines) -> int:
+    """The index of the first line after plan's inputs line (`... GB = 1e9 bytes`) and its notes (KV fp8, chunk cache),
+    within the first 8 lines: where the rates block starts."""
+    i = next(k for k, x in enumerate(lines[:8]) if x.endswith("GB = 1e9 bytes")) + 1
+    while lines[i].startswith(("KV fp8", "chunk cache")):
+        i += 1
+    return i
+
+
 def test_plan_prints_each_designs_rates_at_one_matched_set(capsys):
     rc, out, err = _main(["plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--design", "all"],
                          capsys)
     assert rc == 0, err
-    lines = out.splitlines()          # the answer, its warning, the inputs line, then the rates
-    assert lines[3] == f"rates (95 % interval), one matched set: {SMOL}:", out
+    lines = out.splitlines()          # the answer, its warning, the inputs line and its notes, then the rates
+    assert lines[_after_inputs(lines)] == f"rates (95 % interval), one matched set: {SMOL}:", out
     for d in ("shadowkv", "specache", "dualdecoder", "dualdecoder-cache"):
         (ln,) = [x for x in lines if x.startswith(f"  {d}: ")]
         assert ln.endswith("SmolLM2-135M, measured 1K-8K, extrapolated 16x") and "[" in ln and len(ln) <= 120
@@ -217,7 +226,8 @@ def test_no_profile_is_said_in_the_first_lines(tmp_path):
     r = ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--design", "all",
                 cwd=tmp_path, env={"DDBENCH_DATA": str(tmp_path)})
     assert r.returncode == 0, r.stderr
-    first = r.stdout.splitlines()[3]    # after the answer, its warning and the inputs line
+    lines = r.stdout.splitlines()
+    first = lines[_after_inputs(lines)]    # after the answer, its warning, the inputs line and its notes
     assert first.startswith("NO PROFILE MATCHES shadowkv, specache, dualdecoder, dualdecoder-cache")
     assert "  shadowkv: constant hit rate 0.88, not measured" in r.stdout
 

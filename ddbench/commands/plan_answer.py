@@ -171,9 +171,9 @@ def memory_text(result: dict, verbose_table: list[str]) -> list[str]:
     w = result["workload"]
     lines.append(f"{result['model']} on {result['gpu']} ({cap / GB:.1f} GB), context {fmt_tokens(result['context'])},"
                  f" budget {w['budget']}, chunk {w['chunk']}; GB = 1e9 bytes")
-    from ddbench.planner.ratelines import rates_lines          # the rates, right under the inputs
-    lines += rates_lines(result["rates"]) if result.get("rates") else []
     lines += [n.lstrip(", ") for n in (kv_note(w["kv_bits"]), cache_note([r["system"] for r in rows], w)) if n]
+    from ddbench.planner.ratelines import rates_lines          # the rates, under the inputs and their notes
+    lines += rates_lines(result["rates"]) if result.get("rates") else []
     t = [["  design", "max batch", "bound by", "GB per GPU", "of GPU", "host GB/request"]]
     for r in rows:
         t.append(["  " + r["system"], str(r["max_batch"]), r["bound_by"], f"{r['bytes']['total'] / GB:.2f}",
