@@ -100,6 +100,14 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
+def _ignore_further_signals():
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except ValueError:             # not the main thread
+            pass
+
+
 def _parse(argv):
     """The parsed arguments. --help and --version print and exit here: argparse ignores a failed write, so
     their text is caught and written here, where `--help > /dev/full` fails and is reported."""
@@ -158,6 +166,7 @@ def _answer(argv) -> int:
         print(f"ddbench: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _ignore_further_signals()      # exiting: a late or repeated signal must not cut the clean-up or the exit short
         undo_run()
         print("ddbench: interrupted", file=sys.stderr)
         return 130
