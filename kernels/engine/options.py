@@ -221,8 +221,8 @@ def _paper_designs(text):
         return paper_phase.DESIGNS
     names = [x.strip() for x in text.split(",")]
     for n in names:
-        # the phase runs GPU-gather designs that keep their KV on the GPU or select on it (not Figure 2's bound)
-        if not n or n not in SYSTEMS or SYSTEMS[n].gather != "gpu" or not (SYSTEMS[n].kv_on_gpu or selects(SYSTEMS[n])):
+        s = SYSTEMS.get(n)    # GPU-gather designs that keep their KV on the GPU or select on it (not Figure 2's bound)
+        if s is None or s.gather != "gpu" or not (s.kv_on_gpu or selects(s)):
             raise DDBenchError(f"--designs: {n!r} is not a design the paper phase runs")
     return tuple(names)
 

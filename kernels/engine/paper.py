@@ -40,7 +40,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from ddbench.core.designs import DUALDECODER, FULL_KV, SHADOWKV, SPECACHE
+from ddbench.core.designs import DUALDECODER, FULL_KV, SHADOWKV, SPECACHE, cache_designs, get_design
 from ddbench.core.errors import DDBenchError
 from ddbench.core.rates import prediction_of
 from ddbench.kernels.engine.points import Label, design_labels, design_spec
@@ -140,8 +140,7 @@ def profile_cache_rates(model, budget=None):
     rates = matched_rates(model, budget)
 
     def cache(ctx, ct, prediction="speculative"):     # the first registered chunk-cache design of that prediction
-        from ddbench.core.designs import DESIGNS, cache_designs
-        return rates(ctx, next(n for n in cache_designs() if prediction_of(DESIGNS[n]) == prediction), ct)
+        return rates(ctx, next(n for n in cache_designs() if prediction_of(get_design(n)) == prediction), ct)
     return cache
 
 
