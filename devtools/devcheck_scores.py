@@ -91,7 +91,7 @@ def topk_grid(rows):
         N = ctx // 8
         q = torch.randn(B, nq, 32, 128, device="cuda", generator=g).to(torch.bfloat16)
         lm = torch.randn(B, 8, N, 128, device="cuda", generator=g).to(torch.bfloat16)
-        sc, pml, G = fastselect._landmark_pass1(q, lm)
+        sc, pml, G = fastselect.landmark_pass1(q, lm)
         pred = torch.rand(B * 8, N, device="cuda", generator=g).topk(k).indices.sort(-1).values
         pred = pred.to(torch.int32).view(B, 8, k)
         plan = (pred, plan_buffers(B, 8, k, q.device)) if nq == 2 else None
@@ -142,7 +142,7 @@ def engine(reps, rows, hbm, points=ENGINE_POINTS, designs=("dualdecoder-single",
     row per repetition where both DualDecoder steps ran."""
     from ddbench.core.catalog import get_model
     from ddbench.kernels.engine.model import Weights
-    from ddbench.kernels.engine.sweep import run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, run_point
     from ddbench.kernels.timing import event_times
     model = get_model("llama-3-8b")
     weights = Weights.random(model, "cuda", seed=0)
@@ -150,8 +150,8 @@ def engine(reps, rows, hbm, points=ENGINE_POINTS, designs=("dualdecoder-single",
     for ctx, B in points:
         t = {}
         for design in designs:
-            r = run_point(model, weights, None, design, ctx, B, miss_rate=None, transfers=False, graph=True,
-                          reps=5, hbm=hbm, keep=True)
+            r = run_point(PointSetup(model, weights, hbm=hbm), design, ctx, B,
+                          PointTiming(miss_rate=None, transfers=False, reps=5), keep=True)
             if not isinstance(r, tuple):
                 print(f"engine {design} {ctx}:{B}: {r['status']}", flush=True)
                 continue

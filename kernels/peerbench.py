@@ -177,7 +177,7 @@ def bench_attention(rows, fi, hbm_gbps, batches, contexts, dev, gen):
 
 
 def bench_topk(rows, fi, hbm_gbps, batches, contexts, dev, gen):
-    from ddbench.kernels.engine.fastselect import _landmark_pass1, select_topk, topk_from_scratch
+    from ddbench.kernels.engine.fastselect import landmark_pass1, select_topk, topk_from_scratch
     from ddbench.kernels.select import score_chunks
     nq = 2
     for ctx in contexts:
@@ -187,7 +187,7 @@ def bench_topk(rows, fi, hbm_gbps, batches, contexts, dev, gen):
             S = _sets(lm_bytes)
             lms = [torch.randn(B, H, N, D, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(S)]
             qs = [torch.randn(B, nq, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(S)]
-            p1 = [_landmark_pass1(q, lm) for q, lm in zip(qs, lms)]
+            p1 = [landmark_pass1(q, lm) for q, lm in zip(qs, lms)]
             probs = [score_chunks(q, lm).view(B * nq * H, N) for q, lm in zip(qs, lms)]
             shape = f"{ctx // 1024}K ctx, N={N} chunks, k={K_CHUNKS}, nq={nq}, {S} input sets"
             scratch_bytes = B * H * nq * G * N * 2

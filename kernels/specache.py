@@ -183,7 +183,7 @@ def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt,
     """GB groups (GB * GROUP tokens, GB * GROUP / 4 byte rows) per iteration: the codes' 4 token
     phases are dequantised in registers (zero + scale * code, the group's scale broadcast over its
     rows) and each phase is one [rows, D] x [D, BLOCK_M] dot. Pass 1 (with CHUNK: the per-row chunk
-    maxima too); pass 2 per token only (the chunk form's pass 2 is kernels/select.py's _score_pass2)."""
+    maxima too); pass 2 per token only (the chunk form's pass 2 is kernels/select.py's score_pass2_kernel)."""
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D).to(tl.float16)
     dd = tl.arange(0, D)
@@ -419,12 +419,12 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
     if out.shape != (B, nq, H, T_out) or not out.is_contiguous() or out.dtype != torch.float32:
         raise DDBenchError(f"out must be a contiguous fp32 {(B, nq, H, T_out)} tensor")
     if chunk:   # one pass over the codes; pass 2 reads the per-row chunk maxima (select.py's pass 2)
-        from ddbench.kernels.select import _score_pass2
+        from ddbench.kernels.select import score_pass2_kernel
         scratch, pml = _pass1(q, qk, chunk, L, gb, num_warps, False, impl)
         split_len = triton.cdiv(T_out, n_split)
-        _score_pass2[(B * H, n_split)](scratch, pml, out, T_out, H, G, nq, n_split, split_len,
-                                       GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=64, SP=triton.next_power_of_2(n_split),
-                                       num_warps=4)
+        score_pass2_kernel[(B * H, n_split)](scratch, pml, out, T_out, H, G, nq, n_split, split_len,
+                                             GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=64, SP=triton.next_power_of_2(n_split),
+                                             num_warps=4)
         return out
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
     grid = (B * H, n_split)

@@ -54,7 +54,7 @@ import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
 from ddbench.kernels.fp8 import E4M3, layer_scales
-from ddbench.kernels.gather import _check, gather_ref, gather_uva, launch_items
+from ddbench.kernels.gather import check_gather_args, gather_ref, gather_uva, launch_items
 
 SPIN = 1 << 14          # polls per program per launch at most (the wait's bound; see the module docstring)
 
@@ -124,7 +124,7 @@ def _grid(n_items, programs, items):
 def gather_yielding(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, programs=32, items=None, scales=None,
                     spin=SPIN, polls=None) -> int:
     """The yielding prefetch gather (module docstring). Returns the number of programs launched."""
-    B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
+    B, H, N, C, d = check_gather_args(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
     if C * d & (C * d - 1):
         raise DDBenchError(f"chunk * head_dim must be a power of two, got {C}*{d}")
     if not (isinstance(spin, int) and 0 <= spin < 1 << 31):
@@ -150,7 +150,7 @@ def gather_yielding(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, p
 def gather_yielding_ref(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, programs=32, items=None,
                         scales=None, spin=SPIN, polls=None) -> int:
     """Torch twin of gather_yielding (module docstring): the same writes, polls for a flag held still."""
-    B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
+    B, H, N, C, d = check_gather_args(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
     n_items = B * H * idx.shape[2]
     grid = _grid(n_items, programs, launch_items(items, programs, host_kv))
     check_flag(flag, polls, programs, v_out.device)

@@ -235,8 +235,8 @@ def test_fp16_scores_are_rounded_fp32(nq):
     g = torch.Generator().manual_seed(40 + nq)
     B, Hq, H, d, N, k = 2, 8, 2, 32, 300, 40
     q, lm = torch.randn(B, nq, Hq, d, generator=g), torch.randn(B, H, N, d, generator=g)
-    s32, p32, G = fastselect._landmark_pass1(q, lm, splits=3, scores=torch.float32)
-    s16, p16, _ = fastselect._landmark_pass1(q, lm, splits=3)
+    s32, p32, G = fastselect.landmark_pass1(q, lm, splits=3, scores=torch.float32)
+    s16, p16, _ = fastselect.landmark_pass1(q, lm, splits=3)
     assert s16.dtype == torch.float16 and torch.equal(p16, p32)
     rows = [t * triton.next_power_of_2(G) + g for t in range(nq) for g in range(G)]   # the rows pass 1 writes
     BM = fastselect._block_m(nq, G)
@@ -255,10 +255,10 @@ def test_pass1_default_splits(B, H, N, want):
     and the statistics of any split count give the same top-k."""
     g = torch.Generator().manual_seed(B * N)
     q, lm = torch.randn(B, 2, 4 * H, 16, generator=g), torch.randn(B, H, N, 16, generator=g)
-    sc, pml, G = fastselect._landmark_pass1(q, lm)
+    sc, pml, G = fastselect.landmark_pass1(q, lm)
     assert pml.numel() // (2 * B * H * fastselect._block_m(2, G)) == want
     if N <= 2048:
-        one = fastselect._landmark_pass1(q, lm, splits=1)
+        one = fastselect.landmark_pass1(q, lm, splits=1)
         assert torch.equal(fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, 8),
                            fastselect.topk_from_scratch(one[0], one[1], B, H, 2, G, N, 8))
 
@@ -343,7 +343,7 @@ def test_topk_kernels_gpu(B, nq, N, k, ties):
     else:
         q = torch.randn(B, nq, Hq, d, device="cuda", generator=g).bfloat16()
         lm = torch.randn(B, H, N, d, device="cuda", generator=g).bfloat16()
-        sc, pml, _ = fastselect._landmark_pass1(q, lm)
+        sc, pml, _ = fastselect.landmark_pass1(q, lm)
     outs = []
     for method in ("stream", "bits", "seg", None):
         out = _poisoned((B, nq, H, k), "cuda")

@@ -43,7 +43,7 @@ from dataclasses import replace
 from ddbench.commands.config import add_config_arg
 from ddbench.commands import cache_note, cost_model_line, index_note, wrap
 from ddbench.commands.plan_tp import context_warning
-from ddbench.commands.plan import _plot_path as plot_path, kv_note
+from ddbench.commands.plan import plot_path, kv_note
 from ddbench.core import defaults as D
 from ddbench.core import flags
 from ddbench.core.catalog import NOT_BOUNDED

@@ -40,7 +40,7 @@ from ddbench.kernels.engine.cpugather import CpuGather
 from ddbench.kernels.engine.model import Weights, nvtx_range, rope_tables
 from ddbench.core.index import parse_index
 from ddbench.kernels.engine.fastselect import fused_plan_fits
-from ddbench.kernels.engine.ops import _ops
+from ddbench.kernels.engine.ops import engine_ops
 from ddbench.kernels.engine.residency import Residency
 from ddbench.kernels.engine.reusefetch import reuse_copy, reuse_fetch, reuse_gather, reuse_launch  # noqa: F401
 from ddbench.kernels.engine.transfer import Sched, perturb, perturb_fast, plan_misses, plan_buffers, plan_misses_fast
@@ -67,7 +67,7 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
                  log: bool = False, debug: bool = False):
         self.m, self.sys, self.cfg, self.w = model, system, cfg, weights
         self.dev = torch.device(device)
-        self.ops = _ops(ref)
+        self.ops = engine_ops(ref)
         self.ref = ref
         self.debug = [] if debug else None
         self.graph = None                # CUDA graph of `graph_steps` whole steps (capture())
