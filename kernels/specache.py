@@ -420,7 +420,7 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
         raise DDBenchError(f"out must be a contiguous fp32 {(B, nq, H, T_out)} tensor")
     if chunk:   # one pass over the codes; pass 2 reads the per-row chunk maxima (select.py's pass 2)
         from ddbench.kernels.select import score_pass2_kernel
-        scratch, pml = _pass1(q, qk, chunk, L, gb, num_warps, False, impl)
+        scratch, pml = _pass1(q, qk, chunk, L, SpecKernel(impl, groups_per_iter, num_warps), gb)
         split_len = triton.cdiv(T_out, n_split)
         score_pass2_kernel[(B * H, n_split)](scratch, pml, out, T_out, H, G, nq, n_split, split_len,
                                              GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=64, SP=triton.next_power_of_2(n_split),
@@ -468,21 +468,33 @@ def _groups_per_iter(impl: str, groups_per_iter: int | None, num_warps: int) -> 
     return groups_per_iter
 
 
-def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, groups_per_iter: int | None = None,
-               num_warps: int = 4, rowload: bool = False, impl: str = "codes", maxnreg: int | None = None,
+@dataclass(frozen=True)
+class SpecKernel:
+    """Which pass-1 kernel runs and how it is launched: impl "codes" (one pass over the 2-bit codes, the
+    default) or "dequant" (the first kernel); key groups per iteration (None: the impl's measured best);
+    warps; rowload (dequant: whole rows per load); maxnreg (codes: a register cap, None: Triton's)."""
+    impl: str = "codes"
+    groups_per_iter: int | None = None
+    num_warps: int = 4
+    rowload: bool = False
+    maxnreg: int | None = None
+
+
+def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, kernel: SpecKernel = SpecKernel(), *, splits=None,
                rows: int | None = None, scores=torch.float32):
     """One pass over the codes: per (request, KV head) the raw log2-scaled scores' max per chunk for
     every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only; in the dtype
     `scores`, fp32 or fp16), and each split's row max and sum of exp in `pml` (the layout of
     kernels/select.py's pass 1), with BLOCK_M = spec_block_m(nq, G, impl, rows): pass it to
     fastselect.topk_from_scratch as `block_m`."""
-    gb = _groups_per_iter(impl, groups_per_iter, num_warps)
-    L = _launch(q, qk, splits, gb, _WAVES[impl], _block_m(q, qk, impl, rows))
-    return _pass1(q, qk, chunk, L, gb, num_warps, rowload, impl, maxnreg, scores)
+    gb = _groups_per_iter(kernel.impl, kernel.groups_per_iter, kernel.num_warps)
+    L = _launch(q, qk, splits, gb, _WAVES[kernel.impl], _block_m(q, qk, kernel.impl, rows))
+    return _pass1(q, qk, chunk, L, kernel, gb, scores)
 
 
-def _pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, L: _Launch, groups_per_iter: int, num_warps: int,
-           rowload: bool, impl: str = "codes", maxnreg: int | None = None, scores=torch.float32):
+def _pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, L: _Launch, kernel: SpecKernel, groups_per_iter: int,
+           scores=torch.float32):
+    num_warps, rowload, impl, maxnreg = kernel.num_warps, kernel.rowload, kernel.impl, kernel.maxnreg
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     codes, sc, ze, G, GP, BLOCK_M, ng, split_groups, n_split = L

@@ -155,4 +155,4 @@ class ChunkCache:
 
     def slot_kw(self, layer: int) -> dict:
         """What the slot gather needs beside the buffers: fp8, where the pieces' scales go."""
-        return dict(k_scale_out=self.k_scale[layer], v_scale_out=self.v_scale[layer]) if self.fp8 else {}
+        return dict(scale_out=(self.k_scale[layer], self.v_scale[layer])) if self.fp8 else {}

@@ -112,7 +112,7 @@ def _fused_plan_ok(sc, pml, B, H, G, N, k, g) -> bool:
 def kernel_checks():
     """(name, ok) per kernel variant, fresh random inputs, outputs poisoned first."""
     from ddbench.kernels.engine import fastselect, fused
-    from ddbench.kernels.rebuild import rebuild_keys, rebuild_keys_ref
+    from ddbench.kernels.rebuild import RebuildLaunch, rebuild_keys, rebuild_keys_ref
     g = torch.Generator(device="cuda").manual_seed(5)
     res = []
     B, T, R, H, d, n = 5, 4096, 40, 8, 128, 70
@@ -124,7 +124,7 @@ def kernel_checks():
                            slot_offset=8)
     for impl in ("blocks", "resident"):
         out = torch.full((B, H, n * 8 + 16, d), float("nan"), device="cuda", dtype=torch.float32)
-        rebuild_keys(U, SV, idx, out, slot_offset=8, impl=impl)
+        rebuild_keys(U, SV, idx, out, slot_offset=8, launch=RebuildLaunch(impl=impl))
         core = out[:, :, 8:8 + n * 8]
         ok = not core.isnan().any() and out[:, :, :8].isnan().all() and out[:, :, 8 + n * 8:].isnan().all() and \
             torch.allclose(core, ref[:, :, 8:8 + n * 8], rtol=2e-2, atol=2e-2)
