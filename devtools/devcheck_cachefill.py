@@ -39,14 +39,15 @@ CACHE_TOKENS = 8192
 
 
 def fill_rows(hbm, log, reps, rows):
-    from ddbench.kernels.engine.chunkcache import ChunkCache
+    from ddbench.kernels.engine.chunkcache import CacheShape, ChunkCache
     from ddbench.kernels.timing import event_times
     H, k, C, ctx = 8, 256, 8, 131072
     N = ctx // C
     for B in (1, 16, 60):
         for slots in (4 * k, 8 * k):
             rnd = random.Random(B * slots)
-            caches = {f: ChunkCache(1, B, H, N, slots, C, 8, 8, "cuda", torch.bfloat16, k, fused=f) for f in (False, True)}
+            caches = {f: ChunkCache(CacheShape(1, B, H, N, slots, C, 8, 8, k), "cuda", torch.bfloat16, fused=f)
+                      for f in (False, True)}
             hot = rnd.sample(range(N), slots)
             pool = [torch.tensor([[sorted(rnd.sample(hot if rnd.random() < 0.6 else range(N), k)) for _ in range(H)]
                                   for _ in range(B)], dtype=torch.int32, device="cuda") for _ in range(8)]

@@ -63,7 +63,7 @@ def point(model, ctx, B, reps, hbm):
     q, lm = rand_bf16(B, 2, Hq, D), rand_bf16(B, H, N, D)
     G = Hq // H
     moved = lm.numel() * 2 + B * H * 2 * G * N * 2
-    ref = fastselect.topk_from_scratch(*fastselect.landmark_pass1(q, lm)[:2], B, H, 2, G, N, K)
+    ref = fastselect.topk_from_scratch(*fastselect.landmark_pass1(q, lm)[:2], fastselect.TopkShape(B, H, 2, G, N, K))
     rows = []
     times = {s: [] for s in SPLITS}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -74,7 +74,7 @@ def point(model, ctx, B, reps, hbm):
             times[s].append(time_cuda(lambda s=s: fastselect.landmark_pass1(q, lm, splits=split_of[s]), inner=3, reps=15))
     for s in SPLITS:
         sc, pml, _ = fastselect.landmark_pass1(q, lm, splits=split_of[s])
-        ids = fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, K)
+        ids = fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, H, 2, G, N, K))
         same = float((ids.unsqueeze(-1) == ref.unsqueeze(-2)).any(-1).float().mean())
         n_split = pml.numel() // (2 * B * H * 16)
         ms = statistics.median(times[s])

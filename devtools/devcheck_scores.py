@@ -96,10 +96,11 @@ def topk_grid(rows):
         pred = pred.to(torch.int32).view(B, 8, k)
         plan = (pred, plan_buffers(B, 8, k, q.device)) if nq == 2 else None
         outs = tuple(torch.empty(B, 8, k, device="cuda", dtype=torch.int32) for _ in range(nq))
-        want = fastselect.topk_from_scratch(sc, pml, B, 8, nq, G, N, k)
+        want = fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, 8, nq, G, N, k))
 
         def timed(cfg):
-            fn = lambda: fastselect.topk_from_scratch(sc, pml, B, 8, nq, G, N, k, out=outs, plan=plan, **cfg)  # noqa: E731
+            fn = lambda: fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, 8, nq, G, N, k), outs,  # noqa: E731
+                                                      how=fastselect.TopkMethod(**cfg), plan=plan)
             fn()
             same = all(torch.equal(o, want[:, t]) for t, o in enumerate(outs))
             graph = capture_graph(lambda: [fn() for _ in range(4)], [fn])

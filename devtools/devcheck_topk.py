@@ -121,7 +121,8 @@ def _warm_worker(points):
             vs = _topk_variants(N, B, nq) if ms == 1024 else [("seg", dict(method="seg"))]
             for name, kw in vs:
                 try:
-                    fastselect.topk_from_scratch(sc, pml, B, 8, nq, G, N, 256, **kw)
+                    fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, 8, nq, G, N, 256),
+                                                 how=fastselect.TopkMethod(**kw))
                 except Exception as e:  # noqa: BLE001  (reported again, and skipped, by the timing)
                     print(f"warm-up {name} N={N} B={B} nq={nq}: {e!r}"[:400], flush=True)
             if ms == 1024:
@@ -202,7 +203,8 @@ def _topk_point(res, N, B, nq, H=8, k=256):
     for name, kw in _topk_variants(N, B, nq):
         out = torch.full((B, nq, H, k), -7, dtype=torch.int32, device="cuda")
         try:
-            t = device_time(lambda: fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, **kw))
+            t = device_time(lambda: fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, H, nq, G, N, k), out,
+                                                                 how=fastselect.TopkMethod(**kw)))
         except Exception as e:  # noqa: BLE001
             res["fails"] += 1
             log(f"{name} failed: {e!r}"[:400])
@@ -244,7 +246,8 @@ def _pass1_splits(line, outs, q, lm, B, H, nq, G, N, k):
         sc2, pml2, _ = fastselect.landmark_pass1(q, lm, splits=s_new)
         out = torch.empty(B, nq, H, k, dtype=torch.int32, device="cuda")
         line["seg (pass1 min split 256)"] = device_time(
-            lambda: fastselect.topk_from_scratch(sc2, pml2, B, H, nq, G, N, k, out=out, method="seg"))
+            lambda: fastselect.topk_from_scratch(sc2, pml2, fastselect.TopkShape(B, H, nq, G, N, k), out,
+                                                 how=fastselect.TopkMethod(method="seg")))
         line["seg ids equal across pass-1 splits"] = bool(torch.equal(out, outs["seg"]))
 
 

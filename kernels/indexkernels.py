@@ -336,13 +336,14 @@ def index_select(q, ix: Index, k: int, keep=None, *, out=None, scores=fastselect
             return fastselect.select_topk(q, ix.fine.data, k, block_n=max(block_n, 16), splits=splits, scores=scores,
                                           out=out, **topk_kw)
         scratch, pml, NC = index_pass1(q, ix.fine, block_n=block_n, splits=splits, scores=scores)
-        return fastselect.topk_from_scratch(scratch, pml, B, H, nq, Hq // H, NC, k, out=out, **topk_kw)
+        return fastselect.topk_from_scratch(scratch, pml, fastselect.TopkShape(B, H, nq, Hq // H, NC, k), out=out,
+                                            **topk_kw)
     kk = _keep(ix, k, keep)
     scratch, pml, S = index_pass1(q, ix.coarse, block_n=block_n, splits=splits, scores=scores)
-    sup = fastselect.topk_from_scratch(scratch, pml, B, H, nq, Hq // H, S, kk)
+    sup = fastselect.topk_from_scratch(scratch, pml, fastselect.TopkShape(B, H, nq, Hq // H, S, kk))
     cand = _candidates(sup, ix.spec.group)
     scratch, pml, NC = index_pass1(q, ix.fine, cand, block_n=block_n, splits=splits, scores=scores)
-    pos = fastselect.topk_from_scratch(scratch, pml, B, H, nq, Hq // H, NC, k, **topk_kw)
+    pos = fastselect.topk_from_scratch(scratch, pml, fastselect.TopkShape(B, H, nq, Hq // H, NC, k), **topk_kw)
     return fastselect.deliver_ids(cand.gather(-1, pos.long()), out)
 
 

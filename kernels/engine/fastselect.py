@@ -6,8 +6,7 @@ over the selection state and no torch top-k or sort.
         2-bit keys
         (`rows`: the codes kernel's fewest query rows per program, ddbench.kernels.specache.spec_block_m; `splits`
         its programs per (request, KV head), automatic by default)
-    topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search=None,
-                      seg=None, slots=None, cuts=None, plan=None, block_m=None)
+    topk_from_scratch(scratch, pml, TopkShape(B, H, nq, G, N, k), out=None, how=TopkMethod(), plan=None, block_m=None)
         -> the fused normalise + group-max + top-k ("seg": the default wherever its merge fits in
            MAX_MERGE candidates, else "bits"; "stream" and "bits" on request); `out`: None, one
            [B, nq, H, k] tensor, or a tuple of nq (<= 2) [B, H, k] tensors, one per token (the
@@ -73,6 +72,8 @@ The kernels themselves: kernels/engine/topk_kernels.py.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -160,8 +161,38 @@ def _block_m(nq, G, block_m=None):
     return rows
 
 
-def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None,
-                      search=None, seg=None, slots=None, cuts=None, plan=None, block_m=None):
+class TopkShape(NamedTuple):
+    """The rows a top-k reads: B requests, H KV heads, nq query tokens, G query heads per KV head, N chunks;
+    k, the budget of chunks each row keeps."""
+    B: int
+    H: int
+    nq: int
+    G: int
+    N: int
+    k: int
+
+
+@dataclass(frozen=True)
+class TopkMethod:
+    """Which top-k kernel and how it runs (the module docstring says what each does): method None (the
+    default: "seg" where its merge fits, else "stream" or "bits"), "seg", "stream" or "bits"; search (seg:
+    "bisect", "radix", "binary", "5ary"; stream, bits: "binary", "5ary"); seg: chunks per segment and slots
+    (seg's geometry, default from the rows); cuts: counts per reduction (seg, default SEG_CUTS); blk: chunks
+    per block and num_warps (stream, seg; default from the geometry)."""
+    method: str | None = None
+    search: str | None = None
+    seg: int | None = None
+    slots: int | None = None
+    cuts: int | None = None
+    blk: int | None = None
+    num_warps: int | None = None
+
+
+def topk_from_scratch(scratch, pml, shape: TopkShape, out=None, *, how: TopkMethod = TopkMethod(), plan=None,
+                      block_m=None):
+    B, H, nq, G, N, k = shape
+    blk, num_warps, method, search, seg, slots, cuts = (how.blk, how.num_warps, how.method, how.search, how.seg,
+                                                        how.slots, how.cuts)
     GP = triton.next_power_of_2(G)
     BLOCK_M = _block_m(nq, G, block_m)
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
@@ -279,7 +310,7 @@ def select_topk(q, lm, k, *, block_n=64, splits=None, scores=SCORES, **topk_kw):
     if not 0 < k <= N:
         raise ValueError(f"budget of {k} chunks must be within 1..{N} landmarks")
     scratch, pml, G = landmark_pass1(q, lm, block_n=block_n, splits=splits, scores=scores)
-    return topk_from_scratch(scratch, pml, B, H, nq, G, N, k, **topk_kw)
+    return topk_from_scratch(scratch, pml, TopkShape(B, H, nq, G, N, k), **topk_kw)
 
 
 def landmark_pass1(q, lm, *, block_n=64, splits=None, scores=SCORES):
@@ -306,7 +337,7 @@ def specache_select_topk(q, qk, chunk, k, *, rows=None, splits=None, scores=SCOR
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     scratch, pml = spec_pass1(q, qk, chunk, rows=rows, splits=splits, scores=checked_score_dtype(scores))
-    return topk_from_scratch(scratch, pml, B, H, nq, Hq // H, qk.tokens // chunk, k,
+    return topk_from_scratch(scratch, pml, TopkShape(B, H, nq, Hq // H, qk.tokens // chunk, k),
                              block_m=spec_block_m(nq, Hq // H, rows=rows), **topk_kw)
 
 

@@ -95,9 +95,9 @@ class Residency:
         self.cache = None
         self.yield_kw = {}               # the prefetch gathers' yield flag, with cfg.yield_prefetch
         if s.chunk_cache:
-            from ddbench.kernels.engine.chunkcache import ChunkCache
-            self.cache = ChunkCache(L, B, H, self.N, cfg.workload.cache_tokens // C, C, d, self.S - self.kc * C,
-                                    self.dev, dt, self.kc, fused=cfg.fused_fill and not self.ref,
+            from ddbench.kernels.engine.chunkcache import CacheShape, ChunkCache
+            shape = CacheShape(L, B, H, self.N, cfg.workload.cache_tokens // C, C, d, self.S - self.kc * C, self.kc)
+            self.cache = ChunkCache(shape, self.dev, dt, fused=cfg.fused_fill and not self.ref,
                                     fp8=cfg.workload.cache_bits == 8)
             self.kbuf, self.vbuf = list(self.cache.k.unbind(0)), list(self.cache.v.unbind(0))
             self.step_dev = torch.zeros(1, device=self.dev, dtype=torch.int32)   # decode steps (LRU stamps)
