@@ -72,13 +72,35 @@ def test_trend_matches_the_measured_contexts_it_was_fitted_on():
     assert rs.of("shadowkv").extrapolation == 1.0 and "inside" in rs.of("shadowkv").line()
 
 
+def test_a_profile_of_global_layers_only_prices_another_models_layers():
+    """Gemma 3 profiles only its 3 global layers (bands 1, 3 and 5 of 6): each of Llama-3-8B's 32 layers takes the
+    nearest measured band by relative depth (an all-global profile maps as before), and the plan runs on it."""
+    from ddbench.core.rates import band_of_layers, trend_cell
+    assert band_of_layers(6, list(range(6)), 32) == [min(5, int((j + 0.5) * 6 / 32)) for j in range(32)]
+    assert band_of_layers(6, [1, 3, 5], 6) == [1, 1, 1, 3, 3, 5]     # a tie goes to the shallower
+    gemma = os.path.join("traces", "accuracy", "gemma-3-270m-q4_k_m.cache-trend.json")
+    centre, low, high = trend_cell(gemma, "speculative", 4.0, "urgent_per_budget", 1 / 64, 131072, 32)
+    assert len(centre) == 32 and all(lo <= c <= hi for c, lo, hi in zip(centre, low, high))
+    assert len(set(centre)) == 3                              # three measured bands, each its own law
+    assert ddbench("plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--design",
+                   "dualdecoder-cache", "--cache-tokens", "8192", "--rates", gemma).returncode == 0
+
+
 def test_a_trend_missing_cells_is_not_picked(tmp_path):
-    """Gemma's committed trend has no cells without prediction (ShadowKV's, lru-cache's): it cannot price every
-    design, so the matched set is SmolLM2's even though Gemma's reaches further; with Gemma alone those are
-    unmatched (never silently another source)."""
+    """A trend without a family's cells cannot price it: that design is unmatched (never silently another
+    source). Gemma 3's trend prices every design, but measured only the depth bands of its global layers: the
+    matched set is SmolLM2's (every band), although Gemma's reaches further; with Gemma alone, Gemma's."""
     import shutil
-    shutil.copy(os.path.join("traces", "accuracy", "gemma-3-270m-q4_k_m.cache-trend.json"), tmp_path)
+    gemma = os.path.join("traces", "accuracy", "gemma-3-270m-q4_k_m.cache-trend.json")
+    assert rate_set("llama-3-8b", 32, 131072, 2048, 4096, tuple(DESIGNS)).sources() == [SMOL]
+    shutil.copy(gemma, tmp_path)
     alone = rate_set("llama-3-8b", 32, 131072, 2048, 4096, tuple(DESIGNS), root=str(tmp_path))
+    assert alone.of("shadowkv").matched and alone.of("shadowkv").source == "gemma-3-270m-q4_k_m"
+    doc = json.load(open(gemma))
+    doc["fits"] = [f for f in doc["fits"] if f.get("prediction") != "none"]     # no cells without prediction
+    (tmp_path / "cut").mkdir()                                                  # a new path: trends are cached by path
+    (tmp_path / "cut" / "gemma-3-270m-q4_k_m.cache-trend.json").write_text(json.dumps(doc))
+    alone = rate_set("llama-3-8b", 32, 131072, 2048, 4096, tuple(DESIGNS), root=str(tmp_path / "cut"))
     assert not alone.of("shadowkv").matched and "no" in alone.of("shadowkv").detail
 
 

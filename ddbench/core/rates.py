@@ -27,7 +27,8 @@ Where they come from, in this order, each design on its own:
      (ddbench/core/ratefile.py);
   3. the matched profile: ONE context trend of traces/accuracy/ (`<model>.cache-trend.json`, written by
      `python -m ddbench.profile.contexts`) for every design: the model's own where it prices every family,
-     else the one that does and reaches closest to the context (least extrapolation; then more prompts). Its
+     else the one that does, measured every depth band, and reaches closest to the context (least
+     extrapolation; then more prompts). Its
      cells are the same replay at the same budget share: ShadowKV's miss is the replay's cache-less urgent
      share at capacity 1x without prediction (the previous step's selection, exactly 1 - reuse), DualDecoder's
      at capacity 0 with the speculative prediction (exactly 1 - hit), the cache's at cache_tokens / budget;
@@ -36,7 +37,8 @@ Where they come from, in this order, each design on its own:
   4. none: the design's rates are unknown here (`DesignRates.matched` False); the scenario then falls back to
      the accuracy CSV or the constant hit rate and says so in the answer's first lines.
 Intervals are the trend fit's 95 % interval of the mean at this context, per depth band, carried to the
-layers by relative depth; `at("low" | "centre" | "high")` gives the per-layer values at one end.
+layers by relative depth, each onto the nearest band the profile measured; `at("low" | "centre" | "high")`
+gives the per-layer values at one end.
 """
 
 from __future__ import annotations
@@ -267,13 +269,27 @@ def _fits(doc: dict, prediction: str, metric: str) -> list:
             and f.get("prediction", "speculative") == prediction]
 
 
+def measured_bands(fits) -> list[int]:
+    """The depth bands a trend measured: all of them for an all-global model, only those holding a global layer
+    for one with sliding-window layers (Gemma 3: its global layers 5, 11 and 17 of 18 fall in 3 of 6 bands)."""
+    return sorted({int(f["band"]) for f in fits})
+
+
+def band_of_layers(bands: int, present: list[int], layers: int) -> list[int]:
+    """Each of a model's `layers` layers mapped onto the trend's depth bands by relative depth, then onto the
+    nearest band the trend measured (the shallower of two equally near)."""
+    pick = [min(bands - 1, int((j + 0.5) * bands / layers)) for j in range(layers)]
+    return [min(present, key=lambda b: (abs(b - p), b)) for p in pick]
+
+
 def prices(doc: dict, fam: str) -> bool:
-    """Whether the trend has every cell the family's metrics are read from: each share, each depth band."""
-    bands = {str(b) for b in range(int(doc["bands"]))}
+    """Whether the trend has every cell the family's metrics are read from: each share, and the same measured
+    depth bands at each."""
     for (f, _m), (pred, cap, metric) in _CELLS.items():
         if f != fam:
             continue
         fits = _fits(doc, pred, metric)
+        bands = {str(b) for b in measured_bands(fits)}
         caps = {float(x["capacity"]) for x in fits}
         need = [cap] if cap is not None else [c for c in caps if c >= 1.0]
         if not need or any(c not in caps for c in need):
@@ -327,8 +343,9 @@ def trend_cell(path: str, prediction: str, capacity: float, metric: str, share: 
     index = {(f["share"], float(f["capacity"]), str(f["band"])): f for f in fits}
     xc = math.log2(context / float(doc["ref_context"]))
     bands = int(doc["bands"])
-    per_band = []
-    for b in range(bands):
+    present = measured_bands(fits)
+    per_band = {}
+    for b in present:
         c = lo = hi = 0.0
         for s, w1 in ((s_lo, 1 - ws), (s_hi, ws)):
             for cap, w2 in ((c_lo, 1 - wc), (c_hi, wc)):
@@ -343,8 +360,8 @@ def trend_cell(path: str, prediction: str, capacity: float, metric: str, share: 
                 y = math.exp(float(f["log_a"]) + float(f["b"]) * xc)
                 k = math.exp(float(f["t975"]) * math.sqrt(max(var, 0.0)))
                 c, lo, hi = c + w * y, lo + w * y / k, hi + w * y * k
-        per_band.append(tuple(min(max(v, 0.0), 1.0) for v in (c, lo, hi)))
-    pick = [min(bands - 1, int((j + 0.5) * bands / layers)) for j in range(layers)]
+        per_band[b] = tuple(min(max(v, 0.0), 1.0) for v in (c, lo, hi))
+    pick = band_of_layers(bands, present, layers)
     return tuple(tuple(per_band[b][i] for b in pick) for i in range(3))
 
 
@@ -372,8 +389,10 @@ def trend_rates(path: str, design: str, fam: str, layers: int, context: int, bud
 
 def pick_trend(model: str, context: int, families, root: str | None = None) -> str | None:
     """The one trend every design is priced from: the model's own where it prices every family asked, else the
-    trend that does and reaches closest to `context` (then more prompts, then the name); else the one pricing
-    the most families; None where there is no trend."""
+    trend that does, measured every depth band (a profile of a model with sliding-window layers measures only
+    the bands of its global layers, and another model's layers take the nearest of those: an extrapolation in
+    depth), and reaches closest to `context` (then more prompts, then the name); else the one pricing the most
+    families; None where there is no trend."""
     files = trend_files(root)
     if not files:
         return None
@@ -385,7 +404,9 @@ def pick_trend(model: str, context: int, families, root: str | None = None) -> s
         meas = measured(doc) or (0,)
         prompts = sum(int(v) for v in (doc.get("prompts_per_context") or {}).values())
         own = os.path.basename(p).startswith(f"{model}.")
-        return (n, own and n == len(fams), -max(1.0, context / max(max(meas), 1)), prompts, p)
+        every_band = all(len(measured_bands(_fits(doc, pred, metric))) == int(doc["bands"])
+                         for (f, _m), (pred, _c, metric) in _CELLS.items() if f in fams and prices(doc, f))
+        return (n, own and n == len(fams), every_band, -max(1.0, context / max(max(meas), 1)), prompts, p)
     return max(files, key=key)
 
 
