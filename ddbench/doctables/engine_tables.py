@@ -300,27 +300,26 @@ def paper_points(root: Path = ROOT) -> str:
 
 
 def cache(root: Path = ROOT) -> str:
-    """dualdecoder-cache against ShadowKV and DualDecoder on the engine (figures/cache.csv, from
-    traces/engine/h200-cache): each at its largest batch, the cache at its best measured capacity."""
+    """dualdecoder-cache against ShadowKV and DualDecoder (figures/cache.csv): each at its largest batch,
+    simulated at one matched rate set, beside the current engine's matched-rate run (traces/engine/h200-rate-grid)
+    at its grid points around those rates, where it ran the design."""
     d = _csv(root / "figures" / "cache.csv")
-    e = d[d["source"] == "engine"]
+    e, s = d[d["source"] == "engine"], d[d["source"] == "simulated"]
     rows, gains = [], []
     for c in sorted(e["context"].unique()):
-        at = e[e["context"] == c]
-        cc = at[at["design"] == "dualdecoder-cache"]
-        best = cc.loc[cc["tok_s"].idxmax()]
-        sk = at[at["design"] == "shadowkv"].iloc[0]
-        gains.append((c, best["tok_s"] / sk["tok_s"], best["tok_s_min"] / sk["tok_s_max"],
-                      best["tok_s_max"] / sk["tok_s_min"]))
-        for r in (at[at["design"] == "shadowkv"].iloc[0], at[at["design"] == "dualdecoder"].iloc[0], best):
-            name = (f"dualdecoder-cache {r['capacity']:g}x" if r["design"] == "dualdecoder-cache" else r["design"])
-            bound = "link" if r["step_over_link_floor"] < 1.3 else "GPU"
-            rows.append([_k(c), name, f"{int(r['batch'])}", f"{r['tok_s']:,.0f} ({r['tok_s_min']:,.0f}-"
-                         f"{r['tok_s_max']:,.0f}, {int(r['builds'])})", f"{r['link_mib_per_token']:.1f}",
-                         f"{r['urgent_mib_per_token']:.1f}", f"{r['link_util']:.2f}",
-                         f"{r['step_over_link_floor']:.2f} ({bound})", f"{r['sim_tok_s']:,.0f}"
-                         f" ({r['sim_over_engine'] - 1:+.0%})"])
-    g = "; ".join(f"{_k(c)} {x:.2f}x ({lo:.2f}-{hi:.2f})" for c, x, lo, hi in gains)
+        at_s = s[s["context"] == c]
+        for name in ("shadowkv", "dualdecoder", "dualdecoder-cache"):
+            sim = at_s[(at_s["design"] == name) & ((at_s["capacity"] == 4) if name == "dualdecoder-cache" else True)]
+            sim = sim.iloc[0]
+            eng = e[(e["context"] == c) & (e["design"] == name)]
+            ends = [f"{r['tok_s']:,.0f} ({r['tok_s_min']:,.0f}-{r['tok_s_max']:,.0f}, {int(r['builds'])}) at"
+                    f" {r['grid_point']}" for _, r in eng.iterrows()]
+            label = "dualdecoder-cache 4x" if name == "dualdecoder-cache" else name
+            rows.append([_k(c), label, f"{int(sim['batch'])}", f"{sim['tok_s']:,.0f}", f"{sim['link_mib_per_token']:.1f}",
+                         f"{int(eng['batch'].iloc[0])}" if len(eng) else "-", " / ".join(dict.fromkeys(ends)) or "-"])
+        cc = at_s[(at_s["design"] == "dualdecoder-cache") & (at_s["capacity"] == 4)].iloc[0]
+        gains.append(f"{_k(c)} {cc['tok_s'] / at_s[at_s['design'] == 'shadowkv'].iloc[0]['tok_s']:.2f}x")
+    g = "; ".join(gains)
     t = d[d["source"] == "simulated-tight"]
     tight = []
     for c in sorted(t["context"].unique()):
@@ -333,13 +332,14 @@ def cache(root: Path = ROOT) -> str:
         tight.append(f"{_k(c)}: " + ", ".join(parts))
     tight_line = ("\n\nMemory-tight, simulated (Qwen2.5-32B on an 80 GB H100, each at the memory model's largest"
                   " batch), tokens/s: " + "; ".join(tight) + "." if tight else "")
-    return ("Llama-3-8B on the H200 engine (`traces/engine/h200-cache`; ShadowKV in place, as the engine runs it"
-            " now: `traces/engine/h200-shadowkv-fast`, batch 126 at 32K): each design at its largest batch, tokens/s"
-            " median (min-max, builds); 12 % forced misses, the cache at the profile's rates for its capacity (x the"
-            " budget; the best of 2x/4x/8x, all in `figures/cache.csv`); link-bound where the step is under 1.3x"
-            f" its link floor; simulated by `ddbench simulate` at the same batch. Cache / ShadowKV: {g}.\n\n"
-            + _table(["context", "design", "batch", "tokens/s", "link MiB / token", "urgent MiB / token",
-                      "link busy", "step / link floor", "simulated tokens/s"], rows) + tight_line + _margin(root))
+    return ("Llama-3-8B on one H200, each design at its largest batch by the memory model, SIMULATED by `ddbench"
+            " simulate` at one matched rate set (the cache at 4x the budget; every capacity in `figures/cache.csv`),"
+            " beside the current engine's matched-rate run (`traces/engine/h200-rate-grid`, builds in separate"
+            " processes): tokens/s median (min-max, builds) at its grid points just below and above the matched"
+            " rates, where it ran the design (ShadowKV and DualDecoder at 128K only). Cache / ShadowKV, simulated:"
+            f" {g}.\n\n"
+            + _table(["context", "design", "batch", "simulated tokens/s", "link MiB / token (simulated)",
+                      "engine batch", "engine tokens/s, below / above the rates"], rows) + tight_line + _margin(root))
 
 
 def _margin(root: Path) -> str:

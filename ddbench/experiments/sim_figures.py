@@ -174,7 +174,8 @@ def fig03() -> FigureResult:
                    f"rate / values of the reuse misses per token)")
         eng = E.largest(F3_MODEL, F3_CTX, design) or {}
         measured = (f"; measured on the engine (H200 capped at 80 GB, 12 % forced misses): batch {eng['batch']},"
-                    f" {eng['tok_s']:.0f} tokens/s" if eng.get("tok_s") else "")
+                    f" {eng['tok_s']:.0f} tokens/s" if eng.get("tok_s") else
+                    f"; measured on the engine (H200 capped at 80 GB): batch {eng['batch']}" if eng.get("batch") else "")
         cmp += [
             Comparison(f"fig3.{pid}.max_batch", mb,
                        f"memory model on {GPU} at {fmt_tokens(F3_CTX)}{measured}; the paper's limits here are "
@@ -194,8 +195,9 @@ def fig03() -> FigureResult:
                                         f"{_link_ceiling('dualdecoder', F3_MODEL, F3_CTX, dd):.0f} tokens/s")
     setup = _setup(F3_MODEL, fmt_tokens(F3_CTX),
                    f"decode-only steady state from the per-layer timeline; ideal batch {ideal_b} from the memory"
-                   " model (weights, activations and a sparse buffer only); diamonds: the engine on an H200 capped at"
-                   f" 80 GB (traces/engine/{E.CAPPED}), each batch its search measured", contexts=(F3_CTX,))
+                   " model (weights, activations and a sparse buffer only); diamonds: ONE engine run on an H200 capped"
+                   f" at 80 GB (traces/engine/{E.CAPPED}, 2026-12-01), each batch its search measured; ShadowKV has"
+                   " none: that run's ShadowKV step (copy-then-regather) is not the engine's now", contexts=(F3_CTX,))
     return FigureResult(df, setup, cmp)
 
 
@@ -242,9 +244,10 @@ def fig12() -> FigureResult:
     t = {(r.context, r.system): r for r in df.itertuples()}
     setup = _setup(F12_MODEL, "/".join(fmt_tokens(c) for c in F12_CTX),
                    "each design at its largest batch that fits (memory model), decode-only steady state from the"
-                   " per-layer timeline (prefill not counted); diamonds: the engine on an H200 capped at 80 GB at its"
-                   f" largest batch, median and range over 3 builds in one process (traces/engine/{E.CAPPED}, 2026-12-01;"
-                   f" ShadowKV in place from {E.INPLACE}, 2026-12-02, and h200-rates at 256K: NOT one engine version)",
+                   " per-layer timeline (prefill not counted); diamonds: ONE engine run, on an H200 capped at 80 GB at"
+                   f" each design's largest batch, median and range over 3 builds in one process (traces/engine/{E.CAPPED},"
+                   " 2026-12-01, at a forced 12 % miss); ShadowKV has none: that run's ShadowKV step (copy-then-regather)"
+                   " is not the engine's now",
                    designs=("shadowkv", "specache", "dualdecoder"), contexts=tuple(F12_CTX))
     return FigureResult(df, setup, _fig12_comparisons(t))
 
