@@ -25,6 +25,7 @@ import os
 import sys
 import time
 
+from ddbench.core.designs import DUALDECODER, SHADOWKV
 from ddbench.core.errors import DDBenchError
 from ddbench.core.flags import OneLineParser
 
@@ -32,7 +33,7 @@ MIB, GIB = 1 << 20, 1 << 30
 CALL_BYTES = 256 * MIB
 HOST_BYTES = GIB
 TESTS = (("copy", 0), ("gather4k", 4096), ("gather2k", 2048))
-ENGINE_POINTS = (("dualdecoder", 131072, 32), ("shadowkv", 131072, 32))
+ENGINE_POINTS = ((DUALDECODER, 131072, 32), (SHADOWKV, 131072, 32))
 COLUMNS = ("gpus_fetching", "gpu_index", "test", "piece_bytes", "calls", "bytes", "seconds", "gbps", "tokens_per_s",
            "step_ms", "numa_node", "affinity_set", "pci_bus_id")
 

@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from ddbench.core.designs import SPECACHE
 from ddbench.kernels.attention import dual_sparse_attention
 from ddbench.kernels.indexbench import bench_index
 from ddbench.kernels.gather import gather_cpu_staging, gather_per_chunk, gather_ref, gather_uva
@@ -225,12 +226,12 @@ def bench_specache(rows: Rows, dev, hbm_gbps, quick: bool):
     k = _rand_bf16(B, H, T, d)
     q = _rand_bf16(B, 2, Hq, d)
     t = time_cuda(lambda: quantize_keys_2bit(k), inner=1, reps=5)
-    rows.add("specache", "quantize_2bit_g64", B, f"T={T}", k.numel() * 2, t, k.numel() * 2.25 / hbm_gbps / 1e6,
+    rows.add(SPECACHE, "quantize_2bit_g64", B, f"T={T}", k.numel() * 2, t, k.numel() * 2.25 / hbm_gbps / 1e6,
              notes="torch")
     qk = quantize_keys_2bit(k)
     nbytes = qk.codes.numel() + 2 * qk.scale.numel() * 2
     t = time_cuda(lambda: specache_scores(q, qk), inner=2, reps=10)
-    rows.add("specache", "score_2bit_nq2", B, f"T={T}", nbytes, t, nbytes / hbm_gbps / 1e6,
+    rows.add(SPECACHE, "score_2bit_nq2", B, f"T={T}", nbytes, t, nbytes / hbm_gbps / 1e6,
              notes="torch; floor: read 2-bit codes + scales")
     bench_specache_triton(rows, dev, hbm_gbps, [(8, 32768), (16, 131072)] if not quick else [(8, 32768)])
 
@@ -252,7 +253,7 @@ def bench_specache_triton(rows: Rows, dev, hbm_gbps, shapes, splits=(None,)):
             for sp in splits:
                 t = time_cuda([lambda q=q, qk=qk: specache_scores_triton(q, qk, chunk=chunk, splits=sp)
                                for q, qk in sets], inner=2, reps=10)
-                rows.add("specache", f"score_2bit_nq2_triton_c{chunk}" + (f"_s{sp}" if sp else ""), B, f"T={T}",
+                rows.add(SPECACHE, f"score_2bit_nq2_triton_c{chunk}" + (f"_s{sp}" if sp else ""), B, f"T={T}",
                          read + out_b, t, (read + out_b) / hbm_gbps / 1e6,
                          notes="triton, two passes over the codes; floor: codes + scales read once, output written once")
         del sets

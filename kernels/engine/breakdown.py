@@ -24,6 +24,8 @@ import sys
 
 import torch
 
+from ddbench.core.designs import DUALDECODER, FULL_KV, SHADOWKV, SPECACHE
+from ddbench.core.enginepoint import EnginePoint
 from ddbench.core.flags import OneLineParser
 
 CATEGORIES = (   # first match wins; names of the kernels in one replay
@@ -34,7 +36,7 @@ CATEGORIES = (   # first match wins; names of the kernels in one replay
     ("rebuild", ("rebuild",)),
     ("gather", ("gather",)),
 )
-DESIGNS = ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv")
+DESIGNS = (DUALDECODER, EnginePoint.named(DUALDECODER, single=True).design, SHADOWKV, SPECACHE, FULL_KV)
 
 
 def category(name: str) -> str:

@@ -15,6 +15,7 @@ from ddbench.core.catalog import get_model
 from ddbench.core.designs import DESIGNS as SYSTEMS
 from ddbench.core.errors import DDBenchError
 from ddbench.core.index import index_name
+from ddbench.core.memory import selects
 from ddbench.core.flags import ENGINE_KV_BITS_HELP, OneLineParser
 from ddbench.kernels.engine import paper as paper_phase
 from ddbench.kernels.engine.phases import DEFAULT_MODEL, PAPER, PHASES
@@ -220,7 +221,8 @@ def _paper_designs(text):
         return paper_phase.DESIGNS
     names = [x.strip() for x in text.split(",")]
     for n in names:
-        if not n or n not in SYSTEMS or SYSTEMS[n].gather != "gpu" or n == "ideal":
+        s = SYSTEMS.get(n)    # GPU-gather designs that keep their KV on the GPU or select on it (not Figure 2's bound)
+        if s is None or s.gather != "gpu" or not (s.kv_on_gpu or selects(s)):
             raise DDBenchError(f"--designs: {n!r} is not a design the paper phase runs")
     return tuple(names)
 

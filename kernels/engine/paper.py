@@ -40,12 +40,13 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from ddbench.core.designs import DUALDECODER, FULL_KV, SHADOWKV, SPECACHE, cache_designs, get_design
 from ddbench.core.errors import DDBenchError
 from ddbench.core.rates import prediction_of
 from ddbench.kernels.engine.points import Label, design_labels, design_spec
 
 PAPER = "paper"
-DESIGNS = ("dualdecoder", "shadowkv", "specache", "full-kv")   # the headline pair first (budget cuts the tail)
+DESIGNS = (DUALDECODER, SHADOWKV, SPECACHE, FULL_KV)   # the headline pair first (budget cuts the tail)
 DEFAULT_CONTEXTS = (131072,)
 QUICK = dict(contexts=(32768,), max_batch=4)                     # --quick: a smoke of the phase
 MAX_BATCH = 4096
@@ -138,8 +139,8 @@ def profile_cache_rates(model, budget=None):
     """(context, cache_tokens, prediction) -> (urgent, churn, note) of a chunk-cache design (matched_rates)."""
     rates = matched_rates(model, budget)
 
-    def cache(ctx, ct, prediction="speculative"):
-        return rates(ctx, "lru-cache" if prediction == "none" else "dualdecoder-cache", ct)
+    def cache(ctx, ct, prediction="speculative"):     # the first registered chunk-cache design of that prediction
+        return rates(ctx, next(n for n in cache_designs() if prediction_of(get_design(n)) == prediction), ct)
     return cache
 
 

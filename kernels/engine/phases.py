@@ -16,6 +16,9 @@ import time
 from typing import NamedTuple
 
 from ddbench.core.defaults import FORCED_MISS
+from ddbench.core.designs import (DUALDECODER, DUALDECODER_CPU_GATHER, DUALDECODER_FIFO, DUALDECODER_PER_LAYER,
+                                    DUALDECODER_TWO_PASS, FULL_KV, SHADOWKV, SPECACHE)
+from ddbench.core.enginepoint import EnginePoint
 from ddbench.core.errors import DDBenchError
 from ddbench.kernels.engine import paper as paper_phase
 from ddbench.kernels.engine import points as pt
@@ -31,6 +34,7 @@ REUSE_BATCHES = ((K32, (1, 2, 4, 8, 16, 32, 64)), (K128, (16,)))   # (context, b
 REUSE_MISS = (0.0, 0.25, 1.0)             # all hits (HBM), the mix, all host reads
 VAL_MISS = 0.25                           # validation: miss rates and batches the other phases do not use
 VAL_BATCHES = (2, 8, 32)
+DUALDECODER_SINGLE = EnginePoint.named(DUALDECODER, single=True).design   # its dual-token step, one query token
 
 
 class Point(NamedTuple):
@@ -79,9 +83,9 @@ def plan_points(quick, reps, phases=PHASES):
     pts = []
     for c in (K32, K128):
         for B in (1, 16, 64):
-            for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv"):
+            for d in (DUALDECODER, DUALDECODER_SINGLE, SHADOWKV, SPECACHE, FULL_KV):
                 pts.append(Point("floor", 0, d, c, B, None, False, True))   # the model's own selection
-            for d in ("dualdecoder", "shadowkv", "specache"):      # the harness's forced-miss draw
+            for d in (DUALDECODER, SHADOWKV, SPECACHE):      # the harness's forced-miss draw
                 pts.append(Point("floor", 0, d, c, B, FORCED_MISS, False, True))
     pts = [p for p in pts if p.phase in phases]
     if "mechanism" in phases:
@@ -95,36 +99,36 @@ def plan_points(quick, reps, phases=PHASES):
 
 def _quick_points():
     pts = [Point("floor", 0, d, K32, 4, FORCED_MISS, False, True)
-           for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv")]
-    for d, B in (("dualdecoder", 16), ("dualdecoder", 64), ("dualdecoder-single", 64), ("shadowkv", 16),
-                 ("specache", 16), ("full-kv", 1)):
+           for d in (DUALDECODER, DUALDECODER_SINGLE, SHADOWKV, SPECACHE, FULL_KV)]
+    for d, B in ((DUALDECODER, 16), (DUALDECODER, 64), (DUALDECODER_SINGLE, 64), (SHADOWKV, 16),
+                 (SPECACHE, 16), (FULL_KV, 1)):
         pts.append(Point("floor", 0, d, K128, B, FORCED_MISS, False, True))
-    for d in ("dualdecoder", "dualdecoder-fifo", "shadowkv", "specache", "dualdecoder-per-layer",
-              "dualdecoder-two-pass"):
+    for d in (DUALDECODER, DUALDECODER_FIFO, SHADOWKV, SPECACHE, DUALDECODER_PER_LAYER,
+              DUALDECODER_TWO_PASS):
         pts.append(Point("mechanism", 0, d, K32, 4, 0.33, True, True))
-    pts.append(Point("mechanism", 0, "dualdecoder-cpu-gather", K32, 2, 0.33, True, False))
-    pts.append(Point(REUSE, 0, "shadowkv", K32, 4, 0.25, True, True))
+    pts.append(Point("mechanism", 0, DUALDECODER_CPU_GATHER, K32, 2, 0.33, True, False))
+    pts.append(Point(REUSE, 0, SHADOWKV, K32, 4, 0.25, True, True))
     return pts
 
 
 def reuse_points():
     """The reuse-fetch record's points: ShadowKV (its fetch, values only), every batch of REUSE_BATCHES
     at its context, each forced miss rate of REUSE_MISS; graph, with transfers (a fetch alone)."""
-    return [Point(REUSE, 0, "shadowkv", c, B, m, True, True) for c, bs in REUSE_BATCHES for B in bs for m in REUSE_MISS]
+    return [Point(REUSE, 0, SHADOWKV, c, B, m, True, True) for c, bs in REUSE_BATCHES for B in bs for m in REUSE_MISS]
 
 
 def _mechanism_points(reps):
     pts = []
     for r in range(reps):
         for B, m in MECH_POINTS:
-            for d in ("dualdecoder", "dualdecoder-fifo"):
+            for d in (DUALDECODER, DUALDECODER_FIFO):
                 pts.append(Point("mechanism", r, d, K128, B, m, True, True))
-            pts.append(Point("mechanism", r, "dualdecoder", K128, B, m, False, True))
-        pts.append(Point("mechanism", r, "dualdecoder-two-pass", K128, 16, 0.33, True, True))
-        pts.append(Point("mechanism", r, "dualdecoder-two-pass", K128, 16, 0.33, False, True))
-        pts.append(Point("mechanism", r, "dualdecoder-per-layer", K128, 16, 0.33, True, True))
-        pts.append(Point("mechanism", r, "dualdecoder-cpu-gather", K128, 16, 0.33, True, False))
-        pts.append(Point("mechanism", r, "dualdecoder", K128, 16, 0.33, True, False))
+            pts.append(Point("mechanism", r, DUALDECODER, K128, B, m, False, True))
+        pts.append(Point("mechanism", r, DUALDECODER_TWO_PASS, K128, 16, 0.33, True, True))
+        pts.append(Point("mechanism", r, DUALDECODER_TWO_PASS, K128, 16, 0.33, False, True))
+        pts.append(Point("mechanism", r, DUALDECODER_PER_LAYER, K128, 16, 0.33, True, True))
+        pts.append(Point("mechanism", r, DUALDECODER_CPU_GATHER, K128, 16, 0.33, True, False))
+        pts.append(Point("mechanism", r, DUALDECODER, K128, 16, 0.33, True, False))
     return pts
 
 
@@ -132,15 +136,15 @@ def _validation_points():
     pts = []
     for c in (K32, K128):
         for B in VAL_BATCHES:
-            for d in ("dualdecoder", "shadowkv", "specache"):
+            for d in (DUALDECODER, SHADOWKV, SPECACHE):
                 pts.append(Point("validation", 0, d, c, B, VAL_MISS, True, True))
                 pts.append(Point("validation", 0, d, c, B, VAL_MISS, False, True))   # its compute-only twin
         for B in ((2, 8) if c == K32 else ()):   # full-kv at 128K: calibrated at batch 1 only (16 is oom)
-            pts.append(Point("validation", 0, "full-kv", c, B, None, True, True))
+            pts.append(Point("validation", 0, FULL_KV, c, B, None, True, True))
     for B in VAL_BATCHES:
-        pts.append(Point("validation", 0, "dualdecoder-fifo", K128, B, VAL_MISS, True, True))
+        pts.append(Point("validation", 0, DUALDECODER_FIFO, K128, B, VAL_MISS, True, True))
     for x in (True, False):
-        pts.append(Point("validation", 0, "dualdecoder", K128, 8, 0.1, x, True))
+        pts.append(Point("validation", 0, DUALDECODER, K128, 8, 0.1, x, True))
     return pts
 
 

@@ -24,7 +24,7 @@ import torch
 
 from ddbench.core.catalog.gpus import get_gpu
 from ddbench.core.defaults import FORCED_MISS
-from ddbench.core.designs import DESIGNS as SYSTEMS
+from ddbench.core.designs import DESIGNS as SYSTEMS, SHADOWKV
 from ddbench.core.enginepoint import FP8, FP8_CACHE, EnginePoint as Label  # noqa: F401
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import max_batch
@@ -382,7 +382,7 @@ def _reuse_geometry(model, ctx, batch, miss_rate, reps, seed, gather):
     """(shapes of the fetch, the row's identity and launch): ShadowKV's config at the point, values only
     where every layer rebuilds its keys, the engine's buffer rows and the gather's launch."""
     from ddbench.kernels.engine.engine import buffer_rows, reuse_launch
-    sys_ = SYSTEMS["shadowkv"]
+    sys_ = SYSTEMS[SHADOWKV]
     cfg = make_config(ctx, batch, miss_rate, True, seed=seed)
     cfg.validate(model)
     C = cfg.chunk
@@ -391,7 +391,7 @@ def _reuse_geometry(model, ctx, batch, miss_rate, reps, seed, gather):
     launch = reuse_launch(gather)
     chunk_bytes = C * geo["d"] * torch.bfloat16.itemsize * (1 if geo["vo"] else 2)
     slots = batch * geo["H"] * geo["k"]
-    row = dict(model=model.name, design="shadowkv", context=ctx, batch=batch, miss_rate=miss_rate, transfers=1,
+    row = dict(model=model.name, design=SHADOWKV, context=ctx, batch=batch, miss_rate=miss_rate, transfers=1,
                graph=1, status="ok", layers=geo["L"], host_layers=0, slots=slots, chunk_bytes=chunk_bytes,
                rounds=-(-slots // (launch["programs"] * launch["items"])), replays=reps, buffer_tokens=geo["S"],
                **launch)

@@ -20,6 +20,7 @@ import time
 import torch
 
 from ddbench.core.catalog.gpus import catalog_gpu_name
+from ddbench.core.designs import DUALDECODER
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.kernels.engine import paper as paper_phase
@@ -33,7 +34,7 @@ COMMAND = "python -m ddbench.kernels.engine.sweep"
 OUT_FILES = ("meta.json", "rows.jsonl", "current.json", "engine.csv", "summary.json", "reuse_fetch.csv",
              "timeline.json")
 SOURCE_DIRS = ("kernels", "ddbench")
-PROFILE_POINT = ("dualdecoder", ph.K128, 4, 0.33)
+PROFILE_POINT = (DUALDECODER, ph.K128, 4, 0.33)
 
 
 def run_options(opts: SweepOptions) -> int:

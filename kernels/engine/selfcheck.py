@@ -15,6 +15,7 @@ import torch
 
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DESIGNS as SYSTEMS
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CPU_GATHER, DUALDECODER_FIFO, SHADOWKV, SPECACHE
 
 SMALL = ModelSpec("gpu-small", 3, 32, 8, 128, 1024, 2048, 1000)
 # Qwen2.5-14B / 32B heads (40 query heads over 8 KV heads: a group of 5; QKV bias), small otherwise
@@ -169,7 +170,7 @@ def main():
             bad += not ok
             print(f"{name:32s} {'OK' if ok else 'MISMATCH'}", flush=True)
     args = [a for a in sys.argv[1:] if a not in ("--graph", "--kernels")]
-    names = args or ["dualdecoder", "dualdecoder-fifo", "shadowkv", "specache", "dualdecoder-cpu-gather"]
+    names = args or [DUALDECODER, DUALDECODER_FIFO, SHADOWKV, SPECACHE, DUALDECODER_CPU_GATHER]
     for name in names:
         worst, e = check(name, steps=2 if len(names) == 1 else 3)
         ok = worst < 3e-2
