@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CACHE, LRU_CACHE, SHADOWKV
 from ddbench.doctables.common import ROOT, _csv, _k, _notna, _table
 
 NAMES = {"llama-3-8b": "Llama-3-8B", "qwen2.5-14b": "Qwen2.5-14B"}
-ORDER = ("dualdecoder-cache", "lru-cache", "shadowkv", "dualdecoder")
+ORDER = (DUALDECODER_CACHE, LRU_CACHE, SHADOWKV, DUALDECODER)
 
 
 def _engine(r, end: str) -> str:
@@ -26,12 +27,12 @@ def ablation(root: Path = ROOT) -> str:
     for m, c in points:
         at = {r["design"]: r for _, r in d[(d["model"] == m) & (d["context"] == c)].iterrows()}
         gains.append(f"{NAMES.get(m, m)} {_k(int(c))}"
-                     f" {at['dualdecoder-cache']['sim_tok_s_matched'] / at['lru-cache']['sim_tok_s_matched']:.2f}x")
+                     f" {at[DUALDECODER_CACHE]['sim_tok_s_matched'] / at[LRU_CACHE]['sim_tok_s_matched']:.2f}x")
         for name in ORDER:
             r = at[name]
-            sk = at["shadowkv"]["sim_tok_s_matched"]
+            sk = at[SHADOWKV]["sim_tok_s_matched"]
             rows.append([f"{NAMES.get(m, m)} {_k(int(c))}", name, f"{int(r['batch'])}",
-                         f"{r['sim_tok_s_matched']:,.0f}", "-" if name == "shadowkv" else
+                         f"{r['sim_tok_s_matched']:,.0f}", "-" if name == SHADOWKV else
                          f"{r['sim_tok_s_matched'] / sk:.2f}x", _engine(r, "lower"), _engine(r, "higher")])
     return summary(gains) + "\n\n" + _table(
         ["point", "design", "batch", "simulated tokens/s", "over ShadowKV (simulated)",

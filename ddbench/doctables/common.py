@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from statistics import median
 
+from ddbench.core.designs import DUALDECODER, FULL_KV, SHADOWKV, SPECACHE
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -15,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 ENGINE_MODEL = "Llama-3-8B"
 CALIBRATION_SWEEP = "engine/h200"              # seed 0: floor, mechanism and validation phases
 VALIDATION_SWEEP = "engine/h200-validation"    # seed 1: the validation phase again, a separate run
-DESIGNS = ("full-kv", "shadowkv", "specache", "dualdecoder")
+DESIGNS = (FULL_KV, SHADOWKV, SPECACHE, DUALDECODER)
 CTX = 131072
 
 

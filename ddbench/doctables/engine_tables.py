@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CACHE, DUALDECODER_FIFO, FULL_KV, SHADOWKV, SPECACHE
 from ddbench.core.errors import DDBenchError
 from ddbench.doctables.common import (CALIBRATION_SWEEP, CTX, DESIGNS, ENGINE_MODEL, ROOT, VALIDATION_SWEEP,
                                       _csv, _engine, _json, _k, _notna, _own_step, _pct, _prov, _spread, _sweep,
@@ -24,13 +25,13 @@ def headline(root: Path = ROOT) -> str:
     def tpot(d):
         out = []
         for c in (32768, 131072):
-            src = fused if d == "dualdecoder-cache" else one
+            src = fused if d == DUALDECODER_CACHE else one
             g = src[(src["design"] == d) & (src["context"] == c)]
             if not len(g):
                 out.append("not run")
                 continue
             knobs = {}
-            if d == "dualdecoder-cache":
+            if d == DUALDECODER_CACHE:
                 knobs = {"cache_tokens": int(g["cache_tokens"].iloc[0]),
                          "forced_cache": (float(g["churn_rate"].iloc[0]), float(g["miss_rate"].iloc[0]))}
             sim = 1e3 / _sim_tok_s(d, ENGINE_MODEL.lower(), c, 1, **knobs)
@@ -61,7 +62,7 @@ def headline(root: Path = ROOT) -> str:
         gbps = [x for part in t for x in part["link_gbps"]]
         rows.append([d, str(maxb) if maxb is not None else "-", tok16, sof16,
                      _spread(tok, 0) if tok else "not run", _spread(gbps, 1) if gbps else "-"] + tpot(d))
-    rows.append(["dualdecoder-cache", "-", "-", "-", "-", "-"] + tpot("dualdecoder-cache"))
+    rows.append([DUALDECODER_CACHE, "-", "-", "-", "-", "-"] + tpot(DUALDECODER_CACHE))
     table = _table(["design", "max batch (memory model)", "compute only, batch 16: tokens/s",
                     "step / HBM floor", "with transfers, batch 32, 25 % misses: tokens/s", "link GB/s",
                     "TPOT at batch 1, 32K: ms", "TPOT at batch 1, 128K: ms"], rows)
@@ -160,7 +161,7 @@ def engine_floor(root: Path = ROOT) -> str:
     rows = []
     for d in DESIGNS[::-1]:
         for tokens in sorted(f[f["design"] == d]["tokens"].unique(), reverse=True):
-            label = d + (", one query token" if d == "dualdecoder" and tokens == 1 else "")
+            label = d + (", one query token" if d == DUALDECODER and tokens == 1 else "")
             for c in sorted(f["context"].unique()):
                 cells = []
                 for b in batches:
@@ -181,7 +182,7 @@ def engine_transfers(root: Path = ROOT) -> str:
     cal, cal_meta = _sweep(root, CALIBRATION_SWEEP)
     val, val_meta = _sweep(root, VALIDATION_SWEEP)
     both = [x[(x["phase"] == "validation") & (x["transfers"] == 1) & (x["status"] == "ok")] for x in (cal, val)]
-    designs = [d for d in ("dualdecoder", "dualdecoder-fifo", "shadowkv", "specache")
+    designs = [d for d in (DUALDECODER, DUALDECODER_FIFO, SHADOWKV, SPECACHE)
                if any(len(x[x["design"] == d]) for x in both)]
     rows = []
     for c in sorted(both[0]["context"].unique()):
@@ -237,7 +238,7 @@ def _sim_tok_s(design: str, model: str, context: int, batch: int, **knobs) -> fl
     """`ddbench simulate`'s cost model on the H200 at one point (the engine's batch, 12 % misses)."""
     from ddbench.experiments.sim_figures import _plan
     from ddbench.sim.run import run
-    hit = None if design == "full-kv" else 0.88
+    hit = None if design == FULL_KV else 0.88
     return batch / run(_plan(design, model, context, batch, hit=hit, gpu="h200", **knobs), "timeline", steps=6,
                        warmup=2).steady_step_s
 
@@ -278,12 +279,12 @@ def paper_points(root: Path = ROOT) -> str:
 
     rows = []
     for c in sorted({c for c, _ in got}):
-        (dd, dd_t), (sk, sk_t) = measured(c, "dualdecoder"), measured(c, "shadowkv")
+        (dd, dd_t), (sk, sk_t) = measured(c, DUALDECODER), measured(c, SHADOWKV)
         ratio = (f"{dd['median'] / sk['median']:.2f} ({dd['min'] / sk['max']:.2f}-{dd['max'] / sk['min']:.2f})"
                  if dd and sk else "-")
-        pdd, psk = at_point(c, "dualdecoder"), at_point(c, "shadowkv")
+        pdd, psk = at_point(c, DUALDECODER), at_point(c, SHADOWKV)
         pt = f"{pdd:.1f} / {psk:.1f} = {pdd / psk:.2f}" if pdd and psk else "-"
-        sdd, ssk = simulated(c, "dualdecoder"), simulated(c, "shadowkv")
+        sdd, ssk = simulated(c, DUALDECODER), simulated(c, SHADOWKV)
         rt = f"{sdd:.1f} / {ssk:.1f} = {sdd / ssk:.2f}" if sdd and ssk else "-"
         rows.append([_k(c), dd_t, sk_t, ratio, pt, rt])
     n = max((p.get("builds_tok_s") or {}).get("n", 0) for p in got.values())
@@ -308,26 +309,26 @@ def cache(root: Path = ROOT) -> str:
     rows, gains = [], []
     for c in sorted(e["context"].unique()):
         at_s = s[s["context"] == c]
-        for name in ("shadowkv", "dualdecoder", "dualdecoder-cache"):
-            sim = at_s[(at_s["design"] == name) & ((at_s["capacity"] == 4) if name == "dualdecoder-cache" else True)]
+        for name in (SHADOWKV, DUALDECODER, DUALDECODER_CACHE):
+            sim = at_s[(at_s["design"] == name) & ((at_s["capacity"] == 4) if name == DUALDECODER_CACHE else True)]
             sim = sim.iloc[0]
             eng = e[(e["context"] == c) & (e["design"] == name)]
             ends = [f"{r['tok_s']:,.0f} ({r['tok_s_min']:,.0f}-{r['tok_s_max']:,.0f}, {int(r['builds'])}) at"
                     f" {r['grid_point']}" for _, r in eng.iterrows()]
-            label = "dualdecoder-cache 4x" if name == "dualdecoder-cache" else name
+            label = "dualdecoder-cache 4x" if name == DUALDECODER_CACHE else name
             rows.append([_k(c), label, f"{int(sim['batch'])}", f"{sim['tok_s']:,.0f}", f"{sim['link_mib_per_token']:.1f}",
                          f"{int(eng['batch'].iloc[0])}" if len(eng) else "-", " / ".join(dict.fromkeys(ends)) or "-"])
-        cc = at_s[(at_s["design"] == "dualdecoder-cache") & (at_s["capacity"] == 4)].iloc[0]
-        gains.append(f"{_k(c)} {cc['tok_s'] / at_s[at_s['design'] == 'shadowkv'].iloc[0]['tok_s']:.2f}x")
+        cc = at_s[(at_s["design"] == DUALDECODER_CACHE) & (at_s["capacity"] == 4)].iloc[0]
+        gains.append(f"{_k(c)} {cc['tok_s'] / at_s[at_s['design'] == SHADOWKV].iloc[0]['tok_s']:.2f}x")
     g = "; ".join(gains)
     t = d[d["source"] == "simulated-tight"]
     tight = []
     for c in sorted(t["context"].unique()):
         at = t[t["context"] == c]
-        cc = at[at["design"] == "dualdecoder-cache"]
+        cc = at[at["design"] == DUALDECODER_CACHE]
         b = cc.loc[cc["tok_s"].idxmax()]
         parts = [f"dualdecoder-cache {b['capacity']:g}x {b['tok_s']:.0f} (batch {int(b['batch'])})"]
-        parts += [f"{n} {r['tok_s']:.0f} ({int(r['batch'])})" for n in ("shadowkv", "dualdecoder")
+        parts += [f"{n} {r['tok_s']:.0f} ({int(r['batch'])})" for n in (SHADOWKV, DUALDECODER)
                   for r in [at[at["design"] == n].iloc[0]]]
         tight.append(f"{_k(c)}: " + ", ".join(parts))
     tight_line = ("\n\nMemory-tight, simulated (Qwen2.5-32B on an 80 GB H100, each at the memory model's largest"
@@ -350,9 +351,9 @@ def _margin(root: Path) -> str:
         return ""
     d = _csv(path)
     s = d[(d["source"] == "simulated") & (d["rate_end"] == "centre" if "rate_end" in d else True)]
-    c = s[s["design"] == "dualdecoder-cache"].sort_values("factor")
+    c = s[s["design"] == DUALDECODER_CACHE].sort_values("factor")
     one = c[c["factor"] == 1.0].iloc[0]
-    sk = float(s[(s["design"] == "shadowkv") & (s["factor"] == 1.0)]["tok_s"].iloc[0])
+    sk = float(s[(s["design"] == SHADOWKV) & (s["factor"] == 1.0)]["tok_s"].iloc[0])
     pts = list(zip(c["factor"], c["tok_s"], c["urgent_per_budget"], c["churn_per_budget"]))
     flip = next(((f0 + (f1 - f0) * (t0 - sk) / (t0 - t1), u0 + (u1 - u0) * (t0 - sk) / (t0 - t1),
                   m0 + (m1 - m0) * (t0 - sk) / (t0 - t1))
@@ -383,7 +384,7 @@ def fp8(root: Path = ROOT) -> str:
     for c in sorted(d["context"].unique()):
         at = d[d["context"] == c].set_index("bar")
         for name, r in at.iterrows():
-            cap = f" {r['capacity']:g}x" if r["design"] == "dualdecoder-cache" else ""
+            cap = f" {r['capacity']:g}x" if r["design"] == DUALDECODER_CACHE else ""
             sim = (f"{r['sim_tok_s']:,.0f} ({r['sim_over_engine'] - 1:+.0%})" if _notna(r["sim_tok_s"])
                    else "not priced")
             rows.append([_k(c), f"{name}{cap}", f"{int(r['batch'])}", f"{r['tok_s']:,.0f} ({r['tok_s_min']:,.0f}-"

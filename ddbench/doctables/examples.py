@@ -24,6 +24,7 @@ from pathlib import Path
 from statistics import median
 
 from ddbench.core.defaults import FORCED_MISS
+from ddbench.core.designs import DUALDECODER, SHADOWKV
 from ddbench.doctables.common import ROOT, DocTablesError, _engine, _json, _k, _pct
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent     # where this ddbench is imported from
@@ -242,8 +243,8 @@ def notes_plan_search(root: Path = ROOT) -> str:
     """Worked example 2's reading: what binds, budget 1024 against 2048, ShadowKV against DualDecoder,
     ping-pong against per-layer buffers, all from the output shown."""
     rows = _knob_rows(_output(root, EXAMPLES["plan-search"]))
-    dd = [r for r in rows if r["design"] == "dualdecoder"]
-    sk = [r for r in rows if r["design"] == "shadowkv"]
+    dd = [r for r in rows if r["design"] == DUALDECODER]
+    sk = [r for r in rows if r["design"] == SHADOWKV]
     if not dd or not sk:
         raise DocTablesError("the knob search shows no dualdecoder or shadowkv setting")
     binds = sorted({r["binding"] for r in dd})
@@ -324,13 +325,13 @@ def notes_plan_engine(root: Path = ROOT) -> str:
     text = _output(root, EXAMPLES["plan-engine"])
     e = root / "traces" / "engine"
     cal = _engine(e / "h200" / "engine.csv")
-    m = cal[(cal["phase"] == "mechanism") & (cal["design"] == "dualdecoder") & (cal["context"] == 131072)
+    m = cal[(cal["phase"] == "mechanism") & (cal["design"] == DUALDECODER) & (cal["context"] == 131072)
             & (pd.to_numeric(cal["miss_rate"], errors="coerce") == FORCED_MISS) & (cal["transfers"] == 1)
             & (cal["status"] == "ok")]
     b = int(m["batch"].max())
     m = m[m["batch"] == b]
-    dd_plan, sk_plan = (_num(_cell(text, d, "tokens/s")) for d in ("dualdecoder", "shadowkv"))
-    sk_b = int(_num(_cell(text, "shadowkv", "max batch")))
+    dd_plan, sk_plan = (_num(_cell(text, d, "tokens/s")) for d in (DUALDECODER, SHADOWKV))
+    sk_b = int(_num(_cell(text, SHADOWKV, "max batch")))
     out = [f"The engine's DualDecoder step at {FORCED_MISS * 100:.1f} % misses, batch {b} at 128K (`traces/engine/h200`, mechanism"
            f" phase, {len(m)} repetitions; {alias_note(m, _json(e / 'h200' / 'meta.json').get('host_gib'))}), runs at"
            f" {median(m['tok_s']):.1f} tokens/s ({m['tok_s'].min():.1f}-{m['tok_s'].max():.1f}): link-bound, the"
@@ -339,7 +340,7 @@ def notes_plan_engine(root: Path = ROOT) -> str:
     rates = _engine(e / "h200-rates" / "engine.csv")
     pts = []
     for src, d in [("h200-shadowkv-fast/builds", x) for x in fast] + [("h200-rates", rates)]:
-        g = d[(d["design"] == "shadowkv") & (d["context"] == 131072) & (d["batch"] == sk_b)
+        g = d[(d["design"] == SHADOWKV) & (d["context"] == 131072) & (d["batch"] == sk_b)
               & d["status"].astype(str).str.startswith("ok")]
         pts += [(float(r["miss_rate"]), float(r["tok_s"]), src) for _, r in g.iterrows()]
     if not pts:
@@ -348,10 +349,10 @@ def notes_plan_engine(root: Path = ROOT) -> str:
     for miss, tok, _ in pts:
         by.setdefault(miss, []).append(tok)
     meas = ", ".join(f"{median(v):,.0f} at {_pct(k, 0)}" for k, v in sorted(by.items()))
-    g = fast[0][(fast[0]["design"] == "shadowkv") & (fast[0]["batch"] == sk_b) & (fast[0]["context"] == 131072)]
-    rate, mean_b = _cell(text, "shadowkv", "max rate req/s per decode GPU"), _cell(text, "shadowkv", "mean batch")
+    g = fast[0][(fast[0]["design"] == SHADOWKV) & (fast[0]["batch"] == sk_b) & (fast[0]["context"] == 131072)]
+    rate, mean_b = _cell(text, SHADOWKV, "max rate req/s per decode GPU"), _cell(text, SHADOWKV, "mean batch")
     out.append(f"The planner's ShadowKV sustains {rate} req/s ({sk_plan:,.1f} tokens/s, mean batch {mean_b}, max"
-               f" {sk_b}), bound by {_cell(text, 'shadowkv', 'binding')}: its tokens/s follows the batch. The engine"
+               f" {sk_b}), bound by {_cell(text, SHADOWKV, 'binding')}: its tokens/s follows the batch. The engine"
                f" ran ShadowKV in place at 128K, batch {sk_b} (`traces/engine/h200-shadowkv-fast/builds`,"
                f" `h200-rates`; median tokens/s by forced miss rate over {len(pts)} builds): {meas};"
                f" {alias_note(g, _json(e / 'h200-shadowkv-fast' / 'builds' / 'b0' / 'meta.json').get('host_gib'))}."
@@ -376,7 +377,7 @@ def notes_validation(root: Path = ROOT) -> str:
     from ddbench.core.designs import get_design
     from ddbench.core.memory import host_kv_bytes
     from ddbench.core.workload import Workload
-    m, dd = get_model("llama-3-8b"), get_design("dualdecoder")
+    m, dd = get_model("llama-3-8b"), get_design(DUALDECODER)
     aliased = sorted({(int(c), int(b)) for c, b in zip(t["context"], t["batch"])
                       if gib and int(b) * host_kv_bytes(dd, m, Workload(context=int(c))) > gib * 2 ** 30})
     alias = ("" if not aliased else

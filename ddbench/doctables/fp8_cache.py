@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ddbench.core.designs import SHADOWKV
 from ddbench.doctables.common import ROOT, _json, _k, _table
 
 SWEEPS = ("h200-compare", "h200-compare-qwen")
 CACHE = "dualdecoder-cache@8192"
 NAMES = {CACHE: "cache bf16", CACHE + "+fp8": "cache, fp8 host", CACHE + "+fp8cache": "cache, fp8 host + fp8 cache",
-         "shadowkv": "ShadowKV bf16", "shadowkv+fp8": "ShadowKV fp8 values"}
+         SHADOWKV: "ShadowKV bf16", "shadowkv+fp8": "ShadowKV fp8 values"}
 MODELS = ("llama-3-8b", "qwen2.5-7b", "qwen2.5-14b")
 ACCURACY = "traces/accuracy/SmolLM2-135M-Instruct.Q4_1.fp8.summary.json"
 KERNEL = "traces/kernels/h200-attention-fp8/devcheck-attention-fp8.json"
@@ -61,13 +62,13 @@ def _binds(fl: dict, pts: dict) -> str:
     parts, need = [], []
     for key in sorted(fl, key=lambda k: (MODELS.index(k[0]), k[1])):
         f = fl[key]
-        c8, c16, sk = f.get(CACHE + "+fp8cache"), f.get(CACHE + "+fp8"), f.get("shadowkv")
+        c8, c16, sk = f.get(CACHE + "+fp8cache"), f.get(CACHE + "+fp8"), f.get(SHADOWKV)
         if not (c8 and c16 and sk):
             continue
         tok = lambda r: r[0] / r[1] * 1e3     # noqa: E731 - tokens/s at the HBM floor
         parts.append(f"{key[0]} {_k(key[1])}: batch {c16[0]} to {c8[0]}, floor {tok(c16):,.0f} to {tok(c8):,.0f}"
                      f" tokens/s, step {c16[2] / c16[1]:.2f}x to {c8[2] / c8[1]:.2f}x its floor")
-        twice = 2 * pts[key]["shadowkv"][1]
+        twice = 2 * pts[key][SHADOWKV][1]
         need.append(f"{key[0]} {_k(key[1])} {tok(c8) / twice:.2f}x (now {c8[2] / c8[1]:.2f}x; ShadowKV's floor"
                     f" {tok(sk):,.0f})")
     return ("What binds (HBM floor: weights, landmarks and attended KV over 4.14 TB/s, `floor_ms` on each row; both"
@@ -100,13 +101,13 @@ def fp8_cache(root: Path = ROOT) -> str:
     pts, sim, fl = _points(root), _simulated(root), _floors(root)
     rows, gains, errs = [], [], []
     for (model, ctx), got in sorted(pts.items(), key=lambda kv: (MODELS.index(kv[0][0]), kv[0][1])):
-        sk, sk8 = got.get("shadowkv"), got.get("shadowkv+fp8")
+        sk, sk8 = got.get(SHADOWKV), got.get("shadowkv+fp8")
         for label, name in NAMES.items():
             if label not in got:
                 continue
             r = got[label]
-            over = [_ratio(r, sk) if sk and label != "shadowkv" else "-",
-                    _ratio(r, sk8) if sk8 and not label.startswith("shadowkv") else "-"]
+            over = [_ratio(r, sk) if sk and label != SHADOWKV else "-",
+                    _ratio(r, sk8) if sk8 and not label.startswith(SHADOWKV) else "-"]
             step_err = sim.get((model, ctx, r[0], *fl[(model, ctx)][label][3:]))
             err = None if step_err is None else 1 / (1 + step_err) - 1          # in tokens/s
             if err is not None:

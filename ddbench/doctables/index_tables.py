@@ -15,15 +15,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CACHE, LRU_CACHE, SHADOWKV
 from ddbench.doctables.common import ROOT, _table
 
 INDEXES = ("flat", "fp8", "int4", "two-level:8,1", "two-level:8,1,fp8", "two-level:8,1,int4", "two-level:16,1,int4")
-LANDMARK = ("shadowkv", "dualdecoder", "dualdecoder-cache", "lru-cache")
+LANDMARK = (SHADOWKV, DUALDECODER, DUALDECODER_CACHE, LRU_CACHE)
 MODEL, CONTEXT, BATCH = "llama-3-8b", 131072, 60
 MEASURED_SELECTION_MS = 20.4        # traces/engine/h200-cache-int32/compute-only.json, batch 60 (issue 47)
 
 
-def _point(index: str, gpu: str = "h200", design: str = "dualdecoder-cache"):
+def _point(index: str, gpu: str = "h200", design: str = DUALDECODER_CACHE):
     """(resolved scenario of `design` with `index`, {design: largest batch}) at 128K."""
     from ddbench.core.designs import get_design
     from ddbench.core.memory import max_batch
@@ -68,7 +69,7 @@ def index_predictions(root: Path = ROOT) -> str:
     for idx in INDEXES:
         r, mb = _point(idx)
         sel60, comp60, _ = _step(r, BATCH)
-        b = mb["dualdecoder-cache"]
+        b = mb[DUALDECODER_CACHE]
         _, comp, whole = _step(r, b)
         got[idx] = (sel60, b / comp, b / whole, b)
         m = meas.get(idx)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import median
 
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CACHE, SHADOWKV
 from ddbench.doctables.common import ROOT, DocTablesError, _csv, _f, _json, _table
 
 GRID = "engine/h200-rate-grid"
@@ -22,10 +23,10 @@ BATCH1 = "engine/h200-compare"
 CTX = 131072
 # per design: the engine grid's columns for its rates, and the same rates' columns in figures/rates.csv
 AXES = {
-    "dualdecoder-cache": (("urgent", "forced_urgent_or_miss", "urgent_per_budget"),
+    DUALDECODER_CACHE: (("urgent", "forced_urgent_or_miss", "urgent_per_budget"),
                           ("churn", "forced_churn", "churn_per_budget")),
-    "shadowkv": (("miss", "forced_urgent_or_miss", "miss_rate"),),
-    "dualdecoder": (("miss", "forced_urgent_or_miss", "miss_rate"),),
+    SHADOWKV: (("miss", "forced_urgent_or_miss", "miss_rate"),),
+    DUALDECODER: (("miss", "forced_urgent_or_miss", "miss_rate"),),
 }
 
 
@@ -92,12 +93,12 @@ def _grid_ends(eng, design: str, rates: dict) -> tuple[dict, dict]:
 def _batch1(root: Path, design: str) -> str:
     d = _csv(root / "traces" / BATCH1 / "engine.csv")
     lab = d["design_label"].fillna(d["design"])
-    want = f"{design}@8192" if design == "dualdecoder-cache" else design
+    want = f"{design}@8192" if design == DUALDECODER_CACHE else design
     g = d[(lab == want) & (d["batch"] == 1) & (d["context"] == CTX)]
     if not len(g):
         return "not run on this engine"
     row = g.iloc[0]
-    rate = (f"urgent {row['miss_rate']:.3f}, churn {row['churn_rate']:.3f}" if design == "dualdecoder-cache"
+    rate = (f"urgent {row['miss_rate']:.3f}, churn {row['churn_rate']:.3f}" if design == DUALDECODER_CACHE
             else f"miss {row['miss_rate']:.2f}")
     return (f"{float(row['step_ms']):.2f} ms ({float(row['step_ms_min']):.2f}-{float(row['step_ms_max']):.2f}),"
             f" {rate}")
@@ -149,6 +150,6 @@ def results(root: Path = ROOT) -> str:
             f" it ran at).\n\n"
             + _table(["design", "matched rates", "engine, best end of the interval", "engine, worst end",
                       "simulated at the matched rates", "TPOT at batch 1"], rows)
-            + f"\n\nEngine rows alone: the cache at its worse grid point ({_f(ends['dualdecoder-cache'][1], 0)})"
-            f" {'is above' if ends['dualdecoder-cache'][1] > ends['shadowkv'][0] else 'is NOT above'} ShadowKV at its"
-            f" better one ({_f(ends['shadowkv'][0], 0)}).")
+            + f"\n\nEngine rows alone: the cache at its worse grid point ({_f(ends[DUALDECODER_CACHE][1], 0)})"
+            f" {'is above' if ends[DUALDECODER_CACHE][1] > ends[SHADOWKV][0] else 'is NOT above'} ShadowKV at its"
+            f" better one ({_f(ends[SHADOWKV][0], 0)}).")

@@ -20,16 +20,17 @@ from __future__ import annotations
 import pandas as pd
 
 from ddbench.core import defaults as D
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CACHE, LRU_CACHE, SHADOWKV
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import FigureResult, register
 from ddbench.experiments import rate_grid as G
 from ddbench.experiments.cache_figure import simulated
 from ddbench.plotting import SYSTEM_COLORS
 
-DESIGNS = ("dualdecoder-cache", "lru-cache", "dualdecoder", "shadowkv")
+DESIGNS = (DUALDECODER_CACHE, LRU_CACHE, DUALDECODER, SHADOWKV)
 POINTS = (("llama-3-8b", 32 * 1024), ("llama-3-8b", 64 * 1024), ("llama-3-8b", 128 * 1024), ("qwen2.5-14b", 128 * 1024))
 CACHE_TOKENS = G.CAPACITY * D.BUDGET
-COLORS = {"dualdecoder-cache": "#9467bd", "lru-cache": "#8c564b"}
+COLORS = {d: SYSTEM_COLORS[d] for d in (DUALDECODER_CACHE, LRU_CACHE)}   # the registry's colours
 
 
 def _engine(model: str, ctx: int, design: str) -> dict:
@@ -104,6 +105,6 @@ def prediction_gain(df: pd.DataFrame) -> pd.DataFrame:
     """dualdecoder-cache over lru-cache per point, simulated at the matched rates."""
     out = []
     for (m, c), g in df.groupby(["model", "context"], sort=False):
-        a, b = (g[g.design == d].iloc[0] for d in ("dualdecoder-cache", "lru-cache"))
+        a, b = (g[g.design == d].iloc[0] for d in (DUALDECODER_CACHE, LRU_CACHE))
         out.append(dict(model=m, context=c, gain=a.sim_tok_s_matched / b.sim_tok_s_matched))
     return pd.DataFrame(out)

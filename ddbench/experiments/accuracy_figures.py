@@ -24,6 +24,7 @@ from functools import lru_cache
 
 import pandas as pd
 
+from ddbench.core.designs import DUALDECODER, SHADOWKV
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.units import fmt_tokens
@@ -33,7 +34,7 @@ from ddbench.plotting import SYSTEM_COLORS
 PROFILE_CMD = "ddbench profile --layer-accuracy --model PATH"
 # the paper's tasks (RULER) against the nearest synthetic task the profiler builds (ddbench/profile/tasks.py)
 TABLE1_TASKS = {"niah-1": "single", "niah-2": "multikey", "niah-3": "multivalue", "qa-2": None}
-TABLE1_SYSTEMS = {"shadowkv": "lowrank", "dualdecoder": "sparse"}
+TABLE1_SYSTEMS = {SHADOWKV: "lowrank", DUALDECODER: "sparse"}
 
 
 # ---------------------------------------------------------------- reading the traces
@@ -150,7 +151,7 @@ def _draw_fig7(res: FigureResult, fig) -> None:
     a, b = fig.subplots(1, 2, width_ratios=[1.5, 1])
     s = df[df.panel == "a"]
     for model, sub in s.groupby("model", sort=False):
-        a.plot(sub.step, 100 * sub.kv_accuracy, color=SYSTEM_COLORS["dualdecoder"], lw=1.2,
+        a.plot(sub.step, 100 * sub.kv_accuracy, color=SYSTEM_COLORS[DUALDECODER], lw=1.2,
                label=f"KV prediction (mean {100 * sub.kv_accuracy.mean():.1f}%)")
         a.plot(sub.step, 100 * sub.token_accuracy, color="#9467bd", lw=0.8, marker=".", ms=3,
                label=f"token prediction (mean {100 * sub.token_accuracy.mean():.1f}%)")
@@ -170,7 +171,7 @@ def _draw_fig7(res: FigureResult, fig) -> None:
     p = df[df.panel == "b"]
     temps = sorted(p.temperature.unique())
     width = 0.38
-    for k, (init, color) in enumerate((("t2", SYSTEM_COLORS["dualdecoder"]), ("random", "#bcbd22"))):
+    for k, (init, color) in enumerate((("t2", SYSTEM_COLORS[DUALDECODER]), ("random", "#bcbd22"))):
         sub = p[p.init == init].set_index("temperature").reindex(temps)
         xs = [i + (k - 0.5) * width for i in range(len(temps))]
         bars = b.bar(xs, 100 * sub.kv_accuracy, width, color=color, label=f"{init} start")
@@ -275,9 +276,9 @@ def _draw_fig16(res: FigureResult, fig) -> None:
     for model, sub in lay.groupby("model", sort=False):
         sel_txt = sub.selection.iloc[0] if "selection" in sub.columns and isinstance(sub.selection.iloc[0], str) \
             else "T2, temperature 0.6"
-        b.plot(sub.layer, 100 * sub.hit_rate, marker="o", ms=2.5, lw=1, color=SYSTEM_COLORS["dualdecoder"],
+        b.plot(sub.layer, 100 * sub.hit_rate, marker="o", ms=2.5, lw=1, color=SYSTEM_COLORS[DUALDECODER],
                label=f"hit, {sel_txt}")
-        b.plot(sub.layer, 100 * sub.reuse_hit_rate, lw=1, ls="--", color=SYSTEM_COLORS["shadowkv"],
+        b.plot(sub.layer, 100 * sub.reuse_hit_rate, lw=1, ls="--", color=SYSTEM_COLORS[SHADOWKV],
                label=f"reuse (step t's own selection), {sel_txt}")
         basis = sub.lowrank_basis.iloc[0] if "lowrank_basis" in sub.columns else None
         bas = basis_rows[basis_rows.model == model]
@@ -409,7 +410,7 @@ def _draw_table1(res: FigureResult, fig) -> None:
     for task in dict.fromkeys(pap.task):
         line = [task]
         for ctx in ("64K", "128K"):
-            for design in ("shadowkv", "dualdecoder"):
+            for design in (SHADOWKV, DUALDECODER):
                 r = pap[(pap.task == task) & (pap.context == ctx) & (pap.method == design)]
                 line.append(f"{r.accuracy.iloc[0]:.2f}" if len(r) else "-")
         pcells.append(line)
@@ -435,7 +436,7 @@ def table1() -> FigureResult:
     prow = []
     for task in list(TABLE1_TASKS) + ["avg"]:
         for ctx in ("64k", "128k"):
-            for design in ("shadowkv", "dualdecoder"):
+            for design in (SHADOWKV, DUALDECODER):
                 pid = f"table1.{task}.{ctx}.{design}"
                 if pid in rep:
                     prow.append({"source": "paper", "model": "Llama-3-8B-Instruct-Gradient-1048k", "task": task,

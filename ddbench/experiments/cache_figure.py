@@ -19,6 +19,7 @@ from functools import lru_cache
 import pandas as pd
 
 from ddbench.core import defaults as D
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CACHE, SHADOWKV
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.units import fmt_tokens
@@ -28,14 +29,14 @@ from ddbench.experiments.scene import scene
 from ddbench.plotting import SYSTEM_COLORS, style_handle
 
 MODEL, GPU = "llama-3-8b", "h200"
-CACHE = "dualdecoder-cache"
-DESIGNS = (CACHE, "shadowkv", "dualdecoder")
+CACHE = DUALDECODER_CACHE
+DESIGNS = (CACHE, SHADOWKV, DUALDECODER)
 CONTEXTS = (32 * 1024, 64 * 1024, 128 * 1024)
 SIM_CAPACITIES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)     # x the budget
 STYLES = {32 * 1024: ":", 64 * 1024: "--", 128 * 1024: "-"}
 TIGHT_MODEL, TIGHT_GPU = "qwen2.5-32b", "h100-80gb"     # Fig. 12's setting: where GPU memory binds
 TIGHT_CONTEXTS = (64 * 1024, 128 * 1024, 256 * 1024)
-CACHE_COLOR = "#9467bd"
+CACHE_COLOR = SYSTEM_COLORS[CACHE]
 MIB = 2 ** 20
 
 
@@ -153,10 +154,10 @@ def _draw(res: FigureResult, fig) -> None:
         ax.set_ylim(bottom=0)
     handles = [style_handle("-", f"{CACHE}, simulated", CACHE_COLOR),
                Line2D([], [], ls="none", marker="D", ms=4, color=CACHE_COLOR, label=f"{CACHE}, engine"),
-               style_handle("-", "ShadowKV, simulated", SYSTEM_COLORS["shadowkv"]),
-               Line2D([], [], ls="none", marker="D", ms=4, color=SYSTEM_COLORS["shadowkv"], label="ShadowKV, engine"),
-               style_handle("-", "DualDecoder, simulated", SYSTEM_COLORS["dualdecoder"]),
-               Line2D([], [], ls="none", marker="D", ms=4, color=SYSTEM_COLORS["dualdecoder"],
+               style_handle("-", "ShadowKV, simulated", SYSTEM_COLORS[SHADOWKV]),
+               Line2D([], [], ls="none", marker="D", ms=4, color=SYSTEM_COLORS[SHADOWKV], label="ShadowKV, engine"),
+               style_handle("-", "DualDecoder, simulated", SYSTEM_COLORS[DUALDECODER]),
+               Line2D([], [], ls="none", marker="D", ms=4, color=SYSTEM_COLORS[DUALDECODER],
                       label="DualDecoder, engine")]
     handles += [style_handle(STYLES[c], fmt_tokens(c), "gray") for c in CONTEXTS]
     fig.legend(handles, [h.get_label() for h in handles], fontsize=6, ncol=5, loc="outside lower center")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ddbench.core.designs import SHADOWKV
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.units import GB
@@ -72,14 +73,14 @@ def inplace_shadowkv(traces) -> dict:
     path = traces / "engine" / INPLACE / "summary.json"
     out = {(p["model"], int(p["context"]), p["design"]): {**p, "inplace": True}
            for p in _paper_points(path, "the in-place ShadowKV's paper points; its README says how they were run")
-           if p["design"] == "shadowkv"}
+           if p["design"] == SHADOWKV}
     e = load_engine(str(traces / "engine" / "h200-rates" / "engine.csv"))   # typed: one-line errors
-    e = e[e.gpu_mem_cap.notna() & (e.design == "shadowkv") & (e.context == 262144)
+    e = e[e.gpu_mem_cap.notna() & (e.design == SHADOWKV) & (e.context == 262144)
           & e.status.isin(["ok", "ok-no-twin"])]
     for (m, c, b), g in e.groupby(["model", "context", "batch"]):
         t = list(g.tok_s)
         med = float(g.tok_s.median())
-        out[(m, int(c), "shadowkv")] = {"largest_batch": int(b), "inplace": True,
+        out[(m, int(c), SHADOWKV)] = {"largest_batch": int(b), "inplace": True,
                                        "series": [{"batch": int(b), "tok_s": med}],
                                        "builds_tok_s": {"n": len(t), "min": min(t), "median": med, "max": max(t)}}
     return out

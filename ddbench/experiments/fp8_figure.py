@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ddbench.core.designs import SHADOWKV
 from ddbench.core.errors import DDBenchError
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import FigureResult, register
@@ -24,7 +25,7 @@ from ddbench.plotting import SYSTEM_COLORS
 RUN = "h200-compare"
 CACHE_LABEL = f"{CACHE}@8192"
 BARS = ((f"{CACHE_LABEL}+fp8", "dualdecoder-cache fp8"), (CACHE_LABEL, "dualdecoder-cache bf16"),
-        ("shadowkv", "ShadowKV bf16"), ("shadowkv+fp8", "ShadowKV fp8 values"))
+        (SHADOWKV, "ShadowKV bf16"), ("shadowkv+fp8", "ShadowKV fp8 values"))
 
 
 def _sim(r, matched: bool = False) -> float:
@@ -53,7 +54,7 @@ def _draw(res: FigureResult, fig) -> None:
     b = res.data[res.data.drawn]
     fig.set_size_inches(9.0, 3.6)
     axes = fig.subplots(1, 2)
-    colors = (CACHE_COLOR, "#c5b0d5", SYSTEM_COLORS["shadowkv"], "#ffbb78")
+    colors = (CACHE_COLOR, "#c5b0d5", SYSTEM_COLORS[SHADOWKV], "#ffbb78")
     width = 0.2
     for i, ((_, name), color) in enumerate(zip(BARS, colors)):
         s = b[b.bar == name].set_index("context").reindex(CONTEXTS)
@@ -97,7 +98,7 @@ def compute() -> FigureResult:
     from ddbench.experiments.scene import scene
     from ddbench.planner.ratelines import caption
     matched = caption([scene(MODEL, d, gpu=GPU, **({"cache_tokens": 8192} if d == CACHE else {}))
-                       for d in (CACHE, "shadowkv")], tuple(CONTEXTS))
+                       for d in (CACHE, SHADOWKV)], tuple(CONTEXTS))
     return FigureResult(eng, f"{MODEL} on one H200 over PCIe 5, ONE engine run, {RUN} (2026-12-04, the current engine's"
                              " code, ShadowKV in place; 3 builds in one process per design, each at its largest batch;"
                              " the cache at 4x the budget at the SmolLM2 trend's rates, ShadowKV at a forced 12 % miss:"

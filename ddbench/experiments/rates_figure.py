@@ -13,6 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ddbench.core import defaults as D
+from ddbench.core.designs import DUALDECODER, SHADOWKV
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import FigureResult, register
 from ddbench.experiments.cache_figure import CACHE, CACHE_COLOR, GPU, MODEL
@@ -22,7 +23,7 @@ from ddbench.plotting import SYSTEM_COLORS, style_handle
 CTX = 128 * 1024
 CAPACITY = 4                         # the cache at 4x the budget: the engine's best at 128K
 FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
-DESIGNS = (CACHE, "shadowkv", "dualdecoder")
+DESIGNS = (CACHE, SHADOWKV, DUALDECODER)
 
 
 def _point(design: str, factor: float, end: str = "centre") -> dict:
@@ -99,8 +100,8 @@ def _draw(res: FigureResult, fig) -> None:
     axes[0].set_title("(a) the cache's rates scaled 0.5-4x; dashed: the others at their profile's rates", fontsize=7)
     axes[1].set_title("(b) the others' miss rates scaled 0.5-4x", fontsize=7)
     handles = [style_handle("-", f"{CACHE} {CAPACITY}x, simulated", CACHE_COLOR),
-               style_handle("-", "ShadowKV, simulated", SYSTEM_COLORS["shadowkv"]),
-               style_handle("-", "DualDecoder, simulated", SYSTEM_COLORS["dualdecoder"])]
+               style_handle("-", "ShadowKV, simulated", SYSTEM_COLORS[SHADOWKV]),
+               style_handle("-", "DualDecoder, simulated", SYSTEM_COLORS[DUALDECODER])]
     fig.legend(handles, [h.get_label() for h in handles], fontsize=6, ncol=3, loc="outside lower center")
     fig.suptitle(f"Throughput against the rates: {MODEL} at {fmt_tokens(CTX)} on one H200, each at its largest batch"
                  " (diamonds: one engine run, 3 builds)", fontsize=8)

@@ -12,6 +12,7 @@ import math
 
 import pandas as pd
 
+from ddbench.core.designs import DUALDECODER, SHADOWKV
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import FigureResult, register
 from ddbench.experiments.accuracy_figures import _ctx, _need, _path, _profile
@@ -93,9 +94,9 @@ def sensitivity() -> FigureResult:
     prof = _profile(model)
     # separable: DualDecoder's step depends on its hit rate only, ShadowKV's (no prefetch, reuse) on
     # its reuse rate only, so the grid costs len(SENS_GRID) evaluations of each
-    dd = {h: sens_tokens_per_s("dualdecoder", h, h) for h in SENS_GRID}
-    sk = {r: sens_tokens_per_s("shadowkv", r, r) for r in SENS_GRID}
-    bdd, bsk = _sens_batch("dualdecoder"), _sens_batch("shadowkv")
+    dd = {h: sens_tokens_per_s(DUALDECODER, h, h) for h in SENS_GRID}
+    sk = {r: sens_tokens_per_s(SHADOWKV, r, r) for r in SENS_GRID}
+    bdd, bsk = _sens_batch(DUALDECODER), _sens_batch(SHADOWKV)
     rows = [{"kind": "grid", "source": "aggregate step", "hit_rate": h, "reuse_rate": r,
              "dualdecoder_tokens_per_s": dd[h], "shadowkv_tokens_per_s": sk[r], "ratio": dd[h] / sk[r],
              "dd_batch": bdd, "sk_batch": bsk} for h in SENS_GRID for r in SENS_GRID]
@@ -103,8 +104,8 @@ def sensitivity() -> FigureResult:
     def point(kind, source, h, r, hl=None, rl=None):
         out = {}
         for mode in ("aggregate", "timeline"):
-            a = sens_tokens_per_s("dualdecoder", hl or h, hl or h, mode)
-            b = sens_tokens_per_s("shadowkv", rl or r, rl or r, mode)
+            a = sens_tokens_per_s(DUALDECODER, hl or h, hl or h, mode)
+            b = sens_tokens_per_s(SHADOWKV, rl or r, rl or r, mode)
             out[mode] = (a, b)
         a, b = out["timeline"]
         return {"kind": kind, "source": source, "hit_rate": h, "reuse_rate": r, "dualdecoder_tokens_per_s": a,
