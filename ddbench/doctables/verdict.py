@@ -14,7 +14,7 @@ from ddbench.doctables.common import ROOT, DocTablesError
 CACHE = DUALDECODER_CACHE
 
 
-def _csv(path: Path):
+def _read_figure_csv(path: Path):
     import pandas as pd
     if not path.exists():
         raise DocTablesError(f"{path}: missing (run `python -m ddbench figures`)")
@@ -42,7 +42,7 @@ def verdict(root: Path = ROOT) -> str:
     from ddbench.experiments.scene import scene
     from ddbench.core import defaults as D
     from ddbench.planner.ratelines import caption
-    d = _csv(root / "figures" / "rates.csv")
+    d = _read_figure_csv(root / "figures" / "rates.csv")
     s = d[d["source"] == "simulated"]
     tok = {x: {e: _at(s, x, e) for e in ("centre", "high", "low")} for x in (CACHE, SHADOWKV, DUALDECODER)}
     knobs = {"cache_tokens": CAPACITY * D.BUDGET}

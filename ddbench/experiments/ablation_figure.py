@@ -33,7 +33,7 @@ CACHE_TOKENS = G.CAPACITY * D.BUDGET
 COLORS = {d: SYSTEM_COLORS[d] for d in (DUALDECODER_CACHE, LRU_CACHE)}   # the registry's colours
 
 
-def _engine(model: str, ctx: int, design: str) -> dict:
+def _engine_columns(model: str, ctx: int, design: str) -> dict:
     """The engine's two grid points around the matched rates (empty where the run lacks the point)."""
     ends = G.engine_at_matched(design, ctx) if model == G.MODEL else []
     out = {"engine_points": G.bracket_note(ends)} if ends else {}
@@ -55,7 +55,7 @@ def points() -> pd.DataFrame:
             s = simulated(d, ctx, None, ct, model=model)
             rows.append(dict(model=model, context=ctx, design=d, cache_tokens=ct, batch=s["batch"],
                              sim_tok_s_matched=s["tok_s"], link_mib_per_token=s["link_mib_per_token"],
-                             **_engine(model, ctx, d)))
+                             **_engine_columns(model, ctx, d)))
     return pd.DataFrame(rows)
 
 

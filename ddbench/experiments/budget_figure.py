@@ -20,7 +20,7 @@ from ddbench.core.memory import Workload, max_batch
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.experiments.scene import GPU, LINK, scene, workload
-from ddbench.experiments.sim_figures import F12_MODEL, _paper, _scaled_note, rates_caption
+from ddbench.experiments.sim_figures import F12_MODEL, paper_value, cost_model_note, rates_caption
 from ddbench.plotting import SYSTEM_COLORS, integer_axis, style_handle
 
 BUDGETS = (512, 1024, 2048, 4096)
@@ -57,7 +57,7 @@ def _draw(res: FigureResult, fig) -> None:
             ax_a.plot(s.budget, s.tokens_per_s, ls=STYLES[ctx], marker="o", ms=3, color=SYSTEM_COLORS[design])
         r = df[(df.context == ctx) & (df.system == DUALDECODER)]
         ax_b.plot(r.budget, r.dd_over_shadowkv, ls=STYLES[ctx], marker="o", ms=3, color="black")
-        lvl = _paper(PAPER_RATIOS[ctx])
+        lvl = paper_value(PAPER_RATIOS[ctx])
         ax_b.axhline(lvl, color="#d62728", lw=0.8, ls=STYLES[ctx])
         ax_b.text(BUDGETS[0], lvl, f"paper {fmt_tokens(ctx)} {lvl:g}", color="#d62728", fontsize=6, ha="left",
                   va="top")
@@ -68,8 +68,8 @@ def _draw(res: FigureResult, fig) -> None:
         ax.set_xlabel("sparse budget (tokens per request)")
         ax.axvline(REPLAY_BUDGET, color="gray", lw=3, alpha=0.25)
         for name, pid in PAPER_BUDGETS.items():
-            ax.axvline(_paper(pid), color="gray", lw=0.8, ls="-.")
-            ax.text(_paper(pid), 0.98, f" {name}", transform=ax.get_xaxis_transform(), fontsize=6, rotation=90,
+            ax.axvline(paper_value(pid), color="gray", lw=0.8, ls="-.")
+            ax.text(paper_value(pid), 0.98, f" {name}", transform=ax.get_xaxis_transform(), fontsize=6, rotation=90,
                     va="top", ha="right")
     ax_a.set_ylim(bottom=0)
     ax_b.set_ylim(bottom=0)
@@ -105,10 +105,10 @@ def budget() -> FigureResult:
     cmp = [Comparison("fig19.budget_tokens", REPLAY_BUDGET,
                       f"every replay here uses budget {REPLAY_BUDGET}, the budget the paper states for Figure 19 (the only"
                       f" figure that states one); Figures 2-18 and 20 do not state theirs and Table 1 uses "
-                      f"{_paper('table1.budget_tokens'):.0f}. DualDecoder / ShadowKV at Figure 12's setting, by budget: "
+                      f"{paper_value('table1.budget_tokens'):.0f}. DualDecoder / ShadowKV at Figure 12's setting, by budget: "
                       f"{parts} (at {fmt_tokens(c64)}, {ratio[c64, 2048]:.2f} at 2048 against {ratio[c64, 1024]:.2f} at"
                       f" 1024)")]
-    setup = (f"{F12_MODEL} on {GPU} + {LINK} ({_scaled_note(F12_MODEL)}), contexts "
+    setup = (f"{F12_MODEL} on {GPU} + {LINK} ({cost_model_note(F12_MODEL)}), contexts "
              f"{'/'.join(fmt_tokens(c) for c in CONTEXTS)}, budgets {', '.join(map(str, BUDGETS))}, chunk "
              f"{Workload(context=c64).chunk}; {rates_caption(F12_MODEL, (SHADOWKV, DUALDECODER), tuple(CONTEXTS))}; each design at its largest batch at that budget "
              "(memory model), decode-only steady state from the per-layer timeline")

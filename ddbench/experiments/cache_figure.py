@@ -87,7 +87,7 @@ def simulated(design: str, ctx: int, batch: int | None, cache_tokens: int | None
     """The user's simulator at one point (batch None: the memory model's largest); `forced`: a chunk cache's
     (prefetched, urgent) as an engine run forced them, `miss`: another design's forced miss, so that an engine
     point is replayed at its own rates (else: the matched rate set's)."""
-    from ddbench.experiments.sim_figures import _maxb, _plan, _step_s
+    from ddbench.experiments.sim_figures import design_max_batch, step_plan, steady_step_time
     knobs = {"cache_tokens": cache_tokens} if cache_tokens else {}
     if miss is not None and not forced:
         knobs["hit_rate"] = round(1.0 - miss, 6)
@@ -95,12 +95,12 @@ def simulated(design: str, ctx: int, batch: int | None, cache_tokens: int | None
         knobs["kv_bits"] = kv_bits
     if forced:
         knobs["forced_cache"] = tuple(forced)
-    b = batch or _maxb(design, model, ctx, gpu=gpu, **knobs)
+    b = batch or design_max_batch(design, model, ctx, gpu=gpu, **knobs)
     note = scene(model, design, gpu=gpu, **knobs).hit_note
     if not b:
         return {"batch": 0, "tok_s": float("nan"), "link_mib_per_token": float("nan"), "note": note}
-    step = _step_s(design, model, ctx, b, gpu=gpu, **knobs)
-    plan = _plan(design, model, ctx, b, gpu=gpu, **knobs)
+    step = steady_step_time(design, model, ctx, b, gpu=gpu, **knobs)
+    plan = step_plan(design, model, ctx, b, gpu=gpu, **knobs)
     return {"batch": b, "tok_s": b / step, "link_mib_per_token": plan.h2d_bytes / b / MIB, "note": note}
 
 

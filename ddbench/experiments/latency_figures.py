@@ -16,7 +16,7 @@ from ddbench.core.distribution import Distribution
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.experiments.scene import scene, workload
-from ddbench.experiments.sim_figures import K, LABEL, SEED, _maxb, _paper, _plan, _setup
+from ddbench.experiments.sim_figures import K, LABEL, SEED, design_max_batch, paper_value, step_plan, setup_line
 from ddbench.plotting import SYSTEM_COLORS, integer_axis, plain_log_axis, style_handle
 
 
@@ -109,7 +109,7 @@ def fig13() -> FigureResult:
     df = pd.DataFrame(rows)
     rate = {(s, h): _max_rate(s, h) for s in F13_SYSTEMS for h in (False, True)}
     pf = _prefill_s(DUALDECODER, F13_MODEL, F13_CTX)
-    mb = {s: _maxb(s, F13_MODEL, F13_CTX) for s in F13_SYSTEMS}
+    mb = {s: design_max_batch(s, F13_MODEL, F13_CTX) for s in F13_SYSTEMS}
     at48 = _serve(DUALDECODER, F13_MODEL, F13_CTX, F13_OUT, 4.8, F13_N, False)
     at48h = _serve(DUALDECODER, F13_MODEL, F13_CTX, F13_OUT, 4.8, F13_N, True)
     dd, sk = rate[(DUALDECODER, False)], rate[(SHADOWKV, False)]
@@ -129,7 +129,7 @@ def fig13() -> FigureResult:
                    f"prefill elsewhere; bisection on the rate, seed {SEED}, {F13_N} requests; ShadowKV decodes "
                    f"{mb[SHADOWKV]} requests at a time here"),
     ]
-    setup = _setup(F13_MODEL, fmt_tokens(F13_CTX),
+    setup = setup_line(F13_MODEL, fmt_tokens(F13_CTX),
                    f"Poisson arrivals (seed {SEED}), {F13_N} requests per point (kept small for `make figures`),"
                    f" output {F13_OUT} tokens, FIFO admission while memory allows; (a) prefill on other GPUs"
                    f" (disaggregated), (b) chunked prefill of {Workload(context=K).prefill_chunk} tokens on this GPU"
@@ -154,14 +154,14 @@ def _draw_fig18(res: FigureResult, fig) -> None:
             s = tr[(tr.model_size == size) & (tr.system == design)]
             ax.plot(s.step, s.step_ms, ls=style, marker="o", ms=3, color=colors[design],
                     label="priority" if design == DUALDECODER else "FIFO")
-        ax.set_ylim(0, 1.15 * max(float(tr.step_ms.max()), _paper("fig18.8b.fifo_ms")))   # from zero: no magnifying
+        ax.set_ylim(0, 1.15 * max(float(tr.step_ms.max()), paper_value("fig18.8b.fifo_ms")))   # from zero: no magnifying
         integer_axis(ax.xaxis)
         ax.set_xlabel("decode step (steps from start)")
         ax.set_ylabel("per-step latency (ms)")
         ax.set_title(f"({'abc'[j]}) {size}, batch {F18_MODELS[size][1]}", fontsize=8)
     for design, pid in ((DUALDECODER, "fig18.8b.priority_ms"), (DUALDECODER_FIFO, "fig18.8b.fifo_ms")):
-        axes[0].axhline(_paper(pid), color=colors[design], lw=1.0, ls=":")   # the paper states no step: a level
-        axes[0].text(F18_STEPS - 1, _paper(pid) + 1, f"paper {_paper(pid):g}", color=colors[design], fontsize=6,
+        axes[0].axhline(paper_value(pid), color=colors[design], lw=1.0, ls=":")   # the paper states no step: a level
+        axes[0].text(F18_STEPS - 1, paper_value(pid) + 1, f"paper {paper_value(pid):g}", color=colors[design], fontsize=6,
                      ha="right", va="bottom")
     sw = df[df.kind == "sweep"]
     ax = axes[-1]
@@ -169,7 +169,7 @@ def _draw_fig18(res: FigureResult, fig) -> None:
         p = sw[(sw.model_size == size) & (sw.system == DUALDECODER)].set_index("batch").step_ms
         f = sw[(sw.model_size == size) & (sw.system == DUALDECODER_FIFO)].set_index("batch").step_ms
         ax.plot(p.index, f / p, marker=marker, ms=3, color="black", ls="-" if size == "8B" else "--", label=size)
-    paper_ratio = _paper("fig18.8b.fifo_over_priority")
+    paper_ratio = paper_value("fig18.8b.fifo_over_priority")
     ax.axhline(paper_ratio, color=colors[DUALDECODER_FIFO], lw=1.0, ls=":")   # the paper states no batch: a level
     ax.text(F18_SWEEP[-1], paper_ratio + 0.005, f"paper 8B {paper_ratio:.2f}", color=colors[DUALDECODER_FIFO],
             fontsize=6, ha="right", va="bottom")
@@ -214,20 +214,20 @@ def fig18() -> FigureResult:
     rows, res = [], {}
     for size, (model, b) in F18_MODELS.items():
         for design in (DUALDECODER, DUALDECODER_FIFO):
-            tl = run(_plan(design, model, F18_CTX, b, hit=F18_HIT), "timeline", steps=F18_STEPS, warmup=2)
+            tl = run(step_plan(design, model, F18_CTX, b, hit=F18_HIT), "timeline", steps=F18_STEPS, warmup=2)
             res[(size, design)] = tl
             for i, (st, sl) in enumerate(zip(tl.step_s, tl.stall_s)):
                 rows.append({"kind": "trace", "model_size": size, "model": model, "batch": b, "system": design,
                              "step": i, "step_ms": st * 1e3, "stall_ms": sl * 1e3})
             for bb in F18_SWEEP:
-                t = run(_plan(design, model, F18_CTX, bb, hit=F18_HIT), "timeline", steps=6, warmup=2)
+                t = run(step_plan(design, model, F18_CTX, bb, hit=F18_HIT), "timeline", steps=6, warmup=2)
                 rows.append({"kind": "sweep", "model_size": size, "model": model, "batch": bb, "system": design,
                              "step": -1, "step_ms": t.steady_step_s * 1e3,
                              "stall_ms": sum(t.stall_s[t.warmup:]) / len(t.stall_s[t.warmup:]) * 1e3})
     df = pd.DataFrame(rows)
     pr, ff = res[("8B", DUALDECODER)], res[("8B", DUALDECODER_FIFO)]
     b = F18_MODELS["8B"][1]
-    pp = _plan(DUALDECODER, "llama-3-8b", F18_CTX, b, hit=F18_HIT)
+    pp = step_plan(DUALDECODER, "llama-3-8b", F18_CTX, b, hit=F18_HIT)
     link_ms = (sum(pp.pf_work) + sum(pp.ur_work)) * 1e3
     comp_ms = pp.compute_s * 1e3
     steady = lambda tl: sum(tl.stall_s[tl.warmup:]) / len(tl.stall_s[tl.warmup:]) * 1e3  # noqa: E731
@@ -248,7 +248,7 @@ def fig18() -> FigureResult:
         Comparison("fig18.8b.fifo_ms", round(max(ff.step_s[ff.warmup:]) * 1e3, 1),
                    f"largest steady step ('up to'), stall {steady(ff):.1f} ms per step; FIFO / priority "
                    f"{ff.steady_step_s / pr.steady_step_s:.2f} (paper "
-                   f"{_paper('fig18.8b.fifo_over_priority'):.2f}): FIFO's only cost on a"
+                   f"{paper_value('fig18.8b.fifo_over_priority'):.2f}): FIFO's only cost on a"
                    f" saturated link is the bubble while each layer's attention runs (the misses wait behind the"
                    f" next layer's whole prefetch, and the prefetch after it waits for that attention to free its"
                    f" buffer): {bubble_ms:.2f} ms of attention per step here; the FIFO step is"
@@ -256,7 +256,7 @@ def fig18() -> FigureResult:
                    f"{', '.join(f'{v:.2f}' for v in gap)} (largest at batch {int(gap.idxmax())}); 14B batch "
                    f"{F18_MODELS['14B'][1]}: {pr14.steady_step_s * 1e3:.1f} against {ff14.steady_step_s * 1e3:.1f} ms"),
     ]
-    setup = _setup("llama-3-8b", fmt_tokens(F18_CTX),
+    setup = setup_line("llama-3-8b", fmt_tokens(F18_CTX),
                    f"hit rate {F18_HIT} on every layer (a 33% miss rate, overriding the profile), batch 12 (8B) and"
                    f" 6 (14B), per-layer timeline of {F18_STEPS} steps; (c) batches {', '.join(map(str, F18_SWEEP))}",
                    label="llama-3-8b and qwen2.5-14b")
@@ -293,7 +293,7 @@ def fig20() -> FigureResult:
     rows = []
     for design in F20_SYSTEMS:
         s = _serve(design, F20_MODEL, F20_CTX, F20_OUT, rate, F20_N)
-        rows.append({"system": design, "rate": rate, "max_batch": _maxb(design, F20_MODEL, F20_CTX),
+        rows.append({"system": design, "rate": rate, "max_batch": design_max_batch(design, F20_MODEL, F20_CTX),
                      "prefill_s": _prefill_s(design, F20_MODEL, F20_CTX), **{k: s[k] for k in (
                          "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "mean_batch", "completion_p99_s",
                          "rejected")}})
@@ -310,7 +310,7 @@ def fig20() -> FigureResult:
                    f" (about {t.prefill_s[DUALDECODER]:.1f} s alone); TPOT P50 of each baseline over DualDecoder's: "
                    + ", ".join(f"{LABEL[s]} {tp[s]:.2f}" for s in base)),
     ]
-    setup = _setup(F20_MODEL, fmt_tokens(F20_CTX),
+    setup = setup_line(F20_MODEL, fmt_tokens(F20_CTX),
                    f"Poisson arrivals at {rate:.3f} req/s ({F20_LOAD:.0%} of one GPU's prefill capacity; the paper"
                    f" states no rate), {F20_N} requests, output {F20_OUT} tokens, seed {SEED}", contexts=(F20_CTX,))
     return FigureResult(df, setup, cmp)

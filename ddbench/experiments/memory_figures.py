@@ -33,7 +33,7 @@ SPARSE = (SHADOWKV, SPECACHE, DUALDECODER)
 W = Workload(context=CONTEXT)  # the defaults every figure uses
 
 
-def _setup(extra: str = "") -> str:
+def setup_line(extra: str = "") -> str:
     w = Workload(context=CONTEXT)
     return (f"{GPU}, context {fmt_tokens(CONTEXT)}, budget {w.budget}, chunk {w.chunk}, rank {w.rank}"
             + (f", {extra}" if extra else ""))
@@ -65,7 +65,7 @@ def _host_max(system: str, size: str, context: int = CONTEXT) -> int | None:
 
 
 # ---------------------------------------------------------------- Figure 2
-def _paper(pid: str) -> float:
+def paper_value(pid: str) -> float:
     from ddbench.core.paper_numbers import reported
     return reported()[pid].value
 
@@ -118,9 +118,9 @@ def _draw_fig2(res: FigureResult, fig) -> None:
 
 @register("fig02", "Maximum request batch per design and model (paper Figure 2)", _draw_fig2)
 def fig02() -> FigureResult:
-    paper = {(FULL_KV, "8B"): _paper("fig2.full-kv.8b.max_batch"), (SHADOWKV, "8B"): _paper("fig2.shadowkv.8b.max_batch"),
-             (IDEAL, "8B"): _paper("fig2.ideal.8b.max_batch"), (SHADOWKV, "32B"): _paper("fig2.shadowkv.32b.max_batch"),
-             (IDEAL, "32B"): _paper("fig2.ideal.32b.max_batch")}
+    paper = {(FULL_KV, "8B"): paper_value("fig2.full-kv.8b.max_batch"), (SHADOWKV, "8B"): paper_value("fig2.shadowkv.8b.max_batch"),
+             (IDEAL, "8B"): paper_value("fig2.ideal.8b.max_batch"), (SHADOWKV, "32B"): paper_value("fig2.shadowkv.32b.max_batch"),
+             (IDEAL, "32B"): paper_value("fig2.ideal.32b.max_batch")}
     rows = []
     for size in MODELS:
         for design in (FULL_KV, SHADOWKV, SPECACHE, DUALDECODER, IDEAL):
@@ -169,7 +169,7 @@ def fig02() -> FigureResult:
             e = _engine_max(parts[1], parts[2].upper())
             if e is not None:
                 cmp[i] = Comparison(c.paper_id, c.ours, c.note + f"; measured on the engine (H200 capped at 80 GB): {e}")
-    return FigureResult(df, _setup("designs at their largest batch that fits in GPU memory; black dash: the batch"
+    return FigureResult(df, setup_line("designs at their largest batch that fits in GPU memory; black dash: the batch"
                                    f" whose host KV fits in {TESTBED}'s host memory per GPU"
                                    f" ({host_memory(TESTBED, None).gb_per_gpu:.0f} GB); diamonds: the engine's largest"
                                    f" batch measured on an H200 capped at 80 GB (traces/engine/{E.CAPPED})"), cmp)
@@ -250,7 +250,7 @@ def _draw_fig4(res: FigureResult, fig) -> None:
         sub = df[df.system == design]
         ax.step(sub.time_s, 100 * sub.landmarks_plus_aux_share, where="post", color=SYSTEM_COLORS[design],
                 label=design + (" (landmarks only)" if design == DUALDECODER else ""))
-    top = 100 * _paper("fig4.landmarks_plus_aux.max_share")
+    top = 100 * paper_value("fig4.landmarks_plus_aux.max_share")
     ax.axhline(top, color="black", lw=0.8, ls=":")
     ax.text(float(df.time_s.max()), top + 1.5, f"paper: up to {top:.0f}%", ha="right", fontsize=7)
     ax.set_ylim(0, 100)
@@ -317,7 +317,7 @@ def fig04() -> FigureResult:
     setup = (f"{F4_MODEL} on {GPU} + pcie5, serving simulator (sim/serving.py): {F4_N} requests of "
              f"{fmt_tokens(CONTEXT)} tokens, Poisson at {F4_RATE} req/s (seed 0), output {F4_OUT} tokens, prefill on "
              f"other GPUs, FIFO admission while memory allows; memory by category each time it changes; "
-             + _setup().split(", ", 2)[2] + "; " + _caption(SPARSE))
+             + setup_line().split(", ", 2)[2] + "; " + _caption(SPARSE))
     return FigureResult(df, setup, cmp)
 
 
@@ -329,7 +329,7 @@ def _draw_fig5(res: FigureResult, fig) -> None:
                 color=SYSTEM_COLORS.get(design))
         ax.plot(sub["model_size"], 100 * sub["landmarks_plus_aux_share"], marker="s", ls="--",
                 label=f"{design}: + landmarks", color=SYSTEM_COLORS.get(design), alpha=0.6)
-    floor = 100 * _paper("fig5.aux.min_share")
+    floor = 100 * paper_value("fig5.aux.min_share")
     ax.axhline(floor, color="black", lw=0.8, ls=":")
     ax.text(0, floor + 1, f"paper: aux residency >= {floor:.0f}% in every setting", fontsize=7)
     ax.set_ylim(0, 100)
@@ -348,7 +348,7 @@ def fig05() -> FigureResult:
                       f"lowest over ShadowKV and SpeCache at 8B/14B/32B: {low.system} {low.model_size} "
                       f"b={low.batch}, where the weights alone take {weights:.0%} of the GPU; at 8B the "
                       f"lowest is {df[df.model_size == '8B'].aux_share.min():.0%}")]
-    return FigureResult(df, _setup("each design at its max batch"), cmp)
+    return FigureResult(df, setup_line("each design at its max batch"), cmp)
 
 
 # ---------------------------------------------------------------- Figure 14
@@ -384,7 +384,7 @@ def _draw_fig14(res: FigureResult, fig) -> None:
 @register("fig14", "Memory footprint at batch 12/6/4 for 8B/14B/32B (paper Figure 14)", _draw_fig14)
 def fig14() -> FigureResult:
     batches = {"8B": 12, "14B": 6, "32B": 4}
-    paper = {(s, "8B"): _paper(f"fig14.{s}.8b.b12.total_gb") for s in SPARSE}
+    paper = {(s, "8B"): paper_value(f"fig14.{s}.8b.b12.total_gb") for s in SPARSE}
     rows = []
     for size, b in batches.items():
         for design in SPARSE:
@@ -425,7 +425,7 @@ def fig14() -> FigureResult:
             r = df[(df.system == c.paper_id.split(".")[1]) & (df.model_size == "8B")].iloc[0]
             cmp[i] = Comparison(c.paper_id, c.ours, c.note + f"; measured on the engine (H200, batch 12, peak):"
                                                            f" {r.engine_total_gb:.1f} GB")
-    return FigureResult(df, _setup("batch 12/6/4 for 8B/14B/32B; diamonds: the engine's GPU memory at its peak at"
+    return FigureResult(df, setup_line("batch 12/6/4 for 8B/14B/32B; diamonds: the engine's GPU memory at its peak at"
                                    f" the same batches on an H200 (traces/engine/{E.FIG14})"), cmp)
 
 

@@ -28,13 +28,13 @@ DESIGNS = (CACHE, SHADOWKV, DUALDECODER)
 
 def _point(design: str, factor: float, end: str = "centre") -> dict:
     """One simulated point: the design's matched rates (at `end` of their 95 % interval) times `factor`."""
-    from ddbench.experiments.sim_figures import _maxb, _step_s
+    from ddbench.experiments.sim_figures import design_max_batch, steady_step_time
     knobs = {"cache_tokens": CAPACITY * D.BUDGET} if design == CACHE else {}
     if end != "centre":
         knobs["rate_end"] = end
     r = scene(MODEL, design, gpu=GPU, rate_scale=factor, **knobs)
-    b = _maxb(design, MODEL, CTX, gpu=GPU, **knobs)
-    tok_s = b / _step_s(design, MODEL, CTX, b, gpu=GPU, rate_scale=factor, **knobs)
+    b = design_max_batch(design, MODEL, CTX, gpu=GPU, **knobs)
+    tok_s = b / steady_step_time(design, MODEL, CTX, b, gpu=GPU, rate_scale=factor, **knobs)
     if design == CACHE:
         c = r.cache_rates_at(CTX)
         urgent = sum(c.urgent) / len(c.urgent)
