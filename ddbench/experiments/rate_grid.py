@@ -52,14 +52,12 @@ def has_chunk_cache(design: str) -> bool:
 
 
 @lru_cache(maxsize=None)
-def matched_rates(design: str, context: int, model: str = MODEL, kv_bits: int = 16) -> dict:
-    """The matched rate set's centre at one context: a chunk cache's urgent share and churn (per budget, mean
-    over layers), another design's miss (1 - its mean rate), as `plan` prices them."""
+def matched_rates(design: str, context: int) -> dict:
+    """The matched rate set's centre at one context (the run's model): a chunk cache's urgent share and churn
+    (per budget, mean over layers), another design's miss (1 - its mean rate), as `plan` prices them."""
     from ddbench.experiments.scene import scene
     knobs = {"cache_tokens": CAPACITY * D.BUDGET} if has_chunk_cache(design) else {}
-    if kv_bits != 16:
-        knobs["kv_bits"] = kv_bits
-    r = scene(model, design, gpu=GPU, **knobs)
+    r = scene(MODEL, design, gpu=GPU, **knobs)
     if has_chunk_cache(design):
         c = r.cache_rates_at(context)
         return {"urgent": sum(c.urgent) / len(c.urgent), "churn": sum(c.prefetched) / len(c.prefetched)}
