@@ -104,14 +104,14 @@ def _engine_rows(base: dict, seconds: float, barrier) -> list[dict]:
     import torch
     from ddbench.core.catalog import get_model
     from ddbench.kernels.engine.model import Weights
-    from ddbench.kernels.engine.sweep import alloc_host, run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, alloc_host, run_point
     model = get_model("llama-3-8b")
     weights = Weights.random(model, "cuda", seed=0)
     flat = alloc_host(8)[0]
     rows = []
     for design, ctx, batch in ENGINE_POINTS:
-        row, e = run_point(model, weights, flat, design, ctx, batch, miss_rate=0.25, transfers=True, graph=True,
-                           reps=3, keep=True, log=lambda *_: None)
+        row, e = run_point(PointSetup(model, weights, flat, log=lambda *_: None), design, ctx, batch,
+                           PointTiming(0.25, reps=3), keep=True)
         barrier.wait()
         calls, secs = _timed_loop(e.replay, seconds, per_check=1)
         step = secs / (2 * calls)                       # a replay is 2 steps (kernels/engine/sweep.py)

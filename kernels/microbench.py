@@ -20,7 +20,7 @@ from ddbench.kernels.indexbench import bench_index
 from ddbench.kernels.gather import gather_cpu_staging, gather_per_chunk, gather_ref, gather_uva
 from ddbench.kernels.landmarks import build_landmarks
 from ddbench.kernels.layout import alloc_host_kv
-from ddbench.kernels.rebuild import rebuild_keys
+from ddbench.kernels.rebuild import RebuildLaunch, rebuild_keys
 from ddbench.kernels.select import score_chunks, select_chunks
 from ddbench.kernels.specache import quantize_keys_2bit, specache_scores, specache_scores_triton
 from ddbench.kernels.timing import time_cuda, time_host
@@ -213,8 +213,8 @@ def bench_rebuild(rows: Rows, dev, hbm_gbps, quick: bool):
         rows.add("rebuild", f"lowrank_r{R}_rope", B, f"T={T} n={n * C} tokens", nbytes, t, nbytes / hbm_gbps / 1e6,
                  notes=f"gflop={flops / 1e9:.1f}")
         for bc, rb, nw in ((8, 32, 4), (16, 32, 4), (16, 32, 8), (8, 64, 4), (16, 64, 8)):
-            t = time_cuda(lambda: rebuild_keys(U, SV, idx, k_out, chunk=C, block_chunks=bc, rank_block=rb,
-                                               num_warps=nw), inner=3, reps=15)
+            t = time_cuda(lambda: rebuild_keys(U, SV, idx, k_out, chunk=C, launch=RebuildLaunch(
+                block_chunks=bc, rank_block=rb, num_warps=nw)), inner=3, reps=15)
             rows.add("rebuild", f"lowrank_bc{bc}_rb{rb}_w{nw}", B, f"T={T} n={n * C} tokens", nbytes, t,
                      nbytes / hbm_gbps / 1e6, f"lowrank_r{R}_rope")
         del U, SV, k_out

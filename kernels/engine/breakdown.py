@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: the breakdown needs a CUDA GPU; none is visible to torch", file=sys.stderr)
         return 2
-    from ddbench.kernels.engine.sweep import hbm_gbps, run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, hbm_gbps, run_point
     from ddbench.kernels.engine.model import Weights
     from ddbench.kernels.timing import provenance
     from ddbench.core.provenance import command_line
@@ -122,8 +122,8 @@ def main(argv=None) -> int:
     for ctx, batch in pts:
         for d in DESIGNS:
             try:
-                r = run_point(model, weights, None, d, ctx, batch, miss_rate=None, transfers=False, graph=True,
-                              reps=a.replays, hbm=hbm, keep=True)
+                r = run_point(PointSetup(model, weights, hbm=hbm), d, ctx, batch,
+                              PointTiming(miss_rate=None, transfers=False, reps=a.replays), keep=True)
             except DDBenchError as exc:
                 print(f"  {d} {ctx}:{batch}: {exc}", flush=True)
                 continue

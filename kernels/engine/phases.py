@@ -269,9 +269,9 @@ def _measure_point(a, p, model, weights, flat, hbm, mem, gpu_state):
         if p.phase == REUSE:
             r = pt.reuse_fetch_point(model, flat, p.context, p.batch, p.miss, reps=a.replays, seed=a.seed, log=_log)
         else:
-            r = pt.run_point(model, weights, flat, p.design, p.context, p.batch, miss_rate=p.miss,
-                             transfers=p.transfers, graph=p.graph, reps=a.replays, hbm=hbm, log=_log, seed=a.seed,
-                             limit=mem["limit"], mem_gpu=mem["mem_gpu"], overhead=mem["overhead"])
+            setup = pt.PointSetup(model, weights, flat, hbm, mem["limit"], mem["mem_gpu"], mem["overhead"], _log)
+            r = pt.run_point(setup, p.design, p.context, p.batch,
+                             pt.PointTiming(p.miss, p.transfers, p.graph, a.replays, seed=a.seed))
     except Exception as exc:  # noqa: BLE001 - reported in the row and the log; the sweep goes on
         import traceback
         _log(f"  {p.design} ctx={p.context} B={p.batch}: ERROR\n" + traceback.format_exc(limit=8))
@@ -304,7 +304,9 @@ def run_paper_points(a, model, box, flat, hbm, mem, journal, t_start, gpu_state)
             held = _model_weights(a, journal, pm, ctx, gpu_state)
             if held[0] is None:
                 continue
-        _search_point(a, journal, pm, held[1], flat, ctx, fixed, hbm, mem, t_start, gpu_state)
+        setup = pt.PointSetup(pm, held[1], flat, hbm, mem["limit"], mem["mem_gpu"], mem["overhead"], _log)
+        _search_point(a, journal, setup, (ctx, fixed), t_start, gpu_state)
+        setup = None                          # no reference to the weights beside `held`
     if held[0] is model:
         weights = held[1]
     held = None
@@ -343,19 +345,21 @@ def _model_weights(a, journal, pm, ctx, gpu_state):
     return None, None
 
 
-def _search_point(a, journal, pm, weights, flat, ctx, fixed, hbm, mem, t_start, gpu_state):
-    """One MODEL:CONTEXT[:BATCH] point of the paper phase: every label searched (paper.run_paper)."""
+def _search_point(a, journal, setup, point, t_start, gpu_state):
+    """One MODEL:CONTEXT[:BATCH] point of the paper phase (point: (context, fixed batch or None)): every
+    label searched (paper.run_paper) on `setup` (points.PointSetup: the model, its weights, the host buffer)."""
     from ddbench.kernels.engine import capture as cap_mod
+    pm, (ctx, fixed) = setup.model, point
+    search = paper_phase.PaperSearch(
+        cap=a.cap, cap_label=a.cap_label, miss_rate=a.paper_miss, deadline=t_start + a.budget_s, reps=a.reps,
+        max_batch=a.paper_max_batch, fixed_batch=fixed, repeats=a.repeats, designs=a.paper_designs,
+        cache_tokens=a.paper_cache_tokens, cache_rates=a.paper_cache_rates, kv_bits=a.paper_kv_bits,
+        cache_bits=a.paper_cache_bits, seed=a.seed)
     failure = None
     try:
         journal.rows.extend(paper_phase.run_paper(
-            pm, weights, flat, (ctx,), cap=a.cap, cap_label=a.cap_label, limit=mem["limit"],
-            mem_gpu=mem["mem_gpu"], overhead=mem["overhead"], reps=a.reps, max_batch=a.paper_max_batch,
-            miss_rate=a.paper_miss, hbm=hbm, deadline=t_start + a.budget_s, done=journal.done, append=journal.record,
-            current=journal.current, seed=a.seed, log=_log, gpu_state=gpu_state, health=cap_mod.gpu_health,
-            fixed_batch=fixed, repeats=a.repeats, designs=a.paper_designs, cache_tokens=a.paper_cache_tokens,
-            cache_rates=a.paper_cache_rates, kv_bits=a.paper_kv_bits, cache_bits=a.paper_cache_bits,
-            run_point=pt.run_point))
+            setup, (ctx,), search, paper_phase.PaperJournal(journal.done, journal.record, journal.current),
+            gpu_state=gpu_state, health=cap_mod.gpu_health, run_point=pt.run_point))
     except Exception as exc:  # noqa: BLE001 - run_paper makes rows of its failures; this is a last guard
         import traceback
         _log(f"  [paper] {pm.name} {ctx // 1024}K failed:\n" + traceback.format_exc(limit=8))

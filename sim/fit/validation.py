@@ -61,6 +61,7 @@ import statistics
 from dataclasses import replace
 
 from ddbench.core.designs import DUALDECODER_CACHE, SHADOWKV, compute_twin, get_design
+from ddbench.core.enginepoint import EnginePoint
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.traces import load_engine
@@ -288,8 +289,8 @@ class _RowReplay:
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), self.w0.budget, self.w0.chunk)
         cache, ct = row_cache(r, model)
         try:
-            plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache, ct,
-                               row_kv_bits(r), row_cache_bits(r))
+            point = EnginePoint(r.design, ct, row_kv_bits(r), row_cache_bits(r))
+            plan = replay_plan(point, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache)
         except DDBenchError as exc:          # e.g. fp8 pieces smaller than any the bundle measured
             return None, (label + f" kv_bits {row_kv_bits(r)}", f"not priced: {exc}")
         step = ""
@@ -473,8 +474,8 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), w0.budget, w0.chunk)
         cache, ct = row_cache(r, model)
         try:
-            plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model, cache, ct, row_kv_bits(r),
-                               row_cache_bits(r))
+            point = EnginePoint(r.design, ct, row_kv_bits(r), row_cache_bits(r))
+            plan = replay_plan(point, r.context, r.batch, miss, True, cmm, model, cache)
         except DDBenchError:                 # not priced (validate() lists why)
             continue
         step, _ = point_step_s(plan)
