@@ -232,15 +232,34 @@ def test_an_empty_engine_csv_fails_its_figure_in_one_line(tmp_path, data, conten
         csv.write_bytes(good)
 
 
-@pytest.mark.parametrize("run_dir", ["h200-paper", "h200-shadowkv-fast/paper-80gb"])
-@pytest.mark.parametrize("content", [b"\x00\xff\xfe\x80", b'{"paper": 3}', b'{"paper": [1]}', b"[]"])
-def test_a_bad_engine_summary_fails_its_figure_in_one_line(tmp_path, data, run_dir, content):
-    summary = data / "engine" / run_dir / "summary.json"
+BAD_SUMMARIES = [b"\x00\xff\xfe\x80", b'{"paper": 3}', b'{"paper": [1]}', b"[]"]
+
+
+@pytest.mark.parametrize("content", BAD_SUMMARIES)
+def test_a_bad_engine_summary_fails_its_figure_in_one_line(tmp_path, data, content):
+    summary = data / "engine" / "h200-paper" / "summary.json"
     good = summary.read_bytes()
     try:
         summary.write_bytes(content)
         r = run("figures", "--quiet", "--only", "fig12", "--out", "figs", data=data, cwd=tmp_path)
         assert_one_line_error(r, contains="malformed engine summary")
+    finally:
+        summary.write_bytes(good)
+
+
+@pytest.mark.parametrize("content", BAD_SUMMARIES)
+def test_a_bad_inplace_shadowkv_summary_is_one_line(data, content):
+    """The in-place ShadowKV's points (a later engine than fig12's run: its table in docs/results.md reads them,
+    no figure does): a malformed summary is a one-line error naming it."""
+    from ddbench.core.errors import DDBenchError
+    from ddbench.experiments.engine_points import inplace_shadowkv
+    summary = data / "engine" / "h200-shadowkv-fast" / "paper-80gb" / "summary.json"
+    good = summary.read_bytes()
+    try:
+        summary.write_bytes(content)
+        with pytest.raises(DDBenchError, match="malformed engine summary") as info:
+            inplace_shadowkv(data)
+        assert "\n" not in str(info.value)
     finally:
         summary.write_bytes(good)
 

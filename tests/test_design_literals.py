@@ -15,8 +15,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("ddbench", "kernels", "sim")
 ALLOWED = (
     "ddbench/core/designs.py",           # the registry: the names, once
-    # removed by the figures branch
-    "ddbench/experiments/", "ddbench/doctables/",
 )
 
 

@@ -185,12 +185,24 @@ def test_dl2_figures_keep_a_sweeps_results(tmp_path, data, mini):
 @pytest.mark.parametrize("folder", ["accuracy", "engine/h200-validation"])
 def test_dl2_figures_into_a_traces_folder_keep_the_traces(tmp_path, mini, folder):
     out = tmp_path / "e" / folder            # a copy of the traces that is not the data root
-    shutil.copytree(SOURCE_TRACES / folder, out)
+    # the folder's own README.md (a person's, not a command's) left out here: the next test keeps it
+    shutil.copytree(SOURCE_TRACES / folder, out, ignore=shutil.ignore_patterns("README.md"))
     before = snapshot(out)
     assert_one_line_error(figures(out, mini, tmp_path), contains="another ddbench command")
     assert snapshot(out) == before
     figures(out, mini, tmp_path, "--force")
     assert (out / "README.md").exists() and kept(out, before)
+
+
+def test_dl2_figures_never_replace_a_trace_folders_readme(tmp_path, mini):
+    out = tmp_path / "e" / "accuracy"        # with its README.md, which no ddbench command wrote
+    shutil.copytree(SOURCE_TRACES / "accuracy", out)
+    assert (out / "README.md").is_file()
+    before = snapshot(out)
+    assert_one_line_error(figures(out, mini, tmp_path), contains="README.md")
+    r = figures(out, mini, tmp_path, "--force")  # the mini root's failed figures are listed first
+    assert r.returncode == 2 and "README.md exists and was not written by ddbench" in r.stderr.splitlines()[-1]
+    assert snapshot(out) == before
 
 
 def test_dl2_sweep_keeps_simulates_provenance(tmp_path, data):

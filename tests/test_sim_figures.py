@@ -39,7 +39,7 @@ def test_fig03_stays_within_memory_and_throughput_grows_with_batch():
     df = res.data
     for design in sf.F3_SYSTEMS:
         cap = df[(df.system == design) & (df.kind == "capped")].sort_values("batch")
-        assert cap.batch.max() == sf._maxb(design, sf.F3_MODEL, sf.F3_CTX)
+        assert cap.batch.max() == sf.design_max_batch(design, sf.F3_MODEL, sf.F3_CTX)
         assert (cap.tokens_per_s.diff().dropna() > -1e-9).all()  # more requests never lose throughput here
 
 

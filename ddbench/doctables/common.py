@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from statistics import median
 
+from ddbench.core.designs import DUALDECODER, FULL_KV, SHADOWKV, SPECACHE
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -15,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 ENGINE_MODEL = "Llama-3-8B"
 CALIBRATION_SWEEP = "engine/h200"              # seed 0: floor, mechanism and validation phases
 VALIDATION_SWEEP = "engine/h200-validation"    # seed 1: the validation phase again, a separate run
-DESIGNS = ("full-kv", "shadowkv", "specache", "dualdecoder")
+DESIGNS = (FULL_KV, SHADOWKV, SPECACHE, DUALDECODER)
 CTX = 131072
 
 
@@ -25,29 +27,29 @@ class DocTablesError(Exception):
 
 # -- formatting ---------------------------------------------------------------------------------
 
-def _f(x: float, nd: int) -> str:
+def fmt_num(x: float, nd: int) -> str:
     return f"{x:,.{nd}f}" if abs(x) >= 1000 else f"{x:.{nd}f}"
 
 
-def _spread(values: list[float], nd: int, runs: bool = True) -> str:
+def fmt_spread(values: list[float], nd: int, runs: bool = True) -> str:
     """One value as it is; several as `median (min-max, n runs)` (`median (min-max)` without runs)."""
     if not values:
         return "-"
     if len(values) == 1:
-        return _f(values[0], nd)
+        return fmt_num(values[0], nd)
     tail = f", {len(values)} runs" if runs else ""
-    return f"{_f(median(values), nd)} ({_f(min(values), nd)}-{_f(max(values), nd)}{tail})"
+    return f"{fmt_num(median(values), nd)} ({fmt_num(min(values), nd)}-{fmt_num(max(values), nd)}{tail})"
 
 
-def _pct(x: float, nd: int = 1) -> str:
+def fmt_pct(x: float, nd: int = 1) -> str:
     return f"{100 * x:.{nd}f} %"
 
 
-def _k(context: int) -> str:
+def fmt_context(context: int) -> str:
     return f"{context // 1024}K"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def md_table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out)
@@ -55,14 +57,14 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 # -- readers ------------------------------------------------------------------------------------
 
-def _csv(path: Path):
+def read_trace_csv(path: Path):
     import pandas as pd
     if not path.is_file():
         raise DocTablesError(f"{path}: missing")
     return pd.read_csv(path)
 
 
-def _engine(path: Path):
+def read_engine_csv(path: Path):
     """An engine sweep's engine.csv through the typed loader (ddbench.core.traces.load_engine)."""
     from ddbench.core.errors import DDBenchError
     from ddbench.core.traces import load_engine
@@ -74,33 +76,33 @@ def _engine(path: Path):
         raise DocTablesError(str(exc)) from None
 
 
-def _json(path: Path) -> dict:
+def read_trace_json(path: Path) -> dict:
     if not path.is_file():
         raise DocTablesError(f"{path}: missing")
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
 
 
-def _sweep(root: Path, name: str):
+def read_engine_sweep(root: Path, name: str):
     """An engine sweep's rows, with its meta.json (git sha, date, seed)."""
     folder = root / "traces" / name
-    rows = _engine(folder / "engine.csv")
-    meta = _json(folder / "meta.json")
+    rows = read_engine_csv(folder / "engine.csv")
+    meta = read_trace_json(folder / "meta.json")
     return rows, meta
 
 
-def _prov(name: str, meta: dict) -> str:
+def sweep_provenance(name: str, meta: dict) -> str:
     p = meta.get("provenance", {})
     return f"`traces/{name}` (git {p.get('git_sha')}, {str(p.get('date_utc', ''))[:10]}, seed {meta.get('seed')})"
 
 
-def _own_step(rows):
+def own_step_rows(rows):
     """A design's own step: DualDecoder's and SpeCache's rows with two query tokens (the dual-token
     step), not the one-token variant the floor phase also runs under the same design name."""
     return rows[rows["tokens"] == rows["tokens"].max()] if len(rows) else rows
 
 
 
-def _notna(x) -> bool:
+def is_present(x) -> bool:
     return x is not None and x == x        # NaN != NaN
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from statistics import median
 
 from ddbench.core.defaults import FORCED_MISS
-from ddbench.doctables.common import ROOT, DocTablesError, _engine, _json, _k, _pct
+from ddbench.core.designs import DUALDECODER, SHADOWKV
+from ddbench.doctables.common import ROOT, DocTablesError, read_engine_csv, read_trace_json, fmt_context, fmt_pct
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent     # where this ddbench is imported from
 
@@ -242,8 +243,8 @@ def notes_plan_search(root: Path = ROOT) -> str:
     """Worked example 2's reading: what binds, budget 1024 against 2048, ShadowKV against DualDecoder,
     ping-pong against per-layer buffers, all from the output shown."""
     rows = _knob_rows(_output(root, EXAMPLES["plan-search"]))
-    dd = [r for r in rows if r["design"] == "dualdecoder"]
-    sk = [r for r in rows if r["design"] == "shadowkv"]
+    dd = [r for r in rows if r["design"] == DUALDECODER]
+    sk = [r for r in rows if r["design"] == SHADOWKV]
     if not dd or not sk:
         raise DocTablesError("the knob search shows no dualdecoder or shadowkv setting")
     binds = sorted({r["binding"] for r in dd})
@@ -323,23 +324,23 @@ def notes_plan_engine(root: Path = ROOT) -> str:
     import pandas as pd
     text = _output(root, EXAMPLES["plan-engine"])
     e = root / "traces" / "engine"
-    cal = _engine(e / "h200" / "engine.csv")
-    m = cal[(cal["phase"] == "mechanism") & (cal["design"] == "dualdecoder") & (cal["context"] == 131072)
+    cal = read_engine_csv(e / "h200" / "engine.csv")
+    m = cal[(cal["phase"] == "mechanism") & (cal["design"] == DUALDECODER) & (cal["context"] == 131072)
             & (pd.to_numeric(cal["miss_rate"], errors="coerce") == FORCED_MISS) & (cal["transfers"] == 1)
             & (cal["status"] == "ok")]
     b = int(m["batch"].max())
     m = m[m["batch"] == b]
-    dd_plan, sk_plan = (_num(_cell(text, d, "tokens/s")) for d in ("dualdecoder", "shadowkv"))
-    sk_b = int(_num(_cell(text, "shadowkv", "max batch")))
+    dd_plan, sk_plan = (_num(_cell(text, d, "tokens/s")) for d in (DUALDECODER, SHADOWKV))
+    sk_b = int(_num(_cell(text, SHADOWKV, "max batch")))
     out = [f"The engine's DualDecoder step at {FORCED_MISS * 100:.1f} % misses, batch {b} at 128K (`traces/engine/h200`, mechanism"
-           f" phase, {len(m)} repetitions; {alias_note(m, _json(e / 'h200' / 'meta.json').get('host_gib'))}), runs at"
+           f" phase, {len(m)} repetitions; {alias_note(m, read_trace_json(e / 'h200' / 'meta.json').get('host_gib'))}), runs at"
            f" {median(m['tok_s']):.1f} tokens/s ({m['tok_s'].min():.1f}-{m['tok_s'].max():.1f}): link-bound, the"
            f" ceiling that the planned {dd_plan:.1f} tokens/s sits below."]
-    fast = [_engine(p) for p in sorted((e / "h200-shadowkv-fast" / "builds").glob("*/engine.csv"))]
-    rates = _engine(e / "h200-rates" / "engine.csv")
+    fast = [read_engine_csv(p) for p in sorted((e / "h200-shadowkv-fast" / "builds").glob("*/engine.csv"))]
+    rates = read_engine_csv(e / "h200-rates" / "engine.csv")
     pts = []
     for src, d in [("h200-shadowkv-fast/builds", x) for x in fast] + [("h200-rates", rates)]:
-        g = d[(d["design"] == "shadowkv") & (d["context"] == 131072) & (d["batch"] == sk_b)
+        g = d[(d["design"] == SHADOWKV) & (d["context"] == 131072) & (d["batch"] == sk_b)
               & d["status"].astype(str).str.startswith("ok")]
         pts += [(float(r["miss_rate"]), float(r["tok_s"]), src) for _, r in g.iterrows()]
     if not pts:
@@ -347,14 +348,14 @@ def notes_plan_engine(root: Path = ROOT) -> str:
     by = {}
     for miss, tok, _ in pts:
         by.setdefault(miss, []).append(tok)
-    meas = ", ".join(f"{median(v):,.0f} at {_pct(k, 0)}" for k, v in sorted(by.items()))
-    g = fast[0][(fast[0]["design"] == "shadowkv") & (fast[0]["batch"] == sk_b) & (fast[0]["context"] == 131072)]
-    rate, mean_b = _cell(text, "shadowkv", "max rate req/s per decode GPU"), _cell(text, "shadowkv", "mean batch")
+    meas = ", ".join(f"{median(v):,.0f} at {fmt_pct(k, 0)}" for k, v in sorted(by.items()))
+    g = fast[0][(fast[0]["design"] == SHADOWKV) & (fast[0]["batch"] == sk_b) & (fast[0]["context"] == 131072)]
+    rate, mean_b = _cell(text, SHADOWKV, "max rate req/s per decode GPU"), _cell(text, SHADOWKV, "mean batch")
     out.append(f"The planner's ShadowKV sustains {rate} req/s ({sk_plan:,.1f} tokens/s, mean batch {mean_b}, max"
-               f" {sk_b}), bound by {_cell(text, 'shadowkv', 'binding')}: its tokens/s follows the batch. The engine"
+               f" {sk_b}), bound by {_cell(text, SHADOWKV, 'binding')}: its tokens/s follows the batch. The engine"
                f" ran ShadowKV in place at 128K, batch {sk_b} (`traces/engine/h200-shadowkv-fast/builds`,"
                f" `h200-rates`; median tokens/s by forced miss rate over {len(pts)} builds): {meas};"
-               f" {alias_note(g, _json(e / 'h200-shadowkv-fast' / 'builds' / 'b0' / 'meta.json').get('host_gib'))}."
+               f" {alias_note(g, read_trace_json(e / 'h200-shadowkv-fast' / 'builds' / 'b0' / 'meta.json').get('host_gib'))}."
                " The simulator's step at those points: [simulator.md](simulator.md),"
                " the in-place engine.")
     return " ".join(out)
@@ -362,31 +363,31 @@ def notes_plan_engine(root: Path = ROOT) -> str:
 
 def notes_validation(root: Path = ROOT) -> str:
     """The validation's headline sentence (traces/validation/h200-engine.csv, the points with transfers)."""
-    from ddbench.doctables.common import _csv
-    v = _csv(root / "traces" / "validation" / "h200-engine.csv")
+    from ddbench.doctables.common import read_trace_csv
+    v = read_trace_csv(root / "traces" / "validation" / "h200-engine.csv")
     v = v.assign(err=(v["sim_over_engine"] - 1).abs())
     t = v[v["transfers"] == 1]
     lb = t[t["regime"] == "link-bound"]
-    ctx = "/".join(_k(int(c)) for c in sorted(t["context"].unique()))
+    ctx = "/".join(fmt_context(int(c)) for c in sorted(t["context"].unique()))
     bs = "/".join(str(int(b)) for b in sorted(t["batch"].unique()))
     miss = sorted({float(m) for m in t["miss_rate"].astype(str) if m != "none"})
     miss = "/".join(f"{100 * m:g} %" for m in miss)
-    gib = _json(root / "traces" / "engine" / "h200-validation" / "meta.json").get("host_gib")
+    gib = read_trace_json(root / "traces" / "engine" / "h200-validation" / "meta.json").get("host_gib")
     from ddbench.core.catalog import get_model
     from ddbench.core.designs import get_design
     from ddbench.core.memory import host_kv_bytes
     from ddbench.core.workload import Workload
-    m, dd = get_model("llama-3-8b"), get_design("dualdecoder")
+    m, dd = get_model("llama-3-8b"), get_design(DUALDECODER)
     aliased = sorted({(int(c), int(b)) for c, b in zip(t["context"], t["batch"])
                       if gib and int(b) * host_kv_bytes(dd, m, Workload(context=int(c))) > gib * 2 ** 30})
     alias = ("" if not aliased else
              f" The engine ran them from one pinned {gib:g} GiB host buffer (`h200-validation/meta.json`"
-             f" host_gib), smaller than the batch's KV at " + ", ".join(f"{_k(c)} batch {b}" for c, b in aliased)
+             f" host_gib), smaller than the batch's KV at " + ", ".join(f"{fmt_context(c)} batch {b}" for c, b in aliased)
              + ": there the host KV is aliased (layers read l % host_layers, then overlapping request windows);"
              " every chunk still crosses the link, only the values repeat.")
     return (f"At the engine validation points with transfers ({ctx}, batches {bs}, {miss} forced misses; {len(t)} points of"
-            f" {len(v)}) the sim is within {_pct(float(t['err'].median()))} median, {_pct(float(t['err'].max()))}"
-            f" worst (link-bound median {_pct(float(lb['err'].median()))}, {len(lb)} points)." + alias)
+            f" {len(v)}) the sim is within {fmt_pct(float(t['err'].median()))} median, {fmt_pct(float(t['err'].max()))}"
+            f" worst (link-bound median {fmt_pct(float(lb['err'].median()))}, {len(lb)} points)." + alias)
 
 
 def inplace_validation(root: Path = ROOT) -> str:
@@ -396,33 +397,33 @@ def inplace_validation(root: Path = ROOT) -> str:
     v = root / "traces" / "validation"
     rows, lines = [], []
     for name, label in (("inplace", "ShadowKV in place"), ("rates", "h200-rates, other designs")):
-        s = _json(v / f"h200-engine-{name}-summary.json")
+        s = read_trace_json(v / f"h200-engine-{name}-summary.json")
         pp = s["per_point"]
         if not pp:
             continue
         w = max(pp, key=lambda p: abs(p["error_median"]))
         wb = max((w["error_min"], w["error_max"]), key=abs)
-        what = f"{w['design']} {_k(int(w['context']))} batch {int(w['batch'])}, {float(w['miss_rate']) * 100:g} % misses"
+        what = f"{w['design']} {fmt_context(int(w['context']))} batch {int(w['batch'])}, {float(w['miss_rate']) * 100:g} % misses"
         if w.get("churn_rate") not in ("", None):
             what += f", churn {float(w['churn_rate']) * 100:g} %"
         rows.append([label, str(len(pp)), str(sum(int(p["builds"]) for p in pp)),
-                     _pct(median(abs(p["error_median"]) for p in pp)),
+                     fmt_pct(median(abs(p["error_median"]) for p in pp)),
                      f"{100 * w['error_median']:+.1f} % ({100 * wb:+.1f} % worst build): {what}"])
         if name == "inplace":
             sk = [p for p in pp if p["model"] == "llama-3-8b"]
             lines.append("ShadowKV in place, Llama-3-8B, by point (median over builds): " + "; ".join(
-                f"{_k(int(p['context']))} batch {int(p['batch'])} at {float(p['miss_rate']) * 100:g} % misses"
+                f"{fmt_context(int(p['context']))} batch {int(p['batch'])} at {float(p['miss_rate']) * 100:g} % misses"
                 f" {100 * p['error_median']:+.1f} %" for p in sorted(sk, key=lambda p: (-p["batch"], p["context"],
                                                                                        float(p["miss_rate"])))) + ".")
-    from ddbench.doctables.common import _table
+    from ddbench.doctables.common import md_table
     e = root / "traces" / "engine" / "h200-shadowkv-fast" / "builds"
-    b0 = _engine(e / "b0" / "engine.csv")
+    b0 = read_engine_csv(e / "b0" / "engine.csv")
     big = b0[b0["batch"] > 1]
-    rates = _engine(root / "traces" / "engine" / "h200-rates" / "engine.csv")
+    rates = read_engine_csv(root / "traces" / "engine" / "h200-rates" / "engine.csv")
     lines.append("The engine's batches above 1: `h200-shadowkv-fast/builds`: "
-                 + alias_note(big, _json(e / "b0" / "meta.json").get("host_gib"))
+                 + alias_note(big, read_trace_json(e / "b0" / "meta.json").get("host_gib"))
                  + "; `h200-rates` (no meta.json): " + alias_note(rates[rates["batch"] > 1], None) + ".")
-    return (_table(["run", "points", "builds", "median \\|error\\|", "worst point"], rows) + "\n\n"
+    return (md_table(["run", "points", "builds", "median \\|error\\|", "worst point"], rows) + "\n\n"
             + "\n\n".join(lines))
 
 

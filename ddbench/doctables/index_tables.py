@@ -15,15 +15,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddbench.doctables.common import ROOT, _table
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CACHE, LRU_CACHE, SHADOWKV
+from ddbench.doctables.common import ROOT, md_table
 
 INDEXES = ("flat", "fp8", "int4", "two-level:8,1", "two-level:8,1,fp8", "two-level:8,1,int4", "two-level:16,1,int4")
-LANDMARK = ("shadowkv", "dualdecoder", "dualdecoder-cache", "lru-cache")
+LANDMARK = (SHADOWKV, DUALDECODER, DUALDECODER_CACHE, LRU_CACHE)
 MODEL, CONTEXT, BATCH = "llama-3-8b", 131072, 60
 MEASURED_SELECTION_MS = 20.4        # traces/engine/h200-cache-int32/compute-only.json, batch 60 (issue 47)
 
 
-def _point(index: str, gpu: str = "h200", design: str = "dualdecoder-cache"):
+def _point(index: str, gpu: str = "h200", design: str = DUALDECODER_CACHE):
     """(resolved scenario of `design` with `index`, {design: largest batch}) at 128K."""
     from ddbench.core.designs import get_design
     from ddbench.core.memory import max_batch
@@ -56,8 +57,8 @@ MEASURED = "traces/kernels/h200-index/index-bench.csv"
 
 def _measured(root: Path) -> dict:
     """{index: (median ms of one layer's selection at 128K batch BATCH, git sha)} from the H200 kernel run."""
-    from ddbench.doctables.common import _csv
-    d = _csv(root / MEASURED)
+    from ddbench.doctables.common import read_trace_csv
+    d = read_trace_csv(root / MEASURED)
     d = d[(d.context == CONTEXT) & (d.batch == BATCH)]
     return {v: (float(g.latency_ms.median()), str(g.git_sha.iloc[0])) for v, g in d.groupby("variant")}
 
@@ -68,7 +69,7 @@ def index_predictions(root: Path = ROOT) -> str:
     for idx in INDEXES:
         r, mb = _point(idx)
         sel60, comp60, _ = _step(r, BATCH)
-        b = mb["dualdecoder-cache"]
+        b = mb[DUALDECODER_CACHE]
         _, comp, whole = _step(r, b)
         got[idx] = (sel60, b / comp, b / whole, b)
         m = meas.get(idx)
@@ -89,7 +90,7 @@ def index_predictions(root: Path = ROOT) -> str:
             f" extrapolated from SmolLM2's 1K-8K trend). The flat row prices today's selection at"
             f" {flat[0] * 1e3:.1f} ms per step at batch {BATCH} (measured {MEASURED_SELECTION_MS} ms,"
             f" `traces/engine/h200-cache-int32`).\n\n"
-            + _table(head, rows) +
+            + md_table(head, rows) +
             f"\n\nWhat the GPU run checks (issue 47): selection at most a third of {MEASURED_SELECTION_MS} ms at batch"
             f" {BATCH}: predicted for {', '.join(third) or 'none'}; dualdecoder-cache at least 3,000 tokens/s at its"
             f" largest batch: predicted compute only for {', '.join(fast) or 'none'}, but with the link at these cache"
@@ -134,8 +135,8 @@ RECALL = "traces/accuracy/SmolLM2-135M-Instruct.Q4_1.index.summary.json"
 
 def index_recall(root: Path = ROOT) -> str:
     """docs/profiling.md's block: recall of the flat top-k under each index (ddbench/profile/indexrecall.py)."""
-    from ddbench.doctables.common import _json
-    s = _json(root / RECALL)
+    from ddbench.doctables.common import read_trace_json
+    s = read_trace_json(root / RECALL)
     per = s["per_context"]
     keys = sorted(per, key=lambda k: (int(k.split("/")[1]) * 64 // int(k.split("/")[0]), int(k.split("/")[0])))
     specs = list(next(iter(per.values())))
@@ -165,7 +166,7 @@ def index_recall(root: Path = ROOT) -> str:
             f" x KV heads ({s['runtime_s']:.0f} s on one CPU thread). k is small at these contexts (the budget's"
             f" share of 128K gives 16 chunks at 8K), so one chunk moves a head's recall by 1/k; `=`: the two-level"
             f" index keeps every super-chunk there, so it selects what flat does (1 by construction).\n\n"
-            + _table(head, rows) +
+            + md_table(head, rows) +
             f"\n\nAt the longest context ({max(int(k.split('/')[0]) for k in keys) // 1024}K), the settings that keep"
             " the 0.95 recall the GPU run expects (issue 47), every super-chunk kept aside: "
             + ("; ".join(low) if low else "none") + ". Every other setting is below 0.95 there; int4 is below it"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddbench.doctables.common import ROOT, DocTablesError, _csv, _table
+from ddbench.doctables.common import ROOT, DocTablesError, read_trace_csv, md_table
 
 FILE = Path("traces") / "kernels" / "h200" / "peer-flashinfer.csv"
 ATTENTION = {"single": ("ours_gathered", "ours_rows", "flashinfer_decode", "flashinfer_decode_tc"),
@@ -35,7 +35,7 @@ def _rows(d, kernel, variants, suffix=""):
 
 
 def peer_flashinfer(root: Path = ROOT) -> str:
-    d = _csv(root / FILE)
+    d = read_trace_csv(root / FILE)
     parts = []
     for tok, variants in ATTENTION.items():
         at = _rows(d, ("peer_attention",), variants, f"_{tok}")
@@ -48,7 +48,7 @@ def peer_flashinfer(root: Path = ROOT) -> str:
                         + [f"{best['latency_ms'] / r['ours_rows']['latency_ms']:.2f}x"])
         parts.append(f"{'Single' if tok == 'single' else 'Dual'}-token sparse attention over 2,048 selected tokens"
                      " (time, and % of the HBM floor):\n\n"
-                     + _table(["context", "batch"] + list(variants) + ["best flashinfer / ours_rows"], rows))
+                     + md_table(["context", "batch"] + list(variants) + ["best flashinfer / ours_rows"], rows))
     at = _rows(d, ("peer_topk", "peer_select"), TOPK)
     rows = [[ctx, str(b)] + [_cell(r[v]) for v in TOPK]
             + [f"{r['flashinfer_top_k']['latency_ms'] / r['ours_fused_topk']['latency_ms']:.2f}x"]
@@ -56,5 +56,5 @@ def peer_flashinfer(root: Path = ROOT) -> str:
     parts.append("Top-k of 256 chunks for 2 query tokens (the floors: ours_fused_topk reads pass 1's fp16 scores of the"
                  " group's 4 heads, flashinfer and torch the fp32 group-max probabilities; the last two columns are the"
                  " whole selection from the landmarks):\n\n"
-                 + _table(["context", "batch"] + list(TOPK) + ["flashinfer_top_k / ours_fused_topk"], rows))
+                 + md_table(["context", "batch"] + list(TOPK) + ["flashinfer_top_k / ours_fused_topk"], rows))
     return "\n\n".join(parts)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import median
 
-from ddbench.doctables.common import ROOT, DocTablesError, _csv, _f, _json, _table
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CACHE, SHADOWKV
+from ddbench.doctables.common import ROOT, DocTablesError, read_trace_csv, fmt_num, read_trace_json, md_table
 
 GRID = "engine/h200-rate-grid"
 REPLAY = "validation/h200-engine-rategrid.csv"
@@ -22,10 +23,10 @@ BATCH1 = "engine/h200-compare"
 CTX = 131072
 # per design: the engine grid's columns for its rates, and the same rates' columns in figures/rates.csv
 AXES = {
-    "dualdecoder-cache": (("urgent", "forced_urgent_or_miss", "urgent_per_budget"),
+    DUALDECODER_CACHE: (("urgent", "forced_urgent_or_miss", "urgent_per_budget"),
                           ("churn", "forced_churn", "churn_per_budget")),
-    "shadowkv": (("miss", "forced_urgent_or_miss", "miss_rate"),),
-    "dualdecoder": (("miss", "forced_urgent_or_miss", "miss_rate"),),
+    SHADOWKV: (("miss", "forced_urgent_or_miss", "miss_rate"),),
+    DUALDECODER: (("miss", "forced_urgent_or_miss", "miss_rate"),),
 }
 
 
@@ -64,7 +65,7 @@ def _point(eng, rep, design: str, at: dict, short: set = frozenset()) -> str:
     batch = int(e["batch"].iloc[0])
     sim = batch * 1000.0 / median(float(x) for x in r["sim_step_ms"])
     where = ", ".join(f"{m} {v:.2f}" + (" (the grid's lowest)" if m in short else "") for m, v in at.items())
-    return (f"{_f(median(tok), 0)} ({_f(tok[0], 0)}-{_f(tok[-1], 0)}); sim {_f(sim, 0)}"
+    return (f"{fmt_num(median(tok), 0)} ({fmt_num(tok[0], 0)}-{fmt_num(tok[-1], 0)}); sim {fmt_num(sim, 0)}"
             f" ({round(100 * (sim / median(tok) - 1)) + 0:+d} %) at {where}")
 
 
@@ -90,14 +91,14 @@ def _grid_ends(eng, design: str, rates: dict) -> tuple[dict, dict]:
 
 
 def _batch1(root: Path, design: str) -> str:
-    d = _csv(root / "traces" / BATCH1 / "engine.csv")
+    d = read_trace_csv(root / "traces" / BATCH1 / "engine.csv")
     lab = d["design_label"].fillna(d["design"])
-    want = f"{design}@8192" if design == "dualdecoder-cache" else design
+    want = f"{design}@8192" if design == DUALDECODER_CACHE else design
     g = d[(lab == want) & (d["batch"] == 1) & (d["context"] == CTX)]
     if not len(g):
         return "not run on this engine"
     row = g.iloc[0]
-    rate = (f"urgent {row['miss_rate']:.3f}, churn {row['churn_rate']:.3f}" if design == "dualdecoder-cache"
+    rate = (f"urgent {row['miss_rate']:.3f}, churn {row['churn_rate']:.3f}" if design == DUALDECODER_CACHE
             else f"miss {row['miss_rate']:.2f}")
     return (f"{float(row['step_ms']):.2f} ms ({float(row['step_ms_min']):.2f}-{float(row['step_ms_max']):.2f}),"
             f" {rate}")
@@ -114,13 +115,13 @@ def source_line() -> str:
 
 
 def results(root: Path = ROOT) -> str:
-    eng = _csv(root / "traces" / GRID / "engine.csv")
-    rep = _csv(root / "traces" / REPLAY)
+    eng = read_trace_csv(root / "traces" / GRID / "engine.csv")
+    rep = read_trace_csv(root / "traces" / REPLAY)
     rep = rep[rep["source"] == f"traces/{GRID}"]
-    figs = _csv(root / "figures" / "rates.csv")
+    figs = read_trace_csv(root / "figures" / "rates.csv")
     sim = figs[figs["source"] == "simulated"]
-    meta = _json(root / "traces" / GRID / "meta.json")
-    b1 = _json(root / "traces" / BATCH1 / "meta.json")
+    meta = read_trace_json(root / "traces" / GRID / "meta.json")
+    b1 = read_trace_json(root / "traces" / BATCH1 / "meta.json")
     if "separate processes" not in str(meta.get("builds", "")):
         raise DocTablesError(f"traces/{GRID}/meta.json: the builds are not recorded as separate processes")
     builds = len(meta.get("seeds", ()))
@@ -131,7 +132,7 @@ def results(root: Path = ROOT) -> str:
         batch = int(eng[(eng["design"] == design) & (eng["context"] == CTX)]["batch"].iloc[0])
         interval = "; ".join(f"{m} {r['centre'][m]:.3f} [{r['low'][m]:.3f}, {r['high'][m]:.3f}]"
                              for m, _, _ in AXES[design])
-        s = f"{_f(r['centre']['tok_s'], 0)} [{_f(r['high']['tok_s'], 0)}, {_f(r['low']['tok_s'], 0)}]"
+        s = f"{fmt_num(r['centre']['tok_s'], 0)} [{fmt_num(r['high']['tok_s'], 0)}, {fmt_num(r['low']['tok_s'], 0)}]"
         if r["centre"]["batch"] != batch:
             s += f" at batch {r['centre']['batch']}"
         ends[design] = (_median(eng, design, best), _median(eng, design, worst))
@@ -147,8 +148,8 @@ def results(root: Path = ROOT) -> str:
             f" Batch 1: the step time of the same engine code in an earlier run (`traces/{BATCH1}`,"
             f" {str(b1['provenance']['date_utc'])[:10]}; one build, median (min-max) over its replays, at the rates"
             f" it ran at).\n\n"
-            + _table(["design", "matched rates", "engine, best end of the interval", "engine, worst end",
+            + md_table(["design", "matched rates", "engine, best end of the interval", "engine, worst end",
                       "simulated at the matched rates", "TPOT at batch 1"], rows)
-            + f"\n\nEngine rows alone: the cache at its worse grid point ({_f(ends['dualdecoder-cache'][1], 0)})"
-            f" {'is above' if ends['dualdecoder-cache'][1] > ends['shadowkv'][0] else 'is NOT above'} ShadowKV at its"
-            f" better one ({_f(ends['shadowkv'][0], 0)}).")
+            + f"\n\nEngine rows alone: the cache at its worse grid point ({fmt_num(ends[DUALDECODER_CACHE][1], 0)})"
+            f" {'is above' if ends[DUALDECODER_CACHE][1] > ends[SHADOWKV][0] else 'is NOT above'} ShadowKV at its"
+            f" better one ({fmt_num(ends[SHADOWKV][0], 0)}).")

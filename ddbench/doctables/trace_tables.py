@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddbench.doctables.common import ROOT, DocTablesError, _csv, _json, _k, _notna, _table
+from ddbench.doctables.common import ROOT, DocTablesError, read_trace_csv, read_trace_json, fmt_context, is_present, md_table
 
 
 def accuracy(root: Path = ROOT) -> str:
@@ -15,7 +15,7 @@ def accuracy(root: Path = ROOT) -> str:
     for path in sorted((root / "traces" / "accuracy").glob("*.csv")):
         if not is_profile_layer_csv(path.name):
             continue
-        d = _csv(path)
+        d = read_trace_csv(path)
         d = d[d["temperature"] > 0]                       # greedy with the T2 start is 1.0 by construction
         cols = [(i, t) for i in ("t2", "random") for t in sorted(d["temperature"].unique())]
         rows = []
@@ -29,16 +29,16 @@ def accuracy(root: Path = ROOT) -> str:
                 hit = np.average(x["hit_rate"], weights=x["n"])
                 reuse = np.average(x["reuse_hit_rate"], weights=x["n"])
                 cells.append(f"{hit:.3f} / {reuse:.3f}")
-            rows.append([_k(int(c)), f"{int(b)} (1/{int(c) // int(b)})"] + cells)
+            rows.append([fmt_context(int(c)), f"{int(b)} (1/{int(c) // int(b)})"] + cells)
         acc = []
         for i, t in cols:
             x = d[(d["init"] == i) & (d["temperature"] == t)]
             per_ctx = [f"{np.average(g['token_acc'], weights=g['n']):.3f}" for _, g in x.groupby("context_tokens")]
             acc.append(" / ".join(per_ctx))
-        rows.append(["token_acc", " / ".join(_k(int(c)) for c in sorted(d["context_tokens"].unique()))] + acc)
+        rows.append(["token_acc", " / ".join(fmt_context(int(c)) for c in sorted(d["context_tokens"].unique()))] + acc)
         head = (f"`traces/accuracy/{path.name}` ({d['model'].iloc[0]}, {int(d['layers'].iloc[0])} layers, "
                 f"git {d['git_sha'].iloc[0]}): hit / reuse rate, every layer, task and step, weighted by n:")
-        out.append(head + "\n\n" + _table(["context", "budget (share)"] + [f"{'T2' if i == 't2' else 'random'}, "
+        out.append(head + "\n\n" + md_table(["context", "budget (share)"] + [f"{'T2' if i == 't2' else 'random'}, "
                                                                          f"temperature {t:g}" for i, t in cols], rows))
     if not out:
         raise DocTablesError(f"{root / 'traces' / 'accuracy'}: no accuracy profile")
@@ -46,7 +46,7 @@ def accuracy(root: Path = ROOT) -> str:
 
 
 def sensitivity(root: Path = ROOT) -> str:
-    d = _csv(root / "figures" / "sensitivity.csv")
+    d = read_trace_csv(root / "figures" / "sensitivity.csv")
     g = d[d["kind"] == "grid"]
     hits, reuses = sorted(g["hit_rate"].unique()), sorted(g["reuse_rate"].unique())
     rows = []
@@ -59,7 +59,7 @@ def sensitivity(root: Path = ROOT) -> str:
                       for _, k in marked.iterrows())
     return ("DualDecoder / ShadowKV tokens/s, from `figures/sensitivity.csv` (hit rate in rows, reuse rate in columns; "
             f"DualDecoder at batch {int(g['dd_batch'].iloc[0])}, ShadowKV at {int(g['sk_batch'].iloc[0])}):\n\n"
-            + _table(["hit \\ reuse"] + [f"{u:.1f}" for u in reuses], rows)
+            + md_table(["hit \\ reuse"] + [f"{u:.1f}" for u in reuses], rows)
             + (f"\n\nMarked points (per-layer timeline): {notes}." if notes else ""))
 
 
@@ -70,8 +70,8 @@ METHODS = {"copy_engine": "copy engine (pinned host memory)", "uva_gather": "GPU
 
 def calibration(root: Path = ROOT) -> str:
     folder = root / "traces" / "calibration" / "h200"
-    b = _json(folder / "bundle.json")
-    link = _csv(folder / "link.csv")
+    b = read_trace_json(folder / "bundle.json")
+    link = read_trace_csv(folder / "link.csv")
     rows = []
     for method in METHODS:
         g = link[link["method"] == method]
@@ -83,19 +83,19 @@ def calibration(root: Path = ROOT) -> str:
             piece = "-" if method == "copy_engine" else f"{int(chunk) // 1024} KiB" if chunk >= 1024 else f"{int(chunk)} B"
             rows.append([METHODS[method], direction, size, piece, str(int(blocks)) if blocks else "-",
                          f"{r['gbps']:.1f}"])
-    ceil = _csv(folder / "ceilings.csv")
+    ceil = read_trace_csv(folder / "ceilings.csv")
     lines = [f"- {r['name']}: {r['value']:.0f} {r['unit']}" for _, r in ceil.iterrows()]
     p = b.get("provenance", {})
     gen, _, width = str(p.get("pcie", "")).partition(",")
     return (f"`traces/calibration/h200/` ({p.get('device_name')}, PCIe {gen.strip()} x{width.strip()}, driver {p.get('driver')}, "
             f"torch {p.get('torch')}; {len(p.get('runs', []))} runs listed in bundle.json), each transfer at its "
             "largest measured size:\n\n"
-            + _table(["method", "direction", "per call", "chunk", "thread blocks", "GB/s"], rows)
+            + md_table(["method", "direction", "per call", "chunk", "thread blocks", "GB/s"], rows)
             + "\n\nCeilings (`ceilings.csv`):\n\n" + "\n".join(lines))
 
 
 def fig12(root: Path = ROOT) -> str:
-    d = _csv(root / "figures" / "fig12.csv")
+    d = read_trace_csv(root / "figures" / "fig12.csv")
     designs = list(dict.fromkeys(d["system"]))
     rows = []
     for c, g in d.groupby("context"):
@@ -107,15 +107,15 @@ def fig12(root: Path = ROOT) -> str:
             else:
                 r = r.iloc[0]
                 cells.append(f"{r['tokens_per_s']:.1f} (batch {int(r['max_batch'])})")
-        rows.append([_k(int(c))] + cells)
+        rows.append([fmt_context(int(c))] + cells)
     return ("Simulated decode tokens/s at each design's largest batch, from `figures/fig12.csv` (Figure 12's "
             "setting: Qwen2.5-32B on an 80 GB H100, PCIe 5, budget 2048):\n\n"
-            + _table(["context"] + designs, rows))
+            + md_table(["context"] + designs, rows))
 
 
 
 def _kernels(root: Path, kernel: str):
-    d = _csv(root / "traces" / "kernels" / "h200" / "kernels.csv")
+    d = read_trace_csv(root / "traces" / "kernels" / "h200" / "kernels.csv")
     d = d[d["kernel"] == kernel]
     if not len(d):
         raise DocTablesError(f"traces/kernels/h200/kernels.csv: no {kernel} rows")
@@ -135,11 +135,11 @@ def kernels_gather(root: Path = ROOT) -> str:
         big, uva = _cell(d, "one_big_copy", b), _cell(d, "uva_persistent_32", b)
         cpu, per = _cell(d, "cpu_index_select_staging", b), _cell(d, "memcpy_per_chunk", b)
         gb = (lambda r: f"{r['gbps']:.1f} GB/s" if r is not None else "not run")
-        share = f"{uva['pct_of_floor']:.1f} %" if uva is not None and _notna(uva["pct_of_floor"]) else "-"
+        share = f"{uva['pct_of_floor']:.1f} %" if uva is not None and is_present(uva["pct_of_floor"]) else "-"
         size = f"{int(big['bytes']) // 2 ** 20} MiB" if big is not None else "-"
         rows.append([f"{size} (batch {int(b)})", gb(big), gb(uva), share, gb(cpu), gb(per)])
     return (f"Gathers of 4 KiB chunks from pinned host memory, `traces/kernels/h200/kernels.csv` (git {sha}, {date}):\n\n"
-            + _table(["bytes per call", "one big copy", "UVA gather (32 programs)", "of big copy",
+            + md_table(["bytes per call", "one big copy", "UVA gather (32 programs)", "of big copy",
                       "CPU index_select + copy", "one copy per chunk"], rows))
 
 
@@ -157,7 +157,7 @@ def kernels_attention(root: Path = ROOT) -> str:
                      f"{sdpa['latency_ms'] / dual['latency_ms']:.2f}" if sdpa is not None else "-"])
     shape = d["shape"].iloc[0]
     return (f"Sparse decode attention ({shape}), `traces/kernels/h200/kernels.csv` (git {sha}, {date}):\n\n"
-            + _table(["batch", "dual-token (Triton)", "single-token", "dual / single", "two passes / dual",
+            + md_table(["batch", "dual-token (Triton)", "single-token", "dual / single", "two passes / dual",
                       "torch SDPA, two queries / dual"], rows))
 
 
@@ -171,11 +171,11 @@ def contexts(root: Path = ROOT) -> str:
     from ddbench.profile.contexts import predict
     out = []
     for path in sorted((root / "traces" / "accuracy").rglob("*.contexts.csv")):
-        d = _csv(path)
+        d = read_trace_csv(path)
         doc = json.loads(path.with_name(path.name[: -len(".contexts.csv")] + ".cache-trend.json").read_text())
         model, rel = d["model"].iloc[0], path.relative_to(root)
         ctxs = sorted(int(c) for c in d["context_tokens"].unique())
-        lab = {c: _k(c) if c % 1024 == 0 else str(c) for c in ctxs}
+        lab = {c: fmt_context(c) if c % 1024 == 0 else str(c) for c in ctxs}
         a = d[(d["band"].astype(str) == "all")]
         if "prediction" in a.columns:      # lru-cache's rows (prediction none) are not this table's
             a = a[a["prediction"].fillna("").astype(str) != "none"]
@@ -224,11 +224,11 @@ def contexts(root: Path = ROOT) -> str:
                    " doubling of the context, the p-value of a curved term, the longest context held out"
                    " (measured in the interval the law fitted without it predicts), and the law at 32K and"
                    " 128K with its 95 % interval:\n\n"
-                   + _table(["share", "capacity", "rate"] + [lab[c] for c in ctxs]
+                   + md_table(["share", "capacity", "rate"] + [lab[c] for c in ctxs]
                             + ["x per doubling", "curvature p", f"{lab[ctxs[-1]]} held out", "32K", "128K"], rows)
                    + "\n\nThe prediction's rates (hit: the speculative token's selection; reuse: the previous"
                    " step's), same prompts:\n\n"
-                   + _table(["share", "rate"] + [lab[c] for c in ctxs], pred))
+                   + md_table(["share", "rate"] + [lab[c] for c in ctxs], pred))
     return "\n\n".join(out) if out else "No context profile is committed (`python -m ddbench.profile.contexts`)."
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CACHE, SHADOWKV
 from ddbench.doctables.common import ROOT, DocTablesError
 
-CACHE = "dualdecoder-cache"
+CACHE = DUALDECODER_CACHE
 
 
-def _csv(path: Path):
+def _read_figure_csv(path: Path):
     import pandas as pd
     if not path.exists():
         raise DocTablesError(f"{path}: missing (run `python -m ddbench figures`)")
@@ -41,18 +42,18 @@ def verdict(root: Path = ROOT) -> str:
     from ddbench.experiments.scene import scene
     from ddbench.core import defaults as D
     from ddbench.planner.ratelines import caption
-    d = _csv(root / "figures" / "rates.csv")
+    d = _read_figure_csv(root / "figures" / "rates.csv")
     s = d[d["source"] == "simulated"]
-    tok = {x: {e: _at(s, x, e) for e in ("centre", "high", "low")} for x in (CACHE, "shadowkv", "dualdecoder")}
+    tok = {x: {e: _at(s, x, e) for e in ("centre", "high", "low")} for x in (CACHE, SHADOWKV, DUALDECODER)}
     knobs = {"cache_tokens": CAPACITY * D.BUDGET}
-    rs = [scene(MODEL, x, gpu="h200", **knobs) for x in (CACHE, "shadowkv", "dualdecoder")]
+    rs = [scene(MODEL, x, gpu="h200", **knobs) for x in (CACHE, SHADOWKV, DUALDECODER)]
     c = s[(s["design"] == CACHE) & (s["rate_end"] == "centre")]
-    be = _break_even(c, tok["shadowkv"]["centre"])
+    be = _break_even(c, tok[SHADOWKV]["centre"])
     r = rs[0].design_rates
     upper = ", ".join(f"{x.metric} x{x.mean('high') / x.mean():.1f}" for x in r.rates if x.mean() > 0)
-    ratio = [tok[CACHE][e] / tok["shadowkv"][f] for e, f in (("high", "low"), ("centre", "centre"), ("low", "high"))]
+    ratio = [tok[CACHE][e] / tok[SHADOWKV][f] for e, f in (("high", "low"), ("centre", "centre"), ("low", "high"))]
     decided = ratio[0] > 1 or ratio[2] < 1
-    lead = CACHE if ratio[1] >= 1 else "shadowkv"
+    lead = CACHE if ratio[1] >= 1 else SHADOWKV
     say = (f"**{lead} leads at every rate in the intervals**" if decided else
            "**undecided at these rates**: the order flips inside the rates' 95 % intervals")
     if not caption(rs, (CTX,)).startswith("every design at one matched rate set"):

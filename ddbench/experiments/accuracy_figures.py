@@ -24,6 +24,7 @@ from functools import lru_cache
 
 import pandas as pd
 
+from ddbench.core.designs import DUALDECODER, SHADOWKV
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.units import fmt_tokens
@@ -33,7 +34,7 @@ from ddbench.plotting import SYSTEM_COLORS
 PROFILE_CMD = "ddbench profile --layer-accuracy --model PATH"
 # the paper's tasks (RULER) against the nearest synthetic task the profiler builds (ddbench/profile/tasks.py)
 TABLE1_TASKS = {"niah-1": "single", "niah-2": "multikey", "niah-3": "multivalue", "qa-2": None}
-TABLE1_SYSTEMS = {"shadowkv": "lowrank", "dualdecoder": "sparse"}
+TABLE1_SYSTEMS = {SHADOWKV: "lowrank", DUALDECODER: "sparse"}
 
 
 # ---------------------------------------------------------------- reading the traces
@@ -44,7 +45,7 @@ def _models() -> tuple:
                         if is_profile_layer_csv(os.path.basename(p))))
 
 
-def _need(fig: str) -> tuple:
+def profiled_models(fig: str) -> tuple:
     models = _models()
     if not models:
         raise DDBenchError(f"{fig}: no accuracy profile in {traces_dir('accuracy')} (<model>.csv); write one with"
@@ -52,13 +53,13 @@ def _need(fig: str) -> tuple:
     return models
 
 
-def _path(model: str, kind: str) -> str:
+def profile_path(model: str, kind: str) -> str:
     suffix = {"csv": ".csv", "summary": ".summary.json", "steps": ".steps.csv"}[kind]
     return str(traces_dir("accuracy", model + suffix))
 
 
 def _summary(model: str) -> dict:
-    return _summary_at(_path(model, "summary"))
+    return _summary_at(profile_path(model, "summary"))
 
 
 @lru_cache(maxsize=None)
@@ -71,8 +72,8 @@ def _summary_at(path: str) -> dict:
     return doc
 
 
-def _profile(model: str, init: str = "t2", temperature: float = 0.6, context=None, task=None):
-    return _profile_at(_path(model, "csv"), init, temperature, context, task)
+def profile_rates(model: str, init: str = "t2", temperature: float = 0.6, context=None, task=None):
+    return _profile_at(profile_path(model, "csv"), init, temperature, context, task)
 
 
 @lru_cache(maxsize=None)
@@ -82,8 +83,8 @@ def _profile_at(path: str, init, temperature, context, task):
 
 
 def _rows(model: str) -> pd.DataFrame:
-    _profile(model)   # validates the file line by line first (one-line errors naming line and field)
-    return _rows_at(_path(model, "csv"))
+    profile_rates(model)   # validates the file line by line first (one-line errors naming line and field)
+    return _rows_at(profile_path(model, "csv"))
 
 
 @lru_cache(maxsize=None)
@@ -95,7 +96,7 @@ def _rows_at(path: str) -> pd.DataFrame:
 
 
 def _steps(model: str) -> pd.DataFrame:
-    return _steps_at(_path(model, "steps"))
+    return _steps_at(profile_path(model, "steps"))
 
 
 @lru_cache(maxsize=None)
@@ -129,17 +130,17 @@ def _who(model: str) -> str:
     return f"{model} ({_layers(model)} layers)"
 
 
-def _ctx(model: str) -> str:
+def profiled_contexts(model: str) -> str:
     return "/".join(fmt_tokens(int(c)) for c in sorted(_rows(model).context_tokens.unique()))
 
 
-def _paper(pid: str) -> float:
+def paper_value(pid: str) -> float:
     from ddbench.core.paper_numbers import reported
     return reported()[pid].value
 
 
 def _caveat(model: str) -> str:
-    return (f"measured on {_who(model)} at {_ctx(model)} tokens; the paper's numbers are from its own models at up to"
+    return (f"measured on {_who(model)} at {profiled_contexts(model)} tokens; the paper's numbers are from its own models at up to"
             f" 128K, not this model")
 
 
@@ -150,11 +151,11 @@ def _draw_fig7(res: FigureResult, fig) -> None:
     a, b = fig.subplots(1, 2, width_ratios=[1.5, 1])
     s = df[df.panel == "a"]
     for model, sub in s.groupby("model", sort=False):
-        a.plot(sub.step, 100 * sub.kv_accuracy, color=SYSTEM_COLORS["dualdecoder"], lw=1.2,
+        a.plot(sub.step, 100 * sub.kv_accuracy, color=SYSTEM_COLORS[DUALDECODER], lw=1.2,
                label=f"KV prediction (mean {100 * sub.kv_accuracy.mean():.1f}%)")
         a.plot(sub.step, 100 * sub.token_accuracy, color="#9467bd", lw=0.8, marker=".", ms=3,
                label=f"token prediction (mean {100 * sub.token_accuracy.mean():.1f}%)")
-    a.axhline(100 * _paper("fig7a.kv_accuracy.mean"), color="black", ls="--", lw=0.8,
+    a.axhline(100 * paper_value("fig7a.kv_accuracy.mean"), color="black", ls="--", lw=0.8,
               label="paper: KV prediction 88% on average (its models)")
     a.set_ylim(0, 105)
     a.set_xlabel("decode step (steps after the pre-decoding step)")
@@ -170,17 +171,17 @@ def _draw_fig7(res: FigureResult, fig) -> None:
     p = df[df.panel == "b"]
     temps = sorted(p.temperature.unique())
     width = 0.38
-    for k, (init, color) in enumerate((("t2", SYSTEM_COLORS["dualdecoder"]), ("random", "#bcbd22"))):
+    for k, (init, color) in enumerate((("t2", SYSTEM_COLORS[DUALDECODER]), ("random", "#bcbd22"))):
         sub = p[p.init == init].set_index("temperature").reindex(temps)
         xs = [i + (k - 0.5) * width for i in range(len(temps))]
         bars = b.bar(xs, 100 * sub.kv_accuracy, width, color=color, label=f"{init} start")
         b.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
     right = len(temps) - 0.5
-    b.axhline(100 * _paper("fig7b.random_init.kv_accuracy.mean"), color="black", ls=":", lw=0.8)
-    b.text(right, 100 * _paper("fig7b.random_init.kv_accuracy.mean"), "paper: random 56%", fontsize=6,
+    b.axhline(100 * paper_value("fig7b.random_init.kv_accuracy.mean"), color="black", ls=":", lw=0.8)
+    b.text(right, 100 * paper_value("fig7b.random_init.kv_accuracy.mean"), "paper: random 56%", fontsize=6,
            ha="right", va="center", bbox=box)
-    b.axhline(100 * _paper("fig7a.kv_accuracy.mean"), color="black", ls="--", lw=0.8)
-    b.text(right, 100 * _paper("fig7a.kv_accuracy.mean"), "paper: T2 88%", fontsize=6, ha="right", va="center",
+    b.axhline(100 * paper_value("fig7a.kv_accuracy.mean"), color="black", ls="--", lw=0.8)
+    b.text(right, 100 * paper_value("fig7a.kv_accuracy.mean"), "paper: T2 88%", fontsize=6, ha="right", va="center",
            bbox=box)
     b.set_xticks(range(len(temps)), [f"T={t:g}" + (" (greedy)" if t == 0 else "") for t in temps], fontsize=7)
     b.set_xlim(-0.5, right)
@@ -196,15 +197,15 @@ def _draw_fig7(res: FigureResult, fig) -> None:
 @register("fig07", "Token against KV prediction accuracy over decode steps; T2 against random start (paper Figure 7)",
           _draw_fig7)
 def fig07() -> FigureResult:
-    model = _need("fig07")[0]
-    prof = _profile(model)
+    model = profiled_models("fig07")[0]
+    prof = profile_rates(model)
     budget = prof.budgets[0] if len(prof.budgets) == 1 else None
     st = _steps(model)
     sel = st[(st.init == "t2") & ((st.temperature - 0.6).abs() < 1e-9)]
     if budget is not None:
         sel = sel[sel.budget_tokens == budget]
     if sel.empty:
-        raise DDBenchError(f"fig07: {_path(model, 'steps')} has no rows at init t2, temperature 0.6"
+        raise DDBenchError(f"fig07: {profile_path(model, 'steps')} has no rows at init t2, temperature 0.6"
                            f"{f', budget {budget}' if budget else ''}")
     per = sel.groupby("step").agg(kv_accuracy=("hit_rate", "mean"), token_accuracy=("token_acc", "mean"),
                                   runs=("hit_rate", "size")).reset_index()
@@ -219,7 +220,7 @@ def fig07() -> FigureResult:
     inits = [i for i in ("t2", "random") if i in set(df0.init)]
     for t in sorted(df0.temperature.unique()):
         for init in inits:
-            p = _profile(model, init, float(t))
+            p = profile_rates(model, init, float(t))
             rows.append({"panel": "b", "model": model, "layers": _layers(model),
                          "context_tokens": int(df0.context_tokens.max()) if df0.context_tokens.nunique() == 1 else -1,
                          "contexts": "+".join(fmt_tokens(int(c)) for c in sorted(p.contexts)) if p.contexts
@@ -234,11 +235,11 @@ def fig07() -> FigureResult:
                       f"{int(per.step.max()) + 1} steps; token prediction accuracy {tok:.1%} over the same steps "
                       f"(KV prediction is higher, as in the paper)")]
     if "random" in inits:
-        rnd = _profile(model, "random", 0.6)
+        rnd = profile_rates(model, "random", 0.6)
         cmp.append(Comparison("fig7b.random_init.kv_accuracy.mean", round(rnd.hit_mean, 3),
                               f"{_caveat(model)}; random first speculative token, {rnd.selection}; T2 start "
                               f"{prof.hit_mean:.1%} (drop {prof.hit_mean - rnd.hit_mean:+.1%}; the paper's drop is"
-                              f" {_paper('fig7b.random_init.kv_accuracy.mean') - _paper('fig7a.kv_accuracy.mean'):+.0%})"))
+                              f" {paper_value('fig7b.random_init.kv_accuracy.mean') - paper_value('fig7a.kv_accuracy.mean'):+.0%})"))
     setup = f"{_caveat(model)}; {prof.selection}; panel (b) per temperature, same selection otherwise"
     return FigureResult(df, setup, cmp)
 
@@ -262,7 +263,7 @@ def _draw_fig16(res: FigureResult, fig) -> None:
                 ys.append(100 * r.hit_rate.iloc[0])
         h = a.bar(xs, ys, width, label=task, color=cmap[k % len(cmap)])
         a.bar_label(h, fmt="%.0f", fontsize=6, padding=1)
-    a.axhline(100 * _paper("fig16.ruler.128k.min_accuracy"), color="black", ls="--", lw=0.8,
+    a.axhline(100 * paper_value("fig16.ruler.128k.min_accuracy"), color="black", ls="--", lw=0.8,
               label="paper: >= 82.6% (RULER 128K, its models)")
     a.set_xticks(range(len(groups)), [f"{m}\n{fmt_tokens(int(c))}" for m, c in groups], fontsize=6)
     a.set_ylim(0, 125)
@@ -275,9 +276,9 @@ def _draw_fig16(res: FigureResult, fig) -> None:
     for model, sub in lay.groupby("model", sort=False):
         sel_txt = sub.selection.iloc[0] if "selection" in sub.columns and isinstance(sub.selection.iloc[0], str) \
             else "T2, temperature 0.6"
-        b.plot(sub.layer, 100 * sub.hit_rate, marker="o", ms=2.5, lw=1, color=SYSTEM_COLORS["dualdecoder"],
+        b.plot(sub.layer, 100 * sub.hit_rate, marker="o", ms=2.5, lw=1, color=SYSTEM_COLORS[DUALDECODER],
                label=f"hit, {sel_txt}")
-        b.plot(sub.layer, 100 * sub.reuse_hit_rate, lw=1, ls="--", color=SYSTEM_COLORS["shadowkv"],
+        b.plot(sub.layer, 100 * sub.reuse_hit_rate, lw=1, ls="--", color=SYSTEM_COLORS[SHADOWKV],
                label=f"reuse (step t's own selection), {sel_txt}")
         basis = sub.lowrank_basis.iloc[0] if "lowrank_basis" in sub.columns else None
         bas = basis_rows[basis_rows.model == model]
@@ -304,12 +305,12 @@ def _draw_fig16(res: FigureResult, fig) -> None:
 
 @register("fig16", "KV prediction accuracy by model and context (paper Figure 16)", _draw_fig16)
 def fig16() -> FigureResult:
-    models = _need("fig16")
+    models = profiled_models("fig16")
     rows = []
     worst = None
     for model in models:
         df0 = _rows(model)
-        full = _profile(model)
+        full = profile_rates(model)
         low = set(_summary(model)["lowrank_layers"].get("layers", []))
         lr_m = _summary(model)["lowrank_layers"]
         per_layer = _summary(model).get("per_layer") or {}
@@ -319,7 +320,7 @@ def fig16() -> FigureResult:
             short += f", budget {'/'.join(str(int(x)) for x in full.budgets)}"
         for ctx in sorted(df0.context_tokens.unique()):
             for task in sorted(df0.task.unique()):
-                p = _profile(model, context=int(ctx), task=str(task))
+                p = profile_rates(model, context=int(ctx), task=str(task))
                 rows.append({"kind": "task", "model": model, "layers": _layers(model), "context_tokens": int(ctx),
                              "task": task, "layer": None, "hit_rate": p.hit_mean, "reuse_hit_rate": p.reuse_mean,
                              "lowrank": None})
@@ -343,11 +344,11 @@ def fig16() -> FigureResult:
     lr = _summary(m0)["lowrank_layers"]
     where = f"lowest over {len(df[df.kind == 'task'])} (model, context, task) means: {worst[1]} {fmt_tokens(worst[2])} {worst[3]}"
     cmp = [Comparison("fig16.ruler.128k.min_accuracy", round(worst[0], 3),
-                      f"{_caveat(worst[1])}; {where}; {_profile(worst[1]).selection.split(', context')[0]}; the paper"
+                      f"{_caveat(worst[1])}; {where}; {profile_rates(worst[1]).selection.split(', context')[0]}; the paper"
                       f" tracks NIAH-1/2 of RULER at 128K"),
            Comparison("fig16.ruler.128k.miss_share", round(1 - worst[0], 3),
                       f"1 - the lowest mean above ({where}); {_caveat(worst[1])}")]
-    setup = (f"{_caveat(m0)}; {_profile(m0).selection}; panel (b): per-layer means at that selection over every context"
+    setup = (f"{_caveat(m0)}; {profile_rates(m0).selection}; panel (b): per-layer means at that selection over every context"
              f" and task, and (where the summary has them) the per-layer means on the summary's basis, on which"
              f" §5.3's low-rank set is chosen (threshold {lr.get('threshold')}, basis {lr.get('basis')}: layers"
              f" {', '.join(str(x) for x in lr.get('layers', [])) or 'none'})")
@@ -364,10 +365,10 @@ def _table1_frame(model: str) -> pd.DataFrame:
                          "budget_tokens": None if r.get("budget_tokens") is None else int(r["budget_tokens"]),
                          "correct": int(r["correct"]), "total": int(r["total"]), "accuracy": float(r["accuracy"])})
         except (KeyError, TypeError, ValueError) as exc:
-            raise DDBenchError(f"malformed accuracy summary {_path(model, 'summary')}: field task_accuracy:"
+            raise DDBenchError(f"malformed accuracy summary {profile_path(model, 'summary')}: field task_accuracy:"
                                f" {exc}") from None
     if not rows:
-        raise DDBenchError(f"table1: {_path(model, 'summary')} has no task accuracy (profile without --no-quality)")
+        raise DDBenchError(f"table1: {profile_path(model, 'summary')} has no task accuracy (profile without --no-quality)")
     return pd.DataFrame(rows)
 
 
@@ -409,7 +410,7 @@ def _draw_table1(res: FigureResult, fig) -> None:
     for task in dict.fromkeys(pap.task):
         line = [task]
         for ctx in ("64K", "128K"):
-            for design in ("shadowkv", "dualdecoder"):
+            for design in (SHADOWKV, DUALDECODER):
                 r = pap[(pap.task == task) & (pap.context == ctx) & (pap.method == design)]
                 line.append(f"{r.accuracy.iloc[0]:.2f}" if len(r) else "-")
         pcells.append(line)
@@ -426,7 +427,7 @@ def _draw_table1(res: FigureResult, fig) -> None:
 
 @register("table1", "Task accuracy: dense, sparse exact top-k, low-rank-key selection (paper Table 1)", _draw_table1)
 def table1() -> FigureResult:
-    model = _need("table1")[0]
+    model = profiled_models("table1")[0]
     ours = _table1_frame(model)
     ours["source"] = "ours"
     ours["context"] = ours.context_tokens.map(lambda c: fmt_tokens(int(c)))
@@ -435,7 +436,7 @@ def table1() -> FigureResult:
     prow = []
     for task in list(TABLE1_TASKS) + ["avg"]:
         for ctx in ("64k", "128k"):
-            for design in ("shadowkv", "dualdecoder"):
+            for design in (SHADOWKV, DUALDECODER):
                 pid = f"table1.{task}.{ctx}.{design}"
                 if pid in rep:
                     prow.append({"source": "paper", "model": "Llama-3-8B-Instruct-Gradient-1048k", "task": task,

@@ -17,15 +17,16 @@ from functools import lru_cache
 
 import pandas as pd
 
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CACHE, LRU_CACHE, SHADOWKV
 from ddbench.core.paths import traces_dir
 from ddbench.experiments import FigureResult, register
 from ddbench.plotting import SYSTEM_COLORS
 
 INDEXES = ("flat", "fp8", "int4", "two-level:8,1", "two-level:8,1,fp8", "two-level:8,1,int4")
-DESIGNS = ("shadowkv", "dualdecoder", "dualdecoder-cache", "lru-cache")
+DESIGNS = (SHADOWKV, DUALDECODER, DUALDECODER_CACHE, LRU_CACHE)
 MODEL, GPU, CONTEXT = "llama-3-8b", "h200", 131072
 RECALL = "SmolLM2-135M-Instruct.Q4_1.index.summary.json"
-COLORS = {"dualdecoder-cache": "#9467bd", "lru-cache": "#8c564b"}
+COLORS = {d: SYSTEM_COLORS[d] for d in (DUALDECODER_CACHE, LRU_CACHE)}   # the registry's colours
 
 
 @lru_cache(maxsize=None)

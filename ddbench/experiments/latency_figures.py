@@ -10,18 +10,19 @@ from functools import lru_cache
 
 import pandas as pd
 
+from ddbench.core.designs import DUALDECODER, DUALDECODER_FIFO, FULL_KV, SHADOWKV, SPECACHE
 from ddbench.core.memory import Workload
 from ddbench.core.distribution import Distribution
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.experiments.scene import scene, workload
-from ddbench.experiments.sim_figures import K, LABEL, SEED, _maxb, _paper, _plan, _setup
+from ddbench.experiments.sim_figures import K, LABEL, SEED, design_max_batch, paper_value, step_plan, setup_line
 from ddbench.plotting import SYSTEM_COLORS, integer_axis, plain_log_axis, style_handle
 
 
 # ---------------------------------------------------------------- Figure 13
 F13_MODEL, F13_CTX, F13_OUT, F13_N, F13_GOAL = "qwen2.5-32b", 128 * K, 256, 60, 60.0
-F13_SYSTEMS = ("shadowkv", "dualdecoder")
+F13_SYSTEMS = (SHADOWKV, DUALDECODER)
 # two placements of prefill: on this GPU beside decode, or on other GPUs (disaggregated, as in
 # DistServe, Zhong et al. 2024, whose settings the paper follows for this figure)
 F13_RATES = {True: (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05),
@@ -107,18 +108,18 @@ def fig13() -> FigureResult:
                                                   "mean_batch", "tokens_per_s")}})
     df = pd.DataFrame(rows)
     rate = {(s, h): _max_rate(s, h) for s in F13_SYSTEMS for h in (False, True)}
-    pf = _prefill_s("dualdecoder", F13_MODEL, F13_CTX)
-    mb = {s: _maxb(s, F13_MODEL, F13_CTX) for s in F13_SYSTEMS}
-    at48 = _serve("dualdecoder", F13_MODEL, F13_CTX, F13_OUT, 4.8, F13_N, False)
-    at48h = _serve("dualdecoder", F13_MODEL, F13_CTX, F13_OUT, 4.8, F13_N, True)
-    dd, sk = rate[("dualdecoder", False)], rate[("shadowkv", False)]
+    pf = _prefill_s(DUALDECODER, F13_MODEL, F13_CTX)
+    mb = {s: design_max_batch(s, F13_MODEL, F13_CTX) for s in F13_SYSTEMS}
+    at48 = _serve(DUALDECODER, F13_MODEL, F13_CTX, F13_OUT, 4.8, F13_N, False)
+    at48h = _serve(DUALDECODER, F13_MODEL, F13_CTX, F13_OUT, 4.8, F13_N, True)
+    dd, sk = rate[(DUALDECODER, False)], rate[(SHADOWKV, False)]
     cmp = [
         Comparison("fig13.rate_ratio_at_60s", round(dd / sk, 2) if sk else math.nan,
                    f"prefill elsewhere: largest rate meeting a {F13_GOAL:.0f} s P99 is {dd:.3f} (DualDecoder, up to "
-                   f"{mb['dualdecoder']} requests in memory) against {sk:.3f} req/s (ShadowKV, {mb['shadowkv']}). With "
+                   f"{mb[DUALDECODER]} requests in memory) against {sk:.3f} req/s (ShadowKV, {mb[SHADOWKV]}). With "
                    f"prefill on this GPU both are prefill-bound (one {fmt_tokens(F13_CTX)} prefill takes {pf:.1f} s,"
-                   f" so at most {1 / pf:.3f} req/s): {rate[('dualdecoder', True)]:.4f} against "
-                   f"{rate[('shadowkv', True)]:.4f} req/s (0: no grid rate meets the goal; the P99 of {F13_N} requests"
+                   f" so at most {1 / pf:.3f} req/s): {rate[(DUALDECODER, True)]:.4f} against "
+                   f"{rate[(SHADOWKV, True)]:.4f} req/s (0: no grid rate meets the goal; the P99 of {F13_N} requests"
                    " is their slowest, and two prefills that overlap already miss it)"),
         Comparison("fig13.dualdecoder.p99_at_4.8", round(at48["completion_p99_s"], 1),
                    f"prefill elsewhere, {F13_N} requests at 4.8 req/s: {4.8 / dd if dd else math.inf:.0f}x the rate"
@@ -126,9 +127,9 @@ def fig13() -> FigureResult:
                    f" {at48h['completion_p99_s']:.0f} s ({4.8 * pf:.0f}x the prefill work one GPU can do)"),
         Comparison("fig13.shadowkv.max_rate", round(sk, 3),
                    f"prefill elsewhere; bisection on the rate, seed {SEED}, {F13_N} requests; ShadowKV decodes "
-                   f"{mb['shadowkv']} requests at a time here"),
+                   f"{mb[SHADOWKV]} requests at a time here"),
     ]
-    setup = _setup(F13_MODEL, fmt_tokens(F13_CTX),
+    setup = setup_line(F13_MODEL, fmt_tokens(F13_CTX),
                    f"Poisson arrivals (seed {SEED}), {F13_N} requests per point (kept small for `make figures`),"
                    f" output {F13_OUT} tokens, FIFO admission while memory allows; (a) prefill on other GPUs"
                    f" (disaggregated), (b) chunked prefill of {Workload(context=K).prefill_chunk} tokens on this GPU"
@@ -147,30 +148,30 @@ def _draw_fig18(res: FigureResult, fig) -> None:
     fig.set_size_inches(7.2, 3.4)
     axes = fig.subplots(1, len(F18_MODELS) + 1)
     tr = df[df.kind == "trace"]
-    colors = {"dualdecoder": SYSTEM_COLORS["dualdecoder"], "dualdecoder-fifo": "#9467bd"}
+    colors = {DUALDECODER: SYSTEM_COLORS[DUALDECODER], DUALDECODER_FIFO: "#9467bd"}
     for j, (ax, size) in enumerate(zip(axes, F18_MODELS)):
-        for design, style in (("dualdecoder", "-"), ("dualdecoder-fifo", "--")):
+        for design, style in ((DUALDECODER, "-"), (DUALDECODER_FIFO, "--")):
             s = tr[(tr.model_size == size) & (tr.system == design)]
             ax.plot(s.step, s.step_ms, ls=style, marker="o", ms=3, color=colors[design],
-                    label="priority" if design == "dualdecoder" else "FIFO")
-        ax.set_ylim(0, 1.15 * max(float(tr.step_ms.max()), _paper("fig18.8b.fifo_ms")))   # from zero: no magnifying
+                    label="priority" if design == DUALDECODER else "FIFO")
+        ax.set_ylim(0, 1.15 * max(float(tr.step_ms.max()), paper_value("fig18.8b.fifo_ms")))   # from zero: no magnifying
         integer_axis(ax.xaxis)
         ax.set_xlabel("decode step (steps from start)")
         ax.set_ylabel("per-step latency (ms)")
         ax.set_title(f"({'abc'[j]}) {size}, batch {F18_MODELS[size][1]}", fontsize=8)
-    for design, pid in (("dualdecoder", "fig18.8b.priority_ms"), ("dualdecoder-fifo", "fig18.8b.fifo_ms")):
-        axes[0].axhline(_paper(pid), color=colors[design], lw=1.0, ls=":")   # the paper states no step: a level
-        axes[0].text(F18_STEPS - 1, _paper(pid) + 1, f"paper {_paper(pid):g}", color=colors[design], fontsize=6,
+    for design, pid in ((DUALDECODER, "fig18.8b.priority_ms"), (DUALDECODER_FIFO, "fig18.8b.fifo_ms")):
+        axes[0].axhline(paper_value(pid), color=colors[design], lw=1.0, ls=":")   # the paper states no step: a level
+        axes[0].text(F18_STEPS - 1, paper_value(pid) + 1, f"paper {paper_value(pid):g}", color=colors[design], fontsize=6,
                      ha="right", va="bottom")
     sw = df[df.kind == "sweep"]
     ax = axes[-1]
     for size, marker in zip(F18_MODELS, "os"):
-        p = sw[(sw.model_size == size) & (sw.system == "dualdecoder")].set_index("batch").step_ms
-        f = sw[(sw.model_size == size) & (sw.system == "dualdecoder-fifo")].set_index("batch").step_ms
+        p = sw[(sw.model_size == size) & (sw.system == DUALDECODER)].set_index("batch").step_ms
+        f = sw[(sw.model_size == size) & (sw.system == DUALDECODER_FIFO)].set_index("batch").step_ms
         ax.plot(p.index, f / p, marker=marker, ms=3, color="black", ls="-" if size == "8B" else "--", label=size)
-    paper_ratio = _paper("fig18.8b.fifo_over_priority")
-    ax.axhline(paper_ratio, color=colors["dualdecoder-fifo"], lw=1.0, ls=":")   # the paper states no batch: a level
-    ax.text(F18_SWEEP[-1], paper_ratio + 0.005, f"paper 8B {paper_ratio:.2f}", color=colors["dualdecoder-fifo"],
+    paper_ratio = paper_value("fig18.8b.fifo_over_priority")
+    ax.axhline(paper_ratio, color=colors[DUALDECODER_FIFO], lw=1.0, ls=":")   # the paper states no batch: a level
+    ax.text(F18_SWEEP[-1], paper_ratio + 0.005, f"paper 8B {paper_ratio:.2f}", color=colors[DUALDECODER_FIFO],
             fontsize=6, ha="right", va="bottom")
     ax.set_ylim(0.9, 1.35)   # from 0.9 (a note below says so): the paper's 1.24 and ours on one scale
     ax.text(0.02, 0.02, "y axis starts at 0.9", transform=ax.transAxes, fontsize=6)
@@ -179,7 +180,7 @@ def _draw_fig18(res: FigureResult, fig) -> None:
     ax.set_ylabel("FIFO / priority step (ratio)")
     ax.set_title("(c) steady step, by batch", fontsize=8)
     ax.legend(fontsize=6, loc="upper left")
-    handles = [style_handle("-", "priority", colors["dualdecoder"]), style_handle("--", "FIFO", colors["dualdecoder-fifo"]),
+    handles = [style_handle("-", "priority", colors[DUALDECODER]), style_handle("--", "FIFO", colors[DUALDECODER_FIFO]),
                style_handle(":", "paper's value (8B; it states no step or batch, so a level)", "black")]
     fig.legend(handles, [h.get_label() for h in handles], fontsize=6, ncol=3, loc="outside lower center")
     fig.suptitle(f"Fig. 18: {1 - F18_HIT:.0%} miss rate, priority against FIFO misses", fontsize=9)
@@ -212,28 +213,28 @@ def fig18() -> FigureResult:
     from ddbench.sim.run import run
     rows, res = [], {}
     for size, (model, b) in F18_MODELS.items():
-        for design in ("dualdecoder", "dualdecoder-fifo"):
-            tl = run(_plan(design, model, F18_CTX, b, hit=F18_HIT), "timeline", steps=F18_STEPS, warmup=2)
+        for design in (DUALDECODER, DUALDECODER_FIFO):
+            tl = run(step_plan(design, model, F18_CTX, b, hit=F18_HIT), "timeline", steps=F18_STEPS, warmup=2)
             res[(size, design)] = tl
             for i, (st, sl) in enumerate(zip(tl.step_s, tl.stall_s)):
                 rows.append({"kind": "trace", "model_size": size, "model": model, "batch": b, "system": design,
                              "step": i, "step_ms": st * 1e3, "stall_ms": sl * 1e3})
             for bb in F18_SWEEP:
-                t = run(_plan(design, model, F18_CTX, bb, hit=F18_HIT), "timeline", steps=6, warmup=2)
+                t = run(step_plan(design, model, F18_CTX, bb, hit=F18_HIT), "timeline", steps=6, warmup=2)
                 rows.append({"kind": "sweep", "model_size": size, "model": model, "batch": bb, "system": design,
                              "step": -1, "step_ms": t.steady_step_s * 1e3,
                              "stall_ms": sum(t.stall_s[t.warmup:]) / len(t.stall_s[t.warmup:]) * 1e3})
     df = pd.DataFrame(rows)
-    pr, ff = res[("8B", "dualdecoder")], res[("8B", "dualdecoder-fifo")]
+    pr, ff = res[("8B", DUALDECODER)], res[("8B", DUALDECODER_FIFO)]
     b = F18_MODELS["8B"][1]
-    pp = _plan("dualdecoder", "llama-3-8b", F18_CTX, b, hit=F18_HIT)
+    pp = step_plan(DUALDECODER, "llama-3-8b", F18_CTX, b, hit=F18_HIT)
     link_ms = (sum(pp.pf_work) + sum(pp.ur_work)) * 1e3
     comp_ms = pp.compute_s * 1e3
     steady = lambda tl: sum(tl.stall_s[tl.warmup:]) / len(tl.stall_s[tl.warmup:]) * 1e3  # noqa: E731
     sw = df[(df.kind == "sweep") & (df.model_size == "8B")]
-    gap = (sw[sw.system == "dualdecoder-fifo"].set_index("batch").step_ms
-           / sw[sw.system == "dualdecoder"].set_index("batch").step_ms)
-    pr14, ff14 = res[("14B", "dualdecoder")], res[("14B", "dualdecoder-fifo")]
+    gap = (sw[sw.system == DUALDECODER_FIFO].set_index("batch").step_ms
+           / sw[sw.system == DUALDECODER].set_index("batch").step_ms)
+    pr14, ff14 = res[("14B", DUALDECODER)], res[("14B", DUALDECODER_FIFO)]
     bubble_ms = sum(pp.att) * 1e3
     cmp = [
         Comparison("fig18.8b.fifo_over_priority", round(ff.steady_step_s / pr.steady_step_s, 3),
@@ -247,7 +248,7 @@ def fig18() -> FigureResult:
         Comparison("fig18.8b.fifo_ms", round(max(ff.step_s[ff.warmup:]) * 1e3, 1),
                    f"largest steady step ('up to'), stall {steady(ff):.1f} ms per step; FIFO / priority "
                    f"{ff.steady_step_s / pr.steady_step_s:.2f} (paper "
-                   f"{_paper('fig18.8b.fifo_over_priority'):.2f}): FIFO's only cost on a"
+                   f"{paper_value('fig18.8b.fifo_over_priority'):.2f}): FIFO's only cost on a"
                    f" saturated link is the bubble while each layer's attention runs (the misses wait behind the"
                    f" next layer's whole prefetch, and the prefetch after it waits for that attention to free its"
                    f" buffer): {bubble_ms:.2f} ms of attention per step here; the FIFO step is"
@@ -255,7 +256,7 @@ def fig18() -> FigureResult:
                    f"{', '.join(f'{v:.2f}' for v in gap)} (largest at batch {int(gap.idxmax())}); 14B batch "
                    f"{F18_MODELS['14B'][1]}: {pr14.steady_step_s * 1e3:.1f} against {ff14.steady_step_s * 1e3:.1f} ms"),
     ]
-    setup = _setup("llama-3-8b", fmt_tokens(F18_CTX),
+    setup = setup_line("llama-3-8b", fmt_tokens(F18_CTX),
                    f"hit rate {F18_HIT} on every layer (a 33% miss rate, overriding the profile), batch 12 (8B) and"
                    f" 6 (14B), per-layer timeline of {F18_STEPS} steps; (c) batches {', '.join(map(str, F18_SWEEP))}",
                    label="llama-3-8b and qwen2.5-14b")
@@ -264,7 +265,7 @@ def fig18() -> FigureResult:
 
 # ---------------------------------------------------------------- Figure 20
 F20_MODEL, F20_CTX, F20_OUT, F20_N = "llama-3-8b", 128 * K, 256, 60
-F20_SYSTEMS = ("full-kv", "specache", "shadowkv", "dualdecoder")
+F20_SYSTEMS = (FULL_KV, SPECACHE, SHADOWKV, DUALDECODER)
 F20_LOAD = 0.5   # arrival rate = this fraction of one GPU's prefill capacity (1 / prefill time)
 
 
@@ -288,28 +289,28 @@ def _draw_fig20(res: FigureResult, fig) -> None:
 
 @register("fig20", "TTFT and TPOT across designs (paper Figure 20, Appendix A)", _draw_fig20)
 def fig20() -> FigureResult:
-    rate = F20_LOAD / _prefill_s("dualdecoder", F20_MODEL, F20_CTX)
+    rate = F20_LOAD / _prefill_s(DUALDECODER, F20_MODEL, F20_CTX)
     rows = []
     for design in F20_SYSTEMS:
         s = _serve(design, F20_MODEL, F20_CTX, F20_OUT, rate, F20_N)
-        rows.append({"system": design, "rate": rate, "max_batch": _maxb(design, F20_MODEL, F20_CTX),
+        rows.append({"system": design, "rate": rate, "max_batch": design_max_batch(design, F20_MODEL, F20_CTX),
                      "prefill_s": _prefill_s(design, F20_MODEL, F20_CTX), **{k: s[k] for k in (
                          "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "mean_batch", "completion_p99_s",
                          "rejected")}})
     df = pd.DataFrame(rows)
     t = df.set_index("system")
-    base = [s for s in F20_SYSTEMS if s != "dualdecoder"]
-    red = {s: t.ttft_p50_s[s] / t.ttft_p50_s["dualdecoder"] for s in base}
-    tp = {s: t.tpot_p50_s[s] / t.tpot_p50_s["dualdecoder"] for s in base}
+    base = [s for s in F20_SYSTEMS if s != DUALDECODER]
+    red = {s: t.ttft_p50_s[s] / t.ttft_p50_s[DUALDECODER] for s in base}
+    tp = {s: t.tpot_p50_s[s] / t.tpot_p50_s[DUALDECODER] for s in base}
     best = min(red, key=red.get)
     cmp = [
         Comparison("fig20.ttft_reduction", round(red[best], 2),
                    "smallest TTFT P50 reduction over the baselines (" + ", ".join(
                        f"{LABEL[s]} {red[s]:.2f}x" for s in base) + "); TTFT = queueing for memory + chunked prefill"
-                   f" (about {t.prefill_s['dualdecoder']:.1f} s alone); TPOT P50 of each baseline over DualDecoder's: "
+                   f" (about {t.prefill_s[DUALDECODER]:.1f} s alone); TPOT P50 of each baseline over DualDecoder's: "
                    + ", ".join(f"{LABEL[s]} {tp[s]:.2f}" for s in base)),
     ]
-    setup = _setup(F20_MODEL, fmt_tokens(F20_CTX),
+    setup = setup_line(F20_MODEL, fmt_tokens(F20_CTX),
                    f"Poisson arrivals at {rate:.3f} req/s ({F20_LOAD:.0%} of one GPU's prefill capacity; the paper"
                    f" states no rate), {F20_N} requests, output {F20_OUT} tokens, seed {SEED}", contexts=(F20_CTX,))
     return FigureResult(df, setup, cmp)

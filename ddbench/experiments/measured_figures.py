@@ -10,6 +10,7 @@ import pandas as pd
 
 from ddbench.core.calibration import bundle_dir, load_bundle
 from ddbench.core.catalog import get_model
+from ddbench.core.designs import DUALDECODER, DUALDECODER_FIFO
 from ddbench.core.memory import Workload
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.core.traces import engine_bench, kernel_bench, provenance
@@ -169,7 +170,7 @@ def fig18e() -> FigureResult:
           & (e.miss_rate.astype(str) == str(F18E_MISS))]
     if "graph" in cols:
         e = e[(e.graph == 1) & (e.phase == "mechanism")]
-    names = {("dualdecoder", 1): "priority", ("dualdecoder-fifo", 1): "fifo", ("dualdecoder", 0): "compute only"}
+    names = {(DUALDECODER, 1): "priority", (DUALDECODER_FIFO, 1): "fifo", (DUALDECODER, 0): "compute only"}
     rows = [{"batch": int(r.batch), "variant": names[(r.design, int(r.transfers))], "rep": int(getattr(r, "rep", 0)),
              "step_ms": r.step_ms, "link_gbps": r.link_gbps, "steps": int(r.steps)}
             for r in e.itertuples() if (r.design, int(r.transfers)) in names]

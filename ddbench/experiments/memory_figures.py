@@ -17,23 +17,23 @@ from dataclasses import replace
 import pandas as pd
 
 from ddbench.core.catalog import get_gpu, get_model, host_memory
+from ddbench.core.designs import DUALDECODER, FULL_KV, IDEAL, SHADOWKV, SPECACHE, get_design
 from ddbench.experiments import Comparison, FigureResult, register
 from ddbench.core.memory import CATEGORIES, Workload, host_kv_bytes, max_batch, max_batch_host, memory_breakdown
 from ddbench.experiments import engine_points as E
 from ddbench.plotting import (CATEGORY_COLORS, SYSTEM_COLORS, engine_handle, engine_mark, integer_axis, paper_handle,
                               paper_mark, style_handle)
-from ddbench.core.designs import get_design
 from ddbench.core.distribution import Distribution
 from ddbench.core.units import GB, fmt_tokens
 
 GPU = "h100-80gb"
 CONTEXT = 128 * 1024
 MODELS = {"8B": "llama-3-8b", "14B": "qwen2.5-14b", "32B": "qwen2.5-32b"}
-SPARSE = ("shadowkv", "specache", "dualdecoder")
+SPARSE = (SHADOWKV, SPECACHE, DUALDECODER)
 W = Workload(context=CONTEXT)  # the defaults every figure uses
 
 
-def _setup(extra: str = "") -> str:
+def setup_line(extra: str = "") -> str:
     w = Workload(context=CONTEXT)
     return (f"{GPU}, context {fmt_tokens(CONTEXT)}, budget {w.budget}, chunk {w.chunk}, rank {w.rank}"
             + (f", {extra}" if extra else ""))
@@ -65,7 +65,7 @@ def _host_max(system: str, size: str, context: int = CONTEXT) -> int | None:
 
 
 # ---------------------------------------------------------------- Figure 2
-def _paper(pid: str) -> float:
+def paper_value(pid: str) -> float:
     from ddbench.core.paper_numbers import reported
     return reported()[pid].value
 
@@ -118,12 +118,12 @@ def _draw_fig2(res: FigureResult, fig) -> None:
 
 @register("fig02", "Maximum request batch per design and model (paper Figure 2)", _draw_fig2)
 def fig02() -> FigureResult:
-    paper = {("full-kv", "8B"): _paper("fig2.full-kv.8b.max_batch"), ("shadowkv", "8B"): _paper("fig2.shadowkv.8b.max_batch"),
-             ("ideal", "8B"): _paper("fig2.ideal.8b.max_batch"), ("shadowkv", "32B"): _paper("fig2.shadowkv.32b.max_batch"),
-             ("ideal", "32B"): _paper("fig2.ideal.32b.max_batch")}
+    paper = {(FULL_KV, "8B"): paper_value("fig2.full-kv.8b.max_batch"), (SHADOWKV, "8B"): paper_value("fig2.shadowkv.8b.max_batch"),
+             (IDEAL, "8B"): paper_value("fig2.ideal.8b.max_batch"), (SHADOWKV, "32B"): paper_value("fig2.shadowkv.32b.max_batch"),
+             (IDEAL, "32B"): paper_value("fig2.ideal.32b.max_batch")}
     rows = []
     for size in MODELS:
-        for design in ("full-kv", "shadowkv", "specache", "dualdecoder", "ideal"):
+        for design in (FULL_KV, SHADOWKV, SPECACHE, DUALDECODER, IDEAL):
             rows.append({"model_size": size, "model": MODELS[size], "system": design,
                          "max_batch": _max(design, size), "paper_max_batch": paper.get((design, size)),
                          "host_kv_gb_per_request": host_kv_bytes(get_design(design), get_model(MODELS[size]),
@@ -133,35 +133,35 @@ def fig02() -> FigureResult:
     df = pd.DataFrame(rows)
     get = lambda s, z: int(df[(df.system == s) & (df.model_size == z)].max_batch.iloc[0])  # noqa: E731
 
-    full = _bd("full-kv", "8B", 4)
+    full = _bd(FULL_KV, "8B", 4)
     kv4 = full.resident_kv
     rest = full.capacity - full.weights - kv4
     cmp = [
-        Comparison("fig2.full-kv.8b.max_batch", get("full-kv", "8B"),
+        Comparison("fig2.full-kv.8b.max_batch", get(FULL_KV, "8B"),
                    f"4 requests need {kv4 / GB:.2f} GB of KV + {full.weights / GB:.2f} GB of weights, leaving "
                    f"{rest / GB:.2f} GB of {full.capacity / GB:.2f} GB for activations ({full.activations / GB:.2f} GB: "
                    f"{fmt_tokens(W.prefill_chunk)}-token chunked prefill + logits) and the CUDA context ({full.runtime_overhead / GB:.2f} GB); "
                    f"4 fit only if both take under {rest / GB:.2f} GB; with exactly 80 GiB: "
-                   f"{_max_at_80gib('full-kv', '8B')}"),
-        Comparison("fig2.shadowkv.8b.max_batch", get("shadowkv", "8B"),
-                   f"ShadowKV's per-request state at 128K: {_per_req('shadowkv', '8B') / GB:.2f} GB "
+                   f"{_max_at_80gib(FULL_KV, '8B')}"),
+        Comparison("fig2.shadowkv.8b.max_batch", get(SHADOWKV, "8B"),
+                   f"ShadowKV's per-request state at 128K: {_per_req(SHADOWKV, '8B') / GB:.2f} GB "
                    f"(U, landmarks, outliers, per-layer K/V buffers of {_shadowkv_buffer_tokens()} tokens); "
                    "with exactly 80 GiB: "
-                   f"{_max_at_80gib('shadowkv', '8B')}"),
-        Comparison("fig2.ideal.8b.max_batch", get("ideal", "8B"),
+                   f"{_max_at_80gib(SHADOWKV, '8B')}"),
+        Comparison("fig2.ideal.8b.max_batch", get(IDEAL, "8B"),
                    "our 'ideal' keeps weights, activations and a 2048-token sparse KV buffer for all layers "
-                   f"({_per_req('ideal', '8B') / GB:.3f} GB/request); the paper's 120 implies "
+                   f"({_per_req(IDEAL, '8B') / GB:.3f} GB/request); the paper's 120 implies "
                    f"{(full.capacity - full.weights) / 120 / GB:.2f} GB/request, an accounting it does not state"),
-        Comparison("fig2.shadowkv.32b.max_batch", get("shadowkv", "32B"),
+        Comparison("fig2.shadowkv.32b.max_batch", get(SHADOWKV, "32B"),
                    f"Qwen2.5-32B weights take {get_model(MODELS['32B']).weight_bytes / GB:.1f} GB; "
-                   f"ShadowKV's state is {_per_req('shadowkv', '32B') / GB:.2f} GB per request; with exactly 80 GiB: "
-                   f"{_max_at_80gib('shadowkv', '32B')}"),
-        Comparison("fig2.ideal.32b.max_batch", get("ideal", "32B"),
-                   f"our 'ideal' at 32B ({_per_req('ideal', '32B') / GB:.3f} GB/request beside "
+                   f"ShadowKV's state is {_per_req(SHADOWKV, '32B') / GB:.2f} GB per request; with exactly 80 GiB: "
+                   f"{_max_at_80gib(SHADOWKV, '32B')}"),
+        Comparison("fig2.ideal.32b.max_batch", get(IDEAL, "32B"),
+                   f"our 'ideal' at 32B ({_per_req(IDEAL, '32B') / GB:.3f} GB/request beside "
                    f"{get_model(MODELS['32B']).weight_bytes / GB:.1f} GB of weights); the paper's implied 60 leaves "
                    f"{(full.capacity - get_model(MODELS['32B']).weight_bytes) / 60 / GB:.2f} GB/request"),
-        Comparison("fig2.shadowkv.32b.share_of_ideal", round(get("shadowkv", "32B") / get("ideal", "32B"), 3),
-                   f"{get('shadowkv', '32B')} / {get('ideal', '32B')} under our 'ideal'"),
+        Comparison("fig2.shadowkv.32b.share_of_ideal", round(get(SHADOWKV, "32B") / get(IDEAL, "32B"), 3),
+                   f"{get(SHADOWKV, '32B')} / {get(IDEAL, '32B')} under our 'ideal'"),
     ]
     for i, c in enumerate(cmp):            # the engine's measured largest batch beside the replay's
         parts = c.paper_id.split(".")
@@ -169,7 +169,7 @@ def fig02() -> FigureResult:
             e = _engine_max(parts[1], parts[2].upper())
             if e is not None:
                 cmp[i] = Comparison(c.paper_id, c.ours, c.note + f"; measured on the engine (H200 capped at 80 GB): {e}")
-    return FigureResult(df, _setup("designs at their largest batch that fits in GPU memory; black dash: the batch"
+    return FigureResult(df, setup_line("designs at their largest batch that fits in GPU memory; black dash: the batch"
                                    f" whose host KV fits in {TESTBED}'s host memory per GPU"
                                    f" ({host_memory(TESTBED, None).gb_per_gpu:.0f} GB); diamonds: the engine's largest"
                                    f" batch measured on an H200 capped at 80 GB (traces/engine/{E.CAPPED})"), cmp)
@@ -221,7 +221,7 @@ def _breakdown_rows(pairs) -> pd.DataFrame:
 
 
 F4_MODEL, F4_N, F4_RATE, F4_OUT = "llama-3-8b", 64, 1.0, 1024
-F4_SYSTEMS = ("shadowkv", "specache", "dualdecoder")
+F4_SYSTEMS = (SHADOWKV, SPECACHE, DUALDECODER)
 F4_SHOWN = ("weights", "sparse_kv_buffers", "landmarks", "aux_residency", "other")
 
 
@@ -249,8 +249,8 @@ def _draw_fig4(res: FigureResult, fig) -> None:
     for design in F4_SYSTEMS:
         sub = df[df.system == design]
         ax.step(sub.time_s, 100 * sub.landmarks_plus_aux_share, where="post", color=SYSTEM_COLORS[design],
-                label=design + (" (landmarks only)" if design == "dualdecoder" else ""))
-    top = 100 * _paper("fig4.landmarks_plus_aux.max_share")
+                label=design + (" (landmarks only)" if design == DUALDECODER else ""))
+    top = 100 * paper_value("fig4.landmarks_plus_aux.max_share")
     ax.axhline(top, color="black", lw=0.8, ls=":")
     ax.text(float(df.time_s.max()), top + 1.5, f"paper: up to {top:.0f}%", ha="right", fontsize=7)
     ax.set_ylim(0, 100)
@@ -300,11 +300,11 @@ def fig04() -> FigureResult:
         r, runs[design] = _timeline(design)
         rows += r
     df = pd.DataFrame(rows)
-    base = df[df.system.isin(["shadowkv", "specache"])]
+    base = df[df.system.isin([SHADOWKV, SPECACHE])]
     top = base.loc[base.landmarks_plus_aux_share.idxmax()]
-    sk = df[df.system == "shadowkv"]
+    sk = df[df.system == SHADOWKV]
     sk_top = sk.loc[sk.landmarks_plus_aux_share.idxmax()]
-    dd = df[df.system == "dualdecoder"]
+    dd = df[df.system == DUALDECODER]
     cmp = [
         Comparison("fig4.landmarks_plus_aux.max_share", round(float(top.landmarks_plus_aux_share), 3),
                    f"peak over the serving run of ShadowKV and SpeCache: {top.system} at t = {top.time_s:.0f} s with "
@@ -317,7 +317,7 @@ def fig04() -> FigureResult:
     setup = (f"{F4_MODEL} on {GPU} + pcie5, serving simulator (sim/serving.py): {F4_N} requests of "
              f"{fmt_tokens(CONTEXT)} tokens, Poisson at {F4_RATE} req/s (seed 0), output {F4_OUT} tokens, prefill on "
              f"other GPUs, FIFO admission while memory allows; memory by category each time it changes; "
-             + _setup().split(", ", 2)[2] + "; " + _caption(SPARSE))
+             + setup_line().split(", ", 2)[2] + "; " + _caption(SPARSE))
     return FigureResult(df, setup, cmp)
 
 
@@ -329,7 +329,7 @@ def _draw_fig5(res: FigureResult, fig) -> None:
                 color=SYSTEM_COLORS.get(design))
         ax.plot(sub["model_size"], 100 * sub["landmarks_plus_aux_share"], marker="s", ls="--",
                 label=f"{design}: + landmarks", color=SYSTEM_COLORS.get(design), alpha=0.6)
-    floor = 100 * _paper("fig5.aux.min_share")
+    floor = 100 * paper_value("fig5.aux.min_share")
     ax.axhline(floor, color="black", lw=0.8, ls=":")
     ax.text(0, floor + 1, f"paper: aux residency >= {floor:.0f}% in every setting", fontsize=7)
     ax.set_ylim(0, 100)
@@ -341,14 +341,14 @@ def _draw_fig5(res: FigureResult, fig) -> None:
 
 @register("fig05", "Share of GPU memory held by KV-cache-auxiliary residency (paper Figure 5)", _draw_fig5)
 def fig05() -> FigureResult:
-    df = _breakdown_rows([(s, z) for s in ("shadowkv", "specache") for z in MODELS])
+    df = _breakdown_rows([(s, z) for s in (SHADOWKV, SPECACHE) for z in MODELS])
     low = df.loc[df.aux_share.idxmin()]
     weights = get_model(MODELS[low.model_size]).weight_bytes / get_gpu(GPU).hbm_bytes
     cmp = [Comparison("fig5.aux.min_share", round(float(low.aux_share), 3),
                       f"lowest over ShadowKV and SpeCache at 8B/14B/32B: {low.system} {low.model_size} "
                       f"b={low.batch}, where the weights alone take {weights:.0%} of the GPU; at 8B the "
                       f"lowest is {df[df.model_size == '8B'].aux_share.min():.0%}")]
-    return FigureResult(df, _setup("each design at its max batch"), cmp)
+    return FigureResult(df, setup_line("each design at its max batch"), cmp)
 
 
 # ---------------------------------------------------------------- Figure 14
@@ -384,7 +384,7 @@ def _draw_fig14(res: FigureResult, fig) -> None:
 @register("fig14", "Memory footprint at batch 12/6/4 for 8B/14B/32B (paper Figure 14)", _draw_fig14)
 def fig14() -> FigureResult:
     batches = {"8B": 12, "14B": 6, "32B": 4}
-    paper = {(s, "8B"): _paper(f"fig14.{s}.8b.b12.total_gb") for s in SPARSE}
+    paper = {(s, "8B"): paper_value(f"fig14.{s}.8b.b12.total_gb") for s in SPARSE}
     rows = []
     for size, b in batches.items():
         for design in SPARSE:
@@ -397,14 +397,14 @@ def fig14() -> FigureResult:
             rows.append(row)
     df = pd.DataFrame(rows)
     tot = df.set_index(["system", "model_size"]).total_gb
-    saving = {(base, z): 1 - tot["dualdecoder", z] / tot[base, z] for base in ("shadowkv", "specache") for z in batches}
+    saving = {(base, z): 1 - tot[DUALDECODER, z] / tot[base, z] for base in (SHADOWKV, SPECACHE) for z in batches}
     cmp = [Comparison(f"fig14.{s}.8b.b12.total_gb", round(float(tot[s, "8B"]), 1), _fig14_note(s, df, paper))
            for s in SPARSE]
-    for base in ("shadowkv", "specache"):
+    for base in (SHADOWKV, SPECACHE):
         best = max(batches, key=lambda z: saving[base, z])
         cmp.append(Comparison(f"fig14.max_saving_vs_{base}", round(float(saving[base, best]), 3),
-                              f"largest at {best}: {tot['dualdecoder', best]:.1f} vs {tot[base, best]:.1f} GB"))
-    for design, size in (("specache", "8B"), ("shadowkv", "32B"), ("specache", "32B")):
+                              f"largest at {best}: {tot[DUALDECODER, best]:.1f} vs {tot[base, best]:.1f} GB"))
+    for design, size in ((SPECACHE, "8B"), (SHADOWKV, "32B"), (SPECACHE, "32B")):
         mb = _max(design, size)
         bd = _bd(design, size, batches[size])
         cmp.append(Comparison(f"fig14.{design}.{size.lower()}.max_batch", mb,
@@ -415,17 +415,17 @@ def fig14() -> FigureResult:
                        f" (max {_max(s, '14B')})" for s in SPARSE)
     cmp.append(Comparison("fig14.14b.batch", batches["14B"],
                           f"the batch we replay at 14B, from the paper's caption: {fits14}"))
-    low = min(saving["shadowkv", "32B"], saving["specache", "32B"])
+    low = min(saving[SHADOWKV, "32B"], saving[SPECACHE, "32B"])
     cmp.append(Comparison("fig14.32b.b4.min_saving", round(float(low), 3),
-                          f"32B b=4: DualDecoder {tot['dualdecoder', '32B']:.1f} GB vs ShadowKV "
-                          f"{tot['shadowkv', '32B']:.1f} and SpeCache {tot['specache', '32B']:.1f} GB "
+                          f"32B b=4: DualDecoder {tot[DUALDECODER, '32B']:.1f} GB vs ShadowKV "
+                          f"{tot[SHADOWKV, '32B']:.1f} and SpeCache {tot[SPECACHE, '32B']:.1f} GB "
                           f"(capacity {get_gpu(GPU).hbm_bytes / GB:.1f} GB)"))
     for i, c in enumerate(cmp):            # the engine's measured peak beside the replay's
         if c.paper_id.endswith(".8b.b12.total_gb"):
             r = df[(df.system == c.paper_id.split(".")[1]) & (df.model_size == "8B")].iloc[0]
             cmp[i] = Comparison(c.paper_id, c.ours, c.note + f"; measured on the engine (H200, batch 12, peak):"
                                                            f" {r.engine_total_gb:.1f} GB")
-    return FigureResult(df, _setup("batch 12/6/4 for 8B/14B/32B; diamonds: the engine's GPU memory at its peak at"
+    return FigureResult(df, setup_line("batch 12/6/4 for 8B/14B/32B; diamonds: the engine's GPU memory at its peak at"
                                    f" the same batches on an H200 (traces/engine/{E.FIG14})"), cmp)
 
 
@@ -465,7 +465,7 @@ def _draw_fig15(res: FigureResult, fig) -> None:
 @register("fig15", "Memory footprint against context length, 64K to 512K (paper Figure 15)", _draw_fig15)
 def fig15() -> FigureResult:
     rows = []
-    for design in ("full-kv",) + SPARSE:
+    for design in (FULL_KV,) + SPARSE:
         for ctx in FIG15_CONTEXTS:
             bd = _bd(design, "8B", FIG15_BATCH, ctx)
             rows.append({"system": design, "context": ctx, "batch": FIG15_BATCH, "total_gb": bd.total / GB,
@@ -474,21 +474,21 @@ def fig15() -> FigureResult:
     tot = df.set_index(["system", "context"]).total_gb
     lo, hi = FIG15_CONTEXTS[0], FIG15_CONTEXTS[-1]
     grow = lambda s: float(tot[s, hi] - tot[s, lo])  # noqa: E731
-    sk = df[(df.system == "shadowkv") & (df.context == hi)].iloc[0]
-    full_fits = bool(df[(df.system == "full-kv") & (df.context == hi)].fits.iloc[0])
+    sk = df[(df.system == SHADOWKV) & (df.context == hi)].iloc[0]
+    full_fits = bool(df[(df.system == FULL_KV) & (df.context == hi)].fits.iloc[0])
     cmp = [
-        Comparison("fig15.dualdecoder.64k_to_512k.growth_gb", round(grow("dualdecoder"), 2),
+        Comparison("fig15.dualdecoder.64k_to_512k.growth_gb", round(grow(DUALDECODER), 2),
                    f"{fmt_tokens(hi - lo)} more tokens of landmarks at "
-                   f"{_bytes_per_token('dualdecoder', '8B', 'landmarks'):,.0f} B/token (chunk-mean keys)"),
-        Comparison("fig15.shadowkv.64k_to_512k.growth_gb", round(grow("shadowkv"), 2),
-                   f"U + landmarks grow {_bytes_per_token('shadowkv', '8B', 'landmarks', 'aux_residency'):,.0f} "
+                   f"{_bytes_per_token(DUALDECODER, '8B', 'landmarks'):,.0f} B/token (chunk-mean keys)"),
+        Comparison("fig15.shadowkv.64k_to_512k.growth_gb", round(grow(SHADOWKV), 2),
+                   f"U + landmarks grow {_bytes_per_token(SHADOWKV, '8B', 'landmarks', 'aux_residency'):,.0f} "
                    f"B/token, plus the prefill SVD workspace; at {fmt_tokens(hi)} ShadowKV holds "
                    f"{sk.total_gb:.1f} GB; full-kv at 512K {'fits' if full_fits else 'is OOM'}"),
     ]
     cmp += [Comparison("setup.context.min_tokens", lo, "the shortest context replayed here (Figures 3, 12, 15)"),
             Comparison("setup.context.max_tokens", hi,
                        f"the longest context replayed here (Figures 12, 15); at {fmt_tokens(hi)} the GPU holds "
-                       f"{tot['dualdecoder', hi]:.1f} GB (DualDecoder) and {tot['shadowkv', hi]:.1f} GB (ShadowKV) "
+                       f"{tot[DUALDECODER, hi]:.1f} GB (DualDecoder) and {tot[SHADOWKV, hi]:.1f} GB (ShadowKV) "
                        "with one 8B request, weights included")]
     w = Workload(context=lo)
     return FigureResult(df, f"llama-3-8b on {GPU}, batch {FIG15_BATCH} (the paper's +3.7 GB matches one request), "

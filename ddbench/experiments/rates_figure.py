@@ -4,8 +4,8 @@ the cache's prefetched and urgent chunks per step (its churn and urgent share; d
 churn + urgent), ShadowKV's miss rate
 (1 - reuse) and DualDecoder's (1 - hit), each scaled by the same factors (Scenario.rate_scale, the
 what-if of `plan`'s break-even). Simulated by the cost model every command uses; the engine's measured
-points (traces/engine/h200-cache, median and min-max of 3 builds) are marked at their own rates. No
-paper figure.
+points, all from one run of the current engine (traces/engine/h200-rate-grid, median and min-max of 3 builds in
+separate processes), are marked at their own forced rates. No paper figure.
 """
 
 from __future__ import annotations
@@ -13,28 +13,28 @@ from __future__ import annotations
 import pandas as pd
 
 from ddbench.core import defaults as D
+from ddbench.core.designs import DUALDECODER, SHADOWKV
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import FigureResult, register
-from ddbench.experiments.cache_figure import CACHE, CACHE_COLOR, GPU, MODEL, engine_largest
+from ddbench.experiments.cache_figure import CACHE, CACHE_COLOR, GPU, MODEL
 from ddbench.experiments.scene import scene
 from ddbench.plotting import SYSTEM_COLORS, style_handle
 
 CTX = 128 * 1024
-RATES_RUN = "h200-rates"             # the engine across the rates (issue 29)
 CAPACITY = 4                         # the cache at 4x the budget: the engine's best at 128K
 FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
-DESIGNS = (CACHE, "shadowkv", "dualdecoder")
+DESIGNS = (CACHE, SHADOWKV, DUALDECODER)
 
 
 def _point(design: str, factor: float, end: str = "centre") -> dict:
     """One simulated point: the design's matched rates (at `end` of their 95 % interval) times `factor`."""
-    from ddbench.experiments.sim_figures import _maxb, _step_s
+    from ddbench.experiments.sim_figures import design_max_batch, steady_step_time
     knobs = {"cache_tokens": CAPACITY * D.BUDGET} if design == CACHE else {}
     if end != "centre":
         knobs["rate_end"] = end
     r = scene(MODEL, design, gpu=GPU, rate_scale=factor, **knobs)
-    b = _maxb(design, MODEL, CTX, gpu=GPU, **knobs)
-    tok_s = b / _step_s(design, MODEL, CTX, b, gpu=GPU, rate_scale=factor, **knobs)
+    b = design_max_batch(design, MODEL, CTX, gpu=GPU, **knobs)
+    tok_s = b / steady_step_time(design, MODEL, CTX, b, gpu=GPU, rate_scale=factor, **knobs)
     if design == CACHE:
         c = r.cache_rates_at(CTX)
         urgent = sum(c.urgent) / len(c.urgent)
@@ -49,25 +49,17 @@ def _point(design: str, factor: float, end: str = "centre") -> dict:
 
 
 def _measured() -> list[dict]:
-    """The engine's points at 128K, each a median (min-max) over its builds at its own forced rates: the
-    cache at 4x and DualDecoder (traces/engine/h200-cache), the in-place ShadowKV at 12 % misses
-    (h200-shadowkv-fast) and at 6 / 20 / 30 % (h200-rates), and the cache over its 3x3 grid of urgent
-    share and churn (h200-rates)."""
-    from ddbench.experiments.cache_figure import RUN, SHADOWKV_RUN, _engine_rows
-    e = pd.concat([_engine_rows(RUN).assign(run=RUN), _engine_rows(SHADOWKV_RUN).assign(run=SHADOWKV_RUN),
-                   _engine_rows(RATES_RUN).assign(run=RATES_RUN)], ignore_index=True)
-    e = e[(e.context == CTX) & e.status.isin(["ok", "ok-no-twin"]) & (e.kv_bits.fillna(16).astype(int) == 16)
-          & (e.batch > 1)]
-    largest = e.paper_role.isin(["largest", "repeat"])
-    pick = ((e.run == RUN) & (e.design == "dualdecoder") & largest) | \
-           ((e.run == RUN) & (e.design == CACHE) & (e.cache_tokens == CAPACITY * D.BUDGET) & largest) | \
-           ((e.run == SHADOWKV_RUN) & (e.design == "shadowkv")) | (e.run == RATES_RUN)
-    e = e[pick].copy()
-    e["miss"] = e.miss_rate.astype(float)
-    e["churn"] = e.churn_rate.astype(float).fillna(0.0)
+    """The engine's points at 128K from one run of the current engine (traces/engine/h200-rate-grid, builds in
+    separate processes), each a median (min-max) over its builds at its own forced rates: the cache at 4x over
+    its grid of urgent share and churn, ShadowKV and DualDecoder over their misses."""
+    from ddbench.experiments import rate_grid as G
+    e = G.grid_rows()
+    e = e[(e.context == CTX) & (e.model == MODEL)].copy()
+    e["miss"] = e.forced_urgent_or_miss.astype(float)
+    e["churn"] = e.forced_churn.astype(float).fillna(0.0)
     rows = []
-    for (d, run, batch, miss, churn), g in e.groupby(["design", "run", "batch", "miss", "churn"]):
-        r = {"source": "engine", "design": d, "run": run, "factor": None, "batch": int(batch),
+    for (d, batch, miss, churn), g in e.groupby(["design", "batch", "miss", "churn"]):
+        r = {"source": "engine", "design": d, "run": G.RUN, "factor": None, "batch": int(batch),
              "tok_s": g.tok_s.median(), "tok_s_min": g.tok_s.min(), "tok_s_max": g.tok_s.max(), "builds": len(g)}
         if d == CACHE:
             r.update(urgent_per_budget=miss, churn_per_budget=churn, moved_per_budget=miss + churn)
@@ -108,11 +100,11 @@ def _draw(res: FigureResult, fig) -> None:
     axes[0].set_title("(a) the cache's rates scaled 0.5-4x; dashed: the others at their profile's rates", fontsize=7)
     axes[1].set_title("(b) the others' miss rates scaled 0.5-4x", fontsize=7)
     handles = [style_handle("-", f"{CACHE} {CAPACITY}x, simulated", CACHE_COLOR),
-               style_handle("-", "ShadowKV, simulated", SYSTEM_COLORS["shadowkv"]),
-               style_handle("-", "DualDecoder, simulated", SYSTEM_COLORS["dualdecoder"])]
+               style_handle("-", "ShadowKV, simulated", SYSTEM_COLORS[SHADOWKV]),
+               style_handle("-", "DualDecoder, simulated", SYSTEM_COLORS[DUALDECODER])]
     fig.legend(handles, [h.get_label() for h in handles], fontsize=6, ncol=3, loc="outside lower center")
     fig.suptitle(f"Throughput against the rates: {MODEL} at {fmt_tokens(CTX)} on one H200, each at its largest batch"
-                 " (diamonds: the engine, 3 builds)", fontsize=8)
+                 " (diamonds: one engine run, 3 builds)", fontsize=8)
 
 
 @register("rates", "Throughput against the cache's urgent share and churn and the others' miss rates (H200, 128K)",
@@ -129,4 +121,5 @@ def compute() -> FigureResult:
                             f" at its largest batch; {CACHE} at {CAPACITY}x the budget; factors"
                             f" {', '.join(f'{f:g}' for f in FACTORS)} on each design's own rates; "
                             f"{caption([scene(MODEL, d, gpu=GPU, **knobs) for d in DESIGNS], (CTX,))}: {lines};"
-                            " the engine's diamonds at their own forced rates")
+                            " the engine's diamonds: one run of the current engine (traces/engine/h200-rate-grid,"
+                            " builds in separate processes) at its own forced rates")

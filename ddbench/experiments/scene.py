@@ -10,12 +10,14 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
+from ddbench.core.designs import DUALDECODER
+
 GPU = "h100-80gb"
 LINK = "pcie5"
 
 
 @lru_cache(maxsize=None)
-def scene(model: str, design: str = "dualdecoder", gpu: str = GPU, link: str = LINK, hit_rate=None, **knobs):
+def scene(model: str, design: str = DUALDECODER, gpu: str = GPU, link: str = LINK, hit_rate=None, **knobs):
     """The resolved scenario (ddbench.planner.scenario.Resolved); `knobs`: Workload fields (budget=...)."""
     from ddbench.planner.scenario import Scenario, resolve
     return resolve(Scenario.make(model=model, gpu=gpu, link=link, design=design, hit_rate=hit_rate, **knobs))

@@ -12,9 +12,10 @@ import math
 
 import pandas as pd
 
+from ddbench.core.designs import DUALDECODER, SHADOWKV
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import FigureResult, register
-from ddbench.experiments.accuracy_figures import _ctx, _need, _path, _profile
+from ddbench.experiments.accuracy_figures import profiled_contexts, profiled_models, profile_path, profile_rates
 from ddbench.plotting import PAPER_MARK
 
 # Figure 12's setting (ddbench/experiments/sim_figures.py)
@@ -89,13 +90,13 @@ def _draw_sens(res: FigureResult, fig) -> None:
 def sensitivity() -> FigureResult:
     from ddbench.core.catalog import get_model
     from ddbench.sim.hitrates import load_hitrates
-    model = _need("sensitivity")[0]
-    prof = _profile(model)
+    model = profiled_models("sensitivity")[0]
+    prof = profile_rates(model)
     # separable: DualDecoder's step depends on its hit rate only, ShadowKV's (no prefetch, reuse) on
     # its reuse rate only, so the grid costs len(SENS_GRID) evaluations of each
-    dd = {h: sens_tokens_per_s("dualdecoder", h, h) for h in SENS_GRID}
-    sk = {r: sens_tokens_per_s("shadowkv", r, r) for r in SENS_GRID}
-    bdd, bsk = _sens_batch("dualdecoder"), _sens_batch("shadowkv")
+    dd = {h: sens_tokens_per_s(DUALDECODER, h, h) for h in SENS_GRID}
+    sk = {r: sens_tokens_per_s(SHADOWKV, r, r) for r in SENS_GRID}
+    bdd, bsk = _sens_batch(DUALDECODER), _sens_batch(SHADOWKV)
     rows = [{"kind": "grid", "source": "aggregate step", "hit_rate": h, "reuse_rate": r,
              "dualdecoder_tokens_per_s": dd[h], "shadowkv_tokens_per_s": sk[r], "ratio": dd[h] / sk[r],
              "dd_batch": bdd, "sk_batch": bsk} for h in SENS_GRID for r in SENS_GRID]
@@ -103,18 +104,18 @@ def sensitivity() -> FigureResult:
     def point(kind, source, h, r, hl=None, rl=None):
         out = {}
         for mode in ("aggregate", "timeline"):
-            a = sens_tokens_per_s("dualdecoder", hl or h, hl or h, mode)
-            b = sens_tokens_per_s("shadowkv", rl or r, rl or r, mode)
+            a = sens_tokens_per_s(DUALDECODER, hl or h, hl or h, mode)
+            b = sens_tokens_per_s(SHADOWKV, rl or r, rl or r, mode)
             out[mode] = (a, b)
         a, b = out["timeline"]
         return {"kind": kind, "source": source, "hit_rate": h, "reuse_rate": r, "dualdecoder_tokens_per_s": a,
                 "shadowkv_tokens_per_s": b, "ratio": a / b, "ratio_aggregate": out["aggregate"][0] / out["aggregate"][1],
                 "dd_batch": bdd, "sk_batch": bsk}
     paper = point("paper", "paper's assumed rate (§4.1)", 0.88, 0.88)
-    label = f"{model} ({prof.layers} layers) at {_ctx(model)}: that model's rates, not Qwen2.5-32B's"
+    label = f"{model} ({prof.layers} layers) at {profiled_contexts(model)}: that model's rates, not Qwen2.5-32B's"
     meas = point("measured", f"measured on {label}: layer means", prof.hit_mean, prof.reuse_mean)
     L = get_model(SENS_MODEL).num_layers
-    h_map, r_map, map_note = load_hitrates(_path(model, "csv"), L, target=SENS_MODEL)
+    h_map, r_map, map_note = load_hitrates(profile_path(model, "csv"), L, target=SENS_MODEL)
     mapped = point("measured", f"measured on {label}: per layer, mapped by depth", prof.hit_mean, prof.reuse_mean,
                    h_map, r_map)
     mapped["kind"] = "measured-per-layer"

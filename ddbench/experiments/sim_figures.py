@@ -17,6 +17,7 @@ from functools import lru_cache, partial
 import pandas as pd
 
 from ddbench.core.catalog import get_gpu, get_model
+from ddbench.core.designs import DUALDECODER, FULL_KV, IDEAL, SHADOWKV, SPECACHE, get_design
 from ddbench.core.memory import Workload, max_batch, memory_breakdown
 from ddbench.core.units import fmt_tokens
 from ddbench.experiments import Comparison, FigureResult, register
@@ -27,7 +28,7 @@ from ddbench.plotting import (SYSTEM_COLORS, engine_handle, engine_mark, integer
 
 K = 1024
 SEED = 0
-LABEL = {"full-kv": "vLLM (full KV)", "shadowkv": "ShadowKV", "specache": "SpeCache", "dualdecoder": "DualDecoder"}
+LABEL = {d: get_design(d).label for d in (FULL_KV, SHADOWKV, SPECACHE, DUALDECODER)}   # the registry's display names
 
 
 # ---------------------------------------------------------------- shared helpers (the scenario: scene.py)
@@ -40,18 +41,18 @@ def _hit(model: str):
     return tuple(r.hit), tuple(r.reuse), r.hit_note
 
 
-def _paper(pid: str) -> float:
+def paper_value(pid: str) -> float:
     from ddbench.core.paper_numbers import reported
     return reported()[pid].value
 
 
-def _scaled_note(model: str) -> str:
+def cost_model_note(model: str) -> str:
     notes = _cm(model).notes
     return "cost model: H200 bundle SCALED to h100-80gb" if any(n.startswith("SCALED") for n in notes) else \
         "cost model: " + notes[0]
 
 
-def _plan(design: str, model: str, ctx: int, batch: int, hit=None, gpu: str = GPU, **knobs):
+def step_plan(design: str, model: str, ctx: int, batch: int, hit=None, gpu: str = GPU, **knobs):
     """The step plan of `batch` requests (`knobs`: Workload fields, e.g. cache_tokens; `gpu`: a catalog GPU)."""
     from ddbench.sim.run import Point, run
     r = scene(model, design, gpu=gpu, **knobs)
@@ -61,20 +62,20 @@ def _plan(design: str, model: str, ctx: int, batch: int, hit=None, gpu: str = GP
 
 
 @lru_cache(maxsize=None)
-def _step_s(system: str, model: str, ctx: int, batch: int, gpu: str = GPU, **knobs) -> float:
+def steady_step_time(system: str, model: str, ctx: int, batch: int, gpu: str = GPU, **knobs) -> float:
     """Steady-state decode step time from the per-layer timeline."""
     from ddbench.sim.run import run
-    return run(_plan(system, model, ctx, batch, gpu=gpu, **knobs), "timeline", steps=6, warmup=2).steady_step_s
+    return run(step_plan(system, model, ctx, batch, gpu=gpu, **knobs), "timeline", steps=6, warmup=2).steady_step_s
 
 
-def _maxb(design: str, model: str, ctx: int, gpu: str = GPU, **knobs) -> int:
+def design_max_batch(design: str, model: str, ctx: int, gpu: str = GPU, **knobs) -> int:
     r = scene(model, design, gpu=gpu, **knobs)
     return max_batch(r.design, r.model, r.gpu, workload(r, ctx))
 
 
 def _link_ceiling(system: str, model: str, ctx: int, batch: int) -> float:
     """tokens/s the link allows: the method's measured rate / H2D bytes per output token."""
-    plan = _plan(system, model, ctx, batch)
+    plan = step_plan(system, model, ctx, batch)
     if plan.rates is None or not plan.h2d_bytes:
         return math.inf
     return plan.rates.h2d_gbps * 1e9 / (plan.h2d_bytes / batch)
@@ -86,16 +87,16 @@ def rates_caption(model: str, designs, contexts, **knobs) -> str:
     return caption([scene(model, d, **knobs) for d in designs], contexts)
 
 
-def _setup(model: str, ctx: str, extra: str, label: str | None = None, designs=("shadowkv", "dualdecoder"),
+def setup_line(model: str, ctx: str, extra: str, label: str | None = None, designs=(SHADOWKV, DUALDECODER),
            contexts=()) -> str:
     w = Workload(context=K)
-    return (f"{label or model} on {GPU} + {LINK} ({_scaled_note(model)}), context {ctx}, budget {w.budget}, "
+    return (f"{label or model} on {GPU} + {LINK} ({cost_model_note(model)}), context {ctx}, budget {w.budget}, "
             f"chunk {w.chunk}; {rates_caption(model, designs, contexts)}; {extra}")
 
 
 # ---------------------------------------------------------------- Figure 3
 F3_MODEL, F3_CTX = "llama-3-8b", 64 * K
-F3_SYSTEMS = ("full-kv", "shadowkv", "dualdecoder")
+F3_SYSTEMS = (FULL_KV, SHADOWKV, DUALDECODER)
 
 
 def _draw_fig3(res: FigureResult, fig) -> None:
@@ -106,13 +107,13 @@ def _draw_fig3(res: FigureResult, fig) -> None:
         ax.plot(s.batch, s.tokens_per_s, marker="o", ms=3, color=SYSTEM_COLORS[design], label=LABEL[design])
         u = df[(df.system == design) & (df.kind == "uncapped")]
         ax.plot(u.batch, u.tokens_per_s, ls=":", color=SYSTEM_COLORS[design])
-        i = df[(df.system == design) & (df.kind == "ideal")]
+        i = df[(df.system == design) & (df.kind == IDEAL)]
         if len(i):
             ax.plot(i.batch, i.tokens_per_s, ls="--", lw=0.8, color=SYSTEM_COLORS[design])
         e = df[(df.system == design) & (df.kind == "engine")]
         ax.plot(e.batch, e.tokens_per_s, lw=0.6, **engine_mark(SYSTEM_COLORS[design], linestyle="-"))
-    for design in ("full-kv", "shadowkv"):
-        b, v = _paper(f"fig3.{design}.max_batch"), _paper(f"fig3.{design}.tokens_per_s")
+    for design in (FULL_KV, SHADOWKV):
+        b, v = paper_value(f"fig3.{design}.max_batch"), paper_value(f"fig3.{design}.tokens_per_s")
         ax.plot([b], [v], **paper_mark(SYSTEM_COLORS[design]))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -132,21 +133,21 @@ def _draw_fig3(res: FigureResult, fig) -> None:
 
 @register("fig03", "Decoding throughput of an 8B model against batch, capped by memory (paper Figure 3)", _draw_fig3)
 def fig03() -> FigureResult:
-    ideal_b = _maxb("ideal", F3_MODEL, F3_CTX)
+    ideal_b = design_max_batch(IDEAL, F3_MODEL, F3_CTX)
     rows, cap = [], {}
     for design in F3_SYSTEMS:
-        mb = _maxb(design, F3_MODEL, F3_CTX)
+        mb = design_max_batch(design, F3_MODEL, F3_CTX)
         cap[design] = mb
         grid = sorted({b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= mb} | {mb})
         for b in grid:
             rows.append({"system": design, "kind": "capped", "batch": b,
-                         "tokens_per_s": b / _step_s(design, F3_MODEL, F3_CTX, b)})
+                         "tokens_per_s": b / steady_step_time(design, F3_MODEL, F3_CTX, b)})
         for b in sorted({b for b in (2 * mb, 4 * mb, 128) if mb < b < ideal_b} | {mb, ideal_b}):
             rows.append({"system": design, "kind": "uncapped", "batch": b,
-                         "tokens_per_s": b / _step_s(design, F3_MODEL, F3_CTX, b)})
-        t_max = mb / _step_s(design, F3_MODEL, F3_CTX, mb)
+                         "tokens_per_s": b / steady_step_time(design, F3_MODEL, F3_CTX, b)})
+        t_max = mb / steady_step_time(design, F3_MODEL, F3_CTX, mb)
         for b in (mb, ideal_b):
-            rows.append({"system": design, "kind": "ideal", "batch": b, "tokens_per_s": t_max * b / mb})
+            rows.append({"system": design, "kind": IDEAL, "batch": b, "tokens_per_s": t_max * b / mb})
         for b, tok in E.series(F3_MODEL, F3_CTX, design):    # measured: the engine's search under the cap
             rows.append({"system": design, "kind": "engine", "batch": b, "tokens_per_s": tok})
     df = pd.DataFrame(rows)
@@ -154,31 +155,32 @@ def fig03() -> FigureResult:
     df["ideal_batch"] = ideal_b
 
     def thr(design, b):
-        return b / _step_s(design, F3_MODEL, F3_CTX, b)
+        return b / steady_step_time(design, F3_MODEL, F3_CTX, b)
     cmp = []
-    for design, pid in (("full-kv", "full-kv"), ("shadowkv", "shadowkv")):
+    for design, pid in ((FULL_KV, FULL_KV), (SHADOWKV, SHADOWKV)):
         mb = cap[design]
-        step = _step_s(design, F3_MODEL, F3_CTX, mb)
+        step = steady_step_time(design, F3_MODEL, F3_CTX, mb)
         t, pot = thr(design, mb), thr(design, ideal_b)
-        if design == "full-kv":
+        if design == FULL_KV:
             m = get_model(F3_MODEL)
             hbm = (m.weight_bytes + mb * F3_CTX * m.kv_bytes_per_token) / (get_gpu(GPU).hbm_gbps * 1e9)
             why = (f"HBM-bound: {step * 1e3:.1f} ms per step at batch {mb}, of which reading the weights and the whole"
                    f" {fmt_tokens(F3_CTX)}-token KV of every request takes {hbm * 1e3:.1f} ms at the datasheet"
-                   f" {get_gpu(GPU).hbm_gbps:.0f} GB/s; the paper's {_paper('fig3.full-kv.tokens_per_s'):.0f}"
-                   f" tokens/s at batch {_paper('fig3.full-kv.max_batch'):.0f} is "
-                   f"{_paper('fig3.full-kv.max_batch') / _paper('fig3.full-kv.tokens_per_s') * 1e3:.0f} ms per step")
+                   f" {get_gpu(GPU).hbm_gbps:.0f} GB/s; the paper's {paper_value('fig3.full-kv.tokens_per_s'):.0f}"
+                   f" tokens/s at batch {paper_value('fig3.full-kv.max_batch'):.0f} is "
+                   f"{paper_value('fig3.full-kv.max_batch') / paper_value('fig3.full-kv.tokens_per_s') * 1e3:.0f} ms per step")
         else:
             ceil = _link_ceiling(design, F3_MODEL, F3_CTX, mb)
             why = (f"{step * 1e3:.1f} ms per step; the link alone would allow {ceil:.0f} tokens/s (measured gather "
                    f"rate / values of the reuse misses per token)")
         eng = E.largest(F3_MODEL, F3_CTX, design) or {}
         measured = (f"; measured on the engine (H200 capped at 80 GB, 12 % forced misses): batch {eng['batch']},"
-                    f" {eng['tok_s']:.0f} tokens/s" if eng.get("tok_s") else "")
+                    f" {eng['tok_s']:.0f} tokens/s" if eng.get("tok_s") else
+                    f"; measured on the engine (H200 capped at 80 GB): batch {eng['batch']}" if eng.get("batch") else "")
         cmp += [
             Comparison(f"fig3.{pid}.max_batch", mb,
                        f"memory model on {GPU} at {fmt_tokens(F3_CTX)}{measured}; the paper's limits here are "
-                       f"{_paper(f'fig3.{pid}.max_batch') / _paper(f'fig2.{pid}.8b.max_batch'):.0f}x its Figure 2"
+                       f"{paper_value(f'fig3.{pid}.max_batch') / paper_value(f'fig2.{pid}.8b.max_batch'):.0f}x its Figure 2"
                        f" limit at 128K, so we take half that context"),
             Comparison(f"fig3.{pid}.tokens_per_s", round(t, 1), f"decode only, steady state at batch {mb}; {why}"),
             Comparison(f"fig3.{pid}.lost_share", round(1 - t / pot, 3),
@@ -186,23 +188,24 @@ def fig03() -> FigureResult:
                        f" the memory cap lifted ({pot:.0f} tokens/s); proportional scaling instead would lose"
                        f" {1 - mb / ideal_b:.0%}. The paper does not state the endpoint of its ideal line"),
         ]
-    dd = cap["dualdecoder"]
+    dd = cap[DUALDECODER]
     cmp[-1] = Comparison(cmp[-1].paper_id, cmp[-1].ours,
                          cmp[-1].note + f". DualDecoder fits {dd} requests and reaches "
-                                        f"{thr('dualdecoder', dd):.0f} tokens/s: it moves the whole budget's K+V per"
+                                        f"{thr(DUALDECODER, dd):.0f} tokens/s: it moves the whole budget's K+V per"
                                         f" token, and the link caps it at "
-                                        f"{_link_ceiling('dualdecoder', F3_MODEL, F3_CTX, dd):.0f} tokens/s")
-    setup = _setup(F3_MODEL, fmt_tokens(F3_CTX),
+                                        f"{_link_ceiling(DUALDECODER, F3_MODEL, F3_CTX, dd):.0f} tokens/s")
+    setup = setup_line(F3_MODEL, fmt_tokens(F3_CTX),
                    f"decode-only steady state from the per-layer timeline; ideal batch {ideal_b} from the memory"
-                   " model (weights, activations and a sparse buffer only); diamonds: the engine on an H200 capped at"
-                   f" 80 GB (traces/engine/{E.CAPPED}), each batch its search measured", contexts=(F3_CTX,))
+                   " model (weights, activations and a sparse buffer only); diamonds: ONE engine run on an H200 capped"
+                   f" at 80 GB (traces/engine/{E.CAPPED}, 2026-12-01), each batch its search measured; ShadowKV has"
+                   " none: that run's ShadowKV step (copy-then-regather) is not the engine's now", contexts=(F3_CTX,))
     return FigureResult(df, setup, cmp)
 
 
 # ---------------------------------------------------------------- Figure 12
 F12_MODEL = "qwen2.5-32b"
 F12_CTX = (64 * K, 128 * K, 256 * K, 512 * K)
-F12_SYSTEMS = ("full-kv", "specache", "shadowkv", "dualdecoder")
+F12_SYSTEMS = (FULL_KV, SPECACHE, SHADOWKV, DUALDECODER)
 
 
 def _draw_fig12(res: FigureResult, fig) -> None:
@@ -222,8 +225,8 @@ def _draw_fig12(res: FigureResult, fig) -> None:
             if pd.notna(v):
                 ax.errorbar([x], [v], yerr=[[v - lo], [hi - v]], ecolor="black", elinewidth=0.8,
                             **engine_mark(SYSTEM_COLORS[design]))
-    ax.plot([(len(F12_SYSTEMS) - 1) / 2 * width], [_paper("fig12.64k.dualdecoder.tokens_per_s")],
-            **paper_mark(SYSTEM_COLORS["dualdecoder"]))  # DualDecoder at 64K
+    ax.plot([(len(F12_SYSTEMS) - 1) / 2 * width], [paper_value("fig12.64k.dualdecoder.tokens_per_s")],
+            **paper_mark(SYSTEM_COLORS[DUALDECODER]))  # DualDecoder at 64K
     ax.set_xticks(range(len(ctxs)), [fmt_tokens(c) for c in ctxs])
     ax.set_xlabel("context (tokens per request)")
     ax.set_ylabel("decode throughput (tokens/s)")
@@ -240,12 +243,13 @@ def _draw_fig12(res: FigureResult, fig) -> None:
 def fig12() -> FigureResult:
     df = _fig12_rows()
     t = {(r.context, r.system): r for r in df.itertuples()}
-    setup = _setup(F12_MODEL, "/".join(fmt_tokens(c) for c in F12_CTX),
+    setup = setup_line(F12_MODEL, "/".join(fmt_tokens(c) for c in F12_CTX),
                    "each design at its largest batch that fits (memory model), decode-only steady state from the"
-                   " per-layer timeline (prefill not counted); diamonds: the engine on an H200 capped at 80 GB at its"
-                   f" largest batch, median and range over 3 builds in one process (traces/engine/{E.CAPPED}, 2026-12-01;"
-                   f" ShadowKV in place from {E.INPLACE}, 2026-12-02, and h200-rates at 256K: NOT one engine version)",
-                   designs=("shadowkv", "specache", "dualdecoder"), contexts=tuple(F12_CTX))
+                   " per-layer timeline (prefill not counted); diamonds: ONE engine run, on an H200 capped at 80 GB at"
+                   f" each design's largest batch, median and range over 3 builds in one process (traces/engine/{E.CAPPED},"
+                   " 2026-12-01, at a forced 12 % miss); ShadowKV has none: that run's ShadowKV step (copy-then-regather)"
+                   " is not the engine's now",
+                   designs=(SHADOWKV, SPECACHE, DUALDECODER), contexts=tuple(F12_CTX))
     return FigureResult(df, setup, _fig12_comparisons(t))
 
 
@@ -255,8 +259,8 @@ def _fig12_rows() -> pd.DataFrame:
     rows = []
     for ctx in F12_CTX:
         for design in F12_SYSTEMS:
-            mb = _maxb(design, F12_MODEL, ctx)
-            step = _step_s(design, F12_MODEL, ctx, mb) if mb else math.nan
+            mb = design_max_batch(design, F12_MODEL, ctx)
+            step = steady_step_time(design, F12_MODEL, ctx, mb) if mb else math.nan
             eng = E.largest(F12_MODEL, ctx, design) or {}
             rows.append({"context": ctx, "system": design, "max_batch": mb, "oom": mb == 0, "step_ms": step * 1e3,
                          "tokens_per_s": mb / step if mb else math.nan,
@@ -268,7 +272,7 @@ def _fig12_rows() -> pd.DataFrame:
 
 
 def _f12_ratio(t, ctx, other) -> float:
-    a, b = t[(ctx, "dualdecoder")], t[(ctx, other)]
+    a, b = t[(ctx, DUALDECODER)], t[(ctx, other)]
     return a.tokens_per_s / b.tokens_per_s if not b.oom and not a.oom else math.nan
 
 
@@ -280,7 +284,7 @@ def _f12_desc(t, ctx, design) -> str:
 
 
 def _f12_measured(t, ctx, other) -> str:
-    a, b = t[(ctx, "dualdecoder")], t[(ctx, other)]
+    a, b = t[(ctx, DUALDECODER)], t[(ctx, other)]
     if not (a.engine_tokens_per_s > 0 and b.engine_tokens_per_s > 0):
         return ""
     return (f"; measured on the engine (H200 capped at 80 GB, 12 % forced misses, 3 builds): DualDecoder batch"
@@ -291,8 +295,8 @@ def _f12_measured(t, ctx, other) -> str:
 
 
 def _f12_note(t, ctx, other) -> str:
-    a, b = t[(ctx, "dualdecoder")], t[(ctx, other)]
-    base = f"{_f12_desc(t, ctx, 'dualdecoder')} against {_f12_desc(t, ctx, other)}" + _f12_measured(t, ctx, other)
+    a, b = t[(ctx, DUALDECODER)], t[(ctx, other)]
+    base = f"{_f12_desc(t, ctx, DUALDECODER)} against {_f12_desc(t, ctx, other)}" + _f12_measured(t, ctx, other)
     if b.oom:
         m = get_model(F12_MODEL)
         return (base + f": weights {m.weight_bytes / 1e9:.1f} GB + one request's state exceed {GPU}'s "
@@ -316,27 +320,27 @@ def _fig12_comparisons(t) -> list:
     limits, and the longest context."""
     ratio, note = partial(_f12_ratio, t), partial(_f12_note, t)
     c64 = 64 * K
-    dd64 = t[(c64, "dualdecoder")]
+    dd64 = t[(c64, DUALDECODER)]
     cmp = [
         Comparison("fig12.64k.dualdecoder.tokens_per_s", round(dd64.tokens_per_s, 1),
                    f"batch {dd64.max_batch} (memory), {dd64.step_ms:.0f} ms per step: the link-bound ceiling is "
                    f"{dd64.link_ceiling_tokens_per_s:.0f} tokens/s (measured gather rate / "
-                   f"{_plan('dualdecoder', F12_MODEL, c64, 1).h2d_bytes / 1e6:.0f} MB of K+V per token incl. misses)"),
-        Comparison("fig12.64k.over_shadowkv", round(ratio(c64, "shadowkv"), 2), note(c64, "shadowkv")),
-        Comparison("fig12.64k.over_specache", round(ratio(c64, "specache"), 2), note(c64, "specache")),
-        Comparison("fig12.64k.over_vllm", round(ratio(c64, "full-kv"), 2), note(c64, "full-kv")),
-        Comparison("fig12.128k.over_shadowkv", round(ratio(128 * K, "shadowkv"), 2), note(128 * K, "shadowkv")),
-        Comparison("fig12.128k.over_specache", round(ratio(128 * K, "specache"), 2), note(128 * K, "specache")),
-        Comparison("fig12.256k.over_shadowkv", round(ratio(256 * K, "shadowkv"), 2),
-                   note(256 * K, "shadowkv") + ("; SpeCache fits " + str(t[(256 * K, 'specache')].max_batch)
+                   f"{step_plan(DUALDECODER, F12_MODEL, c64, 1).h2d_bytes / 1e6:.0f} MB of K+V per token incl. misses)"),
+        Comparison("fig12.64k.over_shadowkv", round(ratio(c64, SHADOWKV), 2), note(c64, SHADOWKV)),
+        Comparison("fig12.64k.over_specache", round(ratio(c64, SPECACHE), 2), note(c64, SPECACHE)),
+        Comparison("fig12.64k.over_vllm", round(ratio(c64, FULL_KV), 2), note(c64, FULL_KV)),
+        Comparison("fig12.128k.over_shadowkv", round(ratio(128 * K, SHADOWKV), 2), note(128 * K, SHADOWKV)),
+        Comparison("fig12.128k.over_specache", round(ratio(128 * K, SPECACHE), 2), note(128 * K, SPECACHE)),
+        Comparison("fig12.256k.over_shadowkv", round(ratio(256 * K, SHADOWKV), 2),
+                   note(256 * K, SHADOWKV) + ("; SpeCache fits " + str(t[(256 * K, SPECACHE)].max_batch)
                                                  + " request(s) here, the paper reports OOM"
-                                                 if not t[(256 * K, 'specache')].oom else "; SpeCache OOM as in the paper")),
+                                                 if not t[(256 * K, SPECACHE)].oom else "; SpeCache OOM as in the paper")),
     ]
     top = F12_CTX[-1]
-    cmp += [_f12_oom(t, 128 * K, "full-kv"), _f12_oom(t, 256 * K, "full-kv"), _f12_oom(t, 256 * K, "specache")]
+    cmp += [_f12_oom(t, 128 * K, FULL_KV), _f12_oom(t, 256 * K, FULL_KV), _f12_oom(t, 256 * K, SPECACHE)]
     cmp.append(Comparison("fig12.context.max_tokens", top,
                           f"the paper prints no number at {fmt_tokens(top)}; here " + "; ".join(
                               _f12_desc(t, top, s) for s in F12_SYSTEMS)
-                          + (f"; DualDecoder/ShadowKV {ratio(top, 'shadowkv'):.2f}" if math.isfinite(ratio(top, "shadowkv"))
+                          + (f"; DualDecoder/ShadowKV {ratio(top, SHADOWKV):.2f}" if math.isfinite(ratio(top, SHADOWKV))
                              else "")))
     return cmp
