@@ -13,8 +13,9 @@ both that index's top-k, so hit, reuse, union and the cache's counts are the des
 An item is one sample (one question of a prompt: with --questions, the questions of one haystack are separate
 samples that share it, so the items are not independent and the interval is a spread, not a test): the mean
 over its counted steps, global layers and KV heads of the basis runs (init t2 with temperature > 0, else every
-run, as the cache replay). Interval: mean +- t(0.975, n-1) sd / sqrt(n) (Student, n samples). Cache rates per
-sample: prefetched (churn), urgent and moved chunks per step over k, coverage, urgent_share = urgent / moved.
+run, as the cache replay). Interval: mean +- t(0.975, n-1) sd / sqrt(n) (Student, n samples; its low end cut at
+0). Cache rates per sample: prefetched (churn), urgent and moved chunks per step over k (coverage = 1 - urgent),
+urgent_share = urgent / moved.
 Task rates: the sparse method's answers under each index (hfattention.SparsePlan.index), Wilson 95 %.
 `outside_flat`: a setting whose mean (rate) lies outside flat's interval at the same context, task, budget
 (and cache setting); listed in `outside_flat`, never hidden.
@@ -26,7 +27,7 @@ import math
 from collections import defaultdict
 
 OVERLAPS = ("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share")
-CACHE = ("prefetched_per_budget", "urgent_per_budget", "moved_per_budget", "urgent_share", "coverage")
+CACHE = ("prefetched_per_budget", "urgent_per_budget", "moved_per_budget", "urgent_share")   # coverage: 1 - urgent
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
         2.045, 2.042)         # Student's t 97.5 % quantile, 1..30 degrees of freedom
@@ -94,12 +95,12 @@ class Collector:
 def _cache_rates(pre: float, urg: float, nk: int) -> dict:
     p, u = pre / nk, urg / nk
     return {"prefetched_per_budget": p, "urgent_per_budget": u, "moved_per_budget": p + u,
-            "urgent_share": u / (p + u) if p + u > 0 else 0.0, "coverage": 1.0 - u}
+            "urgent_share": u / (p + u) if p + u > 0 else 0.0}
 
 
 def _row(where: dict, xs: list) -> dict:
     m, lo, hi, n = interval(xs)
-    return {**where, "mean": round(m, 4), "low": round(lo, 4), "high": round(hi, 4), "n": n}
+    return {**where, "mean": round(m, 4), "low": round(max(0.0, lo), 4), "high": round(hi, 4), "n": n}   # rates >= 0
 
 
 def _flag(rows: list, pos: dict, outside: list) -> list:
