@@ -7,8 +7,9 @@ Writes traces/accuracy/<model>.csv (per layer), <model>.steps.csv (per step) and
 <model>.cache.summary.json (a GPU chunk cache replayed over the selections); with --fp8-error also
 <model>.fp8.csv and <model>.fp8.summary.json (fp8 K/V's attention error against bf16); with
 --prompts also <model>.tasks.csv (task accuracy rates with Wilson intervals); with --run-lengths also
-<model>.runs.csv (the true selections' runs of adjacent chunks); the schema is in
-ddbench/profile/trace.py. Needs the profile extra:
+<model>.runs.csv (the true selections' runs of adjacent chunks); with --indexes, every rate and the sparse
+task rate under each selection index too (an index column; the summary's by_index, with 95 % intervals); the
+schema is in ddbench/profile/trace.py. Needs the profile extra:
 pip install -e '.[profile]'. Uses CUDA when present.
 
 Where: --out DIR, by default ./ddbench-profile in the current folder, never the committed traces

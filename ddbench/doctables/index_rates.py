@@ -83,3 +83,35 @@ def index_rates(root: Path = ROOT, path: str = RATES) -> str:
                  " above or not):"
                  if out else "No setting's rate or task rate falls outside flat's interval.")
     return "\n\n".join(parts) + ("\n\n" + "\n".join(f"- {o}" for o in out) if out else "")
+
+
+GEMMA_RECALL = "traces/accuracy/gemma-3-270m-q4_k_m.index.summary.json"
+
+
+def index_recall_gemma(root: Path = ROOT, path: str = GEMMA_RECALL) -> str:
+    """docs/profiling.md's block `index-recall-gemma`: the recall table of a second model's indexrecall run."""
+    from ddbench.core.index import parse_index
+    s = _load(root / path)
+    per = s["per_context"]
+    keys = sorted(per, key=lambda k: (int(k.split("/")[1]) / int(k.split("/")[0]), int(k.split("/")[0])))
+    specs = list(next(iter(per.values())))
+    head = ["index", f"bytes per chunk and KV head (d {s['head_dim']})"] + \
+        [f"{int(k.split('/')[0]) // 1024}K, k {int(k.split('/')[1]) // s['chunk']}" for k in keys]
+
+    def whole(x, k):        # a two-level index that keeps every super-chunk selects what flat does
+        c, b = (int(v) for v in k.split("/"))
+        ix, n = parse_index(x), (c - 32) // s["chunk"]
+        return ix.two_level and ix.kept(b // s["chunk"], n) * ix.group >= n
+    rows = [[f"`{x}`", f"{per[keys[0]][x]['bytes_per_chunk_head']:g}"]
+            + [f"{per[k][x]['mean_recall']:.3f} ({per[k][x]['worst_layer_recall']:.2f}){' =' if whole(x, k) else ''}"
+               for k in keys] for x in specs]
+    good = [f"{x} {per[k][x]['mean_recall']:.3f} (k {int(k.split('/')[1]) // s['chunk']})" for k in keys for x in specs
+            if x != "flat" and per[k][x]["mean_recall"] >= 0.95 and not whole(x, k)]
+    return (f"`python -m ddbench.profile.indexrecall` on {s['model']} (sha256 {s['sha256']}), its global layers only:"
+            f" the {s['task']} task, {s['prompts']} prompts, {s['steps']} greedy decode steps each, budget = context /"
+            f" {' and / '.join(map(str, s['shares']))}; cells: mean recall of the flat bf16 top-k over the global"
+            f" layers (the worst of them), each the mean over prompts x steps x KV heads ({s['runtime_s']:.0f} s on"
+            f" one shared CPU thread). Few items (one KV head, three layers): a spread, not a test. `=`: the"
+            f" two-level index keeps every super-chunk there (flat's selection up to bf16 rounding).\n\n"
+            + _grid(head, rows) + "\n\nAt 0.95 or above, every super-chunk kept aside: "
+            + ("; ".join(good) if good else "none") + ".")
