@@ -31,7 +31,8 @@ def _cell(r: dict | None, task: bool = False) -> str:
     if r is None:
         return "-"
     head = f"{r['correct']}/{r['total']}" if task else f"{r['mean']:.3f}"
-    return f"{head} [{r['low']:.2f}, {r['high']:.2f}]{' *' if r['outside_flat'] else ''}"
+    hi = r["high"] if r["metric"].endswith("_per_budget") else min(1.0, r["high"])     # a share is at most 1
+    return f"{head} [{max(0.0, r['low']):.2f}, {hi:.2f}]{' *' if r['outside_flat'] else ''}"
 
 
 def _pick(rows: list, **want) -> dict:
