@@ -217,6 +217,8 @@ class _Sweep:
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
         self.ctx_time = {}
+        from ddbench.core.provenance import short_sha
+        self.git_sha = short_sha()     # the code that measures: read at the start (a long run outlives commits)
         self._load()
         self.groups = defaultdict(lambda: defaultdict(float))   # (layer, c, task, init, temp, budget) -> sums
         self.step_rows, self.task_acc = [], defaultdict(lambda: [0, 0])
@@ -419,10 +421,10 @@ class _Sweep:
         import torch
         import transformers
 
-        from ddbench.core.provenance import short_sha, utc_now
+        from ddbench.core.provenance import utc_now
         return {"model": self.loaded.name, "layers": self.loaded.layers, "model_sha256": self.loaded.sha256,
                 "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-                "git_sha": short_sha(), "date": utc_now(offset=True),
+                "git_sha": self.git_sha, "date": utc_now(offset=True),
                 "command": self.cfg.command}
 
     def result(self, t_start: float) -> dict:
