@@ -123,6 +123,21 @@ def _parse(argv):
         sys.stdout = real
 
 
+def run() -> None:
+    """The console script's and `python -m ddbench`'s entry: main(), then exit with its code. An interrupted run
+    (130, main() has cleaned up) leaves through os._exit, so that nothing run while the interpreter shuts down (a
+    finaliser of a held-signal block) can turn the exit into a death by SIGINT."""
+    code = main()
+    if code == 130:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(130)
+    raise SystemExit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         try:

@@ -3,7 +3,11 @@ one colour per design."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import matplotlib
+
+from ddbench.core.designs import DESIGNS
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -13,10 +17,26 @@ plt.rcParams.update({
     "axes.spines.top": False, "axes.spines.right": False, "figure.dpi": 150,
 })
 
-SYSTEM_COLORS = {
-    "full-kv": "#7f7f7f", "shadowkv": "#1f77b4", "specache": "#ff7f0e", "dualdecoder": "#2ca02c",
-    "ideal": "#d62728",
-}
+
+
+class _DesignColors(Mapping):
+    """Each design's colour, read from its registry entry (ddbench.core.designs) at every look-up, so a
+    design registered at run time brings its own; designs without one are absent."""
+
+    def __getitem__(self, name):
+        spec = DESIGNS.get(name)
+        if spec is None or not spec.color:
+            raise KeyError(name)
+        return spec.color
+
+    def __iter__(self):
+        return iter([n for n, s in DESIGNS.items() if s.color])
+
+    def __len__(self):
+        return sum(1 for s in DESIGNS.values() if s.color)
+
+
+SYSTEM_COLORS = _DesignColors()
 CATEGORY_COLORS = {
     "weights": "#4c4c4c", "resident_kv": "#9467bd", "landmarks": "#17becf", "aux_residency": "#d62728",
     "sparse_kv_buffers": "#2ca02c", "activations": "#bcbd22", "runtime_overhead": "#c7c7c7",

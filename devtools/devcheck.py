@@ -65,14 +65,14 @@ def select_kernel():
 def profile(points):
     from torch.profiler import ProfilerActivity, profile as prof
     from ddbench.core.catalog import get_model
-    from ddbench.kernels.engine.sweep import hbm_gbps, run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, hbm_gbps, run_point
     from ddbench.kernels.engine.model import Weights
     model = get_model("llama-3-8b")
     w = Weights.random(model, "cuda", seed=0)
     hbm = hbm_gbps()
     for p in points:
         d, c, b = p.split(":")
-        r = run_point(model, w, None, d, int(c), int(b), transfers=False, graph=True, reps=3, hbm=hbm, keep=True)
+        r = run_point(PointSetup(model, w, hbm=hbm), d, int(c), int(b), PointTiming(transfers=False, reps=3), keep=True)
         if not isinstance(r, tuple):
             print(f"== {p}: {r['status']}", flush=True)
             continue

@@ -47,11 +47,11 @@ def make_set(B, Hq, H, d, S, chunk, nq, *, seed, device="cuda", dtype=torch.bflo
 
 def attend(x, fp8, out=None, **kw):
     """The kernel the engine would call on set x: bf16 buffers, or the e4m3 ones with their scales."""
-    from ddbench.kernels.attention import dual_sparse_attention
+    from ddbench.kernels.attention import CacheView, dual_sparse_attention
     if fp8:
-        return dual_sparse_attention(x["q"], x["k8"], x["v8"], x["lengths"], rows=x["rows"], k_scale=x["ks"],
-                                     v_scale=x["vs"], chunk=x["chunk"], out=out, **kw)
-    return dual_sparse_attention(x["q"], x["k"], x["v"], x["lengths"], rows=x["rows"], out=out, **kw)
+        return dual_sparse_attention(x["q"], x["k8"], x["v8"], x["lengths"], out=out,
+                                     cache=CacheView(x["rows"], x["ks"], x["vs"], x["chunk"]), **kw)
+    return dual_sparse_attention(x["q"], x["k"], x["v"], x["lengths"], out=out, cache=CacheView(x["rows"]), **kw)
 
 
 def floor_bytes(x, fp8) -> dict:
@@ -66,12 +66,12 @@ def floor_bytes(x, fp8) -> dict:
 
 def errors(x, **kw) -> dict:
     """fp8 kernel against its twin, and fp8 against bf16 on the unquantised K/V (NaN-poisoned outputs)."""
-    from ddbench.kernels.attention import dual_sparse_attention_ref
+    from ddbench.kernels.attention import CacheView, dual_sparse_attention_ref
     outs = {}
     for fp8 in (False, True):
         outs[fp8] = attend(x, fp8, out=torch.full_like(x["q"], float("nan")), **kw).float()
-    twin = dual_sparse_attention_ref(x["q"], x["k8"], x["v8"], x["lengths"], rows=x["rows"], k_scale=x["ks"],
-                                     v_scale=x["vs"], chunk=x["chunk"]).float()
+    twin = dual_sparse_attention_ref(x["q"], x["k8"], x["v8"], x["lengths"],
+                                     CacheView(x["rows"], x["ks"], x["vs"], x["chunk"])).float()
     ref, got = outs[False], outs[True]
     diff = (got - ref).abs()
     return dict(nan=bool(got.isnan().any() or ref.isnan().any()),

@@ -39,14 +39,15 @@ CACHE_TOKENS = 8192
 
 
 def fill_rows(hbm, log, reps, rows):
-    from ddbench.kernels.engine.chunkcache import ChunkCache
+    from ddbench.kernels.engine.chunkcache import CacheShape, ChunkCache
     from ddbench.kernels.timing import event_times
     H, k, C, ctx = 8, 256, 8, 131072
     N = ctx // C
     for B in (1, 16, 60):
         for slots in (4 * k, 8 * k):
             rnd = random.Random(B * slots)
-            caches = {f: ChunkCache(1, B, H, N, slots, C, 8, 8, "cuda", torch.bfloat16, k, fused=f) for f in (False, True)}
+            caches = {f: ChunkCache(CacheShape(1, B, H, N, slots, C, 8, 8, k), "cuda", torch.bfloat16, fused=f)
+                      for f in (False, True)}
             hot = rnd.sample(range(N), slots)
             pool = [torch.tensor([[sorted(rnd.sample(hot if rnd.random() < 0.6 else range(N), k)) for _ in range(H)]
                                   for _ in range(B)], dtype=torch.int32, device="cuda") for _ in range(8)]
@@ -87,7 +88,7 @@ def engine_rows(points, builds, reps, host_gib, lru_miss, profile, hbm, log, row
     from ddbench.core.catalog import get_model
     from ddbench.kernels.engine import breakdown
     from ddbench.kernels.engine.model import Weights
-    from ddbench.kernels.engine.sweep import alloc_host, make_config, run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, alloc_host, make_config, run_point
     model = get_model("llama-3-8b")
     weights = Weights.random(model, "cuda", seed=0)
     flat = alloc_host(host_gib)[0]
@@ -101,12 +102,12 @@ def engine_rows(points, builds, reps, host_gib, lru_miss, profile, hbm, log, row
             for transfers in xfers:
                 for rep in range(builds):
                     cache = design.endswith("cache")
-                    cfg = make_config(ctx, B, miss, transfers, seed=rep, cache_tokens=CACHE_TOKENS if cache else None,
-                                      churn_rate=ch)
+                    timing = PointTiming(miss, transfers, reps=reps, seed=rep)
+                    cfg = make_config(ctx, B, timing, cache_tokens=CACHE_TOKENS if cache else None, churn_rate=ch)
                     cfg = replace(cfg, fused_fill=fill != "twin")
                     prof = profile and rep == 0
-                    r = run_point(model, weights, flat if transfers else None, design, ctx, B, miss_rate=miss,
-                                  transfers=transfers, reps=reps, hbm=hbm, cfg=cfg, keep=prof, seed=rep, log=log)
+                    r = run_point(PointSetup(model, weights, flat if transfers else None, hbm, log=log), design, ctx, B,
+                                  timing, cfg=cfg, keep=prof)
                     row, e = r if isinstance(r, tuple) else (r, None)
                     out = dict(kind="engine", design=design, fill=fill, context=ctx, batch=B, transfers=int(transfers),
                                build=rep, miss_rate=miss, churn_rate=ch, cache_tokens=CACHE_TOKENS if cache else None,

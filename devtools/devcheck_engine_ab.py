@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         return 2
     from ddbench.core.catalog import get_model
     from ddbench.kernels.engine.model import Weights
-    from ddbench.kernels.engine.sweep import alloc_host, hbm_gbps, make_config, run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, alloc_host, hbm_gbps, make_config, run_point
     from ddbench.kernels.timing import provenance
     model = get_model("llama-3-8b")
     hbm = hbm_gbps()
@@ -64,10 +64,11 @@ def main(argv=None) -> int:
         sides = {False: [], True: []}
         for rep in range(a.builds):
             for on in (False, True):
-                cfg = make_config(ctx, B, urgent, True, seed=rep, cache_tokens=CACHE_TOKENS, churn_rate=churn)
+                timing = PointTiming(urgent, reps=a.reps, seed=rep)
+                cfg = make_config(ctx, B, timing, cache_tokens=CACHE_TOKENS, churn_rate=churn)
                 cfg = dataclasses.replace(cfg, **{a.switch: on})
-                r = run_point(model, weights, flat, "dualdecoder-cache", ctx, B, miss_rate=urgent, reps=a.reps,
-                              hbm=hbm, cfg=cfg, seed=rep, log=lambda t: None)
+                r = run_point(PointSetup(model, weights, flat, hbm, log=lambda t: None), "dualdecoder-cache", ctx, B,
+                              timing, cfg=cfg)
                 row = dict(context=ctx, batch=B, build=rep, on=int(on), status=r["status"],
                            **{k: r.get(k) for k in ("step_ms", "step_ms_min", "step_ms_max", "tok_s", "floor_ms",
                                                     "urgent_mib", "prefetch_mib")})

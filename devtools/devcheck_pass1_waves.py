@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 -m devtools.devcheck_pass1_waves [--reps 3] [--out FILE.json]
 
-Pass 1 (kernels/select.py's _score_pass1, launched by fastselect._landmark_pass1) runs one program per
+Pass 1 (kernels/select.py's score_pass1_kernel, launched by fastselect.landmark_pass1) runs one program per
 (request, KV head, split). Its splits once aimed at 4 x SMs programs ("old"), so past B x H = 4 x SMs it ran
 one split: B x H programs, a little over one wave of resident programs at some batches; the default now
 runs at least fastselect.PASS1_SPLITS. Here, at each model's largest batches (Llama-3-8B, Qwen2.5-7B and
@@ -36,15 +36,15 @@ def occupancy(q, lm):
     """Registers, shared bytes and resident programs per SM of pass 1 (one split per program here; the
     kernel is the same at every split count), from the launch's compiled kernel."""
     import math
-    from ddbench.kernels.select import LOG2E, _score_pass1
+    from ddbench.kernels.select import LOG2E, score_pass1_kernel
     B, _, Hq, d = q.shape
     H, N = lm.shape[1], lm.shape[2]
     scratch = torch.empty(B * H * 16 * N, device="cuda", dtype=torch.float16)
     pml = torch.empty(B * H * 16 * 2, device="cuda", dtype=torch.float32)
     try:
-        k = _score_pass1[(B * H, 1)](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
-                                     H, Hq // H, 2, 1, N, LOG2E / math.sqrt(d), D=d, GP=4, BLOCK_M=16, BLOCK_N=64,
-                                     num_warps=4)
+        k = score_pass1_kernel[(B * H, 1)](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
+                                           H, Hq // H, 2, 1, N, LOG2E / math.sqrt(d), D=d, GP=4, BLOCK_M=16, BLOCK_N=64,
+                                           num_warps=4)
         torch.cuda.synchronize()
         props = torch.cuda.get_device_properties(0)
         warps = k.metadata.num_warps
@@ -63,7 +63,7 @@ def point(model, ctx, B, reps, hbm):
     q, lm = rand_bf16(B, 2, Hq, D), rand_bf16(B, H, N, D)
     G = Hq // H
     moved = lm.numel() * 2 + B * H * 2 * G * N * 2
-    ref = fastselect.topk_from_scratch(*fastselect._landmark_pass1(q, lm)[:2], B, H, 2, G, N, K)
+    ref = fastselect.topk_from_scratch(*fastselect.landmark_pass1(q, lm)[:2], fastselect.TopkShape(B, H, 2, G, N, K))
     rows = []
     times = {s: [] for s in SPLITS}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -71,10 +71,10 @@ def point(model, ctx, B, reps, hbm):
     split_of = {s: old if s == "old" else s for s in SPLITS}
     for _ in range(reps):
         for s in SPLITS:
-            times[s].append(time_cuda(lambda s=s: fastselect._landmark_pass1(q, lm, splits=split_of[s]), inner=3, reps=15))
+            times[s].append(time_cuda(lambda s=s: fastselect.landmark_pass1(q, lm, splits=split_of[s]), inner=3, reps=15))
     for s in SPLITS:
-        sc, pml, _ = fastselect._landmark_pass1(q, lm, splits=split_of[s])
-        ids = fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, K)
+        sc, pml, _ = fastselect.landmark_pass1(q, lm, splits=split_of[s])
+        ids = fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, H, 2, G, N, K))
         same = float((ids.unsqueeze(-1) == ref.unsqueeze(-2)).any(-1).float().mean())
         n_split = pml.numel() // (2 * B * H * 16)
         ms = statistics.median(times[s])

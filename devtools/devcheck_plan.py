@@ -30,17 +30,16 @@ def main(argv=None) -> int:
         print(err, file=sys.stderr)
         return 2
     from ddbench.core.catalog import get_model
-    from ddbench.kernels.engine.sweep import hbm_gbps, run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, hbm_gbps, run_point
     from ddbench.kernels.engine.model import Weights
     from ddbench.kernels.timing import event_times, provenance
     model, hbm = get_model("llama-3-8b"), hbm_gbps()
     weights = Weights.random(model, "cuda", seed=0)
     rows = []
     for ctx, batch in POINTS:
-        single = run_point(model, weights, None, "dualdecoder-single", ctx, batch, miss_rate=None, transfers=False,
-                           graph=True, reps=5, hbm=hbm)
-        r = run_point(model, weights, None, "dualdecoder", ctx, batch, miss_rate=None, transfers=False, graph=True,
-                      reps=5, hbm=hbm, keep=True)
+        setup, timing = PointSetup(model, weights, hbm=hbm), PointTiming(miss_rate=None, transfers=False, reps=5)
+        single = run_point(setup, "dualdecoder-single", ctx, batch, timing)
+        r = run_point(setup, "dualdecoder", ctx, batch, timing, keep=True)
         if not isinstance(r, tuple) or single.get("status") != "ok":
             print(f"{ctx}:{batch}: {r['status'] if isinstance(r, dict) else single['status']}", flush=True)
             continue

@@ -41,7 +41,7 @@ def variants(quick=False, final=False):
     block_chunks (bc), rank_block (rb), num_warps (w), num_stages (s); `resident` its SV-resident kernel
     (impl="resident"; programs per SM, or rebuild_keys' default); `default` is rebuild_keys as it stands.
     final: the default and the launches LAUNCH names (the check of the chosen default)."""
-    from ddbench.kernels.rebuild import LAUNCH, rebuild_keys
+    from ddbench.kernels.rebuild import LAUNCH, RebuildLaunch, rebuild_keys
     v = {"default rebuild_keys (impl auto)": rebuild_keys}
     cfgs = [(4, 32, 4, 3), (8, 32, 4, 3), (8, 32, 8, 3), (8, 64, 4, 3), (16, 32, 8, 2), (16, 32, 8, 3),
             (16, 64, 8, 3), (16, 32, 16, 3), (32, 32, 16, 3), (32, 32, 8, 3)]
@@ -54,16 +54,16 @@ def variants(quick=False, final=False):
         res = [(r["block_chunks"], r["num_warps"], r["num_stages"], None)]
     for bc, rb, w, s in cfgs:
         kw = dict(impl="blocks", block_chunks=bc, rank_block=rb, num_warps=w, num_stages=s)
-        v[f"blocks bc{bc} rb{rb} w{w} s{s}"] = (lambda *a, kw=kw, **k: rebuild_keys(*a, **kw, **k))
+        v[f"blocks bc{bc} rb{rb} w{w} s{s}"] = (lambda *a, kw=kw, **k: rebuild_keys(*a, launch=RebuildLaunch(**kw), **k))
     for bc, w, s, per_sm in res:
         kw = dict(impl="resident", block_chunks=bc, num_warps=w, num_stages=s)
         name = f"resident bc{bc} w{w} s{s} " + (f"{per_sm}/SM" if per_sm else "default programs")
-        v[name] = (lambda *a, kw=kw, per_sm=per_sm, **k: rebuild_keys(
-            *a, **kw, programs=per_sm and per_sm * torch.cuda.get_device_properties(0).multi_processor_count, **k))
+        v[name] = (lambda *a, kw=kw, per_sm=per_sm, **k: rebuild_keys(*a, launch=RebuildLaunch(
+            **kw, programs=per_sm and per_sm * torch.cuda.get_device_properties(0).multi_processor_count), **k))
     if not final:
         v["blocks bc16 rb32 w8 s3 libdevice sin/cos"] = (
-            lambda *a, **k: rebuild_keys(*a, impl="blocks", block_chunks=16, rank_block=32, num_warps=8, num_stages=3,
-                                         fast_rope=False, **k))
+            lambda *a, **k: rebuild_keys(*a, launch=RebuildLaunch(impl="blocks", block_chunks=16, rank_block=32,
+                                                                  num_warps=8, num_stages=3, fast_rope=False), **k))
     return v
 
 

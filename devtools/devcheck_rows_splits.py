@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     if why:
         print(why, file=sys.stderr)
         return 2
-    from ddbench.kernels.attention import auto_splits, dual_sparse_attention
+    from ddbench.kernels.attention import CacheView, auto_splits, dual_sparse_attention
     from ddbench.kernels.microbench import ceilings
     from ddbench.kernels.peerbench import H, AttnCase
     from ddbench.kernels.timing import time_cuda
@@ -45,12 +45,13 @@ def main(argv=None) -> int:
         case = AttnCase(B, 32768, 2, dev, gen)
         floor_ms = case.floor_bytes / hbm / 1e6
         auto = auto_splits(B, H, case.rows[0].shape[2], dev)
-        ref = dual_sparse_attention(case.q[0], *case.pool(0), case.lengths, rows=case.rows[0]).float()
+        ref = dual_sparse_attention(case.q[0], *case.pool(0), case.lengths, cache=CacheView(case.rows[0])).float()
         for layout in ("rows", "gathered"):
             for sp in a.splits:
                 def call(s, sp=sp, layout=layout):
                     if layout == "rows":
-                        return dual_sparse_attention(case.q[s], *case.pool(s), case.lengths, rows=case.rows[s], splits=sp)
+                        return dual_sparse_attention(case.q[s], *case.pool(s), case.lengths,
+                                                     cache=CacheView(case.rows[s]), splits=sp)
                     return dual_sparse_attention(case.q[s], case.gk[s], case.gv[s], case.lengths, splits=sp)
                 err = float((call(0).float() - ref).norm() / ref.norm())
                 ts = [time_cuda([lambda s=s: call(s) for s in range(case.S)], inner=3, reps=15) for _ in range(a.reps)]

@@ -91,15 +91,16 @@ def topk_grid(rows):
         N = ctx // 8
         q = torch.randn(B, nq, 32, 128, device="cuda", generator=g).to(torch.bfloat16)
         lm = torch.randn(B, 8, N, 128, device="cuda", generator=g).to(torch.bfloat16)
-        sc, pml, G = fastselect._landmark_pass1(q, lm)
+        sc, pml, G = fastselect.landmark_pass1(q, lm)
         pred = torch.rand(B * 8, N, device="cuda", generator=g).topk(k).indices.sort(-1).values
         pred = pred.to(torch.int32).view(B, 8, k)
         plan = (pred, plan_buffers(B, 8, k, q.device)) if nq == 2 else None
         outs = tuple(torch.empty(B, 8, k, device="cuda", dtype=torch.int32) for _ in range(nq))
-        want = fastselect.topk_from_scratch(sc, pml, B, 8, nq, G, N, k)
+        want = fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, 8, nq, G, N, k))
 
         def timed(cfg):
-            fn = lambda: fastselect.topk_from_scratch(sc, pml, B, 8, nq, G, N, k, out=outs, plan=plan, **cfg)  # noqa: E731
+            fn = lambda: fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, 8, nq, G, N, k), outs,  # noqa: E731
+                                                      how=fastselect.TopkMethod(**cfg), plan=plan)
             fn()
             same = all(torch.equal(o, want[:, t]) for t, o in enumerate(outs))
             graph = capture_graph(lambda: [fn() for _ in range(4)], [fn])
@@ -142,7 +143,7 @@ def engine(reps, rows, hbm, points=ENGINE_POINTS, designs=("dualdecoder-single",
     row per repetition where both DualDecoder steps ran."""
     from ddbench.core.catalog import get_model
     from ddbench.kernels.engine.model import Weights
-    from ddbench.kernels.engine.sweep import run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, run_point
     from ddbench.kernels.timing import event_times
     model = get_model("llama-3-8b")
     weights = Weights.random(model, "cuda", seed=0)
@@ -150,8 +151,8 @@ def engine(reps, rows, hbm, points=ENGINE_POINTS, designs=("dualdecoder-single",
     for ctx, B in points:
         t = {}
         for design in designs:
-            r = run_point(model, weights, None, design, ctx, B, miss_rate=None, transfers=False, graph=True,
-                          reps=5, hbm=hbm, keep=True)
+            r = run_point(PointSetup(model, weights, hbm=hbm), design, ctx, B,
+                          PointTiming(miss_rate=None, transfers=False, reps=5), keep=True)
             if not isinstance(r, tuple):
                 print(f"engine {design} {ctx}:{B}: {r['status']}", flush=True)
                 continue

@@ -69,15 +69,15 @@ def engine_rows(points, miss, reps, host_gib, profile, hbm, cg, log):
     from ddbench.core.catalog import get_model
     from ddbench.kernels.engine import breakdown
     from ddbench.kernels.engine.model import Weights
-    from ddbench.kernels.engine.sweep import alloc_host, run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, alloc_host, run_point
     model = get_model("llama-3-8b")
     weights = Weights.random(model, "cuda", seed=0)
     flat = alloc_host(host_gib)[0]
     rows = []
     for ctx, B in points:
         for transfers in (False, True):
-            r = run_point(model, weights, flat if transfers else None, "shadowkv", ctx, B, miss_rate=miss,
-                          transfers=transfers, reps=reps, hbm=hbm, keep=True, log=log)
+            r = run_point(PointSetup(model, weights, flat if transfers else None, hbm, log=log), "shadowkv", ctx, B,
+                          PointTiming(miss, transfers, reps=reps), keep=True)
             if not isinstance(r, tuple):
                 rows.append(dict(kind="engine", context=ctx, batch=B, transfers=int(transfers), status=r["status"]))
                 log(f"engine ctx={ctx} B={B} transfers={int(transfers)}: {r['status']}")

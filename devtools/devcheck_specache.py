@@ -25,8 +25,9 @@ HBM = 4.25e12
 
 
 def correctness():
-    from ddbench.kernels.engine.fastselect import specache_select_topk, specache_select_topk_ref, topk_from_scratch
-    from ddbench.kernels.specache import (quantize_keys_2bit, spec_block_m, spec_pass1, specache_chunk_scores_ref, specache_scores_ref,
+    from ddbench.kernels.engine.fastselect import (TopkShape, specache_select_topk, specache_select_topk_ref,
+                                                   topk_from_scratch)
+    from ddbench.kernels.specache import (SpecKernel, quantize_keys_2bit, spec_block_m, spec_pass1, specache_chunk_scores_ref, specache_scores_ref,
                                   specache_scores_triton)
     ok_all = True
     g = torch.Generator(device="cuda").manual_seed(1234)
@@ -60,10 +61,11 @@ def correctness():
         kth = p.topk(kk, -1).values[..., -1:]
         for name, fn in [("engine default", lambda: specache_select_topk(q, qk, 8, kk)),
                          ("engine rows16", lambda: specache_select_topk(q, qk, 8, kk, rows=16)),
-                         ("maxnreg 168", lambda: topk_from_scratch(*spec_pass1(q, qk, 8, maxnreg=168), B, H, nq, Hq // H,
-                                                                   T // 8, kk, block_m=spec_block_m(nq, Hq // H))),
-                         ("dequant", lambda: topk_from_scratch(*spec_pass1(q, qk, 8, impl="dequant"), B, H, nq, Hq // H,
-                                                               T // 8, kk))]:
+                         ("maxnreg 168", lambda: topk_from_scratch(*spec_pass1(q, qk, 8, SpecKernel(maxnreg=168)),
+                                                                   TopkShape(B, H, nq, Hq // H, T // 8, kk),
+                                                                   block_m=spec_block_m(nq, Hq // H))),
+                         ("dequant", lambda: topk_from_scratch(*spec_pass1(q, qk, 8, SpecKernel(impl="dequant")),
+                                                               TopkShape(B, H, nq, Hq // H, T // 8, kk)))]:
             try:
                 idx = fn().long()
                 torch.cuda.synchronize()
@@ -107,8 +109,8 @@ def copy_rate():
 
 def timing(quick=False, reps=3):
     """Every variant `reps` times, interleaved (rep 0 of each, then rep 1, ...); rows for the JSON."""
-    from ddbench.kernels.engine.fastselect import specache_select_topk, topk_from_scratch
-    from ddbench.kernels.specache import random_quant_keys, spec_block_m, spec_pass1, specache_scores_triton
+    from ddbench.kernels.engine.fastselect import TopkShape, specache_select_topk, topk_from_scratch
+    from ddbench.kernels.specache import SpecKernel, random_quant_keys, spec_block_m, spec_pass1, specache_scores_triton
     rate = copy_rate()
     print(f"HBM copy rate measured: {rate / 1e9:.0f} GB/s (floors below at 4250 GB/s; x{HBM / rate:.3f} for the measured)",
           flush=True)
@@ -139,10 +141,11 @@ def timing(quick=False, reps=3):
                   f"floor {floor:.4f} ms  {100 * floor / med:5.1f}% of floor", flush=True)
 
         p1 = {"codes rows8 gb4 w4 (default)": dict(), "codes rows16 gb4 w4 (previous)": dict(rows=16),
-              "codes rows8 gb2 w2": dict(groups_per_iter=2, num_warps=2),
-              "codes rows8 gb8 w8": dict(groups_per_iter=8, num_warps=8),
-              "codes rows8 maxnreg168": dict(maxnreg=168), "codes rows8 maxnreg128": dict(maxnreg=128),
-              "old dequant gb2 w4": dict(impl="dequant")}
+              "codes rows8 gb2 w2": dict(kernel=SpecKernel(groups_per_iter=2, num_warps=2)),
+              "codes rows8 gb8 w8": dict(kernel=SpecKernel(groups_per_iter=8, num_warps=8)),
+              "codes rows8 maxnreg168": dict(kernel=SpecKernel(maxnreg=168)),
+              "codes rows8 maxnreg128": dict(kernel=SpecKernel(maxnreg=128)),
+              "old dequant gb2 w4": dict(kernel=SpecKernel(impl="dequant"))}
         if quick:
             p1 = {k: v for k, v in p1.items() if "maxnreg128" not in k}
         for rep in range(reps):
@@ -153,7 +156,8 @@ def timing(quick=False, reps=3):
                     [lambda q=q, qk=qk, rows=rows: specache_select_topk(q, qk, C, kk, rows=rows) for q, qk in sets],
                     f_p1, rep)
             row("engine pass1+top256 old dequant",
-                [lambda q=q, qk=qk: topk_from_scratch(*spec_pass1(q, qk, C, impl="dequant"), B, H, 2, G, T // C, kk)
+                [lambda q=q, qk=qk: topk_from_scratch(*spec_pass1(q, qk, C, SpecKernel(impl="dequant")),
+                                                      TopkShape(B, H, 2, G, T // C, kk))
                  for q, qk in sets], f_p1, rep)
             if quick and rep:
                 continue

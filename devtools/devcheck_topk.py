@@ -77,7 +77,7 @@ def _topk_inputs(N, B, nq, min_split=1024, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed + N + B + nq)
     q = torch.randn(B, nq, 32, 128, device="cuda", generator=g).bfloat16()
     lm = torch.randn(B, 8, N, 128, device="cuda", generator=g).bfloat16()
-    sc, pml, G = fastselect._landmark_pass1(q, lm, splits=_splits(N, B, 8, min_split))
+    sc, pml, G = fastselect.landmark_pass1(q, lm, splits=_splits(N, B, 8, min_split))
     return q, lm, sc, pml, G
 
 
@@ -103,9 +103,9 @@ def _seg_stage1(sc, pml, B, H, nq, G, N, k):
     cb = torch.empty(rows * S * KK, device="cuda", dtype=torch.int32)
     ci = torch.empty_like(cb)
     info = torch.empty(rows * S * 4, device="cuda", dtype=torch.int32)
-    return lambda: fs._seg_topk_kernel[(rows, S)](sc, pml, cb, ci, info, N, H, G, nq, n_split, k, KK, S, info, GP=GP,
-                                                  BLOCK_M=BM, SP=triton.next_power_of_2(n_split), SEG=seg, SEARCH=0,
-                                                  CUTS=fs.SEG_CUTS, num_warps=fs._seg_warps(seg, rows * S))
+    return lambda: fs.seg_topk_kernel[(rows, S)](sc, pml, cb, ci, info, N, H, G, nq, n_split, k, KK, S, info, GP=GP,
+                                                 BLOCK_M=BM, SP=triton.next_power_of_2(n_split), SEG=seg, SEARCH=0,
+                                                 CUTS=fs.SEG_CUTS, num_warps=fs._seg_warps(seg, rows * S))
 
 
 @triton.jit
@@ -121,7 +121,8 @@ def _warm_worker(points):
             vs = _topk_variants(N, B, nq) if ms == 1024 else [("seg", dict(method="seg"))]
             for name, kw in vs:
                 try:
-                    fastselect.topk_from_scratch(sc, pml, B, 8, nq, G, N, 256, **kw)
+                    fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, 8, nq, G, N, 256),
+                                                 how=fastselect.TopkMethod(**kw))
                 except Exception as e:  # noqa: BLE001  (reported again, and skipped, by the timing)
                     print(f"warm-up {name} N={N} B={B} nq={nq}: {e!r}"[:400], flush=True)
             if ms == 1024:
@@ -202,7 +203,8 @@ def _topk_point(res, N, B, nq, H=8, k=256):
     for name, kw in _topk_variants(N, B, nq):
         out = torch.full((B, nq, H, k), -7, dtype=torch.int32, device="cuda")
         try:
-            t = device_time(lambda: fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, **kw))
+            t = device_time(lambda: fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, H, nq, G, N, k), out,
+                                                                 how=fastselect.TopkMethod(**kw)))
         except Exception as e:  # noqa: BLE001
             res["fails"] += 1
             log(f"{name} failed: {e!r}"[:400])
@@ -238,13 +240,14 @@ def _pass1_splits(line, outs, q, lm, B, H, nq, G, N, k):
     from ddbench.kernels.engine import fastselect
     s_old, s_new = _splits(N, B, H, 1024), _splits(N, B, H, 256)
     line["pass1_splits"] = [s_old, s_new]
-    line["pass1 (min split 1024)"] = device_time(lambda: fastselect._landmark_pass1(q, lm, splits=s_old))
+    line["pass1 (min split 1024)"] = device_time(lambda: fastselect.landmark_pass1(q, lm, splits=s_old))
     if s_new != s_old:
-        line["pass1 (min split 256)"] = device_time(lambda: fastselect._landmark_pass1(q, lm, splits=s_new))
-        sc2, pml2, _ = fastselect._landmark_pass1(q, lm, splits=s_new)
+        line["pass1 (min split 256)"] = device_time(lambda: fastselect.landmark_pass1(q, lm, splits=s_new))
+        sc2, pml2, _ = fastselect.landmark_pass1(q, lm, splits=s_new)
         out = torch.empty(B, nq, H, k, dtype=torch.int32, device="cuda")
         line["seg (pass1 min split 256)"] = device_time(
-            lambda: fastselect.topk_from_scratch(sc2, pml2, B, H, nq, G, N, k, out=out, method="seg"))
+            lambda: fastselect.topk_from_scratch(sc2, pml2, fastselect.TopkShape(B, H, nq, G, N, k), out,
+                                                 how=fastselect.TopkMethod(method="seg")))
         line["seg ids equal across pass-1 splits"] = bool(torch.equal(out, outs["seg"]))
 
 

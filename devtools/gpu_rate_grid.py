@@ -76,11 +76,11 @@ def main(argv=None):
         for design, batch, miss, churn in todo:
             t0 = time.perf_counter()
             cache = design == "dualdecoder-cache"
-            cfg = pt.make_config(a.context, batch, miss, True, seed=a.seed,
-                                 cache_tokens=a.cache_tokens if cache else None, churn_rate=churn)
+            timing = pt.PointTiming(miss, reps=a.replays, seed=a.seed)
+            cfg = pt.make_config(a.context, batch, timing, cache_tokens=a.cache_tokens if cache else None,
+                                 churn_rate=churn)
             cfg.validate(model)
-            row = pt.run_point(model, weights, flat, design, a.context, batch, miss_rate=miss, transfers=True,
-                               graph=True, reps=a.replays, hbm=hbm, cfg=cfg, seed=a.seed)
+            row = pt.run_point(pt.PointSetup(model, weights, flat, hbm), design, a.context, batch, timing, cfg=cfg)
             row.update(rate_grid=dict(miss=miss, churn=churn), seed=a.seed, process_command=cmd,
                        wall_point_s=time.perf_counter() - t0)
             fh.write(json.dumps(row, default=str) + "\n")

@@ -8,6 +8,7 @@
         lengths [B] int32       context tokens per request (excluding the new ones)
         Query t sees key s iff s < lengths[b] + t + 1: T_i never sees T'.
         splits: KV splits per (b, h) (flash-decoding); None picks one from the SM count.
+        cache   CacheView(rows, k_scale, v_scale, chunk, tail, kc): how the buffers map to tokens (a chunk cache)
         rows    [B, H, S] int32 (optional): token n of (b, h) is physical row rows[b, h, n] of the buffers
     fp8 KV (e4m3): k_buf, v_buf torch.float8_e4m3fn with k_scale, v_scale fp32 [B, H, S_phys // chunk], one
         scale per chunk of physical rows per (b, h) (ddbench.kernels.fp8.quantize_chunks); row r's scale is
@@ -15,8 +16,7 @@
         probabilities' columns by the V scales (the e4m3 tiles convert exactly to q's dtype for the dots).
     tail=(tk, tv), kc: logical tokens kc.. are rows 0.. of the 16-bit tk, tv [B, H, T, d] (an fp8 chunk cache's
         resident window, generated and new tokens, kept in q's dtype); tokens below kc go through rows
-    dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, k_scale=None, v_scale=None, chunk=8,
-                              tail=None, kc=0) -> o
+    dual_sparse_attention_ref(q, k_buf, v_buf, lengths, cache=CacheView()) -> o
         torch twin (fp32 math; fp8 buffers dequantised with ddbench.kernels.fp8.dequantize_chunks)
     chunk_cache_rows(B, H, n_tokens, n_slots, chunk, generator=None, device=None) -> rows
         a chunk cache's random slot permutation as rows (test and benchmark inputs)
@@ -28,6 +28,7 @@ each K/V tile read from HBM, so two query tokens cost about the bytes of one.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -224,12 +225,29 @@ def _check_scales(k_buf, v_buf, k_scale, v_scale, chunk) -> bool:
     return True
 
 
+@dataclass(frozen=True, eq=False)
+class CacheView:
+    """How the attention reads its buffers where they are a chunk cache (the default: plain buffers).
+    rows [B, H, S] int32: token n of (b, h) is row rows[b, h, n] of k_buf / v_buf (the cache's slots; its
+    values < k_buf's rows). fp8 k_buf / v_buf: k_scale, v_scale fp32 [B, H, S_phys // chunk]. tail (tk, tv)
+    [B, H, T, d] in q's dtype: logical tokens kc.. are their rows 0.. (an fp8 chunk cache's 16-bit tail;
+    rows[..., kc:] unread)."""
+    rows: torch.Tensor | None = None
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+    chunk: int = 8
+    tail: tuple | None = None
+    kc: int = 0
+
+
+PLAIN = CacheView()
+
+
 def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, block_n=64, num_warps=4, num_stages=3,
-                          rows=None, k_scale=None, v_scale=None, chunk=8, tail=None, kc=0):
-    """See module docstring. Caller guarantees lengths[b] + nq <= S. rows [B, H, S] int32: token n of
-    (b, h) is row rows[b, h, n] of k_buf / v_buf (a chunk cache's slots; its values < k_buf's rows).
-    fp8 k_buf / v_buf: k_scale, v_scale fp32 [B, H, S_phys // chunk]. tail (tk, tv) [B, H, T, d] in q's
-    dtype: logical tokens kc.. are their rows 0.. (an fp8 chunk cache's 16-bit tail; rows[..., kc:] unread)."""
+                          cache: CacheView = PLAIN):
+    """See module docstring. Caller guarantees lengths[b] + nq <= S. cache: CacheView (rows, fp8 scales, tail)."""
+    rows, k_scale, v_scale, chunk, tail, kc = (cache.rows, cache.k_scale, cache.v_scale, cache.chunk, cache.tail,
+                                               cache.kc)
     B, nq, Hq, d, H = _check(q, k_buf, v_buf, lengths)
     fp8 = _check_scales(k_buf, v_buf, k_scale, v_scale, chunk)
     G = Hq // H
@@ -267,10 +285,11 @@ def dual_sparse_attention(q, k_buf, v_buf, lengths, *, out=None, splits=None, bl
     return o
 
 
-def dual_sparse_attention_ref(q, k_buf, v_buf, lengths, rows=None, k_scale=None, v_scale=None, chunk=8, tail=None,
-                              kc=0, **_):
+def dual_sparse_attention_ref(q, k_buf, v_buf, lengths, cache: CacheView = PLAIN, **_):
     """Torch twin in fp32, one request at a time (fp8 buffers: dequantised first; rows: read through them;
     tail: logical tokens kc.. from its rows)."""
+    rows, k_scale, v_scale, chunk, tail, kc = (cache.rows, cache.k_scale, cache.v_scale, cache.chunk, cache.tail,
+                                               cache.kc)
     B, nq, Hq, d, H = _check(q, k_buf, v_buf, lengths)
     S = k_buf.shape[2] if rows is None else _check_rows(rows, B, H, k_buf.shape[2])
     tk, tv = _check_tail(tail, kc, S, q, k_buf, rows)

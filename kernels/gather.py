@@ -98,7 +98,8 @@ def launch_items(items, programs: int, host_kv) -> int:
     return max(2, 1 << (max(1, FP8_IN_FLIGHT // max(1, programs)).bit_length() - 1))
 
 
-def _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales=None):
+def check_gather_args(host_kv, layer, idx, k_out, v_out, slot_offset, scales=None):
+    """(B, H, N, C, d) of a gather's host KV, ids and outputs, checked against each other, or DDBenchError."""
     check_host_kv(host_kv)
     check_host_scales(host_kv, scales)
     L, B, H, N, _, C, d = host_kv.shape
@@ -123,7 +124,7 @@ def _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales=None):
 
 def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, programs=32, items=None, scales=None):
     """Persistent UVA gather (see module docstring). Returns the launch's src_slot (None without prev)."""
-    B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
+    B, H, N, C, d = check_gather_args(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
     n_sel = idx.shape[2]
     n_items = B * H * n_sel
     if C * d & (C * d - 1):
@@ -156,7 +157,7 @@ def gather_uva(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, p
 def gather_ref(host_kv, layer, idx, k_out, v_out, *, slot_offset=0, prev=None, scales=None, **_):
     """Torch twin of gather_uva: the same writes, by advanced indexing (fp8: dequantised in fp32, then
     cast to the outputs' dtype, as the kernel rounds)."""
-    B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
+    B, H, N, C, d = check_gather_args(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
     n = idx.shape[2]
     src = dequantized_layer(host_kv, layer, scales, v_out.dtype).to(v_out.device)
     bi = torch.arange(B, device=v_out.device)[:, None, None]

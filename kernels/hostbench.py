@@ -25,6 +25,7 @@ import os
 import sys
 import time
 
+from ddbench.core.designs import DUALDECODER, SHADOWKV
 from ddbench.core.errors import DDBenchError
 from ddbench.core.flags import OneLineParser
 
@@ -32,7 +33,7 @@ MIB, GIB = 1 << 20, 1 << 30
 CALL_BYTES = 256 * MIB
 HOST_BYTES = GIB
 TESTS = (("copy", 0), ("gather4k", 4096), ("gather2k", 2048))
-ENGINE_POINTS = (("dualdecoder", 131072, 32), ("shadowkv", 131072, 32))
+ENGINE_POINTS = ((DUALDECODER, 131072, 32), (SHADOWKV, 131072, 32))
 COLUMNS = ("gpus_fetching", "gpu_index", "test", "piece_bytes", "calls", "bytes", "seconds", "gbps", "tokens_per_s",
            "step_ms", "numa_node", "affinity_set", "pci_bus_id")
 
@@ -103,14 +104,14 @@ def _engine_rows(base: dict, seconds: float, barrier) -> list[dict]:
     import torch
     from ddbench.core.catalog import get_model
     from ddbench.kernels.engine.model import Weights
-    from ddbench.kernels.engine.sweep import alloc_host, run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, alloc_host, run_point
     model = get_model("llama-3-8b")
     weights = Weights.random(model, "cuda", seed=0)
     flat = alloc_host(8)[0]
     rows = []
     for design, ctx, batch in ENGINE_POINTS:
-        row, e = run_point(model, weights, flat, design, ctx, batch, miss_rate=0.25, transfers=True, graph=True,
-                           reps=3, keep=True, log=lambda *_: None)
+        row, e = run_point(PointSetup(model, weights, flat, log=lambda *_: None), design, ctx, batch,
+                           PointTiming(0.25, reps=3), keep=True)
         barrier.wait()
         calls, secs = _timed_loop(e.replay, seconds, per_check=1)
         step = secs / (2 * calls)                       # a replay is 2 steps (kernels/engine/sweep.py)

@@ -294,7 +294,7 @@ def index_pass1(q, L: Landmarks, cand=None, *, block_n=32, splits=None, scores=f
     split_len = triton.cdiv(triton.cdiv(NC, splits), block_n) * block_n
     n_split = triton.cdiv(NC, split_len)
     if scratch is None:
-        scratch = (torch.empty(B * H * BLOCK_M * NC, device=q.device, dtype=fastselect._score_dtype(scores)),
+        scratch = (torch.empty(B * H * BLOCK_M * NC, device=q.device, dtype=fastselect.checked_score_dtype(scores)),
                    torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32))
     scratch, pml = scratch[0][:B * H * BLOCK_M * NC], scratch[1][:B * H * n_split * BLOCK_M * 2]
     data = L.data.view(torch.uint8) if L.fmt == "fp8" else L.data
@@ -336,14 +336,15 @@ def index_select(q, ix: Index, k: int, keep=None, *, out=None, scores=fastselect
             return fastselect.select_topk(q, ix.fine.data, k, block_n=max(block_n, 16), splits=splits, scores=scores,
                                           out=out, **topk_kw)
         scratch, pml, NC = index_pass1(q, ix.fine, block_n=block_n, splits=splits, scores=scores)
-        return fastselect.topk_from_scratch(scratch, pml, B, H, nq, Hq // H, NC, k, out=out, **topk_kw)
+        return fastselect.topk_from_scratch(scratch, pml, fastselect.TopkShape(B, H, nq, Hq // H, NC, k), out=out,
+                                            **topk_kw)
     kk = _keep(ix, k, keep)
     scratch, pml, S = index_pass1(q, ix.coarse, block_n=block_n, splits=splits, scores=scores)
-    sup = fastselect.topk_from_scratch(scratch, pml, B, H, nq, Hq // H, S, kk)
+    sup = fastselect.topk_from_scratch(scratch, pml, fastselect.TopkShape(B, H, nq, Hq // H, S, kk))
     cand = _candidates(sup, ix.spec.group)
     scratch, pml, NC = index_pass1(q, ix.fine, cand, block_n=block_n, splits=splits, scores=scores)
-    pos = fastselect.topk_from_scratch(scratch, pml, B, H, nq, Hq // H, NC, k, **topk_kw)
-    return fastselect._into(cand.gather(-1, pos.long()), out)
+    pos = fastselect.topk_from_scratch(scratch, pml, fastselect.TopkShape(B, H, nq, Hq // H, NC, k), **topk_kw)
+    return fastselect.deliver_ids(cand.gather(-1, pos.long()), out)
 
 
 def index_scores_ref(q, L: Landmarks, cand=None) -> torch.Tensor:
@@ -369,7 +370,7 @@ def _topk_ref(p, k):
 def index_select_ref(q, ix: Index, k: int, keep=None, out=None) -> torch.Tensor:
     """Torch twin of index_select (fp32 scores, torch.topk), into `out` as index_select takes it."""
     if ix.coarse is None:
-        return fastselect._into(_topk_ref(index_scores_ref(q, ix.fine), k), out)
+        return fastselect.deliver_ids(_topk_ref(index_scores_ref(q, ix.fine), k), out)
     sup = _topk_ref(index_scores_ref(q, ix.coarse), _keep(ix, k, keep))
     cand = _candidates(sup, ix.spec.group)
-    return fastselect._into(cand.gather(-1, _topk_ref(index_scores_ref(q, ix.fine, cand), k).long()), out)
+    return fastselect.deliver_ids(cand.gather(-1, _topk_ref(index_scores_ref(q, ix.fine, cand), k).long()), out)

@@ -126,12 +126,12 @@ class Case:
         """One gather call: gather_uva, or `slices` gather_uva launches (the sliced prefetch), or with
         `flag` the yielding gather (kernels/yieldgather.py); the next index set each call."""
         from ddbench.kernels.gather import gather_uva
-        from ddbench.kernels.yieldgather import gather_sliced, gather_yielding
+        from ddbench.kernels.yieldgather import YieldFlag, gather_sliced, gather_yielding
         s = self.calls % SETS
         self.calls += 1
         kw = dict(programs=programs, items=items, scales=self.scales)
         if flag is not None:
-            gather_yielding(self.host, 0, self.idx[s], self.k, self.v, flag, polls=polls, **kw)
+            gather_yielding(self.host, 0, self.idx[s], self.k, self.v, YieldFlag(flag, polls=polls), **kw)
         elif slices > 1:
             gather_sliced(self.host, 0, self.sliced(slices)[s], self.k, self.v, **kw)
         else:
@@ -260,10 +260,12 @@ def bench_prefetches(torch, pre, rows, rnd, reps, copy_gbps, lo, flag, polls):
     return out
 
 
-def _beside(torch, pre, urg, p, launch, lo, hi, flag, polls, n, copy_gbps):
+def _beside(torch, pre, urg, p, launch, streams, yielding, n, copy_gbps):
     """n overlaps of the prefetch `p` and the urgent call: medians of (urgent ms, link busy, prefetch ms,
-    the most polls of a prefetch program that found the flag raised)."""
+    the most polls of a prefetch program that found the flag raised). streams: (low, high priority);
+    yielding: (the yield flag, the prefetch programs' poll counters)."""
     up, ui = launch
+    (lo, hi), (flag, polls) = streams, yielding
     first = _prefetch_fn(pre, p, flag, polls)
     if p.yielding:
         from ddbench.kernels.yieldgather import lower_flag, raise_flag
@@ -301,7 +303,8 @@ def bench_urgent(torch, hosts, rows, rnd, reps, copy_gbps):
             rows.append(dict(base, variant="alone-flagged", ms=t, gbps=urg.bytes / t / 1e6, latency_ratio=t / alone,
                              note="raise the yield flag, the urgent gather, lower it (the flag's two fills timed too)"))
             for p in PREFETCHES:
-                m, busy, pms, held = _beside(torch, pre, urg, p, (up, ui), lo, hi, flag, polls, 2 * reps, copy_gbps)
+                m, busy, pms, held = _beside(torch, pre, urg, p, (up, ui), (lo, hi), (flag, polls), 2 * reps,
+                                             copy_gbps)
                 note = (f"prefetch 256 MiB fp8, {p.describe()}, low priority; prefetch {pms:.2f} ms beside"
                         f" ({pre_alone[p.name]:.2f} alone)")
                 if held is not None:

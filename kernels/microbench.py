@@ -14,12 +14,13 @@ import math
 
 import torch
 
+from ddbench.core.designs import SPECACHE
 from ddbench.kernels.attention import dual_sparse_attention
 from ddbench.kernels.indexbench import bench_index
 from ddbench.kernels.gather import gather_cpu_staging, gather_per_chunk, gather_ref, gather_uva
 from ddbench.kernels.landmarks import build_landmarks
 from ddbench.kernels.layout import alloc_host_kv
-from ddbench.kernels.rebuild import rebuild_keys
+from ddbench.kernels.rebuild import RebuildLaunch, rebuild_keys
 from ddbench.kernels.select import score_chunks, select_chunks
 from ddbench.kernels.specache import quantize_keys_2bit, specache_scores, specache_scores_triton
 from ddbench.kernels.timing import time_cuda, time_host
@@ -212,8 +213,8 @@ def bench_rebuild(rows: Rows, dev, hbm_gbps, quick: bool):
         rows.add("rebuild", f"lowrank_r{R}_rope", B, f"T={T} n={n * C} tokens", nbytes, t, nbytes / hbm_gbps / 1e6,
                  notes=f"gflop={flops / 1e9:.1f}")
         for bc, rb, nw in ((8, 32, 4), (16, 32, 4), (16, 32, 8), (8, 64, 4), (16, 64, 8)):
-            t = time_cuda(lambda: rebuild_keys(U, SV, idx, k_out, chunk=C, block_chunks=bc, rank_block=rb,
-                                               num_warps=nw), inner=3, reps=15)
+            t = time_cuda(lambda: rebuild_keys(U, SV, idx, k_out, chunk=C, launch=RebuildLaunch(
+                block_chunks=bc, rank_block=rb, num_warps=nw)), inner=3, reps=15)
             rows.add("rebuild", f"lowrank_bc{bc}_rb{rb}_w{nw}", B, f"T={T} n={n * C} tokens", nbytes, t,
                      nbytes / hbm_gbps / 1e6, f"lowrank_r{R}_rope")
         del U, SV, k_out
@@ -225,12 +226,12 @@ def bench_specache(rows: Rows, dev, hbm_gbps, quick: bool):
     k = _rand_bf16(B, H, T, d)
     q = _rand_bf16(B, 2, Hq, d)
     t = time_cuda(lambda: quantize_keys_2bit(k), inner=1, reps=5)
-    rows.add("specache", "quantize_2bit_g64", B, f"T={T}", k.numel() * 2, t, k.numel() * 2.25 / hbm_gbps / 1e6,
+    rows.add(SPECACHE, "quantize_2bit_g64", B, f"T={T}", k.numel() * 2, t, k.numel() * 2.25 / hbm_gbps / 1e6,
              notes="torch")
     qk = quantize_keys_2bit(k)
     nbytes = qk.codes.numel() + 2 * qk.scale.numel() * 2
     t = time_cuda(lambda: specache_scores(q, qk), inner=2, reps=10)
-    rows.add("specache", "score_2bit_nq2", B, f"T={T}", nbytes, t, nbytes / hbm_gbps / 1e6,
+    rows.add(SPECACHE, "score_2bit_nq2", B, f"T={T}", nbytes, t, nbytes / hbm_gbps / 1e6,
              notes="torch; floor: read 2-bit codes + scales")
     bench_specache_triton(rows, dev, hbm_gbps, [(8, 32768), (16, 131072)] if not quick else [(8, 32768)])
 
@@ -252,7 +253,7 @@ def bench_specache_triton(rows: Rows, dev, hbm_gbps, shapes, splits=(None,)):
             for sp in splits:
                 t = time_cuda([lambda q=q, qk=qk: specache_scores_triton(q, qk, chunk=chunk, splits=sp)
                                for q, qk in sets], inner=2, reps=10)
-                rows.add("specache", f"score_2bit_nq2_triton_c{chunk}" + (f"_s{sp}" if sp else ""), B, f"T={T}",
+                rows.add(SPECACHE, f"score_2bit_nq2_triton_c{chunk}" + (f"_s{sp}" if sp else ""), B, f"T={T}",
                          read + out_b, t, (read + out_b) / hbm_gbps / 1e6,
                          notes="triton, two passes over the codes; floor: codes + scales read once, output written once")
         del sets

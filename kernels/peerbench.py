@@ -33,7 +33,7 @@ import math
 import torch
 
 from ddbench.core.errors import DDBenchError
-from ddbench.kernels.attention import dual_sparse_attention
+from ddbench.kernels.attention import CacheView, dual_sparse_attention
 from ddbench.kernels.timing import time_cuda
 
 HQ, H, D, BUDGET, CHUNK = 32, 8, 128, 2048, 8
@@ -153,7 +153,8 @@ def bench_attention(rows, fi, hbm_gbps, batches, contexts, dev, gen):
                 tok = "single" if nq == 1 else "dual"
                 ours_g = [lambda s=s: dual_sparse_attention(case.q[s], case.gk[s], case.gv[s], case.lengths)
                           for s in range(case.S)]
-                ours_r = [lambda s=s: dual_sparse_attention(case.q[s], *case.pool(s), case.lengths, rows=case.rows[s])
+                ours_r = [lambda s=s: dual_sparse_attention(case.q[s], *case.pool(s), case.lengths,
+                                                            cache=CacheView(case.rows[s]))
                           for s in range(case.S)]
                 o_ref = ours_r[0]()
                 t, how = _timed(ours_g)
@@ -177,7 +178,7 @@ def bench_attention(rows, fi, hbm_gbps, batches, contexts, dev, gen):
 
 
 def bench_topk(rows, fi, hbm_gbps, batches, contexts, dev, gen):
-    from ddbench.kernels.engine.fastselect import _landmark_pass1, select_topk, topk_from_scratch
+    from ddbench.kernels.engine.fastselect import TopkShape, landmark_pass1, select_topk, topk_from_scratch
     from ddbench.kernels.select import score_chunks
     nq = 2
     for ctx in contexts:
@@ -187,12 +188,12 @@ def bench_topk(rows, fi, hbm_gbps, batches, contexts, dev, gen):
             S = _sets(lm_bytes)
             lms = [torch.randn(B, H, N, D, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(S)]
             qs = [torch.randn(B, nq, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(S)]
-            p1 = [_landmark_pass1(q, lm) for q, lm in zip(qs, lms)]
+            p1 = [landmark_pass1(q, lm) for q, lm in zip(qs, lms)]
             probs = [score_chunks(q, lm).view(B * nq * H, N) for q, lm in zip(qs, lms)]
             shape = f"{ctx // 1024}K ctx, N={N} chunks, k={K_CHUNKS}, nq={nq}, {S} input sets"
             scratch_bytes = B * H * nq * G * N * 2
             p_bytes = B * nq * H * N * 4
-            t, how = _timed([lambda s=s: topk_from_scratch(p1[s][0], p1[s][1], B, H, nq, G, N, K_CHUNKS)
+            t, how = _timed([lambda s=s: topk_from_scratch(p1[s][0], p1[s][1], TopkShape(B, H, nq, G, N, K_CHUNKS))
                              for s in range(S)])
             rows.add("peer_topk", "ours_fused_topk", B, shape, scratch_bytes, t, scratch_bytes / hbm_gbps / 1e6,
                      notes=f"{how}; normalise + group max + top-k from pass 1's fp16 scratch")

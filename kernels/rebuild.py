@@ -1,12 +1,12 @@
 """Low-rank key rebuild (ShadowKV; DualDecoder's adaptive key reconstruction).
 
-    rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, impl="auto", ...)
+    rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, launch=RebuildLaunch())
         U     [B, T, r]      pre-RoPE key factor, rows = token positions (rank shared by heads)
         SV    [B, H, r, d]   per-head right factor
         idx   [B, H, n]      selected chunk ids; chunk c covers tokens c*C .. c*C+C-1
         k_out [B, H, S, d]   tokens slot_offset + j*C + i receive RoPE(U[c*C+i] @ SV[h], pos=c*C+i)
     rebuild_keys_ref(...)    torch twin (fp32), same arguments
-    rebuild_changed(U, SV, old, new, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, ...)
+    rebuild_changed(U, SV, old, new, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, launch=RebuildLaunch())
         old, new [B, H, n]   the chunk ids each slot held before and holds now (ShadowKV's in-place
                              buffer: hits keep their slots, misses fill the slots of chunks no longer
                              selected); only the slots whose id changed are rebuilt, the others keep
@@ -29,6 +29,8 @@ misses a step rebuilds about an eighth of the keys that rebuild_keys rebuilds.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -258,23 +260,41 @@ LAUNCH = {"blocks": dict(block_chunks=8, rank_block=64, num_warps=4, num_stages=
           "resident": dict(block_chunks=4, num_warps=4, num_stages=3)}
 
 
-def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=None, rank_block=None,
-                 num_warps=None, num_stages=None, fast_rope=None, impl="auto", programs=None):
+@dataclass(frozen=True)
+class RebuildLaunch:
+    """Which rebuild kernel runs and how it is launched; None takes the kernel's default (LAUNCH, LAUNCH_CHANGED).
+    impl (rebuild_keys): "auto", "blocks" or "resident" (rebuild_keys' docstring); block_chunks: chunks per
+    block; rank_block (blocks): the rank's block; num_warps, num_stages; programs: resident, the programs
+    in all (rebuild_keys), or per (request, head) (rebuild_changed); fast_rope (default: on CUDA): sin/cos
+    from the SFU after the range reduction."""
+    impl: str = "auto"
+    block_chunks: int | None = None
+    rank_block: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    programs: int | None = None
+    fast_rope: bool | None = None
+
+
+def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0,
+                 launch: RebuildLaunch = RebuildLaunch()):
     """impl "blocks": block_chunks chunks of one (request, head) per program, the rank in blocks of
     rank_block; "resident": at most `programs` programs (default 4 per SM, what fits at once) or
     one per (request, head), each loads SV[b, h] once and runs over blocks of block_chunks chunks;
     "auto": resident where each program gets >= 4 blocks (so SV is reused), else blocks: on the H200
     at n=256, resident from B=4 (it was 10-17% faster at B=16 and 64, 5% slower at B=1). Launch
-    parameters left None take LAUNCH[impl]. fast_rope (default: on CUDA) takes sin/cos from the SFU
-    after the range reduction."""
+    parameters (RebuildLaunch) left None take LAUNCH[impl]. fast_rope (default: on CUDA) takes sin/cos
+    from the SFU after the range reduction."""
+    impl, programs, fast_rope = launch.impl, launch.programs, launch.fast_rope
     B, T, R, H, d = _check(U, SV, idx, k_out, chunk, slot_offset)
     n = idx.shape[2]
     if n == 0 or B * H == 0:
         return k_out
     sms = torch.cuda.get_device_properties(U.device).multi_processor_count if U.is_cuda else 4
-    given = dict(block_chunks=block_chunks, rank_block=rank_block, num_warps=num_warps, num_stages=num_stages)
+    given = dict(block_chunks=launch.block_chunks, rank_block=launch.rank_block, num_warps=launch.num_warps,
+                  num_stages=launch.num_stages)
 
-    def launch(impl):
+    def launch_of(impl):
         return {k: v if given.get(k) is None else given[k] for k, v in LAUNCH[impl].items()}
 
     def tiles_of(bc):        # resident: blocks per program; (programs or 4 per SM) // (B*H) programs per (b, h)
@@ -282,10 +302,10 @@ def rebuild_keys(U, SV, idx, k_out, *, chunk=8, rope_theta=500000.0, slot_offset
         return triton.cdiv(nblk, max(1, min(nblk, (programs or 4 * sms) // (B * H))))
 
     if impl == "auto":
-        impl = "resident" if R >= 16 and tiles_of(launch("resident")["block_chunks"]) >= 4 else "blocks"
+        impl = "resident" if R >= 16 and tiles_of(launch_of("resident")["block_chunks"]) >= 4 else "blocks"
     if impl not in LAUNCH:
         raise DDBenchError(f"impl {impl!r}: 'auto', 'blocks' or 'resident'")
-    kw = launch(impl)
+    kw = launch_of(impl)
     bc = kw["block_chunks"]
     idx = idx.to(device=U.device, dtype=torch.int32).contiguous()
     inv = _inv_freq(d, rope_theta, U.device)
@@ -332,13 +352,17 @@ def _check_changed(U, SV, old, new, k_out, chunk, slot_offset):
     return B, T, R, H, d
 
 
-def rebuild_changed(U, SV, old, new, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0, block_chunks=None,
-                    num_warps=None, num_stages=None, programs=None, fast_rope=None):
+def rebuild_changed(U, SV, old, new, k_out, *, chunk=8, rope_theta=500000.0, slot_offset=0,
+                    launch: RebuildLaunch = RebuildLaunch()):
     """Rebuild the keys of the slots whose chunk id changed (old[b, h, j] != new[b, h, j]): tokens
     slot_offset + j*C + i of k_out receive RoPE(U[c*C+i] @ SV[h], pos=c*C+i) with c = new[b, h, j];
-    every other slot is left as it is. `programs` per (request, head) (default: about 4 per SM in
-    all, at most LAUNCH_CHANGED["max_split"]). No host sync: the count of changed slots is found on the
-    device (capturable)."""
+    every other slot is left as it is. launch.programs per (request, head) (default: about 4 per SM in
+    all, at most LAUNCH_CHANGED["max_split"]); its impl and rank_block do not apply (one kernel). No host
+    sync: the count of changed slots is found on the device (capturable)."""
+    if launch.impl != "auto" or launch.rank_block is not None:
+        raise DDBenchError("rebuild_changed has one kernel: its launch takes no impl and no rank_block")
+    block_chunks, num_warps, num_stages = launch.block_chunks, launch.num_warps, launch.num_stages
+    programs, fast_rope = launch.programs, launch.fast_rope
     B, T, R, H, d = _check_changed(U, SV, old, new, k_out, chunk, slot_offset)
     n = new.shape[2]
     if n == 0 or B * H == 0:

@@ -42,9 +42,9 @@ def landmark_block(qt, lb, n0, end, s_ln, dd, m, l, scale_log2, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
-                 H, G, NQ, n_split, split_len, scale_log2,
-                 D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def score_pass1_kernel(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
+                       H, G, NQ, n_split, split_len, scale_log2,
+                       D: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Raw scores of one (request, KV head, split) to scratch (in its dtype: fp32, or fp16 for the
     engine); that split's row max and sum, from the unrounded scores."""
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
@@ -65,8 +65,8 @@ def _score_pass1(q, lm, scratch, pml, N, s_qb, s_qt, s_qh, s_lb, s_lh, s_ln,
 
 
 @triton.jit
-def _score_pass2(scratch, pml, out, N, H, G, NQ, n_split, split_len,
-                 GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SP: tl.constexpr):
+def score_pass2_kernel(scratch, pml, out, N, H, G, NQ, n_split, split_len,
+                       GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SP: tl.constexpr):
     """Softmax with the global row max and sum, then the max over the group, for one split."""
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     ss = tl.arange(0, SP)
@@ -90,7 +90,8 @@ def _score_pass2(scratch, pml, out, N, H, G, NQ, n_split, split_len,
                 tl.store(ob + tt * H * N + n, best, mask=nv)
 
 
-def _check(q, lm):
+def check_select_args(q, lm):
+    """(B, nq, Hq, d, H, N) of queries [B, nq, Hq, d] and landmarks [B, H, N, d], or DDBenchError."""
     if q.dim() != 4 or lm.dim() != 4 or q.shape[0] != lm.shape[0] or q.shape[3] != lm.shape[3]:
         raise DDBenchError(f"need q [B, nq, Hq, d] and landmarks [B, H, N, d], got {tuple(q.shape)}, {tuple(lm.shape)}")
     B, nq, Hq, d = q.shape
@@ -102,7 +103,7 @@ def _check(q, lm):
 
 def score_chunks(q, lm, *, out=None, block_n=64, splits=None, scratch=None):
     """splits: landmark splits per (request, head); None gives ~4 waves of programs, >= 1024 chunks each."""
-    B, nq, Hq, d, H, N = _check(q, lm)
+    B, nq, Hq, d, H, N = check_select_args(q, lm)
     G = Hq // H
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
@@ -118,16 +119,16 @@ def score_chunks(q, lm, *, out=None, block_n=64, splits=None, scratch=None):
         raise DDBenchError(f"out must be a contiguous fp32 [B, nq, H, N] = {(B, nq, H, N)} tensor")
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
     grid = (B * H, n_split)
-    _score_pass1[grid](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
-                       H, G, nq, n_split, split_len, LOG2E / math.sqrt(d),
-                       D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4)
-    _score_pass2[grid](scratch, pml, out, N, H, G, nq, n_split, split_len,
-                       GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SP=triton.next_power_of_2(n_split), num_warps=4)
+    score_pass1_kernel[grid](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
+                             H, G, nq, n_split, split_len, LOG2E / math.sqrt(d),
+                             D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4)
+    score_pass2_kernel[grid](scratch, pml, out, N, H, G, nq, n_split, split_len,
+                             GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SP=triton.next_power_of_2(n_split), num_warps=4)
     return out
 
 
 def score_chunks_ref(q, lm):
-    B, nq, Hq, d, H, N = _check(q, lm)
+    B, nq, Hq, d, H, N = check_select_args(q, lm)
     s = torch.einsum("bthd,bhnd->bthn", q.float(), lm.float().repeat_interleave(Hq // H, 1)) / math.sqrt(d)
     return s.softmax(-1).view(B, nq, H, Hq // H, N).amax(3)
 

@@ -183,7 +183,7 @@ def _spec_kernel(q, codes, scale, zero, pml, out, scratch, n_groups, s_qb, s_qt,
     """GB groups (GB * GROUP tokens, GB * GROUP / 4 byte rows) per iteration: the codes' 4 token
     phases are dequantised in registers (zero + scale * code, the group's scale broadcast over its
     rows) and each phase is one [rows, D] x [D, BLOCK_M] dot. Pass 1 (with CHUNK: the per-row chunk
-    maxima too); pass 2 per token only (the chunk form's pass 2 is kernels/select.py's _score_pass2)."""
+    maxima too); pass 2 per token only (the chunk form's pass 2 is kernels/select.py's score_pass2_kernel)."""
     bh, sp, b, h, r, t, g, rv = group_rows(H, G, NQ, GP, BLOCK_M)
     qt = load_group_queries(q, b, h, t, g, rv, s_qb, s_qt, s_qh, G, D).to(tl.float16)
     dd = tl.arange(0, D)
@@ -419,12 +419,12 @@ def specache_scores_triton(q: torch.Tensor, qk: QuantKeys, *, chunk: int = 0, sp
     if out.shape != (B, nq, H, T_out) or not out.is_contiguous() or out.dtype != torch.float32:
         raise DDBenchError(f"out must be a contiguous fp32 {(B, nq, H, T_out)} tensor")
     if chunk:   # one pass over the codes; pass 2 reads the per-row chunk maxima (select.py's pass 2)
-        from ddbench.kernels.select import _score_pass2
-        scratch, pml = _pass1(q, qk, chunk, L, gb, num_warps, False, impl)
+        from ddbench.kernels.select import score_pass2_kernel
+        scratch, pml = _pass1(q, qk, chunk, L, SpecKernel(impl, groups_per_iter, num_warps), gb)
         split_len = triton.cdiv(T_out, n_split)
-        _score_pass2[(B * H, n_split)](scratch, pml, out, T_out, H, G, nq, n_split, split_len,
-                                       GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=64, SP=triton.next_power_of_2(n_split),
-                                       num_warps=4)
+        score_pass2_kernel[(B * H, n_split)](scratch, pml, out, T_out, H, G, nq, n_split, split_len,
+                                             GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=64, SP=triton.next_power_of_2(n_split),
+                                             num_warps=4)
         return out
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
     grid = (B * H, n_split)
@@ -468,21 +468,33 @@ def _groups_per_iter(impl: str, groups_per_iter: int | None, num_warps: int) -> 
     return groups_per_iter
 
 
-def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, *, splits=None, groups_per_iter: int | None = None,
-               num_warps: int = 4, rowload: bool = False, impl: str = "codes", maxnreg: int | None = None,
+@dataclass(frozen=True)
+class SpecKernel:
+    """Which pass-1 kernel runs and how it is launched: impl "codes" (one pass over the 2-bit codes, the
+    default) or "dequant" (the first kernel); key groups per iteration (None: the impl's measured best);
+    warps; rowload (dequant: whole rows per load); maxnreg (codes: a register cap, None: Triton's)."""
+    impl: str = "codes"
+    groups_per_iter: int | None = None
+    num_warps: int = 4
+    rowload: bool = False
+    maxnreg: int | None = None
+
+
+def spec_pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, kernel: SpecKernel = SpecKernel(), *, splits=None,
                rows: int | None = None, scores=torch.float32):
     """One pass over the codes: per (request, KV head) the raw log2-scaled scores' max per chunk for
     every query row of the group, in `scratch` [B*H, BLOCK_M, T/chunk] (valid rows only; in the dtype
     `scores`, fp32 or fp16), and each split's row max and sum of exp in `pml` (the layout of
     kernels/select.py's pass 1), with BLOCK_M = spec_block_m(nq, G, impl, rows): pass it to
     fastselect.topk_from_scratch as `block_m`."""
-    gb = _groups_per_iter(impl, groups_per_iter, num_warps)
-    L = _launch(q, qk, splits, gb, _WAVES[impl], _block_m(q, qk, impl, rows))
-    return _pass1(q, qk, chunk, L, gb, num_warps, rowload, impl, maxnreg, scores)
+    gb = _groups_per_iter(kernel.impl, kernel.groups_per_iter, kernel.num_warps)
+    L = _launch(q, qk, splits, gb, _WAVES[kernel.impl], _block_m(q, qk, kernel.impl, rows))
+    return _pass1(q, qk, chunk, L, kernel, gb, scores)
 
 
-def _pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, L: _Launch, groups_per_iter: int, num_warps: int,
-           rowload: bool, impl: str = "codes", maxnreg: int | None = None, scores=torch.float32):
+def _pass1(q: torch.Tensor, qk: QuantKeys, chunk: int, L: _Launch, kernel: SpecKernel, groups_per_iter: int,
+           scores=torch.float32):
+    num_warps, rowload, impl, maxnreg = kernel.num_warps, kernel.rowload, kernel.impl, kernel.maxnreg
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
     codes, sc, ze, G, GP, BLOCK_M, ng, split_groups, n_split = L

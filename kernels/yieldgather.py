@@ -2,8 +2,8 @@
 urgent test (kernels/linkbench.py) to measure. The engine's chunk cache takes the yield (its slot gather,
 kernels/engine/transfer.gather_slots, polls the same flag) behind EngineConfig.yield_prefetch.
 
-    gather_yielding(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, programs=32, items=None,
-                    scales=None, spin=SPIN, polls=None) -> programs launched
+    gather_yielding(host_kv, layer, idx, k_out, v_out, YieldFlag(flag, spin=SPIN, polls=None), *, slot_offset=0,
+                    programs=32, items=None, scales=None) -> programs launched
         gather_uva's contract and bytes (kernels/gather.py, without reuse: bf16, or fp8 dequantised in the
         kernel), plus `flag`, an int32 [1] device tensor. Each program reads the flag with a volatile load
         (flag_now: from L2 every time, never a cached copy) once at its start and once beside each round of `items`
@@ -48,13 +48,15 @@ traces/link/h200). The polls output shows whether a run ever spent it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from ddbench.core.errors import DDBenchError
 from ddbench.kernels.fp8 import E4M3, layer_scales
-from ddbench.kernels.gather import _check, gather_ref, gather_uva, launch_items
+from ddbench.kernels.gather import check_gather_args, gather_ref, gather_uva, launch_items
 
 SPIN = 1 << 14          # polls per program per launch at most (the wait's bound; see the module docstring)
 
@@ -121,10 +123,21 @@ def _grid(n_items, programs, items):
     return max(1, min(programs, triton.cdiv(n_items, items)))
 
 
-def gather_yielding(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, programs=32, items=None, scales=None,
-                    spin=SPIN, polls=None) -> int:
+@dataclass(frozen=True, eq=False)
+class YieldFlag:
+    """The urgent side's flag as a yielding gather polls it: `flag`, an int32 [1] device tensor (raise_flag,
+    lower_flag); `spin`, each program's budget of polls for the launch; `polls`, None or an int32 device
+    tensor of at least `programs` entries for how many of each program's polls found it raised."""
+    flag: torch.Tensor
+    spin: int = SPIN
+    polls: torch.Tensor | None = None
+
+
+def gather_yielding(host_kv, layer, idx, k_out, v_out, yielding: YieldFlag, *, slot_offset=0, programs=32, items=None,
+                    scales=None) -> int:
     """The yielding prefetch gather (module docstring). Returns the number of programs launched."""
-    B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
+    flag, spin, polls = yielding.flag, yielding.spin, yielding.polls
+    B, H, N, C, d = check_gather_args(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
     if C * d & (C * d - 1):
         raise DDBenchError(f"chunk * head_dim must be a power of two, got {C}*{d}")
     if not (isinstance(spin, int) and 0 <= spin < 1 << 31):
@@ -147,10 +160,11 @@ def gather_yielding(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, p
     return grid
 
 
-def gather_yielding_ref(host_kv, layer, idx, k_out, v_out, flag, *, slot_offset=0, programs=32, items=None,
-                        scales=None, spin=SPIN, polls=None) -> int:
+def gather_yielding_ref(host_kv, layer, idx, k_out, v_out, yielding: YieldFlag, *, slot_offset=0, programs=32,
+                        items=None, scales=None) -> int:
     """Torch twin of gather_yielding (module docstring): the same writes, polls for a flag held still."""
-    B, H, N, C, d = _check(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
+    flag, spin, polls = yielding.flag, yielding.spin, yielding.polls
+    B, H, N, C, d = check_gather_args(host_kv, layer, idx, k_out, v_out, slot_offset, scales)
     n_items = B * H * idx.shape[2]
     grid = _grid(n_items, programs, launch_items(items, programs, host_kv))
     check_flag(flag, polls, programs, v_out.device)

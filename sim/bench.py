@@ -12,7 +12,7 @@ import time
 
 from ddbench.core.catalog import get_gpu, get_model
 from ddbench.core.memory import Workload
-from ddbench.core.designs import DESIGNS
+from ddbench.core.designs import DESIGNS, DUALDECODER, DUALDECODER_CPU_GATHER, FULL_KV, SHADOWKV, SPECACHE
 from ddbench.sim.aggregate import aggregate_step
 from ddbench.sim.steplayers import step_layers
 from ddbench.core.distribution import Distribution
@@ -20,7 +20,7 @@ from ddbench.sim.serving import draw_requests, run_serving
 from ddbench.sim.factory import cost_model
 
 
-def serving(model, context, output, rate, n, system="dualdecoder", seed=0):
+def serving(model, context, output, rate, n, system=DUALDECODER, seed=0):
     m, g = get_model(model), get_gpu("h200")
     cm = cost_model(model, "h200")
     reqs = draw_requests(n, rate, Distribution.parse(context, "context"), Distribution.parse(output, "output"), seed)
@@ -35,10 +35,10 @@ def main() -> None:
     from ddbench.sim.timeline import run_timeline
     print("serving mode (wall on this machine):")
     for model, ctx, out, rate, n, system in [
-        ("qwen2.5-32b", "128k", "256", 1.0, 1000, "dualdecoder"),
-        ("qwen2.5-32b", "128k", "256", 1.0, 1000, "shadowkv"),
-        ("llama-3-8b", "uniform:16k:64k", "exp:512", 0.5, 1000, "dualdecoder"),
-        ("llama-3-8b", "32k", "exp:1024", 0.2, 1000, "full-kv"),
+        ("qwen2.5-32b", "128k", "256", 1.0, 1000, DUALDECODER),
+        ("qwen2.5-32b", "128k", "256", 1.0, 1000, SHADOWKV),
+        ("llama-3-8b", "uniform:16k:64k", "exp:512", 0.5, 1000, DUALDECODER),
+        ("llama-3-8b", "32k", "exp:1024", 0.2, 1000, FULL_KV),
     ]:
         wall, res = serving(model, ctx, out, rate, n, system)
         print(f"  {system:12s} {model:12s} ctx {ctx:16s} out {out:9s} rate {rate:4} n {n}: wall {wall:6.2f} s,"
@@ -48,7 +48,7 @@ def main() -> None:
     m = get_model("llama-3-8b")
     cm = cost_model("llama-3-8b", "h200")
     w = Workload(context=131072)
-    for system in ("dualdecoder", "shadowkv", "specache", "full-kv", "dualdecoder-cpu-gather"):
+    for system in (DUALDECODER, SHADOWKV, SPECACHE, FULL_KV, DUALDECODER_CPU_GATHER):
         for b in (1, 32):
             plan = step_layers(DESIGNS[system], m, cm, w, b, 131072, [0.88] * 32, [0.88] * 32)
             t0 = time.perf_counter()
@@ -58,7 +58,7 @@ def main() -> None:
     print("aggregate vs timeline, dualdecoder, Llama-3-8B 128K, hit 0.88:")
     worst = 0.0
     for b in (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128):
-        plan = step_layers(DESIGNS["dualdecoder"], m, cm, w, b, 131072, [0.88] * 32, [0.88] * 32)
+        plan = step_layers(DESIGNS[DUALDECODER], m, cm, w, b, 131072, [0.88] * 32, [0.88] * 32)
         tl = run_timeline(plan, steps=7, warmup=3).steady_step_s
         ag = aggregate_step(plan).step_s
         worst = max(worst, abs(ag / tl - 1))

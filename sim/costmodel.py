@@ -33,7 +33,7 @@ from ddbench.core.catalog.gpus import GPUSpec, get_gpu
 from ddbench.core.catalog.links import LinkSpec
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.sim.fitted import COMMAND, ENGINE_TERMS, CacheFill, EngineFit, Fitted, ReuseFetchFit, for_bundle  # noqa: F401
-from ddbench.sim.linkcosts import LinkCosts, LinkRates, _fit_affine, _interp  # noqa: F401  (LinkRates: re-exported)
+from ddbench.sim.linkcosts import LinkCosts, LinkRates, fit_affine, interp_clamped  # noqa: F401  (LinkRates: re-exported)
 
 E = 2  # bf16 bytes
 SCORE_BYTES = 2   # the engine's selection stores its pass-1 scores in fp16 (kernels/engine/fastselect.py)
@@ -151,7 +151,7 @@ class CostModel(LinkCosts):
                 rates = sorted(x / y for x, y in pts)
                 self.kernel_fits[key] = (0.0, 1.0 / rates[len(rates) // 2])  # seconds per FLOP
             else:
-                self.kernel_fits[key] = _fit_affine(pts)
+                self.kernel_fits[key] = fit_affine(pts)
 
     @staticmethod
     def _kernel_x(kernel, batch, q, kv, hq, hk, d, param) -> float:
@@ -229,7 +229,7 @@ class CostModel(LinkCosts):
         bs, ts = tab
         if not bs[0] <= batch <= bs[-1] and not clamp:
             return None
-        return _interp([float(x) for x in bs], ts, float(batch))
+        return interp_clamped([float(x) for x in bs], ts, float(batch))
 
     # ------------------------------------------------------------------ ops (seconds)
     def decode_linear_s(self, k: int, n: int, m: int) -> float:
@@ -281,7 +281,7 @@ class CostModel(LinkCosts):
                 self._note(f"ROOFLINE: linear {k}x{n} not in the bundle; roofline at the bundle's measured ceilings")
         else:
             ms, ts = tab
-            t = ts[-1] * m / ms[-1] if m > ms[-1] else _interp(ms, ts, m)
+            t = ts[-1] * m / ms[-1] if m > ms[-1] else interp_clamped(ms, ts, m)
             t = self._scale(t, flops, nbytes)
         self._cache[key] = t
         return t

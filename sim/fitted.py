@@ -29,6 +29,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ddbench.core.designs import DUALDECODER_CACHE
 from ddbench.core.errors import DDBenchError
 
 FILE = "fitted.json"
@@ -46,7 +47,7 @@ ENGINE_TERMS = {
     "rebuild": ("fixed_s", "s_per_byte"),
     "glue": ("fixed_s", "s_per_activation_byte", "s_per_resident_byte"),
 }
-CACHE_FILL_DESIGN = "dualdecoder-cache"
+CACHE_FILL_DESIGN = DUALDECODER_CACHE
 CACHE_FILL_TERMS = ("fixed_s", "per_slot_s", "per_request_s", "per_request_slot_s")
 
 

@@ -16,7 +16,7 @@ from ddbench.core.catalog.links import get_link
 from ddbench.core.errors import DDBenchError
 
 
-def _interp(xs: list[float], ys: list[float], x: float) -> float:
+def interp_clamped(xs: list[float], ys: list[float], x: float) -> float:
     """Piecewise-linear interpolation, clamped at both ends."""
     if x <= xs[0]:
         return ys[0]
@@ -27,7 +27,7 @@ def _interp(xs: list[float], ys: list[float], x: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def _fit_affine(points: list[tuple[float, float]]) -> tuple[float, float]:
+def fit_affine(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares y = a + b x with a >= 0 and b > 0 (x bytes, y seconds)."""
     n = len(points)
     if n == 1:
@@ -73,7 +73,7 @@ class LinkRates:
             return pts[0][1]
         if size >= pts[-1][0]:
             return pts[-1][1]
-        return _interp([math.log2(x) for x, _ in pts], [y for _, y in pts], math.log2(size))
+        return interp_clamped([math.log2(x) for x, _ in pts], [y for _, y in pts], math.log2(size))
 
 
 class LinkCosts:
@@ -97,7 +97,7 @@ class LinkCosts:
         for c in xs:
             r = max((r for r in g if r["chunk_bytes"] == c), key=lambda r: r["transfer_bytes"])
             ys.append((r["latency_ms"] / 1e3 - t0) / (r["transfer_bytes"] / c / blocks))
-        return _interp([math.log2(c) for c in xs], ys, math.log2(chunk_bytes))
+        return interp_clamped([math.log2(c) for c in xs], ys, math.log2(chunk_bytes))
 
     def gather_walk_s(self, slots: int, chunk_bytes: int, programs: int = 32, in_flight: int = 2) -> float:
         """A persistent gather of `programs` blocks walking `slots` chunk slots, `in_flight` chunks per
@@ -245,9 +245,9 @@ class LinkCosts:
         link = self.link
         ce = sorted(self._link_pick("copy_engine", "h2d"), key=lambda r: r["transfer_bytes"])
         big_gbps = ce[-1]["gbps"]
-        t0_ce, s_ce = _fit_affine([(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in ce[-3:]])
+        t0_ce, s_ce = fit_affine([(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in ce[-3:]])
         d2h = sorted(self._link_pick("copy_engine", "d2h"), key=lambda r: r["transfer_bytes"])
-        t0_d2h, s_d2h = _fit_affine([(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in d2h[-3:]])
+        t0_d2h, s_d2h = fit_affine([(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in d2h[-3:]])
         bid = sorted(self._link_pick("copy_engine", "bidir"), key=lambda r: r["transfer_bytes"])
         bidir = bid[-1]["gbps"] / (2 * big_gbps) if bid else link.bidir_total_gbps / (2 * link.achievable_gbps)
         scale = 1.0
@@ -272,12 +272,12 @@ class LinkCosts:
         for c in xs:
             pts = [(r["transfer_bytes"], r["latency_ms"] / 1e3) for r in g if r["chunk_bytes"] == c]
             if len(pts) >= 2:
-                t0 = _fit_affine(pts)[0]
+                t0 = fit_affine(pts)[0]
         rates = []
         for c in xs:
             r = max((r for r in g if r["chunk_bytes"] == c), key=lambda r: r["transfer_bytes"])
             rates.append(r["transfer_bytes"] / (r["latency_ms"] / 1e3 - t0) / 1e9)
-        h2d = _interp([math.log2(c) for c in xs], rates, math.log2(chunk_bytes)) * ce["scale"]
+        h2d = interp_clamped([math.log2(c) for c in xs], rates, math.log2(chunk_bytes)) * ce["scale"]
         us = self._interference("uva_gather", 32, "uva_gather", "urgent_slowdown")
         gs_bg = self._interference("uva_gather", 32, "uva_gather", "gemm_ms")
         gs_ce = self._interference("copy_engine", 0, "uva_gather", "gemm_ms")
@@ -312,7 +312,7 @@ class LinkCosts:
             r = max((r for r in g if r["chunk_bytes"] == c), key=lambda r: r["transfer_bytes"])
             t_cpu = r["latency_ms"] / 1e3 - (ce["t0_ce"] + ce["s_ce"] * r["transfer_bytes"])
             cpu_rates.append(r["transfer_bytes"] / max(t_cpu, 1e-9) / 1e9)
-        cpu = _interp([math.log2(c) for c in xs], cpu_rates, math.log2(chunk_bytes))
+        cpu = interp_clamped([math.log2(c) for c in xs], cpu_rates, math.log2(chunk_bytes))
         us = self._interference("copy_engine", 0, "copy_engine", "urgent_slowdown")
         self._note("host CPU gather rate is this host's measurement (not scaled)")
         return LinkRates(1 / ce["s_ce"] / 1e9 * ce["scale"], ce["t0_ce"], 1 / ce["s_d2h"] / 1e9 * ce["scale"],

@@ -202,20 +202,31 @@ class _Model:
         return v
 
 
+@dataclass(frozen=True)
+class ServingOptions:
+    """What a serving run takes beside the design, the hardware, the requests and the hit rates.
+    max_batch: the decode batch's cap (None: memory alone bounds it).
+    lowrank: an adaptive design's low-rank key layers (ddbench.sim.steplayers.step_layers), else its worst-predicted.
+    cache: a chunk-cache design's rates (ddbench.core.rates.CacheRates).
+    progress: called with 1 whenever a request completes or is rejected (a progress bar)."""
+    max_batch: int | None = None
+    lowrank: frozenset | None = None
+    cache: object = None
+    progress: object = None
+
+
 def run_serving(design: DesignSpec, m: ModelSpec, gpu: GPUSpec, cm: CostModel, w: Workload,
-                requests: list[Request], hit: list[float], reuse: list[float],
-                max_batch: int | None = None, prefill_here: bool = True, progress=None,
-                lowrank: frozenset | None = None, cache=None) -> ServingResult:
+                requests: list[Request], hit: list[float], reuse: list[float], prefill_here: bool = True,
+                options: ServingOptions = ServingOptions()) -> ServingResult:
     """prefill_here=False: prefill runs on other GPUs (disaggregated, as in DistServe): an admitted
     request joins the decode batch at once with its first token, its prompt's KV already in place
-    (TTFT is then the wait for memory alone); memory is accounted as before.
-    progress: called with 1 whenever a request completes or is rejected (a progress bar).
-    lowrank: an adaptive design's low-rank key layers (ddbench.sim.steplayers.step_layers), else its worst-predicted.
-    cache: a chunk-cache design's rates (ddbench.core.rates.CacheRates)."""
+    (TTFT is then the wait for memory alone); memory is accounted as before. options: ServingOptions."""
+    max_batch = options.max_batch
     _check_inputs(design, w, requests, max_batch)
-    mdl = _Model(design, m, gpu, cm, w, hit, reuse, lowrank, cache)
+    mdl = _Model(design, m, gpu, cm, w, hit, reuse, options.lowrank, options.cache)
     ledger = MemoryLedger(gpu.hbm_bytes, {"weights": m.weight_bytes, "runtime_overhead": gpu.runtime_overhead_bytes})
-    server = _Server(mdl, ledger, w.prefill_chunk, requests, max_batch, prefill_here, progress or (lambda n: None))
+    server = _Server(mdl, ledger, w.prefill_chunk, requests, max_batch, prefill_here,
+                     options.progress or (lambda n: None))
     return server.run(list(cm.notes))
 
 

@@ -8,13 +8,14 @@ import random
 import pytest
 import torch
 
-from ddbench.kernels.engine.chunkcache import ChunkCache
+from ddbench.kernels.engine.chunkcache import CacheShape, ChunkCache
 
 POISON = -7
 
 
 def _pair(L, B, H, N, slots, C, k, device):
-    mk = lambda fused: ChunkCache(L, B, H, N, slots, C, 4, 3, device, torch.float32, k, fused=fused)   # noqa: E731
+    shape = CacheShape(L, B, H, N, slots, C, 4, 3, k)
+    mk = lambda fused: ChunkCache(shape, device, torch.float32, fused=fused)   # noqa: E731
     return mk(False), mk(True)
 
 

@@ -11,7 +11,7 @@ from ddbench.core.catalog import get_gpu, get_model
 from ddbench.core.designs import DESIGNS
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload, chunk_cache_bytes, host_kv_bytes, max_batch, memory_breakdown
-from ddbench.kernels.engine.chunkcache import ChunkCache
+from ddbench.kernels.engine.chunkcache import CacheShape, ChunkCache
 from ddbench.kernels.engine.engine import Engine, EngineConfig, plan_bytes
 from ddbench.kernels.engine.model import Weights
 from ddbench.kernels.layout import alloc_host_kv
@@ -51,7 +51,7 @@ class TwinLRU:
 def test_fill_matches_the_twin(slots):
     rnd = random.Random(slots)
     B, H, N, k, L = 2, 3, 40, 8, 2
-    c = ChunkCache(L, B, H, N, slots, 4, 8, 4, "cpu", torch.float32, k)
+    c = ChunkCache(CacheShape(L, B, H, N, slots, 4, 8, 4, k), "cpu", torch.float32)
     twins = {(l, b, h): TwinLRU(slots) for l in range(L) for b in range(B) for h in range(H)}
     hot = list(range(12))                       # chunks that come back: the cache has something to keep
     for step in range(12):
@@ -74,7 +74,7 @@ def test_fill_matches_the_twin(slots):
 
 def test_a_cache_smaller_than_the_selection_is_refused():
     with pytest.raises(DDBenchError, match="cannot hold"):
-        ChunkCache(1, 1, 1, 64, 4, 8, 8, 8, "cpu", torch.float32, 8)
+        ChunkCache(CacheShape(1, 1, 1, 64, 4, 8, 8, 8, 8), "cpu", torch.float32)
 
 
 def _engine(cache_tokens, miss_rate, churn, seed=0, design=CACHE, **switches):
@@ -201,6 +201,6 @@ def test_the_yield_and_split_switches_change_no_result():
         toks = [e.step().clone() for _ in range(4)]
         runs.append((e, toks, [int(n) for n in e.stats.prefetch_items], [int(n) for n in e.stats.urgent_counts]))
     (plain, t0, pf0, ur0), (sw, t1, pf1, ur1) = runs
-    assert not plain.yield_kw and int(sw.yield_kw["flag"]) == 0
+    assert not plain.yield_kw and int(sw.yield_kw["yielding"].flag) == 0
     assert all(torch.equal(a, b) for a, b in zip(t0, t1)) and pf0 == pf1 and ur0 == ur1 and sum(pf0) > 0
     assert all(torch.equal(a["out"], b["out"]) for a, b in zip(plain.debug, sw.debug))

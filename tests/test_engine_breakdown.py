@@ -13,6 +13,8 @@ from ddbench.kernels.engine.breakdown import category, summarize, union_ms
     ("void cublasLt::splitKreduce_kernel<32, 16, int, float>", "gemm"),
     ("_score_pass1", "selection"), ("_norm_topk_kernel", "selection"), ("_spec_pass1_kernel", "selection"),
     ("_codes_kernel", "selection"), ("_stream_topk_kernel", "selection"), ("_bits_topk_kernel", "selection"),
+    ("score_pass1_kernel", "selection"), ("score_pass2_kernel", "selection"), ("bits_topk_kernel", "selection"),
+    ("stream_topk_kernel", "selection"), ("seg_topk_kernel", "selection"), ("merge_topk_kernel", "selection"),
     ("_attn_kernel", "attention"), ("_combine_kernel", "attention"),
     ("_plan_kernel", "misses"), ("_perturb_kernel", "misses"), ("_rebuild_kernel", "rebuild"),
     ("_gather_kernel", "gather"), ("_rmsnorm_kernel", "glue"), ("void at::native::vectorized_elementwise_kernel<4>", "glue"),

@@ -13,6 +13,7 @@ import torch
 import triton
 
 from ddbench.kernels.engine import fastselect
+from ddbench.kernels.engine.fastselect import TopkMethod, TopkShape
 from ddbench.kernels.select import score_chunks_ref
 from ddbench.kernels.specache import quantize_keys_2bit, specache_chunk_scores_ref
 
@@ -50,7 +51,8 @@ def _check_topk(B, H, nq, G, N, k, n_split, seed, dev="cpu", ties=False, seg=64,
     for method, search in (("stream", "binary"), ("stream", "5ary"), ("bits", "binary"), ("seg", None)):
         out = _poisoned((B, nq, H, k), dev)
         extra = dict(seg=seg) if method == "seg" else kw
-        got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method, search=search, **extra)
+        got = fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), out,
+                                           how=TopkMethod(method=method, search=search, **extra))
         assert got.data_ptr() == out.data_ptr()
         assert torch.equal(got, want), (method, search, (got != want).sum())
     return want
@@ -62,8 +64,8 @@ def _check_seg(B, H, nq, G, N, k, seg, seed, ties=False, searches=("bisect",), n
     want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, G, N, k)
     for search in searches:
         out = _poisoned((B, nq, H, k), "cpu")
-        got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg", search=search, seg=seg,
-                                           slots=slots, cuts=cuts)
+        got = fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), out,
+                                           how=TopkMethod(method="seg", search=search, seg=seg, slots=slots, cuts=cuts))
         assert got.data_ptr() == out.data_ptr()
         assert torch.equal(got, want), (search, (got != want).sum())
     return want
@@ -103,9 +105,11 @@ def test_seg_topk_cuts(cuts, scale, ties):
     g = torch.Generator().manual_seed(cuts)
     B, H, nq, G, N, k = 1, 2, 2, 4, 700, 60
     sc, pml = _scratch(B, H, nq, G, N, 3, g, ties=ties, scale=scale)
-    want = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=_poisoned((B, nq, H, k), "cpu"), method="bits")
+    want = fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), _poisoned((B, nq, H, k), "cpu"),
+                                        how=TopkMethod(method="bits"))
     out = _poisoned((B, nq, H, k), "cpu")
-    got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg", seg=128, cuts=cuts)
+    got = fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), out,
+                                       how=TopkMethod(method="seg", seg=128, cuts=cuts))
     assert torch.equal(got, want)
     p = fastselect.probs_from_scratch_ref(sc, pml, B, H, nq, G, N)
     have = p.gather(-1, got.transpose(1, 2).reshape(B * H, nq, k).long()).sort(-1).values
@@ -137,8 +141,8 @@ def test_seg_topk_all_equal_and_zeros():
     assert torch.equal(want[:, :, 0], torch.arange(k, dtype=torch.int32).expand(B, nq, k))   # all tied: ids 0..k-1
     for search in ("bisect", "radix"):
         out = _poisoned((B, nq, H, k), "cpu")
-        assert torch.equal(fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg",
-                                                        search=search, seg=seg), want)
+        assert torch.equal(fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), out,
+                                                        how=TopkMethod(method="seg", search=search, seg=seg)), want)
 
 
 def test_seg_geometry():
@@ -190,7 +194,8 @@ def test_topk_underflow_zeros():
     want = fastselect.topk_from_scratch_ref(sc, pml, B, H, nq, G, N, k)
     for method in ("stream", "bits"):
         out = _poisoned((B, nq, H, k), "cpu")
-        assert torch.equal(fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method, blk=32),
+        assert torch.equal(fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), out,
+                                                        how=TopkMethod(method=method, blk=32)),
                            want)
 
 
@@ -214,8 +219,8 @@ def test_select_topk_landmarks(nq, N, k, dev="cpu"):
     B, Hq, H, d = 2, 8, 2, 32
     q = torch.randn(B, nq, Hq, d, generator=g).to(dev)
     lm = torch.randn(B, H, N, d, generator=g).to(dev)
-    _same_selection(fastselect.select_topk(q, lm, k, splits=2, blk=64, scores=torch.float32), score_chunks_ref(q, lm), k)
-    _near_selection(fastselect.select_topk(q, lm, k, splits=2, blk=64), q, lm, k)
+    _same_selection(fastselect.select_topk(q, lm, k, splits=2, how=TopkMethod(blk=64), scores=torch.float32), score_chunks_ref(q, lm), k)
+    _near_selection(fastselect.select_topk(q, lm, k, splits=2, how=TopkMethod(blk=64)), q, lm, k)
 
 
 def test_topk_ties_and_zeros(dev="cpu"):
@@ -224,8 +229,8 @@ def test_topk_ties_and_zeros(dev="cpu"):
     B, nq, Hq, H, d, N, k = 1, 1, 4, 1, 32, 128, 20
     q = torch.randn(B, nq, Hq, d, generator=g) * 30
     lm = torch.randn(B, H, N, d, generator=g) * 30
-    _same_selection(fastselect.select_topk(q, lm, k, splits=1, blk=32, scores=torch.float32), score_chunks_ref(q, lm), k)
-    _near_selection(fastselect.select_topk(q, lm, k, splits=1, blk=32), q, lm, k)
+    _same_selection(fastselect.select_topk(q, lm, k, splits=1, how=TopkMethod(blk=32), scores=torch.float32), score_chunks_ref(q, lm), k)
+    _near_selection(fastselect.select_topk(q, lm, k, splits=1, how=TopkMethod(blk=32)), q, lm, k)
 
 
 @pytest.mark.parametrize("nq", [1, 2])
@@ -235,16 +240,16 @@ def test_fp16_scores_are_rounded_fp32(nq):
     g = torch.Generator().manual_seed(40 + nq)
     B, Hq, H, d, N, k = 2, 8, 2, 32, 300, 40
     q, lm = torch.randn(B, nq, Hq, d, generator=g), torch.randn(B, H, N, d, generator=g)
-    s32, p32, G = fastselect._landmark_pass1(q, lm, splits=3, scores=torch.float32)
-    s16, p16, _ = fastselect._landmark_pass1(q, lm, splits=3)
+    s32, p32, G = fastselect.landmark_pass1(q, lm, splits=3, scores=torch.float32)
+    s16, p16, _ = fastselect.landmark_pass1(q, lm, splits=3)
     assert s16.dtype == torch.float16 and torch.equal(p16, p32)
     rows = [t * triton.next_power_of_2(G) + g for t in range(nq) for g in range(G)]   # the rows pass 1 writes
     BM = fastselect._block_m(nq, G)
     assert torch.equal(s16.view(B * H, BM, N)[:, rows], s32.view(B * H, BM, N)[:, rows].half())
     want = fastselect.topk_from_scratch_ref(s16, p16, B, H, nq, G, N, k)
     for method in ("seg", "stream", "bits"):
-        got = fastselect.topk_from_scratch(s16, p16, B, H, nq, G, N, k, method=method,
-                                           **(dict(seg=64) if method == "seg" else {}))
+        got = fastselect.topk_from_scratch(s16, p16, TopkShape(B, H, nq, G, N, k),
+                                           how=TopkMethod(method=method, seg=64 if method == "seg" else None))
         assert torch.equal(got, want), method
 
 
@@ -255,12 +260,12 @@ def test_pass1_default_splits(B, H, N, want):
     and the statistics of any split count give the same top-k."""
     g = torch.Generator().manual_seed(B * N)
     q, lm = torch.randn(B, 2, 4 * H, 16, generator=g), torch.randn(B, H, N, 16, generator=g)
-    sc, pml, G = fastselect._landmark_pass1(q, lm)
+    sc, pml, G = fastselect.landmark_pass1(q, lm)
     assert pml.numel() // (2 * B * H * fastselect._block_m(2, G)) == want
     if N <= 2048:
-        one = fastselect._landmark_pass1(q, lm, splits=1)
-        assert torch.equal(fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, 8),
-                           fastselect.topk_from_scratch(one[0], one[1], B, H, 2, G, N, 8))
+        one = fastselect.landmark_pass1(q, lm, splits=1)
+        assert torch.equal(fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, 2, G, N, 8)),
+                           fastselect.topk_from_scratch(one[0], one[1], TopkShape(B, H, 2, G, N, 8)))
 
 
 def test_stored_scores_dtype_checked():
@@ -293,11 +298,11 @@ def test_topk_per_token_outputs(method, nq, dev="cpu"):
     in its own [B, H, k] tensor, equal to that token's slice of the one-tensor output."""
     B, H, G, N, k = 2, 3, 4, 300, 40
     sc, pml = _scratch(B, H, nq, G, N, 3, torch.Generator().manual_seed(11 + nq), dev)
-    whole = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, method=method,
-                                         **(dict(seg=64) if method == "seg" else {}))
+    whole = fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k),
+                                         how=TopkMethod(method=method, seg=64 if method == "seg" else None))
     outs = tuple(_poisoned((B, H, k), dev) for _ in range(nq))
-    got = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=outs, method=method,
-                                       **(dict(seg=64) if method == "seg" else {}))
+    got = fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), outs,
+                                       how=TopkMethod(method=method, seg=64 if method == "seg" else None))
     assert got is outs or all(a is b for a, b in zip(got, outs))
     for t in range(nq):
         assert torch.equal(outs[t], whole[:, t])
@@ -306,9 +311,9 @@ def test_topk_per_token_outputs(method, nq, dev="cpu"):
 def test_topk_outputs_checked():
     sc, pml = _scratch(1, 2, 2, 4, 64, 2, torch.Generator().manual_seed(1))
     with pytest.raises(ValueError, match="per-token"):
-        fastselect.topk_from_scratch(sc, pml, 1, 2, 2, 4, 64, 8, out=(torch.empty(1, 2, 8, dtype=torch.int32),))
+        fastselect.topk_from_scratch(sc, pml, TopkShape(1, 2, 2, 4, 64, 8), (torch.empty(1, 2, 8, dtype=torch.int32),))
     with pytest.raises(ValueError, match="contiguous int32"):
-        fastselect.topk_from_scratch(sc, pml, 1, 2, 2, 4, 64, 8, out=torch.empty(1, 2, 2, 9, dtype=torch.int32))
+        fastselect.topk_from_scratch(sc, pml, TopkShape(1, 2, 2, 4, 64, 8), torch.empty(1, 2, 2, 9, dtype=torch.int32))
 
 
 @pytest.mark.gpu
@@ -343,11 +348,11 @@ def test_topk_kernels_gpu(B, nq, N, k, ties):
     else:
         q = torch.randn(B, nq, Hq, d, device="cuda", generator=g).bfloat16()
         lm = torch.randn(B, H, N, d, device="cuda", generator=g).bfloat16()
-        sc, pml, _ = fastselect._landmark_pass1(q, lm)
+        sc, pml, _ = fastselect.landmark_pass1(q, lm)
     outs = []
     for method in ("stream", "bits", "seg", None):
         out = _poisoned((B, nq, H, k), "cuda")
-        fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method=method)
+        fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), out, how=TopkMethod(method=method))
         outs.append(out)
     if not ties:   # exact ties at the threshold may break apart on last-bit differences between kernels
         for o in outs[1:]:
@@ -374,19 +379,20 @@ def test_seg_topk_gpu(B, nq, G, N, k, seg, ties):
     want = p.topk(k, dim=-1).values.sort(-1).values
     for search, cuts in (("bisect", None), ("bisect", 1), ("bisect", 4), ("radix", None), ("binary", None)):
         out = _poisoned((B, nq, H, k), "cuda")
-        fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=out, method="seg", seg=seg, search=search,
-                                     cuts=cuts)
+        fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), out,
+                                     how=TopkMethod(method="seg", seg=seg, search=search, cuts=cuts))
         assert (out.diff(dim=-1) > 0).all() and int(out.min()) >= 0
         got = out.transpose(1, 2).reshape(B * H, nq, k).long()
         torch.testing.assert_close(p.gather(-1, got).sort(-1).values, want, rtol=1e-5, atol=1e-12)
         if not ties:
             bits = _poisoned((B, nq, H, k), "cuda")
-            fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=bits, method="bits")
+            fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), bits, how=TopkMethod(method="bits"))
             assert torch.equal(out, bits)
     for method in ("seg", "stream", "bits"):    # per-token outputs: each token's slice, in place
-        whole = fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, method=method, seg=seg)
+        whole = fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k),
+                                             how=TopkMethod(method=method, seg=seg))
         per = tuple(_poisoned((B, H, k), "cuda") for _ in range(nq))
-        fastselect.topk_from_scratch(sc, pml, B, H, nq, G, N, k, out=per, method=method, seg=seg)
+        fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, nq, G, N, k), per, how=TopkMethod(method=method, seg=seg))
         for t in range(nq):
             assert torch.equal(per[t], whole[:, t]), (method, t)
 
@@ -408,12 +414,13 @@ def _check_fused_plan(B, H, G, N, k, pred, seed, dev):
     stage 1 must zero it)."""
     from ddbench.kernels.engine.transfer import plan_buffers, plan_misses
     sc, pml = _scratch(B, H, 2, G, N, 3, torch.Generator().manual_seed(seed), dev)
-    want = fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, method="seg", seg=64)
+    want = fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, 2, G, N, k), how=TopkMethod(method="seg", seg=64))
     mp = plan_buffers(B, H, k, dev)
     for t in (mp.bh, mp.chunk, mp.slot, mp.count, mp.assembled):
         t.fill_(-7)
     outs = tuple(_poisoned((B, H, k), dev) for _ in range(2))
-    fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, out=outs, method="seg", seg=64, plan=(pred.to(dev), mp))
+    fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, 2, G, N, k), outs, how=TopkMethod(method="seg", seg=64),
+                                 plan=(pred.to(dev), mp))
     assert torch.equal(outs[0], want[:, 0]) and torch.equal(outs[1], want[:, 1])
     a = plan_misses(pred.to(dev), outs[0])
     n = int(a.count)
@@ -436,7 +443,8 @@ def test_fused_miss_plan_matches_twin(B, H, G, N, k, dev="cpu"):
     # a compute-only step's zero prediction (one chunk repeated) and a prediction equal to the truth
     _check_fused_plan(B, H, G, N, k, torch.zeros(B, H, k, dtype=torch.int32), 3, dev)
     sc, pml = _scratch(B, H, 2, G, N, 3, torch.Generator().manual_seed(3), dev)
-    true = fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, method="seg", seg=64)[:, 0].contiguous()
+    true = fastselect.topk_from_scratch(sc, pml, TopkShape(B, H, 2, G, N, k),
+                                        how=TopkMethod(method="seg", seg=64))[:, 0].contiguous()
     assert _check_fused_plan(B, H, G, N, k, true.cpu(), 3, dev) == 0
 
 
@@ -445,9 +453,11 @@ def test_fused_miss_plan_checked():
     sc, pml = _scratch(1, 2, 2, 4, 64, 2, torch.Generator().manual_seed(1))
     mp = plan_buffers(1, 2, 8, "cpu")
     with pytest.raises(ValueError, match="seg"):
-        fastselect.topk_from_scratch(sc, pml, 1, 2, 2, 4, 64, 8, method="bits", plan=(torch.zeros(1, 2, 8, dtype=torch.int32), mp))
+        fastselect.topk_from_scratch(sc, pml, TopkShape(1, 2, 2, 4, 64, 8), how=TopkMethod(method="bits"),
+                                     plan=(torch.zeros(1, 2, 8, dtype=torch.int32), mp))
     with pytest.raises(ValueError, match="pred"):
-        fastselect.topk_from_scratch(sc, pml, 1, 2, 2, 4, 64, 8, method="seg", plan=(torch.zeros(1, 2, 9, dtype=torch.int32), mp))
+        fastselect.topk_from_scratch(sc, pml, TopkShape(1, 2, 2, 4, 64, 8), how=TopkMethod(method="seg"),
+                                     plan=(torch.zeros(1, 2, 9, dtype=torch.int32), mp))
 
 
 @pytest.mark.gpu

@@ -125,7 +125,7 @@ def test_chunk_cache_switches_match_true_selection_gpu():
         for rec in e.debug:
             torch.testing.assert_close(rec["out"].float(), reference_output(e, rec, host).float(), rtol=2e-2, atol=2e-2)
         moved.append(e.step_bytes())
-        assert bool(e.yield_kw) == extra["yield_prefetch"] and (not e.yield_kw or int(e.yield_kw["flag"]) == 0)
+        assert bool(e.yield_kw) == extra["yield_prefetch"] and (not e.yield_kw or int(e.yield_kw["yielding"].flag) == 0)
     assert moved[0] == moved[1] and moved[0][1] > 0
     worst, g, n, changed = check_graph("dualdecoder-cache", 0.25, B=16, **dict(base, yield_prefetch=True, rows_two_waves=True))
     assert n == 2 * g.L and changed and worst < 3e-2

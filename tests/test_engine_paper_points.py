@@ -21,6 +21,7 @@ from tests.cli import assert_one_line_error, module
 
 sweep = pytest.importorskip("ddbench.kernels.engine.sweep")
 from ddbench.kernels.engine import options, phases, points, results, runner  # noqa: E402
+from ddbench.kernels.engine.points import PointSetup, PointTiming  # noqa: E402
 GB = 10 ** 9
 PAPER_MODELS = ("llama-3-8b", "qwen2.5-14b", "qwen2.5-32b")
 
@@ -310,8 +311,8 @@ def test_gathers_read_aliased_requests_as_their_twins():
 def _fake_run_point(limit, calls, ws=0.05 * 2 ** 30):
     from ddbench.kernels.engine.points import design_spec
 
-    def run_point(model, weights, flat, d, ctx, B, *, miss_rate, transfers, graph, reps, hbm, cfg, limit, mem_gpu,
-                  overhead, seed, log):
+    def run_point(setup, d, ctx, B, timing, *, cfg):
+        model, miss_rate = setup.model, timing.miss_rate
         calls.append((d, ctx, B) if not DESIGNS[d].chunk_cache else (d, ctx, B, cfg.workload.cache_tokens,
                                                                       cfg.miss_rate, cfg.churn_rate))
         assert cfg.batch == B and cfg.context == ctx and cfg.quant_values
@@ -333,11 +334,11 @@ def _run_paper(monkeypatch, limit, *, done=None, deadline=1e18, contexts=(32768,
     calls, journal = [], []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
-    rows = paper.run_paper(get_model("llama-3-8b"), None, None, contexts, cap=80 * GB, cap_label="80gb", limit=limit,
-                           mem_gpu=None, overhead=0, reps=3, max_batch=4096, miss_rate=0.12, hbm=4000.0,
-                           deadline=deadline, done=done or {}, append=lambda k, r: journal.append((k, r)),
-                           log=lambda t: None, run_point=_fake_run_point(limit, calls),
-                           **kw)
+    setup = PointSetup(get_model("llama-3-8b"), hbm=4000.0, limit=limit, log=lambda t: None)
+    search = paper.PaperSearch(cap=80 * GB, cap_label="80gb", miss_rate=0.12, deadline=deadline, reps=3, max_batch=4096,
+                               **kw)
+    rows = paper.run_paper(setup, contexts, search, paper.PaperJournal(done or {}, lambda k, r: journal.append((k, r))),
+                           run_point=_fake_run_point(limit, calls))
     return rows, calls, journal
 
 
@@ -398,7 +399,7 @@ def test_run_paper_rows_roles_and_resume(monkeypatch):
     for d, rs in by.items():
         spec = DESIGNS[d]
         miss = None if spec.kv_on_gpu else 0.12
-        cfg = lambda B: sweep.make_config(32768, B, miss, True, quant_values=True)   # noqa: E731
+        cfg = lambda B: sweep.make_config(32768, B, PointTiming(miss), quant_values=True)   # noqa: E731
         truth = max([0] + [B for B in range(1, 4097) if sum(plan_bytes(m, spec, cfg(B)).values()) + 0.05 * 2 ** 30
                            <= limit])
         assert {r["largest_batch"] for r in rs} == {truth}, d
@@ -496,7 +497,8 @@ def _check_categories(row, m, d):
     from ddbench.kernels.engine.engine import PLAN_CATEGORIES
     spec = DESIGNS[d]
     miss = None if spec.kv_on_gpu else float(row["miss_rate"])
-    plan = plan_bytes(m, spec, sweep.make_config(int(row["context"]), int(row["batch"]), miss, True, quant_values=True))
+    plan = plan_bytes(m, spec, sweep.make_config(int(row["context"]), int(row["batch"]), PointTiming(miss),
+                                                quant_values=True))
     for c in PLAN_CATEGORIES:
         assert float(row[f"mem_{c}_gib"]) == pytest.approx(plan[c] / 2 ** 30, rel=1e-9, abs=1e-12), (d, c)
     assert (float(row["mem_landmarks_gib"]) > 0) == bool(spec.landmarks), d
@@ -532,8 +534,8 @@ def test_run_point_refuses_a_planned_oom_before_allocating(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 16 * 2 ** 30)
     monkeypatch.setattr(eng, "Engine", lambda *a, **k: pytest.fail("allocated past the plan"))
     m = get_model("llama-3-8b")
-    r = sweep.run_point(m, None, None, "full-kv", 131072, 4, miss_rate=None, hbm=4000.0, limit=70 * 2 ** 30,
-                        log=lambda t: None)
+    r = sweep.run_point(PointSetup(m, hbm=4000.0, limit=70 * 2 ** 30, log=lambda t: None), "full-kv", 131072, 4,
+                        PointTiming(miss_rate=None))
     assert r["status"] == "oom" and "not allocated" in r["error"] and r["model"] == "llama-3-8b"
     assert r["planned_gib"] == pytest.approx(16 + 4 * 16.02, abs=0.1)         # 16 GiB of KV per request at 128K
     assert r["model_max_batch"] >= 1 and r["model_mem_gib"] > 70
@@ -574,8 +576,9 @@ def test_run_point_measures_a_fake_engine(monkeypatch):
     monkeypatch.setattr(timing, "event_times", lambda fn, reps, warmup=0, per_call=1: [10.0, 12.0, 11.0][:reps])
     lines = []
     flat = torch.zeros(1 << 28, dtype=torch.bfloat16)
-    r = sweep.run_point(get_model("llama-3-8b"), None, flat, "dualdecoder", 32768, 4, miss_rate=0.33, reps=3,
-                        hbm=4000.0, limit=140 * 2 ** 30, overhead=2 ** 29, log=lines.append)
+    setup = PointSetup(get_model("llama-3-8b"), None, flat, hbm=4000.0, limit=140 * 2 ** 30, overhead=2 ** 29,
+                       log=lines.append)
+    r = sweep.run_point(setup, "dualdecoder", 32768, 4, PointTiming(0.33, reps=3))
     assert done == [("build", True), "step", "step", ("capture", 2)]
     assert r["status"] == "ok" and r["steps"] == 6 and r["host_layers"] >= 1 and r["kv_bits"] == 16
     assert (r["step_ms"], r["step_ms_min"], r["step_ms_max"]) == (11.0, 10.0, 12.0)
@@ -594,13 +597,13 @@ def test_run_paper_stops_a_design_on_an_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
     calls = []
 
-    def boom(model, weights, flat, d, ctx, B, **kw):
+    def boom(setup, d, ctx, B, timing, **kw):
         calls.append((d, B))
         raise RuntimeError("Triton compile failed")
     journal = []
-    rows = paper.run_paper(get_model("llama-3-8b"), None, None, (32768,), cap=None, cap_label="none", limit=100 * GB,
-                           mem_gpu=None, overhead=0, reps=3, max_batch=64, miss_rate=0.12, hbm=4000.0, deadline=1e18,
-                           done={}, append=lambda k, r: journal.append((k, r)), log=lambda t: None, run_point=boom)
+    rows = paper.run_paper(PointSetup(get_model("llama-3-8b"), hbm=4000.0, limit=100 * GB, log=lambda t: None),
+                           (32768,), paper.PaperSearch(cap=None, cap_label="none", miss_rate=0.12, reps=3, max_batch=64),
+                           paper.PaperJournal({}, lambda k, r: journal.append((k, r))), run_point=boom)
     assert len(calls) == len(paper.DESIGNS) and all(B == 1 for _, B in calls)   # one try per design, then the next
     assert {r["status"] for r in rows} == {"error"} and all("Triton" in r["error"] for r in rows)
     assert {r["largest_basis"] for r in rows} == {"error"} and not [k for k, r in journal if r is None]
@@ -842,12 +845,12 @@ def _raising_run_point(limit, calls, fail):
     """_fake_run_point, but `fail(d, B)` may return an exception to raise (the point's failure)."""
     ok = _fake_run_point(limit, calls)
 
-    def run_point(model, weights, flat, d, ctx, B, **kw):
-        exc = fail(model.name, d, ctx, B)
+    def run_point(setup, d, ctx, B, timing, **kw):
+        exc = fail(setup.model.name, d, ctx, B)
         if exc is not None:
             calls.append((d, ctx, B))
             raise exc
-        return ok(model, weights, flat, d, ctx, B, **kw)
+        return ok(setup, d, ctx, B, timing, **kw)
     return run_point
 
 
@@ -860,10 +863,10 @@ def _paper_with(monkeypatch, fail, health=lambda: (True, ""), limit=30 * 2 ** 30
     def h():
         seen.append(1)
         return health()
-    rows = paper.run_paper(get_model("llama-3-8b"), None, None, (32768,), cap=80 * GB, cap_label="80gb", limit=limit,
-                           mem_gpu=None, overhead=0, reps=3, max_batch=4096, miss_rate=0.12, hbm=4000.0,
-                           deadline=1e18, done={}, append=lambda k, r: journal.append((k, r)), log=lambda t: None,
-                           gpu_state=gpu_state, health=h, run_point=_raising_run_point(limit, calls, fail))
+    rows = paper.run_paper(PointSetup(get_model("llama-3-8b"), hbm=4000.0, limit=limit, log=lambda t: None), (32768,),
+                           paper.PaperSearch(cap=80 * GB, cap_label="80gb", miss_rate=0.12, reps=3, max_batch=4096),
+                           paper.PaperJournal({}, lambda k, r: journal.append((k, r))), gpu_state=gpu_state, health=h,
+                           run_point=_raising_run_point(limit, calls, fail))
     return rows, calls, journal, seen
 
 
@@ -1130,9 +1133,8 @@ def test_the_default_phases_go_on_after_a_point_raises(monkeypatch, tmp_path):
     _fake_gpu_sweep(monkeypatch)
     seen = []
 
-    def run_point(model, weights, flat, d, c, B, *, miss_rate, transfers, graph, reps, hbm, log, seed, limit,
-                  mem_gpu, overhead):
-        seen.append((d, c, B, transfers))
+    def run_point(setup, d, c, B, timing):
+        seen.append((d, c, B, timing.transfers))
         if len(seen) == 1:
             raise RuntimeError("Triton compile failed")
         if len(seen) == 2:
@@ -1158,8 +1160,8 @@ def test_resume_keeps_the_run_and_makes_the_crashed_point_its_row(monkeypatch, t
     _fake_gpu_sweep(monkeypatch)
     seen = []
 
-    def run_point(model, weights, flat, d, c, B, **kw):
-        seen.append((d, c, B, kw["transfers"]))
+    def run_point(setup, d, c, B, timing, **kw):
+        seen.append((d, c, B, timing.transfers))
         return dict(status="ok", step_ms=10.0, tok_s=100.0, prefetch_mib=1.0, urgent_mib=0.0, link_mib=1.0,
                     link_gbps=1.0, peak_gib=1.0)
     monkeypatch.setattr(points, "run_point", run_point)

@@ -56,7 +56,7 @@ def _check(q, s, layer, plan, B, H, C, d, S, programs=5):
     exp = _expect(q, s, layer, plan, B, H, C, d, S)
     for fn in (gather_slots, gather_slots_ref):
         (ko, kso), (vo, vso) = _slots(B, H, S, C, d), _slots(B, H, S, C, d)
-        fn(q, layer, plan, ko, vo, scales=s, k_scale_out=kso, v_scale_out=vso, programs=programs)
+        fn(q, layer, plan, ko, vo, scales=s, scale_out=(kso, vso), programs=programs)
         got = (ko.view(torch.uint8).cpu(), vo.view(torch.uint8).cpu(), kso.cpu(), vso.cpu())
         assert torch.equal(got[0], exp[0]) and torch.equal(got[1], exp[1]), fn.__name__
         assert torch.equal(got[2].isnan(), exp[2].isnan()) and torch.equal(got[2].nan_to_num(), exp[2].nan_to_num())
@@ -87,10 +87,10 @@ def test_raw_slot_gather_refusals(fn):
     host16 = q.float().to(torch.bfloat16)
     host16 = host16.pin_memory() if GPU else host16
     cases = [
-        (lambda: fn(q, 0, plan, ko, vo, scales=s, v_scale_out=vso), "k_scale_out"),
-        (lambda: fn(q, 0, plan, ko, vo, scales=s, k_scale_out=kso, v_scale_out=vso[..., :2]), "v_scale_out"),
-        (lambda: fn(q, 0, plan, bf, bf, scales=s, k_scale_out=kso, v_scale_out=vso), "belong to fp8 slots"),
-        (lambda: fn(host16, 0, plan, ko, vo, k_scale_out=kso, v_scale_out=vso), "fp8 host KV"),
+        (lambda: fn(q, 0, plan, ko, vo, scales=s, scale_out=(None, vso)), "k_scale_out"),
+        (lambda: fn(q, 0, plan, ko, vo, scales=s, scale_out=(kso, vso[..., :2])), "v_scale_out"),
+        (lambda: fn(q, 0, plan, bf, bf, scales=s, scale_out=(kso, vso)), "belong to fp8 slots"),
+        (lambda: fn(host16, 0, plan, ko, vo, scale_out=(kso, vso)), "fp8 host KV"),
     ]
     for call, words in cases:
         with pytest.raises(DDBenchError) as ei:

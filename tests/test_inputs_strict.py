@@ -329,3 +329,16 @@ def test_the_readme_promises_hang_up_and_disk_full():
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     promises = text[text.index("What every command promises"):]
     assert "SIGHUP" in promises and "full" in promises
+
+
+def test_console_script_and_module_share_the_interrupt_exit():
+    """The `ddbench` console script and `python -m ddbench` both enter through ddbench.cli.run: a run that main()
+    reports interrupted (130, cleaned up) leaves with exit 130 through os._exit, never as a death by SIGINT."""
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        assert tomllib.load(f)["project"]["scripts"]["ddbench"] == "ddbench.cli:run"
+    code = ("import ddbench.cli as c, atexit, os, signal\n"
+            "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n"   # what a late interrupt would do
+            "c.main = lambda: 130\nc.run()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 130, (p.returncode, p.stderr)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ddbench.core.errors import DDBenchError
-from ddbench.kernels.attention import chunk_cache_rows, dual_sparse_attention, dual_sparse_attention_ref
+from ddbench.kernels.attention import CacheView, chunk_cache_rows, dual_sparse_attention, dual_sparse_attention_ref
 from ddbench.kernels.fp8 import E4M3, dequantize_chunks, quantize_chunks
 
 C = 8
@@ -40,13 +40,12 @@ def _inputs(B, nq, Hq, H, S, d, seed, *, rows=False, spread=True, dev="cpu"):
 
 
 def _fp8(x, q, out=None, **kw):
-    return dual_sparse_attention(q, x["k8"], x["v8"], x["lengths"], rows=x["rows"], k_scale=x["ks"],
-                                 v_scale=x["vs"], chunk=C, out=out, **kw)
+    return dual_sparse_attention(q, x["k8"], x["v8"], x["lengths"], out=out,
+                                 cache=CacheView(x["rows"], x["ks"], x["vs"], C), **kw)
 
 
 def _twin(x, q):
-    return dual_sparse_attention_ref(q, x["k8"], x["v8"], x["lengths"], rows=x["rows"], k_scale=x["ks"],
-                                     v_scale=x["vs"], chunk=C)
+    return dual_sparse_attention_ref(q, x["k8"], x["v8"], x["lengths"], CacheView(x["rows"], x["ks"], x["vs"], C))
 
 
 def test_chunk_cache_rows_keep_chunks_contiguous():
@@ -97,7 +96,8 @@ def test_fp8_error_against_unquantised_cpu(rows):
     out = torch.full_like(q, float("nan"))
     _fp8(x, q, out=out)
     assert not out.isnan().any()
-    exact = dual_sparse_attention(q, x["k"].half(), x["v"].half(), x["lengths"], rows=x["rows"])  # bf16 -> fp16 exact
+    exact = dual_sparse_attention(q, x["k"].half(), x["v"].half(), x["lengths"],
+                                  cache=CacheView(x["rows"]))  # bf16 -> fp16 exact
     e_k, e_v = (_relerr(dequantize_chunks(x[a + "8"], x[a + "s"], C), x[a]) for a in "kv")
     err = _relerr(out, exact)
     assert err < 5e-2 and err < 1.25 * (e_k ** 2 + e_v ** 2) ** 0.5, (err, e_k, e_v)
@@ -116,15 +116,18 @@ def test_fp8_refusals(attn):
     q, L = x["q"].half(), x["lengths"]
     k8, v8, ks, vs = x["k8"], x["v8"], x["ks"], x["vs"]
     assert "need k_scale" in _one_line_error(lambda: attn(q, k8, v8, L))
-    assert "need k_scale" in _one_line_error(lambda: attn(q, k8, v8, L, k_scale=ks))
-    assert "belong to fp8" in _one_line_error(lambda: attn(q, x["k"].half(), x["v"].half(), L, k_scale=ks, v_scale=vs))
-    assert "both be fp8" in _one_line_error(lambda: attn(q, k8, x["v"].half(), L, k_scale=ks, v_scale=vs))
-    assert "fp32 [2, 2, 4]" in _one_line_error(lambda: attn(q, k8, v8, L, k_scale=ks[..., :3].contiguous(), v_scale=vs))
-    assert "fp32" in _one_line_error(lambda: attn(q, k8, v8, L, k_scale=ks, v_scale=vs.half()))
-    assert "fp32" in _one_line_error(lambda: attn(q, k8, v8, L, k_scale=ks, v_scale=vs, chunk=4))
+    assert "need k_scale" in _one_line_error(lambda: attn(q, k8, v8, L, cache=CacheView(k_scale=ks)))
+    assert "belong to fp8" in _one_line_error(lambda: attn(q, x["k"].half(), x["v"].half(), L,
+                                                                 cache=CacheView(k_scale=ks, v_scale=vs)))
+    assert "both be fp8" in _one_line_error(lambda: attn(q, k8, x["v"].half(), L,
+                                                         cache=CacheView(k_scale=ks, v_scale=vs)))
+    assert "fp32 [2, 2, 4]" in _one_line_error(lambda: attn(q, k8, v8, L,
+                                                            cache=CacheView(k_scale=ks[..., :3].contiguous(), v_scale=vs)))
+    assert "fp32" in _one_line_error(lambda: attn(q, k8, v8, L, cache=CacheView(k_scale=ks, v_scale=vs.half())))
+    assert "fp32" in _one_line_error(lambda: attn(q, k8, v8, L, cache=CacheView(k_scale=ks, v_scale=vs, chunk=4)))
     odd = torch.randn(2, 2, 30, 32).to(E4M3)
     assert "multiple of the chunk" in _one_line_error(
-        lambda: attn(q, odd, odd, L.clamp(max=20), k_scale=ks, v_scale=vs))
+        lambda: attn(q, odd, odd, L.clamp(max=20), cache=CacheView(k_scale=ks, v_scale=vs)))
 
 
 @pytest.mark.gpu
@@ -140,7 +143,7 @@ def test_fp8_attention_gpu_llama3_heads(nq, splits):
         _fp8(x, q, out=out, splits=splits)
         assert not out.isnan().any()
         assert _relerr(out, _twin(x, q)) < 1e-2
-    exact = dual_sparse_attention(q, x["k"], x["v"], x["lengths"], rows=x["rows"], splits=splits)
+    exact = dual_sparse_attention(q, x["k"], x["v"], x["lengths"], cache=CacheView(x["rows"]), splits=splits)
     assert _relerr(out, exact) < 5e-2
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddbench.core.errors import DDBenchError
-from ddbench.kernels.attention import chunk_cache_rows, dual_sparse_attention, dual_sparse_attention_ref
+from ddbench.kernels.attention import CacheView, chunk_cache_rows, dual_sparse_attention, dual_sparse_attention_ref
 from ddbench.kernels.fp8 import dequantize_chunks, quantize_chunks
 
 C = 8
@@ -34,8 +34,8 @@ def _inputs(B, nq, Hq, H, slots, kc, T, d, seed, dev="cpu", dtype=torch.float16)
 
 
 def _call(fn, x, **kw):
-    return fn(x["q"], x["k8"], x["v8"], x["lengths"], rows=x["rows"], k_scale=x["ks"], v_scale=x["vs"], chunk=C,
-              tail=x["tail"], kc=x["kc"], **kw)
+    return fn(x["q"], x["k8"], x["v8"], x["lengths"],
+              cache=CacheView(x["rows"], x["ks"], x["vs"], C, tail=x["tail"], kc=x["kc"]), **kw)
 
 
 def _logical(x):
@@ -88,7 +88,8 @@ def test_tail_refusals(attn):
             _call(attn, dict(x, **bad))
         assert "\n" not in str(ei.value) and "tail" in str(ei.value)
     with pytest.raises(DDBenchError, match="goes with rows"):
-        attn(x["q"], x["k8"], x["v8"], x["lengths"], k_scale=x["ks"], v_scale=x["vs"], tail=x["tail"], kc=48)
+        attn(x["q"], x["k8"], x["v8"], x["lengths"],
+             cache=CacheView(k_scale=x["ks"], v_scale=x["vs"], tail=x["tail"], kc=48))
 
 
 @pytest.mark.gpu

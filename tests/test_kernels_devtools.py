@@ -116,8 +116,8 @@ def test_scores_ab_swaps_only_the_selection_ops():
     the given dtype (called as the engine calls them), every other op stays the engine's."""
     from devtools.devcheck_scores import with_scores
     from ddbench.kernels.engine import fastselect
-    from ddbench.kernels.engine.engine import _ops
-    e = types.SimpleNamespace(ops=_ops(False))
+    from ddbench.kernels.engine.engine import engine_ops
+    e = types.SimpleNamespace(ops=engine_ops(False))
     before = e.ops
     with_scores(torch.float32)(e)
     changed = {f.name for f in dataclasses.fields(before) if getattr(e.ops, f.name) is not getattr(before, f.name)}

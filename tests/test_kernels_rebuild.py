@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from ddbench.kernels.rebuild import apply_rope_ref, rebuild_keys, rebuild_keys_ref
+from ddbench.kernels.rebuild import RebuildLaunch, apply_rope_ref, rebuild_keys, rebuild_keys_ref
 
 
 def _check(B, T, R, H, d, n, off, dtype, dev, theta, seed, out_dtype=None, last=None, tol=1e-2, **kw):
@@ -24,7 +24,7 @@ def _check(B, T, R, H, d, n, off, dtype, dev, theta, seed, out_dtype=None, last=
     idx = (nch - pool + torch.rand(B, H, pool, generator=g).argsort(-1)[..., :n]).int().to(dev)
     out = torch.full((B, H, off + n * 8 + 5, d), float("nan"), dtype=out_dtype or dtype, device=dev)
     ref = out.clone()
-    rebuild_keys(U, SV, idx, out, rope_theta=theta, slot_offset=off, **kw)
+    rebuild_keys(U, SV, idx, out, rope_theta=theta, slot_offset=off, launch=RebuildLaunch(**kw))
     rebuild_keys_ref(U, SV, idx, ref, rope_theta=theta, slot_offset=off)
     a, b = out[:, :, off:off + n * 8].float(), ref[:, :, off:off + n * 8].float()
     assert not a.isnan().any()
@@ -138,4 +138,5 @@ def test_rebuild_rejects_unknown_impl():
     from ddbench.core.errors import DDBenchError
     U, SV = torch.randn(1, 64, 16), torch.randn(1, 2, 16, 32)
     with pytest.raises(DDBenchError):
-        rebuild_keys(U, SV, torch.zeros(1, 2, 1, dtype=torch.int32), torch.zeros(1, 2, 8, 32), impl="nope")
+        rebuild_keys(U, SV, torch.zeros(1, 2, 1, dtype=torch.int32), torch.zeros(1, 2, 8, 32),
+                     launch=RebuildLaunch(impl="nope"))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ddbench.core.errors import DDBenchError
-from ddbench.kernels.rebuild import rebuild_changed, rebuild_changed_ref, rebuild_keys_ref
+from ddbench.kernels.rebuild import RebuildLaunch, rebuild_changed, rebuild_changed_ref, rebuild_keys_ref
 
 
 def _ids(B, H, n, nch, share, g):
@@ -33,7 +33,7 @@ def _check(B, T, R, H, d, n, off, dtype, dev, theta, seed, share=0.3, out_dtype=
     old, new, chg = old.to(dev), new.to(dev), chg.to(dev)
     out = torch.full((B, H, off + n * 8 + 5, d), float("nan"), dtype=out_dtype or dtype, device=dev)
     ref = out.clone()
-    rebuild_changed(U, SV, old, new, out, rope_theta=theta, slot_offset=off, **kw)
+    rebuild_changed(U, SV, old, new, out, rope_theta=theta, slot_offset=off, launch=RebuildLaunch(**kw))
     rebuild_changed_ref(U, SV, old, new, ref, rope_theta=theta, slot_offset=off)
     tok = chg.repeat_interleave(8, -1)                                     # [B, H, n*8]: rebuilt tokens
     a, b = out[:, :, off:off + n * 8], ref[:, :, off:off + n * 8]

@@ -70,11 +70,11 @@ def test_specache_triton_cpu_dequant(nq, chunk):
 def test_specache_dequant_rowload_equals_group_load_cpu():
     """The dequant kernel's two loads of the groups' scales and zeros (per byte row, or per group and
     broadcast over its rows) give the same pass 1."""
-    from ddbench.kernels.specache import spec_pass1
+    from ddbench.kernels.specache import SpecKernel, spec_pass1
     g = torch.Generator().manual_seed(70)
     qk = quantize_keys_2bit(torch.randn(2, 2, 384, 32, generator=g))
     q = torch.randn(2, 2, 8, 32, generator=g)
-    (s0, p0), (s1, p1) = (spec_pass1(q, qk, 8, splits=2, impl="dequant", rowload=x) for x in (False, True))
+    (s0, p0), (s1, p1) = (spec_pass1(q, qk, 8, SpecKernel(impl="dequant", rowload=x), splits=2) for x in (False, True))
     rows = 2 * 4                                   # nq x the group's 4 query heads; the rest is padding
     assert torch.equal(s0.view(4, 16, -1)[:, :rows], s1.view(4, 16, -1)[:, :rows]) and torch.equal(p0, p1)
 

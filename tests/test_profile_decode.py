@@ -58,8 +58,8 @@ def test_dual_token_output_logits_equal_single_token_decode(setup):
 def _rates(loaded, probe, cache, ids, first, init, temperature, budget=64):
     geo = selection.Geometry(len(ids), budget, 8).validate()
     lm = selection.landmarks(cache, geo)
-    r = decode.dual_run(loaded.model, probe, cache, len(ids), first, steps=8, init=init, temperature=temperature,
-                        top_p=1.0, seed=1, vocab=loaded.model.config.vocab_size)
+    r = decode.dual_run(loaded.model, probe, cache, len(ids), first, decode.DualSampling(8, init, temperature, 1.0, 1),
+                        vocab=loaded.model.config.vocab_size)
     assert cache.get_seq_length() == len(ids)
     sel = torch.stack([torch.stack([selection.select(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l],
                                                      geo.k)[0] for l in range(loaded.layers)]) for t in range(9)])

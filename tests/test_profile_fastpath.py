@@ -34,8 +34,8 @@ def test_kvcache_matches_dynamic_cache_through_dual_steps_and_crops(llama):
     outs = []
     for cache in (DynamicCache(), KVCache()):
         first = decode.prefill(m, ids, cache, chunk=128)
-        r = decode.dual_run(m, probe, cache, len(ids), first, steps=6, init="t2", temperature=1.0, top_p=1.0,
-                            seed=5, vocab=m.config.vocab_size)
+        r = decode.dual_run(m, probe, cache, len(ids), first, decode.DualSampling(6, "t2", 1.0, 1.0, 5),
+                            vocab=m.config.vocab_size)
         assert cache.get_seq_length() == len(ids)
         outs.append((first, r, [layer.keys.clone() for layer in cache.layers]))
     (f0, r0, k0), (f1, r1, k1) = outs

@@ -10,7 +10,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.kernels.fp8 import quantize_host_kv
 from ddbench.kernels.gather import gather_ref, gather_uva
 from ddbench.kernels.layout import alloc_host_kv
-from ddbench.kernels.yieldgather import (gather_sliced, gather_yielding, gather_yielding_ref, lower_flag,
+from ddbench.kernels.yieldgather import (YieldFlag, gather_sliced, gather_yielding, gather_yielding_ref, lower_flag,
                                          prefetch_slices, raise_flag)
 
 GPU = torch.cuda.is_available()
@@ -66,11 +66,11 @@ def test_yielding_gather_writes_the_plain_gathers_bytes(kind, programs, items, h
     polls = torch.full((programs + 3,), SENTINEL, dtype=torch.int32, device=DEV)
     want = torch.full_like(polls, SENTINEL)
     flag = _flag(held)
-    grid = gather_yielding(q, 1, idx, k, v, flag, slot_offset=off, programs=programs, items=items, scales=s,
-                           spin=5, polls=polls)
+    grid = gather_yielding(q, 1, idx, k, v, YieldFlag(flag, 5, polls), slot_offset=off, programs=programs,
+                           items=items, scales=s)
     gather_uva(q, 1, idx, kp, vp, slot_offset=off, programs=programs, items=items, scales=s)
-    assert gather_yielding_ref(q, 1, idx, kr, vr, flag, slot_offset=off, programs=programs, items=items, scales=s,
-                               spin=5, polls=want) == grid
+    assert gather_yielding_ref(q, 1, idx, kr, vr, YieldFlag(flag, 5, want), slot_offset=off, programs=programs,
+                               items=items, scales=s) == grid
     assert _same(k, kp) and _same(v, vp) and _close(k, kr) and _close(v, vr)
     body = slice(off, off + n * C)
     assert not k[:, :, body].isnan().any() and not v[:, :, body].isnan().any()
@@ -86,7 +86,7 @@ def test_yielding_gather_values_only_and_no_polls():
     q, s = _host("fp8", 1, B, H, N, C, d, seed=7)
     idx = _ids(B, H, N, n, 8)
     v, vp = _poison(B, H, n * C, d), _poison(B, H, n * C, d)
-    gather_yielding(q, 0, idx, None, v, _flag(1), scales=s, spin=3)
+    gather_yielding(q, 0, idx, None, v, YieldFlag(_flag(1), spin=3), scales=s)
     gather_uva(q, 0, idx, None, vp, scales=s)
     assert _same(v, vp) and not v.isnan().any()
 
@@ -124,7 +124,8 @@ def test_flag_helpers_and_bad_inputs():
     for kw in bad:
         args = dict(flag=flag, programs=4, polls=None, spin=4) | kw
         with pytest.raises(DDBenchError):
-            gather_yielding(q, 0, idx, k, v, args.pop("flag"), scales=s, **args)
+            yielding = YieldFlag(args.pop("flag"), args.pop("spin"), args.pop("polls"))
+            gather_yielding(q, 0, idx, k, v, yielding, scales=s, **args)
     assert k.isnan().all()                           # nothing launched
     for sl in (0, n + 1, 1.5):
         with pytest.raises(DDBenchError, match="slices"):
@@ -139,7 +140,7 @@ def _gpu_case(seed):
     idx = _ids(B, H, N, n, seed + 1)
     bufs = [_poison(B, H, n * C, d) for _ in range(4)]
     gather_ref(q, 0, idx, bufs[2], bufs[3], scales=s)
-    gather_yielding(q, 0, idx, bufs[0], bufs[1], _flag(0), scales=s)       # compile first
+    gather_yielding(q, 0, idx, bufs[0], bufs[1], YieldFlag(_flag(0)), scales=s)       # compile first
     bufs[0].fill_(float("nan"))
     bufs[1].fill_(float("nan"))
     return q, s, idx, bufs
@@ -157,7 +158,7 @@ def test_a_raised_flag_holds_the_prefetch_until_lowered_gpu():
     assert bool(k.isnan().all())
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
-        gather_yielding(q, 0, idx, k, v, flag, scales=s, spin=1 << 22, polls=polls)   # seconds at most
+        gather_yielding(q, 0, idx, k, v, YieldFlag(flag, 1 << 22, polls), scales=s)   # seconds at most
     time.sleep(0.05)
     held = not side.query()
     still_poisoned = bool(k.isnan().all())           # read on the default stream beside the waiting launch
@@ -172,7 +173,7 @@ def test_a_raised_flag_holds_the_prefetch_until_lowered_gpu():
 def test_a_flag_never_lowered_delays_the_prefetch_by_its_budget_only_gpu():
     q, s, idx, (k, v, kr, vr) = _gpu_case(60)
     polls = torch.full((32,), SENTINEL, dtype=torch.int32, device="cuda")
-    gather_yielding(q, 0, idx, k, v, _flag(1), scales=s, spin=1000, polls=polls)
+    gather_yielding(q, 0, idx, k, v, YieldFlag(_flag(1), 1000, polls), scales=s)
     torch.cuda.synchronize()                         # ends: the budget is spent, the flag ignored
     assert _same(k, kr) and _same(v, vr)
     assert (polls == 1000).all()
@@ -189,7 +190,7 @@ def test_yielding_slot_gather_writes_the_plain_ones_bytes(kind, held, values_onl
     pred = torch.rand(B, H, N, generator=g).argsort(-1)[..., :n].sort(-1).values.int()
     plan = plan_misses(pred.to(DEV), perturb(pred, 0.5, N, g).to(DEV))
     outs = []
-    for fn, kw in ((gather_slots, dict(flag=_flag(held), spin=3)), (gather_slots, {}), (gather_slots_ref, {})):
+    for fn, kw in ((gather_slots, dict(yielding=YieldFlag(_flag(held), spin=3))), (gather_slots, {}), (gather_slots_ref, {})):
         k, v = _poison(B, H, n * C, d), _poison(B, H, n * C, d)
         fn(q, 1, plan, None if values_only else k, v, programs=3, items=2, scales=s, **kw)
         outs.append((k, v))
@@ -197,4 +198,4 @@ def test_yielding_slot_gather_writes_the_plain_ones_bytes(kind, held, values_onl
     assert _same(k, kp) and _same(v, vp) and _close(k, kr) and _close(v, vr)
     assert int((~v.isnan()).sum()) == int(plan.count) * C * d and int(plan.count) > 0
     with pytest.raises(DDBenchError, match="flag"):
-        gather_slots(q, 1, plan, k, v, scales=s, flag=torch.zeros(1, dtype=torch.int64, device=DEV))
+        gather_slots(q, 1, plan, k, v, scales=s, yielding=YieldFlag(torch.zeros(1, dtype=torch.int64, device=DEV)))

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from ddbench.commands.config import add_config_arg
 from ddbench.commands import cache_note, index_note, kv_note, table as _table  # noqa: F401 (simulate imports kv_note from here)
-from ddbench.commands.plan_serving import _clean, _serving_mode, plot, render_serving, serving_plan  # noqa: F401
+from ddbench.commands.plan_serving import json_safe, wants_serving_plan, plot, render_serving, serving_plan  # noqa: F401
 from ddbench.core import defaults as D
 from ddbench.core import flags
 from ddbench.core.catalog import NOT_BOUNDED
@@ -71,7 +71,8 @@ def _search(text: str):
     return parse_search(text)
 
 
-def _plot_path(text: str) -> str:
+def plot_path(text: str) -> str:
+    """--plot's value, checked: an image file name (.png, .pdf or .svg)."""
     if os.path.splitext(text)[1].lower() not in (".png", ".pdf", ".svg"):
         raise DDBenchError(f"--plot must name a .png, .pdf or .svg file, got '{text}'")
     return text
@@ -117,7 +118,7 @@ def register(sub) -> None:
                    help=f"simulator runs per design or setting (default {D.MAX_RUNS})")
     g.add_argument("--workers", type=flags.integer(lo=1, hi=4096),
                    help="local processes for the searches (default: the CPUs here)")
-    g.add_argument("--plot", metavar="PNG", type=flags.checked(_plot_path),
+    g.add_argument("--plot", metavar="PNG", type=flags.checked(plot_path),
                    help="draw P99 against rate with the SLO lines (or, with --search, the Pareto fronts) into this"
                         " file (.png, .pdf or .svg)")
     p.add_argument("--force", action="store_true", help="replace an earlier --plot file (ddbench's own only)")
@@ -243,7 +244,7 @@ def run(args) -> int:
         raise DDBenchError("--json and --csv: choose one")
     if args.force and not args.plot:
         raise DDBenchError("--force is for --plot (it replaces an earlier plot ddbench wrote)")
-    if not _serving_mode(args):
+    if not wants_serving_plan(args):
         serving_only = given(args) + [f"--{k.replace('_', '-')}" for k in SERVING_ONLY if getattr(args, k) is not None]
         if serving_only:
             raise DDBenchError(f"{serving_only[0]} needs --slo (or --target-rate or --search)")
@@ -260,10 +261,10 @@ def run(args) -> int:
     if args.plot:
         from ddbench.core.outputs import output_file
         with output_file(args.plot, command="ddbench plan", flag="--plot", force=args.force) as staged:
-            out = _clean(serving_plan(args))
+            out = json_safe(serving_plan(args))
             plot(out, staged, fmt=os.path.splitext(args.plot)[1].lstrip(".") or "png")
     else:
-        out = _clean(serving_plan(args))
+        out = json_safe(serving_plan(args))
     if args.json:
         print(json.dumps(out, indent=1, allow_nan=False))
     elif args.csv:

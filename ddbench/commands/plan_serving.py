@@ -19,10 +19,12 @@ from ddbench.core.catalog import NOT_BOUNDED
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import CATEGORIES
 from ddbench.core.units import GB
+from ddbench.planner.ratelines import format_rate
 from ddbench.planner.scenario import resolve
 from ddbench.planner.scenario_args import scenarios_from_args
 
-def _serving_mode(args) -> bool:
+def wants_serving_plan(args) -> bool:
+    """Whether `plan`'s arguments ask a serving question (an SLO, a target rate or a rate search)."""
     return args.slo is not None or args.target_rate is not None or args.search is not None
 
 
@@ -81,20 +83,15 @@ def _row_view(res, slos) -> dict:
     return d
 
 
-def _clean(obj):
+def json_safe(obj):
+    """`obj` with every non-finite float replaced by None, so that it writes as strict JSON."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
-
-
-def _fmt_rate(r: float) -> str:
-    if r <= 0:
-        return "0"
-    return f"{r:.3g}" if r >= 0.01 else f"{r:.2e}"
 
 
 def _worst_term(res, slos) -> tuple[float, str]:
@@ -123,7 +120,7 @@ def _verdict(results, slos) -> str | None:
     w, text = _worst_term(best, slos)
     low = best.lowest()
     return (f"no design meets {what}; the best is {best.scenario.label()} at {text}"
-            f" (at {_fmt_rate(low[0])} req/s, the lightest load tried)")
+            f" (at {format_rate(low[0])} req/s, the lightest load tried)")
 
 
 def _run_searches(args, scenarios, slos, seeds, tol, max_runs) -> list:
@@ -388,14 +385,14 @@ def _render_table(out: dict) -> list[str]:
     rows = [head]
     for d in out["designs"]:
         met = d["status"] == "met"
-        r = [("=" if d.get("undecided_with") else "") + str(d["rank"] or "-"), d["system"], _fmt_rate(d["max_rate_req_per_s"]) if met else "none",
+        r = [("=" if d.get("undecided_with") else "") + str(d["rank"] or "-"), d["system"], format_rate(d["max_rate_req_per_s"]) if met else "none",
              f"{d['tokens_per_s']:.1f}" if met else "-", d["binding"] or "-", str(d["max_batch"]),
              f"{d['mean_batch']:.1f}" if met and d["mean_batch"] else "-"]
         r += [fmt_seconds(d[c]) if met and d.get(c) is not None else "-" for c in cols]
         r += [f"{d['peak_memory_gb']:.1f}" if met and d["peak_memory_gb"] else "-", str(d["runs"])]
         if fleet:
             f = d.get("fleet")
-            r += [f"{f['prefill_gpus_per_decode_gpu']:.2f}", _fmt_rate(f["fleet_req_per_s_per_gpu"]),
+            r += [f"{f['prefill_gpus_per_decode_gpu']:.2f}", format_rate(f["fleet_req_per_s_per_gpu"]),
                   fmt_seconds(f["fleet_ttft_p99_s"]) if f["fleet_ttft_p99_s"] is not None else "-"] if f \
                 else ["-", "-", "-"]
         if "peak_tokens_per_s_alone" in d:
@@ -413,14 +410,14 @@ def _render_outcomes(out: dict) -> list[str]:
     for d in out["designs"]:
         if d["status"] == "met":
             lines.append(f"  {d['system']}" + (f" (best setting: {d['setting']})" if "setting" in d else "")
-                         + f": passes at {_fmt_rate(d['max_rate_req_per_s'])}, fails at "
-                         f"{_fmt_rate(d['failed_rate_req_per_s']) if d['failed_rate_req_per_s'] else '-'} req/s"
+                         + f": passes at {format_rate(d['max_rate_req_per_s'])}, fails at "
+                         f"{format_rate(d['failed_rate_req_per_s']) if d['failed_rate_req_per_s'] else '-'} req/s"
                          f" ({d['limited_by']})")
         elif d["status"] == "no fit":
             lines.append(f"  {d['system']}: not one request fits in GPU memory")
         else:
             lo = d["probes"][0] if d["probes"] else None
-            lines.append(f"  {d['system']}: fails even at {_fmt_rate(lo['rate_req_per_s'])} req/s: {d['limited_by']}"
+            lines.append(f"  {d['system']}: fails even at {format_rate(lo['rate_req_per_s'])} req/s: {d['limited_by']}"
                          if lo else f"  {d['system']}: no run")
     return lines
 
@@ -444,7 +441,7 @@ def _render_fleet(out: dict, met: list[dict]) -> list[str]:
                      f" prefill GPUs per decode GPU, {f['gpus_per_req_per_s']:.2f} GPUs per req/s of the whole fleet;"
                      f" prefill queue P99 wait {fmt_seconds(f['prefill_wait_p99_s'])} on {f['prefill_pool_gpus']}"
                      f" prefill GPU{'' if f['prefill_pool_gpus'] == 1 else 's'} at"
-                     f" {_fmt_rate(f['prefill_pool_load_req_per_s'])} req/s")
+                     f" {format_rate(f['prefill_pool_load_req_per_s'])} req/s")
     return lines
 
 
@@ -452,12 +449,12 @@ def _render_target(out: dict, b: dict) -> str:
     f = b.get("fleet")
     if f and "fleet_gpus" in f:
         return (f"for {out['target_rate_req_per_s']:g} req/s: {plural(f['fleet_gpus'], 'GPU')} of {b['system']}:"
-                f" {plural(f['decode_gpus'], 'decode GPU')} at {_fmt_rate(b['max_rate_req_per_s'])} req/s each"
+                f" {plural(f['decode_gpus'], 'decode GPU')} at {format_rate(b['max_rate_req_per_s'])} req/s each"
                 + (f" ({plural(b['hosts'], 'host')} of {out['host']['name']})" if "host" in out else "")
                 + f" and {plural(f['prefill_gpus'], 'prefill GPU')}")
     return (f"for {out['target_rate_req_per_s']:g} req/s: {plural(b['gpus'], 'GPU')} of"
             f" {b['system']}" + (f" ({plural(b['hosts'], 'host')} of {out['host']['name']})" if "host" in out else "")
-            + f" at {_fmt_rate(b['max_rate_req_per_s'])} req/s per GPU")
+            + f" at {format_rate(b['max_rate_req_per_s'])} req/s per GPU")
 
 
 def _render_settings(out: dict) -> list[str]:
@@ -474,7 +471,7 @@ def _render_settings(out: dict) -> list[str]:
             shown.append(s)
     for s in shown:
         ok = s["tokens_per_s"] is not None
-        rows.append([s["system"], s["setting"], _fmt_rate(s["max_rate_req_per_s"]) if ok else "none",
+        rows.append([s["system"], s["setting"], format_rate(s["max_rate_req_per_s"]) if ok else "none",
                      f"{s['tokens_per_s']:.1f}" if ok else "-", f"{s['peak_memory_gb']:.1f}" if ok else "-",
                      fmt_seconds(s[metric]) if ok and s[metric] is not None else "-", s["binding"],
                      ("*M" if s["pareto_memory"] else "") + ("*L" if s["pareto_latency"] else "")])

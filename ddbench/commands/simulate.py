@@ -43,7 +43,7 @@ from dataclasses import replace
 from ddbench.commands.config import add_config_arg
 from ddbench.commands import cache_note, cost_model_line, index_note, wrap
 from ddbench.commands.plan_tp import context_warning
-from ddbench.commands.plan import _plot_path as plot_path, kv_note
+from ddbench.commands.plan import plot_path, kv_note
 from ddbench.core import defaults as D
 from ddbench.core import flags
 from ddbench.core.catalog import NOT_BOUNDED
@@ -209,7 +209,7 @@ def run(args) -> int:
 def _at_ends(args, r, centre: float) -> list[float] | None:
     """[worst, best] tokens/s of the same serving run priced at both ends of the design's rates' 95 % interval
     (ddbench.core.rates); None where its rates have no interval."""
-    from ddbench.sim.serving import draw_requests, run_serving
+    from ddbench.sim.serving import ServingOptions, draw_requests, run_serving
     dr = r.design_rates
     if dr is None or not any(x.has_interval for x in dr.rates):
         return None
@@ -218,8 +218,8 @@ def _at_ends(args, r, centre: float) -> list[float] | None:
     for end in ("low", "high"):
         e = resolve(replace(sc, rate_end=end))
         reqs = draw_requests(sc.requests, args.rate, sc.context, sc.output, args.seed)
-        res = run_serving(e.design, e.model, e.gpu, e.cm, e.workload, reqs, e.hit, e.reuse, e.batch_cap,
-                          prefill_here=sc.prefill == "here", lowrank=e.lowrank, cache=e.cache_rates)
+        res = run_serving(e.design, e.model, e.gpu, e.cm, e.workload, reqs, e.hit, e.reuse, sc.prefill == "here",
+                          ServingOptions(e.batch_cap, e.lowrank, e.cache_rates))
         out.append(res.summary().get("tokens_per_s") or 0.0)
     return [min(out), max(out)]
 
@@ -422,7 +422,7 @@ def _prefill_elsewhere(sc, summary: dict, requests) -> dict:
 
 
 def _serving(args, r, w, out) -> dict:
-    from ddbench.sim.serving import draw_requests, run_serving
+    from ddbench.sim.serving import ServingOptions, draw_requests, run_serving
     from ddbench.sim.perfetto import counter_events, trace_json
 
     sc = r.scenario
@@ -444,9 +444,8 @@ def _serving(args, r, w, out) -> dict:
         return {**head, **no_fit, "peak_memory_by_category": static}
     bar = progress_bar(total=len(reqs), desc=r.design.name, unit="req", leave=False, quiet=args.quiet or len(reqs) < 200)
     try:
-        res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, r.batch_cap,
-                          prefill_here=sc.prefill == "here", progress=bar.update, lowrank=r.lowrank,
-                          cache=r.cache_rates)
+        res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, sc.prefill == "here",
+                          ServingOptions(r.batch_cap, r.lowrank, r.cache_rates, progress=bar.update))
     finally:
         bar.close()
     summary = {**head, **res.summary(), "peak_memory_by_category": res.peak_by_category}

@@ -41,6 +41,7 @@ import json
 import math
 import os
 
+from ddbench.core.designs import DESIGNS
 from ddbench.core.enginepoint import EnginePoint
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
@@ -335,7 +336,9 @@ def engine_section_rows(engine_csv: str) -> list[dict]:
             batch, context = int(r["batch"]), int(r["context"])
         except (KeyError, ValueError):
             raise DDBenchError(f"{engine_csv}, line {i}: step_ms, batch or context is not a number") from None
-        name = EnginePoint.named(r["design"], single=r["design"] == "dualdecoder" and r.get("tokens") == "1").design
+        spec = DESIGNS.get(r["design"])       # a dual-token design run with one query token: '<design>-single'
+        single = spec is not None and spec.tokens_per_step == 2 and r.get("tokens") == "1"
+        name = EnginePoint.named(r["design"], single=single).design
         layer = "step" if r.get("miss_rate", "none") in ("none", "") else "step-forced-miss"
         out.append({"system": name, "model": ENGINE_MODEL, "batch": batch, "context": context, "layer": layer,
                     "compute_ms": ms, "exposed_transfer_ms": 0.0, "urgent_bytes": 0, "prefetch_bytes": 0})

@@ -6,6 +6,8 @@ here; nothing else restates them. Limits that keep a value in range (and the ari
 finite) are here too.
 """
 
+from ddbench.core.designs import DUALDECODER
+
 # ---------------------------------------------------------------- workload (ShadowKV's defaults)
 BATCH = 1                  # concurrent decoding requests
 BUDGET = 2048              # sparse budget in tokens
@@ -27,7 +29,7 @@ CACHE_POLICY = "lru"       # dualdecoder-cache: eviction policy of the GPU chunk
 # ---------------------------------------------------------------- scenario
 CONTEXT = "128k"           # prompt tokens (simulate; plan requires --context)
 OUTPUT = "256"             # output tokens per request
-DESIGN = "dualdecoder"     # simulate's design
+DESIGN = DUALDECODER       # simulate's design
 DESIGNS = "all"            # plan's designs: the paper's four
 BUFFERS = "design"         # sparse-KV buffer layout: the design's own (or pingpong, per-layer)
 PREFILL = "here"           # prefill beside decode on this GPU

@@ -464,8 +464,7 @@ def output_folder(out, *, command: str, flag: str = "--out", force: bool = False
                     _check_one(rel, path, own, foreign_set, theirs, manifest, force or own_ok, shared, flag, out)
                 w = Writer(path, stage, command, check, frozenset(live_own))
                 yield w
-                created = _commit(w, path, own, foreign_set, theirs, manifest, force or own_ok, shared, prune,
-                                  flag, out)
+                created = _commit(w, path, own, manifest, prune)
                 _JOURNAL.append((path, created, made))
                 ok = True
             finally:
@@ -504,11 +503,11 @@ def _check_one(rel: str, path: Path, own: set, foreign: set, theirs: set, manife
             raise DDBenchError(f"{flag} {out}: {parent} exists and is not a folder")
 
 
-def _commit(w: Writer, path: Path, own: set, foreign: set, theirs: set, manifest: dict, replace_own: bool,
-            shared: bool, prune: bool, flag: str, out) -> None:
+def _commit(w: Writer, path: Path, own: set, manifest: dict, prune: bool) -> None:
+    """Move the staged files in (each checked again by the writer's rule, _check_one) with the manifest."""
     new = w.staged()
     for rel in new:
-        _check_one(rel, path, own, foreign, theirs, manifest, replace_own, shared, flag, out)
+        w._check(rel)
     existed = {rel for rel in new if (path / rel).exists()}
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     entries = {}

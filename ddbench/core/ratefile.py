@@ -72,30 +72,25 @@ def load_source(path: str) -> RateSource:
     if os.path.isdir(path):
         return _folder(path)
     if path.endswith(".cache-trend.json"):
-        from ddbench.core.rates import load_trend
+        from ddbench.core.rates import load_trend, model_of_profile
         load_trend(path)
-        return RateSource("trend", path, _model_of(path))
+        return RateSource("trend", path, model_of_profile(path))
     return _values(path)
 
 
-def _model_of(path: str) -> str:
-    from ddbench.core.rates import _model_name
-    return _model_name(path)
-
-
 def _folder(path: str) -> RateSource:
-    from ddbench.core.rates import load_trend
+    from ddbench.core.rates import load_trend, model_of_profile
     trends = sorted(glob.glob(os.path.join(path, "*.cache-trend.json")))
     replays = sorted(glob.glob(os.path.join(path, "*.cache.csv")))
     if len(trends) > 1 or (not trends and len(replays) > 1):
         raise DDBenchError(f"rates {path}: more than one model's profile in the folder; name the file")
     if trends:
         load_trend(trends[0])
-        return RateSource("trend", trends[0], _model_of(trends[0]))
+        return RateSource("trend", trends[0], model_of_profile(trends[0]))
     if replays:
         from ddbench.core.rates import read_replay
         read_replay(replays[0])
-        return RateSource("replay", replays[0], _model_of(replays[0]))
+        return RateSource("replay", replays[0], model_of_profile(replays[0]))
     raise DDBenchError(f"rates {path}: not a `ddbench profile` output folder (no *.cache-trend.json or"
                        " *.cache.csv; profile with --cache-capacity 0,1,2,4)")
 

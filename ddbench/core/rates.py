@@ -425,11 +425,11 @@ def replay_rates(path: str, design: str, fam: str, layers: int, context: int, bu
         vals = tuple(map_depth([x + w * (y - x) for x, y in zip(a, b)], layers))
         out.append(Rate(metric, vals, vals, vals))
         ctx = pc
-    return DesignRates(design, fam, tuple(out), _model_name(path), (ctx,), max(1.0, context / ctx), True,
+    return DesignRates(design, fam, tuple(out), model_of_profile(path), (ctx,), max(1.0, context / ctx), True,
                        f"{os.path.basename(path)}: one profile run's {POLICY} replay (no interval)")
 
 
-def _model_name(path: str) -> str:
+def model_of_profile(path: str) -> str:
     """The model a profile file is of: <model>.cache-trend.json, <model>.cache.csv."""
     base = os.path.basename(path)
     for tail in (".cache-trend.json", ".cache.csv"):

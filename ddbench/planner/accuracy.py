@@ -57,7 +57,7 @@ def _stem(path: str) -> str:
 
 def profile_sources(r) -> list[str]:
     """The profiles (paths) a resolved scenario's rates come from: its hit-rate profile, its cache profile."""
-    from ddbench.planner.scenario import _profile_path
+    from ddbench.planner.scenario import accuracy_profile_path
     out = []
     dr = r.design_rates if not r.design.kv_on_gpu else None
     if dr is not None and r.scenario.rates is not None and r.scenario.rates.kind != "values":
@@ -65,7 +65,7 @@ def profile_sources(r) -> list[str]:
     elif dr is not None and dr.measured:
         from ddbench.core.paths import traces_dir
         out.append(str(traces_dir("accuracy", f"{dr.source}.cache-trend.json")))
-    p = _profile_path(r.scenario, r.model.name)
+    p = accuracy_profile_path(r.scenario, r.model.name)
     if p is not None:
         out.append(p)
     return out
@@ -73,10 +73,10 @@ def profile_sources(r) -> list[str]:
 
 def constant_hit(r) -> bool:
     """Whether the hit rate is core.defaults.HIT_RATE because no profile exists (the paper's assumption)."""
-    from ddbench.planner.scenario import _profile_path
+    from ddbench.planner.scenario import accuracy_profile_path
     if r.design.kv_on_gpu or r.design_rates is not None:
         return False
-    return r.scenario.hit_rate is None and _profile_path(r.scenario, r.model.name) is None
+    return r.scenario.hit_rate is None and accuracy_profile_path(r.scenario, r.model.name) is None
 
 
 def assumed_hit_rate(r) -> str | None:

@@ -23,7 +23,7 @@ def _what(design) -> str | None:
         return None
     if design.chunk_cache:
         return "prefetched and urgent chunks per step"
-    if design.name.startswith("shadowkv"):
+    if design.reuse:
         return "miss rate (1 - reuse)"
     return "miss rate (1 - hit)"
 

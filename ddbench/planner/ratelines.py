@@ -175,12 +175,18 @@ def ranking(designs: list[dict], tol: float) -> None:
                                and not _beats(o, d, tol) and not _beats(d, o, tol)]
 
 
+def format_rate(r: float) -> str:
+    """A rate in req/s for a table or a sentence: three significant digits, scientific below 0.01."""
+    if r <= 0:
+        return "0"
+    return f"{r:.3g}" if r >= 0.01 else f"{r:.2e}"
+
+
 def _iv(d: dict) -> str:
-    from ddbench.commands.plan_serving import _fmt_rate
     lo, hi = d["rate_interval"]
     t_lo, t_hi = d["tokens_interval"]
     per = " per GPU of the fleet" if d.get("fleet") else ""
-    return (f"{_fmt_rate(d['rank_rate'])} [{_fmt_rate(lo)}, {_fmt_rate(hi)}] req/s{per},"
+    return (f"{format_rate(d['rank_rate'])} [{format_rate(lo)}, {format_rate(hi)}] req/s{per},"
             f" {d['tokens_per_s']:.0f} [{t_lo:.0f}, {t_hi:.0f}] tokens/s")
 
 

@@ -169,15 +169,15 @@ def run_point(sc: Scenario, rate: float, seed: int = 0, pcts: tuple = ()) -> dic
     Where the weights alone do not fit, or not one request's host KV fits in host memory, nothing runs
     and every request counts as rejected. Admission is capped by `Resolved.batch_cap` (--max-batch and
     host memory)."""
-    from ddbench.sim.serving import draw_requests, run_serving
+    from ddbench.sim.serving import ServingOptions, draw_requests, run_serving
     from ddbench.core.stats import percentile
     t0, c0 = time.perf_counter(), time.process_time()
     r = resolve(sc)
     reqs = draw_requests(sc.requests, rate, sc.context, sc.output, seed)
     s = weights_do_not_fit(r, len(reqs)) or host_does_not_fit(r, len(reqs))
     if s is None:
-        res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, r.batch_cap,
-                          prefill_here=sc.prefill == "here", lowrank=r.lowrank, cache=r.cache_rates)
+        res = run_serving(r.design, r.model, r.gpu, r.cm, r.workload, reqs, r.hit, r.reuse, sc.prefill == "here",
+                          ServingOptions(r.batch_cap, r.lowrank, r.cache_rates))
         s, done, segments, peaks = res.summary(), [q for q in res.requests if not q.rejected], res.segments, \
             res.peak_by_category
     else:

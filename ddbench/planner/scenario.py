@@ -315,7 +315,7 @@ def _hits(spec, model: str, layers: int, select):
     return tuple(hit), tuple(reuse), note
 
 
-def _profile_path(sc: Scenario, model_name: str) -> str | None:
+def accuracy_profile_path(sc: Scenario, model_name: str) -> str | None:
     """The accuracy profile the hit rates come from: the CSV named, else the model's own if present."""
     from ddbench.sim import hitrates
     if sc.hit_rate is None:
@@ -387,7 +387,7 @@ def resolve(sc: Scenario) -> Resolved:
     _check(sc)
     check_tp(full, sc.tp, *((get_host(sc.host).gpus, get_host(sc.host).name) if sc.host is not None else ()))
     m = rank_model(full, sc.tp)
-    path = _profile_path(sc, m.name)
+    path = accuracy_profile_path(sc, m.name)
     no_profile = (f"the hit rate here is a constant (no traces/accuracy/{m.name}.csv, or a number given);"
                   " name a profile with --hit-rate PATH")
     if sc.rows and path is None:

@@ -4,8 +4,8 @@
         in pieces of `chunk` tokens over one cache (exact causal attention; bounds memory); `start`: the
         tokens already in the cache (a question's suffix after its shared prefix).
     sample(logits, temperature, top_p, gen) -> token id   (temperature 0: argmax)
-    dual_run(model, probe, cache, prompt_len, first_logits, *, steps, init, temperature, top_p,
-             seed, vocab, bar=None) -> DualRun
+    dual_run(model, probe, cache, prompt_len, first_logits, DualSampling(steps, init, temperature, top_p,
+             seed), *, vocab, bar=None) -> DualRun
 
 One dual-token step at position p feeds [output token x_t, speculative token s_t] at positions
 [p, p+1] under a causal mask (the output token never sees the speculative one). x_{t+1} is sampled
@@ -88,9 +88,22 @@ def step(model, cache, tokens, pos):
         return model(input_ids=ids, past_key_values=cache, position_ids=p, use_cache=True).logits[0].float()
 
 
-def dual_run(model, probe, cache, prompt_len, first_logits, *, steps, init, temperature, top_p, seed, vocab,
-             bar=None) -> DualRun:
+@dataclass(frozen=True)
+class DualSampling:
+    """How a dual-token run samples: `steps` dual steps, the first speculative token ("t2": the real T2 of
+    a pre-decoding step; "random": a random vocabulary id), temperature and top-p of the output token
+    (temperature 0: argmax), and the seed of its generator."""
+    steps: int
+    init: str
+    temperature: float
+    top_p: float
+    seed: int
+
+
+def dual_run(model, probe, cache, prompt_len, first_logits, sampling: DualSampling, *, vocab, bar=None) -> DualRun:
     import torch
+    steps, init, temperature, top_p, seed = (sampling.steps, sampling.init, sampling.temperature, sampling.top_p,
+                                             sampling.seed)
     if init not in ("t2", "random"):
         raise ValueError(init)
     gen = torch.Generator().manual_seed(seed)

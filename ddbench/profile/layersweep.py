@@ -300,8 +300,8 @@ class _Sweep:
             with progress_bar(total=total, desc=f"steps {task} {c} q{j}", quiet=self.quiet) as bar:
                 for init, temp in (self.runs if measure else ()):
                     seed = cfg.seed * 1_000_003 + q * 1009 + int(round(temp * 1000))
-                    r = decode.dual_run(self.model, self.probe, cache, c, first, steps=cfg.steps, init=init,
-                                        temperature=temp, top_p=cfg.top_p, seed=seed, vocab=self.vocab, bar=bar)
+                    r = decode.dual_run(self.model, self.probe, cache, c, first, decode.DualSampling(
+                        cfg.steps, init, temp, cfg.top_p, seed), vocab=self.vocab, bar=bar)
                     self._score_run(r, (lm, ixs), cache, (c, task, q, init, temp), budgets, geo)
             if cfg.quality and s < self.n_prompts:
                 self._task_accuracy(cache, prompt, first, (lm, ixs), c, task, budgets, geo.selectable)

@@ -24,6 +24,8 @@ import sys
 
 import torch
 
+from ddbench.core.designs import DUALDECODER, FULL_KV, SHADOWKV, SPECACHE
+from ddbench.core.enginepoint import EnginePoint
 from ddbench.core.flags import OneLineParser
 
 CATEGORIES = (   # first match wins; names of the kernels in one replay
@@ -34,7 +36,7 @@ CATEGORIES = (   # first match wins; names of the kernels in one replay
     ("rebuild", ("rebuild",)),
     ("gather", ("gather",)),
 )
-DESIGNS = ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv")
+DESIGNS = (DUALDECODER, EnginePoint.named(DUALDECODER, single=True).design, SHADOWKV, SPECACHE, FULL_KV)
 
 
 def category(name: str) -> str:
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: the breakdown needs a CUDA GPU; none is visible to torch", file=sys.stderr)
         return 2
-    from ddbench.kernels.engine.sweep import hbm_gbps, run_point
+    from ddbench.kernels.engine.points import PointSetup, PointTiming, hbm_gbps, run_point
     from ddbench.kernels.engine.model import Weights
     from ddbench.kernels.timing import provenance
     from ddbench.core.provenance import command_line
@@ -120,8 +122,8 @@ def main(argv=None) -> int:
     for ctx, batch in pts:
         for d in DESIGNS:
             try:
-                r = run_point(model, weights, None, d, ctx, batch, miss_rate=None, transfers=False, graph=True,
-                              reps=a.replays, hbm=hbm, keep=True)
+                r = run_point(PointSetup(model, weights, hbm=hbm), d, ctx, batch,
+                              PointTiming(miss_rate=None, transfers=False, reps=a.replays), keep=True)
             except DDBenchError as exc:
                 print(f"  {d} {ctx}:{batch}: {exc}", flush=True)
                 continue

@@ -65,11 +65,11 @@ class CachePath:
         def urgent():
             with nvtx_range(f"urgent L{i}"):
                 if self.yield_kw:       # the prefetch gathers issue no new reads meanwhile
-                    raise_flag(self.yield_kw["flag"])
+                    raise_flag(self.yield_kw["yielding"].flag)
                 self.slots(self.host, self._hl(i), plan, self.kbuf[i], self.vbuf[i], programs=cfg.urgent_programs,
                            **c.slot_kw(i))
                 if self.yield_kw:
-                    lower_flag(self.yield_kw["flag"])
+                    lower_flag(self.yield_kw["yielding"].flag)
         ev_u, _ = self.sched.run("urgent", "urgent", urgent, waits=[ev_plan, self.free_ev[i]] + pre_ev, layer=i, buf=i,
                                  use=u)
         self.stats.urgent_counts.append(plan.count.clone())

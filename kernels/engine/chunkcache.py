@@ -2,7 +2,7 @@
 looked up and filled on the device with no host sync (CUDA-graph safe): fill() below is the torch
 twin, kernels/cachefill.py the same fill in one Triton launch (fill_rows picks; the engine fuses off ref).
 
-    cache = ChunkCache(L, B, H, N, slots, C, d, tail, device, dtype)
+    cache = ChunkCache(CacheShape(L, B, H, N, slots, C, d, tail, k_max), device, dtype)
     plan, slot = cache.fill(layer, ids, stamp)   # ids [B, H, k] int32; stamp: a device int32 scalar tensor
 
 fill() makes every chunk of `ids` cached: a cached chunk is a hit (its slot is touched with `stamp`);
@@ -31,11 +31,29 @@ chunk_cache_bytes counts the slots and the map (the sinks, `rows` and the plans 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ddbench.core.errors import DDBenchError
 from ddbench.kernels.engine.transfer import MissPlan
 from ddbench.kernels.fp8 import E4M3
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    """A chunk cache's sizes: L layers, B requests, H KV heads, N chunks in the context, `slots` chunks
+    cached per (layer, request, KV head), C tokens per chunk, d the head dim, `tail` rows after the
+    slots (the generated tokens' 16-bit rows), k_max the largest selection a fill takes."""
+    L: int
+    B: int
+    H: int
+    N: int
+    slots: int
+    C: int
+    d: int
+    tail: int
+    k_max: int
 
 
 class ChunkCache:
@@ -48,7 +66,9 @@ class ChunkCache:
         for more than AGE_WINDOW stamps (about 16K decode steps at two fills a step) tie, in slot order."""
         return (age - stamp + cls.AGE_WINDOW).clamp(0, 0x7FFF)
 
-    def __init__(self, L, B, H, N, slots, C, d, tail, device, dtype, k_max, fused=False, fp8=False):
+    def __init__(self, shape: CacheShape, device, dtype, fused=False, fp8=False):
+        L, B, H, N, slots, C, d, tail, k_max = (shape.L, shape.B, shape.H, shape.N, shape.slots, shape.C, shape.d,
+                                                shape.tail, shape.k_max)
         if slots < k_max:
             raise DDBenchError(f"a chunk cache of {slots} chunks cannot hold a selection of {k_max}")
         if slots >= 2 ** 15:
@@ -155,4 +175,4 @@ class ChunkCache:
 
     def slot_kw(self, layer: int) -> dict:
         """What the slot gather needs beside the buffers: fp8, where the pieces' scales go."""
-        return dict(k_scale_out=self.k_scale[layer], v_scale_out=self.v_scale[layer]) if self.fp8 else {}
+        return dict(scale_out=(self.k_scale[layer], self.v_scale[layer])) if self.fp8 else {}

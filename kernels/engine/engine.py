@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ddbench.core.errors import DDBenchError
+from ddbench.kernels.attention import CacheView
 from ddbench.kernels.engine.accounting import Accounting
 from ddbench.kernels.engine.cachepath import CachePath
 from ddbench.kernels.engine.engineconfig import PLAN_CATEGORIES, EngineConfig, buffer_rows, plan_bytes  # noqa: F401
@@ -40,7 +41,7 @@ from ddbench.kernels.engine.cpugather import CpuGather
 from ddbench.kernels.engine.model import Weights, nvtx_range, rope_tables
 from ddbench.core.index import parse_index
 from ddbench.kernels.engine.fastselect import fused_plan_fits
-from ddbench.kernels.engine.ops import _ops
+from ddbench.kernels.engine.ops import engine_ops
 from ddbench.kernels.engine.residency import Residency
 from ddbench.kernels.engine.reusefetch import reuse_copy, reuse_fetch, reuse_gather, reuse_launch  # noqa: F401
 from ddbench.kernels.engine.transfer import Sched, perturb, perturb_fast, plan_misses, plan_buffers, plan_misses_fast
@@ -67,7 +68,7 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
                  log: bool = False, debug: bool = False):
         self.m, self.sys, self.cfg, self.w = model, system, cfg, weights
         self.dev = torch.device(device)
-        self.ops = _ops(ref)
+        self.ops = engine_ops(ref)
         self.ref = ref
         self.debug = [] if debug else None
         self.graph = None                # CUDA graph of `graph_steps` whole steps (capture())
@@ -525,7 +526,7 @@ class Engine(Residency, CachePath, CpuGather, Accounting):
     def _attend(self, i, u, b, q, kb, vb, waits, rows):
         """The attention over buffer b once its transfers are in; its end frees the buffer."""
         ev_wait, _ = self.sched.run("compute", "wait", lambda: None, waits=waits, layer=i, buf=b, use=u)
-        kw = {} if rows is None else {"rows": rows, **self.cache.attention_kw(i, self.kc * self.C)}
+        kw = {} if rows is None else {"cache": CacheView(rows, **self.cache.attention_kw(i, self.kc * self.C))}
         if not self.ref and (self.B * self.H < 64 or (rows is not None and self.cfg.rows_two_waves)):
             # small batch (or, with the switch, a chunk cache's rows): about two waves of (request, head, split)
             sms = torch.cuda.get_device_properties(self.dev).multi_processor_count

@@ -6,8 +6,7 @@ over the selection state and no torch top-k or sort.
         2-bit keys
         (`rows`: the codes kernel's fewest query rows per program, ddbench.kernels.specache.spec_block_m; `splits`
         its programs per (request, KV head), automatic by default)
-    topk_from_scratch(scratch, pml, B, H, nq, G, N, k, blk=None, num_warps=None, method=None, search=None,
-                      seg=None, slots=None, cuts=None, plan=None, block_m=None)
+    topk_from_scratch(scratch, pml, TopkShape(B, H, nq, G, N, k), out=None, how=TopkMethod(), plan=None, block_m=None)
         -> the fused normalise + group-max + top-k ("seg": the default wherever its merge fits in
            MAX_MERGE candidates, else "bits"; "stream" and "bits" on request); `out`: None, one
            [B, nq, H, k] tensor, or a tuple of nq (<= 2) [B, H, k] tensors, one per token (the
@@ -19,7 +18,7 @@ over the selection state and no torch top-k or sort.
         probabilities, same tie rule), used by the tests
     select_topk_ref(q, lm, k) = ddbench.kernels.select.select_chunks_ref                 torch twin
 
-Pass 1 is kernels/select.py's `_score_pass1` (landmarks, raw scores of the group's rows to a
+Pass 1 is kernels/select.py's `score_pass1_kernel` (landmarks, raw scores of the group's rows to a
 scratch and each split's row max / sum of exp) or kernels/specache.py's `spec_pass1` (2-bit keys,
 per-row chunk maxima of the raw scores). The scratch holds them in `scores` (fp16 by default,
 SCORES: half the traffic of fp32 for pass 1's writes and the top-k's reads; the row statistics come
@@ -31,7 +30,7 @@ are largest in the order (probability descending, id ascending), written ascendi
 above the k-th largest probability, then chunks equal to it in id order until k. Ties at the
 threshold may therefore pick other (equal-probability) chunks than torch.topk.
 
-"stream" (`_stream_topk_kernel`, issue 9): the program streams its row in blocks of `blk` chunks
+"stream" (`stream_topk_kernel`, issue 9): the program streams its row in blocks of `blk` chunks
 (group-max probabilities of a block in registers only, so many programs share an SM and their loads
 overlap), appends the block's chunks whose probability bits exceed a running threshold T to a
 per-program candidate buffer in global memory (ids ascending, order-preserving prefix sum), and when
@@ -44,18 +43,18 @@ The cut's K-th largest is a 31-step binary search (default) or, with search="5ar
 with packed counts (14 reductions; not timed on the GPU yet). Measured on the H200 (the
 selection's device check): 1.40x faster than the bit search at 128K, batch 64 (3.67x its byte floor), about
 equal at batch 4, slower at N = 4096 (hence STREAM_MIN_N).
-"bits" (`_bits_topk_kernel`, the first kernel; the default only where "seg"'s merge would exceed
+"bits" (`bits_topk_kernel`, the first kernel; the default only where "seg"'s merge would exceed
 MAX_MERGE candidates, i.e. k close to N at large N): the whole row in registers, a 31-step binary
 search on the bits over all N entries.
 
-"seg" (two kernels, the default): stage 1 (`_seg_topk_kernel`) runs one program per (row, segment of
+"seg" (two kernels, the default): stage 1 (`seg_topk_kernel`) runs one program per (row, segment of
 `seg` chunks; 4096, or 2048 when there are few rows), so even batch 1 has 64 programs: the segment's
 group-max probabilities in registers, then a coarse cut: T rises from the segment's smallest value by
 a search that counts `cuts` (default 2) evenly spaced thresholds per reduction (16-bit fields of one
 sum) and stops as soon as at most `slots` (default 2 k) chunks are >= T (at least k are). Those
 chunks (a superset of the segment's top-k in the contract's order; with exact ties all the way down
 T is the k-th largest and its ties are cut by id) go, in id order, to the segment's slots, with
-(count, T, segment max). Stage 2 (`_merge_topk_kernel`, one program per row) takes the exact top-k
+(count, T, segment max). Stage 2 (`merge_topk_kernel`, one program per row) takes the exact top-k
 of the candidates with the same search between max(T) (k candidates lie above each T) and the
 largest candidate, stopping at count == k, and writes the ids ascending. Exact: every chunk of the
 row's top-k is in its segment's top-k, hence among the candidates, and the candidates' top-k in the
@@ -73,12 +72,14 @@ The kernels themselves: kernels/engine/topk_kernels.py.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
 
-from ddbench.kernels.engine.topk_kernels import _bits_topk_kernel, _merge_topk_kernel, _seg_topk_kernel, _stream_topk_kernel
-from ddbench.kernels.select import LOG2E, _check, _score_pass1, select_chunks_ref
+from ddbench.kernels.engine.topk_kernels import bits_topk_kernel, merge_topk_kernel, seg_topk_kernel, stream_topk_kernel
+from ddbench.kernels.select import LOG2E, check_select_args, score_pass1_kernel, select_chunks_ref
 
 MAX_CAP = 8192          # candidate buffer (entries) of the stream kernel; larger k: bits
 STREAM_MIN_N = 8192     # shorter rows: bits (measured faster at N = 4096, see docs/engine.md)
@@ -160,8 +161,38 @@ def _block_m(nq, G, block_m=None):
     return rows
 
 
-def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, num_warps=None, method=None,
-                      search=None, seg=None, slots=None, cuts=None, plan=None, block_m=None):
+class TopkShape(NamedTuple):
+    """The rows a top-k reads: B requests, H KV heads, nq query tokens, G query heads per KV head, N chunks;
+    k, the budget of chunks each row keeps."""
+    B: int
+    H: int
+    nq: int
+    G: int
+    N: int
+    k: int
+
+
+@dataclass(frozen=True)
+class TopkMethod:
+    """Which top-k kernel and how it runs (the module docstring says what each does): method None (the
+    default: "seg" where its merge fits, else "stream" or "bits"), "seg", "stream" or "bits"; search (seg:
+    "bisect", "radix", "binary", "5ary"; stream, bits: "binary", "5ary"); seg: chunks per segment and slots
+    (seg's geometry, default from the rows); cuts: counts per reduction (seg, default SEG_CUTS); blk: chunks
+    per block and num_warps (stream, seg; default from the geometry)."""
+    method: str | None = None
+    search: str | None = None
+    seg: int | None = None
+    slots: int | None = None
+    cuts: int | None = None
+    blk: int | None = None
+    num_warps: int | None = None
+
+
+def topk_from_scratch(scratch, pml, shape: TopkShape, out=None, *, how: TopkMethod = TopkMethod(), plan=None,
+                      block_m=None):
+    B, H, nq, G, N, k = shape
+    blk, num_warps, method, search, seg, slots, cuts = (how.blk, how.num_warps, how.method, how.search, how.seg,
+                                                        how.slots, how.cuts)
     GP = triton.next_power_of_2(G)
     BLOCK_M = _block_m(nq, G, block_m)
     n_split = pml.numel() // (2 * B * H * BLOCK_M)
@@ -185,12 +216,12 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
         cids = torch.empty(rows * S * KK, device=scratch.device, dtype=torch.int32)
         cinfo = torch.empty(rows * S * 4, device=scratch.device, dtype=torch.int32)
         cuts = cuts or SEG_CUTS
-        _seg_topk_kernel[(rows, S)](scratch, pml, cbits, cids, cinfo, N, H, G, nq, n_split, k, KK, S, pargs[1],
-                                    GP=GP, BLOCK_M=BLOCK_M, SP=SP, SEG=seg, SEARCH=sv, CUTS=cuts, PLAN=pkw["PLAN"],
-                                    num_warps=num_warps or _seg_warps(seg, rows * S))
-        _merge_topk_kernel[(rows,)](cbits, cids, cinfo, o0, o1, H, nq, k, KK, S, *pargs, PER_TOKEN=per_token, CP=CP,
-                                    SP2=triton.next_power_of_2(S), SEARCH=sv, CUTS=cuts, **pkw,
-                                    num_warps=16 if CP >= 8192 else max(1, min(8, CP // 256)))
+        seg_topk_kernel[(rows, S)](scratch, pml, cbits, cids, cinfo, N, H, G, nq, n_split, k, KK, S, pargs[1],
+                                   GP=GP, BLOCK_M=BLOCK_M, SP=SP, SEG=seg, SEARCH=sv, CUTS=cuts, PLAN=pkw["PLAN"],
+                                   num_warps=num_warps or _seg_warps(seg, rows * S))
+        merge_topk_kernel[(rows,)](cbits, cids, cinfo, o0, o1, H, nq, k, KK, S, *pargs, PER_TOKEN=per_token, CP=CP,
+                                   SP2=triton.next_power_of_2(S), SEARCH=sv, CUTS=cuts, **pkw,
+                                   num_warps=16 if CP >= 8192 else max(1, min(8, CP // 256)))
         return out
     if search not in (None, "binary", "5ary"):
         raise ValueError(f"unknown search {search!r} for method {method!r}")
@@ -200,14 +231,14 @@ def topk_from_scratch(scratch, pml, B, H, nq, G, N, k, out=None, *, blk=None, nu
         method = "stream" if cap <= MAX_CAP and N >= STREAM_MIN_N else "bits"
     if method == "stream":
         buf = torch.empty(B * H * nq * 2 * cap, device=scratch.device, dtype=torch.int32)
-        _stream_topk_kernel[(B * H * nq,)](scratch, pml, o0, o1, buf, N, H, G, nq, n_split, k, PER_TOKEN=per_token,
-                                           GP=GP, BLOCK_M=BLOCK_M, SP=SP, BLK=blk, CAP=cap,
-                                           FIVE=search == "5ary", num_warps=nw)
+        stream_topk_kernel[(B * H * nq,)](scratch, pml, o0, o1, buf, N, H, G, nq, n_split, k, PER_TOKEN=per_token,
+                                          GP=GP, BLOCK_M=BLOCK_M, SP=SP, BLK=blk, CAP=cap,
+                                          FIVE=search == "5ary", num_warps=nw)
     elif method == "bits":
         NP = triton.next_power_of_2(N)
         nw = 16 if NP >= 8192 else (8 if NP >= 2048 else 4)
-        _bits_topk_kernel[(B * H * nq,)](scratch, pml, o0, o1, N, H, G, nq, n_split, k, PER_TOKEN=per_token,
-                                         GP=GP, BLOCK_M=BLOCK_M, SP=SP, NP=NP, num_warps=nw)
+        bits_topk_kernel[(B * H * nq,)](scratch, pml, o0, o1, N, H, G, nq, n_split, k, PER_TOKEN=per_token,
+                                        GP=GP, BLOCK_M=BLOCK_M, SP=SP, NP=NP, num_warps=nw)
     else:
         raise ValueError(f"unknown top-k method {method!r}")
     return out
@@ -238,7 +269,8 @@ def _plan_args(plan, B, H, N, k, o0):
     return (pred, mp.count, mp.bh, mp.chunk, mp.slot, mp.assembled), dict(PLAN=True, KP=KP, LOG_KP=KP.bit_length() - 1)
 
 
-def _score_dtype(scores):
+def checked_score_dtype(scores):
+    """The dtype the pass-1 scratch stores scores in: torch.float16 or torch.float32, else ValueError."""
     if scores not in (torch.float16, torch.float32):
         raise ValueError(f"stored scores must be torch.float16 or torch.float32, got {scores}")
     return scores
@@ -274,15 +306,16 @@ def topk_from_scratch_ref(scratch, pml, B, H, nq, G, N, k, block_m=None):
 
 
 def select_topk(q, lm, k, *, block_n=64, splits=None, scores=SCORES, **topk_kw):
-    B, nq, Hq, d, H, N = _check(q, lm)
+    B, nq, Hq, d, H, N = check_select_args(q, lm)
     if not 0 < k <= N:
         raise ValueError(f"budget of {k} chunks must be within 1..{N} landmarks")
-    scratch, pml, G = _landmark_pass1(q, lm, block_n=block_n, splits=splits, scores=scores)
-    return topk_from_scratch(scratch, pml, B, H, nq, G, N, k, **topk_kw)
+    scratch, pml, G = landmark_pass1(q, lm, block_n=block_n, splits=splits, scores=scores)
+    return topk_from_scratch(scratch, pml, TopkShape(B, H, nq, G, N, k), **topk_kw)
 
 
-def _landmark_pass1(q, lm, *, block_n=64, splits=None, scores=SCORES):
-    B, nq, Hq, d, H, N = _check(q, lm)
+def landmark_pass1(q, lm, *, block_n=64, splits=None, scores=SCORES):
+    """Pass 1 over the landmarks: (scratch of raw scores, each split's row max and sum of exp, GQA group size G)."""
+    B, nq, Hq, d, H, N = check_select_args(q, lm)
     G = Hq // H
     GP = triton.next_power_of_2(G)
     BLOCK_M = max(16, triton.next_power_of_2(nq * GP))
@@ -291,11 +324,11 @@ def _landmark_pass1(q, lm, *, block_n=64, splits=None, scores=SCORES):
         splits = max(1, min(max(triton.cdiv(4 * sms, B * H), PASS1_SPLITS), N // PASS1_MIN_SPLIT))
     split_len = triton.cdiv(triton.cdiv(N, splits), block_n) * block_n
     n_split = triton.cdiv(N, split_len)
-    scratch = torch.empty(B * H * BLOCK_M * N, device=q.device, dtype=_score_dtype(scores))
+    scratch = torch.empty(B * H * BLOCK_M * N, device=q.device, dtype=checked_score_dtype(scores))
     pml = torch.empty(B * H * n_split * BLOCK_M * 2, device=q.device, dtype=torch.float32)
-    _score_pass1[(B * H, n_split)](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
-                                   H, G, nq, n_split, split_len, LOG2E / math.sqrt(d),
-                                   D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4)
+    score_pass1_kernel[(B * H, n_split)](q, lm, scratch, pml, N, q.stride(0), q.stride(1), q.stride(2), *lm.stride()[:3],
+                                         H, G, nq, n_split, split_len, LOG2E / math.sqrt(d),
+                                         D=d, GP=GP, BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=4)
     return scratch, pml, G
 
 
@@ -303,12 +336,12 @@ def specache_select_topk(q, qk, chunk, k, *, rows=None, splits=None, scores=SCOR
     from ddbench.kernels.specache import spec_block_m, spec_pass1
     B, nq, Hq, d = q.shape
     H = qk.codes.shape[1]
-    scratch, pml = spec_pass1(q, qk, chunk, rows=rows, splits=splits, scores=_score_dtype(scores))
-    return topk_from_scratch(scratch, pml, B, H, nq, Hq // H, qk.tokens // chunk, k,
+    scratch, pml = spec_pass1(q, qk, chunk, rows=rows, splits=splits, scores=checked_score_dtype(scores))
+    return topk_from_scratch(scratch, pml, TopkShape(B, H, nq, Hq // H, qk.tokens // chunk, k),
                              block_m=spec_block_m(nq, Hq // H, rows=rows), **topk_kw)
 
 
-def _into(ids, out):
+def deliver_ids(ids, out):
     """The twins' ids [B, nq, H, k] delivered as the kernels deliver them (`out` of topk_from_scratch)."""
     if out is None:
         return ids
@@ -321,10 +354,10 @@ def _into(ids, out):
 
 
 def select_topk_ref(q, lm, k, out=None):
-    return _into(select_chunks_ref(q, lm, k), out)
+    return deliver_ids(select_chunks_ref(q, lm, k), out)
 
 
 def specache_select_topk_ref(q, qk, chunk, k, out=None):
     from ddbench.kernels.specache import specache_chunk_scores_ref
     p = specache_chunk_scores_ref(q, qk, chunk)
-    return _into(p.topk(k, dim=-1).indices.sort(-1).values.to(torch.int32), out)
+    return deliver_ids(p.topk(k, dim=-1).indices.sort(-1).values.to(torch.int32), out)

@@ -9,7 +9,7 @@ from ddbench.kernels.engine.transfer import gather_slots, gather_slots_ref
 
 
 @dataclass
-class _Ops:
+class Ops:
     score: object
     attention: object
     gather: object
@@ -26,16 +26,17 @@ class _Ops:
     spec_select: object     # (q, quantised keys, chunk, k) -> ids
 
 
-def _ops(ref: bool) -> _Ops:
+def engine_ops(ref: bool) -> Ops:
+    """The kernels an Engine calls: the Triton kernels, or (ref) their torch twins."""
     from ddbench.kernels import attention, gather, rebuild, select, specache
     from ddbench.kernels.engine import fastselect, fused
     if ref:
-        return _Ops(select.score_chunks_ref, attention.dual_sparse_attention_ref, gather.gather_ref,
+        return Ops(select.score_chunks_ref, attention.dual_sparse_attention_ref, gather.gather_ref,
                     gather_slots_ref, rebuild.rebuild_keys_ref, rebuild.rebuild_changed_ref,
                     specache.specache_chunk_scores_ref,
                     rmsnorm, fused.add_rmsnorm_ref, fused.rope_split_ref, fused.swiglu_ref, fused.assemble_ref,
                     fastselect.select_topk_ref, fastselect.specache_select_topk_ref)
-    return _Ops(select.score_chunks, attention.dual_sparse_attention, gather.gather_uva, gather_slots,
+    return Ops(select.score_chunks, attention.dual_sparse_attention, gather.gather_uva, gather_slots,
                 rebuild.rebuild_keys, rebuild.rebuild_changed, lambda q, qk, chunk: specache.specache_scores_triton(q, qk, chunk=chunk),
                 fused.rmsnorm, fused.add_rmsnorm, fused.rope_split, fused.swiglu, fused.assemble,
                 fastselect.select_topk, fastselect.specache_select_topk)

@@ -15,10 +15,11 @@ from ddbench.core.catalog import get_model
 from ddbench.core.designs import DESIGNS as SYSTEMS
 from ddbench.core.errors import DDBenchError
 from ddbench.core.index import index_name
+from ddbench.core.memory import selects
 from ddbench.core.flags import ENGINE_KV_BITS_HELP, OneLineParser
 from ddbench.kernels.engine import paper as paper_phase
 from ddbench.kernels.engine.phases import DEFAULT_MODEL, PAPER, PHASES
-from ddbench.kernels.engine.points import Label, design_spec, make_config
+from ddbench.kernels.engine.points import Label, PointTiming, design_spec, make_config
 
 
 @dataclass(frozen=True)
@@ -164,9 +165,9 @@ def check_point(model, design, ctx, batch, a):
     if label.kv_bits == 8 and not keeps_kv_on_host(design_spec(design)):
         raise DDBenchError(f"--point {design}: fp8 applies to designs that keep their KV on the host")
     miss, churn = point_rates(model, label.design, ctx, ct, a)
-    cfg = make_config(ctx, batch, miss, not a.no_transfers, budget=a.budget, chunk=a.chunk, cache_tokens=ct,
-                      churn_rate=churn if chunk_cache else None, kv_bits=label.kv_bits, cache_bits=label.cache_bits,
-                      index=index_name(a.index))
+    cfg = make_config(ctx, batch, PointTiming(miss, not a.no_transfers), budget=a.budget, chunk=a.chunk,
+                      cache_tokens=ct, churn_rate=churn if chunk_cache else None, kv_bits=label.kv_bits,
+                      cache_bits=label.cache_bits, index=index_name(a.index))
     cfg.validate(model)
     check_cache_bits(design_spec(design), cfg.workload)
     if ct is not None and ct < cfg.budget:
@@ -220,7 +221,8 @@ def _paper_designs(text):
         return paper_phase.DESIGNS
     names = [x.strip() for x in text.split(",")]
     for n in names:
-        if not n or n not in SYSTEMS or SYSTEMS[n].gather != "gpu" or n == "ideal":
+        s = SYSTEMS.get(n)    # GPU-gather designs that keep their KV on the GPU or select on it (not Figure 2's bound)
+        if s is None or s.gather != "gpu" or not (s.kv_on_gpu or selects(s)):
             raise DDBenchError(f"--designs: {n!r} is not a design the paper phase runs")
     return tuple(names)
 

@@ -38,14 +38,16 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ddbench.core.designs import DUALDECODER, FULL_KV, SHADOWKV, SPECACHE, cache_designs, get_design
 from ddbench.core.errors import DDBenchError
 from ddbench.core.rates import prediction_of
 from ddbench.kernels.engine.points import Label, design_labels, design_spec
 
 PAPER = "paper"
-DESIGNS = ("dualdecoder", "shadowkv", "specache", "full-kv")   # the headline pair first (budget cuts the tail)
+DESIGNS = (DUALDECODER, SHADOWKV, SPECACHE, FULL_KV)   # the headline pair first (budget cuts the tail)
 DEFAULT_CONTEXTS = (131072,)
 QUICK = dict(contexts=(32768,), max_batch=4)                     # --quick: a smoke of the phase
 MAX_BATCH = 4096
@@ -138,8 +140,8 @@ def profile_cache_rates(model, budget=None):
     """(context, cache_tokens, prediction) -> (urgent, churn, note) of a chunk-cache design (matched_rates)."""
     rates = matched_rates(model, budget)
 
-    def cache(ctx, ct, prediction="speculative"):
-        return rates(ctx, "lru-cache" if prediction == "none" else "dualdecoder-cache", ct)
+    def cache(ctx, ct, prediction="speculative"):     # the first registered chunk-cache design of that prediction
+        return rates(ctx, next(n for n in cache_designs() if prediction_of(get_design(n)) == prediction), ct)
     return cache
 
 
@@ -255,15 +257,49 @@ def not_run_rows(model: str, contexts, *, cap_label, cap_gib, miss_rate, status,
     return rows
 
 
-def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu, overhead, reps, max_batch,
-              miss_rate, hbm, deadline, done, append, current=lambda key: None, seed=0, log=print,
-              gpu_state=None, health=None, fixed_batch=None, repeats=1, designs=DESIGNS, cache_tokens=(None,),
-              cache_rates=None, kv_bits=(16,), cache_bits=(16,), run_point=None):
-    """Every design of DESIGNS at every context: search_largest on engine points. Returns the rows (the
-    search's batches, each measured or refused, with the largest batch and its basis on every row of
-    the design's search). `done`: rows.jsonl entries of an earlier run (a design already searched is
-    taken from them: --resume); `append(key, row)` records a row (row None: the done marker);
-    `current(key)` names the point about to run (a crash leaves it behind).
+@dataclass(frozen=True)
+class PaperSearch:
+    """What the paper phase searches and how (run_paper's docstring says what each does): the GPU memory
+    cap, the forced miss rate, the largest batch tried or one fixed batch, the timed replays per point, the
+    builds of the largest batch, the designs and their chunk-cache capacities and bits, the seed and the
+    deadline (time.perf_counter)."""
+    cap: int | None                 # bytes (None: no cap)
+    cap_label: str
+    miss_rate: float | None         # --miss: forced on every design; None: each its matched rates (matched_rates)
+    deadline: float = math.inf
+    reps: int = 3
+    max_batch: int = MAX_BATCH
+    fixed_batch: int | None = None
+    repeats: int = 1
+    designs: tuple = DESIGNS
+    cache_tokens: tuple = (None,)
+    cache_rates: object = None      # (context, tokens, prediction) -> (urgent, churn, note); None: profile_cache_rates
+    kv_bits: tuple = (16,)
+    cache_bits: tuple = (16,)
+    seed: int = 0
+
+    @property
+    def cap_gib(self):
+        return None if self.cap is None else self.cap / GIB
+
+
+@dataclass(frozen=True)
+class PaperJournal:
+    """Where the paper phase's rows go: `done`, the rows.jsonl entries of an earlier run (--resume);
+    `append(key, row)` records a row (row None: the done marker); `current(key)` names the point about to
+    run (a crash leaves it behind)."""
+    done: dict
+    append: Callable
+    current: Callable = lambda key: None
+
+
+def run_paper(setup, contexts, search: PaperSearch, journal: PaperJournal, *, gpu_state=None, health=None,
+              run_point=None):
+    """Every design of search.designs at every context: search_largest on engine points, each run on
+    `setup` (ddbench.kernels.engine.points.PointSetup: the model, its weights, the host buffer, the HBM rate
+    and the memory limit). Returns the rows (the search's batches, each measured or refused, with the
+    largest batch and its basis on every row of the design's search). A design already searched in
+    journal.done is taken from it (--resume).
 
     A point that raises is a row, never the end of the phase: an out-of-memory error anywhere in its
     exception's chain (one raised inside the CUDA-graph capture included) is status `oom` with the
@@ -287,17 +323,15 @@ def run_paper(model, weights, flat, contexts, *, cap, cap_label, limit, mem_gpu,
     run_point: one engine point (default ddbench.kernels.engine.points.run_point; a test passes a fake)."""
     from ddbench.kernels.engine import capture as cap_mod
     from ddbench.kernels.engine import points
-    run = _PaperRun(model=model, weights=weights, flat=flat, cap_label=cap_label,
-                    cap_gib=None if cap is None else cap / GIB, limit=limit, mem_gpu=mem_gpu, overhead=overhead,
-                    reps=reps, max_batch=max_batch, miss_rate=miss_rate, hbm=hbm, deadline=deadline, append=append,
-                    current=current, seed=seed, log=log, gpu_state={} if gpu_state is None else gpu_state,
-                    health=health or cap_mod.gpu_health, fixed_batch=fixed_batch, repeats=repeats,
-                    cache_rates=cache_rates or profile_cache_rates(model), run_point=run_point or points.run_point)
+    run = _PaperRun(setup=setup, search=search, journal=journal, gpu_state={} if gpu_state is None else gpu_state,
+                    health=health or cap_mod.gpu_health,
+                    cache_rates=search.cache_rates or profile_cache_rates(setup.model),
+                    run_point=run_point or points.run_point)
     rows = []
-    labels = design_labels(designs, cache_tokens, kv_bits, cache_bits)
+    labels = design_labels(search.designs, search.cache_tokens, search.kv_bits, search.cache_bits)
     for ctx in contexts:
         for label in labels:
-            rows += run.design_rows(ctx, label, done)
+            rows += run.design_rows(ctx, label, journal.done)
     return rows
 
 
@@ -322,33 +356,17 @@ class _Design:
 
 @dataclass
 class _PaperRun:
-    """run_paper's context: the model and its weights, the cap and the limits, the journal callbacks."""
-    model: object
-    weights: object
-    flat: object
-    cap_label: str
-    cap_gib: float | None
-    limit: int
-    mem_gpu: object
-    overhead: int
-    reps: int
-    max_batch: int
-    miss_rate: float | None       # --miss: forced on every design; None: each its matched rates (matched_rates)
-    hbm: float
-    deadline: float
-    append: object
-    current: object
-    seed: int
-    log: object
+    """run_paper's context: the points' setup, the search, the journal, the GPU state and its check."""
+    setup: object
+    search: PaperSearch
+    journal: PaperJournal
     gpu_state: dict
     health: object
-    fixed_batch: int | None
-    repeats: int
     cache_rates: object
     run_point: object
 
     def key(self, ctx, label, batch=None, rep=0):
-        return paper_key(self.model.name, self.cap_label, ctx, label, batch, rep)
+        return paper_key(self.setup.model.name, self.search.cap_label, ctx, label, batch, rep)
 
     def design_rows(self, ctx, label, done) -> list:
         """One label at one context: its rows from an earlier run (--resume), `error` rows where the GPU
@@ -359,15 +377,15 @@ class _PaperRun:
         if self.gpu_state.get("poisoned"):
             rows = self._not_run(ctx, label, f"not run: the GPU state is unusable after {self.gpu_state['poisoned']}")
             for r in rows:
-                self.append(self.key(ctx, label, r["batch"]), r)
+                self.journal.append(self.key(ctx, label, r["batch"]), r)
             return rows
         from ddbench.kernels.engine import capture as cap_mod
         mine = []
         try:
-            self.search(ctx, label, mine)
+            self.search_label(ctx, label, mine)
         except Exception as exc:  # noqa: BLE001 - a failure outside a point (the search's own): a row
             import traceback
-            self.log(f"  [paper] {self.model.name} {ctx // 1024}K {label}: the search failed\n"
+            self.setup.log(f"  [paper] {self.setup.model.name} {ctx // 1024}K {label}: the search failed\n"
                      + traceback.format_exc(limit=8))
             failure = cap_mod.classify(exc)
         else:
@@ -379,14 +397,14 @@ class _PaperRun:
         for r in mine:                        # what it measured stands; why it stopped is on every row
             r.update(largest_batch=max(ok, default=0), largest_basis="error")
             r.setdefault("paper_role", "series" if r.get("status") == "ok" else "trial")
-            self.append(self.key(ctx, label, r["batch"]), r)
+            self.journal.append(self.key(ctx, label, r["batch"]), r)
         return mine
 
     def _not_run(self, ctx, label, error):
-        return not_run_rows(self.model.name, (ctx,), cap_label=self.cap_label, cap_gib=self.cap_gib,
-                            miss_rate=self.miss_rate, status="error", designs=(label,), error=error)
+        return not_run_rows(self.setup.model.name, (ctx,), cap_label=self.search.cap_label, cap_gib=self.search.cap_gib,
+                            miss_rate=self.search.miss_rate, status="error", designs=(label,), error=error)
 
-    def search(self, ctx, label, mine):
+    def search_label(self, ctx, label, mine):
         """One label's search at one context: its rows, into `mine` as they are made."""
         s = self._design(ctx, label, mine)
         res = self._largest(s)
@@ -403,57 +421,59 @@ class _PaperRun:
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()      # the weights (and anything else resident)
         spec = design_spec(lb.design)
-        miss = None if spec.kv_on_gpu else self.miss_rate
+        miss = None if spec.kv_on_gpu else self.search.miss_rate
         churn, extra = None, ({} if label == lb.design else dict(design_label=label))
         if spec.chunk_cache:
             miss, churn, note = self.cache_rates(ctx, lb.cache_tokens, prediction_of(spec))
             extra.update(cache_tokens=lb.cache_tokens, churn_rate=churn, rates_note=note)
         elif miss is None and not spec.kv_on_gpu:       # the matched rate set's, not a forced constant
-            miss, _, note = matched_rates(self.model)(ctx, lb.design)
+            miss, _, note = matched_rates(self.setup.model)(ctx, lb.design)
             extra.update(rates_note=note)
         return _Design(ctx, label, lb.design, lb.cache_tokens, lb.kv_bits, lb.cache_bits, spec, miss, churn, extra,
                        base, mine=mine)
 
-    def _cfg(self, s: _Design, B, seed):
+    def _timing(self, s: _Design, rep=0):
+        """How each point of the search runs: transfers on, graph replays, the search's reps, seed + rep."""
+        from ddbench.kernels.engine.points import PointTiming
+        return PointTiming(s.miss, reps=self.search.reps, seed=self.search.seed + rep)
+
+    def _cfg(self, s: _Design, B, rep=0):
         """SpeCache holds its 2-bit values too: the design's whole residency."""
         from ddbench.kernels.engine.points import make_config
-        return make_config(s.ctx, B, s.miss, True, seed=seed, quant_values=True, cache_tokens=s.cache_tokens,
+        return make_config(s.ctx, B, self._timing(s, rep), quant_values=True, cache_tokens=s.cache_tokens,
                            churn_rate=s.churn, kv_bits=s.kv_bits, cache_bits=s.cache_bits)
 
     def _planned(self, s: _Design, B):
         from ddbench.kernels.engine.engine import plan_bytes
-        return s.base + sum(plan_bytes(self.model, s.spec, self._cfg(s, B, self.seed)).values())
+        return s.base + sum(plan_bytes(self.setup.model, s.spec, self._cfg(s, B)).values())
 
     def _point(self, s: _Design, B, rep=0):
         """One engine point of the search (a failure is its row); the GPU state checked after one not ok."""
         from ddbench.kernels.engine import capture as cap_mod
         from ddbench.kernels.engine.points import check_gpu_state
         key = self.key(s.ctx, s.label, B, rep)
-        self.current(key)
+        self.journal.current(key)
         t0 = time.perf_counter()
         failure = None
         try:
-            r = self.run_point(self.model, self.weights, self.flat, s.design, s.ctx, B, miss_rate=s.miss,
-                               transfers=True, graph=True, reps=self.reps, hbm=self.hbm,
-                               cfg=self._cfg(s, B, self.seed + rep), limit=self.limit, mem_gpu=self.mem_gpu,
-                               overhead=self.overhead, seed=self.seed + rep, log=self.log)
+            r = self.run_point(self.setup, s.design, s.ctx, B, self._timing(s, rep), cfg=self._cfg(s, B, rep))
         except Exception as exc:  # noqa: BLE001 - reported in the row; the phase goes on
             import traceback
-            self.log(f"  {s.design} ctx={s.ctx} B={B}: ERROR\n" + traceback.format_exc(limit=8))
+            self.setup.log(f"  {s.design} ctx={s.ctx} B={B}: ERROR\n" + traceback.format_exc(limit=8))
             failure = cap_mod.classify(exc)
         # out of the except block: the exception (and the engine its frames hold) is gone
         if failure is not None:
-            r = stub_row(self.model.name, s.design, s.ctx, s.miss, cap_label=self.cap_label, cap_gib=self.cap_gib,
-                         status=failure[0], error=failure[1], batch=B)
+            r = stub_row(self.setup.model.name, s.design, s.ctx, s.miss, cap_label=self.search.cap_label,
+                         cap_gib=self.search.cap_gib, status=failure[0], error=failure[1], batch=B)
             r["planned_gib"] = self._planned(s, B) / GIB
         if r.get("status") != "ok":
             check_gpu_state(r, failure is not None and failure[2], self.gpu_state,
-                            f"{self.model.name} {s.design} {s.ctx // 1024}K B={B}", self.health,
-                            lambda t: self.log("  [paper] " + t))
-        r.update(phase=PAPER, rep=rep, gpu_mem_cap=self.cap_label, cap_gib=self.cap_gib,
+                            f"{self.setup.model.name} {s.design} {s.ctx // 1024}K B={B}", self.health,
+                            lambda t: self.setup.log("  [paper] " + t))
+        r.update(phase=PAPER, rep=rep, gpu_mem_cap=self.search.cap_label, cap_gib=self.search.cap_gib,
                  wall_s=time.perf_counter() - t0, **s.extra)
         s.mine.append(r)
-        self.append(key, r)
+        self.journal.append(key, r)
         return r
 
     def _estimate_s(self, s: _Design, B):
@@ -462,11 +482,11 @@ class _PaperRun:
         (compiles excluded: they fall on the first points)."""
         if not s.steps:
             return 0.0
-        return POINT_FIXED_S + (4 + 2 * self.reps) * s.steps[-1][1] * B / s.steps[-1][0]
+        return POINT_FIXED_S + (4 + 2 * self.search.reps) * s.steps[-1][1] * B / s.steps[-1][0]
 
     def _measure(self, s: _Design, B):
         """search_largest's measure: bytes in use at the point's peak, None where it does not fit."""
-        if time.perf_counter() + self._estimate_s(s, B) > self.deadline:
+        if time.perf_counter() + self._estimate_s(s, B) > self.search.deadline:
             raise TimeUp
         r = self._point(s, B)
         if self.gpu_state.get("poisoned"):
@@ -480,19 +500,20 @@ class _PaperRun:
 
     def _largest(self, s: _Design) -> Search:
         """The searched largest batch, or with fixed_batch that batch alone (basis fixed where it fits)."""
-        if self.fixed_batch is None:
-            return search_largest(lambda B: self._measure(s, B), lambda B: self._planned(s, B), self.limit,
-                                  self.max_batch)
+        if self.search.fixed_batch is None:
+            return search_largest(lambda B: self._measure(s, B), lambda B: self._planned(s, B), self.setup.limit,
+                                  self.search.max_batch)
         try:
-            ok = self._measure(s, self.fixed_batch) is not None    # refused by its plan or out of memory: None
-            return Search(self.fixed_batch if ok else 0, "fixed" if ok else "oom")
+            ok = self._measure(s, self.search.fixed_batch) is not None    # refused by its plan or out of memory: None
+            return Search(self.search.fixed_batch if ok else 0, "fixed" if ok else "oom")
         except Stop as exc:
             return Search(0, exc.basis)
 
     def _repeat(self, s: _Design, largest):
         """The largest batch built and measured again (repeats - 1 times) while time allows."""
-        for rep in range(1, self.repeats):
-            if time.perf_counter() + self._estimate_s(s, largest) > self.deadline or self.gpu_state.get("poisoned"):
+        for rep in range(1, self.search.repeats):
+            late = time.perf_counter() + self._estimate_s(s, largest) > self.search.deadline
+            if late or self.gpu_state.get("poisoned"):
                 break
             if self._point(s, largest, rep)["status"] != "ok" or self.gpu_state.get("poisoned"):
                 break
@@ -500,8 +521,8 @@ class _PaperRun:
     def _close(self, s: _Design, res: Search):
         """Every row of the search gets its largest batch, basis and role; a finished search its done marker."""
         if not s.mine and res.basis == "time":
-            s.mine.append({**stub_row(self.model.name, s.design, s.ctx, s.miss, cap_label=self.cap_label,
-                                      cap_gib=self.cap_gib, status="skipped-time"), **s.extra})
+            s.mine.append({**stub_row(self.setup.model.name, s.design, s.ctx, s.miss, cap_label=self.search.cap_label,
+                                      cap_gib=self.search.cap_gib, status="skipped-time"), **s.extra})
         elif not s.mine:                          # batch 1 refused by its plan: its row says how far over
             self._point(s, 1)
         nxt = self._planned(s, res.largest + 1) / GIB
@@ -510,11 +531,11 @@ class _PaperRun:
                      paper_role=("repeat" if r.get("rep") else
                                  "largest" if r["batch"] == res.largest and r["status"] == "ok" else
                                  "series" if r["status"] == "ok" else "trial"))
-            self.append(self.key(s.ctx, s.label, r["batch"], r.get("rep", 0)), r)
+            self.journal.append(self.key(s.ctx, s.label, r["batch"], r.get("rep", 0)), r)
         if res.basis not in ("time", "error"):      # a resumed run searches these again
-            self.append(self.key(s.ctx, s.label), None)
-        self.log(f"  [paper] {self.model.name} {s.ctx // 1024}K cap {self.cap_label}: {s.label} largest batch"
-                 f" {res.largest} ({res.basis}; memory model {s.mine[0].get('model_max_batch')})")
+            self.journal.append(self.key(s.ctx, s.label), None)
+        self.setup.log(f"  [paper] {self.setup.model.name} {s.ctx // 1024}K cap {self.search.cap_label}: {s.label}"
+                       f" largest batch {res.largest} ({res.basis}; memory model {s.mine[0].get('model_max_batch')})")
 
 
 def summarize(rows) -> list[dict]:

@@ -16,6 +16,9 @@ import time
 from typing import NamedTuple
 
 from ddbench.core.defaults import FORCED_MISS
+from ddbench.core.designs import (DUALDECODER, DUALDECODER_CPU_GATHER, DUALDECODER_FIFO, DUALDECODER_PER_LAYER,
+                                    DUALDECODER_TWO_PASS, FULL_KV, SHADOWKV, SPECACHE)
+from ddbench.core.enginepoint import EnginePoint
 from ddbench.core.errors import DDBenchError
 from ddbench.kernels.engine import paper as paper_phase
 from ddbench.kernels.engine import points as pt
@@ -31,6 +34,7 @@ REUSE_BATCHES = ((K32, (1, 2, 4, 8, 16, 32, 64)), (K128, (16,)))   # (context, b
 REUSE_MISS = (0.0, 0.25, 1.0)             # all hits (HBM), the mix, all host reads
 VAL_MISS = 0.25                           # validation: miss rates and batches the other phases do not use
 VAL_BATCHES = (2, 8, 32)
+DUALDECODER_SINGLE = EnginePoint.named(DUALDECODER, single=True).design   # its dual-token step, one query token
 
 
 class Point(NamedTuple):
@@ -79,9 +83,9 @@ def plan_points(quick, reps, phases=PHASES):
     pts = []
     for c in (K32, K128):
         for B in (1, 16, 64):
-            for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv"):
+            for d in (DUALDECODER, DUALDECODER_SINGLE, SHADOWKV, SPECACHE, FULL_KV):
                 pts.append(Point("floor", 0, d, c, B, None, False, True))   # the model's own selection
-            for d in ("dualdecoder", "shadowkv", "specache"):      # the harness's forced-miss draw
+            for d in (DUALDECODER, SHADOWKV, SPECACHE):      # the harness's forced-miss draw
                 pts.append(Point("floor", 0, d, c, B, FORCED_MISS, False, True))
     pts = [p for p in pts if p.phase in phases]
     if "mechanism" in phases:
@@ -95,36 +99,36 @@ def plan_points(quick, reps, phases=PHASES):
 
 def _quick_points():
     pts = [Point("floor", 0, d, K32, 4, FORCED_MISS, False, True)
-           for d in ("dualdecoder", "dualdecoder-single", "shadowkv", "specache", "full-kv")]
-    for d, B in (("dualdecoder", 16), ("dualdecoder", 64), ("dualdecoder-single", 64), ("shadowkv", 16),
-                 ("specache", 16), ("full-kv", 1)):
+           for d in (DUALDECODER, DUALDECODER_SINGLE, SHADOWKV, SPECACHE, FULL_KV)]
+    for d, B in ((DUALDECODER, 16), (DUALDECODER, 64), (DUALDECODER_SINGLE, 64), (SHADOWKV, 16),
+                 (SPECACHE, 16), (FULL_KV, 1)):
         pts.append(Point("floor", 0, d, K128, B, FORCED_MISS, False, True))
-    for d in ("dualdecoder", "dualdecoder-fifo", "shadowkv", "specache", "dualdecoder-per-layer",
-              "dualdecoder-two-pass"):
+    for d in (DUALDECODER, DUALDECODER_FIFO, SHADOWKV, SPECACHE, DUALDECODER_PER_LAYER,
+              DUALDECODER_TWO_PASS):
         pts.append(Point("mechanism", 0, d, K32, 4, 0.33, True, True))
-    pts.append(Point("mechanism", 0, "dualdecoder-cpu-gather", K32, 2, 0.33, True, False))
-    pts.append(Point(REUSE, 0, "shadowkv", K32, 4, 0.25, True, True))
+    pts.append(Point("mechanism", 0, DUALDECODER_CPU_GATHER, K32, 2, 0.33, True, False))
+    pts.append(Point(REUSE, 0, SHADOWKV, K32, 4, 0.25, True, True))
     return pts
 
 
 def reuse_points():
     """The reuse-fetch record's points: ShadowKV (its fetch, values only), every batch of REUSE_BATCHES
     at its context, each forced miss rate of REUSE_MISS; graph, with transfers (a fetch alone)."""
-    return [Point(REUSE, 0, "shadowkv", c, B, m, True, True) for c, bs in REUSE_BATCHES for B in bs for m in REUSE_MISS]
+    return [Point(REUSE, 0, SHADOWKV, c, B, m, True, True) for c, bs in REUSE_BATCHES for B in bs for m in REUSE_MISS]
 
 
 def _mechanism_points(reps):
     pts = []
     for r in range(reps):
         for B, m in MECH_POINTS:
-            for d in ("dualdecoder", "dualdecoder-fifo"):
+            for d in (DUALDECODER, DUALDECODER_FIFO):
                 pts.append(Point("mechanism", r, d, K128, B, m, True, True))
-            pts.append(Point("mechanism", r, "dualdecoder", K128, B, m, False, True))
-        pts.append(Point("mechanism", r, "dualdecoder-two-pass", K128, 16, 0.33, True, True))
-        pts.append(Point("mechanism", r, "dualdecoder-two-pass", K128, 16, 0.33, False, True))
-        pts.append(Point("mechanism", r, "dualdecoder-per-layer", K128, 16, 0.33, True, True))
-        pts.append(Point("mechanism", r, "dualdecoder-cpu-gather", K128, 16, 0.33, True, False))
-        pts.append(Point("mechanism", r, "dualdecoder", K128, 16, 0.33, True, False))
+            pts.append(Point("mechanism", r, DUALDECODER, K128, B, m, False, True))
+        pts.append(Point("mechanism", r, DUALDECODER_TWO_PASS, K128, 16, 0.33, True, True))
+        pts.append(Point("mechanism", r, DUALDECODER_TWO_PASS, K128, 16, 0.33, False, True))
+        pts.append(Point("mechanism", r, DUALDECODER_PER_LAYER, K128, 16, 0.33, True, True))
+        pts.append(Point("mechanism", r, DUALDECODER_CPU_GATHER, K128, 16, 0.33, True, False))
+        pts.append(Point("mechanism", r, DUALDECODER, K128, 16, 0.33, True, False))
     return pts
 
 
@@ -132,15 +136,15 @@ def _validation_points():
     pts = []
     for c in (K32, K128):
         for B in VAL_BATCHES:
-            for d in ("dualdecoder", "shadowkv", "specache"):
+            for d in (DUALDECODER, SHADOWKV, SPECACHE):
                 pts.append(Point("validation", 0, d, c, B, VAL_MISS, True, True))
                 pts.append(Point("validation", 0, d, c, B, VAL_MISS, False, True))   # its compute-only twin
         for B in ((2, 8) if c == K32 else ()):   # full-kv at 128K: calibrated at batch 1 only (16 is oom)
-            pts.append(Point("validation", 0, "full-kv", c, B, None, True, True))
+            pts.append(Point("validation", 0, FULL_KV, c, B, None, True, True))
     for B in VAL_BATCHES:
-        pts.append(Point("validation", 0, "dualdecoder-fifo", K128, B, VAL_MISS, True, True))
+        pts.append(Point("validation", 0, DUALDECODER_FIFO, K128, B, VAL_MISS, True, True))
     for x in (True, False):
-        pts.append(Point("validation", 0, "dualdecoder", K128, 8, 0.1, x, True))
+        pts.append(Point("validation", 0, DUALDECODER, K128, 8, 0.1, x, True))
     return pts
 
 
@@ -265,9 +269,9 @@ def _measure_point(a, p, model, weights, flat, hbm, mem, gpu_state):
         if p.phase == REUSE:
             r = pt.reuse_fetch_point(model, flat, p.context, p.batch, p.miss, reps=a.replays, seed=a.seed, log=_log)
         else:
-            r = pt.run_point(model, weights, flat, p.design, p.context, p.batch, miss_rate=p.miss,
-                             transfers=p.transfers, graph=p.graph, reps=a.replays, hbm=hbm, log=_log, seed=a.seed,
-                             limit=mem["limit"], mem_gpu=mem["mem_gpu"], overhead=mem["overhead"])
+            setup = pt.PointSetup(model, weights, flat, hbm, mem["limit"], mem["mem_gpu"], mem["overhead"], _log)
+            r = pt.run_point(setup, p.design, p.context, p.batch,
+                             pt.PointTiming(p.miss, p.transfers, p.graph, a.replays, seed=a.seed))
     except Exception as exc:  # noqa: BLE001 - reported in the row and the log; the sweep goes on
         import traceback
         _log(f"  {p.design} ctx={p.context} B={p.batch}: ERROR\n" + traceback.format_exc(limit=8))
@@ -300,7 +304,9 @@ def run_paper_points(a, model, box, flat, hbm, mem, journal, t_start, gpu_state)
             held = _model_weights(a, journal, pm, ctx, gpu_state)
             if held[0] is None:
                 continue
-        _search_point(a, journal, pm, held[1], flat, ctx, fixed, hbm, mem, t_start, gpu_state)
+        setup = pt.PointSetup(pm, held[1], flat, hbm, mem["limit"], mem["mem_gpu"], mem["overhead"], _log)
+        _search_point(a, journal, setup, (ctx, fixed), t_start, gpu_state)
+        setup = None                          # no reference to the weights beside `held`
     if held[0] is model:
         weights = held[1]
     held = None
@@ -339,19 +345,21 @@ def _model_weights(a, journal, pm, ctx, gpu_state):
     return None, None
 
 
-def _search_point(a, journal, pm, weights, flat, ctx, fixed, hbm, mem, t_start, gpu_state):
-    """One MODEL:CONTEXT[:BATCH] point of the paper phase: every label searched (paper.run_paper)."""
+def _search_point(a, journal, setup, point, t_start, gpu_state):
+    """One MODEL:CONTEXT[:BATCH] point of the paper phase (point: (context, fixed batch or None)): every
+    label searched (paper.run_paper) on `setup` (points.PointSetup: the model, its weights, the host buffer)."""
     from ddbench.kernels.engine import capture as cap_mod
+    pm, (ctx, fixed) = setup.model, point
+    search = paper_phase.PaperSearch(
+        cap=a.cap, cap_label=a.cap_label, miss_rate=a.paper_miss, deadline=t_start + a.budget_s, reps=a.reps,
+        max_batch=a.paper_max_batch, fixed_batch=fixed, repeats=a.repeats, designs=a.paper_designs,
+        cache_tokens=a.paper_cache_tokens, cache_rates=a.paper_cache_rates, kv_bits=a.paper_kv_bits,
+        cache_bits=a.paper_cache_bits, seed=a.seed)
     failure = None
     try:
         journal.rows.extend(paper_phase.run_paper(
-            pm, weights, flat, (ctx,), cap=a.cap, cap_label=a.cap_label, limit=mem["limit"],
-            mem_gpu=mem["mem_gpu"], overhead=mem["overhead"], reps=a.reps, max_batch=a.paper_max_batch,
-            miss_rate=a.paper_miss, hbm=hbm, deadline=t_start + a.budget_s, done=journal.done, append=journal.record,
-            current=journal.current, seed=a.seed, log=_log, gpu_state=gpu_state, health=cap_mod.gpu_health,
-            fixed_batch=fixed, repeats=a.repeats, designs=a.paper_designs, cache_tokens=a.paper_cache_tokens,
-            cache_rates=a.paper_cache_rates, kv_bits=a.paper_kv_bits, cache_bits=a.paper_cache_bits,
-            run_point=pt.run_point))
+            setup, (ctx,), search, paper_phase.PaperJournal(journal.done, journal.record, journal.current),
+            gpu_state=gpu_state, health=cap_mod.gpu_health, run_point=pt.run_point))
     except Exception as exc:  # noqa: BLE001 - run_paper makes rows of its failures; this is a last guard
         import traceback
         _log(f"  [paper] {pm.name} {ctx // 1024}K failed:\n" + traceback.format_exc(limit=8))

@@ -3,8 +3,10 @@
     Label.parse("dualdecoder-cache@8192+fp8") -> Label(design, cache_tokens=8192, kv_bits=8); str() gives it back
     ('+fp8cache': the fp8 host KV and an fp8 GPU chunk cache, cache_bits 8)
     design_spec(name)      the registry design of a name or label ('<design>-single': one query token per step)
-    make_config(ctx, batch, miss_rate, ...) -> ddbench.kernels.engine.engine.EngineConfig
-    run_point(model, weights, flat, design, ctx, batch, ...) -> row: build, pre-decode, warm up, capture, time
+    PointSetup(model, weights, flat, hbm, limit, ...)   what every point of a process shares
+    PointTiming(miss_rate, transfers, graph, reps, ...)  how one point runs
+    make_config(ctx, batch, timing, **knobs) -> ddbench.kernels.engine.engine.EngineConfig
+    run_point(setup, design, ctx, batch, timing) -> row: build, pre-decode, warm up, capture, time
     reuse_fetch_point(model, flat, ctx, batch, miss_rate, ...) -> row: ShadowKV's fetch of one layer alone
     copy_gbps, hbm_gbps, gather_gbps, alloc_host, fp8_host, host_view: the start-up rates and the host KV
 
@@ -19,12 +21,14 @@ import dataclasses
 import gc
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from ddbench.core.catalog.gpus import get_gpu
 from ddbench.core.defaults import FORCED_MISS
-from ddbench.core.designs import DESIGNS as SYSTEMS
+from ddbench.core.designs import DESIGNS as SYSTEMS, SHADOWKV
 from ddbench.core.enginepoint import FP8, FP8_CACHE, EnginePoint as Label  # noqa: F401
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import max_batch
@@ -57,19 +61,42 @@ def design_labels(designs, cache_tokens, kv_bits=(16,), cache_bits=(16,)) -> lis
     return out
 
 
-def make_config(ctx, batch, miss_rate=FORCED_MISS, transfers=True, urgent_programs=64, budget=None, chunk=None,
-                seed=0, quant_values=False, cache_tokens=None, churn_rate=None, kv_bits=16, cache_bits=16, index="flat"):
-    wl = {"kv_bits": kv_bits, "cache_bits": cache_bits, "index": index}
-    if cache_tokens is not None:
-        wl["cache_tokens"] = cache_tokens
-    if budget is not None:
-        wl["budget"] = budget
-    if chunk is not None:
-        wl["chunk"] = chunk
+@dataclass(frozen=True, eq=False)
+class PointSetup:
+    """What every engine point of a process shares: the model and its weights, the pinned host buffer the
+    host KV is viewed from, and the start-up measurements and limits."""
+    model: object
+    weights: object = None
+    flat: object = None             # the pinned host buffer (alloc_host); None: no host KV (transfers off)
+    hbm: float | None = None        # device copy rate in GB/s (hbm_gbps): the floor; None: no floor
+    limit: int | None = None        # bytes torch may allocate; None: no check
+    mem_gpu: object = None          # the memory model's GPU for model_max_batch (None: the H200)
+    overhead: int = 0               # bytes outside torch's allocator (the CUDA context and cuBLAS)
+    log: Callable = print
+
+
+@dataclass(frozen=True)
+class PointTiming:
+    """How one point runs: the forced miss rate (None: the model's own prediction), transfers on or off,
+    CUDA-graph replays or eager steps, how many timed, the urgent fetch's programs and the seed."""
+    miss_rate: float | None = FORCED_MISS
+    transfers: bool = True
+    graph: bool = True
+    reps: int = 5
+    urgent_programs: int = 64
+    seed: int = 0
+
+
+_DEFAULT_ON_NONE = ("budget", "chunk", "cache_tokens")     # None: the workload's default
+
+
+def make_config(ctx, batch, timing: PointTiming = PointTiming(), **knobs):
+    """The EngineConfig of a point: `timing`'s miss rate, transfers, urgent programs and seed, and the
+    workload and engine knobs of EngineConfig.of (budget, chunk, cache_tokens: None is the default)."""
+    knobs = {k: v for k, v in knobs.items() if v is not None or k not in _DEFAULT_ON_NONE}
     from ddbench.kernels.engine.engine import EngineConfig
-    return EngineConfig.of(context=ctx, batch=batch, miss_rate=miss_rate, transfers=transfers,
-                           urgent_programs=urgent_programs, seed=seed, quant_values=quant_values,
-                           churn_rate=churn_rate, **wl)
+    return EngineConfig.of(context=ctx, batch=batch, miss_rate=timing.miss_rate, transfers=timing.transfers,
+                           urgent_programs=timing.urgent_programs, seed=timing.seed, **knobs)
 
 
 # ------------------------------------------------------------------ start-up rates and the host KV
@@ -199,26 +226,26 @@ def check_gpu_state(row, sticky, gpu_state, where, health=None, log=None):
             log(f"the GPU state is unusable after {gpu_state['poisoned']}: no later point runs")
 
 
-def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=FORCED_MISS, transfers=True, graph=True,
-              reps=5, urgent_programs=64, hbm=None, cfg=None, log=print, keep=False, seed=0, limit=None,
-              mem_gpu=None, overhead=0):
-    """One engine point: build, pre-decode, warm up, capture, time `reps` graph replays (2 steps each).
+def run_point(setup: PointSetup, design, ctx, batch, timing: PointTiming = PointTiming(), *, cfg=None, keep=False):
+    """One engine point: build, pre-decode, warm up, capture, time `timing.reps` graph replays (2 steps each).
 
-    Memory: `limit` (bytes torch may allocate; None: no check) refuses a point whose planned bytes (what
-    is allocated now, the weights, + ddbench.kernels.engine.engine.plan_bytes) exceed it, before allocating:
-    status oom, planned_gib. Every row has the peak (allocated and reserved) and the peak by category:
-    mem_weights_gib (allocated before the point), the plan's categories, mem_activations_gib (the rest of
-    the allocated peak: transient work and the CUDA graph's pool), mem_runtime_overhead_gib (`overhead`:
-    the CUDA context and cuBLAS outside torch's allocator); model_max_batch and model_mem_gib are the
-    memory model's (ddbench.core.memory) on `mem_gpu` (default the H200) for the same workload."""
+    Memory: `setup.limit` (bytes torch may allocate; None: no check) refuses a point whose planned bytes
+    (what is allocated now, the weights, + ddbench.kernels.engine.engine.plan_bytes) exceed it, before
+    allocating: status oom, planned_gib. Every row has the peak (allocated and reserved) and the peak by
+    category: mem_weights_gib (allocated before the point), the plan's categories, mem_activations_gib (the
+    rest of the allocated peak: transient work and the CUDA graph's pool), mem_runtime_overhead_gib
+    (`setup.overhead`: the CUDA context and cuBLAS outside torch's allocator); model_max_batch and
+    model_mem_gib are the memory model's (ddbench.core.memory) on `setup.mem_gpu` (default the H200) for the
+    same workload. `cfg`: the point's EngineConfig (default make_config(ctx, batch, timing)); `keep`:
+    return (row, engine)."""
     from ddbench.kernels.engine.engine import plan_bytes
+    model, log = setup.model, setup.log
     spec = design_spec(design)
-    cfg = cfg or make_config(ctx, batch, miss_rate, transfers, urgent_programs, seed=seed)
-    row = _point_row(model, design, ctx, batch, cfg, miss_rate, transfers, graph, urgent_programs,
-                     mem_gpu or get_gpu("h200"))
+    cfg = cfg or make_config(ctx, batch, timing)
+    row = _point_row(setup, design, ctx, batch, cfg, timing)
     host = scales = None
-    if not spec.kv_on_gpu and transfers:
-        host, scales = _point_host_kv(row, flat, model, cfg, ctx, batch, seed)
+    if not spec.kv_on_gpu and timing.transfers:
+        host, scales = _point_host_kv(row, setup.flat, model, cfg, (ctx, batch), timing.seed)
         if host is None:
             return row
     plan = plan_bytes(model, spec, cfg)
@@ -227,12 +254,12 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=FORCED_MISS
     with point_memory(row, stage):
         resident = torch.cuda.memory_allocated()
         row["planned_gib"] = (resident + sum(plan.values())) / GIB
-        if limit is not None and resident + sum(plan.values()) > limit:
-            row.update(status="oom", error=f"planned {row['planned_gib']:.2f} GiB > the limit {limit / GIB:.2f} GiB"
-                                           " (not allocated)")
+        if setup.limit is not None and resident + sum(plan.values()) > setup.limit:
+            row.update(status="oom", error=f"planned {row['planned_gib']:.2f} GiB > the limit"
+                                           f" {setup.limit / GIB:.2f} GiB (not allocated)")
             log(f"  {design:26s} ctx={ctx:6d} B={batch:3d}: oom (planned {row['planned_gib']:.1f} GiB)")
             return row
-        e, times, steps = _build_and_time(model, spec, cfg, weights, host, scales, stage, graph, reps)
+        e, times, steps = _build_and_time(setup, spec, cfg, (host, scales), stage, timing)
         counters = _step_counters(e)
     if row["status"] == "oom":
         e = None
@@ -240,7 +267,7 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=FORCED_MISS
         torch.cuda.empty_cache()
         log(f"  {design:26s} ctx={ctx:6d} B={batch:3d}: oom in {stage['now']} (planned {row['planned_gib']:.1f} GiB)")
         return row
-    _record_times(row, times, steps, counters, plan, resident, overhead, hbm)
+    _record_times(row, (times, steps), counters, plan, (resident, setup.overhead), setup.hbm)
     if keep:
         return row, e
     del e
@@ -250,15 +277,17 @@ def run_point(model, weights, flat, design, ctx, batch, *, miss_rate=FORCED_MISS
     return row
 
 
-def _point_row(model, design, ctx, batch, cfg, miss_rate, transfers, graph, urgent_programs, gpu):
+def _point_row(setup, design, ctx, batch, cfg, timing):
     """The point's identity and the memory model's largest batch and bytes for its workload."""
     from ddbench.core.memory import memory_breakdown
+    model, gpu = setup.model, setup.mem_gpu or get_gpu("h200")
     spec = design_spec(design)
     base = design_spec(Label.parse(design).base)       # the registry design (its own tokens per step)
+    miss_rate = timing.miss_rate
     row = dict(model=model.name, design=design, context=ctx, batch=batch,
-               miss_rate="none" if miss_rate is None else miss_rate, transfers=int(transfers), graph=int(graph),
-               urgent_programs=urgent_programs, host_layers=0, host_alias="", status="ok",
-               model_max_batch=max_batch(base, model, gpu, cfg.workload),
+               miss_rate="none" if miss_rate is None else miss_rate, transfers=int(timing.transfers),
+               graph=int(timing.graph), urgent_programs=timing.urgent_programs, host_layers=0, host_alias="",
+               status="ok", model_max_batch=max_batch(base, model, gpu, cfg.workload),
                model_mem_gib=memory_breakdown(base, model, gpu,
                                               dataclasses.replace(cfg.workload, batch=batch)).total / GIB)
     if spec.chunk_cache:
@@ -268,9 +297,10 @@ def _point_row(model, design, ctx, batch, cfg, miss_rate, transfers, graph, urge
     return row
 
 
-def _point_host_kv(row, flat, model, cfg, ctx, batch, seed):
-    """(host KV view, fp8 scales or None) of the pinned buffer for this point; (None, None) and status
-    host-limit where it does not fit."""
+def _point_host_kv(row, flat, model, cfg, point, seed):
+    """(host KV view, fp8 scales or None) of the pinned buffer for this point (context, batch); (None, None)
+    and status host-limit where it does not fit."""
+    ctx, batch = point
     scales = None
     if cfg.workload.kv_bits == 8:
         flat, scales = fp8_host(flat, cfg.chunk * model.head_dim, seed)
@@ -282,12 +312,15 @@ def _point_host_kv(row, flat, model, cfg, ctx, batch, seed):
     return host, scales
 
 
-def _build_and_time(model, spec, cfg, weights, host, scales, stage, graph, reps):
+def _build_and_time(setup, spec, cfg, host_kv, stage, timing):
     """(engine, step times in ms, steps timed): the pre-decoding and a warm-up step eagerly, then `reps`
-    CUDA-graph replays of two steps (graph) or `reps` eager steps; stage["now"] names the part running."""
+    CUDA-graph replays of two steps (graph) or `reps` eager steps; stage["now"] names the part running.
+    host_kv: (host KV view, fp8 scales), each None where there is none."""
     from ddbench.kernels.engine.engine import Engine
     from ddbench.kernels.timing import event_times
-    e = Engine(model, spec, cfg, weights, "cuda", host_kv=host, host_scales=scales)
+    host, scales = host_kv
+    graph, reps = timing.graph, timing.reps
+    e = Engine(setup.model, spec, cfg, setup.weights, "cuda", host_kv=host, host_scales=scales)
     stage["now"] = "the eager steps"
     e.step()                                  # pre-decoding step (prediction designs) or warm-up
     e.step()                                  # eager warm-up
@@ -309,9 +342,12 @@ def _step_counters(e):
                 peak_reserved=torch.cuda.max_memory_reserved())
 
 
-def _record_times(row, times, steps, c, plan, resident, overhead, hbm):
-    """The row's step times, tokens/s, floor, link traffic and memory by category."""
+def _record_times(row, timed, c, plan, outside, hbm):
+    """The row's step times, tokens/s, floor, link traffic and memory by category. timed: (step times in ms,
+    steps timed); outside: (bytes allocated before the point, bytes outside torch's allocator)."""
     from ddbench.kernels.engine.engine import PLAN_CATEGORIES
+    times, steps = timed
+    resident, overhead = outside
     batch = row["batch"]
     step = statistics.median(times)
     fb, pf, ur = c["floor"], c["prefetch"], c["urgent"]
@@ -347,9 +383,9 @@ def reuse_fetch_point(model, flat, ctx, batch, miss_rate, *, reps=5, seed=0, log
     whole fetch are each captured as one CUDA graph of the model's L layers back to back; each is the
     median of `reps` replays (after one warm-up replay) / L, in ms per layer. miss_chunks is counted
     from the gather's own plan (an eager fetch of every layer before the graphs)."""
-    from ddbench.kernels.engine.engine import _ops
+    from ddbench.kernels.engine.ops import engine_ops
     t0 = time.perf_counter()
-    gather = _ops(False).gather               # the engine's gather (ddbench.kernels.gather.gather_uva)
+    gather = engine_ops(False).gather               # the engine's gather (ddbench.kernels.gather.gather_uva)
     geo, row = _reuse_geometry(model, ctx, batch, miss_rate, reps, seed, gather)
     host, _ = host_view(flat, model, ctx, batch, chunk=geo["C"], requests=False)
     if host is None:
@@ -382,8 +418,8 @@ def _reuse_geometry(model, ctx, batch, miss_rate, reps, seed, gather):
     """(shapes of the fetch, the row's identity and launch): ShadowKV's config at the point, values only
     where every layer rebuilds its keys, the engine's buffer rows and the gather's launch."""
     from ddbench.kernels.engine.engine import buffer_rows, reuse_launch
-    sys_ = SYSTEMS["shadowkv"]
-    cfg = make_config(ctx, batch, miss_rate, True, seed=seed)
+    sys_ = SYSTEMS[SHADOWKV]
+    cfg = make_config(ctx, batch, PointTiming(miss_rate, seed=seed))
     cfg.validate(model)
     C = cfg.chunk
     geo = dict(L=model.num_layers, H=model.num_kv_heads, d=model.head_dim, C=C, N=ctx // C, k=cfg.budget // C,
@@ -391,7 +427,7 @@ def _reuse_geometry(model, ctx, batch, miss_rate, reps, seed, gather):
     launch = reuse_launch(gather)
     chunk_bytes = C * geo["d"] * torch.bfloat16.itemsize * (1 if geo["vo"] else 2)
     slots = batch * geo["H"] * geo["k"]
-    row = dict(model=model.name, design="shadowkv", context=ctx, batch=batch, miss_rate=miss_rate, transfers=1,
+    row = dict(model=model.name, design=SHADOWKV, context=ctx, batch=batch, miss_rate=miss_rate, transfers=1,
                graph=1, status="ok", layers=geo["L"], host_layers=0, slots=slots, chunk_bytes=chunk_bytes,
                rounds=-(-slots // (launch["programs"] * launch["items"])), replays=reps, buffer_tokens=geo["S"],
                **launch)

@@ -14,6 +14,7 @@ from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import check_cache_bits, holds_selection
 from ddbench.kernels.engine.engineconfig import buffer_rows
 from ddbench.kernels.fp8 import E4M3, check_host_scales
+from ddbench.kernels.yieldgather import YieldFlag
 
 
 class Residency:
@@ -94,9 +95,9 @@ class Residency:
         self.cache = None
         self.yield_kw = {}               # the prefetch gathers' yield flag, with cfg.yield_prefetch
         if s.chunk_cache:
-            from ddbench.kernels.engine.chunkcache import ChunkCache
-            self.cache = ChunkCache(L, B, H, self.N, cfg.workload.cache_tokens // C, C, d, self.S - self.kc * C,
-                                    self.dev, dt, self.kc, fused=cfg.fused_fill and not self.ref,
+            from ddbench.kernels.engine.chunkcache import CacheShape, ChunkCache
+            shape = CacheShape(L, B, H, self.N, cfg.workload.cache_tokens // C, C, d, self.S - self.kc * C, self.kc)
+            self.cache = ChunkCache(shape, self.dev, dt, fused=cfg.fused_fill and not self.ref,
                                     fp8=cfg.workload.cache_bits == 8)
             self.kbuf, self.vbuf = list(self.cache.k.unbind(0)), list(self.cache.v.unbind(0))
             self.step_dev = torch.zeros(1, device=self.dev, dtype=torch.int32)   # decode steps (LRU stamps)
@@ -106,7 +107,7 @@ class Residency:
             self.fill_ev = {}            # use id -> event after its prefetch fill
             if cfg.yield_prefetch and s.prefetch != "none" and cfg.transfers:
                 # raised by each urgent fetch, polled by the prefetch gathers (kernels/yieldgather.py)
-                self.yield_kw = {"flag": torch.zeros(1, device=self.dev, dtype=torch.int32)}
+                self.yield_kw = {"yielding": YieldFlag(torch.zeros(1, device=self.dev, dtype=torch.int32))}
         else:
             self.kbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]
             self.vbuf = [torch.zeros(B, H, self.S, d, device=self.dev, dtype=dt) for _ in range(nbuf)]

@@ -11,9 +11,11 @@ import os
 import statistics
 
 from ddbench.core.designs import DESIGNS as SYSTEMS
+from ddbench.core.designs import (DUALDECODER, DUALDECODER_CPU_GATHER, DUALDECODER_FIFO, DUALDECODER_PER_LAYER,
+                                    DUALDECODER_TWO_PASS, compute_twin)
 from ddbench.core.enginepoint import EnginePoint
 from ddbench.kernels.engine import paper as paper_phase
-from ddbench.kernels.engine.phases import K32, K128, MECH_POINTS, PAPER, REUSE
+from ddbench.kernels.engine.phases import DUALDECODER_SINGLE, K32, K128, MECH_POINTS, PAPER, REUSE
 
 SCHEMA = 3    # engine.csv and reuse_fetch.csv; 3: the model column, memory by category, the paper phase's columns
 MEM_COLUMNS = ["mem_weights_gib", "mem_resident_kv_gib", "mem_landmarks_gib", "mem_aux_residency_gib",
@@ -36,24 +38,21 @@ def _csv_row(r):
     """engine.csv names registry designs only: '<design>-single' is written as <design> with tokens=1."""
     p = EnginePoint(r.get("design", ""))
     d = p.base
-    return dict(r, design=d, tokens=1 if p.single or d == "full-kv" else
-                (SYSTEMS[d].tokens_per_step if d in SYSTEMS else ""))
-
-
-TWIN = {"dualdecoder-fifo": "dualdecoder", "dualdecoder-per-layer": "dualdecoder",
-        "dualdecoder-cpu-gather": "dualdecoder"}
+    return dict(r, design=d, tokens=1 if p.single else (SYSTEMS[d].tokens_per_step if d in SYSTEMS else ""))
 
 
 def add_exposed(rows):
-    """exposed_ms = step with transfers - the compute-only step of the same design (the FIFO, per-layer
-    and CPU-gather ablations compute exactly what DualDecoder computes), context and batch, from
-    the same repetition where there is one; 0 for compute-only rows and full-kv (no transfers)."""
+    """exposed_ms = step with transfers - the compute-only step of the same design (an ablation that changes
+    only transfer switches, the FIFO, per-layer and CPU-gather ones, computes exactly what its base computes:
+    designs.compute_twin), context and batch, from the same repetition where there is one; 0 for compute-only
+    rows and a design with its KV on the GPU (full-kv: no transfers)."""
     ok = [r for r in rows if r.get("status") == "ok" and r.get("step_ms")]
     for r in ok:
-        if not r["transfers"] or r["design"] == "full-kv":
+        spec = SYSTEMS.get(EnginePoint(r["design"]).base)
+        if not r["transfers"] or (spec is not None and spec.kv_on_gpu):
             r["exposed_ms"], r["exposed_share"] = 0.0, 0.0
             continue
-        d = TWIN.get(r["design"], r["design"])
+        d = compute_twin(r["design"])
         twin = [t for t in ok if not t["transfers"] and t["design"] == d and t["context"] == r["context"]
                 and t["batch"] == r["batch"] and t.get("model") == r.get("model")]
         same = [t for t in twin if t.get("rep") == r.get("rep") and t.get("phase") == r.get("phase")]
@@ -125,8 +124,8 @@ def ratios(rows):
     ds = {}
     for c in (K32, K128):
         for B in (1, 16, 64):
-            a = pick("floor", design="dualdecoder", context=c, batch=B, miss_rate="none")
-            b = pick("floor", design="dualdecoder-single", context=c, batch=B, miss_rate="none")
+            a = pick("floor", design=DUALDECODER, context=c, batch=B, miss_rate="none")
+            b = pick("floor", design=DUALDECODER_SINGLE, context=c, batch=B, miss_rate="none")
             if a and b:
                 ds[f"{c}|{B}"] = a[0]["step_ms"] / b[0]["step_ms"]
     res["dual_over_single"] = ds
@@ -148,12 +147,12 @@ def ratios(rows):
     for B, mr in MECH_POINTS:
         tag = f"b{B}_m{mr}"
         mech[f"fifo_over_priority_{tag}"] = per_rep(
-            dict(design="dualdecoder-fifo", context=K128, batch=B, miss_rate=mr, transfers=1),
-            dict(design="dualdecoder", context=K128, batch=B, miss_rate=mr, transfers=1, graph=1))
+            dict(design=DUALDECODER_FIFO, context=K128, batch=B, miss_rate=mr, transfers=1),
+            dict(design=DUALDECODER, context=K128, batch=B, miss_rate=mr, transfers=1, graph=1))
         sh, lu = [], []
         for rep in sorted({r["rep"] for r in pick("mechanism")}):
-            x = pick("mechanism", rep=rep, design="dualdecoder", context=K128, batch=B, miss_rate=mr, transfers=1, graph=1)
-            c = pick("mechanism", rep=rep, design="dualdecoder", context=K128, batch=B, miss_rate=mr, transfers=0)
+            x = pick("mechanism", rep=rep, design=DUALDECODER, context=K128, batch=B, miss_rate=mr, transfers=1, graph=1)
+            c = pick("mechanism", rep=rep, design=DUALDECODER, context=K128, batch=B, miss_rate=mr, transfers=0)
             if x and c:
                 sh.append((x[0]["step_ms"] - c[0]["step_ms"]) / x[0]["step_ms"])
                 lu.append(x[0].get("link_util"))
@@ -161,21 +160,21 @@ def ratios(rows):
         if mech[f"exposed_share_{tag}"]:
             mech[f"exposed_share_{tag}"]["values"] = sh
             mech[f"exposed_share_{tag}"]["link_util"] = _spread(lu)
-    base = dict(design="dualdecoder", context=K128, batch=16, miss_rate=0.33, transfers=1, graph=1)
-    mech["two_pass_over_dual_b16"] = per_rep(dict(design="dualdecoder-two-pass", context=K128, batch=16, transfers=1), base)
+    base = dict(design=DUALDECODER, context=K128, batch=16, miss_rate=0.33, transfers=1, graph=1)
+    mech["two_pass_over_dual_b16"] = per_rep(dict(design=DUALDECODER_TWO_PASS, context=K128, batch=16, transfers=1), base)
     mech["two_pass_over_dual_compute_only_b16"] = per_rep(
-        dict(design="dualdecoder-two-pass", context=K128, batch=16, transfers=0),
-        dict(design="dualdecoder", context=K128, batch=16, miss_rate=0.33, transfers=0))
-    mech["per_layer_over_pingpong_b16"] = per_rep(dict(design="dualdecoder-per-layer", context=K128, batch=16), base)
+        dict(design=DUALDECODER_TWO_PASS, context=K128, batch=16, transfers=0),
+        dict(design=DUALDECODER, context=K128, batch=16, miss_rate=0.33, transfers=0))
+    mech["per_layer_over_pingpong_b16"] = per_rep(dict(design=DUALDECODER_PER_LAYER, context=K128, batch=16), base)
     mech["cpu_gather_over_gpu_gather_eager_b16"] = per_rep(
-        dict(design="dualdecoder-cpu-gather", context=K128, batch=16),
-        dict(design="dualdecoder", context=K128, batch=16, miss_rate=0.33, transfers=1, graph=0))
-    mech["cpu_gather_over_gpu_gather_graph_b16"] = per_rep(dict(design="dualdecoder-cpu-gather", context=K128, batch=16), base)
-    mech["eager_over_graph_b16"] = per_rep(dict(design="dualdecoder", context=K128, batch=16, miss_rate=0.33,
+        dict(design=DUALDECODER_CPU_GATHER, context=K128, batch=16),
+        dict(design=DUALDECODER, context=K128, batch=16, miss_rate=0.33, transfers=1, graph=0))
+    mech["cpu_gather_over_gpu_gather_graph_b16"] = per_rep(dict(design=DUALDECODER_CPU_GATHER, context=K128, batch=16), base)
+    mech["eager_over_graph_b16"] = per_rep(dict(design=DUALDECODER, context=K128, batch=16, miss_rate=0.33,
                                                 transfers=1, graph=0), base)
     res["mechanism"] = mech
     pk = {}
-    for d in ("dualdecoder", "dualdecoder-per-layer"):
+    for d in (DUALDECODER, DUALDECODER_PER_LAYER):
         x = pick("mechanism", design=d, context=K128, batch=16, transfers=1, graph=1)
         if x:
             pk[d] = _spread([r["peak_gib"] for r in x])

@@ -20,6 +20,7 @@ import time
 import torch
 
 from ddbench.core.catalog.gpus import catalog_gpu_name
+from ddbench.core.designs import DUALDECODER
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.kernels.engine import paper as paper_phase
@@ -33,7 +34,7 @@ COMMAND = "python -m ddbench.kernels.engine.sweep"
 OUT_FILES = ("meta.json", "rows.jsonl", "current.json", "engine.csv", "summary.json", "reuse_fetch.csv",
              "timeline.json")
 SOURCE_DIRS = ("kernels", "ddbench")
-PROFILE_POINT = ("dualdecoder", ph.K128, 4, 0.33)
+PROFILE_POINT = (DUALDECODER, ph.K128, 4, 0.33)
 
 
 def run_options(opts: SweepOptions) -> int:
@@ -111,9 +112,10 @@ def run_one(opts: SweepOptions) -> int:
     hbm = pt.hbm_gbps()
     apply_cap(mem)
     weights = Weights.random(model, "cuda", seed=0)
-    row = pt.run_point(model, weights, flat, d, c, b, miss_rate=cfg.miss_rate, transfers=not a.no_transfers,
-                       graph=pt.design_spec(d).gather != "cpu", reps=a.replays, hbm=hbm, cfg=cfg, limit=mem["limit"],
-                       mem_gpu=mem["mem_gpu"], overhead=mem["overhead"])
+    setup = pt.PointSetup(model, weights, flat, hbm, mem["limit"], mem["mem_gpu"], mem["overhead"])
+    row = pt.run_point(setup, d, c, b, pt.PointTiming(cfg.miss_rate, not a.no_transfers,
+                                                      graph=pt.design_spec(d).gather != "cpu", reps=a.replays),
+                       cfg=cfg)
     row["rates_note"] = pt_rates_note(model, d, c, cfg, a)      # the rate set this row ran at
     print(json.dumps(row))
     return 0
@@ -262,8 +264,7 @@ def profile_one(model, weights, flat, out, hbm):
     """Kernel timeline of one graph replay (two steps) at PROFILE_POINT: timeline.json, per stream."""
     from ddbench.kernels.timing import kernel_events
     d, c, B, m = PROFILE_POINT
-    row, e = pt.run_point(model, weights, flat, d, c, B, miss_rate=m, transfers=True, graph=True, reps=3,
-                          hbm=hbm, keep=True)
+    row, e = pt.run_point(pt.PointSetup(model, weights, flat, hbm), d, c, B, pt.PointTiming(m, reps=3), keep=True)
     ev = kernel_events(e.replay)
     t0 = min(x["ts"] for x in ev) if ev else 0
     streams = {}

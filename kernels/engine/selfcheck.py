@@ -15,6 +15,7 @@ import torch
 
 from ddbench.core.catalog.models import ModelSpec
 from ddbench.core.designs import DESIGNS as SYSTEMS
+from ddbench.core.designs import DUALDECODER, DUALDECODER_CPU_GATHER, DUALDECODER_FIFO, SHADOWKV, SPECACHE
 
 SMALL = ModelSpec("gpu-small", 3, 32, 8, 128, 1024, 2048, 1000)
 # Qwen2.5-14B / 32B heads (40 query heads over 8 KV heads: a group of 5; QKV bias), small otherwise
@@ -96,12 +97,14 @@ def _fused_plan_ok(sc, pml, B, H, G, N, k, g) -> bool:
     from ddbench.kernels.engine import fastselect
     from ddbench.kernels.engine.transfer import plan_buffers, plan_misses
     pred = torch.rand(B, H, N, device="cuda", generator=g).argsort(-1)[..., :k].sort(-1).values.to(torch.int32)
-    want = fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, method="seg")
+    want = fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, H, 2, G, N, k),
+                                        how=fastselect.TopkMethod(method="seg"))
     mp = plan_buffers(B, H, k, "cuda")
     for t in (mp.bh, mp.chunk, mp.slot, mp.count, mp.assembled):
         t.fill_(-7)
     outs = tuple(torch.full((B, H, k), -7, device="cuda", dtype=torch.int32) for _ in range(2))
-    fastselect.topk_from_scratch(sc, pml, B, H, 2, G, N, k, out=outs, method="seg", plan=(pred, mp))
+    fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(B, H, 2, G, N, k), outs,
+                                 how=fastselect.TopkMethod(method="seg"), plan=(pred, mp))
     a = plan_misses(pred, outs[0])
     n = int(a.count)
     pairs = lambda p, f: sorted(zip(p.bh[:n].tolist(), getattr(p, f)[:n].tolist()))   # noqa: E731
@@ -112,7 +115,7 @@ def _fused_plan_ok(sc, pml, B, H, G, N, k, g) -> bool:
 def kernel_checks():
     """(name, ok) per kernel variant, fresh random inputs, outputs poisoned first."""
     from ddbench.kernels.engine import fastselect, fused
-    from ddbench.kernels.rebuild import rebuild_keys, rebuild_keys_ref
+    from ddbench.kernels.rebuild import RebuildLaunch, rebuild_keys, rebuild_keys_ref
     g = torch.Generator(device="cuda").manual_seed(5)
     res = []
     B, T, R, H, d, n = 5, 4096, 40, 8, 128, 70
@@ -124,7 +127,7 @@ def kernel_checks():
                            slot_offset=8)
     for impl in ("blocks", "resident"):
         out = torch.full((B, H, n * 8 + 16, d), float("nan"), device="cuda", dtype=torch.float32)
-        rebuild_keys(U, SV, idx, out, slot_offset=8, impl=impl)
+        rebuild_keys(U, SV, idx, out, slot_offset=8, launch=RebuildLaunch(impl=impl))
         core = out[:, :, 8:8 + n * 8]
         ok = not core.isnan().any() and out[:, :, :8].isnan().all() and out[:, :, 8 + n * 8:].isnan().all() and \
             torch.allclose(core, ref[:, :, 8:8 + n * 8], rtol=2e-2, atol=2e-2)
@@ -133,12 +136,13 @@ def kernel_checks():
     for nq in (1, 2):
         q = torch.randn(Bq, nq, Hk * G, d, device="cuda", generator=g).bfloat16()
         lm = torch.randn(Bq, Hk, N, d, device="cuda", generator=g).bfloat16()
-        sc, pml, _ = fastselect._landmark_pass1(q, lm)
+        sc, pml, _ = fastselect.landmark_pass1(q, lm)
         p = fastselect.probs_from_scratch_ref(sc, pml, Bq, Hk, nq, G, N)
         want = p.topk(k, dim=-1).values.sort(-1).values
         for method in ("seg", "stream", "bits"):
             outs = [torch.full((Bq, Hk, k), -7, device="cuda", dtype=torch.int32) for _ in range(nq)]
-            fastselect.topk_from_scratch(sc, pml, Bq, Hk, nq, G, N, k, out=tuple(outs), method=method)
+            fastselect.topk_from_scratch(sc, pml, fastselect.TopkShape(Bq, Hk, nq, G, N, k), tuple(outs),
+                                         how=fastselect.TopkMethod(method=method))
             got = torch.stack(outs, 1).transpose(1, 2).reshape(Bq * Hk, nq, k).long()
             ok = bool((got.diff(dim=-1) > 0).all()) and torch.allclose(p.gather(-1, got).sort(-1).values, want,
                                                                        rtol=1e-5, atol=1e-12)
@@ -169,7 +173,7 @@ def main():
             bad += not ok
             print(f"{name:32s} {'OK' if ok else 'MISMATCH'}", flush=True)
     args = [a for a in sys.argv[1:] if a not in ("--graph", "--kernels")]
-    names = args or ["dualdecoder", "dualdecoder-fifo", "shadowkv", "specache", "dualdecoder-cpu-gather"]
+    names = args or [DUALDECODER, DUALDECODER_FIFO, SHADOWKV, SPECACHE, DUALDECODER_CPU_GATHER]
     for name in names:
         worst, e = check(name, steps=2 if len(names) == 1 else 3)
         ok = worst < 3e-2

@@ -16,8 +16,12 @@ import os
 import re
 import sys
 
-DESIGNS = (("dualdecoder", "dualdecoder"), ("dualdecoder-single", "dualdecoder, one query token"),
-           ("shadowkv", "shadowkv"), ("specache", "specache"), ("full-kv", "full-kv"))
+from ddbench.core.designs import DUALDECODER, FULL_KV, SHADOWKV, SPECACHE
+from ddbench.core.enginepoint import EnginePoint
+
+DUALDECODER_SINGLE = EnginePoint.named(DUALDECODER, single=True).design
+DESIGNS = ((DUALDECODER, DUALDECODER), (DUALDECODER_SINGLE, f"{DUALDECODER}, one query token"),
+           (SHADOWKV, SHADOWKV), (SPECACHE, SPECACHE), (FULL_KV, FULL_KV))
 BATCHES = (1, 16, 64)
 MECHANISM = (   # (summary key prefix, label): this table's and the docs' (ddbench/doctables/engine_tables.py)
     ("fifo_over_priority", "FIFO / priority"),
@@ -128,8 +132,8 @@ def paper_table(summary: dict) -> str:
         best[(e["model"], e["gpu_mem_cap"], e["context"], e["design"])] = big.get("tok_s")
     ratios = []
     for (m, cap, c, d), v in best.items():
-        sk = best.get((m, cap, c, "shadowkv"))
-        if d == "dualdecoder" and v and sk:
+        sk = best.get((m, cap, c, SHADOWKV))
+        if d == DUALDECODER and v and sk:
             ratios.append(f"{m} {_ctx(c)} cap {cap}: {v / sk:.2f}")
     if ratios:
         out.append("\nDualDecoder / ShadowKV tokens/s, each at its largest batch: " + "; ".join(ratios))

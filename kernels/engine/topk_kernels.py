@@ -1,6 +1,6 @@
 """The Triton kernels of the engine's fused top-k (kernels/engine/fastselect.py, whose docstring says
-how each method works and what was measured): the row normalisers, "bits" (`_bits_topk_kernel`),
-"stream" (`_stream_topk_kernel`) and the two stages of "seg" (`_seg_topk_kernel`, `_merge_topk_kernel`)
+how each method works and what was measured): the row normalisers, "bits" (`bits_topk_kernel`),
+"stream" (`stream_topk_kernel`) and the two stages of "seg" (`seg_topk_kernel`, `merge_topk_kernel`)
 with the searches they share. fastselect.topk_from_scratch launches them; their torch twins are there.
 """
 
@@ -56,8 +56,8 @@ def _out_row(out, out1, b, t, h, H, NQ, K, PER_TOKEN: tl.constexpr):
 
 
 @triton.jit
-def _bits_topk_kernel(scratch, pml, out, out1, N, H, G, NQ, n_split, K,
-                      PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr):
+def bits_topk_kernel(scratch, pml, out, out1, N, H, G, NQ, n_split, K,
+                     PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, NP: tl.constexpr):
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
     t = pid % NQ
     bh = pid // NQ
@@ -147,9 +147,9 @@ def _kth_5ary(vb, K):
 
 
 @triton.jit
-def _stream_topk_kernel(scratch, pml, out, out1, buf, N, H, G, NQ, n_split, K,
-                        PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr,
-                        BLK: tl.constexpr, CAP: tl.constexpr, FIVE: tl.constexpr):
+def stream_topk_kernel(scratch, pml, out, out1, buf, N, H, G, NQ, n_split, K,
+                       PER_TOKEN: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr,
+                       BLK: tl.constexpr, CAP: tl.constexpr, FIVE: tl.constexpr):
     pid = tl.program_id(0)              # (b * H + h) * NQ + t
     t = pid % NQ
     bh = pid // NQ
@@ -293,9 +293,9 @@ def _select_topk(vb, K, SEARCH: tl.constexpr, CUTS: tl.constexpr):
 
 
 @triton.jit
-def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, KK, S, count,
-                     GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, SEG: tl.constexpr,
-                     SEARCH: tl.constexpr, CUTS: tl.constexpr, PLAN: tl.constexpr = False):
+def seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, KK, S, count,
+                    GP: tl.constexpr, BLOCK_M: tl.constexpr, SP: tl.constexpr, SEG: tl.constexpr,
+                    SEARCH: tl.constexpr, CUTS: tl.constexpr, PLAN: tl.constexpr = False):
     """Stage 1 of "seg": one program per (row, segment of SEG chunks): the segment's group-max
     probabilities in registers, and a candidate set that contains the segment's top-K in the
     contract's order, at most KK entries, written (bits, chunk id) in id order to the segment's KK
@@ -352,10 +352,10 @@ def _seg_topk_kernel(scratch, pml, cbits, cids, cinfo, N, H, G, NQ, n_split, K, 
 
 
 @triton.jit
-def _merge_topk_kernel(cbits, cids, cinfo, out, out1, H, NQ, K, KK, S,
-                       pred, count, bh_out, chunk_out, slot_out, assembled,
-                       PER_TOKEN: tl.constexpr, CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr,
-                       PLAN: tl.constexpr = False, KP: tl.constexpr = 1, LOG_KP: tl.constexpr = 0):
+def merge_topk_kernel(cbits, cids, cinfo, out, out1, H, NQ, K, KK, S,
+                      pred, count, bh_out, chunk_out, slot_out, assembled,
+                      PER_TOKEN: tl.constexpr, CP: tl.constexpr, SP2: tl.constexpr, SEARCH: tl.constexpr, CUTS: tl.constexpr,
+                      PLAN: tl.constexpr = False, KP: tl.constexpr = 1, LOG_KP: tl.constexpr = 0):
     """Stage 2 of "seg": one program per row, the exact top-K of its segments' candidates (in id order,
     so position order is id order), ids written ascending. SEARCH 0: `_bisect` between the largest
     segment bound T (at least K candidates >= it) and the largest candidate, stopping at count == K.

@@ -8,7 +8,7 @@ forced-miss perturbation, and the stream/event scheduler with its hazard log.
         order `assembled`, so attention over the k*C selected tokens is attention over the true set.
         All on the device, no host sync: a stable sort puts the misses (and the free slots) first,
         per (b, h) in flat order, so the r-th miss and the r-th free slot share their (b, h).
-    gather_slots(host_kv, layer, plan, k_out, v_out, programs=64, scales=None, flag=None)   UVA reads
+    gather_slots(host_kv, layer, plan, k_out, v_out, programs=64, scales=None, yielding=None)   UVA reads
         of the misses only; the item count is read on the device (`plan.count`), so no host sync; an
         fp8 host KV is dequantised in the kernel (kernels/gather.py); with `flag` (a chunk cache's
         prefetch), it yields to the urgent fetches that raise it (kernels/yieldgather.py)
@@ -35,7 +35,7 @@ from ddbench.kernels.fp8 import E4M3, check_host_scales, dequantized_layer, laye
 from ddbench.kernels.gather import launch_items
 from ddbench.kernels.indexsets import reuse_plan
 from ddbench.kernels.layout import check_host_kv
-from ddbench.kernels.yieldgather import SPIN, check_flag, flag_now
+from ddbench.kernels.yieldgather import SPIN, YieldFlag, check_flag, flag_now
 
 
 @dataclass
@@ -141,14 +141,19 @@ def check_slot_scales(host_kv, k_out, v_out, k_scale_out, v_scale_out) -> bool:
     return True
 
 
-def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, items=None, scales=None, flag=None,
-                 spin=SPIN, k_scale_out=None, v_scale_out=None):
+def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, items=None, scales=None,
+                 yielding: YieldFlag | None = None, scale_out=(None, None)):
     """Fetch plan's misses from host_kv[layer] into slot plan.slot of (b, h) (k_out None: values only).
-    flag: None, or an int32 [1] device tensor: the prefetch then yields to an urgent fetch that raises it
-    (kernels/yieldgather.py: at most `spin` polls per program, the same writes). e4m3 k_out / v_out (an fp8
-    chunk cache): the fp8 host pieces' bytes as they are, their scales into k/v_scale_out [B, H, slots]."""
+    yielding: None, or a YieldFlag (kernels/yieldgather.py; no poll counters): the prefetch then yields to
+    an urgent fetch that raises its flag (at most `spin` polls per program, the same writes). e4m3 k_out /
+    v_out (an fp8 chunk cache): the fp8 host pieces' bytes as they are, their scales into scale_out =
+    (k_scale_out, v_scale_out), each [B, H, slots]."""
+    k_scale_out, v_scale_out = scale_out
     check_host_kv(host_kv)
-    if flag is not None:
+    flag, spin = (None, SPIN) if yielding is None else (yielding.flag, yielding.spin)
+    if yielding is not None:
+        if yielding.polls is not None:
+            raise DDBenchError("the slot gather counts no polls: pass a YieldFlag without polls")
         check_flag(flag, None, programs, v_out.device)
     check_host_scales(host_kv, scales)
     raw = check_slot_scales(host_kv, k_out, v_out, k_scale_out, v_scale_out)
@@ -173,8 +178,8 @@ def gather_slots(host_kv, layer, plan: MissPlan, k_out, v_out, *, programs=64, i
                               RAW=raw, num_warps=4)
 
 
-def gather_slots_ref(host_kv, layer, plan: MissPlan, k_out, v_out, *, scales=None, k_scale_out=None, v_scale_out=None,
-                     **_):
+def gather_slots_ref(host_kv, layer, plan: MissPlan, k_out, v_out, *, scales=None, scale_out=(None, None), **_):
+    k_scale_out, v_scale_out = scale_out
     check_host_scales(host_kv, scales)
     raw = check_slot_scales(host_kv, k_out, v_out, k_scale_out, v_scale_out)
     L, B, H, N, _, C, d = host_kv.shape

@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from ddbench.core.enginepoint import EnginePoint
 from ddbench.core.errors import DDBenchError
 from ddbench.core.memory import Workload
 from ddbench.core.traces import load_engine
@@ -89,8 +90,9 @@ def fit(engine_dirs, cm, contexts=None, kind: str = FUSED) -> CacheFill:
             y = []
             for r, xi in zip(rows, x):
                 cache, ct = row_cache(r, MODEL)
-                plan = replay_plan(DESIGN, int(r.context), int(r.batch), effective_miss(float(r.miss_rate), w0.budget,
-                                   w0.chunk), True, cm, MODEL, cache, ct, row_kv_bits(r), row_cache_bits(r))
+                plan = replay_plan(EnginePoint(DESIGN, ct, row_kv_bits(r), row_cache_bits(r)), int(r.context),
+                                   int(r.batch), effective_miss(float(r.miss_rate), w0.budget, w0.chunk), True, cm,
+                                   MODEL, cache)
                 step, _ = point_step_s(plan)
                 y.append((float(r.step_ms) * 1e-3 - step) / (2 * L) + float(xi @ theta))
             y = np.array(y)

@@ -172,17 +172,20 @@ def engine_cache_rates(r, model: str):
                   f"the engine's moved chunks: prefetched {pf:.3f}, urgent {ur:.3f} of the budget per step")
 
 
-def replay_plan(design: str, context: int, batch: int, miss: float, transfers: bool, cm=None, model: str = MODEL,
-                cache=None, cache_tokens: int | None = None, kv_bits: int = 16, cache_bits: int = 16):
+def replay_plan(design, context: int, batch: int, miss: float, transfers: bool, cm=None, model: str = MODEL,
+                cache=None):
     """The simulator's plan of one engine point: exactly the user's (`ddbench simulate --design design
     --context context --batch batch --hit-rate 1-miss`: step_layers at hit = reuse = 1 - miss on every
     layer), with the link work (and ShadowKV's fetch) removed where the engine ran compute only. No
-    harness term (with_harness adds it)."""
+    harness term (with_harness adds it). design: a registry design's name, or an EnginePoint
+    (ddbench.core.enginepoint: its chunk-cache capacity and the bits of the host KV and the cache too)."""
     from ddbench.core.catalog import get_model
+    from ddbench.core.enginepoint import EnginePoint
     from ddbench.core.memory import Workload
     from ddbench.core.designs import get_design
     from ddbench.sim.steplayers import step_layers
     from ddbench.sim.factory import cost_model
+    design, cache_tokens, kv_bits, cache_bits = design if isinstance(design, EnginePoint) else EnginePoint(design)
     m = get_model(model)
     cm = cm or cost_model(model, GPU, LINK)
     hit = [1.0 - miss] * m.num_layers

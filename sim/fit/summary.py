@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 
+from ddbench.core.designs import DUALDECODER, DUALDECODER_FIFO
 from ddbench.sim.fit.replay import COPY_REGATHER, IN_PLACE, LINK_BOUND, MODEL
 
 
@@ -37,8 +38,8 @@ def fifo_pairs(t) -> list[dict]:
     out = []
     key = ["context", "batch", "miss_rate", "transfers", "phase", "rep"]
     t = t[t.transfers == 1]
-    p = t[t.design == "dualdecoder"].set_index(key)
-    f = t[t.design == "dualdecoder-fifo"].set_index(key)
+    p = t[t.design == DUALDECODER].set_index(key)
+    f = t[t.design == DUALDECODER_FIFO].set_index(key)
     groups: dict = {}
     for k in p.index.intersection(f.index):
         groups.setdefault(k[:3], []).append((float(f.engine_step_ms[k] / p.engine_step_ms[k]),

@@ -60,7 +60,8 @@ import os
 import statistics
 from dataclasses import replace
 
-from ddbench.core.designs import get_design
+from ddbench.core.designs import DUALDECODER_CACHE, SHADOWKV, compute_twin, get_design
+from ddbench.core.enginepoint import EnginePoint
 from ddbench.core.errors import DDBenchError
 from ddbench.core.paths import traces_dir
 from ddbench.core.traces import load_engine
@@ -117,10 +118,6 @@ def with_harness(plan, harness_s: float):
         return plan
     h = harness_s / plan.layers
     return replace(plan, pre=[x + h for x in plan.pre])
-
-
-COMPUTE_TWIN = {"dualdecoder-fifo": "dualdecoder", "dualdecoder-per-layer": "dualdecoder",
-                "dualdecoder-cpu-gather": "dualdecoder"}
 
 
 def reuse_fetch(plan, cm=None, batch: int | None = None) -> list[float]:
@@ -292,8 +289,8 @@ class _RowReplay:
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), self.w0.budget, self.w0.chunk)
         cache, ct = row_cache(r, model)
         try:
-            plan = replay_plan(r.design, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache, ct,
-                               row_kv_bits(r), row_cache_bits(r))
+            point = EnginePoint(r.design, ct, row_kv_bits(r), row_cache_bits(r))
+            plan = replay_plan(point, r.context, r.batch, miss, bool(r.transfers), cmm, model, cache)
         except DDBenchError as exc:          # e.g. fp8 pieces smaller than any the bundle measured
             return None, (label + f" kv_bits {row_kv_bits(r)}", f"not priced: {exc}")
         step = ""
@@ -342,7 +339,7 @@ class _RowReplay:
         """The engine harness's forced-miss compute (s), from the calibration sweep's floor phase."""
         if r.miss_rate == "none" or plan.design.kv_on_gpu:
             return 0.0
-        h = cmm.engine_harness_s(COMPUTE_TWIN.get(r.design, r.design), int(r.batch), int(r.context), clamp=True)
+        h = cmm.engine_harness_s(compute_twin(r.design), int(r.batch), int(r.context), clamp=True)
         self.harness_models[model] = self.harness_models.get(model, False) or h is not None
         return h or 0.0
 
@@ -373,13 +370,13 @@ class _RowReplay:
 
 INPLACE_RUNS = (("h200-shadowkv-fast/builds/b0", None), ("h200-shadowkv-fast/builds/b1", None),
                 ("h200-shadowkv-fast/builds/b2", None), ("h200-shadowkv-fast/paper-80gb", None),
-                ("h200-shadowkv-fast/fp8", None), ("h200-rates", "shadowkv"))
-RATES_RUNS = (("h200-rates", "!shadowkv"),)      # its chunk-cache grid and the other designs at batch 1
+                ("h200-shadowkv-fast/fp8", None), ("h200-rates", SHADOWKV))
+RATES_RUNS = (("h200-rates", "!" + SHADOWKV),)      # its chunk-cache grid and the other designs at batch 1
 # the ablation (ddbench/experiments/ablation_figure.py): the two caches (fused fill) at their largest
 # batches, Qwen2.5-14B's searches, and DualDecoder at its largest batches
 # h200-ablation: the two caches at all four points (the prefetch bytes each row moved recorded);
 # h200-ablation-qwen14b's dualdecoder-cache rows recorded too few of them (an earlier engine), its others stand
-ABLATION_RUNS = (("h200-ablation", None), ("h200-ablation-qwen14b", "!dualdecoder-cache"),
+ABLATION_RUNS = (("h200-ablation", None), ("h200-ablation-qwen14b", "!" + DUALDECODER_CACHE),
                  ("h200-ablation-dualdecoder", None))
 # the fp8 GPU chunk cache beside the bf16 one and ShadowKV (bf16 and fp8 values) at the largest batches
 FP8_CACHE_RUNS = (("h200-cache-fp8", None), ("h200-cache-fp8-qwen", None))
@@ -467,7 +464,7 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
             continue
         if phase is not None and getattr(r, "phase", "") != phase:
             continue
-        if r.miss_rate == "none" and r.design != "full-kv":
+        if r.miss_rate == "none" and not get_design(r.design).kv_on_gpu:
             continue
         if get_design(r.design).reuse and shadowkv_step(row_git_sha(r, meta), meta) != IN_PLACE:
             left_out += 1
@@ -477,12 +474,12 @@ def user_path_errors(engine_dir: str | None = None, phase: str | None = None, cm
         miss = effective_miss(0.0 if r.miss_rate == "none" else float(r.miss_rate), w0.budget, w0.chunk)
         cache, ct = row_cache(r, model)
         try:
-            plan = replay_plan(r.design, r.context, r.batch, miss, True, cmm, model, cache, ct, row_kv_bits(r),
-                               row_cache_bits(r))
+            point = EnginePoint(r.design, ct, row_kv_bits(r), row_cache_bits(r))
+            plan = replay_plan(point, r.context, r.batch, miss, True, cmm, model, cache)
         except DDBenchError:                 # not priced (validate() lists why)
             continue
         step, _ = point_step_s(plan)
-        key = COMPUTE_TWIN.get(r.design, r.design)
+        key = compute_twin(r.design)
         h = 0.0 if r.miss_rate == "none" else (cmm.engine_harness_s(key, int(r.batch), int(r.context), clamp=True)
                                                 or 0.0)
         rows.append(dict(model=model, design=r.design, context=int(r.context), batch=int(r.batch),
