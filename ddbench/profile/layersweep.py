@@ -184,8 +184,7 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
                             cfg.prompts is not None, cfg.run_lengths).values())    # refused now, not after the sweep
         result = _sweep(cfg, budget_plan, t_start, prefill_fn)
         result["files"] = trace.write(w, result.pop("name"), *result.pop("tables"), cache=result.get("cache"),
-                                      fp8=result.get("fp8"), tasks=result.get("tasks"), runs=result.get("runs"),
-                                      indexed=result.pop("indexed"))
+                                      fp8=result.get("fp8"), tasks=result.get("tasks"), runs=result.get("runs"))
     return result
 
 
@@ -442,7 +441,7 @@ class _Sweep:
             summary["fp8_error"] = {"file": trace.names(loaded.name, fp8=True)["fp8_summary"]}
         summary["runtime_by_context_s"] = {str(c): v for c, v in self.ctx_time.items()}
         summary["load_s"] = round(self.t_load, 1)
-        out = {"summary": summary, "rows": rows, "name": loaded.name, "indexed": self.by_index is not None,
+        out = {"summary": summary, "rows": rows, "name": loaded.name,
                "tables": (rows, self.step_rows, summary, provenance)}
         if cfg.cache_capacities:
             crows = {n: cache_mod.rows(self.cache_groups.get(n, {}), cfg.chunk) for n in self.indexes}

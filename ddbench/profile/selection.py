@@ -153,11 +153,14 @@ def scores_by(q, lm, ix, k: int):
     if ix is None:
         return scores(q, lm)
     import torch
-    from ddbench.kernels.indexkernels import _candidates, _keep, _topk_ref, index_scores_ref
+    from ddbench.kernels.indexkernels import index_scores_ref
     q = q.float().contiguous()
     if ix.coarse is None:
         return index_scores_ref(q, ix.fine)
-    cand = _candidates(_topk_ref(index_scores_ref(q, ix.coarse), _keep(ix, k, None)), ix.spec.group)
+    kept = min(ix.spec.kept(k, ix.fine.n), ix.coarse.n)                    # k' super-chunks, as index_select_ref
+    sup = index_scores_ref(q, ix.coarse).topk(kept, dim=-1).indices.sort(-1).values
+    off = torch.arange(ix.spec.group, device=sup.device)
+    cand = (sup[..., None] * ix.spec.group + off).flatten(-2).to(torch.int32)   # their chunks (ids >= N: padding)
     p = index_scores_ref(q, ix.fine, cand)                                   # [1, nq, H, NC], -inf pads -> 0
     out = torch.zeros(*p.shape[:-1], ix.fine.n + ix.spec.group, dtype=torch.float32, device=p.device)
     return out.scatter_(-1, cand.long(), p)[..., :ix.fine.n]

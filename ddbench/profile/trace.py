@@ -154,13 +154,13 @@ def task_rows(task_accuracy: list) -> list:
 
 
 def write(w, model: str, rows: list, step_rows: list, summary: dict, provenance: dict, cache=None, fp8=None,
-          tasks=None, runs=None, indexed: bool = False) -> dict:
+          tasks=None, runs=None) -> dict:
     """Stage the files in the output guard's writer `w` (they move in together); their paths.
     `cache`: (cache rows, cache summary) or None; `fp8`: (fp8 rows, fp8 summary) or None; `tasks`: the
-    summary's task_accuracy for <model>.tasks.csv, or None; `indexed`: the rows, step rows, cache rows and
-    task rows carry an index column (--indexes)."""
+    summary's task_accuracy for <model>.tasks.csv, or None. Rows that carry an `index` (--indexes): the rows,
+    step rows, cache rows and task rows get an index column."""
     n = names(model, cache is not None, fp8 is not None, tasks is not None, runs is not None)
-    ix = with_index if indexed else list
+    ix = with_index if rows and "index" in rows[0] else list
     w.write_text(n["csv"], _csv(ix(ROW_COLUMNS) + PROVENANCE, [r | provenance for r in rows]))
     w.write_text(n["steps"], _csv(ix(STEP_COLUMNS), step_rows))
     w.write_json(n["summary"], summary)
