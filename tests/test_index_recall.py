@@ -37,3 +37,19 @@ def test_bad_input_one_line(argv, message, capsys):
         indexrecall.main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and message in err[0]
+
+
+def test_a_second_model_keeps_the_first_models_files(tmp_path):
+    """One model's run writes its own two files; another model's, written before by the same command, stay (a
+    Gemma run once pruned SmolLM2's)."""
+    import json
+    row = dict(model="a", context=2048, budget=32, index="flat", layer=0, recall=1.0, ci95_low=1.0, ci95_high=1.0,
+               items=2)
+    indexrecall.write(str(tmp_path), [row], {"model": "a"})
+    indexrecall.write(str(tmp_path), [dict(row, model="b")], {"model": "b"})
+    names = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+    assert names == ["a.index.csv", "a.index.summary.json", "b.index.csv", "b.index.summary.json"]
+    files = json.loads((tmp_path / ".ddbench-manifest.json").read_text())["files"]
+    assert sorted(files) == names
+    indexrecall.write(str(tmp_path), [dict(row, recall=0.5)], {"model": "a"}, force=True)   # a again: a only
+    assert "0.5" in (tmp_path / "a.index.csv").read_text() and (tmp_path / "b.index.csv").is_file()

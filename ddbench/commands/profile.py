@@ -7,8 +7,9 @@ Writes traces/accuracy/<model>.csv (per layer), <model>.steps.csv (per step) and
 <model>.cache.summary.json (a GPU chunk cache replayed over the selections); with --fp8-error also
 <model>.fp8.csv and <model>.fp8.summary.json (fp8 K/V's attention error against bf16); with
 --prompts also <model>.tasks.csv (task accuracy rates with Wilson intervals); with --run-lengths also
-<model>.runs.csv (the true selections' runs of adjacent chunks); the schema is in
-ddbench/profile/trace.py. Needs the profile extra:
+<model>.runs.csv (the true selections' runs of adjacent chunks); with --indexes, every rate and the sparse
+task rate under each selection index too (an index column; the summary's by_index, with 95 % intervals); the
+schema is in ddbench/profile/trace.py. Needs the profile extra:
 pip install -e '.[profile]'. Uses CUDA when present.
 
 Where: --out DIR, by default ./ddbench-profile in the current folder, never the committed traces
@@ -52,6 +53,11 @@ def _policy(t: str) -> str:
     if t not in POLICIES:
         raise DDBenchError(f"{t!r}: unknown cache policy; choose from {', '.join(POLICIES)}")
     return t
+
+
+def _indexes(t: str) -> tuple:
+    from ddbench.profile.selection import parse_indexes
+    return parse_indexes(t)
 
 
 def register(sub) -> None:
@@ -112,6 +118,12 @@ def register(sub) -> None:
                    help="seeded prompts per (context, task) for task accuracy (default: --samples); the hit"
                         " rates and fp8 error use the first --samples of them; writes <model>.tasks.csv"
                         " (rates with Wilson 95%% intervals)")
+    p.add_argument("--indexes", type=_indexes, default=("flat",),
+                   help="selection indexes to measure every rate and the sparse task accuracy under (issue 47),"
+                        " over one prefill: comma list of flat, fp8, int4, two-level:G[,M[,COARSE[,FINE]]]"
+                        " (a format right after a two-level's M is that index's: list fp8 and int4 before the"
+                        " two-level ones); flat is always measured; other than flat alone, the files gain an"
+                        " index column and the summary a by_index section (default flat)")
     p.add_argument("--quiet", action="store_true", help="no progress bars (transformers' too)")
     p.set_defaults(func=run)
 
@@ -139,7 +151,8 @@ def run(args) -> int:
         samples=args.samples, questions=args.questions, rank=args.rank, lowrank_threshold=args.lowrank_threshold,
         quality=not args.no_quality, device=args.device, out=out, force=args.force,
         allow_extrapolation=args.allow_extrapolation, progress=not args.quiet, threads=args.threads,
-        fp8_error=args.fp8_error, run_lengths=args.run_lengths, prompts=args.prompts, **_cache_args(args), command=command_line())
+        fp8_error=args.fp8_error, run_lengths=args.run_lengths, prompts=args.prompts, indexes=args.indexes,
+        **_cache_args(args), command=command_line())
     result = run_profile(cfg)
     print(render(result))
     if out is not None and not _is_data_accuracy(out):
@@ -217,5 +230,19 @@ def render(result: dict) -> str:
         for r in result["cache"][1]["by_capacity"]:
             lines.append(f"  {r['prediction']:<11} {r['policy']:<6} {r['capacity']:>4g}  {r['context_tokens']:>7} {r['budget_tokens']:>6}"
                          f"  {r['moved_per_budget']:.3f}    {r['urgent_share']:.3f}         {r['coverage']:.3f}")
+    if "by_index" in s:
+        lines += _by_index(s["by_index"])
     lines += [f"wrote {p}" for p in result["files"].values()]
     return "\n".join(lines)
+
+
+def _by_index(bi: dict) -> list:
+    """The hit, reuse and task rates per index, mean [95 % interval], and every setting outside flat's."""
+    out = ["by index: context budget task  metric  index  mean [95 % interval] (n)"]
+    for r in bi["rates"] + bi["tasks"]:
+        if r["metric"] in ("hit_rate", "reuse_hit_rate", "task_rate"):
+            out.append(f"  {r['context_tokens']:>7} {r['budget_tokens']:>6} {r['task']} {r['metric']:<14}"
+                       f" {r['index']:<20} {r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+                       f" ({r.get('total', r.get('n'))})")
+    out += [f"  outside flat's interval: {o}" for o in bi["outside_flat"]]
+    return out

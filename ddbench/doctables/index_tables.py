@@ -172,6 +172,4 @@ def index_recall(root: Path = ROOT) -> str:
             + ("; ".join(low) if low else "none") + ". Every other setting is below 0.95 there; int4 is below it"
             " at every context and budget (symmetric 4-bit codes, one scale per 32 dims; finer or asymmetric scales"
             " are untried), and a two-level"
-            " index gains with context as the super-chunks it keeps become a smaller part of it."
-            " Task rates under each index, and the prediction's hit rate and the caches' rates under it, are not"
-            " measured yet; nor is Gemma 3.")
+            " index gains with context as the super-chunks it keeps become a smaller part of it.")

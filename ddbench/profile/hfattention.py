@@ -14,7 +14,8 @@ and switches the model to it. The function reads one `Probe` object, attached as
   post-RoPE, rebuilt from the rank-r SVD of the pre-RoPE keys); for fp8 K/V, `plan.keys` and
   `plan.values` are the region's keys and values through e4m3 (ddbench/profile/layersweep.py `_fp8_kv`);
   selection always uses the exact landmarks (ShadowKV builds them from the exact post-RoPE keys at
-  prefill; dualdecoder-cache on the GPU at prefill).
+  prefill; dualdecoder-cache on the GPU at prefill), or with `plan.index` the smaller index built from them
+  (issue 47: the index's top-k, ddbench.kernels.indexkernels.index_select_ref).
 
 Otherwise (prefill, `sparse` None, or a sliding-window layer of Gemma 3, whose window is resident in
 every design) attention is transformers' own SDPA path (torch's fused scaled_dot_product_attention): exact
@@ -38,6 +39,8 @@ class SparsePlan:
     resident_from: int         # first token index that is always resident (local window, generated)
     keys: list | None = None   # per layer [B, H, S, d] replacement keys for tokens [0, S) (low-rank), or None
     values: list | None = None  # per layer [B, H, S, d] replacement values for tokens [0, S) (fp8), or None
+    index: list | None = None   # per layer the selection index (kernels/indexkernels.py Index; issue 47), or None:
+                                # the flat landmarks, today's rule
 
 
 @dataclass
@@ -67,7 +70,12 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     B, Hq, _, d = query.shape
     H, T = key.shape[1], key.shape[2]
     C, S = plan.chunk, plan.landmarks[layer].shape[2] * plan.chunk
-    idx = select_chunks_ref(query.transpose(1, 2).float(), plan.landmarks[layer], plan.budget_chunks)[:, 0]
+    q = query.transpose(1, 2).float()
+    if plan.index is None:
+        idx = select_chunks_ref(q, plan.landmarks[layer], plan.budget_chunks)[:, 0]
+    else:
+        from ddbench.kernels.indexkernels import index_select_ref
+        idx = index_select_ref(q.contiguous(), plan.index[layer], plan.budget_chunks)[:, 0]
     probe.selections.append(idx)
     allow = torch.zeros(B, H, T, dtype=torch.bool, device=key.device)
     tok = (idx.long().unsqueeze(-1) * C + torch.arange(C, device=key.device)).flatten(2)     # [B, H, k*C]

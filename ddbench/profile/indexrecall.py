@@ -143,23 +143,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def write(folder: str, rows: list, summary: dict, force: bool = False) -> str:
+    """<model>.index.csv and .index.summary.json into `folder` (the output guard: atomic, in its manifest); this
+    model's files only are replaced, never another model's (the scope). -> the files' stem."""
+    from ddbench.core.outputs import output_folder
+    stem = summary["model"] + ".index"
+    names = [stem + ".csv", stem + ".summary.json"]
+    with output_folder(folder, command=COMMAND, shared=True, force=force, scope=names) as w:
+        w.claim(names)
+        with open(w.stage_path(names[0]), "w", newline="", encoding="utf-8") as fh:
+            wr = csv.DictWriter(fh, fieldnames=FIELDS)
+            wr.writeheader()
+            wr.writerows(rows)
+        with open(w.stage_path(names[1]), "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=1)
+    return stem
+
+
 def main(argv=None) -> int:
-    from ddbench.core.outputs import DATA_OUTPUTS, check_path, output_folder
+    from ddbench.core.outputs import DATA_OUTPUTS, check_path
     from ddbench.core.paths import traces_dir
     try:
         args = _parser().parse_args(argv)
         folder = args.out or str(traces_dir("accuracy"))
         check_path(folder, data_ok=DATA_OUTPUTS[COMMAND])       # refused before any measuring
         rows, summary = measure(args)
-        stem = summary["model"] + ".index"
-        with output_folder(folder, command=COMMAND, shared=True, force=args.force) as w:
-            w.claim([stem + ".csv", stem + ".summary.json"])
-            with open(w.stage_path(stem + ".csv"), "w", newline="", encoding="utf-8") as fh:
-                wr = csv.DictWriter(fh, fieldnames=FIELDS)
-                wr.writeheader()
-                wr.writerows(rows)
-            with open(w.stage_path(stem + ".summary.json"), "w", encoding="utf-8") as fh:
-                json.dump(summary, fh, indent=1)
+        stem = write(folder, rows, summary, args.force)
         print(f"wrote {os.path.join(folder, stem)}.csv and .summary.json ({len(rows)} rows)")
     except DDBenchError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -64,6 +64,8 @@ class ProfileConfig:
     prompts: int | None = None     # prompts per (context, task) for task accuracy (None: --samples); with it,
                                    # <model>.tasks.csv (rates with Wilson 95 % intervals)
     questions: int = 1        # questions per prompt sharing its haystack: one prefill serves them all
+    indexes: tuple = ("flat",)   # the selection indexes (issue 47): every rate and the sparse task accuracy
+                                 # under each, over the same prefill and queries (ddbench/profile/indexrates.py)
     command: str = ""
 
 
@@ -89,6 +91,8 @@ def validate(cfg: ProfileConfig, max_positions: int, sliding_window: int | None 
     if cfg.rank < 1:
         raise DDBenchError(f"--rank must be positive, got {cfg.rank}")
     from ddbench.profile.cache import POLICIES
+    from ddbench.profile.selection import parse_indexes
+    parse_indexes(cfg.indexes)
     if any(not (x == 0 or x >= 1) for x in cfg.cache_capacities):
         raise DDBenchError("--cache-capacity values must be 0 (no cache) or at least 1")
     if cfg.cache_capacities and (not cfg.cache_policies or any(p not in POLICIES for p in cfg.cache_policies)):
@@ -166,6 +170,9 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
     if model_mod.global_layers(mcfg)[1] is not None and model_mod.global_layers(mcfg)[0]:
         sw = None      # Gemma 3: its global layers see the whole context; only they are measured
     budget_plan = validate(cfg, int(mcfg.max_position_embeddings), sw)
+    from ddbench.profile.selection import check_indexes, parse_indexes
+    check_indexes(parse_indexes(cfg.indexes), getattr(mcfg, "head_dim", None)
+                  or mcfg.hidden_size // mcfg.num_attention_heads)
     out_dir = cfg.out
     if out_dir is None:
         from ddbench.core.paths import traces_dir
@@ -198,8 +205,9 @@ class _Sweep:
     def __init__(self, cfg: ProfileConfig, prefill_fn):
         import torch
 
-        from ddbench.profile import decode, fp8error
+        from ddbench.profile import decode, fp8error, indexrates
         from ddbench.profile import runlengths as runs_mod
+        from ddbench.profile.selection import parse_indexes
 
         self.cfg = cfg
         self.prefill_fn = prefill_fn or decode.prefill
@@ -208,6 +216,8 @@ class _Sweep:
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
         self.ctx_time = {}
+        from ddbench.core.provenance import short_sha
+        self.git_sha = short_sha()     # the code that measures: read at the start (a long run outlives commits)
         self._load()
         self.groups = defaultdict(lambda: defaultdict(float))   # (layer, c, task, init, temp, budget) -> sums
         self.step_rows, self.task_acc = [], defaultdict(lambda: [0, 0])
@@ -218,6 +228,9 @@ class _Sweep:
         self.run_lengths = runs_mod.Collector() if cfg.run_lengths else None
         self.n_prompts = cfg.samples if cfg.prompts is None else cfg.prompts
         self.methods = METHODS + (("fp8",) if cfg.fp8_error else ())
+        self.indexes = parse_indexes(cfg.indexes)
+        self.by_index = indexrates.Collector() if len(self.indexes) > 1 else None   # None: flat only, as before
+        self.index_tasks = defaultdict(lambda: [0, 0])     # (index, c, task, budget) -> sparse [correct, total]
 
     def _load(self) -> None:
         from ddbench.progress import bar as progress_bar
@@ -281,80 +294,90 @@ class _Sweep:
             if Q > 1:
                 first = decode.prefill(self.model, prompt.ids[P:], cache, start=P)
             lm = selection.landmarks(cache, geo)
+            ixs = selection.build_indexes(lm, self.indexes)
             total = len(self.runs) * (cfg.steps + 1) if measure else 0
             with progress_bar(total=total, desc=f"steps {task} {c} q{j}", quiet=self.quiet) as bar:
                 for init, temp in (self.runs if measure else ()):
                     seed = cfg.seed * 1_000_003 + q * 1009 + int(round(temp * 1000))
                     r = decode.dual_run(self.model, self.probe, cache, c, first, decode.DualSampling(
                         cfg.steps, init, temp, cfg.top_p, seed), vocab=self.vocab, bar=bar)
-                    self._score_run(r, lm, cache, c, task, q, init, temp, budgets, geo)
+                    self._score_run(r, (lm, ixs), cache, (c, task, q, init, temp), budgets, geo)
             if cfg.quality and s < self.n_prompts:
-                self._task_accuracy(cache, prompt, first, lm, c, task, budgets, geo.selectable)
+                self._task_accuracy(cache, prompt, first, (lm, ixs), c, task, budgets, geo.selectable)
             decode.truncate(cache, P)
 
-    def _score_run(self, r, lm, cache, c, task, s, init, temp, budgets, geo) -> None:
-        """One dual-token run scored at every budget: the overlaps per layer and per step, the chunk-cache
-        replay, the run lengths and the fp8 error."""
+    def _score_run(self, r, lms, cache, run: tuple, budgets, geo) -> None:
+        """One dual-token run scored at every budget under every index: the overlaps per layer and per step, the
+        chunk-cache replay; the run lengths and the fp8 error (flat only)."""
         import torch
-        cfg = self.cfg
+        cfg, (lm, ixs), (c, task, s, init, temp) = self.cfg, lms, run
         acc_t = torch.tensor(r.token_acc, dtype=torch.float32)
         sels = {}
-        for b in budgets:
-            sel = self._selections(r, lm, b // cfg.chunk)   # [steps+1, G, 2, H, k]: G = the global layers
-            if self.fp8_errors is not None:
-                sels[b] = sel[:, :, 0]
-            if self.run_lengths is not None:
-                self.run_lengths.add(sel[1:, :, 0], c, task, b)      # the counted steps' true selections
-            if cfg.cache_capacities and (init, temp) in self.cache_runs:
-                self._replay_cache(r, lm, sel, (c, task, b), geo)
-            self._add_overlaps(r, acc_t, sel, (c, task, s, init, temp, b), geo)
+        for name, ix in ixs.items():
+            for b in budgets:
+                sel = self._selections(r, lm, ix, b // cfg.chunk)   # [steps+1, G, 2, H, k]: G = the global layers
+                if self.fp8_errors is not None and ix is None:
+                    sels[b] = sel[:, :, 0]
+                if self.run_lengths is not None and ix is None:
+                    self.run_lengths.add(sel[1:, :, 0], c, task, b)      # the counted steps' true selections
+                if cfg.cache_capacities and (init, temp) in self.cache_runs:
+                    self._replay_cache(r, (lm, ix, name), sel, (c, task, b, s), geo)
+                self._add_overlaps(r, acc_t, sel, (c, task, s, init, temp, b, name), geo)
         if self.fp8_errors is not None:
             _fp8_layers(self.fp8_errors, self.model, cache, r.q_out, sels, geo, c, task, self.glob)
 
-    def _selections(self, r, lm, k: int):
-        """The output and speculative tokens' top-k chunks [steps+1, G, 2, H, k] of every global layer."""
+    def _selections(self, r, lm, ix, k: int):
+        """The output and speculative tokens' top-k chunks [steps+1, G, 2, H, k] of every global layer, under
+        the index `ix` (per layer; None: flat, today's rule)."""
         import torch
 
         from ddbench.profile import selection
         return torch.stack([torch.stack([
-            selection.select(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l], k)[0]
+            selection.select_by(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l],
+                                None if ix is None else ix[l], k)[0]
             for l in self.glob]) for t in range(self.cfg.steps + 1)])
 
-    def _replay_cache(self, r, lm, sel, where: tuple, geo) -> None:
+    def _replay_cache(self, r, lmx, sel, where: tuple, geo) -> None:
         from ddbench.profile import cache as cache_mod
-        cfg = self.cfg
+        cfg, (lm, ix, name), (c, task, b, s) = self.cfg, lmx, where
         counts = cache_mod.replay(sel[:, :, 0], sel[:-1, :, 1], geo.n_chunks, cfg.cache_capacities,
-                                  cfg.cache_policies, scores=_pass_scores(r, lm, self.glob),
+                                  cfg.cache_policies, scores=_pass_scores(r, lm, self.glob, ix, sel.shape[-1]),
                                   predictions=cache_mod.PREDICTIONS)
         for (how, pol, cap), cnt in counts.items():
-            cache_mod.accumulate(self.cache_groups, (*where, how, pol, cap), cnt, self.glob)
+            cache_mod.accumulate(self.cache_groups.setdefault(name, {}), (c, task, b, how, pol, cap), cnt, self.glob)
+            if self.by_index is not None:
+                self.by_index.add_cache((name, c, task, b, how, pol, cap), s, cnt, sel.shape[-1])
 
     def _add_overlaps(self, r, acc_t, sel, where: tuple, geo) -> None:
         """The run's overlaps at one budget into the per-layer sums and one row per step."""
         from ddbench.profile.metrics import overlaps
-        c, task, s, init, temp, b = where
+        c, task, s, init, temp, b, ix = where
         m = overlaps(sel[1:, :, 0], sel[:-1, :, 1], sel[:-1, :, 0], geo.n_chunks)
         for i, l in enumerate(self.glob):
-            g = self.groups[(l, c, task, init, temp, b)]
+            g = self.groups[(l, c, task, init, temp, b, ix)]
             for name, v in m.items():
                 g[name] += float(v[:, i].sum())
             g["token_acc"] += float(acc_t.sum()) * self.loaded.kv_heads
             g["n"] += v[:, i].numel()
+        if self.by_index is not None and (init, temp) in self.cache_runs:
+            self.by_index.add_overlaps((ix, c, task, b), s, m)
+        tag = {"index": ix} if self.by_index is not None else {}
         for t in range(self.cfg.steps):
             self.step_rows.append({"context_tokens": c, "task": task, "sample": s, "init": init,
-                                   "temperature": temp, "budget_tokens": b, "step": t,
+                                   "temperature": temp, "budget_tokens": b, **tag, "step": t,
                                    **{n: float(v[t].mean()) for n, v in m.items()},
                                    "token_acc": int(r.token_acc[t]),
                                    "output_token": r.out_tokens[t + 1],
                                    "spec_token": r.spec_tokens[t]})
 
-    def _task_accuracy(self, cache, prompt, first, lm, c, task, budgets, S: int) -> None:
+    def _task_accuracy(self, cache, prompt, first, lms, c, task, budgets, S: int) -> None:
         """The prompt's answer with dense attention, and at each budget with sparse exact top-k, low-rank keys
-        and (with fp8_error) fp8 K/V."""
+        and (with fp8_error) fp8 K/V; with --indexes, sparse top-k under each other index too."""
         from ddbench.profile import quality
         from ddbench.profile.hfattention import SparsePlan
         from ddbench.profile.lowrank import lowrank_keys
         cfg, model, probe, tok = self.cfg, self.model, self.probe, self.tok
+        lm, ixs = lms
         ok, _ = quality.answer(model, probe, tok, cache, prompt, first, None)
         self.task_acc[(c, task, None, "dense")][0] += ok
         self.task_acc[(c, task, None, "dense")][1] += 1
@@ -368,19 +391,27 @@ class _Sweep:
                 ok, _ = quality.answer(model, probe, tok, cache, prompt, first, plan)
                 self.task_acc[(c, task, b, method)][0] += ok
                 self.task_acc[(c, task, b, method)][1] += 1
+        for name, ix in ixs.items():
+            for b in (budgets if ix is not None else ()):
+                plan = SparsePlan(landmarks=lm, budget_chunks=b // cfg.chunk, chunk=cfg.chunk, resident_from=S,
+                                  index=ix)
+                ok, _ = quality.answer(model, probe, tok, cache, prompt, first, plan)
+                self.index_tasks[(name, c, task, b)][0] += ok
+                self.index_tasks[(name, c, task, b)][1] += 1
 
     # ------------------------------------------------------------------ the results
 
     def _rows(self) -> list[dict]:
-        """One row per (layer, context, task, init, temperature, budget): the mean rates."""
+        """One row per (layer, context, task, init, temperature, budget[, index]): the mean rates."""
         from ddbench.profile import trace
-        cfg, rows = self.cfg, []
-        for (l, c, task, init, temp, b), g in sorted(self.groups.items(),
-                                                    key=lambda kv: (kv[0][1], kv[0][2], kv[0][3],
-                                                                    kv[0][4], kv[0][5], kv[0][0])):
+        cfg, rows, pos = self.cfg, [], {n: i for i, n in enumerate(self.indexes)}
+        for (l, c, task, init, temp, b, ix), g in sorted(self.groups.items(),
+                                                        key=lambda kv: (kv[0][1], kv[0][2], kv[0][3], kv[0][4],
+                                                                        kv[0][5], pos[kv[0][6]], kv[0][0])):
             mm = _mean(g)
+            tag = {"index": ix} if self.by_index is not None else {}
             rows.append({"layer": l, "context_tokens": c, "task": task, "init": init, "temperature": temp,
-                         "top_p": cfg.top_p, "budget_tokens": b, "chunk_tokens": cfg.chunk,
+                         "top_p": cfg.top_p, "budget_tokens": b, **tag, "chunk_tokens": cfg.chunk,
                          "local_tokens": cfg.local, **{n: mm[n] for n in trace.RATES},
                          "token_acc": mm["token_acc"], "n": int(g["n"])})
         return rows
@@ -389,10 +420,10 @@ class _Sweep:
         import torch
         import transformers
 
-        from ddbench.core.provenance import short_sha, utc_now
+        from ddbench.core.provenance import utc_now
         return {"model": self.loaded.name, "layers": self.loaded.layers, "model_sha256": self.loaded.sha256,
                 "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-                "git_sha": short_sha(), "date": utc_now(offset=True),
+                "git_sha": self.git_sha, "date": utc_now(offset=True),
                 "command": self.cfg.command}
 
     def result(self, t_start: float) -> dict:
@@ -402,7 +433,10 @@ class _Sweep:
         rows = self._rows()
         runtime = time.perf_counter() - t_start
         provenance = self._provenance()
-        summary = summarize(cfg, loaded, rows, self.task_acc, provenance, runtime)
+        summary = summarize(cfg, loaded, [r for r in rows if r.get("index", "flat") == "flat"], self.task_acc,
+                            provenance, runtime)
+        if self.by_index is not None:
+            summary["by_index"] = self.by_index.summary(self.indexes, summary["task_accuracy"], self.index_tasks)
         if self.fp8_errors is not None:
             summary["fp8_error"] = {"file": trace.names(loaded.name, fp8=True)["fp8_summary"]}
         summary["runtime_by_context_s"] = {str(c): v for c, v in self.ctx_time.items()}
@@ -410,13 +444,16 @@ class _Sweep:
         out = {"summary": summary, "rows": rows, "name": loaded.name,
                "tables": (rows, self.step_rows, summary, provenance)}
         if cfg.cache_capacities:
-            crows = cache_mod.rows(self.cache_groups, cfg.chunk)
+            crows = {n: cache_mod.rows(self.cache_groups.get(n, {}), cfg.chunk) for n in self.indexes}
             basis = ", ".join(f"init {i} temperature {t:g}" for i, t in self.cache_runs)
-            out["cache"] = (crows, cache_mod.summary(crows, loaded.name, provenance, cfg.chunk, basis))
+            csum = cache_mod.summary(crows["flat"], loaded.name, provenance, cfg.chunk, basis)
+            out["cache"] = (crows["flat"] if self.by_index is None else
+                            [{**r, "index": n} for n in self.indexes for r in crows[n]], csum)
         if self.fp8_errors is not None:
             out["fp8"] = (self.fp8_errors.rows(cfg.chunk), self.fp8_errors.summary(loaded.name, provenance, cfg.chunk))
         if cfg.prompts is not None:
-            out["tasks"] = summary["task_accuracy"]
+            out["tasks"] = summary["task_accuracy"] if self.by_index is None else \
+                [{**a, "index": "flat"} for a in summary["task_accuracy"]] + summary["by_index"]["task_rows"]
         if self.run_lengths is not None:
             out["runs"] = self.run_lengths.rows(cfg.chunk)
         return out
@@ -452,14 +489,15 @@ def _fp8_kv(cache, S: int, chunk: int):
     return [f(layer.keys) for layer in cache.layers], [f(layer.values) for layer in cache.layers]
 
 
-def _pass_scores(r, lm, glob):
+def _pass_scores(r, lm, glob, ix=None, k: int = 0):
     """t -> pass t's landmark scores [G, H, 2, N] (output, speculative query) of the global layers, for the
-    cache replay."""
+    cache replay; under the index `ix` (per layer; None: flat) at a budget of k chunks, what it ranks."""
     import torch
     from ddbench.profile import selection
 
     def at(t):
-        return torch.stack([selection.scores(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l])[0]
+        return torch.stack([selection.scores_by(torch.stack([r.q_out[t, l], r.q_spec[t, l]])[None], lm[l],
+                                                None if ix is None else ix[l], k)[0]
                             .transpose(0, 1) for l in glob])
     return at
 
@@ -487,6 +525,8 @@ def summarize(cfg, loaded, rows, task_acc, provenance, runtime) -> dict:
     per_layer = _agg(basis_rows, ("layer",), ("hit_rate", "reuse_hit_rate", "union_hit_rate", "new_pred_share"))
     low = [r["layer"] for r in per_layer if r["hit_rate"] < cfg.lowrank_threshold]
     cfg_d = {k: v for k, v in asdict(cfg).items() if k not in ("progress", "command", "out", "force")}
+    if tuple(cfg_d["indexes"]) == ("flat",):
+        del cfg_d["indexes"]           # flat only: the summary as before --indexes existed
     cfg_d["model"] = os.path.basename(str(cfg_d["model"]).rstrip(os.sep))
     return {
         "schema": SCHEMA, "model": loaded.name, "provenance": provenance,

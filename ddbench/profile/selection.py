@@ -5,6 +5,14 @@
     select(q, lm, k) -> [1, nq, H, k] int32             ddbench.kernels.select.select_chunks_ref
     scores(q, lm) -> [1, nq, H, N] fp32                 ddbench.kernels.select.score_chunks_ref (what select ranks)
 
+Under a smaller selection index (issue 47; `profile --indexes`), the selection is the index's top-k:
+    parse_indexes("flat,fp8,two-level:8,1") -> ("flat", "fp8", "two-level:8,1")   flat first, always
+    build_indexes(lm, names) -> {name: per layer Index, or None for flat}   once per prefill, from the fp32 landmarks
+    select_by(q, lm, ix, k)     flat (ix None): `select`, today's rule, unchanged; else the index's twin
+                                (ddbench.kernels.indexkernels.index_select_ref: the landmarks quantized, two levels)
+    scores_by(q, lm, ix, k)     what select_by ranks, over all N chunks (two levels: pass 2's probabilities
+                                over the kept super-chunks' chunks, 0 for every chunk pass 1 dropped)
+
 The rule (kernels/select.py): landmark = mean of a chunk's post-RoPE keys; score = softmax over
 chunks of q . landmark / sqrt(d) per query head; max over the GQA group; top-k of budget/chunk
 chunks per KV head.
@@ -80,3 +88,79 @@ def scores(q, lm):
     """The landmark scores `select` takes the top-k of: [1, nq, H, N] fp32."""
     from ddbench.kernels.select import score_chunks_ref
     return score_chunks_ref(q.float().contiguous(), lm)
+
+
+def parse_indexes(names) -> tuple:
+    """Canonical index names (ddbench/core/index.py parse_index), flat first (the reference every other index is
+    compared with, always measured), duplicates dropped; a bad name is one DDBenchError line."""
+    from ddbench.core.index import parse_index
+    items = [n for n in (names.split(",") if isinstance(names, str) else names)]
+    if isinstance(names, str):          # two-level:G,M,... holds commas: rejoin its parts
+        items = _rejoin(items)
+    if not items or any(not str(n).strip() for n in items):
+        raise DDBenchError(f"--indexes: an empty index name in {names!r}; e.g. flat,fp8,int4,two-level:8,1")
+    out = ["flat"]
+    for n in items:
+        name = parse_index(n).name
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+def _rejoin(parts: list) -> list:
+    """"flat,two-level:8,1,fp8,int4" split at commas -> ["flat", "two-level:8,1,fp8", "int4"]: a part that
+    is a number, or a format right after a two-level's M, continues the two-level name before it."""
+    out: list = []
+    for p in parts:
+        t = p.strip().lower()
+        head = out[-1] if out else ""
+        n_tail = head.count(",") if head.startswith("two-level:") else -1
+        number = t.replace(".", "", 1).isdigit()
+        if head.startswith("two-level:") and ((number and n_tail < 1) or (not number and 1 <= n_tail < 3
+                                                                          and t in ("fp8", "int4", "bf16"))):
+            out[-1] = f"{head},{t}"
+        else:
+            out.append(t)
+    return out
+
+
+def check_indexes(names: tuple, head_dim: int) -> None:
+    """DDBenchError (one line) where an index cannot serve the model's head dim (int4's packing)."""
+    from ddbench.core.index import check_index, parse_index
+    for n in names:
+        check_index(parse_index(n), head_dim)
+
+
+def build_indexes(lm: list, names: tuple) -> dict:
+    """{name: [per layer Index of lm[l] (fp32 [1, H, N, d]) in bf16 storage], None for flat (today's landmarks)}."""
+    import torch
+    from ddbench.kernels.indexkernels import index_from_landmarks
+    return {n: None if n == "flat" else [index_from_landmarks(x, n, torch.bfloat16, kernel=False) for x in lm]
+            for n in names}
+
+
+def select_by(q, lm, ix, k: int):
+    """The top-k chunks [1, nq, H, k] (ascending) of q [1, nq, Hq, d] under index `ix` (None: flat, `select`)."""
+    if ix is None:
+        return select(q, lm, k)
+    from ddbench.kernels.indexkernels import index_select_ref
+    return index_select_ref(q.float().contiguous(), ix, k)
+
+
+def scores_by(q, lm, ix, k: int):
+    """The scores select_by ranks, [1, nq, H, N] fp32 (flat: `scores`); two levels: pass 2's probabilities over
+    the chunks of the k' super-chunks pass 1 kept, 0 for the rest (the step never scored them)."""
+    if ix is None:
+        return scores(q, lm)
+    import torch
+    from ddbench.kernels.indexkernels import index_scores_ref
+    q = q.float().contiguous()
+    if ix.coarse is None:
+        return index_scores_ref(q, ix.fine)
+    kept = min(ix.spec.kept(k, ix.fine.n), ix.coarse.n)                    # k' super-chunks, as index_select_ref
+    sup = index_scores_ref(q, ix.coarse).topk(kept, dim=-1).indices.sort(-1).values
+    off = torch.arange(ix.spec.group, device=sup.device)
+    cand = (sup[..., None] * ix.spec.group + off).flatten(-2).to(torch.int32)   # their chunks (ids >= N: padding)
+    p = index_scores_ref(q, ix.fine, cand)                                   # [1, nq, H, NC], -inf pads -> 0
+    out = torch.zeros(*p.shape[:-1], ix.fine.n + ix.spec.group, dtype=torch.float32, device=p.device)
+    return out.scatter_(-1, cand.long(), p)[..., :ix.fine.n]

@@ -83,6 +83,14 @@ task, budget_tokens (empty for dense), method (dense | sparse | lowrank | fp8 wi
     rank (lowrank only), correct, total (--prompts seeded prompts), rate = correct / total,
     low, high (Wilson score 95 % interval, ddbench/profile/quality.py wilson);  model, git_sha, date, command
 (the same rates, with low and high, are the summary's task_accuracy).
+
+With --indexes (issue 47: the selection under smaller indexes, ddbench/profile/indexrates.py), <model>.csv,
+.steps.csv, .cache.csv and .tasks.csv gain an `index` column after budget_tokens (flat, fp8, int4,
+two-level:G,M[,COARSE[,FINE]]; flat first): every rate is computed with that index's top-k as the selection
+(the true and the speculative token's alike); the run lengths and fp8 error stay flat's; the tasks rows of an
+index other than flat are method sparse only. The summary's per_layer, by_* and task_accuracy sections, and
+the cache summary, are flat's as before; its `by_index` section holds every index's rates with 95 %
+intervals over the prompts (see indexrates.py).
 """
 
 from __future__ import annotations
@@ -130,10 +138,17 @@ def names(model: str, cache: bool = False, fp8: bool = False, tasks: bool = Fals
     return n
 
 
+def with_index(columns: list) -> list:
+    """`columns` with the index column after budget_tokens (a profile with --indexes)."""
+    i = columns.index("budget_tokens") + 1
+    return columns[:i] + ["index"] + columns[i:]
+
+
 def task_rows(task_accuracy: list) -> list:
     """The summary's task_accuracy as <model>.tasks.csv rows."""
     return [{"context_tokens": a["context_tokens"], "task": a["task"],
-             "budget_tokens": "" if a["budget_tokens"] is None else a["budget_tokens"], "method": a["method"],
+             "budget_tokens": "" if a["budget_tokens"] is None else a["budget_tokens"],
+             **({"index": a["index"]} if "index" in a else {}), "method": a["method"],
              "rank": a.get("rank", ""), "correct": a["correct"], "total": a["total"], "rate": a["accuracy"],
              "low": a["low"], "high": a["high"]} for a in task_accuracy]
 
@@ -142,20 +157,22 @@ def write(w, model: str, rows: list, step_rows: list, summary: dict, provenance:
           tasks=None, runs=None) -> dict:
     """Stage the files in the output guard's writer `w` (they move in together); their paths.
     `cache`: (cache rows, cache summary) or None; `fp8`: (fp8 rows, fp8 summary) or None; `tasks`: the
-    summary's task_accuracy for <model>.tasks.csv, or None."""
+    summary's task_accuracy for <model>.tasks.csv, or None. Rows that carry an `index` (--indexes): the rows,
+    step rows, cache rows and task rows get an index column."""
     n = names(model, cache is not None, fp8 is not None, tasks is not None, runs is not None)
-    w.write_text(n["csv"], _csv(ROW_COLUMNS + PROVENANCE, [r | provenance for r in rows]))
-    w.write_text(n["steps"], _csv(STEP_COLUMNS, step_rows))
+    ix = with_index if rows and "index" in rows[0] else list
+    w.write_text(n["csv"], _csv(ix(ROW_COLUMNS) + PROVENANCE, [r | provenance for r in rows]))
+    w.write_text(n["steps"], _csv(ix(STEP_COLUMNS), step_rows))
     w.write_json(n["summary"], summary)
     if cache is not None:
-        w.write_text(n["cache_csv"], _csv(CACHE_COLUMNS + CACHE_PROVENANCE, [r | provenance for r in cache[0]]))
+        w.write_text(n["cache_csv"], _csv(ix(CACHE_COLUMNS) + CACHE_PROVENANCE, [r | provenance for r in cache[0]]))
         w.write_json(n["cache_summary"], cache[1])
     prov = {k: provenance[k] for k in CACHE_PROVENANCE}
     if fp8 is not None:
         w.write_text(n["fp8_csv"], _csv(FP8_COLUMNS + CACHE_PROVENANCE, [r | prov for r in fp8[0]]))
         w.write_json(n["fp8_summary"], fp8[1])
     if tasks is not None:
-        w.write_text(n["tasks_csv"], _csv(TASK_COLUMNS + CACHE_PROVENANCE, [r | prov for r in task_rows(tasks)]))
+        w.write_text(n["tasks_csv"], _csv(ix(TASK_COLUMNS) + CACHE_PROVENANCE, [r | prov for r in task_rows(tasks)]))
     if runs is not None:
         from ddbench.profile.runlengths import COLUMNS as RUN_COLUMNS
         w.write_text(n["runs_csv"], _csv(RUN_COLUMNS + CACHE_PROVENANCE, [r | prov for r in runs]))
