@@ -4,8 +4,10 @@
 # Folders: $ROOT/<context>/<task>-s<seed>/. Budgets: 1/64 (1.56 %) and 1/16 (6.25 %) of each context, to whole
 # chunks. Aggregate with `python -m ddbench.profile.contexts $ROOT`.
 #   SmolLM2 (issue 29): devtools/profile_contexts.sh ROOT      (8128 is the longest context its 8192 positions take)
-#   Gemma 3 270M (issue 44), one haystack of 4 questions per prompt (one prefill serves the 4):
-#     CONTEXTS="8192 16384 32640" TASKS="single multikey vt essay-single qa" SEEDS=0 QUESTIONS=4 \
+#   Gemma 3 270M, one haystack of Q questions per prompt (one prefill serves the Q), 10 haystacks per context:
+#     CONTEXTS="8192 16384" TASKS="single multikey vt essay-single qa" SEEDS="0 1" QUESTIONS=4 \
+#       devtools/profile_contexts.sh ROOT path/to/gemma-3-270m-q4_k_m.gguf
+#     CONTEXTS=32640 TASKS="single multikey vt essay-single qa" SEEDS="0 1" QUESTIONS=5 \
 #       devtools/profile_contexts.sh ROOT path/to/gemma-3-270m-q4_k_m.gguf
 set -u
 mkdir -p "${1:?usage: profile_contexts.sh ROOT [MODEL]}"
