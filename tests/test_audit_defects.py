@@ -68,10 +68,11 @@ def _cut(text: str, how: str) -> str:
                                        ("line-end", "truncated or incomplete")])
 def test_a_damaged_cache_profile_is_refused(tmp_path, data, how, says):
     csv = data / "accuracy" / f"{SMOL}.cache.csv"
-    trend = data / "accuracy" / f"{SMOL}.cache-trend.json"
-    good, trend_text = csv.read_text(), trend.read_text()
+    trends = sorted((data / "accuracy").glob("*.cache-trend.json"))
+    good, trend_texts = csv.read_text(), [t.read_text() for t in trends]
     try:
-        trend.unlink()                       # the replay itself is read (with a trend, the trend is)
+        for t in trends:
+            t.unlink()                       # the replay itself is read (with a trend, the trend is)
         csv.write_text(_cut(good, how))
         r = run(*SIM, "--design", "dualdecoder-cache", "--out", "res", data=data, cwd=tmp_path)
         assert_one_line_error(r, contains=f"{SMOL}.cache.csv")
@@ -79,7 +80,8 @@ def test_a_damaged_cache_profile_is_refused(tmp_path, data, how, says):
         assert not (tmp_path / "res").exists()
     finally:
         csv.write_text(good)
-        trend.write_text(trend_text)
+        for t, text in zip(trends, trend_texts):
+            t.write_text(text)
 
 
 # --------------------------------------------------------------------------- SIGTERM

@@ -171,8 +171,9 @@ def run(cfg: ProfileConfig, *, prefill_fn=None) -> dict:
         sw = None      # Gemma 3: its global layers see the whole context; only they are measured
     budget_plan = validate(cfg, int(mcfg.max_position_embeddings), sw)
     from ddbench.profile.selection import check_indexes, parse_indexes
-    check_indexes(parse_indexes(cfg.indexes), getattr(mcfg, "head_dim", None)
-                  or mcfg.hidden_size // mcfg.num_attention_heads)
+    indexes = parse_indexes(cfg.indexes)
+    if any(n != "flat" for n in indexes):      # only a smaller index needs the head dim (int4's packing)
+        check_indexes(indexes, getattr(mcfg, "head_dim", None) or mcfg.hidden_size // mcfg.num_attention_heads)
     out_dir = cfg.out
     if out_dir is None:
         from ddbench.core.paths import traces_dir
