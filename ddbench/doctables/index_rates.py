@@ -13,6 +13,7 @@ from pathlib import Path
 from ddbench.doctables.common import ROOT, DocTablesError
 
 RATES = "traces/accuracy/index/SmolLM2-135M-Instruct.Q4_1.summary.json"
+GEMMA_RATES = "traces/accuracy/index/gemma-3-270m-q4_k_m.summary.json"
 CAPACITY = 4.0           # the caches' column: LRU, 4x the budget (docs/profiling.md's context trend uses it too)
 
 
@@ -84,6 +85,11 @@ def index_rates(root: Path = ROOT, path: str = RATES) -> str:
                  " above or not):"
                  if out else "No setting's rate or task rate falls outside flat's interval.")
     return "\n\n".join(parts) + ("\n\n" + "\n".join(f"- {o}" for o in out) if out else "")
+
+
+def index_rates_gemma(root: Path = ROOT) -> str:
+    """docs/profiling.md's block `index-rates-gemma`: the same table for Gemma 3's run."""
+    return index_rates(root, GEMMA_RATES)
 
 
 GEMMA_RECALL = "traces/accuracy/gemma-3-270m-q4_k_m.index.summary.json"
