@@ -36,7 +36,8 @@ from ddbench.core.flags import OneLineParser
 from ddbench.doctables import examples
 from ddbench.doctables.ablation import ablation
 from ddbench.doctables.fp8_cache import fp8_cache
-from ddbench.doctables.index_rates import index_rates, index_rates_gemma, index_recall_gemma
+from ddbench.doctables.index_rates import (index_rates, index_rates_gemma, index_rates_gemma_32k,
+                                           index_recall_gemma)
 from ddbench.doctables.index_tables import index_predictions, index_recall, notes_index_plan
 from ddbench.doctables.peer import peer_flashinfer
 from ddbench.doctables.common import CALIBRATION_SWEEP, CTX, ROOT, DocTablesError  # noqa: F401
@@ -69,6 +70,7 @@ GENERATORS = {
     "index-recall": index_recall,
     "index-rates": index_rates,
     "index-rates-gemma": index_rates_gemma,
+    "index-rates-gemma-32k": index_rates_gemma_32k,
     "index-recall-gemma": index_recall_gemma,
     "notes-index-plan": notes_index_plan,
     "engine-floor": engine_floor,

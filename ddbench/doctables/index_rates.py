@@ -14,6 +14,7 @@ from ddbench.doctables.common import ROOT, DocTablesError
 
 RATES = "traces/accuracy/index/SmolLM2-135M-Instruct.Q4_1.summary.json"
 GEMMA_RATES = "traces/accuracy/index/gemma-3-270m-q4_k_m.summary.json"
+GEMMA_RATES_32K = "traces/accuracy/index/32640/gemma-3-270m-q4_k_m.summary.json"
 CAPACITY = 4.0           # the caches' column: LRU, 4x the budget (docs/profiling.md's context trend uses it too)
 
 
@@ -90,6 +91,11 @@ def index_rates(root: Path = ROOT, path: str = RATES) -> str:
 def index_rates_gemma(root: Path = ROOT) -> str:
     """docs/profiling.md's block `index-rates-gemma`: the same table for Gemma 3's run."""
     return index_rates(root, GEMMA_RATES)
+
+
+def index_rates_gemma_32k(root: Path = ROOT) -> str:
+    """docs/profiling.md's block `index-rates-gemma-32k`: Gemma 3's run at 32,640 tokens."""
+    return index_rates(root, GEMMA_RATES_32K)
 
 
 GEMMA_RECALL = "traces/accuracy/gemma-3-270m-q4_k_m.index.summary.json"
