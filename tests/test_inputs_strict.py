@@ -251,7 +251,9 @@ def test_a_closed_stdout_is_one_line(tmp_path):
 def test_a_hang_up_cleans_up_like_ctrl_c(tmp_path):
     p = subprocess.Popen(command("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k",
                                  "--requests", "20000", "--rate", "50", "--quiet", "--out", "o"),
-                         cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # a suite started under nohup passes SIGHUP ignored, and ddbench rightly keeps it so
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         t0 = time.monotonic()
         while not (os.path.isdir(tmp_path / "o") and os.listdir(tmp_path / "o")) and time.monotonic() - t0 < 60:
