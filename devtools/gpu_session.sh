@@ -7,8 +7,9 @@
 #   memcheck     ~300 s     compute-sanitizer memcheck: the engine's self-check per design, the index kernels' tests
 #   index        ~200 s     devtools.gpu_index_bench: every index at 32K and 128K, batch 1/16/64 and the largest, 3 reps
 #   index-steps  ~500 s     once per SEED 0, 1, 2 (separate processes): dualdecoder-cache@8192 and ShadowKV at 128K,
-#                           flat / fp8 / two-level:8,1,fp8, each at the memory model's largest batch for that index,
-#                           compute only and with transfers, at the matched rate set (ddbench.core.rates)
+#                           each index of INDEXES (default flat, fp8, two-level:16,2: the ones that keep every rate
+#                           inside flat's interval on SmolLM2 and Gemma 3, docs/profiling.md) at the memory model's
+#                           largest batch for that index, compute only and with transfers, at the matched rate set
 #   grid-64k     ~250 s     the 64K cache grid's missing seed 2 (traces/engine/h200-rate-grid), SEED=2
 #   qwen         ~550 s     once per SEED: every design at its largest batch, Qwen2.5-7B and 14B at 128K, matched rates
 # 30 minutes of device time take tests, memcheck, index and one index-steps seed; the rest is the next session's.
@@ -38,10 +39,11 @@ case "$STEP" in
       python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernels_index.py > "$W/memcheck-index.log" 2>&1 || true ;;
   index)
     python3 -m devtools.gpu_index_bench --out "$W/index-bench.csv" --reps 3 \
+      --specs 'flat;fp8;int4;two-level:8;two-level:16,2;two-level:8,1,fp8;two-level:8,1,int4;two-level:16,2,fp8' \
       --points 32768:1,32768:16,32768:64,32768:95,131072:1,131072:16,131072:60,131072:64,131072:78,131072:90 \
       > "$W/index-bench.log" 2>&1 ;;
   index-steps)
-    for ix in flat fp8 two-level:8,1,fp8; do
+    for ix in ${INDEXES:-flat fp8 two-level:16,2}; do
       for d in dualdecoder-cache@8192 shadowkv; do
         if [ "$d" = shadowkv ]; then b=$(batch llama-3-8b shadowkv "$ix"); else b=$(batch llama-3-8b dualdecoder-cache "$ix" --cache-tokens 8192); fi
         for x in "" --no-transfers; do
