@@ -7,7 +7,7 @@
 The child sees the repository on PYTHONPATH, so it runs from any folder; `env=` adds or removes
 variables (a value of None removes one); `umask=` gives the child a umask of its own. A test that needs
 the process running (an interrupt test) uses `subprocess.Popen(command(...), env=env(),
-preexec_fn=default_sigint, cwd=ROOT)`.
+preexec_fn=default_signals, cwd=ROOT)`. In this process: `rc, out, err = in_process(argv, capsys)`.
 """
 
 from __future__ import annotations
@@ -39,11 +39,36 @@ def command(*args, name: str = "ddbench") -> list[str]:
     return [sys.executable, "-m", name, *map(str, args)]
 
 
-def default_sigint() -> None:
+def default_signals() -> None:
     """A Popen preexec_fn: a shell that starts the test run in the background without job control (a CI
     runner may) passes SIGINT ignored to its children, and Python then installs no KeyboardInterrupt
-    handler: restore the default, so an interrupt test's SIGINT reaches the child as Ctrl-C would."""
+    handler; `nohup` passes SIGHUP ignored, and ddbench rightly keeps an ignored SIGHUP so. Restore both
+    defaults, so an interrupt test's signal reaches the child as Ctrl-C or a closed terminal would."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def in_process(argv: list, capsys) -> tuple:
+    """(exit status, stdout, stderr) of ddbench's CLI run in this process (argparse's usage errors too)."""
+    from ddbench.cli import main
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def after_rates_block(out: str) -> list[str]:
+    """The output's lines after the rates block ('rates (95 % interval) ...' and its indented lines), which
+    comes first."""
+    lines = out.splitlines()
+    if lines and lines[0].startswith("rates ("):
+        i = 1
+        while i < len(lines) and lines[i].startswith("  "):
+            i += 1
+        lines = lines[i:]
+    return lines
 
 
 def module(name: str, *args, cwd=ROOT, env: dict | None = None, timeout: float = 300, stdin=None,

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from ddbench.cli import main
 from tests.cli import assert_one_line_error, ddbench
+from tests.cli import in_process as _main
 
 PLAN = ["plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k"]
 SLO = ["--slo", "p99-tpot=1s"]
@@ -28,15 +28,6 @@ grid:
 """
 NUMBERS = ["", "0", "-1", "nan", "inf", "1e308", "1e-308", "lots", "99999999999999999999"]
 
-
-def _main(argv, capsys):
-    """(exit status, stdout, stderr) of the CLI in this process."""
-    try:
-        rc = main(argv)
-    except SystemExit as exc:   # argparse's usage errors
-        rc = exc.code
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
 
 
 def _one_line(argv, capsys, contains=None):

@@ -10,7 +10,7 @@ import shlex
 import pytest
 
 from ddbench.cli import main
-from tests.cli import assert_one_line_error, ddbench
+from tests.cli import after_rates_block as _body, assert_one_line_error, ddbench
 
 SIM = ["simulate", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--output", "16"]
 PLAN = ["plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k"]
@@ -36,17 +36,6 @@ def _one_line(argv, capsys, contains):
 def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
-
-def _body(out: str) -> list[str]:
-    """The output's lines after the rates block ('rates (95 % interval) ...' and its indented lines), which
-    comes first."""
-    lines = out.splitlines()
-    if lines and lines[0].startswith("rates ("):
-        i = 1
-        while i < len(lines) and lines[i].startswith("  "):
-            i += 1
-        lines = lines[i:]
-    return lines
 
 
 # ---------------------------------------------------------------- --version

@@ -15,7 +15,7 @@ import os
 import pytest
 
 from ddbench.cli import main
-from tests.cli import ROOT, assert_one_line_error, ddbench
+from tests.cli import after_rates_block as _body, ROOT, assert_one_line_error, ddbench
 
 PLAN = ["plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k"]
 SIM = ["simulate", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "--batch", "2", "--steps", "3"]
@@ -26,17 +26,6 @@ def _main(argv, capsys):
     out, err = capsys.readouterr()
     return rc, out, err
 
-
-def _body(out: str) -> list[str]:
-    """The output's lines after the rates block ('rates (95 % interval) ...' and its indented lines), which
-    comes first."""
-    lines = out.splitlines()
-    if lines and lines[0].startswith("rates ("):
-        i = 1
-        while i < len(lines) and lines[i].startswith("  "):
-            i += 1
-        lines = lines[i:]
-    return lines
 
 
 # ---------------------------------------------------------------- profile: where it writes

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ddbench.core.outputs import MANIFEST as MARKER
-from tests.cli import command, ddbench, default_sigint, env
+from tests.cli import command, ddbench, default_signals, env
 
 FAST = "fig05"     # a memory-model figure: about a second
 
@@ -88,7 +88,7 @@ def test_ctrl_c_leaves_the_previous_folder_whole(tmp_path):
     with open(log, "w") as fh:
         proc = subprocess.Popen(command("figures", "--only", f"fig13,fig18,{FAST}", "--out", out), cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=fh, text=True, env=env(),
-                                preexec_fn=default_sigint)  # not an inherited SIG_IGN
+                                preexec_fn=default_signals)  # not an inherited SIG_IGN
         deadline = time.time() + 120
         while "fig13:" not in log.read_text() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.02)          # fig13 (first) is done, fig18 (seconds) is being computed: interrupt it

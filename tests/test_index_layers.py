@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from ddbench.cli import main
+from tests.cli import in_process as _run
 from ddbench.core.catalog import get_gpu, get_model
 from ddbench.core.designs import DESIGNS, get_design
 from ddbench.core.errors import DDBenchError
@@ -99,14 +99,6 @@ def test_search_index_knob():
         with pytest.raises(DDBenchError):
             parse_search(bad)
 
-
-def _run(argv, capsys):
-    try:
-        rc = main(argv)
-    except SystemExit as exc:
-        rc = exc.code
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
 
 
 PLAN = ["plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "128k", "--design", "dualdecoder-cache"]

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.cli import ROOT, assert_one_line_error, command, ddbench, env
+from tests.cli import ROOT, assert_one_line_error, command, ddbench, default_signals, env
 
 GPU = "name: my-gpu\nhbm_bytes: 85520809984\nhbm_gbps: 3350\nbf16_tflops: 989\ndefault_link: pcie5\n"
 SIM = ["simulate", "--model", "llama-3-8b", "--gpu", "h200", "--context", "8k", "--requests", "5", "--rate", "1",
@@ -252,8 +252,7 @@ def test_a_hang_up_cleans_up_like_ctrl_c(tmp_path):
     p = subprocess.Popen(command("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k",
                                  "--requests", "20000", "--rate", "50", "--quiet", "--out", "o"),
                          cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         # a suite started under nohup passes SIGHUP ignored, and ddbench rightly keeps it so
-                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+                         preexec_fn=default_signals)
     try:
         t0 = time.monotonic()
         while not (os.path.isdir(tmp_path / "o") and os.listdir(tmp_path / "o")) and time.monotonic() - t0 < 60:

@@ -5,7 +5,8 @@ dropped; tests/test_sim_cli.py and tests/test_tp.py pin what the lines say."""
 
 import pytest
 
-from ddbench.cli import COMMANDS, main
+from ddbench.cli import COMMANDS
+from tests.cli import in_process
 
 WIDTH = 120
 SIM = ["simulate", "--model", "llama-3-8b", "--gpu", "h100-80gb"]
@@ -45,13 +46,9 @@ def test_no_default_line_over_120(name, tmp_path, capsys, monkeypatch):
     argv = ["spec.yaml" if a == "SPEC" else a for a in CASES[name]]
     if argv[0] in ("simulate", "sweep", "figures"):
         argv += ["--out", str(tmp_path / "out")]
-    try:
-        rc = main(argv)
-    except SystemExit as exc:
-        rc = exc.code
-    cap = capsys.readouterr()
-    assert rc == 0, cap.err
-    lines = cap.out.splitlines() + cap.err.splitlines()
+    rc, out, err = in_process(argv, capsys)
+    assert rc == 0, err
+    lines = out.splitlines() + err.splitlines()
     assert len(lines) >= 2
     wide = [x for x in lines if len(x) > WIDTH]
     assert not wide, f"{len(wide)} lines over {WIDTH}: {wide[0]!r}"

@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from ddbench.cli import main
 from ddbench.core.designs import DESIGNS
 from ddbench.core.errors import DDBenchError
 from ddbench.core.ratefile import load_source, parse_override
 from ddbench.core.rates import rate_set
 from tests.cli import ddbench
+from tests.cli import in_process as _main
 
 MAIN = ("shadowkv", "dualdecoder", "specache", "dualdecoder-cache", "lru-cache")
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -21,14 +21,6 @@ FLIP = ["plan", "--model", "llama-3-8b", "--gpu", "h200", "--context", "32k", "-
         "--design", "shadowkv,dualdecoder-cache", "--slo", "p99-tpot=100ms", "--requests", "100", "--workers", "1",
         "--json"]
 
-
-def _main(argv, capsys):
-    try:
-        rc = main(argv)
-    except SystemExit as exc:
-        rc = exc.code
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
 
 
 def _rates_file(path, cache_churn, extra=""):

@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import pytest
 
-from tests.cli import ROOT, assert_one_line_error, command, ddbench, default_sigint, env
+from tests.cli import ROOT, assert_one_line_error, command, ddbench, default_signals, env
 
 _run = ddbench
 REQUEST_COLUMNS = ["id", "arrival_s", "context", "output_tokens", "rejected", "admitted_s", "ttft_s", "tpot_s",
@@ -198,7 +198,7 @@ def test_interrupt_leaves_no_partial_set(tmp_path):
     out = tmp_path / "o"
     p = subprocess.Popen(command("simulate", "--model", "llama-3-8b", "--gpu", "h200", "--system", "every",
                                  "--context", "uniform:16k:64k", "--rate", "5", "--requests", "3000", "--out", out),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals,
                          cwd=ROOT, env=env())
     deadline = time.time() + 60
     while time.time() < deadline:  # wait until the staging folder inside --out holds a finished design

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from ddbench.cli import main
+from tests.cli import in_process as _run
 from ddbench.core.catalog import get_model
 from ddbench.core.catalog.interconnect import interconnect_of
 from ddbench.core.designs import get_design
@@ -22,14 +22,6 @@ CONFIG = {"num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_head
           "head_dim": 128, "intermediate_size": 8192, "vocab_size": 32000, "max_position_embeddings": 131072,
           "model_type": "llama"}
 
-
-def _run(argv, capsys):
-    try:
-        rc = main(argv)
-    except SystemExit as exc:
-        rc = exc.code
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
 
 
 @pytest.fixture

@@ -6,19 +6,12 @@ import json
 
 import pytest
 
-from ddbench.cli import main
+from tests.cli import in_process
 
 
 @pytest.fixture
 def run_cli(capsys):
-    def run(argv):
-        try:
-            rc = main(argv)
-        except SystemExit as exc:
-            rc = exc.code
-        cap = capsys.readouterr()
-        return rc, cap.out, cap.err
-    return run
+    return lambda argv: in_process(argv, capsys)
 
 MEMORY = {
     ("llama-3-8b", "h100-80gb", "128k", "paper-testbed"): {
